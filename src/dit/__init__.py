@@ -1,0 +1,3 @@
+"""dit - the Distributed Inference Testbed."""
+
+__version__ = "0.1.0"

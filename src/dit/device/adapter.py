@@ -1,0 +1,75 @@
+"""The model adapter protocol: what every partitionable model implements.
+
+A model is a chain of ``num_stages`` stages numbered 1..N. Stage 0 is the model input.
+Partition point ``p`` (0..N) means stages 1..p run on the device and the output of stage ``p``
+is transmitted (p = 0 transmits the input, p = N transmits nothing).
+
+Adapters are built from a *spec* (a plain dict, JSON-serialisable, so it can be shipped to a
+board): ``{"name": str, "params": {...}, "input": {...}, "seed": int}``. A builder is a callable
+``build(spec) -> StageModel`` referenced as ``"module:function"``; the controller resolves model
+names to builders through the ``dit.models`` entry-point group and ships the reference, because
+entry points do not exist inside the device zipapp.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class StageModel(Protocol):
+    """A model split into sequential stages that can run on different hosts."""
+
+    name: str
+
+    @property
+    def num_stages(self) -> int:
+        """N, the number of stages (partition points are 0..N)."""
+        ...
+
+    def make_input(self) -> Any:
+        """The model input (stage 0's output), from the spec's input source and seed."""
+        ...
+
+    def run_stage(self, stage: int, x: Any) -> Any:
+        """Run stage ``stage`` (1..N) on ``x`` (the output of stage ``stage - 1``)."""
+        ...
+
+    def encode(self, x: Any) -> bytes:
+        """Serialise an activation for transmission."""
+        ...
+
+    def decode(self, data: bytes, stage: int) -> Any:
+        """Inverse of :meth:`encode` for the output of ``stage`` (0..N)."""
+        ...
+
+    def output_bytes(self, stage: int) -> int:
+        """Bytes a cut after ``stage`` transmits (stage 0: the input)."""
+        ...
+
+    def ops(self, stage: int) -> int:
+        """Analytic operation count of stage ``stage`` (1..N)."""
+        ...
+
+    def max_abs_diff(self, a: Any, b: Any) -> float:
+        """Largest absolute element-wise difference of two final outputs (equivalence check)."""
+        ...
+
+
+Builder = Callable[[Mapping[str, Any]], StageModel]
+
+
+def load_builder(ref: str) -> Builder:
+    """Import ``"package.module:function"`` and return the builder."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"model builder reference {ref!r} is not of the form 'module:function'")
+    builder: Builder = getattr(importlib.import_module(module_name), attr)
+    return builder
+
+
+def build_model(spec: Mapping[str, Any]) -> StageModel:
+    """Build the model a spec names; ``spec['builder']`` is the ``module:function`` reference."""
+    return load_builder(str(spec["builder"]))(spec)
