@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Characterise the link, snapshot the node and pack its results for fetching."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dit_collect
+short_description: Ping the edge server, snapshot the node and pack the run's results
+description:
+  - Sends O(ping_count) ICMP echo requests to O(ping_target) with C(ping) and records every RTT in
+    integer nanoseconds (C(results/ping.json)); without a C(ping) binary, falls back to timing TCP
+    connects to O(tcp_port) and records that method.
+  - Writes a system snapshot (C(results/snapshot.json)): load, memory, uptime, processes.
+  - Packs C(results/) and C(logs/) into O(archive) with every member prefixed by the host name.
+  - Writes only inside the node's run root, which teardown removes.
+options:
+  host: {description: The inventory name of this node., type: str, required: true}
+  node_root: {description: The node's run root., type: path, required: true}
+  archive: {description: Path of the archive to write., type: path, required: true}
+  ping_target: {description: Address to ping; none on the edge server., type: str}
+  ping_count: {description: Number of echo requests., type: int, default: 10}
+  tcp_port: {description: Port for the TCP fallback., type: int}
+author: dit developers
+"""
+
+EXAMPLES = r"""
+- name: Collect
+  dit_collect:
+    host: "{{ inventory_hostname }}"
+    node_root: "{{ dit_node_root }}"
+    archive: "{{ dit_node_root }}/collect.tar.gz"
+    ping_target: "{{ dit_edge_address }}"
+"""
+
+RETURN = r"""
+archive:
+  description: The archive to fetch.
+  returned: always
+  type: str
+ping:
+  description: The link record (target, method, sent, received, rtt_ns).
+  returned: when ping_target is set
+  type: dict
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tarfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+RTT = re.compile(r"time[=<]([0-9.]+) ms")
+
+
+def _ping(target, count, tcp_port):
+    record = {"target": "edge", "address": target, "sent": count, "received": 0, "rtt_ns": []}
+    ping = shutil.which("ping")
+    if ping:
+        argv = [ping, "-n", "-c", str(count), "-i", "0.2", "-W", "1", target]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=count * 2 + 10, check=False)
+        rtts = [int(round(float(m.group(1)) * 1e6)) for m in RTT.finditer(proc.stdout)]
+        record.update(method="icmp", argv=argv, received=len(rtts), rtt_ns=rtts)
+        if proc.returncode not in (0, 1):
+            record["error"] = (proc.stderr or proc.stdout).strip()[-500:]
+        return record
+    rtts = []
+    for _ in range(count):
+        start = time.monotonic_ns()
+        try:
+            with socket.create_connection((target, tcp_port), timeout=1.0):
+                rtts.append(time.monotonic_ns() - start)
+        except OSError:
+            pass
+        time.sleep(0.05)
+    record.update(method="tcp-connect", port=tcp_port, received=len(rtts), rtt_ns=rtts)
+    return record
+
+
+def _snapshot():
+    def read(path):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except OSError:
+            return ""
+
+    mem = {}
+    for line in read("/proc/meminfo").splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            mem[key] = int(parts[0]) * 1024
+    return {
+        "wall_ns": time.time_ns(),
+        "monotonic_ns": time.monotonic_ns(),
+        "loadavg": os.getloadavg(),
+        "uptime_s": float((read("/proc/uptime").split() or ["0"])[0]),
+        "mem_total_bytes": mem.get("MemTotal"),
+        "mem_available_bytes": mem.get("MemAvailable"),
+        "processes": sum(1 for name in os.listdir("/proc") if name.isdigit()),
+    }
+
+
+def _write_json(path, data):
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "host": {"type": "str", "required": True},
+            "node_root": {"type": "path", "required": True},
+            "archive": {"type": "path", "required": True},
+            "ping_target": {"type": "str"},
+            "ping_count": {"type": "int", "default": 10},
+            "tcp_port": {"type": "int"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if module.check_mode:
+        module.exit_json(changed=False, archive=p["archive"])
+    results = os.path.join(p["node_root"], "results")
+    if not os.path.isdir(results):
+        module.fail_json(msg="%s has no results directory; did apply run?" % p["node_root"])
+    out = {"archive": p["archive"]}
+    if p["ping_target"]:
+        out["ping"] = _ping(p["ping_target"], p["ping_count"], p["tcp_port"])
+        _write_json(os.path.join(results, "ping.json"), out["ping"])
+    _write_json(os.path.join(results, "snapshot.json"), _snapshot())
+    tmp = p["archive"] + ".tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        for sub in ("results", "logs"):
+            base = os.path.join(p["node_root"], sub)
+            if not os.path.isdir(base):
+                continue
+            for name in sorted(os.listdir(base)):
+                path = os.path.join(base, name)
+                if os.path.isfile(path):
+                    tar.add(path, arcname="%s/%s_%s" % (sub, p["host"], name))
+    os.replace(tmp, p["archive"])
+    module.exit_json(changed=True, **out)
+
+
+if __name__ == "__main__":
+    main()

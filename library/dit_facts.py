@@ -1,0 +1,119 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Read-only facts of a dit node for the run metadata and the preflight gates."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dit_facts
+short_description: Read a node's kernel, CPU, memory, board and clock facts (changes nothing)
+description:
+  - Reads what the run metadata records per node before anything changes, and the clock offset
+    the preflight NTP gate checks (from C(chronyc -c tracking) when chrony is installed).
+  - In local mode every node shares one clock, so the offset is recorded as 0 with source C(local).
+options:
+  local_mode: {description: Nodes are directories on the controller., type: bool, default: false}
+  sysfs_root: {description: Root under which C(/sys) is read (a fake tree in local mode)., type: path, default: /}
+author: dit developers
+"""
+
+EXAMPLES = r"""
+- name: Read node facts
+  dit_facts:
+    local_mode: "{{ dit_local_mode | default(false) }}"
+    sysfs_root: "{{ sysfs_root | default('/') }}"
+"""
+
+RETURN = r"""
+dit_facts:
+  description: kernel, machine, cpu_model, cpu_count, mem_total_bytes, python, board_model, ntp {source, offset_ms}.
+  returned: always
+  type: dict
+"""
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+
+def _read(path, default=""):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip("\x00\n ")
+    except OSError:
+        return default
+
+
+def _meminfo():
+    out = {}
+    for line in _read("/proc/meminfo").splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            out[key] = int(parts[0]) * (1024 if len(parts) > 1 and parts[1] == "kB" else 1)
+    return out
+
+
+def _cpu_model():
+    for line in _read("/proc/cpuinfo").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("model name", "Model", "Hardware"):
+            return value.strip()
+    return platform.processor()
+
+
+def _ntp(local_mode):
+    if local_mode:
+        return {"source": "local", "offset_ms": 0.0}
+    chronyc = shutil.which("chronyc")
+    if not chronyc:
+        return {"source": "none", "offset_ms": None, "error": "chronyc not found"}
+    try:
+        proc = subprocess.run([chronyc, "-c", "tracking"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"source": "none", "offset_ms": None, "error": str(exc)}
+    fields = proc.stdout.strip().split(",")
+    if proc.returncode != 0 or len(fields) < 5:
+        return {"source": "none", "offset_ms": None, "error": (proc.stderr or proc.stdout).strip()}
+    try:
+        offset_s = float(fields[4])
+    except ValueError:
+        return {"source": "none", "offset_ms": None, "error": "unparsable chronyc output: %s" % proc.stdout.strip()}
+    return {"source": "chrony", "reference": fields[1], "stratum": fields[2], "offset_ms": offset_s * 1000.0}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "local_mode": {"type": "bool", "default": False},
+            "sysfs_root": {"type": "path", "default": "/"},
+        },
+        supports_check_mode=True,
+    )
+    mem = _meminfo()
+    uname = platform.uname()
+    facts = {
+        "hostname": socket.gethostname(),
+        "kernel": uname.release,
+        "os": _read("/etc/os-release").split("\n")[0] if os.path.exists("/etc/os-release") else uname.system,
+        "machine": uname.machine,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "mem_total_bytes": mem.get("MemTotal"),
+        "mem_available_bytes": mem.get("MemAvailable"),
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "board_model": _read("/proc/device-tree/model") or None,
+        "ntp": _ntp(module.params["local_mode"]),
+    }
+    module.exit_json(changed=False, dit_facts=facts)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Start a tagged, session-leading device process of a dit run (journaled)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dit_proc
+short_description: Start a tagged background process of a dit run
+description:
+  - Starts O(argv) as the leader of a new session (its own process group) with C(DIT_RUN_ID),
+    C(DIT_HOST) and C(DIT_TAG) in its environment, so that teardown (and C(dit cleanup) after a
+    crash) can find and kill it by run id alone.
+  - Idempotent: when a live process of this run, host and tag exists, nothing is started.
+  - With O(ready_file), waits until the process writes that JSON file and returns its content.
+  - Journaled through the C(dit_proc) action plugin (journal before change).
+options:
+  run_id: {description: The run id., type: str, required: true}
+  host: {description: The inventory name of this node., type: str, required: true}
+  tag: {description: The process tag, unique per run and host (e.g. C(edge)), type: str, required: true}
+  argv: {description: The command as an argv list (never a shell string)., type: list, elements: str, required: true}
+  cwd: {description: Working directory., type: path, required: true}
+  env: {description: Extra environment variables., type: dict, default: {}}
+  ready_file: {description: JSON file the process writes when ready., type: path}
+  ready_timeout: {description: Seconds to wait for O(ready_file)., type: float, default: 60}
+  config: {description: JSON configuration written to O(config_path) before the process starts., type: dict}
+  config_path: {description: Where O(config) is written (atomically)., type: path}
+author: dit developers
+"""
+
+EXAMPLES = r"""
+- name: Start the edge inference service
+  dit_proc:
+    run_id: "{{ dit_run_id }}"
+    host: "{{ inventory_hostname }}"
+    tag: edge
+    argv: ["/usr/bin/python3", "{{ dit_node_root }}/dit-device.pyz", "edge", "--config", "{{ dit_node_root }}/edge.json"]
+    cwd: "{{ dit_node_root }}"
+    ready_file: "{{ dit_node_root }}/edge.ready"
+"""
+
+RETURN = r"""
+pids:
+  description: PIDs of the tagged processes.
+  returned: always
+  type: list
+ready:
+  description: Content of O(ready_file), when given.
+  returned: when ready_file is set
+  type: dict
+"""
+
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_procs import find_tagged, spawn, tagged_env
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path, limit=2000):
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - limit))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "run_id": {"type": "str", "required": True},
+            "host": {"type": "str", "required": True},
+            "tag": {"type": "str", "required": True},
+            "argv": {"type": "list", "elements": "str", "required": True},
+            "cwd": {"type": "path", "required": True},
+            "env": {"type": "dict", "default": {}},
+            "ready_file": {"type": "path"},
+            "ready_timeout": {"type": "float", "default": 60.0},
+            "config": {"type": "dict"},
+            "config_path": {"type": "path"},
+            "_dit_plan": {"type": "bool", "default": False},
+        },
+        required_together=[("config", "config_path")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    running = find_tagged(p["run_id"], p["host"], p["tag"])
+    ready = _read_json(p["ready_file"]) if p["ready_file"] else None
+    if p["_dit_plan"] or module.check_mode or running:
+        journal = [] if running else [{"op": "process", "undo": {"run_id": p["run_id"], "host": p["host"], "tag": p["tag"]}}]
+        module.exit_json(
+            changed=bool(journal),
+            journal=journal,
+            pids=[r["pid"] for r in running],
+            ready=ready,
+            diff={"before": {"running": bool(running)}, "after": {"running": True}},
+        )
+    if p["config_path"]:
+        with open(p["config_path"] + ".tmp", "w", encoding="utf-8") as handle:
+            json.dump(p["config"], handle, sort_keys=True)
+        os.replace(p["config_path"] + ".tmp", p["config_path"])
+    if p["ready_file"] and os.path.exists(p["ready_file"]):
+        os.unlink(p["ready_file"])
+    logs = os.path.join(p["cwd"], "logs")
+    if not os.path.isdir(logs):
+        os.makedirs(logs)
+    out = os.path.join(logs, p["tag"] + ".out")
+    err = os.path.join(logs, p["tag"] + ".err")
+    env = tagged_env(os.environ, p["run_id"], p["host"], p["tag"], {str(k): str(v) for k, v in p["env"].items()})
+    proc = spawn(p["argv"], env, p["cwd"], out, err)
+    if p["ready_file"]:
+        deadline = time.monotonic() + p["ready_timeout"]
+        while ready is None:
+            if proc.poll() is not None:
+                module.fail_json(
+                    msg="%s exited with status %s before it was ready" % (p["tag"], proc.returncode),
+                    stderr=_tail(err),
+                )
+            if time.monotonic() > deadline:
+                module.fail_json(msg="%s not ready after %.0f s" % (p["tag"], p["ready_timeout"]), stderr=_tail(err))
+            time.sleep(0.02)
+            ready = _read_json(p["ready_file"])
+    module.exit_json(changed=True, pids=[proc.pid], ready=ready)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Undo a dit run's changes on one node from its journal records, reap its processes, verify."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dit_restore
+short_description: Replay a node's journal backwards and reap every process of the run
+description:
+  - O(records) are this node's pending journal records, newest first. Each is undone in that order
+    (C(process) kills the tagged process group, C(mkdir) removes a run directory carrying this
+    run's marker; later record kinds restore the prior value they carry). Undoing is idempotent.
+  - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
+    and the module fails loudly if any process carrying the run id survives.
+options:
+  run_id: {description: The run id., type: str, required: true}
+  host: {description: The inventory name of this node., type: str, required: true}
+  records: {description: Pending journal records of this node, newest first., type: list, elements: dict, default: []}
+  grace_s: {description: Seconds between SIGTERM and SIGKILL., type: float, default: 5}
+author: dit developers
+"""
+
+EXAMPLES = r"""
+- name: Undo the run on this node
+  dit_restore:
+    run_id: "{{ dit_run_id }}"
+    host: "{{ inventory_hostname }}"
+    records: "{{ dit_undo[inventory_hostname] | default([]) }}"
+"""
+
+RETURN = r"""
+undone:
+  description: Ids of the journal records undone (or found already undone).
+  returned: always
+  type: list
+reaped:
+  description: Processes of the run found and killed.
+  returned: always
+  type: list
+"""
+
+import os
+import shutil
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_procs import find_tagged, reap
+
+MARKER = ".dit-run"
+
+
+def _undo_mkdir(undo, check):
+    path = undo["path"]
+    if not os.path.exists(path):
+        return False
+    marker = os.path.join(path, MARKER)
+    try:
+        with open(marker, encoding="utf-8") as handle:
+            owner = handle.read().strip()
+    except OSError:
+        raise ValueError("%s has no %s marker; not removing it" % (path, MARKER))
+    if owner != undo["run_id"]:
+        raise ValueError("%s belongs to run %s, not %s; not removing it" % (path, owner, undo["run_id"]))
+    if not check:
+        shutil.rmtree(path)
+    return True
+
+
+def _undo_file(undo, check):
+    path = undo["path"]
+    prior = undo.get("prior")
+    if prior is None:
+        if os.path.exists(path):
+            if not check:
+                os.unlink(path)
+            return True
+        return False
+    try:
+        with open(path, encoding="utf-8") as handle:
+            current = handle.read()
+    except OSError:
+        current = None
+    if current == prior:
+        return False
+    if not check:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(prior)
+    return True
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "run_id": {"type": "str", "required": True},
+            "host": {"type": "str", "required": True},
+            "records": {"type": "list", "elements": "dict", "default": []},
+            "grace_s": {"type": "float", "default": 5.0},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    check = module.check_mode
+    undone, reaped, changed, errors = [], [], False, []
+    for record in p["records"]:
+        op, undo = record.get("op"), record.get("undo") or {}
+        try:
+            if op == "process":
+                if check:
+                    found = find_tagged(undo["run_id"], undo.get("host"), undo.get("tag"))
+                else:
+                    found, left = reap(undo["run_id"], undo.get("host"), undo.get("tag"), p["grace_s"])
+                    if left:
+                        raise ValueError("processes survived SIGKILL: %s" % left)
+                reaped.extend(found)
+                changed = changed or bool(found)
+            elif op == "mkdir":
+                changed = _undo_mkdir(undo, check) or changed
+            elif op == "file":
+                changed = _undo_file(undo, check) or changed
+            else:
+                raise ValueError("unknown journal op %r" % op)
+            undone.append(record["id"])
+        except (OSError, ValueError, KeyError) as exc:
+            errors.append("%s %s: %s" % (op, record.get("id"), exc))
+    if check:
+        survivors = find_tagged(p["run_id"], p["host"])
+    else:
+        found, survivors = reap(p["run_id"], p["host"], None, p["grace_s"])
+        reaped.extend(found)
+        changed = changed or bool(found)
+    result = {"changed": changed, "undone": [] if check else undone, "reaped": reaped, "survivors": survivors}
+    if errors or (survivors and not check):
+        msg = "; ".join(errors)
+        if survivors:
+            msg = ("processes of run %s survive on %s: %s. " % (p["run_id"], p["host"], survivors)) + msg
+        module.fail_json(msg=msg.strip(), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+# -*- coding: utf-8 -*-
+# Shared by dit's Ansible modules: tagged process groups of a run (stdlib only, runs on the node).
+"""Start, find and reap the device-side processes of a dit run.
+
+Every process a run starts carries ``DIT_RUN_ID``, ``DIT_HOST`` and ``DIT_TAG`` in its
+environment and leads its own session (hence its own process group). Finding them reads
+``/proc/<pid>/environ``, so a crashed driver can still reap them: nothing about them has to be
+remembered except the run id.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+RUN_ENV = "DIT_RUN_ID"
+HOST_ENV = "DIT_HOST"
+TAG_ENV = "DIT_TAG"
+
+
+def _environ(pid):
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _is_zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return True
+    # The state follows the parenthesised command name, which may itself contain spaces.
+    return stat[stat.rfind(b")") + 2: stat.rfind(b")") + 3] in (b"Z", b"X")
+
+
+def find_tagged(run_id, host=None, tag=None):
+    """Live processes of ``run_id`` (optionally of one host / one tag): list of dicts."""
+    found = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == me:
+            continue
+        env = _environ(pid)
+        if not env or env.get(RUN_ENV) != run_id:
+            continue
+        if host is not None and env.get(HOST_ENV) != host:
+            continue
+        if tag is not None and env.get(TAG_ENV) != tag:
+            continue
+        if _is_zombie(pid):
+            continue
+        try:
+            pgid = os.getpgid(pid)
+        except OSError:
+            continue
+        found.append({"pid": pid, "pgid": pgid, "tag": env.get(TAG_ENV, ""), "host": env.get(HOST_ENV, "")})
+    return found
+
+
+def reap(run_id, host=None, tag=None, grace_s=5.0):
+    """SIGTERM every process group of the run, wait ``grace_s``, SIGKILL what is left.
+
+    Returns ``(killed, survivors)``: the processes found at first, and those still alive at the end.
+    """
+    procs = find_tagged(run_id, host, tag)
+    groups = sorted({p["pgid"] for p in procs})
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in groups:
+            try:
+                os.killpg(pgid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
+        while time.monotonic() < deadline:
+            if not find_tagged(run_id, host, tag):
+                break
+            time.sleep(0.05)
+        remaining = find_tagged(run_id, host, tag)
+        if not remaining:
+            return procs, []
+        groups = sorted({p["pgid"] for p in remaining})
+    return procs, find_tagged(run_id, host, tag)
+
+
+def spawn(argv, env, cwd, stdout_path, stderr_path):
+    """Start ``argv`` as the leader of a new session with ``env``; returns the Popen object."""
+    import subprocess
+
+    with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
+        return subprocess.Popen(  # argv list, never a shell string
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def tagged_env(base, run_id, host, tag, extra=None):
+    env = dict(base)
+    env.update(extra or {})
+    env[RUN_ENV] = run_id
+    env[HOST_ENV] = host
+    env[TAG_ENV] = tag
+    return env

@@ -1,0 +1,241 @@
+"""The ``dit`` command: validate, run, stop, cleanup, ls, show, optimise."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dit.rundir import DRIVER, STOP, RunDir, find_runs, read_json
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="dit - the Distributed Inference Testbed. One YAML scenario, seven stages, repeatable measurements.",
+)
+out = Console()
+err = Console(stderr=True)
+
+RunsRoot = Annotated[
+    Path, typer.Option("--runs-dir", envvar="DIT_RUNS_DIR", help="Where run directories are created.")
+]
+
+
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    err.print(f"[red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _load(path: Path) -> list[object]:
+    from dit.scenario import ScenarioError, load
+
+    try:
+        return list(load(path))
+    except ScenarioError as exc:
+        for error in exc.errors:
+            err.print(f"[red]{path}:[/] {error}", highlight=False)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        raise _fail(f"{path}: {exc.strerror or exc}", 2) from None
+
+
+@app.command()
+def validate(scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
+    """Check a scenario against the schema and the semantic rules; print what it expands to."""
+    from dit.scenario import Scenario
+
+    variants = [v for v in _load(scenario) if isinstance(v, Scenario)]
+    table = Table(title=f"{scenario}: valid, {len(variants)} run(s)")
+    table.add_column("run")
+    table.add_column("hash")
+    for variant in variants:
+        table.add_row(variant.label, variant.hash[:16])
+    out.print(table)
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    inventory: Annotated[
+        str | None, typer.Option("-i", "--inventory", help="Run on real hosts (groups 'edge' and 'devices').")
+    ] = None,
+    runs_dir: RunsRoot = Path("runs"),
+    stand_in: Annotated[
+        bool,
+        typer.Option(help="Local mode: let the fake model stand in for a model whose framework is missing."),
+    ] = True,
+) -> None:
+    """Run a scenario (every sweep variant, one run directory each). Local mode without -i."""
+    from dit.driver import Driver, RunOptions
+    from dit.scenario import Scenario
+
+    variants = [v for v in _load(scenario) if isinstance(v, Scenario)]
+    options = RunOptions(runs_root=runs_dir, inventory=inventory, allow_stand_in=stand_in, console=err)
+    results = []
+    for variant in variants:
+        result = Driver(variant, options).execute()
+        results.append(result)
+        if result.state == "stopped":
+            break
+    table = Table(title="runs")
+    for column in ("run", "state", "directory", "wall time", "optimum", "objective"):
+        table.add_column(column)
+    for result in results:
+        optimum = result.optimum or {}
+        objective = optimum.get("objective_value")
+        table.add_row(
+            result.label,
+            result.state,
+            str(result.run_dir),
+            f"{sum(result.stage_ns.values()) / 1e9:.1f} s",
+            str(optimum.get("vector", "")),
+            f"{objective:.6g}" if isinstance(objective, (int, float)) else "",
+        )
+    out.print(table)
+    if any(r.state != "completed" for r in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def stop(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory of a running run.")],
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the teardown to finish.")] = 120.0,
+) -> None:
+    """Ask a running driver to stop; it tears down fully before it exits."""
+    run = RunDir(run_dir)
+    if not (run_dir / DRIVER).exists():
+        raise _fail(f"{run_dir} is not a dit run directory")
+    (run_dir / STOP).write_text(str(time.time_ns()) + "\n", encoding="utf-8")
+    info = read_json(run_dir / DRIVER)
+    pid = int(info.get("pid", 0))
+    from dit.procs import pid_alive
+
+    if pid and pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        state = run.status().get("state")
+        if state in ("completed", "failed", "stopped") and not (pid and pid_alive(pid)):
+            out.print(f"{run_dir}: {state}")
+            return
+        time.sleep(0.2)
+    raise _fail(f"{run_dir}: the driver did not finish within {wait:.0f} s")
+
+
+@app.command()
+def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver died.")]) -> None:
+    """Undo a run from its journal (e.g. after the driver was killed) and reap its processes."""
+    from dit.driver import inventory_of, teardown
+    from dit.procs import pid_alive
+
+    if not (run_dir / DRIVER).exists():
+        raise _fail(f"{run_dir} is not a dit run directory")
+    run = RunDir(run_dir)
+    pid = int(read_json(run_dir / DRIVER).get("pid", 0))
+    if pid and pid != os.getpid() and pid_alive(pid) and run.status().get("state") == "running":
+        raise _fail(f"the driver of {run_dir} (pid {pid}) is still running: use 'dit stop {run_dir}'")
+    error = teardown(run, inventory_of(run), None)
+    if error:
+        raise _fail(f"cleanup of {run_dir} incomplete: {error}")
+    if run.status().get("state") == "running":
+        run.set_status(state="failed", error="driver died; cleaned up by dit cleanup")
+    out.print(f"{run_dir}: journal replayed, no process of run {run.run_id} left")
+
+
+@app.command("ls")
+def list_runs(runs_dir: RunsRoot = Path("runs")) -> None:
+    """List runs."""
+    table = Table(title=str(runs_dir))
+    for column in ("scenario", "run", "state", "stage", "wall time"):
+        table.add_column(column)
+    for run in find_runs(runs_dir):
+        status = run.status()
+        stage_ns = status.get("stage_ns", {})
+        table.add_row(
+            run.path.parent.name,
+            run.path.name,
+            str(status.get("state", "?")),
+            str(status.get("stage") or ""),
+            f"{sum(stage_ns.values()) / 1e9:.1f} s" if stage_ns else "",
+        )
+    out.print(table)
+
+
+@app.command()
+def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+    """Summarise one run: status, stage times, start lateness, phase means, optimum."""
+    run = RunDir(run_dir)
+    status = run.status()
+    if not status:
+        raise _fail(f"{run_dir} is not a dit run directory")
+    out.print(f"[bold]{status.get('label', run_dir.name)}[/]  {status.get('state')}  run id {run.run_id}")
+    if status.get("error"):
+        out.print(f"[red]{status['error']}[/]")
+    stages = Table(title="stages")
+    stages.add_column("stage")
+    stages.add_column("wall time", justify="right")
+    for stage, ns in status.get("stage_ns", {}).items():
+        stages.add_row(stage, f"{ns / 1e9:.3f} s")
+    out.print(stages)
+    lateness = status.get("lateness_ns", {})
+    if lateness:
+        late = Table(title="start lateness")
+        late.add_column("device")
+        late.add_column("lateness", justify="right")
+        for device, ns in lateness.items():
+            late.add_row(device, f"{ns / 1e6:.3f} ms")
+        out.print(late)
+    summary = run_dir / "aggregate" / "phases_summary.csv"
+    if summary.exists():
+        import pandas as pd
+
+        frame = pd.read_csv(summary)
+        table = Table(title="phases (mean ns)")
+        for column in frame.columns:
+            table.add_column(str(column))
+        for row in frame.itertuples(index=False):
+            table.add_row(*(f"{v:.0f}" if isinstance(v, float) else str(v) for v in row))
+        out.print(table)
+    for result in sorted((run_dir / "optimise").glob("*.json")):
+        data = json.loads(result.read_text(encoding="utf-8"))
+        out.print(f"optimise {result.stem}: vector {data.get('vector')} objective {data.get('objective_value')}")
+
+
+@app.command()
+def optimise(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run (or a directory with the three files).")],
+    algorithm: Annotated[str | None, typer.Option(help="Registered optimiser (dit.optimisers).")] = None,
+    objective: Annotated[str | None, typer.Option(help="total_delay or variance.")] = None,
+    policy: Annotated[str | None, typer.Option(help="RR or SJF.")] = None,
+    vector: Annotated[str | None, typer.Option(help="Evaluate this vector, e.g. 2,4,8,11.")] = None,
+    max_vectors: Annotated[int, typer.Option(help="Exhaustive search refuses more vectors than this.")] = 5_000_000,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Search (or evaluate) partition vectors on a run's aggregate files under the delay model."""
+    from dit.optimise.api import OptimiseError, optimise_run
+
+    parsed: list[int] | None = None
+    if vector is not None:
+        try:
+            parsed = [int(v) for v in vector.split(",")]
+        except ValueError:
+            raise _fail(f"--vector: {vector!r} is not a comma-separated list of integers", 2) from None
+    try:
+        result = optimise_run(run_dir, algorithm, objective, policy, parsed, max_vectors=max_vectors)
+    except OptimiseError as exc:
+        raise _fail(str(exc), 2) from None
+    if as_json:
+        out.print_json(result.to_json())
+    else:
+        out.print(result.render_table())
+
+
+if __name__ == "__main__":
+    app()

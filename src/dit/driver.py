@@ -1,0 +1,568 @@
+"""The driver: sequences the seven stages of one scenario run and always tears down.
+
+preflight → apply → profile → collect run as Ansible playbooks against the run's inventory;
+aggregate and optimise touch no node and run here, in the driver process. Teardown runs
+whatever happened before it: a failed stage, Ctrl-C, SIGTERM or ``dit stop``. It replays the
+journal backwards and verifies that no process carrying the run id is left.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+
+import dit
+from dit.ansible_exec import HostEvent, StageOutcome, run_stage
+from dit.inventory import RunInventory, load_inventory, local_inventory
+from dit.journal import Journal
+from dit.models.resolve import ResolvedModel, resolve_model
+from dit.paths import content_root
+from dit.procs import run_processes
+from dit.reporter import Reporter
+from dit.rundir import DRIVER, RunDir, read_json, write_json
+from dit.scenario import Scenario
+
+ANSIBLE_STAGES = ("preflight", "apply", "profile", "collect")
+FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
+
+
+class StageFailed(Exception):
+    """A stage did not complete; the message says which node and why."""
+
+
+class Stopped(Exception):
+    """The run was asked to stop (Ctrl-C, SIGTERM, ``dit stop``)."""
+
+
+@dataclass
+class RunOptions:
+    runs_root: Path
+    inventory: str | None = None  # None: local mode
+    allow_stand_in: bool = True
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    label: str
+    state: str  # completed | failed | stopped
+    error: str | None
+    stage_ns: dict[str, int]
+    lateness_ns: dict[str, int]
+    optimum: dict[str, Any] | None = None
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version(), "dit": dit.__version__}
+    for dist in ("ansible-core", "ansible-runner", *FRAMEWORKS):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _git_commit() -> dict[str, Any]:
+    root = content_root()
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False, timeout=10
+        )
+        if head.returncode != 0:
+            return {"commit": None, "source": "not a git checkout"}
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
+        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"commit": None, "source": str(exc)}
+
+
+def extract_collected(raw_dir: Path, host: str) -> list[str]:
+    """Unpack ``raw/<host>.tar.gz`` (members already prefixed with the host) into ``raw/<host>/``."""
+    archive = raw_dir / f"{host}.tar.gz"
+    dest = raw_dir / host
+    dest.mkdir(parents=True, exist_ok=True)
+    names: list[str] = []
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            sub, _, name = member.name.partition("/")
+            target_dir = dest if sub == "results" else dest / sub
+            target_dir.mkdir(parents=True, exist_ok=True)
+            if "/" in name or name.startswith(".") or not name.startswith(f"{host}_"):
+                raise StageFailed(f"collect: unexpected member {member.name!r} in {archive}")
+            source = tar.extractfile(member)
+            if source is None:
+                continue
+            (target_dir / name).write_bytes(source.read())
+            names.append(str((target_dir / name).relative_to(raw_dir)))
+    archive.unlink()
+    return names
+
+
+class Driver:
+    """Runs one (already swept) scenario in its own run directory."""
+
+    def __init__(self, scenario: Scenario, options: RunOptions) -> None:
+        self.scenario = scenario
+        self.options = options
+        self.local = options.inventory is None
+        self._stop_reason: str | None = None
+        self._in_teardown = False
+        self.stage_ns: dict[str, int] = {}
+        self.lateness_ns: dict[str, int] = {}
+        self.edge_port: int | None = None
+        self.model: ResolvedModel | None = None
+
+    # -- stop handling -----------------------------------------------------------------------
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._stop_reason is None:
+            self._stop_reason = name
+            if self.reporter is not None:
+                self.reporter.warn(f"{name} received: stopping and tearing down")
+
+    def _should_cancel(self) -> bool:
+        if self._in_teardown:
+            return False
+        if self._stop_reason is None and self.run.stop_requested():
+            self._stop_reason = "dit stop"
+        return self._stop_reason is not None
+
+    @contextmanager
+    def _signals(self) -> Iterator[None]:
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _check_stop(self) -> None:
+        if self._should_cancel():
+            raise Stopped(self._stop_reason or "stop requested")
+
+    # -- the run -----------------------------------------------------------------------------
+    reporter: Reporter | None = None
+
+    def execute(self) -> RunResult:
+        scn = self.scenario
+        self.run = RunDir.create(self.options.runs_root, scn.name, scn.hash)
+        run = self.run
+        (run.path / "scenario.yaml").write_text(scn.to_yaml(), encoding="utf-8")
+        write_json(
+            run.path / DRIVER,
+            {
+                "pid": os.getpid(),
+                "host": platform.node(),
+                "run_id": run.run_id,
+                "inventory": self.options.inventory,
+                "local": self.local,
+                "scenario_hash": scn.hash,
+            },
+        )
+        run.set_status(state="running", stage=None, label=scn.label, started_wall_ns=time.time_ns())
+        self.journal = Journal(run.journal)
+        self.reporter = Reporter(run.log, self.options.console, f"{scn.label} → {run.path}")
+        error: str | None = None
+        state = "completed"
+        optimum: dict[str, Any] | None = None
+        with self._signals(), self.reporter.live():
+            try:
+                self.inventory = self._inventory()
+                self._prepare()
+                self._preflight()
+                self._apply()
+                self._profile()
+                self._collect()
+                self._aggregate()
+                optimum = self._optimise()
+            except Stopped as exc:
+                state, error = "stopped", f"stopped by {exc}"
+            except Exception as exc:
+                state, error = "failed", str(exc)
+                self.reporter.error(error)
+            finally:
+                teardown_error = self._teardown()
+                if teardown_error:
+                    state = "failed"
+                    error = f"{error}; {teardown_error}" if error else teardown_error
+        run.set_status(
+            state=state,
+            stage=None,
+            error=error,
+            finished_wall_ns=time.time_ns(),
+            stage_ns=self.stage_ns,
+            lateness_ns=self.lateness_ns,
+        )
+        self.reporter.info(f"run {state}: {run.path}" + (f" ({error})" if error else ""))
+        self.reporter.close()
+        return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
+
+    def _inventory(self) -> RunInventory:
+        if self.options.inventory is None:
+            return local_inventory(self.run.path, self.scenario.devices)
+        return load_inventory(self.options.inventory, self.scenario.devices)
+
+    def _prepare(self) -> None:
+        from dit.device.build import build_zipapp
+
+        scn = self.scenario
+        self.model = resolve_model(
+            scn.model.name,
+            _plain(scn.model.params),
+            _plain(scn.model.input),
+            scn.seed,
+            self.local,
+            self.options.allow_stand_in,
+        )
+        if self.model.stand_in_for and self.reporter is not None:
+            self.reporter.warn(
+                f"model {self.model.stand_in_for}: its framework is not installed here; "
+                "the fake model with the same stages stands in for it (recorded in metadata.json)"
+            )
+        device_dir = self.run.path / "device"
+        device_dir.mkdir(exist_ok=True)
+        self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
+
+    def _common_vars(self) -> dict[str, Any]:
+        env = {"PYTHONHASHSEED": str(self.scenario.seed), "DIT_SEED": str(self.scenario.seed)}
+        return {
+            "dit_run_id": self.run.run_id,
+            "dit_journal_path": str(self.run.journal),
+            "dit_process_env": env,
+        }
+
+    def _stage(
+        self, stage: str, extravars: dict[str, Any], check: Callable[[StageOutcome], None] | None = None
+    ) -> StageOutcome:
+        assert self.reporter is not None
+        self._check_stop()
+        self.run.set_status(stage=stage)
+        self.reporter.stage(stage, "running")
+        start = time.monotonic_ns()
+        outcome = run_stage(
+            stage,
+            self.run.path / "ansible" / stage,
+            self.inventory.source,
+            self.inventory.limit,
+            {**self._common_vars(), **extravars},
+            self.reporter.event,
+            self._should_cancel,
+            forks=max(5, len(self.inventory.hosts)),
+        )
+        self.stage_ns[stage] = time.monotonic_ns() - start
+        if outcome.status == "canceled" or (self._stop_reason and stage != "teardown"):
+            self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
+            raise Stopped(self._stop_reason or "cancel")
+        if not outcome.ok or outcome.failures():
+            self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
+            failures = "; ".join(f"{e.host}: {e.message()}" for e in outcome.failures())
+            raise StageFailed(f"{stage} failed: {failures or outcome.status}")
+        if check is not None:
+            check(outcome)
+        self.reporter.stage(stage, "done", self.stage_ns[stage] / 1e6)
+        return outcome
+
+    def _timed(self, stage: str, work: Callable[[], Any]) -> Any:
+        assert self.reporter is not None
+        self._check_stop()
+        self.run.set_status(stage=stage)
+        self.reporter.stage(stage, "running")
+        start = time.monotonic_ns()
+        try:
+            result = work()
+        except Exception:
+            self.stage_ns[stage] = time.monotonic_ns() - start
+            self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
+            raise
+        self.stage_ns[stage] = time.monotonic_ns() - start
+        self.reporter.stage(stage, "done", self.stage_ns[stage] / 1e6)
+        return result
+
+    # -- stages ------------------------------------------------------------------------------
+    def _preflight(self) -> None:
+        outcome = self._stage("preflight", {})
+        nodes: dict[str, Any] = {}
+        for host in self.inventory.hosts:
+            res = outcome.result_of(host, "dit_facts")
+            nodes[host] = dict(res.get("dit_facts", {})) if res else {}
+        assert self.model is not None
+        metadata = {
+            "run_id": self.run.run_id,
+            "scenario": {
+                "name": self.scenario.name,
+                "label": self.scenario.label,
+                "hash": self.scenario.hash,
+                "sweep_point": [list(p) for p in self.scenario.sweep_point],
+                "document": self.scenario.to_dict(),
+            },
+            "mode": "local" if self.local else "inventory",
+            "inventory": self.inventory.source,
+            "model": {"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
+            "dit": {"version": dit.__version__, "git": _git_commit()},
+            "versions": _versions(),
+            "controller": {"hostname": platform.node(), "kernel": platform.release(), "python": sys.version},
+            "nodes": nodes,
+            "written_wall_ns": time.time_ns(),
+        }
+        write_json(self.run.path / "metadata.json", metadata)
+        self._ntp_gate(nodes)
+
+    def _ntp_gate(self, nodes: dict[str, Any]) -> None:
+        limit = float(self.scenario.timing.max_clock_offset_ms)
+        problems: list[str] = []
+        for host, facts in nodes.items():
+            ntp = facts.get("ntp", {})
+            if ntp.get("source") == "local":
+                continue
+            offset = ntp.get("offset_ms")
+            if offset is None:
+                problems.append(f"{host}: clock offset unknown ({ntp.get('error', 'no NTP source')})")
+            elif abs(float(offset)) > limit:
+                problems.append(
+                    f"{host}: clock offset {float(offset):.3f} ms exceeds {limit} ms (timing.max_clock_offset_ms)"
+                )
+        if problems:
+            raise StageFailed("preflight: NTP gate refused to start: " + "; ".join(problems))
+
+    def _edge_config(self) -> dict[str, Any]:
+        scn = self.scenario
+        assert self.model is not None
+        return {
+            "run_id": self.run.run_id,
+            "policy": scn.edge.policy,
+            "admission": scn.edge.admission,
+            "devices": list(scn.devices),
+            "model": self.model.spec,
+            "profile": (
+                {"repetitions": scn.repetitions, "warmup": scn.warmup} if scn.edge.profile_capacity else None
+            ),
+        }
+
+    def _apply(self) -> None:
+        outcome = self._stage(
+            "apply", {"dit_device_pyz": str(self.pyz), "dit_edge_config": self._edge_config()}
+        )
+        res = outcome.result_of(self.inventory.edge_host, "dit_proc") or {}
+        ready = res.get("ready") or {}
+        if "port" not in ready:
+            raise StageFailed("apply: the edge service did not report its port")
+        self.edge_port = int(ready["port"])
+        self.reporter_info(f"edge service listening on {self.inventory.edge_address}:{self.edge_port}")
+        settle = float(self.scenario.timing.settle_s)
+        if settle > 0:
+            self.reporter_info(f"settling for {settle} s")
+            deadline = time.monotonic() + settle
+            while time.monotonic() < deadline:
+                self._check_stop()
+                time.sleep(min(0.1, settle))
+
+    def reporter_info(self, text: str) -> None:
+        if self.reporter is not None:
+            self.reporter.info(text)
+
+    def _profile_configs(self) -> dict[str, Any]:
+        scn = self.scenario
+        assert self.model is not None
+        configs: dict[str, Any] = {}
+        for index, device in enumerate(scn.devices):
+            hardware = scn.hardware.get(device, {})
+            configs[device] = {
+                "model": self.model.spec,
+                "repetitions": scn.repetitions,
+                "warmup": scn.warmup,
+                "threads": hardware.get("threads"),
+                "inference": {
+                    "enabled": scn.inference.enabled,
+                    "vectors": [list(v) for v in scn.inference.vectors],
+                    "device_index": index,
+                    "repetitions": scn.inference.repetitions,
+                    "edge": {"host": self.inventory.edge_address, "port": self.edge_port},
+                    "equivalence": {
+                        "enabled": scn.model.equivalence_enabled,
+                        "tolerance": scn.model.equivalence_tolerance,
+                    },
+                },
+            }
+        return configs
+
+    def _profile(self) -> None:
+        lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
+        outcome = self._stage(
+            "profile", {"dit_profile_config": self._profile_configs(), "dit_start_lead_ns": lead_ns}
+        )
+        for device in self.scenario.devices:
+            res = outcome.result_of(device, "dit_timed_profile") or {}
+            origin = res.get("origin") or {}
+            if "lateness_ns" in origin:
+                self.lateness_ns[device] = int(origin["lateness_ns"])
+        if self.lateness_ns:
+            worst = max(self.lateness_ns.items(), key=lambda item: item[1])
+            self.reporter_info(
+                "start lateness: "
+                + ", ".join(f"{d} {ns / 1e6:.3f} ms" for d, ns in self.lateness_ns.items())
+                + f" (worst {worst[0]})"
+            )
+
+    def _collect(self) -> None:
+        raw = self.run.path / "raw"
+        self._stage(
+            "collect",
+            {
+                "dit_edge_address": self.inventory.edge_address,
+                "dit_edge_port_actual": self.edge_port,
+                "dit_raw_dir": str(raw),
+            },
+        )
+        for host in self.inventory.hosts:
+            extract_collected(raw, host)
+
+    def _aggregate(self) -> None:
+        from dit.aggregate import aggregate_run
+
+        def work() -> None:
+            aggregate_run(self.run.path)
+            if self.scenario.inference.enabled:
+                from dit.validation import validate_run
+
+                summary = validate_run(self.run.path)
+                mape = getattr(summary, "mape_pct", None)
+                if mape is not None:
+                    self.reporter_info(f"model validation: MAPE {mape:.2f} %")
+
+        self._timed("aggregate", work)
+
+    def _optimise(self) -> dict[str, Any] | None:
+        if not self.scenario.optimisation.enabled:
+            assert self.reporter is not None
+            self.reporter.stage("optimise", "skipped")
+            return None
+        from dit.optimise.api import optimise_run
+
+        opt = self.scenario.optimisation
+
+        def work() -> dict[str, Any]:
+            result = optimise_run(self.run.path, opt.algorithm, opt.objective, opt.policy, None)
+            data: dict[str, Any] = json.loads(result.to_json())
+            return data
+
+        result: dict[str, Any] = self._timed("optimise", work)
+        self.reporter_info(f"optimum ({opt.algorithm}, {opt.objective}, {opt.policy}): {result.get('vector')}")
+        return result
+
+    def _teardown(self) -> str | None:
+        """Undo everything journaled; returns an error message, or None when all is clean."""
+        self._in_teardown = True
+        try:
+            return teardown(self.run, self.inventory if hasattr(self, "inventory") else None, self.reporter)
+        finally:
+            self._in_teardown = False
+
+
+def teardown(run: RunDir, inventory: RunInventory | None, reporter: Reporter | None) -> str | None:
+    """Replay ``run``'s pending journal backwards on every node; verify no process survives."""
+    journal = Journal(run.journal)
+    pending = journal.pending_by_host()
+    errors: list[str] = []
+    start = time.monotonic_ns()
+    if reporter is not None:
+        reporter.stage("teardown", "running")
+    run.set_status(stage="teardown")
+    if inventory is not None:
+        undone: list[str] = []
+
+        def on_event(event: HostEvent) -> None:
+            if event.action == "dit_restore":
+                undone.extend(event.result.get("undone", []))
+            if reporter is not None:
+                reporter.event(event)
+
+        outcome = run_stage(
+            "teardown",
+            run.path / "ansible" / "teardown",
+            inventory.source,
+            inventory.limit,
+            {"dit_run_id": run.run_id, "dit_journal_path": str(run.journal), "dit_undo": pending},
+            on_event,
+            lambda: False,
+            forks=max(5, len(inventory.hosts)),
+        )
+        journal.mark_undone(undone)
+        errors.extend(f"{e.host}: {e.message()}" for e in outcome.failures())
+        if not outcome.ok and not errors:
+            errors.append(f"teardown playbook {outcome.status}")
+        left = {c.host for c in journal.pending()}
+        if left:
+            errors.append(f"journal changes not undone on {', '.join(sorted(left))}")
+        if inventory.local:
+            survivors = run_processes(run.run_id)
+            if survivors:
+                errors.append(
+                    "processes of the run survive teardown: " + ", ".join(str(p.pid) for p in survivors)
+                )
+    elif pending:
+        errors.append("no inventory to undo the journal with")
+    ns = time.monotonic_ns() - start
+    status = run.status()
+    stage_ns = dict(status.get("stage_ns", {}))
+    stage_ns["teardown"] = ns
+    run.set_status(stage_ns=stage_ns, teardown={"ok": not errors, "errors": errors})
+    if reporter is not None:
+        reporter.stage("teardown", "failed" if errors else "done", ns / 1e6)
+        for error in errors:
+            reporter.error(f"teardown: {error}")
+    return "; ".join(errors) if errors else None
+
+
+def inventory_of(run: RunDir) -> RunInventory:
+    """The inventory a finished or crashed run used (for ``dit cleanup``)."""
+    info = read_json(run.path / DRIVER)
+    scenario = _run_devices(run)
+    if info.get("local", True):
+        data = json.loads((run.path / "inventory.json").read_text(encoding="utf-8"))
+        children = data["all"]["children"]
+        hostvars = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
+        return RunInventory(str(run.path / "inventory.json"), True, "edge", scenario, "127.0.0.1", hostvars)
+    return load_inventory(str(info["inventory"]), scenario)
+
+
+def _run_devices(run: RunDir) -> tuple[str, ...]:
+    """The devices of the run's resolved scenario."""
+    import yaml
+
+    data = yaml.safe_load((run.path / "scenario.yaml").read_text(encoding="utf-8"))
+    return tuple(str(d) for d in data["devices"])
+
+
+def _plain(value: Any) -> Any:
+    """A deeply-frozen scenario value as plain JSON-able dicts and lists."""
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

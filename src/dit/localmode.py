@@ -1,0 +1,63 @@
+"""Local mode: every node is a directory on this machine with a fake ``/sys`` tree.
+
+The fake tree has what the roles read and write on a Raspberry Pi 4 (cpufreq policy with its
+available frequencies, a thermal zone, the firmware throttle flags) and, on the edge server, what
+an Intel desktop exposes (intel_pstate ``no_turbo``, a base frequency). Roles address it through the
+``sysfs_root`` host variable, so the same tasks run against ``/`` on the rack.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PI4_FREQS_KHZ = tuple(range(600_000, 1_800_001, 100_000))
+EDGE_BASE_KHZ = 3_600_000
+EDGE_MAX_KHZ = 4_900_000
+
+
+def _write(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value + "\n", encoding="utf-8")
+
+
+def make_fake_sysfs(root: Path, role: str, cpus: int = 4) -> Path:
+    """Create the fake ``/sys`` of a device (``role='device'``) or the edge server under ``root``."""
+    cpu_dir = root / "devices/system/cpu"
+    if role == "edge":
+        freqs: tuple[int, ...] = (800_000, 2_000_000, EDGE_BASE_KHZ, EDGE_MAX_KHZ)
+        max_khz, governor = EDGE_MAX_KHZ, "powersave"
+        _write(cpu_dir / "intel_pstate/no_turbo", "0")
+        _write(cpu_dir / "intel_pstate/status", "active")
+    else:
+        freqs, max_khz, governor = PI4_FREQS_KHZ, PI4_FREQS_KHZ[-1], "ondemand"
+        _write(root / "devices/platform/soc/soc:firmware/get_throttled", "0")
+    for cpu in range(cpus):
+        _write(cpu_dir / f"cpu{cpu}/online", "1")
+    policies = [0] if role != "edge" else list(range(cpus))
+    for index in policies:
+        policy = cpu_dir / f"cpufreq/policy{index}"
+        related = " ".join(str(c) for c in range(cpus)) if role != "edge" else str(index)
+        _write(policy / "affected_cpus", related)
+        _write(policy / "related_cpus", related)
+        _write(policy / "cpuinfo_min_freq", str(freqs[0]))
+        _write(policy / "cpuinfo_max_freq", str(max_khz))
+        _write(policy / "scaling_min_freq", str(freqs[0]))
+        _write(policy / "scaling_max_freq", str(max_khz))
+        _write(policy / "scaling_cur_freq", str(max_khz))
+        _write(policy / "scaling_available_frequencies", " ".join(str(f) for f in freqs))
+        _write(policy / "scaling_available_governors", "conservative ondemand userspace powersave performance schedutil")
+        _write(policy / "scaling_governor", governor)
+        if role == "edge":
+            _write(policy / "base_frequency", str(EDGE_BASE_KHZ))
+    _write(root / "class/thermal/thermal_zone0/temp", "45000")
+    _write(root / "class/thermal/thermal_zone0/type", "cpu-thermal" if role != "edge" else "x86_pkg_temp")
+    return root
+
+
+def snapshot_tree(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with its content (for before/after equality checks)."""
+    return {
+        str(path.relative_to(root)): path.read_text(encoding="utf-8")
+        for path in sorted(root.rglob("*"))
+        if path.is_file()
+    }

@@ -1,0 +1,81 @@
+"""The run directory: ``runs/<scenario name>/<UTC time>-<hash8>/`` and the files every run has."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+STATUS = "status.json"
+DRIVER = "driver.json"
+STOP = "STOP"
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write JSON atomically (rename over the old file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, runs_root: Path, name: str, scenario_hash: str) -> RunDir:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        parent = runs_root / name
+        parent.mkdir(parents=True, exist_ok=True)
+        base = f"{stamp}-{scenario_hash[:8]}"
+        for attempt in range(1, 1000):
+            candidate = parent / (base if attempt == 1 else f"{base}-{attempt}")
+            try:
+                candidate.mkdir()
+            except FileExistsError:
+                continue
+            for sub in ("raw", "aggregate", "ansible", "optimise"):
+                (candidate / sub).mkdir()
+            return cls(candidate)
+        raise RuntimeError(f"cannot create a run directory under {parent}")
+
+    @property
+    def run_id(self) -> str:
+        """The tag every process of the run carries (``DIT_RUN_ID``)."""
+        return f"{self.path.parent.name}-{self.path.name}"
+
+    @property
+    def journal(self) -> Path:
+        return self.path / "journal.jsonl"
+
+    @property
+    def log(self) -> Path:
+        return self.path / "run.log"
+
+    def status(self) -> dict[str, Any]:
+        path = self.path / STATUS
+        return dict(read_json(path)) if path.exists() else {}
+
+    def set_status(self, **fields: Any) -> None:
+        status = self.status()
+        status.update(fields)
+        status["updated_wall_ns"] = time.time_ns()
+        write_json(self.path / STATUS, status)
+
+    def stop_requested(self) -> bool:
+        return (self.path / STOP).exists()
+
+
+def find_runs(runs_root: Path) -> list[RunDir]:
+    if not runs_root.is_dir():
+        return []
+    found = [RunDir(p.parent) for p in runs_root.glob(f"*/*/{STATUS}")]
+    return sorted(found, key=lambda r: r.path.name)
