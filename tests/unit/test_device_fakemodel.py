@@ -74,7 +74,10 @@ def test_scale_and_custom_stages() -> None:
     custom = build(
         {
             "name": "fake",
-            "params": {"stages": [{"work": 1, "output_bytes": 8}, {"work": 0, "output_bytes": 3}], "scale": 3},
+            "params": {
+                "stages": [{"work": 1, "output_bytes": 8}, {"work": 0, "output_bytes": 3}],
+                "scale": 3,
+            },
             "input": {"bytes": 5},
             "seed": 0,
         }
@@ -106,7 +109,7 @@ def test_activation_size_is_checked() -> None:
         model.run_stage(1, b"abc")
     with pytest.raises(ValueError, match="output of stage 2 is 512 bytes"):
         model.decode(b"x", 2)
-    with pytest.raises(ValueError, match="outside 1..4"):
+    with pytest.raises(ValueError, match=r"outside 1\.\.4"):
         model.run_stage(5, b"")
 
 

@@ -27,7 +27,7 @@ from dit.device import protocol as P
 def test_round_trip(msg: P.Message) -> None:
     frame = P.encode(msg)
     assert frame[:4] == P.MAGIC
-    kind, length = P.parse_header(frame[: P.HEADER_SIZE])
+    _kind, length = P.parse_header(frame[: P.HEADER_SIZE])
     assert length == len(frame) - P.HEADER_SIZE
     assert P.decode(frame) == msg
 
@@ -45,7 +45,9 @@ def test_oversize_frame_is_refused_on_both_sides() -> None:
     with pytest.raises(P.ProtocolError, match="exceeds the maximum of 100"):
         P.encode(msg, max_frame_bytes=100)
     frame = P.encode(msg)
-    with pytest.raises(P.ProtocolError, match=r"REQUEST frame body of \d+ bytes exceeds the maximum of 100 bytes"):
+    with pytest.raises(
+        P.ProtocolError, match=r"REQUEST frame body of \d+ bytes exceeds the maximum of 100 bytes"
+    ):
         P.decode(frame, max_frame_bytes=100)
 
 
@@ -83,7 +85,10 @@ def test_out_of_range_fields_are_a_protocol_error() -> None:
 def test_blocking_socket_helpers() -> None:
     a, b = socket.socketpair()
     with a, b:
-        msgs: list[P.Message] = [P.Request("d1", 1, 2, 3, bytes(range(256)) * 300), P.Ack(1, 2, P.MsgType.REQUEST)]
+        msgs: list[P.Message] = [
+            P.Request("d1", 1, 2, 3, bytes(range(256)) * 300),
+            P.Ack(1, 2, P.MsgType.REQUEST),
+        ]
         for m in msgs:
             P.send_message(a, m)
         assert [P.recv_message(b), P.recv_message(b)] == msgs
