@@ -1,0 +1,227 @@
+"""Stage-by-stage profiling of any :class:`~dit.device.adapter.StageModel` (stdlib only).
+
+Used by the device agent, by the edge service's capacity profile and by real TensorFlow /
+PyTorch adapters alike: it only calls ``make_input``, ``run_stage``, ``output_bytes`` and ``ops``.
+
+Per stage and measured pass it records
+
+* ``latency_ns``: ``time.monotonic_ns()`` immediately before and after ``run_stage``;
+* ``cpu_pct``: 100 x process CPU time (``time.process_time_ns``, all threads) / wall time of the
+  stage. It exceeds 100 when the stage computes on several threads (e.g. a BLAS pool);
+* ``peak_mem_bytes``: the process peak RSS during the stage. Method ``clear_refs``: the kernel's
+  high-water mark VmHWM is reset to the current RSS by writing ``5`` to ``/proc/self/clear_refs``
+  just before the stage and read from ``/proc/self/status`` just after (both outside the timed
+  window). Where that is not permitted (non-Linux, old kernel, restricted /proc) the method is
+  ``ru_maxrss``: ``resource.getrusage`` peak since process start, a monotone upper bound.
+  The method used is in the summary;
+* ``output_bytes`` and ``ops`` from the adapter, and ``start_ns`` relative to the origin.
+
+``layers.csv`` has one stage-0 row per repetition (latency 0, output_bytes = input size, ops 0,
+cpu 0, peak memory as read before the pass).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dit.device.adapter import StageModel
+
+LAYERS_COLUMNS = (
+    "rep",
+    "stage",
+    "latency_ns",
+    "output_bytes",
+    "ops",
+    "cpu_pct",
+    "peak_mem_bytes",
+    "start_ns",
+)
+
+_CLEAR_REFS = "/proc/self/clear_refs"
+_STATUS = "/proc/self/status"
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    rep: int
+    stage: int
+    latency_ns: int
+    output_bytes: int
+    ops: int
+    cpu_pct: float
+    peak_mem_bytes: int
+    start_ns: int
+
+
+class PeakMemory:
+    """Per-stage peak RSS: VmHWM reset through clear_refs where permitted, else ru_maxrss."""
+
+    def __init__(self, force_method: str | None = None) -> None:
+        self.method = force_method or ("clear_refs" if self._clear_refs_works() else "ru_maxrss")
+        if self.method not in ("clear_refs", "ru_maxrss"):
+            raise ValueError(f"unknown peak memory method {self.method!r}")
+
+    @staticmethod
+    def _vmhwm() -> int | None:
+        try:
+            with open(_STATUS, encoding="ascii", errors="replace") as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
+    def _clear_refs_works(self) -> bool:
+        if not sys.platform.startswith("linux") or self._vmhwm() is None:
+            return False
+        try:
+            self._reset_hwm()
+        except OSError:
+            return False
+        return True
+
+    @staticmethod
+    def _reset_hwm() -> None:
+        with open(_CLEAR_REFS, "w", encoding="ascii") as fh:
+            fh.write("5")
+
+    def reset(self) -> None:
+        if self.method == "clear_refs":
+            try:
+                self._reset_hwm()
+            except OSError:
+                self.method = "ru_maxrss"
+
+    def read(self) -> int:
+        if self.method == "clear_refs":
+            value = self._vmhwm()
+            if value is not None:
+                return value
+            self.method = "ru_maxrss"
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(maxrss) if sys.platform == "darwin" else int(maxrss) * 1024
+
+
+@dataclass
+class ProfileResult:
+    model: str
+    num_stages: int
+    warmup: int
+    repetitions: int
+    peak_mem_method: str
+    records: list[StageRecord]
+
+    def mean_latency_ns(self) -> list[float]:
+        """Mean latency per stage, index 0..N (index 0 is always 0.0)."""
+        sums = [0] * (self.num_stages + 1)
+        counts = [0] * (self.num_stages + 1)
+        for r in self.records:
+            sums[r.stage] += r.latency_ns
+            counts[r.stage] += 1
+        return [s / c if c else 0.0 for s, c in zip(sums, counts, strict=True)]
+
+    def summary(self) -> dict[str, Any]:
+        means = self.mean_latency_ns()
+        per_stage: list[dict[str, Any]] = []
+        for stage in range(self.num_stages + 1):
+            rows = [r for r in self.records if r.stage == stage]
+            if not rows:
+                continue
+            lat = [r.latency_ns for r in rows]
+            per_stage.append(
+                {
+                    "stage": stage,
+                    "mean_latency_ns": means[stage],
+                    "min_latency_ns": min(lat),
+                    "max_latency_ns": max(lat),
+                    "output_bytes": rows[0].output_bytes,
+                    "ops": rows[0].ops,
+                    "mean_cpu_pct": sum(r.cpu_pct for r in rows) / len(rows),
+                    "max_peak_mem_bytes": max(r.peak_mem_bytes for r in rows),
+                }
+            )
+        return {
+            "model": self.model,
+            "stages": self.num_stages,
+            "warmup": self.warmup,
+            "repetitions": self.repetitions,
+            "peak_mem_method": self.peak_mem_method,
+            "forward_mean_ns": sum(means),
+            "per_stage": per_stage,
+        }
+
+
+def profile_model(
+    model: StageModel,
+    *,
+    repetitions: int,
+    warmup: int = 0,
+    origin_mono_ns: int | None = None,
+    peak_memory: PeakMemory | None = None,
+    clock: Callable[[], int] = time.monotonic_ns,
+) -> ProfileResult:
+    """Run ``warmup`` unrecorded passes then ``repetitions`` measured passes, stage by stage."""
+    if repetitions < 0 or warmup < 0:
+        raise ValueError(f"repetitions ({repetitions}) and warmup ({warmup}) must be >= 0")
+    origin = clock() if origin_mono_ns is None else origin_mono_ns
+    mem = peak_memory or PeakMemory()
+    n = model.num_stages
+    records: list[StageRecord] = []
+    for pass_no in range(warmup + repetitions):
+        rep = pass_no - warmup  # negative while warming up
+        x = model.make_input()
+        if rep >= 0:
+            records.append(
+                StageRecord(rep, 0, 0, model.output_bytes(0), 0, 0.0, mem.read(), clock() - origin)
+            )
+        for stage in range(1, n + 1):
+            mem.reset()
+            c0 = time.process_time_ns()
+            t0 = clock()
+            x = model.run_stage(stage, x)
+            t1 = clock()
+            c1 = time.process_time_ns()
+            if rep < 0:
+                continue
+            wall = t1 - t0
+            cpu = 100.0 * (c1 - c0) / wall if wall > 0 else 0.0
+            records.append(
+                StageRecord(
+                    rep=rep,
+                    stage=stage,
+                    latency_ns=wall,
+                    output_bytes=model.output_bytes(stage),
+                    ops=model.ops(stage),
+                    cpu_pct=round(cpu, 2),
+                    peak_mem_bytes=mem.read(),
+                    start_ns=t0 - origin,
+                )
+            )
+    return ProfileResult(
+        model=model.name,
+        num_stages=n,
+        warmup=warmup,
+        repetitions=repetitions,
+        peak_mem_method=mem.method,
+        records=records,
+    )
+
+
+def write_layers_csv(path: Path, result: ProfileResult) -> None:
+    """Write ``layers.csv`` (columns :data:`LAYERS_COLUMNS`) atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=LAYERS_COLUMNS)
+        writer.writeheader()
+        for r in result.records:
+            writer.writerow(asdict(r))
+    os.replace(tmp, path)

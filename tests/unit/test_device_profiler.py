@@ -1,0 +1,100 @@
+"""The stage-by-stage profiler: layers.csv shape and values, warm-up exclusion, memory method."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dit.device.fakemodel import FakeModel, build
+from dit.device.profiler import LAYERS_COLUMNS, PeakMemory, profile_model, write_layers_csv
+
+
+class CountingModel(FakeModel):
+    def __init__(self) -> None:
+        base = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 3})
+        super().__init__(base.stages, base.input_bytes, base.seed, name="counting")
+        self.inputs = 0
+        self.calls: list[int] = []
+
+    def make_input(self) -> bytes:
+        self.inputs += 1
+        return super().make_input()
+
+    def run_stage(self, stage: int, x: Any) -> bytes:
+        self.calls.append(stage)
+        return super().run_stage(stage, x)
+
+
+def test_layers_csv_shape_and_values(tmp_path: Path) -> None:
+    model = CountingModel()
+    result = profile_model(model, repetitions=3, warmup=2)
+    assert model.inputs == 5  # warm-up passes run, ...
+    assert model.calls == [1, 2, 3, 4] * 5
+    assert len(result.records) == 3 * 5  # ... but are not recorded
+    path = tmp_path / "layers.csv"
+    write_layers_csv(path, result)
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames or ()) == LAYERS_COLUMNS
+        rows = list(reader)
+    assert [(int(r["rep"]), int(r["stage"])) for r in rows] == list(itertools.product(range(3), range(5)))
+    for r in rows:
+        stage = int(r["stage"])
+        assert int(r["output_bytes"]) == model.output_bytes(stage)
+        assert int(r["ops"]) == model.ops(stage)
+        assert int(r["peak_mem_bytes"]) > 0
+        assert float(r["cpu_pct"]) >= 0.0
+        if stage == 0:
+            assert (int(r["latency_ns"]), int(r["ops"]), int(r["output_bytes"])) == (0, 0, 256)
+        else:
+            assert int(r["latency_ns"]) > 0
+    starts = [int(r["start_ns"]) for r in rows]
+    assert starts == sorted(starts) and starts[0] >= 0
+    summary = result.summary()
+    assert summary["warmup"] == 2 and summary["repetitions"] == 3 and summary["stages"] == 4
+    assert summary["peak_mem_method"] in ("clear_refs", "ru_maxrss")
+    assert [s["stage"] for s in summary["per_stage"]] == [0, 1, 2, 3, 4]
+
+
+def test_latency_is_monotonic_clock_around_run_stage() -> None:
+    ticks = itertools.count(1000, 7)  # every clock read advances 7 ns
+    model = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 0})
+    result = profile_model(model, repetitions=2, origin_mono_ns=1000, clock=lambda: next(ticks))
+    stage_rows = [r for r in result.records if r.stage > 0]
+    assert {r.latency_ns for r in stage_rows} == {7}
+    assert result.mean_latency_ns() == [0.0, 7.0, 7.0, 7.0, 7.0]
+    assert result.records[0].start_ns == 0
+
+
+def test_peak_memory_methods() -> None:
+    auto = PeakMemory()
+    assert auto.method in ("clear_refs", "ru_maxrss")
+    auto.reset()
+    assert auto.read() > 0
+    fallback = PeakMemory(force_method="ru_maxrss")
+    assert fallback.read() >= auto.read() // 2
+    with pytest.raises(ValueError, match="unknown peak memory method"):
+        PeakMemory(force_method="psutil")
+
+
+def test_peak_memory_sees_a_stage_allocation() -> None:
+    mem = PeakMemory()
+    if mem.method != "clear_refs":
+        pytest.skip("clear_refs not permitted here")
+    mem.reset()
+    before = mem.read()
+    blob = bytearray(64 * 1024 * 1024)
+    blob[::4096] = b"\x01" * len(blob[::4096])  # touch every page
+    after = mem.read()
+    del blob
+    assert after - before >= 60 * 1024 * 1024
+
+
+def test_negative_counts_are_refused() -> None:
+    model = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 0})
+    with pytest.raises(ValueError, match="must be >= 0"):
+        profile_model(model, repetitions=-1)
