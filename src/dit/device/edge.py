@@ -1,0 +1,542 @@
+"""The edge inference service (asyncio + one executor thread, stdlib only).
+
+Devices connect over TCP (``dit.device.protocol``) and send a REQUEST (the activation after
+their partition point) or a SKIP (partition point N). The service ACKs a REQUEST the moment its
+last byte has been read, admits it to the scheduler (``batch``: when every configured device has
+sent a REQUEST or SKIP for the same (round, repetition); ``immediate``: on arrival), and a single
+executor thread runs the remaining stages *one stage at a time* across all admitted requests:
+
+* **RR**: stages are served in rounds. A round is a snapshot of the admitted, unfinished requests
+  in device order (order of ``devices``); each gets one stage, then a new round is formed.
+  A request admitted during a round joins the next round.
+* **SJF**: at every stage boundary the request with the smallest remaining workload runs (the
+  sum of its remaining stages' estimates: capacity-profile mean latency when the service
+  profiled itself, else the adapter's ``ops``; ties by device order, then arrival). Because the
+  running request's remaining workload only shrinks, it runs to completion unless a request
+  with a smaller remaining workload is admitted meanwhile (preemptive at stage granularity,
+  i.e. shortest-remaining-work-first).
+
+Per request, on the service's monotonic clock: ``barrier_ns = release - ack``, ``remote_ns`` =
+sum of its stage slices (the first slice includes decoding the activation, the last one encoding
+the result), ``queue_ns = (done - release) - remote_ns``. They go back in the RESULT and into
+``edge_requests.csv`` (times relative to the service's origin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from dit.device.adapter import StageModel
+from dit.device.common import ConfigError, Origin, build_model, require, write_json
+from dit.device.profiler import profile_model, write_layers_csv
+from dit.device.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Ack,
+    Error,
+    Message,
+    MsgType,
+    ProtocolError,
+    Request,
+    Result,
+    Skip,
+    encode_parts,
+    read_body,
+    read_header,
+)
+
+EDGE_REQUEST_COLUMNS = (
+    "device",
+    "round",
+    "repetition",
+    "partition_point",
+    "request_bytes",
+    "recv_start_ns",
+    "ack_ns",
+    "release_ns",
+    "done_ns",
+    "barrier_ns",
+    "queue_ns",
+    "remote_ns",
+    "stages",
+)
+EDGE_STAGE_COLUMNS = ("device", "round", "repetition", "stage", "start_ns", "end_ns")
+POLICIES = ("RR", "SJF")
+ADMISSIONS = ("batch", "immediate")
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    run_id: str
+    host: str
+    bind: str
+    port: int
+    policy: str
+    admission: str
+    devices: tuple[str, ...]
+    model: Mapping[str, Any]
+    profile_repetitions: int | None
+    profile_warmup: int
+    results_dir: Path
+    ready_file: Path
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> EdgeConfig:
+        policy = require(cfg, "policy", str)
+        if policy not in POLICIES:
+            raise ConfigError(f"policy: {policy!r} is not one of {list(POLICIES)}")
+        admission = cfg.get("admission", "batch")
+        if admission not in ADMISSIONS:
+            raise ConfigError(f"admission: {admission!r} is not one of {list(ADMISSIONS)}")
+        devices = require(cfg, "devices", list)
+        if not devices or not all(isinstance(d, str) and d for d in devices):
+            raise ConfigError(f"devices: {devices!r} must be a non-empty list of device names")
+        if len(set(devices)) != len(devices):
+            raise ConfigError(f"devices: {devices!r} has duplicates")
+        port = cfg.get("port", 0)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError(f"port: {port!r} is not an integer in 0..65535")
+        profile = cfg.get("profile")
+        reps: int | None = None
+        warmup = 0
+        if profile is not None:
+            if not isinstance(profile, Mapping):
+                raise ConfigError(f"profile: {profile!r} must be a mapping or null")
+            reps = require(profile, "repetitions", int, "profile")
+            warmup = profile.get("warmup", 0)
+            if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0 or reps < 1:
+                raise ConfigError(f"profile: repetitions {reps!r} must be >= 1 and warmup {warmup!r} >= 0")
+        max_frame = cfg.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)
+        if isinstance(max_frame, bool) or not isinstance(max_frame, int) or max_frame < 1:
+            raise ConfigError(f"max_frame_bytes: {max_frame!r} is not a positive integer")
+        return cls(
+            run_id=str(cfg.get("run_id", "")),
+            host=str(cfg.get("host", "edge")),
+            bind=str(cfg.get("bind", "127.0.0.1")),
+            port=port,
+            policy=policy,
+            admission=admission,
+            devices=tuple(devices),
+            model=require(cfg, "model", dict),
+            profile_repetitions=reps,
+            profile_warmup=warmup,
+            results_dir=Path(require(cfg, "results_dir", str)),
+            ready_file=Path(require(cfg, "ready_file", str)),
+            max_frame_bytes=max_frame,
+        )
+
+
+@dataclass(eq=False)
+class Job:
+    """One admitted REQUEST and its progress through the remaining stages."""
+
+    device: str
+    device_index: int
+    round: int
+    repetition: int
+    point: int
+    payload: bytes
+    recv_start_ns: int
+    ack_ns: int
+    seq: int
+    reply: Callable[[Message], None] = field(repr=False)
+    request_bytes: int = 0
+    release_ns: int = 0
+    next_stage: int = 0  # set to point + 1 on creation
+    activation: Any = None
+    remote_ns: int = 0
+    done_ns: int = 0
+    result: bytes = b""
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.next_stage = self.point + 1
+
+
+class Scheduler:
+    """Which admitted job gets the next stage (not thread-safe: the caller holds the lock)."""
+
+    def __init__(self, policy: str, num_stages: int, estimates: Sequence[float]) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}")
+        if len(estimates) != num_stages + 1:
+            raise ValueError(f"need {num_stages + 1} stage estimates (index 0..N), got {len(estimates)}")
+        self.policy = policy
+        self.num_stages = num_stages
+        # suffix[s] = sum of estimates of stages s..N
+        self._suffix = [0.0] * (num_stages + 2)
+        for s in range(num_stages, 0, -1):
+            self._suffix[s] = self._suffix[s + 1] + float(estimates[s])
+        self.pending: list[Job] = []
+        self._round: deque[Job] = deque()
+
+    def remaining(self, job: Job) -> float:
+        return self._suffix[job.next_stage]
+
+    def add(self, job: Job) -> None:
+        self.pending.append(job)
+
+    def pick(self) -> Job | None:
+        if not self.pending:
+            return None
+        if self.policy == "SJF":
+            return min(self.pending, key=lambda j: (self.remaining(j), j.device_index, j.seq))
+        while self._round and self._round[0] not in self.pending:
+            self._round.popleft()
+        if not self._round:
+            self._round.extend(sorted(self.pending, key=lambda j: (j.device_index, j.seq)))
+        return self._round.popleft()
+
+    def complete(self, job: Job) -> None:
+        self.pending.remove(job)
+
+
+class Executor(threading.Thread):
+    """The single compute thread: one stage at a time, chosen by the scheduler."""
+
+    def __init__(
+        self,
+        model: StageModel,
+        scheduler: Scheduler,
+        on_done: Callable[[Job], None],
+        on_stage: Callable[[Job, int, int, int], None] | None = None,
+    ) -> None:
+        super().__init__(name="dit-edge-executor", daemon=True)
+        self.model = model
+        self.scheduler = scheduler
+        self.on_done = on_done
+        self.on_stage = on_stage  # (job, stage, start_ns, end_ns), called on this thread
+        self.cond = threading.Condition()
+        self._stopping = False
+
+    def submit(self, jobs: Sequence[Job]) -> None:
+        with self.cond:
+            for job in jobs:
+                self.scheduler.add(job)
+            self.cond.notify()
+
+    def stop(self) -> None:
+        with self.cond:
+            self._stopping = True
+            self.cond.notify()
+
+    def run(self) -> None:
+        model, n = self.model, self.model.num_stages
+        while True:
+            with self.cond:
+                while not self._stopping and not self.scheduler.pending:
+                    self.cond.wait()
+                if self._stopping:
+                    return
+                job = self.scheduler.pick()
+            if job is None:  # pragma: no cover - pending was non-empty under the lock
+                continue
+            stage = job.next_stage
+            t0 = time.monotonic_ns()
+            try:
+                x = model.decode(job.payload, job.point) if stage == job.point + 1 else job.activation
+                x = model.run_stage(stage, x)
+                if stage == n:
+                    job.result = model.encode(x)
+                    job.activation = None
+                else:
+                    job.activation = x
+            except Exception as exc:
+                job.error = f"stage {stage} of {model.name!r} failed: {type(exc).__name__}: {exc}"
+            t1 = time.monotonic_ns()
+            job.remote_ns += t1 - t0
+            job.next_stage = stage + 1
+            if self.on_stage is not None:
+                self.on_stage(job, stage, t0, t1)
+            if stage == n or job.error is not None:
+                job.done_ns = t1
+                job.payload = b""
+                with self.cond:
+                    self.scheduler.complete(job)
+                self.on_done(job)
+
+
+class EdgeService:
+    """The asyncio side: connections, ACKs, admission, results and the request log."""
+
+    def __init__(
+        self, cfg: EdgeConfig, model: StageModel, origin: Origin, estimates: Sequence[float]
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.origin = origin
+        self.device_index = {d: i for i, d in enumerate(cfg.devices)}
+        self.executor = Executor(
+            model, Scheduler(cfg.policy, model.num_stages, estimates), self._done_threadsafe, self._stage_done
+        )
+        self._rounds: dict[tuple[int, int], dict[str, Job | None]] = {}
+        self._seen: set[tuple[str, int, int]] = set()
+        self._seq = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._log: TextIO | None = None
+        self._csv: Any = None
+        self._stage_log: TextIO | None = None
+        self._stage_csv: Any = None
+        self.completed = 0
+        self.skips = 0
+
+    # --- executor callbacks ------------------------------------------------------------------
+
+    def _stage_done(self, job: Job, stage: int, start_ns: int, end_ns: int) -> None:
+        """Executor thread: one row of ``edge_stages.csv`` (the order stages actually ran in)."""
+        if self._stage_csv is not None:
+            o = self.origin.mono_ns
+            with contextlib.suppress(ValueError):  # file closed after a timed-out shutdown join
+                self._stage_csv.writerow(
+                    [job.device, job.round, job.repetition, stage, start_ns - o, end_ns - o]
+                )
+
+    def _done_threadsafe(self, job: Job) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+            loop.call_soon_threadsafe(self._finish, job)
+
+    def _finish(self, job: Job) -> None:
+        if job.error is not None:
+            job.reply(Error(job.error))
+        else:
+            queue_ns = (job.done_ns - job.release_ns) - job.remote_ns
+            barrier_ns = job.release_ns - job.ack_ns
+            job.reply(
+                Result(
+                    job.round,
+                    job.repetition,
+                    barrier_ns,
+                    queue_ns,
+                    job.remote_ns,
+                    self.model.num_stages - job.point,
+                    job.result,
+                )
+            )
+            self._log_job(job, barrier_ns, queue_ns)
+        job.result = b""
+
+    def _log_job(self, job: Job, barrier_ns: int, queue_ns: int) -> None:
+        self.completed += 1
+        if self._csv is None or self._log is None:
+            return
+        o = self.origin.mono_ns
+        self._csv.writerow(
+            [
+                job.device, job.round, job.repetition, job.point, job.request_bytes,
+                job.recv_start_ns - o, job.ack_ns - o, job.release_ns - o, job.done_ns - o,
+                barrier_ns, queue_ns, job.remote_ns, self.model.num_stages - job.point,
+            ]
+        )  # fmt: skip
+        self._log.flush()
+
+    # --- admission ---------------------------------------------------------------------------
+
+    def _release(self, jobs: Sequence[Job], now: int | None = None) -> None:
+        now = time.monotonic_ns() if now is None else now
+        for job in jobs:
+            job.release_ns = now
+        if jobs:
+            self.executor.submit(jobs)
+
+    def _admit(self, device: str, round_: int, repetition: int, job: Job | None) -> None:
+        if self.cfg.admission == "immediate":
+            if job is not None:
+                self._release([job], now=job.ack_ns)  # released on arrival: barrier_ns = 0
+            return
+        key = (round_, repetition)
+        batch = self._rounds.setdefault(key, {})
+        batch[device] = job
+        if len(batch) == len(self.cfg.devices):
+            del self._rounds[key]
+            self._release(sorted((j for j in batch.values() if j is not None), key=lambda j: j.device_index))
+
+    def _check(self, device: str, round_: int, repetition: int, point: int, kind: MsgType) -> str | None:
+        n = self.model.num_stages
+        if device not in self.device_index:
+            return f"unknown device {device!r}; this service serves {list(self.cfg.devices)}"
+        if kind is MsgType.REQUEST and not 0 <= point < n:
+            return f"{device}: REQUEST partition point {point} is outside 0..{n - 1} (send SKIP at {n})"
+        if kind is MsgType.SKIP and point != n:
+            return f"{device}: SKIP partition point {point} is not N = {n}"
+        key = (device, round_, repetition)
+        if key in self._seen:
+            return f"{device}: duplicate message for round {round_} repetition {repetition}"
+        self._seen.add(key)
+        return None
+
+    # --- connections -------------------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        max_frame = self.cfg.max_frame_bytes
+
+        def reply(msg: Message) -> None:
+            if not writer.is_closing():
+                writer.writelines(encode_parts(msg, max_frame))
+
+        try:
+            while True:
+                head = await read_header(reader, max_frame)
+                if head is None:
+                    break
+                recv_start = time.monotonic_ns()
+                msg = await read_body(reader, *head)
+                ack_ns = time.monotonic_ns()
+                if isinstance(msg, Request | Skip):
+                    problem = self._check(msg.device, msg.round, msg.repetition, msg.partition_point, head[0])
+                    if problem is not None:
+                        reply(Error(problem))
+                        await writer.drain()
+                        continue
+                    reply(Ack(msg.round, msg.repetition, head[0]))
+                    job = None
+                    if isinstance(msg, Request):
+                        job = Job(
+                            device=msg.device,
+                            device_index=self.device_index[msg.device],
+                            round=msg.round,
+                            repetition=msg.repetition,
+                            point=msg.partition_point,
+                            payload=msg.payload,
+                            recv_start_ns=recv_start,
+                            ack_ns=ack_ns,
+                            seq=self._seq,
+                            reply=reply,
+                            request_bytes=len(msg.payload),
+                        )
+                        self._seq += 1
+                    else:
+                        self.skips += 1
+                    self._admit(msg.device, msg.round, msg.repetition, job)
+                    await writer.drain()
+                else:
+                    reply(Error(f"unexpected {head[0].name} frame from a device"))
+                    await writer.drain()
+                    break
+        except ProtocolError as exc:
+            if not writer.is_closing():
+                writer.write(b"".join(encode_parts(Error(f"protocol error: {exc}"))))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Listen, write the ready file, serve until ``stop`` is set, then flush and close."""
+        self._loop = asyncio.get_running_loop()
+        cfg = self.cfg
+        port = cfg.port
+        self._log = open(cfg.results_dir / "edge_requests.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+        self._csv = csv.writer(self._log)
+        self._csv.writerow(EDGE_REQUEST_COLUMNS)
+        self._log.flush()
+        self._stage_log = open(cfg.results_dir / "edge_stages.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
+        self._stage_csv = csv.writer(self._stage_log)
+        self._stage_csv.writerow(EDGE_STAGE_COLUMNS)
+        self.executor.start()
+        server: asyncio.Server | None = None
+        try:
+            server = await asyncio.start_server(self._handle, host=cfg.bind, port=cfg.port, limit=1 << 20)
+            port = int(server.sockets[0].getsockname()[1])
+            ready = {
+                "port": port,
+                "pid": os.getpid(),
+                "origin_wall_ns": self.origin.wall_ns,
+                "origin_mono_ns": self.origin.mono_ns,
+                "host": cfg.host,
+                "run_id": cfg.run_id,
+                "policy": cfg.policy,
+                "admission": cfg.admission,
+            }
+            write_json(cfg.ready_file, ready)
+            await stop.wait()
+        finally:
+            if server is not None:
+                server.close()
+            for w in list(self._writers):
+                w.close()
+            self.executor.stop()
+            await asyncio.to_thread(self.executor.join, 30.0)
+            await asyncio.sleep(0)  # deliver and log results finished just before the stop
+            self._log.close()
+            self._log = None
+            self._stage_log.close()
+            write_json(
+                cfg.results_dir / "edge_summary.json",
+                {
+                    "run_id": cfg.run_id,
+                    "host": cfg.host,
+                    "port": port,
+                    "policy": cfg.policy,
+                    "admission": cfg.admission,
+                    "devices": list(cfg.devices),
+                    "model": self.model.name,
+                    "stages": self.model.num_stages,
+                    "completed_requests": self.completed,
+                    "skips": self.skips,
+                    "unfinished_rounds": [list(k) for k in sorted(self._rounds)],
+                    "stopped_wall_ns": time.time_ns(),
+                },
+            )
+
+
+def run_edge(cfg_dict: Mapping[str, Any]) -> int:
+    """Entry point of ``python -m dit.device edge``: runs until SIGTERM/SIGINT, then returns 0."""
+    cfg = EdgeConfig.from_dict(cfg_dict)
+    cfg.results_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.run_id:
+        os.environ.setdefault("DIT_RUN_ID", cfg.run_id)
+    sys.setswitchinterval(0.0005)  # hand the GIL to the network thread quickly while computing
+    origin = Origin.now()
+    model = build_model(cfg.model)
+    estimates: list[float] = [0.0] + [float(model.ops(s)) for s in range(1, model.num_stages + 1)]
+    profile_info: dict[str, Any] | None = None
+    if cfg.profile_repetitions is not None:
+        result = profile_model(
+            model,
+            repetitions=cfg.profile_repetitions,
+            warmup=cfg.profile_warmup,
+            origin_mono_ns=origin.mono_ns,
+        )
+        write_layers_csv(cfg.results_dir / "layers.csv", result)
+        profile_info = result.summary()
+        write_json(cfg.results_dir / "profile_summary.json", profile_info)
+        estimates = result.mean_latency_ns()
+    write_json(
+        cfg.results_dir / "origin.json",
+        {
+            "host": cfg.host,
+            "run_id": cfg.run_id,
+            "origin_wall_ns": origin.wall_ns,
+            "origin_mono_ns": origin.mono_ns,
+            "workload_estimate": "capacity_profile_mean_latency_ns" if profile_info else "ops",
+        },
+    )
+    service = EdgeService(cfg, model, origin, estimates)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await service.serve(stop)
+
+    asyncio.run(main())
+    return 0
