@@ -232,13 +232,9 @@ class Driver:
         from dit.device.build import build_zipapp
 
         scn = self.scenario
+        spec = scn.model.adapter_spec(scn.seed)
         self.model = resolve_model(
-            scn.model.name,
-            _plain(scn.model.params),
-            _plain(scn.model.input),
-            scn.seed,
-            self.local,
-            self.options.allow_stand_in,
+            scn.model.name, spec["params"], spec["input"], scn.seed, self.local, self.options.allow_stand_in
         )
         if self.model.stand_in_for and self.reporter is not None:
             self.reporter.warn(
@@ -558,11 +554,3 @@ def _run_devices(run: RunDir) -> tuple[str, ...]:
     data = yaml.safe_load((run.path / "scenario.yaml").read_text(encoding="utf-8"))
     return tuple(str(d) for d in data["devices"])
 
-
-def _plain(value: Any) -> Any:
-    """A deeply-frozen scenario value as plain JSON-able dicts and lists."""
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
