@@ -1,0 +1,214 @@
+"""The resolved, frozen scenario and its parts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
+
+from dit.scenario.frozen import FrozenDict, freeze, thaw
+from dit.scenario.yamlio import dump_yaml
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A compute-load regime: the ranges its CPU and memory targets are drawn from, in percent."""
+
+    cpu_pct: tuple[float, float]
+    mem_pct: tuple[float, float]
+
+
+#: The thesis's compute regimes (light / moderate / heavy), in percent of CPU and of memory.
+LOAD_REGIMES: Final[Mapping[str, Regime]] = MappingProxyType(
+    {
+        "light": Regime(cpu_pct=(10.0, 20.0), mem_pct=(10.0, 20.0)),
+        "moderate": Regime(cpu_pct=(30.0, 50.0), mem_pct=(30.0, 40.0)),
+        "heavy": Regime(cpu_pct=(60.0, 80.0), mem_pct=(50.0, 60.0)),
+    }
+)
+
+
+def canonical_json(data: Any) -> str:
+    """The text that is hashed: sorted keys, no spaces, UTF-8 (not \\u-escaped), no NaN."""
+    return json.dumps(thaw(data), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def content_hash(data: Any) -> str:
+    return hashlib.sha256(canonical_json(data).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    kind: str  # synthetic | npy | images
+    path: str | None
+    seed: int  # resolved: the scenario's seed unless given
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params: FrozenDict
+    input: InputSpec
+    equivalence_enabled: bool
+    equivalence_tolerance: float
+
+    def adapter_spec(self, seed: int) -> dict[str, Any]:
+        """The plain spec a model builder takes (``dit.device.adapter``): name, params, input, seed."""
+        inp: dict[str, Any] = {"kind": self.input.kind, "seed": self.input.seed}
+        if self.input.path is not None:
+            inp["path"] = self.input.path
+        return {"name": self.name, "params": thaw(self.params), "input": inp, "seed": seed}
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    policy: str  # RR | SJF
+    nominal_frequency: bool
+    profile_capacity: bool
+    admission: str  # batch | immediate
+
+
+@dataclass(frozen=True)
+class InferenceSpec:
+    enabled: bool
+    vectors: tuple[tuple[int, ...], ...]  # one partition vector per round, one point per device
+    repetitions: int
+
+
+@dataclass(frozen=True)
+class OptimisationSpec:
+    enabled: bool
+    algorithm: str
+    objective: str  # total_delay | variance
+    policy: str  # RR | SJF, resolved (edge_server.policy unless given)
+
+
+@dataclass(frozen=True)
+class TimingSpec:
+    start_lead_s: float
+    max_clock_offset_ms: float
+    settle_s: float
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One fully resolved experiment (one variant of a sweep). Every value is deeply frozen."""
+
+    name: str
+    description: str
+    devices: tuple[str, ...]
+    seed: int
+    repetitions: int
+    warmup: int
+    model: ModelSpec
+    edge: EdgeSpec
+    inference: InferenceSpec
+    optimisation: OptimisationSpec
+    timing: TimingSpec
+    load: FrozenDict  # device -> {mode, ...}
+    network: FrozenDict  # device -> {delay_ms, ..., variation: {kind, ...}}
+    hardware: FrozenDict  # device -> {cpu_freq_mhz, ...}
+    background_traffic: FrozenDict  # device -> {bitrate_mbit, protocol, target}
+    sweep_point: tuple[tuple[str, Any], ...]  # ((path, value), ...) that produced this variant
+    data: FrozenDict  # the whole resolved document (defaults and sweep applied, no sweep key)
+    hash: str  # sha256 hex of canonical_json(data)
+
+    @property
+    def label(self) -> str:
+        """``name`` plus the sweep point: ``ch4_validation[edge_server.policy=RR]``."""
+        if not self.sweep_point:
+            return self.name
+        point = ",".join(f"{path}={_label_value(value)}" for path, value in self.sweep_point)
+        return f"{self.name}[{point}]"
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, JSON-serialisable copy of :attr:`data`."""
+        out: dict[str, Any] = thaw(self.data)
+        return out
+
+    def to_yaml(self) -> str:
+        """The resolved scenario as YAML (the run's ``scenario.yaml``); loads back to the same hash."""
+        header = f"# {self.label}\n# sha256 {self.hash}\n"
+        return dump_yaml(self.to_dict(), header=header)
+
+
+def _label_value(value: Any) -> str:
+    plain = thaw(value)
+    if isinstance(plain, str):
+        return plain
+    return json.dumps(plain, ensure_ascii=False, separators=(",", ":"))
+
+
+def build(resolved: Mapping[str, Any], sweep_point: tuple[tuple[str, Any], ...]) -> Scenario:
+    """A :class:`Scenario` from a resolved, valid document."""
+    data: FrozenDict = freeze(resolved)
+    model = data["model"]
+    inp = model["input"]
+    eq = model["equivalence_check"]
+    edge = data["edge_server"]
+    inference = data["inference"]
+    opt = data["optimisation"]
+    timing = data["timing"]
+    return Scenario(
+        name=data["name"],
+        description=data["description"],
+        devices=tuple(data["devices"]),
+        seed=data["seed"],
+        repetitions=data["repetitions"],
+        warmup=data["warmup"],
+        model=ModelSpec(
+            name=model["name"],
+            params=model["params"],
+            input=InputSpec(kind=inp["kind"], path=inp.get("path"), seed=inp["seed"]),
+            equivalence_enabled=eq["enabled"],
+            equivalence_tolerance=float(eq["tolerance"]),
+        ),
+        edge=EdgeSpec(
+            policy=edge["policy"],
+            nominal_frequency=edge["nominal_frequency"],
+            profile_capacity=edge["profile_capacity"],
+            admission=edge["admission"],
+        ),
+        inference=InferenceSpec(
+            enabled=inference["enabled"],
+            vectors=tuple(tuple(v) for v in inference.get("partition_points", ())),
+            repetitions=inference["repetitions"],
+        ),
+        optimisation=OptimisationSpec(
+            enabled=opt["enabled"],
+            algorithm=opt["algorithm"],
+            objective=opt["objective"],
+            policy=opt["policy"],
+        ),
+        timing=TimingSpec(
+            start_lead_s=float(timing["start_lead_s"]),
+            max_clock_offset_ms=float(timing["max_clock_offset_ms"]),
+            settle_s=float(timing["settle_s"]),
+        ),
+        load=data["load"],
+        network=data["network"],
+        hardware=data["hardware"],
+        background_traffic=data["background_traffic"],
+        sweep_point=tuple((p, freeze(v)) for p, v in sweep_point),
+        data=data,
+        hash=content_hash(resolved),
+    )
+
+
+__all__ = [
+    "LOAD_REGIMES",
+    "EdgeSpec",
+    "InferenceSpec",
+    "InputSpec",
+    "ModelSpec",
+    "OptimisationSpec",
+    "Regime",
+    "Scenario",
+    "TimingSpec",
+    "build",
+    "canonical_json",
+    "content_hash",
+]
