@@ -1,0 +1,52 @@
+"""Shared fixtures: small scenarios written to a temporary directory, run dirs under tmp."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DIT = [sys.executable, "-m", "dit"]
+
+
+def write_scenario(directory: Path, **overrides: object) -> Path:
+    """A small local scenario (the 4-stage fake model, two devices) with ``overrides`` applied."""
+    doc: dict[str, object] = {
+        "name": "itest",
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2"],
+        "repetitions": 2,
+        "warmup": 1,
+        "seed": 7,
+        "edge_server": {"policy": "SJF"},
+        "inference": {"enabled": True, "partition_points": [0, 2, 4], "repetitions": 3},
+        "optimisation": {"enabled": True, "algorithm": "greedy", "objective": "total_delay"},
+        "timing": {"start_lead_s": 1.0},
+    }
+    doc.update(overrides)
+    path = directory / f"{doc['name']}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def scenario_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "scenarios"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"
+
+
+def dit_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("DIT_RUN_ID", None)
+    return env

@@ -1,0 +1,109 @@
+"""The whole local pipeline, for real: Ansible stages, device agents, edge service, teardown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from dit.driver import Driver, RunOptions
+from dit.journal import Journal
+from dit.procs import run_processes
+from dit.rundir import RunDir
+from dit.scenario import load
+from tests.conftest import write_scenario
+
+PHASES = ["local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns"]
+
+
+def run_local(path: Path, runs_dir: Path) -> list[Path]:
+    dirs = []
+    for scenario in load(path):
+        result = Driver(scenario, RunOptions(runs_root=runs_dir, console=Console(file=open("/dev/null", "w")))).execute()
+        assert result.state == "completed", result.error
+        dirs.append(result.run_dir)
+    return dirs
+
+
+def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, runs_dir: Path) -> None:
+    path = write_scenario(scenario_dir)
+    (run_dir,) = run_local(path, runs_dir)
+    run = RunDir(run_dir)
+
+    # The run directory holds what the issue names.
+    for name in ("scenario.yaml", "metadata.json", "journal.jsonl", "run.log", "status.json", "inventory.json"):
+        assert (run_dir / name).is_file(), name
+    for host in ("edge", "device1", "device2"):
+        assert (run_dir / "raw" / host / f"{host}_snapshot.json").is_file()
+        assert (run_dir / "ansible" / "apply" / "project" / "apply.yml").is_file()
+    for device in ("device1", "device2"):
+        for suffix in ("layers.csv", "inference.csv", "origin.json", "ping.json"):
+            assert (run_dir / "raw" / device / f"{device}_{suffix}").is_file(), suffix
+    for name in ("layers.csv", "feasibility.csv", "links.csv", "phases.csv"):
+        assert (run_dir / "aggregate" / name).is_file(), name
+    assert list((run_dir / "optimise").glob("greedy-total_delay-SJF.json"))
+
+    # Metadata is written before anything on any node changed.
+    metadata = json.loads((run_dir / "metadata.json").read_text())
+    first_change = min(r["t_wall_ns"] for r in Journal(run.journal).records() if "id" in r)
+    assert metadata["written_wall_ns"] < first_change
+    assert metadata["scenario"]["hash"] == next(iter(load(path))).hash
+    assert set(metadata["nodes"]) == {"edge", "device1", "device2"}
+    assert all(n["ntp"]["source"] == "local" for n in metadata["nodes"].values())
+    assert metadata["versions"]["ansible-core"]
+
+    # Integer-ns phases that add up exactly per request; every vector, repetition and device.
+    phases = pd.read_csv(run_dir / "aggregate" / "phases.csv")
+    assert len(phases) == 2 * 3 * 3
+    for column in [*PHASES, "total_ns"]:
+        assert pd.api.types.is_integer_dtype(phases[column]), column
+        assert (phases[column] >= 0).all(), column
+    assert (phases[PHASES].sum(axis=1) == phases["total_ns"]).all()
+    local_only = phases[phases["partition_point"] == 4]
+    assert (local_only[PHASES[1:]] == 0).all().all()
+
+    # Start lateness of every device was measured against the common instant.
+    status = run.status()
+    assert status["state"] == "completed"
+    assert set(status["lateness_ns"]) == {"device1", "device2"}
+    origins = [json.loads((run_dir / "raw" / d / f"{d}_origin.json").read_text()) for d in ("device1", "device2")]
+    assert origins[0]["start_at_ns"] == origins[1]["start_at_ns"]
+
+    # Teardown: journal fully replayed, node run dirs gone, no process of the run left.
+    assert Journal(run.journal).pending() == []
+    assert not any((run_dir / "nodes" / h / run.run_id).exists() for h in ("edge", "device1", "device2"))
+    assert run_processes(run.run_id) == []
+    # The fake /sys of every node is exactly as the run found it.
+    assert (run_dir / "nodes" / "device1" / "sys").is_dir()
+
+
+def test_policies_show_their_queueing_difference(scenario_dir: Path, runs_dir: Path) -> None:
+    """device1 offloads a long job (p=1 of 4), device2 a short one (p=3): SJF serves device2 first,
+    RR interleaves them so that device1's queueing includes device2's stage and vice versa."""
+    path = write_scenario(
+        scenario_dir,
+        name="policies",
+        model={"name": "fake", "params": {"stages": [{"work": 40, "output_bytes": 64}] * 4}},
+        inference={"enabled": True, "partition_points": [[1, 3]], "repetitions": 4},
+        sweep={"path": "edge_server.policy", "values": ["RR", "SJF"]},
+        optimisation={"enabled": False},
+    )
+    rr_dir, sjf_dir = run_local(path, runs_dir)
+
+    def server(run_dir: Path) -> pd.DataFrame:
+        frame = pd.read_csv(run_dir / "raw" / "edge" / "edge_edge_requests.csv")
+        return frame.set_index(["repetition", "device"]).sort_index()
+
+    rr, sjf = server(rr_dir), server(sjf_dir)
+    for rep in range(4):
+        # SJF: device2's single remaining stage runs first; device1 waits for it.
+        assert sjf.loc[(rep, "device2"), "done_ns"] < sjf.loc[(rep, "device1"), "done_ns"]
+        assert sjf.loc[(rep, "device2"), "queue_ns"] < sjf.loc[(rep, "device1"), "queue_ns"]
+        assert sjf.loc[(rep, "device1"), "queue_ns"] >= 0.5 * sjf.loc[(rep, "device2"), "remote_ns"]
+        # RR: device1's first stage runs before device2's only stage (device order), so device2
+        # queues behind one of device1's stages, and device1 still finishes last.
+        assert rr.loc[(rep, "device2"), "done_ns"] < rr.loc[(rep, "device1"), "done_ns"]
+        assert rr.loc[(rep, "device2"), "queue_ns"] >= 0.5 * (rr.loc[(rep, "device1"), "remote_ns"] / 3)
+        assert rr.loc[(rep, "device2"), "queue_ns"] > sjf.loc[(rep, "device2"), "queue_ns"]

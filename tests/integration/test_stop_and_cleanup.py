@@ -1,0 +1,105 @@
+"""A run stopped with `dit stop`, or whose driver is killed with SIGKILL mid-profile, leaves nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from dit.journal import Journal
+from dit.procs import run_processes
+from dit.rundir import RunDir
+from tests.conftest import DIT, REPO, dit_env, write_scenario
+
+
+def slow_scenario(directory: Path) -> Path:
+    # Heavy stages and many repetitions: the profile stage lasts long enough to interrupt it.
+    return write_scenario(
+        directory,
+        name="slow",
+        model={"name": "fake", "params": {"stages": [{"work": 60, "output_bytes": 4096}] * 4}},
+        repetitions=100,
+        inference={"enabled": True, "partition_points": [0, 2], "repetitions": 200},
+    )
+
+
+def start_run(scenario: Path, runs_dir: Path) -> tuple[subprocess.Popen[bytes], RunDir]:
+    proc = subprocess.Popen(
+        [*DIT, "run", str(scenario), "--runs-dir", str(runs_dir)],
+        cwd=REPO,
+        env=dit_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = list(runs_dir.glob("*/*/status.json"))
+        if found:
+            run = RunDir(found[0].parent)
+            agents = [p for p in run_processes(run.run_id) if p.environ().get("DIT_TAG") == "profile"]
+            if run.status().get("stage") == "profile" and len(agents) == 2:
+                return proc, run
+        assert proc.poll() is None, "the run ended before its profile stage"
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the run never reached its profile stage")
+
+
+def assert_clean(run: RunDir) -> None:
+    assert run_processes(run.run_id) == []
+    assert Journal(run.journal).pending() == []
+    for host in ("edge", "device1", "device2"):
+        assert not (run.path / "nodes" / host / run.run_id).exists()
+
+
+def test_sigkill_mid_profile_then_cleanup(scenario_dir: Path, runs_dir: Path) -> None:
+    proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    # The device agents and the edge service outlive their driver: only the journal knows them.
+    survivors = run_processes(run.run_id)
+    assert {p.environ().get("DIT_TAG") for p in survivors} >= {"profile", "edge"}
+    assert Journal(run.journal).pending()
+
+    cleanup = subprocess.run(
+        [*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=180
+    )
+    assert cleanup.returncode == 0, cleanup.stderr + cleanup.stdout
+    assert_clean(run)
+    for p in survivors:
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
+    # Cleaning up twice is harmless.
+    again = subprocess.run([*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, timeout=180)
+    assert again.returncode == 0
+
+
+def test_dit_stop_tears_down_a_running_run(scenario_dir: Path, runs_dir: Path) -> None:
+    proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
+    stop = subprocess.run(
+        [*DIT, "stop", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=180
+    )
+    assert stop.returncode == 0, stop.stderr
+    assert proc.wait(timeout=60) == 1
+    status = run.status()
+    assert status["state"] == "stopped"
+    assert status["teardown"]["ok"] is True
+    assert_clean(run)
+
+
+def test_cleanup_refuses_while_the_driver_runs(scenario_dir: Path, runs_dir: Path) -> None:
+    proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
+    try:
+        refused = subprocess.run(
+            [*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode != 0
+        assert "still running" in refused.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    assert run.status()["state"] == "stopped"
+    assert_clean(run)

@@ -1,0 +1,104 @@
+"""Pure parts of the driver: inventory generation, playbook rendering, collected archives, gates."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dit.ansible_exec import render_playbook
+from dit.driver import Driver, RunOptions, StageFailed, extract_collected
+from dit.inventory import local_inventory
+from dit.localmode import make_fake_sysfs, snapshot_tree
+from dit.models.resolve import ModelError, resolve_model
+from dit.scenario import loads
+
+STAGES = ("preflight", "apply", "profile", "collect", "teardown")
+
+
+def test_local_inventory_has_edge_and_devices_with_fake_sysfs(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ("device1", "device2"))
+    assert inv.local and inv.edge_host == "edge" and inv.hosts == ("edge", "device1", "device2")
+    assert inv.limit == "edge:device1:device2"
+    data = json.loads(Path(inv.source).read_text())
+    assert data["all"]["vars"]["ansible_connection"] == "local"
+    assert set(data["all"]["children"]["devices"]["hosts"]) == {"device1", "device2"}
+    sysfs = Path(inv.hostvars["device1"]["sysfs_root"])
+    policy = sysfs / "devices/system/cpu/cpufreq/policy0"
+    assert (policy / "scaling_max_freq").read_text().strip() == "1800000"
+    assert "600000" in (policy / "scaling_available_frequencies").read_text()
+    edge_sysfs = Path(inv.hostvars["edge"]["sysfs_root"])
+    assert (edge_sysfs / "devices/system/cpu/intel_pstate/no_turbo").read_text().strip() == "0"
+
+
+def test_fake_sysfs_snapshot_is_stable(tmp_path: Path) -> None:
+    root = make_fake_sysfs(tmp_path / "sys", "device")
+    before = snapshot_tree(root)
+    assert before == snapshot_tree(make_fake_sysfs(tmp_path / "sys", "device"))
+    (root / "class/thermal/thermal_zone0/temp").write_text("80000\n")
+    assert snapshot_tree(root) != before
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_stage_playbooks_render_to_valid_yaml_without_scenario_text(stage: str, tmp_path: Path) -> None:
+    path = render_playbook(stage, tmp_path, {})
+    plays = yaml.safe_load(path.read_text())
+    assert isinstance(plays, list) and plays
+    for play in plays:
+        assert play["gather_facts"] is False
+        assert play["tasks"]
+    # Ansible's own expressions pass through the driver's rendering untouched.
+    assert "{{ dit_run_id }}" in path.read_text() or stage == "preflight"
+
+
+def _archive(raw: Path, host: str, members: dict[str, bytes]) -> None:
+    with tarfile.open(raw / f"{host}.tar.gz", "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_extract_collected_lays_out_raw_host_dirs(tmp_path: Path) -> None:
+    _archive(tmp_path, "device1", {"results/device1_layers.csv": b"a", "logs/device1_profile.err": b"b"})
+    names = extract_collected(tmp_path, "device1")
+    assert sorted(names) == ["device1/device1_layers.csv", "device1/logs/device1_profile.err"]
+    assert (tmp_path / "device1" / "device1_layers.csv").read_bytes() == b"a"
+    assert not (tmp_path / "device1.tar.gz").exists()
+
+
+@pytest.mark.parametrize("bad", ["results/../../etc/passwd", "results/other_layers.csv", "results/a/b"])
+def test_extract_collected_refuses_unexpected_members(tmp_path: Path, bad: str) -> None:
+    _archive(tmp_path, "device1", {bad: b"x"})
+    with pytest.raises(StageFailed, match="unexpected member"):
+        extract_collected(tmp_path, "device1")
+    assert not (tmp_path.parent / "etc").exists()
+
+
+def _driver(tmp_path: Path, text: str) -> Driver:
+    (scenario,) = loads(text)
+    return Driver(scenario, RunOptions(runs_root=tmp_path))
+
+
+def test_ntp_gate_names_the_node_and_offset(tmp_path: Path) -> None:
+    driver = _driver(tmp_path, "name: n\nmodel: fake\ndevices: [device1]\ntiming: {max_clock_offset_ms: 1.0}\n")
+    driver._ntp_gate({"device1": {"ntp": {"source": "chrony", "offset_ms": 0.4}}, "edge": {"ntp": {"source": "local"}}})
+    with pytest.raises(StageFailed, match=r"device1: clock offset -2\.500 ms exceeds 1\.0 ms"):
+        driver._ntp_gate({"device1": {"ntp": {"source": "chrony", "offset_ms": -2.5}}})
+    with pytest.raises(StageFailed, match="device1: clock offset unknown .chronyc not found"):
+        driver._ntp_gate({"device1": {"ntp": {"source": "none", "offset_ms": None, "error": "chronyc not found"}}})
+
+
+def test_fake_model_resolves_to_its_builder() -> None:
+    resolved = resolve_model("fake", {"profile": "tiny"}, {"kind": "synthetic", "seed": 1}, 1, True, True)
+    assert resolved.stand_in_for is None
+    assert resolved.spec["builder"] == "dit.device.fakemodel:build"
+
+
+def test_unknown_model_is_refused() -> None:
+    with pytest.raises(ModelError, match="unknown model 'nope'"):
+        resolve_model("nope", {}, {}, 0, True, True)
