@@ -1,0 +1,249 @@
+"""The device entry point: ``python -m dit.device <command> --config FILE`` (stdlib only).
+
+Commands: ``edge`` (the edge inference service, see :mod:`dit.device.edge`) and ``profile``
+(timed start, layer-by-layer profile, partitioned inference). The agent never forks or
+daemonises; the caller starts it in its own session with ``DIT_RUN_ID`` in the environment
+(set from the config's ``run_id`` when absent, so any child process inherits it).
+
+Exit codes: 0 success, 1 runtime failure, 2 bad command line or config, 3 partition
+equivalence mismatch. On failure after the results directory exists, ``error.json`` says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dit.device.client import (
+    EdgeConnection,
+    EquivalenceError,
+    InferenceRecord,
+    reference_output,
+    run_inference,
+    write_inference_csv,
+)
+from dit.device.common import ConfigError, Origin, build_model, read_config, require, write_json
+from dit.device.edge import run_edge
+from dit.device.profiler import profile_model, write_layers_csv
+
+EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_EQUIVALENCE = 0, 1, 2, 3
+SPIN_NS = 2_000_000  # the last ~2 ms before the start instant are a busy wait
+THREAD_ENV = (
+    "DIT_THREADS",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+)
+
+
+def sleep_until(start_at_ns: int, clock: Callable[[], int] = time.time_ns) -> None:
+    """Sleep until the wall clock reaches ``start_at_ns``: coarse sleeps, then a short spin."""
+    while True:
+        remaining = start_at_ns - clock()
+        if remaining <= SPIN_NS:
+            break
+        time.sleep((remaining - SPIN_NS) / 1e9)
+    while clock() < start_at_ns:
+        pass
+
+
+def _int(cfg: Mapping[str, Any], key: str, where: str, default: int | None = None, minimum: int = 0) -> int:
+    if key not in cfg and default is not None:
+        return default
+    value: int = require(cfg, key, int, where)
+    if value < minimum:
+        path = f"{where}.{key}" if where else key
+        raise ConfigError(f"{path}: {value} is less than {minimum}")
+    return value
+
+
+def run_profile(cfg: Mapping[str, Any]) -> int:
+    """The ``profile`` command (see ``docs/protocol.md`` for the config and the files written)."""
+    run_id = str(require(cfg, "run_id", str))
+    host = str(require(cfg, "host", str))
+    results = Path(require(cfg, "results_dir", str))
+    spec = require(cfg, "model", dict)
+    repetitions = _int(cfg, "repetitions", "", default=1)
+    warmup = _int(cfg, "warmup", "", default=0)
+    start_at = cfg.get("start_at_ns")
+    if start_at is not None and (isinstance(start_at, bool) or not isinstance(start_at, int)):
+        raise ConfigError(f"start_at_ns: {start_at!r} is not an integer (time.time_ns epoch) or null")
+    threads = cfg.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads: {threads!r} is not a positive integer or null")
+    inf: Mapping[str, Any] = cfg.get("inference") or {"enabled": False}
+    inf_enabled = bool(inf.get("enabled", False))
+
+    results.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("DIT_RUN_ID", run_id)
+    if threads is not None:
+        for name in THREAD_ENV:
+            os.environ[name] = str(threads)
+
+    model = build_model(spec)
+    n = model.num_stages
+
+    vectors: list[list[int]] = []
+    device_index = 0
+    inf_reps = 0
+    tolerance: float | None = None
+    conn: EdgeConnection | None = None
+    if inf_enabled:
+        raw_vectors = require(inf, "vectors", list, "inference")
+        device_index = _int(inf, "device_index", "inference")
+        inf_reps = _int(inf, "repetitions", "inference", default=1)
+        for r, vec in enumerate(raw_vectors):
+            if not isinstance(vec, list) or device_index >= len(vec):
+                raise ConfigError(f"inference.vectors[{r}]: {vec!r} has no position {device_index}")
+            p = vec[device_index]
+            if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= n:
+                raise ConfigError(f"inference.vectors[{r}][{device_index}]: {p!r} is outside 0..{n}")
+            vectors.append([int(v) for v in vec])
+        eq: Mapping[str, Any] = inf.get("equivalence") or {}
+        if eq.get("enabled", False):
+            tol = eq.get("tolerance", 0.0)
+            if isinstance(tol, bool) or not isinstance(tol, int | float) or tol < 0:
+                raise ConfigError(f"inference.equivalence.tolerance: {tol!r} is not a number >= 0")
+            tolerance = float(tol)
+        edge = require(inf, "edge", dict, "inference")
+        conn = EdgeConnection(
+            str(require(edge, "host", str, "inference.edge")),
+            _int(edge, "port", "inference.edge", minimum=1),
+            connect_timeout_s=float(inf.get("connect_timeout_s", 30.0)),
+            timeout_s=float(inf.get("timeout_s", 600.0)),
+        )
+
+    reference = reference_output(model) if tolerance is not None else None
+    if conn is not None:
+        conn.connect()  # before the start instant: connection setup is not an inference phase
+
+    if start_at is not None:
+        sleep_until(start_at)
+    origin = Origin.now()
+    lateness = origin.wall_ns - start_at if start_at is not None else 0
+    origin_doc = {
+        "host": host,
+        "run_id": run_id,
+        "start_at_ns": start_at,
+        "origin_wall_ns": origin.wall_ns,
+        "origin_mono_ns": origin.mono_ns,
+        "lateness_ns": lateness,
+    }
+    write_json(results / "origin.json", origin_doc)
+
+    prof = profile_model(model, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin.mono_ns)
+    write_layers_csv(results / "layers.csv", prof)
+    prof_summary = prof.summary()
+    write_json(results / "profile_summary.json", prof_summary)
+
+    records: list[InferenceRecord] = []
+    inference_summary: dict[str, Any] = {"enabled": inf_enabled}
+    if inf_enabled:
+        try:
+            run_inference(
+                model,
+                conn,
+                device=host,
+                vectors=vectors,
+                device_index=device_index,
+                repetitions=inf_reps,
+                origin_mono_ns=origin.mono_ns,
+                reference=reference,
+                tolerance=tolerance,
+                on_record=records.append,
+            )
+        finally:
+            write_inference_csv(results / "inference.csv", records)
+            if conn is not None:
+                conn.close()
+        diffs = [r.max_abs_diff for r in records if r.max_abs_diff is not None]
+        inference_summary.update(
+            {
+                "records": len(records),
+                "vectors": len(vectors),
+                "repetitions": inf_reps,
+                "device_index": device_index,
+                "equivalence": {
+                    "enabled": tolerance is not None,
+                    "tolerance": tolerance,
+                    "max_abs_diff": max(diffs) if diffs else None,
+                },
+            }
+        )
+
+    write_json(
+        results / "done.json",
+        {
+            "status": "ok",
+            "host": host,
+            "run_id": run_id,
+            "pid": os.getpid(),
+            "python": sys.version.split()[0],
+            "threads": threads,
+            "origin": origin_doc,
+            "model": {"name": model.name, "stages": n},
+            "profile": {
+                "warmup": warmup,
+                "repetitions": repetitions,
+                "peak_mem_method": prof.peak_mem_method,
+                "forward_mean_ns": prof_summary["forward_mean_ns"],
+            },
+            "inference": inference_summary,
+            "finished_wall_ns": time.time_ns(),
+            "elapsed_ns": time.monotonic_ns() - origin.mono_ns,
+        },
+    )
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[Mapping[str, Any]], int]] = {
+    "edge": run_edge,
+    "profile": run_profile,
+}
+
+
+def _write_error(cfg: Mapping[str, Any] | None, kind: str, exc: BaseException) -> None:
+    if not cfg or not isinstance(cfg.get("results_dir"), str):
+        return
+    with contextlib.suppress(OSError):
+        write_json(
+            Path(cfg["results_dir"]) / "error.json",
+            {
+                "status": "error",
+                "kind": kind,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exception(exc),
+                "wall_ns": time.time_ns(),
+            },
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dit-device", description="dit device-side commands (stdlib only)")
+    parser.add_argument("command", choices=sorted(COMMANDS))
+    parser.add_argument("--config", required=True, type=Path, help="JSON config file")
+    args = parser.parse_args(argv)
+    cfg: Mapping[str, Any] | None = None
+    try:
+        cfg = read_config(args.config)
+        return COMMANDS[args.command](cfg)
+    except ConfigError as exc:
+        print(f"dit-device {args.command}: config error: {exc}", file=sys.stderr)
+        _write_error(cfg, "config", exc)
+        return EXIT_CONFIG
+    except EquivalenceError as exc:
+        print(f"dit-device {args.command}: {exc}", file=sys.stderr)
+        _write_error(cfg, "equivalence", exc)
+        return EXIT_EQUIVALENCE
+    except Exception as exc:
+        print(f"dit-device {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _write_error(cfg, "failure", exc)
+        return EXIT_FAILURE
