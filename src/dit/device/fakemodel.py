@@ -21,8 +21,8 @@ so the stage time is ``W`` units plus a small overhead proportional to the input
 on every CPU (no SHA extensions skew the ratio between a laptop and a Raspberry Pi), it is slowed
 by a CPU load or a frequency cap like any computation, and ``hashlib`` releases the GIL while
 hashing large buffers, so an edge service keeps answering the network while a stage runs.
-On the development machine one unit takes about 75 us; the default ``alexnet`` profile is
-about 24 ms per forward pass (see ``docs/raw-results.md``).
+On the development machine one unit takes about 65 us; the default ``alexnet`` profile is
+about 22 ms per forward pass (see ``docs/raw-results.md``).
 """
 
 from __future__ import annotations
