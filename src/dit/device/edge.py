@@ -268,6 +268,11 @@ class Executor(threading.Thread):
                 self.on_done(job)
 
 
+async def _discard(reader: asyncio.StreamReader) -> None:
+    while await reader.read(1 << 16):
+        pass
+
+
 class EdgeService:
     """The asyncio side: connections, ACKs, admission, results and the request log."""
 
@@ -430,8 +435,14 @@ class EdgeService:
                     await writer.drain()
                     break
         except ProtocolError as exc:
-            if not writer.is_closing():
-                writer.write(b"".join(encode_parts(Error(f"protocol error: {exc}"))))
+            # Answer, half-close, and discard what the peer still sends (briefly), so that closing
+            # with unread input does not reset the connection before the ERROR frame is read.
+            with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+                reply(Error(f"protocol error: {exc}"))
+                await writer.drain()
+                if writer.can_write_eof():
+                    writer.write_eof()
+                await asyncio.wait_for(_discard(reader), timeout=2.0)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
