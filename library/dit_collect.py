@@ -65,7 +65,7 @@ def _ping(target, count, tcp_port):
     if ping:
         argv = [ping, "-n", "-c", str(count), "-i", "0.2", "-W", "1", target]
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=count * 2 + 10, check=False)
-        rtts = [int(round(float(m.group(1)) * 1e6)) for m in RTT.finditer(proc.stdout)]
+        rtts = [round(float(m.group(1)) * 1e6) for m in RTT.finditer(proc.stdout)]
         record.update(method="icmp", argv=argv, received=len(rtts), rtt_ns=rtts)
         if proc.returncode not in (0, 1):
             record["error"] = (proc.stderr or proc.stdout).strip()[-500:]
@@ -131,7 +131,7 @@ def main():
         module.exit_json(changed=False, archive=p["archive"])
     results = os.path.join(p["node_root"], "results")
     if not os.path.isdir(results):
-        module.fail_json(msg="%s has no results directory; did apply run?" % p["node_root"])
+        module.fail_json(msg="{} has no results directory; did apply run?".format(p["node_root"]))
     out = {"archive": p["archive"]}
     if p["ping_target"]:
         out["ping"] = _ping(p["ping_target"], p["ping_count"], p["tcp_port"])
@@ -146,7 +146,7 @@ def main():
             for name in sorted(os.listdir(base)):
                 path = os.path.join(base, name)
                 if os.path.isfile(path):
-                    tar.add(path, arcname="%s/%s_%s" % (sub, p["host"], name))
+                    tar.add(path, arcname="{}/{}_{}".format(sub, p["host"], name))
     os.replace(tmp, p["archive"])
     module.exit_json(changed=True, **out)
 

@@ -75,7 +75,9 @@ def _ntp(local_mode):
     if not chronyc:
         return {"source": "none", "offset_ms": None, "error": "chronyc not found"}
     try:
-        proc = subprocess.run([chronyc, "-c", "tracking"], capture_output=True, text=True, timeout=10, check=False)
+        proc = subprocess.run(
+            [chronyc, "-c", "tracking"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"source": "none", "offset_ms": None, "error": str(exc)}
     fields = proc.stdout.strip().split(",")
@@ -84,7 +86,11 @@ def _ntp(local_mode):
     try:
         offset_s = float(fields[4])
     except ValueError:
-        return {"source": "none", "offset_ms": None, "error": "unparsable chronyc output: %s" % proc.stdout.strip()}
+        return {
+            "source": "none",
+            "offset_ms": None,
+            "error": f"unparsable chronyc output: {proc.stdout.strip()}",
+        }
     return {"source": "chrony", "reference": fields[1], "stratum": fields[2], "offset_ms": offset_s * 1000.0}
 
 

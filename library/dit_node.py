@@ -67,9 +67,11 @@ def main():
         with open(marker, encoding="utf-8") as handle:
             owner = handle.read().strip()
         if owner != run_id:
-            module.fail_json(msg="%s belongs to run %s, not %s" % (path, owner, run_id), path=path)
+            module.fail_json(msg=f"{path} belongs to run {owner}, not {run_id}", path=path)
     if os.path.exists(path) and not present:
-        module.fail_json(msg="%s exists and is not a dit run directory; refusing to take it over" % path, path=path)
+        module.fail_json(
+            msg=f"{path} exists and is not a dit run directory; refusing to take it over", path=path
+        )
     diff = {"before": {"path": path, "exists": present}, "after": {"path": path, "exists": True}}
     if module.params["_dit_plan"] or module.check_mode:
         journal = [] if present else [{"op": "mkdir", "undo": {"path": path, "run_id": run_id}}]

@@ -100,7 +100,11 @@ def main():
     running = find_tagged(p["run_id"], p["host"], p["tag"])
     ready = _read_json(p["ready_file"]) if p["ready_file"] else None
     if p["_dit_plan"] or module.check_mode or running:
-        journal = [] if running else [{"op": "process", "undo": {"run_id": p["run_id"], "host": p["host"], "tag": p["tag"]}}]
+        journal = (
+            []
+            if running
+            else [{"op": "process", "undo": {"run_id": p["run_id"], "host": p["host"], "tag": p["tag"]}}]
+        )
         module.exit_json(
             changed=bool(journal),
             journal=journal,
@@ -119,18 +123,22 @@ def main():
         os.makedirs(logs)
     out = os.path.join(logs, p["tag"] + ".out")
     err = os.path.join(logs, p["tag"] + ".err")
-    env = tagged_env(os.environ, p["run_id"], p["host"], p["tag"], {str(k): str(v) for k, v in p["env"].items()})
+    env = tagged_env(
+        os.environ, p["run_id"], p["host"], p["tag"], {str(k): str(v) for k, v in p["env"].items()}
+    )
     proc = spawn(p["argv"], env, p["cwd"], out, err)
     if p["ready_file"]:
         deadline = time.monotonic() + p["ready_timeout"]
         while ready is None:
             if proc.poll() is not None:
                 module.fail_json(
-                    msg="%s exited with status %s before it was ready" % (p["tag"], proc.returncode),
+                    msg="{} exited with status {} before it was ready".format(p["tag"], proc.returncode),
                     stderr=_tail(err),
                 )
             if time.monotonic() > deadline:
-                module.fail_json(msg="%s not ready after %.0f s" % (p["tag"], p["ready_timeout"]), stderr=_tail(err))
+                module.fail_json(
+                    msg="{} not ready after {:.0f} s".format(p["tag"], p["ready_timeout"]), stderr=_tail(err)
+                )
             time.sleep(0.02)
             ready = _read_json(p["ready_file"])
     module.exit_json(changed=True, pids=[proc.pid], ready=ready)

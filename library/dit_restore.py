@@ -58,10 +58,10 @@ def _undo_mkdir(undo, check):
     try:
         with open(marker, encoding="utf-8") as handle:
             owner = handle.read().strip()
-    except OSError:
-        raise ValueError("%s has no %s marker; not removing it" % (path, MARKER))
+    except OSError as exc:
+        raise ValueError(f"{path} has no {MARKER} marker; not removing it") from exc
     if owner != undo["run_id"]:
-        raise ValueError("%s belongs to run %s, not %s; not removing it" % (path, owner, undo["run_id"]))
+        raise ValueError("{} belongs to run {}, not {}; not removing it".format(path, owner, undo["run_id"]))
     if not check:
         shutil.rmtree(path)
     return True
@@ -111,7 +111,7 @@ def main():
                 else:
                     found, left = reap(undo["run_id"], undo.get("host"), undo.get("tag"), p["grace_s"])
                     if left:
-                        raise ValueError("processes survived SIGKILL: %s" % left)
+                        raise ValueError(f"processes survived SIGKILL: {left}")
                 reaped.extend(found)
                 changed = changed or bool(found)
             elif op == "mkdir":
@@ -119,10 +119,10 @@ def main():
             elif op == "file":
                 changed = _undo_file(undo, check) or changed
             else:
-                raise ValueError("unknown journal op %r" % op)
+                raise ValueError(f"unknown journal op {op!r}")
             undone.append(record["id"])
         except (OSError, ValueError, KeyError) as exc:
-            errors.append("%s %s: %s" % (op, record.get("id"), exc))
+            errors.append("{} {}: {}".format(op, record.get("id"), exc))
     if check:
         survivors = find_tagged(p["run_id"], p["host"])
     else:
@@ -133,7 +133,7 @@ def main():
     if errors or (survivors and not check):
         msg = "; ".join(errors)
         if survivors:
-            msg = ("processes of run %s survive on %s: %s. " % (p["run_id"], p["host"], survivors)) + msg
+            msg = ("processes of run {} survive on {}: {}. ".format(p["run_id"], p["host"], survivors)) + msg
         module.fail_json(msg=msg.strip(), **result)
     module.exit_json(**result)
 

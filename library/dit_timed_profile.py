@@ -85,7 +85,8 @@ def main():
     if p["_dit_plan"] or module.check_mode:
         # Profiling is an action, not a state: every call runs it.
         module.exit_json(
-            changed=True, journal=[{"op": "process", "undo": {"run_id": p["run_id"], "host": p["host"], "tag": TAG}}]
+            changed=True,
+            journal=[{"op": "process", "undo": {"run_id": p["run_id"], "host": p["host"], "tag": TAG}}],
         )
     root = p["node_root"]
     results = os.path.join(root, "results")
@@ -107,7 +108,9 @@ def main():
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            module.fail_json(msg="profiling did not finish within %.0f s; agent killed" % p["timeout_s"])
+            module.fail_json(
+                msg="profiling did not finish within {:.0f} s; agent killed".format(p["timeout_s"])
+            )
         time.sleep(0.05)
     origin = _read_json(os.path.join(results, "origin.json"))
     summary = _read_json(os.path.join(results, "done.json"))
@@ -118,7 +121,7 @@ def main():
         except OSError:
             stderr = ""
         module.fail_json(
-            msg="device agent exited with status %s" % proc.returncode, stderr=stderr, origin=origin
+            msg=f"device agent exited with status {proc.returncode}", stderr=stderr, origin=origin
         )
     module.exit_json(changed=True, origin=origin, summary=summary)
 

@@ -10,6 +10,7 @@ remembered except the run id.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -21,7 +22,7 @@ TAG_ENV = "DIT_TAG"
 
 def _environ(pid):
     try:
-        with open("/proc/%d/environ" % pid, "rb") as handle:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
             raw = handle.read()
     except OSError:
         return None
@@ -35,12 +36,12 @@ def _environ(pid):
 
 def _is_zombie(pid):
     try:
-        with open("/proc/%d/stat" % pid, "rb") as handle:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return True
     # The state follows the parenthesised command name, which may itself contain spaces.
-    return stat[stat.rfind(b")") + 2: stat.rfind(b")") + 3] in (b"Z", b"X")
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
 def find_tagged(run_id, host=None, tag=None):
@@ -79,10 +80,8 @@ def reap(run_id, host=None, tag=None, grace_s=5.0):
     groups = sorted({p["pgid"] for p in procs})
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
-            try:
+            with contextlib.suppress(OSError):
                 os.killpg(pgid, sig)
-            except OSError:
-                pass
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
         while time.monotonic() < deadline:
             if not find_tagged(run_id, host, tag):

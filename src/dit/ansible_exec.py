@@ -63,7 +63,9 @@ class StageOutcome:
         return self.status == "successful" and self.rc == 0
 
     def failures(self) -> list[HostEvent]:
-        return [e for events in self.results.values() for e in events if e.status in ("failed", "unreachable")]
+        return [
+            e for events in self.results.values() for e in events if e.status in ("failed", "unreachable")
+        ]
 
     def result_of(self, host: str, action: str) -> Mapping[str, Any] | None:
         """The last result of module ``action`` on ``host``."""

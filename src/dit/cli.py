@@ -205,7 +205,9 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
         out.print(table)
     for result in sorted((run_dir / "optimise").glob("*.json")):
         data = json.loads(result.read_text(encoding="utf-8"))
-        out.print(f"optimise {result.stem}: vector {data.get('vector')} objective {data.get('objective_value')}")
+        out.print(
+            f"optimise {result.stem}: vector {data.get('vector')} objective {data.get('objective_value')}"
+        )
 
 
 @app.command()
@@ -215,11 +217,14 @@ def optimise(
     objective: Annotated[str | None, typer.Option(help="total_delay or variance.")] = None,
     policy: Annotated[str | None, typer.Option(help="RR or SJF.")] = None,
     vector: Annotated[str | None, typer.Option(help="Evaluate this vector, e.g. 2,4,8,11.")] = None,
-    max_vectors: Annotated[int, typer.Option(help="Exhaustive search refuses more vectors than this.")] = 5_000_000,
+    max_vectors: Annotated[
+        int, typer.Option(help="Exhaustive search refuses more vectors than this.")
+    ] = 5_000_000,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Search (or evaluate) partition vectors on a run's aggregate files under the delay model."""
-    from dit.optimise.api import OptimiseError, optimise_run
+    from dit.optimise import OptimiseError
+    from dit.optimise.api import optimise_run
 
     parsed: list[int] | None = None
     if vector is not None:

@@ -82,7 +82,11 @@ def _git_commit() -> dict[str, Any]:
     root = content_root()
     try:
         head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=False, timeout=10
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
         )
         if head.returncode != 0:
             return {"commit": None, "source": "not a git checkout"}
@@ -341,7 +345,8 @@ class Driver:
                 problems.append(f"{host}: clock offset unknown ({ntp.get('error', 'no NTP source')})")
             elif abs(float(offset)) > limit:
                 problems.append(
-                    f"{host}: clock offset {float(offset):.3f} ms exceeds {limit} ms (timing.max_clock_offset_ms)"
+                    f"{host}: clock offset {float(offset):.3f} ms exceeds {limit} ms "
+                    "(timing.max_clock_offset_ms)"
                 )
         if problems:
             raise StageFailed("preflight: NTP gate refused to start: " + "; ".join(problems))
@@ -468,7 +473,9 @@ class Driver:
             return data
 
         result: dict[str, Any] = self._timed("optimise", work)
-        self.reporter_info(f"optimum ({opt.algorithm}, {opt.objective}, {opt.policy}): {result.get('vector')}")
+        self.reporter_info(
+            f"optimum ({opt.algorithm}, {opt.objective}, {opt.policy}): {result.get('vector')}"
+        )
         return result
 
     def _teardown(self) -> str | None:
@@ -553,4 +560,3 @@ def _run_devices(run: RunDir) -> tuple[str, ...]:
 
     data = yaml.safe_load((run.path / "scenario.yaml").read_text(encoding="utf-8"))
     return tuple(str(d) for d in data["devices"])
-

@@ -97,7 +97,9 @@ def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
 
     edges = group_hosts("edge")
     if len(edges) != 1:
-        raise InventoryError(f"inventory {source}: group 'edge' must hold exactly one host, found {edges or 'none'}")
+        raise InventoryError(
+            f"inventory {source}: group 'edge' must hold exactly one host, found {edges or 'none'}"
+        )
     members = set(group_hosts("devices"))
     missing = [d for d in devices if d not in members]
     if missing:

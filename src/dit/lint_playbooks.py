@@ -36,7 +36,10 @@ def main() -> int:
         env = {**os.environ, **ansible_env()}
         lint = str(Path(sys.executable).parent / "ansible-lint")
         proc = subprocess.run(
-            [lint, "--profile", "production", "--offline", "--nocolor", *targets], cwd=project, env=env, check=False
+            [lint, "--profile", "production", "--offline", "--nocolor", *targets],
+            cwd=project,
+            env=env,
+            check=False,
         )
         return proc.returncode
 

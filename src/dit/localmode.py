@@ -45,7 +45,10 @@ def make_fake_sysfs(root: Path, role: str, cpus: int = 4) -> Path:
         _write(policy / "scaling_max_freq", str(max_khz))
         _write(policy / "scaling_cur_freq", str(max_khz))
         _write(policy / "scaling_available_frequencies", " ".join(str(f) for f in freqs))
-        _write(policy / "scaling_available_governors", "conservative ondemand userspace powersave performance schedutil")
+        _write(
+            policy / "scaling_available_governors",
+            "conservative ondemand userspace powersave performance schedutil",
+        )
         _write(policy / "scaling_governor", governor)
         if role == "edge":
             _write(policy / "base_frequency", str(EDGE_BASE_KHZ))

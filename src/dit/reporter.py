@@ -60,7 +60,9 @@ class Reporter:
             state = self.stage_state[stage]
             colour = {"running": "cyan", "done": "green", "failed": "red", "skipped": "dim"}.get(state, "")
             ms = self.stage_ms.get(stage)
-            stages.add_row(stage, f"[{colour}]{state}[/]" if colour else state, f"{ms / 1000:.2f} s" if ms else "")
+            stages.add_row(
+                stage, f"[{colour}]{state}[/]" if colour else state, f"{ms / 1000:.2f} s" if ms else ""
+            )
         nodes = Table(show_header=True, header_style="bold")
         nodes.add_column("node")
         nodes.add_column("last task")

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from tests.conftest import write_scenario
 
 from dit.driver import Driver, RunOptions
 from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
 from dit.scenario import load
-from tests.conftest import write_scenario
 
 PHASES = ["local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns"]
 
@@ -21,7 +22,8 @@ PHASES = ["local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", 
 def run_local(path: Path, runs_dir: Path) -> list[Path]:
     dirs = []
     for scenario in load(path):
-        result = Driver(scenario, RunOptions(runs_root=runs_dir, console=Console(file=open("/dev/null", "w")))).execute()
+        quiet = Console(file=io.StringIO())
+        result = Driver(scenario, RunOptions(runs_root=runs_dir, console=quiet)).execute()
         assert result.state == "completed", result.error
         dirs.append(result.run_dir)
     return dirs
@@ -33,7 +35,14 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, r
     run = RunDir(run_dir)
 
     # The run directory holds what the issue names.
-    for name in ("scenario.yaml", "metadata.json", "journal.jsonl", "run.log", "status.json", "inventory.json"):
+    for name in (
+        "scenario.yaml",
+        "metadata.json",
+        "journal.jsonl",
+        "run.log",
+        "status.json",
+        "inventory.json",
+    ):
         assert (run_dir / name).is_file(), name
     for host in ("edge", "device1", "device2"):
         assert (run_dir / "raw" / host / f"{host}_snapshot.json").is_file()
@@ -68,7 +77,9 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, r
     status = run.status()
     assert status["state"] == "completed"
     assert set(status["lateness_ns"]) == {"device1", "device2"}
-    origins = [json.loads((run_dir / "raw" / d / f"{d}_origin.json").read_text()) for d in ("device1", "device2")]
+    origins = [
+        json.loads((run_dir / "raw" / d / f"{d}_origin.json").read_text()) for d in ("device1", "device2")
+    ]
     assert origins[0]["start_at_ns"] == origins[1]["start_at_ns"]
 
     # Teardown: journal fully replayed, node run dirs gone, no process of the run left.

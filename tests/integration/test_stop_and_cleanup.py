@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import psutil
+from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
-from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 
 def slow_scenario(directory: Path) -> Path:
@@ -73,7 +73,9 @@ def test_sigkill_mid_profile_then_cleanup(scenario_dir: Path, runs_dir: Path) ->
     for p in survivors:
         assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
     # Cleaning up twice is harmless.
-    again = subprocess.run([*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, timeout=180)
+    again = subprocess.run(
+        [*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, timeout=180
+    )
     assert again.returncode == 0
 
 
@@ -94,7 +96,12 @@ def test_cleanup_refuses_while_the_driver_runs(scenario_dir: Path, runs_dir: Pat
     proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
     try:
         refused = subprocess.run(
-            [*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=60
+            [*DIT, "cleanup", str(run.path)],
+            cwd=REPO,
+            env=dit_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert refused.returncode != 0
         assert "still running" in refused.stderr

@@ -13,7 +13,9 @@ def test_pending_is_newest_first_and_excludes_undone(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.jsonl")
     first = journal.record_changes("device1", [{"op": "mkdir", "undo": {"path": "/a"}}], "dit_node")
     second = journal.record_changes(
-        "device1", [{"op": "process", "undo": {"tag": "x"}}, {"op": "file", "undo": {"path": "/f", "prior": "1"}}], "m"
+        "device1",
+        [{"op": "process", "undo": {"tag": "x"}}, {"op": "file", "undo": {"path": "/f", "prior": "1"}}],
+        "m",
     )
     assert [c.id for c in journal.pending()] == [second[1], second[0], first[0]]
     journal.mark_undone([second[1]])

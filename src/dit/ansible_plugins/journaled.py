@@ -40,10 +40,14 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
             return result
         journal_path = task_vars.get("dit_journal_path")
         if not journal_path:
-            raise AnsibleActionFail(f"{module}: dit_journal_path is not set; refusing to change a node unjournaled")
+            raise AnsibleActionFail(
+                f"{module}: dit_journal_path is not set; refusing to change a node unjournaled"
+            )
         host = str(task_vars.get("inventory_hostname"))
         ids = Journal(_path(journal_path)).record_changes(host, records, source=module)
-        applied: dict[str, Any] = self._execute_module(module_name=module, module_args=args, task_vars=task_vars)
+        applied: dict[str, Any] = self._execute_module(
+            module_name=module, module_args=args, task_vars=task_vars
+        )
         result.update(applied)
         result["journal_ids"] = ids
         return result

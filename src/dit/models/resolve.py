@@ -41,7 +41,13 @@ def resolve_model(
     if builder is None:
         known = ", ".join(sorted(set(registered) | set(BUILTIN)))
         raise ModelError(f"model: unknown model {name!r} (known: {known})")
-    spec: dict[str, Any] = {"name": name, "builder": builder, "params": params, "input": input_spec, "seed": seed}
+    spec: dict[str, Any] = {
+        "name": name,
+        "builder": builder,
+        "params": params,
+        "input": input_spec,
+        "seed": seed,
+    }
     framework = entry.framework if entry else "none"
     if not local or framework == "none" or importlib.util.find_spec(framework) is not None:
         return ResolvedModel(spec, None)
