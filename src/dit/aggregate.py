@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from dit.delay import DelayModel
+from dit.delay import DelayModel, DelayModelError
 
 EDGE_HOST: Final = "edge"
 MIB: Final = 1024 * 1024
@@ -656,12 +656,15 @@ def read_model_inputs(run_dir: Path, scenario: Mapping[str, Any] | None = None) 
         else:
             bounds.append(int(_number(feas_rows["max_partition_point"].iloc[0], f"feasibility.csv {device}")))
 
-    return DelayModel(
-        devices=devices,
-        edge_stage_ns=edge_stage_ns,
-        cum_latency_ns=tuple(cum),
-        cut_bytes=tuple(cut),
-        rate_bps=tuple(rates),
-        rtt_ns=tuple(rtts),
-        max_partition_point=tuple(bounds),
-    )
+    try:
+        return DelayModel(
+            devices=devices,
+            edge_stage_ns=edge_stage_ns,
+            cum_latency_ns=tuple(cum),
+            cut_bytes=tuple(cut),
+            rate_bps=tuple(rates),
+            rtt_ns=tuple(rtts),
+            max_partition_point=tuple(bounds),
+        )
+    except DelayModelError as exc:
+        raise AggregateError(f"{agg}: {exc}") from exc
