@@ -1,0 +1,108 @@
+"""A third-party package registers an optimiser under ``dit.optimisers`` and dit runs it.
+
+The fixture package (tests/fixtures/plugin_pkg) is really installed with pip, offline, into a temporary
+``--target`` directory put on PYTHONPATH of a subprocess, so the venv is left untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    work = tmp_path_factory.mktemp("plugin")
+    source = work / "plugin_pkg"
+    shutil.copytree(FIXTURES / "plugin_pkg", source)  # the build writes into the source tree
+    site = work / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(site), str(source)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    assert (site / "dit_optimiser_fixture-0.1.0.dist-info" / "entry_points.txt").is_file()
+    return site
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    target = tmp_path / "run_small"
+    shutil.copytree(FIXTURES / "run_small", target)
+    return target
+
+
+def env_with(site: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def test_not_installed_in_this_process() -> None:
+    from dit.optimise import registry
+
+    assert "max_local" not in registry.available()
+
+
+def test_plugin_is_registered_and_runs_through_the_api(plugin_site: Path, run_dir: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import json
+        from pathlib import Path
+        from dit.optimise import registry
+        from dit.optimise.api import optimise_run
+        assert registry.available()["max_local"] == "dit_optimiser_fixture:max_local"
+        result = optimise_run(Path({str(run_dir)!r}), "max_local", None, None, None)
+        print(result.to_json())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env_with(plugin_site), capture_output=True, text=True, check=True
+    )
+    result = json.loads(done.stdout)
+    # run_small's feasible maxima are (2, 1); SJF (the scenario's policy): D = 10.2 + 12.7 ms
+    assert result["algorithm"] == "max_local"
+    assert result["vector"] == [2, 1]
+    assert result["objective_value"] == pytest.approx(22_900_000)
+    assert (run_dir / "optimise" / "max_local-total_delay-SJF.json").is_file()
+
+
+def cli_has_optimise() -> bool:
+    try:
+        import typer
+
+        from dit import cli
+    except ImportError:
+        return False
+    app = getattr(cli, "app", None)
+    if not isinstance(app, typer.Typer):
+        return False
+    command = typer.main.get_command(app)
+    return "optimise" in getattr(command, "commands", {})
+
+
+@pytest.mark.skipif(not cli_has_optimise(), reason="dit.cli has no optimise command yet (the lead wires it)")
+def test_plugin_runs_through_the_cli(plugin_site: Path, run_dir: Path) -> None:
+    dit = Path(sys.executable).with_name("dit")
+    argv = [str(dit)] if dit.is_file() else [sys.executable, "-m", "dit"]
+    done = subprocess.run(
+        [*argv, "optimise", str(run_dir), "--algorithm", "max_local", "--policy", "RR", "--json"],
+        env=env_with(plugin_site),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert result["algorithm"] == "max_local"
+    assert result["vector"] == [2, 1]
+    assert (run_dir / "optimise" / "max_local-total_delay-RR.json").is_file()
