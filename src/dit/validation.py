@@ -48,6 +48,7 @@ VALIDATION_COLUMNS: Final = (
 )
 COMPONENTS: Final = ("local", "transmission", "remote")
 MARKERS: Final = {"RR": "o", "SJF": "s"}
+SIZES: Final = {"RR": 70, "SJF": 28}
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
             rows["predicted_delay_ns"] / 1e6,
             c=colours[str(device)],
             marker=MARKERS.get(str(policy), "^"),
+            s=SIZES.get(str(policy), 40),
             label=f"{device} · {policy}",
             alpha=0.85,
         )
