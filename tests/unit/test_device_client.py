@@ -89,10 +89,28 @@ def test_phase_identity_with_an_exact_clock() -> None:
     assert (rec.local_ns, rec.transmission_ns) == (1000, 1000)
     assert (rec.barrier_ns, rec.queue_ns, rec.remote_ns) == (BARRIER, QUEUE, REMOTE)
     assert rec.return_ns == 1000 - BARRIER - QUEUE - REMOTE
+    assert rec.ack_overlap_ns == 0
     assert rec.total_ns == 3000 == rec.phase_sum()
     assert rec.start_ns == 500
     assert rec.request_bytes == model.output_bytes(1)
     assert rec.max_abs_diff is None
+
+
+def test_a_late_ack_is_taken_off_the_transmission_not_left_negative() -> None:
+    # The server reports 60 ns of residence, but the client sees only 40 ns between reading the
+    # ACK and reading the RESULT: the ACK's trip was at least 20 ns longer than the result's.
+    ticks = iter([1000, 2000, 3000, 3040])
+    model = build(SPEC)
+    with scripted_edge(honest) as (port, _seen), EdgeConnection("127.0.0.1", port) as conn:
+        rec = infer_once(
+            model, conn, device="d1", round_=0, repetition=0, point=1, origin_mono_ns=0, clock=lambda: next(ticks)
+        )
+    assert BARRIER + QUEUE + REMOTE == 60
+    assert rec.return_ns == 0
+    assert rec.ack_overlap_ns == 20
+    assert rec.transmission_ns == 1000 - 20
+    assert rec.total_ns == 2040 == rec.phase_sum()
+    assert min(rec.local_ns, rec.transmission_ns, rec.barrier_ns, rec.queue_ns, rec.remote_ns) >= 0
 
 
 @pytest.mark.parametrize("point", range(5))

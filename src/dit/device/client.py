@@ -4,14 +4,24 @@ For one inference at partition point ``p`` of an ``N``-stage model (all on this 
 monotonic clock, integers of ns)::
 
     local_ns        stages 1..p here, plus encoding the activation (input creation excluded)
-    transmission_ns end of local -> ACK received (frame packing, sending, server reads last byte)
+    transmission_ns end of local -> ACK received (frame packing, sending, server reads last
+                    byte), less ack_overlap_ns (below)
     barrier_ns      from RESULT: server ACK -> release to the scheduler (batch admission wait)
     queue_ns        from RESULT: time released but not computing (other requests' stages)
     remote_ns       from RESULT: the server's stage execution time for this request
-    return_ns       (RESULT received - ACK received) - barrier - queue - remote: the residual,
-                    i.e. sending the result back (it is never clamped, so it can show noise)
+    return_ns       (RESULT received - ACK received) - barrier - queue - remote when that is >= 0:
+                    the result's trip back
     total_ns        local + transmission + barrier + queue + remote + return (= RESULT received
                     - start of local, exactly)
+
+The interval between the server sending its ACK and this client reading it is counted twice
+by the raw measurements: in the client's transmission (which ends when the ACK is read) and in
+the server's residence (which starts when the ACK is sent). The residual
+``(RESULT received - ACK received) - (barrier + queue + remote)`` equals the result's trip minus
+the ACK's trip; when it is negative the ACK's trip was at least that long, so that much of it
+is double-counted: it is taken off the transmission and recorded as ``ack_overlap_ns``, and
+``return_ns`` is 0. Every phase is then >= 0 and the phases still add up to ``total_ns`` exactly
+(the raw transmission is ``transmission_ns + ack_overlap_ns``).
 
 At ``p = N`` everything runs locally, a SKIP is sent (and its ACK awaited, untimed) so that a
 batch round on the server can complete, and every remote phase is 0.
@@ -54,6 +64,7 @@ INFERENCE_COLUMNS = (
     "queue_ns",
     "remote_ns",
     "return_ns",
+    "ack_overlap_ns",
     "total_ns",
     "start_ns",
     "max_abs_diff",
@@ -80,6 +91,7 @@ class InferenceRecord:
     queue_ns: int
     remote_ns: int
     return_ns: int
+    ack_overlap_ns: int
     total_ns: int
     start_ns: int
     max_abs_diff: float | None  # None when the equivalence check is disabled
@@ -221,7 +233,7 @@ def infer_once(
             conn.expect_ack(round_, repetition, MsgType.SKIP)
         final = x
         request_bytes = 0
-        transmission = barrier = queue = remote = ret = 0
+        transmission = barrier = queue = remote = ret = overlap = 0
     else:
         if conn is None:
             raise ValueError(f"partition point {point} < {n} needs an edge service connection")
@@ -240,6 +252,9 @@ def infer_once(
         transmission = t_ack - t1
         barrier, queue, remote = result.barrier_ns, result.queue_ns, result.remote_ns
         ret = (t_res - t_ack) - barrier - queue - remote
+        overlap = max(0, -ret)
+        transmission -= overlap
+        ret += overlap
         request_bytes = len(payload)
         final = model.decode(result.payload, n)
     total = local + transmission + barrier + queue + remote + ret
@@ -257,6 +272,7 @@ def infer_once(
         queue_ns=queue,
         remote_ns=remote,
         return_ns=ret,
+        ack_overlap_ns=overlap,
         total_ns=total,
         start_ns=t0 - origin_mono_ns,
         max_abs_diff=diff,
