@@ -103,7 +103,14 @@ def test_a_late_ack_is_taken_off_the_transmission_not_left_negative() -> None:
     model = build(SPEC)
     with scripted_edge(honest) as (port, _seen), EdgeConnection("127.0.0.1", port) as conn:
         rec = infer_once(
-            model, conn, device="d1", round_=0, repetition=0, point=1, origin_mono_ns=0, clock=lambda: next(ticks)
+            model,
+            conn,
+            device="d1",
+            round_=0,
+            repetition=0,
+            point=1,
+            origin_mono_ns=0,
+            clock=lambda: next(ticks),
         )
     assert BARRIER + QUEUE + REMOTE == 60
     assert rec.return_ns == 0
