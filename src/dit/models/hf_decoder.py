@@ -172,8 +172,10 @@ def build_torch_model(family: Family, config: Any, attn_implementation: str) -> 
     except ImportError:  # older transformers: initialise, then overwrite
         model = cls(config)
     else:
-        with no_init_weights():
+        with no_init_weights():  # (which also skips tying the embeddings: tie them here)
             model = cls(config)
+        if getattr(config, "tie_word_embeddings", False):
+            model.tie_weights()
     model.eval()
     torch.set_grad_enabled(False)
     return model
