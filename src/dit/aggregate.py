@@ -111,6 +111,7 @@ PHASE_COLUMNS: Final = (
     "return_ns",
     "total_ns",
 )
+OPTIONAL_SUMMARY_COLUMN: Final = "ack_overlap_ns"
 SUMMARY_COLUMNS: Final = (
     "host",
     "round",
@@ -469,15 +470,21 @@ def ping_rows(run_dir: Path, device: str) -> list[dict[str, Any]]:
 
 
 def phases_summary(phases: pd.DataFrame) -> pd.DataFrame:
-    """Means (rounded to integer ns / bytes) per (host, round, partition_point), in order of appearance."""
+    """Means (rounded to integer ns / bytes) per (host, round, partition_point), in order of appearance.
+
+    ``ack_overlap_ns`` (not a phase: the part of the raw transmission taken off as double-counted) is
+    averaged too when the raw files have it; ``max_abs_diff`` is the maximum.
+    """
+    extra = [OPTIONAL_SUMMARY_COLUMN] if OPTIONAL_SUMMARY_COLUMN in phases.columns else []
+    columns = [*SUMMARY_COLUMNS[:-1], *extra, SUMMARY_COLUMNS[-1]]
     if phases.empty:
-        return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+        return pd.DataFrame(columns=columns)
     grouped = phases.groupby(["host", "round", "partition_point"], sort=False)
-    means = grouped[["request_bytes", *PHASE_COLUMNS]].mean().round().astype("int64")
+    means = grouped[["request_bytes", *PHASE_COLUMNS, *extra]].mean().round().astype("int64")
     out = means.copy()
     out.insert(0, "n", grouped.size())
     out["max_abs_diff"] = grouped["max_abs_diff"].max()
-    return out.reset_index()[list(SUMMARY_COLUMNS)]
+    return out.reset_index()[columns]
 
 
 # --------------------------------------------------------------------------- the stage
@@ -544,11 +551,11 @@ def aggregate_run(run_dir: Path) -> AggregateSummary:
                 notes.append(f"{device}: no RTT measured towards {row['target']}")
 
     phase_frames = [frame.assign(host=device) for device, frame in inference.items()]
-    phases = (
-        pd.concat(phase_frames, ignore_index=True)[["host", *INFERENCE_COLUMNS]]
-        if phase_frames
-        else pd.DataFrame(columns=["host", *INFERENCE_COLUMNS])
-    )
+    if phase_frames:
+        phases = pd.concat(phase_frames, ignore_index=True)
+        phases = phases[["host", *(c for c in phases.columns if c != "host")]]
+    else:
+        phases = pd.DataFrame(columns=["host", *INFERENCE_COLUMNS])
     if not phases.empty:
         parts = phases[["local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns"]]
         mismatched = int((parts.sum(axis=1) != phases["total_ns"]).sum())

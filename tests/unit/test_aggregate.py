@@ -131,6 +131,9 @@ def test_phases_and_summary(small: Path) -> None:
     assert (first["host"], first["round"], first["partition_point"], first["n"]) == ("device1", 0, 0, 2)
     assert first["transmission_ns"] == 14_000_000  # mean of 13.9 and 14.1 ms
     assert first["total_ns"] == 20_250_000
+    # ack_overlap_ns is not a phase, but it is kept in phases.csv and averaged: (0 + 40 us) / 2
+    assert "ack_overlap_ns" in phases.columns
+    assert first["ack_overlap_ns"] == 20_000
     last_local = summary[(summary["host"] == "device1") & (summary["round"] == 2)]["local_ns"].item()
     assert last_local == 6_250_000
 
