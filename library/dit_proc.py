@@ -26,6 +26,7 @@ options:
   ready_timeout: {description: Seconds to wait for O(ready_file)., type: float, default: 60}
   config: {description: JSON configuration written to O(config_path) before the process starts., type: dict}
   config_path: {description: Where O(config) is written (atomically)., type: path}
+  cgroup: {description: A cgroup directory (v1 or v2) the process joins before it executes., type: path}
 author: dit developers
 """
 
@@ -91,6 +92,7 @@ def main():
             "ready_timeout": {"type": "float", "default": 60.0},
             "config": {"type": "dict"},
             "config_path": {"type": "path"},
+            "cgroup": {"type": "path"},
             "_dit_plan": {"type": "bool", "default": False},
         },
         required_together=[("config", "config_path")],
@@ -126,7 +128,7 @@ def main():
     env = tagged_env(
         os.environ, p["run_id"], p["host"], p["tag"], {str(k): str(v) for k, v in p["env"].items()}
     )
-    proc = spawn(p["argv"], env, p["cwd"], out, err)
+    proc = spawn(p["argv"], env, p["cwd"], out, err, p["cgroup"])
     if p["ready_file"]:
         deadline = time.monotonic() + p["ready_timeout"]
         while ready is None:

@@ -9,9 +9,14 @@ DOCUMENTATION = r"""
 module: dit_restore
 short_description: Replay a node's journal backwards and reap every process of the run
 description:
-  - O(records) are this node's pending journal records, newest first. Each is undone in that order
-    (C(process) kills the tagged process group, C(mkdir) removes a run directory carrying this
-    run's marker; later record kinds restore the prior value they carry). Undoing is idempotent.
+  - O(records) are this node's pending journal records, newest first. Each is undone in that order.
+    Undoing is idempotent. Record kinds (C(op)) and their C(undo) data
+  - C(process) C({run_id, host, tag}) kills the tagged process groups.
+  - C(mkdir) C({path, run_id}) removes a run directory carrying this run's marker.
+  - C(file) C({path, prior}) writes the prior content back (C(prior=null) removes a file the run created).
+  - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
+  - C(command) C({argv, dry_run, log}) runs an undo command (an argv list); with C(dry_run) it is
+    only appended to C(log) as JSON, as local mode does for privileged network commands.
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
     and the module fails loudly if any process carrying the run id survives.
 options:
@@ -41,8 +46,10 @@ reaped:
   type: list
 """
 
+import json
 import os
 import shutil
+import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_procs import find_tagged, reap
@@ -89,6 +96,33 @@ def _undo_file(undo, check):
     return True
 
 
+def _undo_rmdir(undo, check):
+    path = undo["path"]
+    if not os.path.isdir(path):
+        return False
+    if not check:
+        os.rmdir(path)
+    return True
+
+
+def _undo_command(undo, check):
+    argv = [str(a) for a in undo["argv"]]
+    if check:
+        return True
+    if undo.get("dry_run"):
+        with open(undo["log"], "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"argv": argv, "undo": True}) + "\n")
+        return True
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+    if proc.returncode != 0 and not undo.get("ignore_errors"):
+        detail = (proc.stderr or proc.stdout).strip()
+        raise ValueError(f"undo command {argv} failed: {detail}")
+    return True
+
+
+UNDO = {"mkdir": _undo_mkdir, "file": _undo_file, "rmdir": _undo_rmdir, "command": _undo_command}
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -114,10 +148,8 @@ def main():
                         raise ValueError(f"processes survived SIGKILL: {left}")
                 reaped.extend(found)
                 changed = changed or bool(found)
-            elif op == "mkdir":
-                changed = _undo_mkdir(undo, check) or changed
-            elif op == "file":
-                changed = _undo_file(undo, check) or changed
+            elif op in UNDO:
+                changed = UNDO[op](undo, check) or changed
             else:
                 raise ValueError(f"unknown journal op {op!r}")
             undone.append(record["id"])

@@ -24,6 +24,7 @@ options:
   config: {description: The agent configuration (start_at_ns, model, repetitions, inference ...)., type: dict, required: true}
   env: {description: Extra environment (thread counts, seeds)., type: dict, default: {}}
   timeout_s: {description: Give up (and kill the agent) after this many seconds., type: float, default: 3600}
+  cgroup: {description: A cgroup directory (v1 or v2) the process joins before it executes., type: path}
 author: dit developers
 """
 
@@ -77,6 +78,7 @@ def main():
             "config": {"type": "dict", "required": True},
             "env": {"type": "dict", "default": {}},
             "timeout_s": {"type": "float", "default": 3600.0},
+            "cgroup": {"type": "path"},
             "_dit_plan": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
@@ -102,7 +104,7 @@ def main():
     argv = [p["python"], os.path.join(root, "dit-device.pyz"), "profile", "--config", config_path]
     env = tagged_env(os.environ, p["run_id"], p["host"], TAG, {str(k): str(v) for k, v in p["env"].items()})
     err_path = os.path.join(root, "logs", TAG + ".err")
-    proc = spawn(argv, env, root, os.path.join(root, "logs", TAG + ".out"), err_path)
+    proc = spawn(argv, env, root, os.path.join(root, "logs", TAG + ".out"), err_path, p["cgroup"])
     deadline = time.monotonic() + p["timeout_s"]
     while proc.poll() is None:
         if time.monotonic() > deadline:

@@ -95,6 +95,8 @@ _TEMPLATE_ENV = jinja2.Environment(
     comment_end_string="#]",
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
     autoescape=False,  # noqa: S701 - renders YAML, not HTML; no scenario value is rendered into it
 )
 

@@ -28,6 +28,7 @@ from rich.console import Console
 
 import dit
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
+from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
 from dit.models.resolve import ResolvedModel, resolve_model
@@ -248,17 +249,41 @@ class Driver:
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
         self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
+        contexts = self._host_contexts()
+        self.conditions = build_conditions(scn, contexts)
+        self.processes = process_settings(scn, contexts)
+
+    def _host_contexts(self) -> dict[str, HostContext]:
+        inv = self.inventory
+        contexts: dict[str, HostContext] = {}
+        for host in inv.hosts:
+            hostvars = inv.hostvars.get(host, {})
+            base = str(hostvars.get("dit_remote_base", "/var/tmp/dit"))
+            contexts[host] = HostContext(
+                host=host,
+                role="edge" if host == inv.edge_host else "device",
+                local=inv.local,
+                run_id=self.run.run_id,
+                node_root=f"{base}/{self.run.run_id}",
+                sysfs_root=str(hostvars.get("sysfs_root", "/")),
+                edge_host=inv.edge_host,
+                edge_address=inv.edge_address,
+                hostvars=hostvars,
+            )
+        return contexts
 
     def _common_vars(self) -> dict[str, Any]:
-        env = {"PYTHONHASHSEED": str(self.scenario.seed), "DIT_SEED": str(self.scenario.seed)}
         return {
             "dit_run_id": self.run.run_id,
             "dit_journal_path": str(self.run.journal),
-            "dit_process_env": env,
+            "dit_process_env": {host: settings.env for host, settings in self.processes.items()},
+            "dit_process_cgroup": {
+                host: settings.cgroup for host, settings in self.processes.items() if settings.cgroup
+            },
         }
 
     def _stage(
-        self, stage: str, extravars: dict[str, Any], check: Callable[[StageOutcome], None] | None = None
+        self, stage: str, extravars: dict[str, Any], render_context: dict[str, Any] | None = None
     ) -> StageOutcome:
         assert self.reporter is not None
         self._check_stop()
@@ -274,6 +299,7 @@ class Driver:
             self.reporter.event,
             self._should_cancel,
             forks=max(5, len(self.inventory.hosts)),
+            render_context=render_context,
         )
         self.stage_ns[stage] = time.monotonic_ns() - start
         if outcome.status == "canceled" or (self._stop_reason and stage != "teardown"):
@@ -283,8 +309,6 @@ class Driver:
             self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
             failures = "; ".join(f"{e.host}: {e.message()}" for e in outcome.failures())
             raise StageFailed(f"{stage} failed: {failures or outcome.status}")
-        if check is not None:
-            check(outcome)
         self.reporter.stage(stage, "done", self.stage_ns[stage] / 1e6)
         return outcome
 
@@ -324,6 +348,11 @@ class Driver:
             "mode": "local" if self.local else "inventory",
             "inventory": self.inventory.source,
             "model": {"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
+            "conditions": self.conditions,
+            "processes": {
+                host: {"env": settings.env, "cgroup": settings.cgroup}
+                for host, settings in self.processes.items()
+            },
             "dit": {"version": dit.__version__, "git": _git_commit()},
             "versions": _versions(),
             "controller": {"hostname": platform.node(), "kernel": platform.release(), "python": sys.version},
@@ -366,8 +395,18 @@ class Driver:
         }
 
     def _apply(self) -> None:
+        needed = active(self.conditions)
         outcome = self._stage(
-            "apply", {"dit_device_pyz": str(self.pyz), "dit_edge_config": self._edge_config()}
+            "apply",
+            {
+                "dit_device_pyz": str(self.pyz),
+                "dit_edge_config": self._edge_config(),
+                "dit_conditions": self.conditions,
+            },
+            {
+                "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
+                "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
+            },
         )
         res = outcome.result_of(self.inventory.edge_host, "dit_proc") or {}
         ready = res.get("ready") or {}

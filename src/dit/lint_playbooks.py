@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 from dit.ansible_exec import ansible_env, render_playbook
+from dit.conditions import EDGE_SERVICE_ORDER, conditions
 from dit.paths import content_root
 
 
@@ -24,8 +25,13 @@ def main() -> int:
     stages = sorted(p.name.removesuffix(".yml.j2") for p in (root / "playbooks").glob("*.yml.j2"))
     with tempfile.TemporaryDirectory(prefix="dit-lint-") as tmp:
         project = Path(tmp)
+        roles = [c for c in conditions() if c.role is not None]
+        context = {  # every condition active, so every role include is linted too
+            "conditions_before": [c for c in roles if c.order < EDGE_SERVICE_ORDER],
+            "conditions_after": [c for c in roles if c.order >= EDGE_SERVICE_ORDER],
+        }
         for stage in stages:
-            render_playbook(stage, project / "playbooks", {})
+            render_playbook(stage, project / "playbooks", context)
         for static in (root / "playbooks").glob("*.yml"):
             shutil.copy(static, project / "playbooks" / static.name)
         targets = [str(project / "playbooks")]

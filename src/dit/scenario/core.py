@@ -36,7 +36,7 @@ def stage_count(model: Mapping[str, Any]) -> int | None:
     """N of the model (``{name, params}``), or None when it cannot be known before building it."""
     # imported here: the catalogue reads its JSON file at import time, which validating a scenario
     # of a model outside the catalogue does not need
-    from dit.models.catalogue import stage_count as catalogue_stage_count  # noqa: PLC0415
+    from dit.models.catalogue import stage_count as catalogue_stage_count
 
     name = model.get("name")
     params = model.get("params", {})

@@ -1,0 +1,127 @@
+"""Controlled conditions: pure builders from a scenario to the variables of one role per condition.
+
+Each condition is a module in this package defining
+
+- ``CONDITION = Condition(name=..., role=..., order=..., variables=(...))`` and
+- ``build(scenario, host, ctx) -> dict[str, Any] | None``: the role's public variables for that
+  host (keys exactly ``CONDITION.variables``), or None when the host has nothing to apply.
+
+Builders are pure (no host is touched, nothing is read but their arguments) and unit-tested with
+no host. The apply stage includes the role of every condition that some host needs, in ``order``:
+conditions with ``order < EDGE_SERVICE_ORDER`` are applied before the edge inference service
+starts (so its capacity profile runs under them: frequency pinning), the others after it (traffic
+towards the edge service, load, monitors). A condition may also contribute to the environment and
+the cgroup of the run's device processes through ``process(scenario, host, ctx)`` (optional).
+Modules are discovered by scanning this package, so adding a condition touches no shared file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, cast
+
+from dit.scenario import Scenario
+
+EDGE_SERVICE_ORDER = 50
+
+
+@dataclass(frozen=True)
+class Condition:
+    name: str
+    role: str | None  # None: the condition only shapes the run's processes (``process`` hook)
+    order: int
+    variables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HostContext:
+    """What a builder may know about a host besides the scenario."""
+
+    host: str
+    role: str  # "edge" | "device"
+    local: bool  # local mode: the node is a directory here; privileged network commands are recorded
+    run_id: str
+    node_root: str  # the node's run root (as a path on the node)
+    sysfs_root: str  # "/" on real hosts
+    edge_host: str
+    edge_address: str  # where devices reach the edge server (inference network)
+    hostvars: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcessSettings:
+    """How the run's device processes are started on a host."""
+
+    env: dict[str, str]
+    cgroup: str | None  # a cgroup directory the processes join, or None
+
+
+Builder = Callable[[Scenario, str, HostContext], "dict[str, Any] | None"]
+ProcessHook = Callable[[Scenario, str, HostContext], "ProcessSettings | None"]
+
+
+def _modules() -> list[ModuleType]:
+    found: list[ModuleType] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if isinstance(getattr(module, "CONDITION", None), Condition):
+            found.append(module)
+    return sorted(
+        found, key=lambda m: (cast(Condition, m.CONDITION).order, cast(Condition, m.CONDITION).name)
+    )
+
+
+def conditions() -> list[Condition]:
+    return [cast(Condition, m.CONDITION) for m in _modules()]
+
+
+def build_conditions(scenario: Scenario, contexts: Mapping[str, HostContext]) -> dict[str, dict[str, Any]]:
+    """``{host: {condition name: role variables}}`` for every host with something to apply."""
+    out: dict[str, dict[str, Any]] = {host: {} for host in contexts}
+    for module in _modules():
+        condition = cast(Condition, module.CONDITION)
+        build = cast(Builder, module.build)
+        for host, ctx in contexts.items():
+            variables = build(scenario, host, ctx)
+            if variables is None:
+                continue
+            missing = set(condition.variables) - set(variables)
+            extra = set(variables) - set(condition.variables)
+            if missing or extra:
+                raise ValueError(
+                    f"condition {condition.name}: builder returned variables {sorted(variables)}, "
+                    f"expected {sorted(condition.variables)}"
+                )
+            out[host][condition.name] = variables
+    return out
+
+
+def process_settings(scenario: Scenario, contexts: Mapping[str, HostContext]) -> dict[str, ProcessSettings]:
+    """Environment and cgroup of the run's device processes, per host (seeds always set)."""
+    out: dict[str, ProcessSettings] = {}
+    for host, ctx in contexts.items():
+        env = {"PYTHONHASHSEED": str(scenario.seed), "DIT_SEED": str(scenario.seed)}
+        cgroup: str | None = None
+        for module in _modules():
+            hook = cast("ProcessHook | None", getattr(module, "process", None))
+            if hook is None:
+                continue
+            settings = hook(scenario, host, ctx)
+            if settings is None:
+                continue
+            env.update(settings.env)
+            cgroup = settings.cgroup or cgroup
+        out[host] = ProcessSettings(env, cgroup)
+    return out
+
+
+def active(built: Mapping[str, Mapping[str, Any]]) -> list[Condition]:
+    """The conditions some host needs, in apply order."""
+    needed = {name for per_host in built.values() for name in per_host}
+    return [c for c in conditions() if c.name in needed and c.role is not None]
