@@ -43,8 +43,29 @@ def test_small_run(small: Path) -> None:
     # measured remote = queue + remote: device2 round 1: 1.5 + 2.3 ms (barrier 0, return excluded)
     assert frame.loc[3, "measured_remote_ns"] == 3_800_000
     assert summary.points == 6
+    # the edge's executed stages took 1.2x their profiled means, so the in-run remote prediction is 1.2x:
+    # 6.6, 3.0, 1.8, 4.8, 0, 3.6 ms against measured 6.0, 2.5, 1.5, 3.8, 0, 3.5 (the zero is skipped)
+    assert frame["predicted_remote_inrun_ns"].tolist() == [
+        6_600_000,
+        3_000_000,
+        1_800_000,
+        4_800_000,
+        0,
+        3_600_000,
+    ]
+    assert summary.remote_mape_inrun_pct == pytest.approx((10 + 20 + 20 + 100 / 3.8 + 100 / 35) / 5)
+    assert summary.component_mape_pct["remote"] == pytest.approx(
+        (100 * 0.5 / 6 + 0 + 0 + 100 * 0.2 / 3.8 + 100 * 0.5 / 3.5) / 5
+    )
     assert summary.png_path == small / "aggregate" / "validation.png"
     assert summary.png_path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_without_the_edge_stage_log_there_is_no_in_run_diagnostic(small: Path) -> None:
+    (small / "raw" / "edge" / "edge_edge_stages.csv").unlink()
+    summary = validate_run(small)
+    assert summary.remote_mape_inrun_pct is None
+    assert pd.read_csv(summary.csv_path)["predicted_remote_inrun_ns"].isna().all()
 
 
 def test_barrier_and_return_do_not_count(small: Path) -> None:
