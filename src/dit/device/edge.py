@@ -308,6 +308,9 @@ class EdgeService:
                 self._stage_csv.writerow(
                     [job.device, job.round, job.repetition, stage, start_ns - o, end_ns - o]
                 )
+                if self._stage_log is not None:
+                    # Flushed per row (after end_ns was taken): collect reads it while we run.
+                    self._stage_log.flush()
 
     def _done_threadsafe(self, job: Job) -> None:
         loop = self._loop
@@ -461,6 +464,7 @@ class EdgeService:
         self._stage_log = open(cfg.results_dir / "edge_stages.csv", "w", newline="", encoding="utf-8")  # noqa: SIM115
         self._stage_csv = csv.writer(self._stage_log)
         self._stage_csv.writerow(EDGE_STAGE_COLUMNS)
+        self._stage_log.flush()
         self.executor.start()
         server: asyncio.Server | None = None
         try:
