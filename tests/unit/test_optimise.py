@@ -186,3 +186,16 @@ def test_trend_follows_a_direction_with_fewer_evaluations_than_greedy() -> None:
     # greedy rescans all moves at each of its 16 steps; trend scans once, follows device a's +1 (one
     # evaluation per step), falls back to device b's +1 and scans again only at the end.
     assert t.vectors_evaluated < g.vectors_evaluated
+
+
+@pytest.mark.parametrize("bounds", [(0,), (0, 0), (3,), (0, 5, 0), (2, 0, 3)])
+@pytest.mark.parametrize("policy", ["RR", "SJF"])
+def test_degenerate_ranges(bounds: tuple[int, ...], policy: Policy) -> None:
+    problem = Problem(
+        synthetic_model(np.random.default_rng(1), len(bounds), 5, bounds), policy, "total_delay"
+    )
+    brute = min((problem.evaluate(v), v) for v in itertools.product(*(range(b + 1) for b in bounds)))
+    assert exhaustive(problem).vector == brute[1]
+    for search in (greedy, trend):
+        vector = search(problem).vector
+        assert all(0 <= p <= b for p, b in zip(vector, bounds, strict=True))
