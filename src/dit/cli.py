@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dit.rundir import DRIVER, STOP, RunDir, find_runs, read_json
@@ -29,7 +30,7 @@ RunsRoot = Annotated[
 
 
 def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/] {message}", highlight=False)
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
@@ -40,7 +41,7 @@ def _load(path: Path) -> list[object]:
         return list(load(path))
     except ScenarioError as exc:
         for error in exc.errors:
-            err.print(f"[red]{path}:[/] {error}", highlight=False)
+            err.print(f"[red]{escape(str(path))}:[/] {escape(str(error))}", highlight=False)
         raise typer.Exit(2) from None
     except OSError as exc:
         raise _fail(f"{path}: {exc.strerror or exc}", 2) from None
@@ -56,7 +57,7 @@ def validate(scenario: Annotated[Path, typer.Argument(help="Scenario YAML file."
     table.add_column("run")
     table.add_column("hash")
     for variant in variants:
-        table.add_row(variant.label, variant.hash[:16])
+        table.add_row(escape(variant.label), variant.hash[:16])
     out.print(table)
 
 
@@ -91,7 +92,7 @@ def run(
         optimum = result.optimum or {}
         objective = optimum.get("objective_value")
         table.add_row(
-            result.label,
+            escape(result.label),
             result.state,
             str(result.run_dir),
             f"{sum(result.stage_ns.values()) / 1e9:.1f} s",
@@ -175,9 +176,10 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
     status = run.status()
     if not status:
         raise _fail(f"{run_dir} is not a dit run directory")
-    out.print(f"[bold]{status.get('label', run_dir.name)}[/]  {status.get('state')}  run id {run.run_id}")
+    label = escape(str(status.get("label", run_dir.name)))
+    out.print(f"[bold]{label}[/]  {status.get('state')}  run id {run.run_id}")
     if status.get("error"):
-        out.print(f"[red]{status['error']}[/]")
+        out.print(f"[red]{escape(str(status['error']))}[/]")
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("wall time", justify="right")

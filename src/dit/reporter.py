@@ -16,6 +16,7 @@ from typing import TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from dit.ansible_exec import HostEvent
@@ -52,7 +53,7 @@ class Reporter:
                 self._live = None
 
     def _render(self) -> Group:
-        stages = Table(title=self.label, show_header=True, header_style="bold")
+        stages = Table(title=escape(self.label), show_header=True, header_style="bold")
         stages.add_column("stage")
         stages.add_column("state")
         stages.add_column("time", justify="right")
@@ -81,11 +82,11 @@ class Reporter:
                 self._log.write(f"{stamp} {node} {stream} {part}\n")
             self._log.flush()
         if self._live is None or style == "red":
-            shown = f"[{style}]{text}[/]" if style else text
-            self.console.print(f"[bold]{node}[/] [dim]{stream}[/] {shown}", markup=True, highlight=False)
+            shown = f"[{style}]{escape(text)}[/]" if style else escape(text)
+            self.console.print(f"[bold]{escape(node)}[/] [dim]{stream}[/] {shown}", markup=True, highlight=False)
 
     def event(self, event: HostEvent) -> None:
-        self.node_state[event.host] = f"[{STYLE.get(event.status, '')}]{event.status}[/] {event.task}"
+        self.node_state[event.host] = f"[{STYLE.get(event.status, 'default')}]{event.status}[/] {escape(event.task)}"
         self.line(event.host, event.stream, event.message(), STYLE.get(event.status, ""))
         self._refresh()
 

@@ -1,0 +1,90 @@
+"""The `dit` command as a user types it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dit.procs import run_processes
+from dit.rundir import RunDir
+from tests.conftest import DIT, REPO, dit_env, write_scenario
+
+
+def dit(*args: str, cwd: Path = REPO, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*DIT, *args], cwd=cwd, env=dit_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_validate_accepts_the_articles_example_and_lists_its_sweep() -> None:
+    result = dit("validate", "scenarios/ch4_validation.yaml")
+    assert result.returncode == 0, result.stderr
+    assert "ch4_validation[edge_server.policy=RR]" in result.stdout
+    assert "ch4_validation[edge_server.policy=SJF]" in result.stdout
+
+
+def test_validate_names_the_offending_fields_and_exits_non_zero(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: bad\nmodel: fake\ndevices: [device1]\n"
+        "load:\n  device7: {mode: light}\n"
+        "edge_server: {policy: FIFO}\n"
+        "inference: {partition_points: [0, 12]}\n"
+    )
+    result = dit("validate", str(bad))
+    assert result.returncode == 2
+    assert "load.device7: device7 is not in devices" in result.stderr
+    assert "edge_server.policy" in result.stderr and "FIFO" in result.stderr
+    assert "inference.partition_points" in result.stderr and "12" in result.stderr
+
+
+def test_run_refuses_an_invalid_scenario_before_creating_anything(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nmodel: fake\ndevices: [device1, device1]\n")
+    result = dit("run", str(bad), "--runs-dir", str(tmp_path / "runs"))
+    assert result.returncode == 2
+    assert "devices[1]" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ch4_validation_sweep_runs_both_policies_with_a_summary(tmp_path: Path) -> None:
+    """The article's scenario, verbatim, in local mode: one run directory per policy."""
+    runs = tmp_path / "runs"
+    result = dit("run", "scenarios/ch4_validation.yaml", "--runs-dir", str(runs), timeout=1500)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ch4_validation[edge_server.policy=RR]" in result.stdout
+    assert "ch4_validation[edge_server.policy=SJF]" in result.stdout
+    dirs = sorted(runs.glob("ch4_validation/*"))
+    assert len(dirs) == 2
+    policies = set()
+    for run_dir in dirs:
+        run = RunDir(run_dir)
+        assert run.status()["state"] == "completed"
+        metadata = json.loads((run_dir / "metadata.json").read_text())
+        policies.add(metadata["scenario"]["document"]["edge_server"]["policy"])
+        # AlexNet's framework is not needed in local mode: the fake model with its 11 stages stands in.
+        if metadata["model"]["stand_in_for"]:
+            assert metadata["model"]["stand_in_for"] == "alexnet"
+            assert metadata["model"]["spec"]["params"] == {"profile": "alexnet"}
+        assert run_processes(run.run_id) == []
+        shown = dit("show", str(run_dir))
+        assert shown.returncode == 0 and "completed" in shown.stdout
+    assert policies == {"RR", "SJF"}
+    listed = dit("ls", "--runs-dir", str(runs))
+    assert listed.returncode == 0 and listed.stdout.count("completed") == 2
+
+
+@pytest.mark.parametrize("bad_vector", ["1,x", "99,99,99,99"])
+def test_optimise_rejects_bad_vectors_with_a_message(bad_vector: str, tmp_path: Path, scenario_dir: Path) -> None:
+    path = write_scenario(scenario_dir, optimisation={"enabled": False})
+    run = dit("run", str(path), "--runs-dir", str(tmp_path / "runs"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").glob("itest/*")
+    result = dit("optimise", str(run_dir), "--vector", bad_vector)
+    assert result.returncode == 2
+    assert "vector" in result.stderr
+    good = dit("optimise", str(run_dir), "--vector", "2,2", "--json")
+    assert good.returncode == 0, good.stderr
+    data = json.loads(good.stdout)
+    assert data["vector"] == [2, 2]
