@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
-from tests.conftest import write_scenario
 
 from dit.driver import Driver, RunOptions
 from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
 from dit.scenario import load
+from tests.conftest import write_scenario
 
 PHASES = ["local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns"]
 

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import psutil
-from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
+from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 
 def slow_scenario(directory: Path) -> Path:
