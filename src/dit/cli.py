@@ -225,6 +225,7 @@ def optimise(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Search (or evaluate) partition vectors on a run's aggregate files under the delay model."""
+    from dit.aggregate import AggregateError
     from dit.optimise import OptimiseError
     from dit.optimise.api import optimise_run
 
@@ -236,7 +237,7 @@ def optimise(
             raise _fail(f"--vector: {vector!r} is not a comma-separated list of integers", 2) from None
     try:
         result = optimise_run(run_dir, algorithm, objective, policy, parsed, max_vectors=max_vectors)
-    except OptimiseError as exc:
+    except (OptimiseError, AggregateError) as exc:
         raise _fail(str(exc), 2) from None
     if as_json:
         out.print_json(result.to_json())

@@ -151,3 +151,11 @@ def test_equivalence_mismatch_exits_non_zero(tmp_path: Path) -> None:
     assert "model 'fake' at partition point 3: max abs difference" in dev.stderr
     assert json.loads((tmp_path / "dev" / "error.json").read_text())["kind"] == "equivalence"
     assert not (tmp_path / "dev" / "done.json").exists()
+
+
+def test_extra_packages_carry_their_package_data(tmp_path: Path) -> None:
+    # The model catalogue (catalogue.json) is read by the real adapters on the boards.
+    pyz = build_zipapp(tmp_path, extra_packages=["dit/models"])
+    names = zipfile.ZipFile(pyz).namelist()
+    assert "dit/models/catalogue.json" in names
+    assert not [n for n in names if n.endswith(".pyc")]

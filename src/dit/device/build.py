@@ -1,6 +1,7 @@
 """Build the device zipapp ``dit-device.pyz`` (deterministic bytes for identical sources).
 
-The archive holds ``dit/__init__.py``, every ``dit/device/**.py`` and, optionally, further
+The archive holds ``dit/__init__.py``, every ``dit/device/**.py`` (and package data: ``*.json``) and,
+optionally, further
 subpackages of ``dit`` (e.g. ``"dit.models"`` or ``"dit/models"`` for real model adapters, which
 import their framework lazily), plus a ``__main__.py`` that calls the device agent::
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import dit
 
 ZIPAPP_NAME = "dit-device.pyz"
+DATA_SUFFIXES = (".py", ".json")  # sources and package data (e.g. the model catalogue)
 INTERPRETER = "/usr/bin/env python3"
 _FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 _MAIN = '''"""dit device zipapp entry point."""
@@ -47,7 +49,7 @@ def _sources(extra_packages: Sequence[str]) -> list[tuple[str, Path]]:
         base = root / pkg
         if not (base / "__init__.py").is_file():
             raise ValueError(f"extra package {pkg!r} is not a package under {root}")
-        for path in sorted(base.rglob("*.py")):
+        for path in sorted(p for suffix in DATA_SUFFIXES for p in base.rglob(f"*{suffix}")):
             if "__pycache__" in path.parts:
                 continue
             files.append((f"dit/{path.relative_to(root).as_posix()}", path))
