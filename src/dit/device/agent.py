@@ -31,6 +31,9 @@ from dit.device.client import (
 )
 from dit.device.common import ConfigError, Origin, build_model, read_config, require, write_json
 from dit.device.edge import run_edge
+from dit.device.load import run_load
+from dit.device.monitor import run_monitor
+from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_EQUIVALENCE = 0, 1, 2, 3
@@ -206,6 +209,9 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
 COMMANDS: dict[str, Callable[[Mapping[str, Any]], int]] = {
     "edge": run_edge,
+    "load": run_load,
+    "monitor": run_monitor,
+    "power": run_power,
     "profile": run_profile,
 }
 
