@@ -8,6 +8,7 @@ they travel as extra variables.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -43,7 +44,10 @@ class HostEvent:
     def message(self) -> str:
         text = f"{self.status}: {self.task}"
         if self.status in ("failed", "unreachable"):
-            msg = self.result.get("msg") or self.result.get("stderr") or ""
+            msg = self.result.get("msg") or self.result.get("stderr") or self.result.get("reason") or ""
+            if not str(msg).strip():
+                shown = {k: v for k, v in self.result.items() if not k.startswith("_") and k != "invocation"}
+                msg = json.dumps(shown, default=str)[:1000]
             text += f" - {str(msg).strip()}"
             stderr = self.result.get("stderr")
             if stderr and stderr != msg:
