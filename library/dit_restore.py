@@ -15,6 +15,8 @@ description:
   - C(mkdir) C({path, run_id}) removes a run directory carrying this run's marker.
   - C(file) C({path, prior}) writes the prior content back (C(prior=null) removes a file the run created).
   - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
+  - C(cgroup) C({path}) removes a cgroup the run created: any process still in it is moved to the
+    parent cgroup first (the run's own processes are reaped by their newer C(process) records).
   - C(command) C({argv, dry_run, log}) runs an undo command (an argv list); with C(dry_run) it is
     only appended to C(log) as JSON, as local mode does for privileged network commands.
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
@@ -46,10 +48,12 @@ reaped:
   type: list
 """
 
+import errno
 import json
 import os
 import shutil
 import subprocess
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_procs import find_tagged, reap
@@ -120,7 +124,39 @@ def _undo_command(undo, check):
     return True
 
 
-UNDO = {"mkdir": _undo_mkdir, "file": _undo_file, "rmdir": _undo_rmdir, "command": _undo_command}
+def _undo_cgroup(undo, check, timeout_s=5.0):
+    path = undo["path"].rstrip("/")
+    if not os.path.isdir(path):
+        return False
+    if check:
+        return True
+    parent_procs = os.path.join(os.path.dirname(path), "cgroup.procs")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with open(os.path.join(path, "cgroup.procs"), encoding="ascii") as handle:
+            pids = handle.read().split()
+        for pid in pids:  # a process left in the cgroup moves out (it is not killed: not ours)
+            try:
+                with open(parent_procs, "w", encoding="ascii") as handle:
+                    handle.write(pid)
+            except ProcessLookupError:
+                pass
+        try:
+            os.rmdir(path)
+            return True
+        except OSError as exc:  # EBUSY while an exiting task still holds the cgroup
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
+UNDO = {
+    "mkdir": _undo_mkdir,
+    "file": _undo_file,
+    "rmdir": _undo_rmdir,
+    "cgroup": _undo_cgroup,
+    "command": _undo_command,
+}
 
 
 def main():
