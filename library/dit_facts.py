@@ -27,7 +27,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 dit_facts:
-  description: kernel, machine, cpu_model, cpu_count, mem_total_bytes, python, board_model, ntp {source, offset_ms}.
+  description: >-
+    kernel, machine, cpu_model, cpu_count, mem_total_bytes, python, board_model, ntp {source, offset_ms},
+    memory_controller (C(v2), C(v1) or C(disabled)) and memory_cgroup_root (where memory cgroups are created).
   returned: always
   type: dict
 """
@@ -94,6 +96,17 @@ def _ntp(local_mode):
     return {"source": "chrony", "reference": fields[1], "stratum": fields[2], "offset_ms": offset_s * 1000.0}
 
 
+def _memory_controller(base="/sys/fs/cgroup"):
+    """The memory cgroup controller: v2 (in the unified root), v1 (its own hierarchy) or disabled."""
+    controllers = _read(os.path.join(base, "cgroup.controllers"), None)
+    if controllers is not None and "memory" in controllers.split():
+        return {"memory_controller": "v2", "memory_cgroup_root": base}
+    v1 = os.path.join(base, "memory")
+    if os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
+        return {"memory_controller": "v1", "memory_cgroup_root": v1}
+    return {"memory_controller": "disabled", "memory_cgroup_root": None}
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -118,6 +131,7 @@ def main():
         "board_model": _read("/proc/device-tree/model") or None,
         "ntp": _ntp(module.params["local_mode"]),
     }
+    facts.update(_memory_controller())
     module.exit_json(changed=False, dit_facts=facts)
 
 
