@@ -14,6 +14,12 @@ description:
   - In local mode every node shares one clock, so the offset is recorded as 0 with source C(local).
 options:
   local_mode: {description: Nodes are directories on the controller., type: bool, default: false}
+  shared_clock:
+    description:
+      - The node runs on the controller's own clock (a network namespace or container on the controller),
+        so its offset is 0 by construction and recorded with source C(shared).
+    type: bool
+    default: false
   sysfs_root: {description: Root under which C(/sys) is read (a fake tree in local mode)., type: path, default: /}
 author: dit developers
 """
@@ -70,9 +76,11 @@ def _cpu_model():
     return platform.processor()
 
 
-def _ntp(local_mode):
+def _ntp(local_mode, shared_clock=False):
     if local_mode:
         return {"source": "local", "offset_ms": 0.0}
+    if shared_clock:
+        return {"source": "shared", "offset_ms": 0.0}
     chronyc = shutil.which("chronyc")
     if not chronyc:
         return {"source": "none", "offset_ms": None, "error": "chronyc not found"}
@@ -111,6 +119,7 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "local_mode": {"type": "bool", "default": False},
+            "shared_clock": {"type": "bool", "default": False},
             "sysfs_root": {"type": "path", "default": "/"},
         },
         supports_check_mode=True,
@@ -129,7 +138,7 @@ def main():
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "board_model": _read("/proc/device-tree/model") or None,
-        "ntp": _ntp(module.params["local_mode"]),
+        "ntp": _ntp(module.params["local_mode"], module.params["shared_clock"]),
     }
     facts.update(_memory_controller())
     module.exit_json(changed=False, dit_facts=facts)

@@ -367,7 +367,7 @@ class Driver:
         problems: list[str] = []
         for host, facts in nodes.items():
             ntp = facts.get("ntp", {})
-            if ntp.get("source") == "local":
+            if ntp.get("source") in ("local", "shared"):
                 continue
             offset = ntp.get("offset_ms")
             if offset is None:
