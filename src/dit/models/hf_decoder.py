@@ -133,7 +133,7 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 def import_torch() -> Any:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import torch  # noqa: PLC0415
+    import torch
 
     return torch
 
@@ -149,7 +149,7 @@ def _get(module: Any, dotted: str) -> Any:
 
 
 def make_config(family: Family, overrides: Mapping[str, Any], num_layers: int) -> Any:
-    import transformers  # noqa: PLC0415
+    import transformers
 
     bad = [k for k in overrides if k in LAYER_KEYS]
     if bad:
@@ -163,12 +163,12 @@ def make_config(family: Family, overrides: Mapping[str, Any], num_layers: int) -
 
 def build_torch_model(family: Family, config: Any, attn_implementation: str) -> Any:
     torch = import_torch()
-    import transformers  # noqa: PLC0415
+    import transformers
 
     config._attn_implementation = attn_implementation
     cls = getattr(transformers, family.model_class)
     try:
-        from transformers.initialization import no_init_weights  # noqa: PLC0415
+        from transformers.initialization import no_init_weights
     except ImportError:  # older transformers: initialise, then overwrite
         model = cls(config)
     else:
@@ -310,7 +310,10 @@ class HFDecoderModel(ArrayStageModel):
         """The keyword arguments a decoder layer of this family takes for ``hidden`` at ``offset``."""
         torch = self.torch
         tq = int(hidden.shape[1])
-        kw: dict[str, Any] = {"attention_mask": self._mask(tq, offset)}
+        # SDPA applies the causal mask itself (is_causal when no mask is given), the eager
+        # implementation needs it spelled out
+        mask = None if self.config._attn_implementation == "sdpa" else self._mask(tq, offset)
+        kw: dict[str, Any] = {"attention_mask": mask}
         if self.family.rotary:
             pos = torch.arange(offset, offset + tq).unsqueeze(0)
             kw["position_ids"] = pos
@@ -345,10 +348,14 @@ class HFDecoderModel(ArrayStageModel):
         torch = self.torch
         with torch.inference_mode():
             ids = torch.from_numpy(np.array(x, dtype=np.int64))
-            return self.model(input_ids=ids, use_cache=False).logits[:, -1, :]
+            try:
+                out = self.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            except TypeError:  # older transformers
+                out = self.model(input_ids=ids, use_cache=False)
+            return out.logits[:, -1, :]
 
     def new_cache(self) -> Any:
-        from transformers import DynamicCache  # noqa: PLC0415
+        from transformers import DynamicCache
 
         try:
             return DynamicCache(config=self.config)

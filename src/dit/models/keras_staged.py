@@ -40,7 +40,7 @@ def import_keras() -> Any:
     """Import keras on the TensorFlow backend, quietly."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    import keras  # noqa: PLC0415
+    import keras
 
     return keras
 
@@ -336,7 +336,7 @@ class KerasStagedModel(ArrayStageModel):
         weights: WeightsRecord | None = None,
     ) -> None:
         keras = import_keras()
-        import tensorflow as tf  # noqa: PLC0415
+        import tensorflow as tf
 
         self.name = name
         self.keras_model = model
@@ -368,19 +368,27 @@ class KerasStagedModel(ArrayStageModel):
             self._fns.append(tf.function(_caller(sub), input_signature=sig, reduce_retracing=True))
         self._full = tf.function(
             _caller(model), input_signature=[tf.TensorSpec(self.specs[0].shape, tf.float32)]
-        )
+        ).get_concrete_function()
+        self._concrete = [fn.get_concrete_function() for fn in self._fns]
+        self._tf = tf
 
     def make_input(self) -> np.ndarray:
         return make_array_input(self.spec, self.input_shape)
 
-    def run_stage(self, stage: int, x: Any) -> np.ndarray:
-        self._check(stage, 1)
-        out = self._fns[stage - 1](np.asarray(x, dtype=np.float32).reshape(self.specs[stage - 1].shape))
-        return np.asarray(out.numpy())
+    def _tensor(self, x: Any, stage: int) -> Any:
+        if isinstance(x, self._tf.Tensor):
+            return x
+        return self._tf.constant(np.asarray(x, dtype=np.float32).reshape(self.specs[stage].shape))
 
-    def forward(self, x: Any) -> np.ndarray:
+    def run_stage(self, stage: int, x: Any) -> Any:
+        """Run a stage; returns the framework tensor (``encode`` turns it into bytes), so that
+        consecutive stages on one host hand over activations without a copy."""
+        self._check(stage, 1)
+        return self._concrete[stage - 1](self._tensor(x, stage - 1))
+
+    def forward(self, x: Any) -> Any:
         """The unpartitioned model in one call (the reference of the equivalence check)."""
-        return np.asarray(self._full(np.asarray(x, dtype=np.float32).reshape(self.specs[0].shape)).numpy())
+        return self._full(self._tensor(x, 0))
 
 
 def _caller(sub: Any) -> Callable[[Any], Any]:
@@ -392,7 +400,7 @@ def _caller(sub: Any) -> Callable[[Any], Any]:
 
 def op_latencies(model: Any, graph: Graph, x: np.ndarray, reps: int = 3) -> list[float]:
     """Measured seconds per operation (median of ``reps`` eager layer calls), for latency balancing."""
-    import tensorflow as tf  # noqa: PLC0415
+    import tensorflow as tf
 
     samples: list[list[float]] = [[] for _ in graph.ops]
     for _ in range(reps + 1):
