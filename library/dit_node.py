@@ -22,6 +22,16 @@ options:
     description: The run id written into the marker.
     type: str
     required: true
+  ship:
+    description:
+      - Files to ship into O(path), C({name: controller path}). The action plugin transfers them
+        and passes them on as O(files); a file already in place with the same SHA-256 is left alone.
+    type: dict
+  files:
+    description: Set by the action plugin, C([{name, tmp, sha256}]) (transferred temporary files).
+    type: list
+    elements: dict
+    default: []
 author: dit developers
 """
 
@@ -30,6 +40,8 @@ EXAMPLES = r"""
   dit_node:
     path: "{{ dit_node_root }}"
     run_id: "{{ dit_run_id }}"
+    ship:
+      dit-device.pyz: "{{ dit_device_pyz }}"
 """
 
 RETURN = r"""
@@ -43,7 +55,9 @@ journal:
   type: list
 """
 
+import hashlib
 import os
+import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -55,6 +69,8 @@ def main():
         argument_spec={
             "path": {"type": "path", "required": True},
             "run_id": {"type": "str", "required": True},
+            "ship": {"type": "dict"},
+            "files": {"type": "list", "elements": "dict", "default": []},
             "_dit_plan": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
@@ -76,13 +92,34 @@ def main():
     if module.params["_dit_plan"] or module.check_mode:
         journal = [] if present else [{"op": "mkdir", "undo": {"path": path, "run_id": run_id}}]
         module.exit_json(changed=bool(journal), path=path, journal=journal, diff=diff)
-    if present:
-        module.exit_json(changed=False, path=path)
-    for sub in ("", "results", "logs"):
-        os.makedirs(os.path.join(path, sub), mode=0o755, exist_ok=True)
-    with open(marker, "w", encoding="utf-8") as handle:
-        handle.write(run_id + "\n")
-    module.exit_json(changed=True, path=path, diff=diff)
+    changed = False
+    if not present:
+        for sub in ("", "results", "logs"):
+            os.makedirs(os.path.join(path, sub), mode=0o755, exist_ok=True)
+        with open(marker, "w", encoding="utf-8") as handle:
+            handle.write(run_id + "\n")
+        changed = True
+    shipped = []
+    for item in module.params["files"]:
+        name = os.path.basename(str(item["name"]))
+        dest = os.path.join(path, name)
+        if _sha256(dest) != item["sha256"]:
+            if _sha256(item["tmp"]) != item["sha256"]:
+                module.fail_json(msg=f"{name}: the transferred file does not have the expected SHA-256")
+            shutil.copyfile(item["tmp"], dest + ".tmp")
+            os.chmod(dest + ".tmp", 0o644)
+            os.replace(dest + ".tmp", dest)
+            shipped.append(name)
+            changed = True
+    module.exit_json(changed=changed, path=path, shipped=shipped, diff=diff)
+
+
+def _sha256(path):
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

@@ -1,15 +1,27 @@
 """Journal-before-change for dit's node modules, as an Ansible action plugin.
 
-A journaled module supports ``_dit_plan: true``: it reads the node's current state and returns
-``journal`` — the change records (with the prior values needed to undo them) that applying its
-arguments would need — without changing anything. This action runs the module that way first,
-appends the records to the controller's ``journal.jsonl`` and only then runs the module for real.
-When the plan is empty the node already is as asked: the module is not run again (``changed=0``).
-In check mode the plan is the answer.
+Two ways to learn what a task will change, both recorded in the controller's ``journal.jsonl``
+*before* the module changes anything:
+
+- **plan** (the default): the module runs once with ``_dit_plan: true``, reads the node's current
+  state and returns ``journal`` — the change records, with the prior values needed to undo them —
+  without changing anything. An empty plan means the node already is as asked: the module is not
+  run again (``changed=0``). In check mode the plan is the answer.
+- **intent**: when the records follow from the task's arguments alone (create *this* run
+  directory, start the process tagged *this*), a subclass returns them from :meth:`intent` and the
+  module runs once. Their undo is idempotent and guarded (a directory is only removed when it
+  carries this run's marker, a process only killed when it carries this run's tag), so recording
+  an intent that turns out to change nothing is harmless; a record identical to one still pending
+  for the same host is not written twice.
+
+:meth:`prepare` may transfer files to the node first (``dit_node`` ships the device code this way,
+in the same task, saving a ``copy`` task per host).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -18,42 +30,63 @@ from ansible.plugins.action import ActionBase
 from dit.journal import Journal
 
 
+def _key(record: dict[str, Any]) -> str:
+    return json.dumps({"op": record.get("op"), "undo": record.get("undo")}, sort_keys=True)
+
+
 class JournaledAction(ActionBase):  # type: ignore[misc]
     TRANSFERS_FILES = False
     _requires_connection = True
+
+    def intent(self, args: dict[str, Any], task_vars: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The change records implied by ``args``, or None to ask the module (plan mode)."""
+        return None
+
+    def prepare(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        """The module's arguments for the real run (may transfer files first)."""
+        return args
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         task_vars = task_vars or {}
         result: dict[str, Any] = super().run(tmp, task_vars)
         module = self._task.action
         args = dict(self._task.args)
-        plan: dict[str, Any] = self._execute_module(
-            module_name=module, module_args={**args, "_dit_plan": True}, task_vars=task_vars
-        )
-        if plan.get("failed"):
-            result.update(plan)
+        records = self.intent(args, task_vars)
+        if records is None:
+            plan: dict[str, Any] = self._execute_module(
+                module_name=module, module_args={**args, "_dit_plan": True}, task_vars=task_vars
+            )
+            if plan.get("failed"):
+                result.update(plan)
+                return result
+            records = plan.pop("journal", [])
+            if not records or self._play_context.check_mode:
+                result.update(plan)
+                result["changed"] = bool(records)
+                return result
+        elif self._play_context.check_mode:
+            result.update(self._execute_module(module_name=module, module_args=args, task_vars=task_vars))
             return result
-        records = plan.pop("journal", [])
-        if not records or self._play_context.check_mode:
-            result.update(plan)
-            result["changed"] = bool(records)
-            return result
+        ids = self._journal(module, records, task_vars)
+        try:
+            module_args = self.prepare(args, task_vars)
+            applied: dict[str, Any] = self._execute_module(
+                module_name=module, module_args=module_args, task_vars=task_vars
+            )
+        finally:
+            self._remove_tmp_path(self._connection._shell.tmpdir)
+        result.update(applied)
+        result["journal_ids"] = ids
+        return result
+
+    def _journal(self, module: str, records: list[dict[str, Any]], task_vars: dict[str, Any]) -> list[str]:
         journal_path = task_vars.get("dit_journal_path")
         if not journal_path:
             raise AnsibleActionFail(
                 f"{module}: dit_journal_path is not set; refusing to change a node unjournaled"
             )
         host = str(task_vars.get("inventory_hostname"))
-        ids = Journal(_path(journal_path)).record_changes(host, records, source=module)
-        applied: dict[str, Any] = self._execute_module(
-            module_name=module, module_args=args, task_vars=task_vars
-        )
-        result.update(applied)
-        result["journal_ids"] = ids
-        return result
-
-
-def _path(value: Any) -> Any:
-    from pathlib import Path
-
-    return Path(str(value))
+        journal = Journal(Path(str(journal_path)))
+        pending = {_key(dict(change.record)) for change in journal.pending() if change.host == host}
+        fresh = [r for r in records if _key(r) not in pending]
+        return journal.record_changes(host, fresh, source=module) if fresh else []
