@@ -238,7 +238,7 @@ class HFDecoderModel(ArrayStageModel):
         self.layers = list(getattr(base, family.layers))
         self.norm = getattr(base, family.final_norm)
         self.head = model.lm_head
-        self.rotary_emb = getattr(base, "rotary_emb", None)
+        self.rotary_emb: Any = getattr(base, "rotary_emb", None)
         cfg = self.config
         self.hidden = int(cfg.hidden_size)
         self.vocab = int(cfg.vocab_size)
@@ -287,7 +287,7 @@ class HFDecoderModel(ArrayStageModel):
     def make_input(self) -> np.ndarray:
         inp = self.spec.get("input") or {}
         if str(inp.get("source", "synthetic")) == "npy":
-            ids = (
+            ids: np.ndarray = (
                 np.load(os.path.expanduser(str(inp["path"])), allow_pickle=False)
                 .astype(np.int64)
                 .reshape(1, -1)

@@ -361,7 +361,7 @@ class KerasStagedModel(ArrayStageModel):
             raise ValueError(
                 f"{name}: {len(self.stage_names) - 1} stage names for {len(self.specs) - 1} stages"
             )
-        self._fns: list[Callable[[Any], Any]] = []
+        self._fns: list[Any] = []
         for a, b, spec_in in zip(boundaries, boundaries[1:], self.specs, strict=False):
             sub = keras.Model(a, b) if a is not g.input_tensor or b is not g.output_tensor else model
             sig = [tf.TensorSpec(spec_in.shape, tf.float32)]
