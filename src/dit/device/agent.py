@@ -33,6 +33,7 @@ from dit.device.common import ConfigError, Origin, build_model, read_config, req
 from dit.device.edge import run_edge
 from dit.device.load import run_load
 from dit.device.monitor import run_monitor
+from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 
@@ -211,6 +212,7 @@ COMMANDS: dict[str, Callable[[Mapping[str, Any]], int]] = {
     "edge": run_edge,
     "load": run_load,
     "monitor": run_monitor,
+    "netem-vary": run_netem_vary,
     "power": run_power,
     "profile": run_profile,
 }
