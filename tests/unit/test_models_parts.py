@@ -81,6 +81,8 @@ def test_synthetic_input_is_seeded() -> None:
     assert a.shape == (1, 2, 2) and a.dtype == np.float32
     assert np.array_equal(a, make_array_input({"seed": 4}, (2, 2)))
     assert not np.array_equal(a, make_array_input({"seed": 5}, (2, 2)))
+    b = make_array_input({"seed": 5, "input": {"kind": "synthetic", "seed": 4}}, (2, 2))
+    assert np.array_equal(a, b)
 
 
 def test_npy_input(tmp_path: Path) -> None:
@@ -101,5 +103,5 @@ def test_image_directory_input(tmp_path: Path) -> None:
 
 
 def test_unknown_source() -> None:
-    with pytest.raises(ValueError, match=r"input\.source"):
+    with pytest.raises(ValueError, match=r"input\.kind"):
         make_array_input({"input": {"source": "camera"}}, (2,))

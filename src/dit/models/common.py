@@ -5,12 +5,12 @@ size 1), so :meth:`encode` is ``tobytes()`` of the C-contiguous little-endian ar
 :meth:`decode` is ``frombuffer`` + ``reshape``: no pickle, no framing, and ``output_bytes`` is
 the exact payload size. Frameworks are imported lazily by the adapters, never here.
 
-Input sources (``spec["input"]``):
+Input sources (``spec["input"]``, the scenario's ``model.input``; ``source`` is an alias of ``kind``):
 
-* ``{"source": "synthetic"}`` (default): seeded tensors from the spec's ``seed`` (uniform [0, 1)
-  for images and features, uniform token ids for language models);
-* ``{"source": "npy", "path": "x.npy"}``: a ``.npy`` file, reshaped to the model's input shape;
-* ``{"source": "images", "path": "dir/", "index": 0}``: the ``index``-th image file (sorted
+* ``{"kind": "synthetic", "seed": s}`` (default): seeded tensors from ``seed`` (default: the run's
+  seed): uniform [0, 1) for images and features, uniform token ids for language models;
+* ``{"kind": "npy", "path": "x.npy"}``: a ``.npy`` file, reshaped to the model's input shape;
+* ``{"kind": "images", "path": "dir/", "index": 0}``: the ``index``-th image file (sorted
   names) of a directory, decoded with Pillow, resized to the input shape, scaled to [0, 1].
 """
 
@@ -153,13 +153,25 @@ def positive_int(params: Mapping[str, Any], key: str, default: int, where: str =
     return v
 
 
+def input_kind(inp: Mapping[str, Any]) -> str:
+    """The scenario's ``input.kind`` (``source`` is accepted as an alias)."""
+    return str(inp.get("kind", inp.get("source", "synthetic")))
+
+
+def input_seed(spec: Mapping[str, Any]) -> int:
+    """``input.seed`` when the scenario sets one, else the run's seed."""
+    inp = spec.get("input") or {}
+    seed = inp.get("seed")
+    return spec_seed(spec) if seed is None else int(seed)
+
+
 def make_array_input(spec: Mapping[str, Any], shape: tuple[int, ...], dtype: str = "float32") -> np.ndarray:
     """The model input (batch of 1, ``shape`` excludes the batch) from ``spec['input']``."""
     inp = spec.get("input") or {}
-    source = str(inp.get("source", "synthetic"))
+    source = input_kind(inp)
     full = (1, *shape)
     if source == "synthetic":
-        rng = np.random.default_rng(spec_seed(spec))
+        rng = np.random.default_rng(input_seed(spec))
         return rng.random(full, dtype=np.float32).astype(dtype, copy=False)
     if source == "npy":
         path = Path(str(inp["path"])).expanduser()
@@ -169,7 +181,7 @@ def make_array_input(spec: Mapping[str, Any], shape: tuple[int, ...], dtype: str
         return np.ascontiguousarray(arr.reshape(full).astype(dtype))
     if source == "images":
         return _image_input(inp, shape).astype(dtype)
-    raise ValueError(f"input.source: {source!r} is not one of synthetic, npy, images")
+    raise ValueError(f"input.kind: {source!r} is not one of synthetic, npy, images")
 
 
 def _image_input(inp: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:
@@ -182,7 +194,7 @@ def _image_input(inp: Mapping[str, Any], shape: tuple[int, ...]) -> np.ndarray:
     if not files:
         raise ValueError(f"input.path: no image files in {directory}")
     index = int(inp.get("index", 0)) % len(files)
-    from PIL import Image  # noqa: PLC0415
+    from PIL import Image
 
     with Image.open(files[index]) as img:
         img2 = img.convert("L" if shape[2] == 1 else "RGB").resize((shape[1], shape[0]))

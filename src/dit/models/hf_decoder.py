@@ -35,7 +35,15 @@ from typing import Any
 import numpy as np
 
 from dit.models.catalogue import entry, expected_sha256
-from dit.models.common import ArraySpec, ArrayStageModel, positive_int, spec_params, spec_seed, to_numpy
+from dit.models.common import (
+    ArraySpec,
+    ArrayStageModel,
+    input_kind,
+    input_seed,
+    positive_int,
+    spec_params,
+    to_numpy,
+)
 from dit.models.weights import TensorSpec, WeightsRecord, ensure_weights, weights_dir
 
 
@@ -286,7 +294,10 @@ class HFDecoderModel(ArrayStageModel):
 
     def make_input(self) -> np.ndarray:
         inp = self.spec.get("input") or {}
-        if str(inp.get("source", "synthetic")) == "npy":
+        kind = input_kind(inp)
+        if kind not in ("synthetic", "npy"):
+            raise ValueError(f"input.kind: {kind!r}: a language model takes synthetic or npy token ids")
+        if kind == "npy":
             ids: np.ndarray = (
                 np.load(os.path.expanduser(str(inp["path"])), allow_pickle=False)
                 .astype(np.int64)
@@ -295,7 +306,7 @@ class HFDecoderModel(ArrayStageModel):
             if ids.shape[1] != self.prompt_len or ids.min() < 0 or ids.max() >= self.vocab:
                 raise ValueError(f"input.path: expected {self.prompt_len} token ids in 0..{self.vocab - 1}")
             return ids
-        rng = np.random.default_rng(spec_seed(self.spec))
+        rng = np.random.default_rng(input_seed(self.spec))
         return rng.integers(0, self.vocab, size=(1, self.prompt_len), dtype=np.int64)
 
     def _mask(self, tq: int, offset: int) -> Any:
