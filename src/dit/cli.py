@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -21,8 +22,9 @@ app = typer.Typer(
     no_args_is_help=True,
     help="dit - the Distributed Inference Testbed. One YAML scenario, seven stages, repeatable measurements.",
 )
-out = Console()
-err = Console(stderr=True)
+# Piped output (CI logs, files) gets wide tables instead of labels folded over several lines.
+out = Console(width=None if sys.stdout.isatty() else 200)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 RunsRoot = Annotated[
     Path, typer.Option("--runs-dir", envvar="DIT_RUNS_DIR", help="Where run directories are created.")
