@@ -62,7 +62,7 @@ def one(devices: tuple[str, ...]) -> dict[str, float]:
             times[stage] = time.monotonic() - start
             assert outcome.ok, outcome.failures()
         start = time.monotonic()
-        error = teardown(run, inv, None)
+        error, _ns = teardown(run, inv, None)
         times["teardown"] = time.monotonic() - start
         assert error is None, error
         return times

@@ -144,7 +144,7 @@ def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver die
     pid = int(read_json(run_dir / DRIVER).get("pid", 0))
     if pid and pid != os.getpid() and pid_alive(pid) and run.status().get("state") == "running":
         raise _fail(f"the driver of {run_dir} (pid {pid}) is still running: use 'dit stop {run_dir}'")
-    error = teardown(run, inventory_of(run), None)
+    error, _ns = teardown(run, inventory_of(run), None)
     if error:
         raise _fail(f"cleanup of {run_dir} incomplete: {error}")
     if run.status().get("state") == "running":

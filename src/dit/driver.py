@@ -140,6 +140,8 @@ class Driver:
         self.lateness_ns: dict[str, int] = {}
         self.edge_port: int | None = None
         self.model: ResolvedModel | None = None
+        self.reporter: Reporter | None = None
+        self.inventory: RunInventory | None = None
 
     # -- stop handling -----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -171,9 +173,13 @@ class Driver:
         if self._should_cancel():
             raise Stopped(self._stop_reason or "stop requested")
 
-    # -- the run -----------------------------------------------------------------------------
-    reporter: Reporter | None = None
+    @property
+    def inv(self) -> RunInventory:
+        if self.inventory is None:
+            raise RuntimeError("the run's inventory is not set up yet")
+        return self.inventory
 
+    # -- the run -----------------------------------------------------------------------------
     def execute(self) -> RunResult:
         scn = self.scenario
         self.run = RunDir.create(self.options.runs_root, scn.name, scn.hash)
@@ -191,7 +197,6 @@ class Driver:
             },
         )
         run.set_status(state="running", stage=None, label=scn.label, started_wall_ns=time.time_ns())
-        self.journal = Journal(run.journal)
         self.reporter = Reporter(run.log, self.options.console, f"{scn.label} → {run.path}")
         error: str | None = None
         state = "completed"
@@ -212,7 +217,9 @@ class Driver:
                 state, error = "failed", str(exc)
                 self.reporter.error(error)
             finally:
-                teardown_error = self._teardown()
+                self._in_teardown = True
+                teardown_error, self.stage_ns["teardown"] = teardown(run, self.inventory, self.reporter)
+                self._in_teardown = False
                 if teardown_error:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
@@ -254,7 +261,7 @@ class Driver:
         self.processes = process_settings(scn, contexts)
 
     def _host_contexts(self) -> dict[str, HostContext]:
-        inv = self.inventory
+        inv = self.inv
         contexts: dict[str, HostContext] = {}
         for host in inv.hosts:
             hostvars = inv.hostvars.get(host, {})
@@ -293,12 +300,12 @@ class Driver:
         outcome = run_stage(
             stage,
             self.run.path / "ansible" / stage,
-            self.inventory.source,
-            self.inventory.limit,
+            self.inv.source,
+            self.inv.limit,
             {**self._common_vars(), **extravars},
             self.reporter.event,
             self._should_cancel,
-            forks=max(5, len(self.inventory.hosts)),
+            forks=max(5, len(self.inv.hosts)),
             render_context=render_context,
         )
         self.stage_ns[stage] = time.monotonic_ns() - start
@@ -332,7 +339,7 @@ class Driver:
     def _preflight(self) -> None:
         outcome = self._stage("preflight", {})
         nodes: dict[str, Any] = {}
-        for host in self.inventory.hosts:
+        for host in self.inv.hosts:
             res = outcome.result_of(host, "dit_facts")
             nodes[host] = dict(res.get("dit_facts", {})) if res else {}
         assert self.model is not None
@@ -346,7 +353,7 @@ class Driver:
                 "document": self.scenario.to_dict(),
             },
             "mode": "local" if self.local else "inventory",
-            "inventory": self.inventory.source,
+            "inventory": self.inv.source,
             "model": {"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
             "conditions": self.conditions,
             "processes": {
@@ -408,12 +415,12 @@ class Driver:
                 "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
             },
         )
-        res = outcome.result_of(self.inventory.edge_host, "dit_proc") or {}
+        res = outcome.result_of(self.inv.edge_host, "dit_proc") or {}
         ready = res.get("ready") or {}
         if "port" not in ready:
             raise StageFailed("apply: the edge service did not report its port")
         self.edge_port = int(ready["port"])
-        self.reporter_info(f"edge service listening on {self.inventory.edge_address}:{self.edge_port}")
+        self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
         settle = float(self.scenario.timing.settle_s)
         if settle > 0:
             self.reporter_info(f"settling for {settle} s")
@@ -442,7 +449,7 @@ class Driver:
                     "vectors": [list(v) for v in scn.inference.vectors],
                     "device_index": index,
                     "repetitions": scn.inference.repetitions,
-                    "edge": {"host": self.inventory.edge_address, "port": self.edge_port},
+                    "edge": {"host": self.inv.edge_address, "port": self.edge_port},
                     "equivalence": {
                         "enabled": scn.model.equivalence_enabled,
                         "tolerance": scn.model.equivalence_tolerance,
@@ -474,12 +481,12 @@ class Driver:
         self._stage(
             "collect",
             {
-                "dit_edge_address": self.inventory.edge_address,
+                "dit_edge_address": self.inv.edge_address,
                 "dit_edge_port_actual": self.edge_port,
                 "dit_raw_dir": str(raw),
             },
         )
-        for host in self.inventory.hosts:
+        for host in self.inv.hosts:
             extract_collected(raw, host)
 
     def _aggregate(self) -> None:
@@ -517,17 +524,14 @@ class Driver:
         )
         return result
 
-    def _teardown(self) -> str | None:
-        """Undo everything journaled; returns an error message, or None when all is clean."""
-        self._in_teardown = True
-        try:
-            return teardown(self.run, self.inventory if hasattr(self, "inventory") else None, self.reporter)
-        finally:
-            self._in_teardown = False
 
+def teardown(
+    run: RunDir, inventory: RunInventory | None, reporter: Reporter | None
+) -> tuple[str | None, int]:
+    """Replay ``run``'s pending journal backwards on every node; verify no process survives.
 
-def teardown(run: RunDir, inventory: RunInventory | None, reporter: Reporter | None) -> str | None:
-    """Replay ``run``'s pending journal backwards on every node; verify no process survives."""
+    Returns the error (None when everything was undone and nothing survives) and the wall time.
+    """
     journal = Journal(run.journal)
     pending = journal.pending_by_host()
     errors: list[str] = []
@@ -578,7 +582,7 @@ def teardown(run: RunDir, inventory: RunInventory | None, reporter: Reporter | N
         reporter.stage("teardown", "failed" if errors else "done", ns / 1e6)
         for error in errors:
             reporter.error(f"teardown: {error}")
-    return "; ".join(errors) if errors else None
+    return ("; ".join(errors) if errors else None), ns
 
 
 def inventory_of(run: RunDir) -> RunInventory:
