@@ -429,7 +429,7 @@ class LoadLog:
 
     def __init__(self, path: Path) -> None:
         self._fh: io.TextIOWrapper = open(path, "w", encoding="utf-8", newline="")  # noqa: SIM115
-        self._writer = csv.writer(self._fh)
+        self._writer = csv.writer(self._fh, lineterminator="\n")
         self._writer.writerow(CSV_COLUMNS)
         self._fh.flush()
 

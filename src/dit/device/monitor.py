@@ -363,7 +363,7 @@ def run_monitor(raw: Mapping[str, Any]) -> int:
     interval_ns = round(cfg.interval_s * 1e9)
     end = origin.mono_ns + round(cfg.duration_s * 1e9) if cfg.duration_s is not None else None
     with open(cfg.results_dir / "monitor.csv", "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh)
+        writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(sampler.columns)
         fh.flush()
         if cfg.ready_file is not None:

@@ -325,7 +325,7 @@ def run_power(cfg: Mapping[str, Any], bus_factory: Any = open_smbus) -> int:
     end = origin.mono_ns + round(float(duration) * 1e9) if isinstance(duration, int | float) else None
     try:
         with open(results / "power.csv", "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh)
+            writer = csv.writer(fh, lineterminator="\n")
             writer.writerow(CSV_COLUMNS)
             fh.flush()
             ready = cfg.get("ready_file")

@@ -1,0 +1,58 @@
+"""Compute load per device (``load.<device>``): the ``load`` role starts the load generator.
+
+The generator (:mod:`dit.device.load`) runs as a tagged process (tag ``load``) after the edge service
+started (order 70, after the monitors and the power trace, so both see its onset), in the run's
+cgroup when the memory condition sets one. Targets are drawn on the device from a generator seeded
+with the scenario seed and the device name (``load_seed`` is the scenario seed; see
+:func:`dit.device.load.load_rng`), so they are logged in ``load.csv`` with their monotonic time.
+The edge server never gets a load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dit.conditions import Condition, HostContext
+from dit.scenario import Scenario
+
+CONDITION = Condition(
+    name="load",
+    role="load",
+    order=70,
+    variables=(
+        "load_mode",
+        "load_regime",
+        "load_cpu_pct",
+        "load_mem_pct",
+        "load_processes",
+        "load_interval_s",
+        "load_seed",
+    ),
+)
+
+
+def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
+    conf = scenario.load.get(host)
+    if conf is None or ctx.role != "device":
+        return None
+    mode = str(conf["mode"])
+    if mode == "processes":
+        regime: str | None = None
+    elif mode == "continuous":
+        regime = str(conf.get("regime", "moderate"))
+    else:
+        regime = mode
+
+    def number(key: str) -> float | None:
+        value = conf.get(key)
+        return None if value is None else float(value)
+
+    return {
+        "load_mode": mode,
+        "load_regime": regime,
+        "load_cpu_pct": number("cpu_pct") if mode != "processes" else None,
+        "load_mem_pct": number("mem_pct") if mode != "processes" else None,
+        "load_processes": int(conf["processes"]) if mode == "processes" else None,
+        "load_interval_s": float(conf.get("interval_s", 10)) if mode == "continuous" else None,
+        "load_seed": int(scenario.seed),
+    }
