@@ -36,6 +36,7 @@ from dit.device.monitor import run_monitor
 from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
+from dit.device.seeding import seed_from_env
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_EQUIVALENCE = 0, 1, 2, 3
 SPIN_NS = 2_000_000  # the last ~2 ms before the start instant are a busy wait
@@ -242,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg: Mapping[str, Any] | None = None
     try:
         cfg = read_config(args.config)
+        seed_from_env()  # $DIT_SEED: random now, numpy / tensorflow / torch when first imported
         return COMMANDS[args.command](cfg)
     except ConfigError as exc:
         print(f"dit-device {args.command}: config error: {exc}", file=sys.stderr)
