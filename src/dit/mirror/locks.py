@@ -152,7 +152,9 @@ LOCKS: tuple[LockSpec, ...] = (
         "x86_64",
         ("project", "dev", "build-system"),
         "the project's own development set-up (./dev setup): dit[dev] and the build backend",
-        add=("pip>=24",),
+        # pip itself, and what hatchling asks for to build the editable install with no build isolation
+        # (its get_requires_for_build_editable)
+        add=("pip>=24", "editables~=0.3"),
         constrain=("edge",),
     ),
     LockSpec("docs", "x86_64", ("docs",), "the documentation site"),
