@@ -1,0 +1,115 @@
+"""tc-netem shaping of a device's inference interface (``network.<device>``), role ``netem``.
+
+The builder picks the interface (``network.<device>.interface``, else the inventory's
+``dit_inference_interface``), refuses the management interface (``dit_management_interface``;
+the ``dit_tc`` module also refuses the default-route interface on the node), resolves every
+destination to an address, and passes the tree of :func:`dit.netem.build_tree` to the role. In
+local mode (and with ``dit_tc_dry_run``) every ``tc`` argv is recorded in a JSON-lines log next to
+the node's run root instead of being run: this kernel has no ``sch_netem``.
+
+Order 40: before the edge service starts (its capacity profile does not cross the link, so the
+order does not matter there), before the traffic and load conditions that use the link.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import Any
+
+from dit.conditions import Condition, HostContext
+from dit.netem import NetemError, build_tree, check_interface
+from dit.scenario import Scenario
+
+CONDITION = Condition(
+    name="netem",
+    role="netem",
+    order=40,
+    variables=(
+        "netem_interface",
+        "netem_netns",
+        "netem_tree",
+        "netem_dry_run",
+        "netem_log",
+        "netem_protected_interfaces",
+        "netem_variation",
+    ),
+)
+
+
+def dry_run_log(ctx: HostContext) -> str:
+    """Where local mode records ``tc`` argv: beside the node's run root, so teardown's are kept."""
+    return f"{ctx.node_root}.tc.jsonl"
+
+
+def resolve_address(target: str, ctx: HostContext, where: str) -> str:
+    """A destination key (IP, CIDR or inventory host name) as an address or CIDR.
+
+    ``edge`` (the edge host) is the edge's inference address; another inventory host is looked up
+    in ``ctx.addresses`` when the context provides it (host → inference address), and in local mode
+    every node is the loopback address.
+    """
+    try:
+        return str(ipaddress.ip_network(target, strict=False))
+    except ValueError:
+        pass
+    candidates: dict[str, str] = {}
+    candidates.update(getattr(ctx, "addresses", None) or {})
+    candidates.setdefault(ctx.edge_host, ctx.edge_address)
+    address = candidates.get(target)
+    if address is None and ctx.local:
+        address = "127.0.0.1"
+    if address is None:
+        raise NetemError(
+            f"{where}: cannot resolve host {target!r} to its inference address here; "
+            "give its IP address or CIDR instead"
+        )
+    try:
+        network = ipaddress.ip_network(address, strict=False)
+    except ValueError as exc:
+        raise NetemError(
+            f"{where}: host {target!r} resolves to {address!r}, not an IP address; set its "
+            "dit_inference_address in the inventory"
+        ) from exc
+    return str(network)
+
+
+def interface_of(block: Mapping[str, Any], ctx: HostContext) -> str:
+    return str(block.get("interface") or ctx.hostvars.get("dit_inference_interface") or "")
+
+
+def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
+    block = scenario.network.get(host)
+    if ctx.role != "device" or not block:
+        return None
+    where = f"network.{host}"
+    dev = interface_of(block, ctx)
+    management = str(ctx.hostvars.get("dit_management_interface") or "")
+    check_interface(dev, [management], where)
+    destinations = {
+        key: resolve_address(key, ctx, f"{where}.destinations.{key}")
+        for key in block.get("destinations") or {}
+    }
+    netns = str(ctx.hostvars.get("dit_netns") or "") or None
+    shaping = build_tree(block, dev, device=host, seed=scenario.seed, destinations=destinations, netns=netns)
+    if shaping is None:
+        return None
+    dry_run = bool(ctx.local or ctx.hostvars.get("dit_tc_dry_run", False))
+    log = dry_run_log(ctx) if dry_run else ""
+    variation: dict[str, Any] = {}
+    if shaping.vary_template is not None:
+        variation = {
+            "device": host,
+            "seed": scenario.seed,
+            "variation": dict(shaping.variation),
+            "template": list(shaping.vary_template),
+        }
+    return {
+        "netem_interface": dev,
+        "netem_netns": netns or "",
+        "netem_tree": [o.to_dict() for o in shaping.objects],
+        "netem_dry_run": dry_run,
+        "netem_log": log,
+        "netem_protected_interfaces": [management] if management else [],
+        "netem_variation": variation,
+    }
