@@ -64,3 +64,17 @@ def snapshot_tree(root: Path) -> dict[str, str]:
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
+
+
+def cgroup_memory_root(base: Path = Path("/sys/fs/cgroup")) -> str:
+    """Where memory cgroups are created on this machine: local mode's ``dit_cgroup_root``.
+
+    Memory limits are applied for real in local mode. This is the cgroup v2 root when its
+    ``cgroup.controllers`` lists ``memory``, else the cgroup v1 memory hierarchy.
+    """
+    controllers = base / "cgroup.controllers"
+    if controllers.is_file() and "memory" in controllers.read_text(encoding="utf-8").split():
+        return str(base)
+    if (base / "memory" / "memory.limit_in_bytes").exists():
+        return str(base / "memory")
+    return str(base)
