@@ -29,8 +29,10 @@ from rich.console import Console
 import dit
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
 from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
+from dit.conditions.memory import preflight_problems as memory_preflight_problems
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
+from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
 from dit.procs import run_processes
@@ -265,6 +267,8 @@ class Driver:
         contexts: dict[str, HostContext] = {}
         for host in inv.hosts:
             hostvars = inv.hostvars.get(host, {})
+            if inv.local and "dit_cgroup_root" not in hostvars:  # memory limits apply for real here
+                hostvars = {**hostvars, "dit_cgroup_root": cgroup_memory_root()}
             base = str(hostvars.get("dit_remote_base", "/var/tmp/dit"))
             contexts[host] = HostContext(
                 host=host,
@@ -368,6 +372,9 @@ class Driver:
         }
         write_json(self.run.path / "metadata.json", metadata)
         self._ntp_gate(nodes)
+        memory = memory_preflight_problems(nodes, self.conditions)
+        if memory:
+            raise StageFailed("preflight: memory limit refused: " + "; ".join(memory))
 
     def _ntp_gate(self, nodes: dict[str, Any]) -> None:
         limit = float(self.scenario.timing.max_clock_offset_ms)
