@@ -29,6 +29,7 @@ from rich.console import Console
 import dit
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
 from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
+from dit.follow import LogFollower, targets_for
 from dit.conditions.memory import preflight_problems as memory_preflight_problems
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
@@ -144,6 +145,7 @@ class Driver:
         self.model: ResolvedModel | None = None
         self.reporter: Reporter | None = None
         self.inventory: RunInventory | None = None
+        self.follower: LogFollower | None = None
 
     # -- stop handling -----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -209,6 +211,7 @@ class Driver:
                 self._prepare()
                 self._preflight()
                 self._apply()
+                self._follow()
                 self._profile()
                 self._collect()
                 self._aggregate()
@@ -219,6 +222,7 @@ class Driver:
                 state, error = "failed", str(exc)
                 self.reporter.error(error)
             finally:
+                self._unfollow()
                 self._in_teardown = True
                 teardown_error, self.stage_ns["teardown"] = teardown(run, self.inventory, self.reporter)
                 self._in_teardown = False
@@ -422,7 +426,15 @@ class Driver:
                 "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
             },
         )
-        res = outcome.result_of(self.inv.edge_host, "dit_proc") or {}
+        # The edge service's own task: conditions after it start tagged processes with dit_proc too.
+        res = next(
+            (
+                e.result
+                for e in reversed(outcome.results.get(self.inv.edge_host, []))
+                if e.action == "dit_proc" and e.task.endswith("Start the edge inference service")
+            ),
+            {},
+        )
         ready = res.get("ready") or {}
         if "port" not in ready:
             raise StageFailed("apply: the edge service did not report its port")
@@ -435,6 +447,18 @@ class Driver:
             while time.monotonic() < deadline:
                 self._check_stop()
                 time.sleep(min(0.1, settle))
+
+    def _follow(self) -> None:
+        """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.follow`)."""
+        if self.reporter is None:
+            return
+        self.follower = LogFollower(targets_for(self._host_contexts()), self.run.run_id, self.reporter.line)
+        self.follower.start()
+
+    def _unfollow(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
 
     def reporter_info(self, text: str) -> None:
         if self.reporter is not None:
