@@ -21,6 +21,11 @@ options:
     type: bool
     default: false
   sysfs_root: {description: Root under which C(/sys) is read (a fake tree in local mode)., type: path, default: /}
+  runtime_python:
+    description:
+      - The interpreter of the node's runtime venv (C(dit_python)); the name and version of every package
+        installed there is recorded (C(importlib.metadata), run isolated with C(-I)). Omitted: not recorded.
+    type: path
 author: dit developers
 """
 
@@ -35,11 +40,15 @@ RETURN = r"""
 dit_facts:
   description: >-
     kernel, machine, cpu_model, cpu_count, mem_total_bytes, python, board_model, ntp {source, offset_ms},
-    memory_controller (C(v2), C(v1) or C(disabled)) and memory_cgroup_root (where memory cgroups are created).
+    memory_controller (C(v2), C(v1) or C(disabled)) and memory_cgroup_root (where memory cgroups are created);
+    hardware facts board_revision and board_serial (C(/proc/cpuinfo)), cpu_max_khz, kernel_build, sd_card
+    (C(/sys/block/mmcblk0/device) name, serial, oemid, manfid, date, size_bytes, where readable), and
+    runtime {python, prefix, packages {name: version}} of C(runtime_python).
   returned: always
   type: dict
 """
 
+import json
 import os
 import platform
 import shutil
@@ -104,6 +113,62 @@ def _ntp(local_mode, shared_clock=False):
     return {"source": "chrony", "reference": fields[1], "stratum": fields[2], "offset_ms": offset_s * 1000.0}
 
 
+def _cpuinfo_field(name):
+    for line in _read("/proc/cpuinfo").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == name:
+            return value.strip()
+    return None
+
+
+def _sys_dir(sysfs_root):
+    return "/sys" if sysfs_root in ("", "/") else sysfs_root
+
+
+def _int_or_none(text):
+    return int(text) if text and text.strip().isdigit() else None
+
+
+def _sd_card(sys_dir):
+    """The SD card's CID fields (Raspberry Pi: mmcblk0), or None where there is none."""
+    device = os.path.join(sys_dir, "block/mmcblk0/device")
+    if not os.path.isdir(device):
+        return None
+    card = {
+        key: _read(os.path.join(device, key)) or None for key in ("name", "serial", "oemid", "manfid", "date")
+    }
+    sectors = _int_or_none(_read(os.path.join(sys_dir, "block/mmcblk0/size")))
+    card["size_bytes"] = sectors * 512 if sectors is not None else None
+    return card
+
+
+RUNTIME_SCRIPT = (
+    "import importlib.metadata as m, json, sys\n"
+    "pkgs = {}\n"
+    "for d in m.distributions():\n"
+    "    pkgs.setdefault(d.metadata['Name'], d.version)\n"
+    "print(json.dumps({'python': sys.version.split()[0], 'prefix': sys.prefix, 'packages': dict(sorted(pkgs.items()))}))\n"
+)
+
+
+def _runtime(python):
+    """Every package of the runtime venv, read by its own interpreter (isolated: no PYTHONPATH, no user site)."""
+    try:
+        proc = subprocess.run(
+            [python, "-I", "-c", RUNTIME_SCRIPT], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"python_executable": python, "error": str(exc)}
+    if proc.returncode != 0:
+        return {"python_executable": python, "error": proc.stderr.strip()[-500:]}
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        return {"python_executable": python, "error": f"unparsable output: {proc.stdout[:200]!r}"}
+    out["python_executable"] = python
+    return out
+
+
 def _memory_controller(base="/sys/fs/cgroup"):
     """The memory cgroup controller: v2 (in the unified root), v1 (its own hierarchy) or disabled."""
     controllers = _read(os.path.join(base, "cgroup.controllers"), None)
@@ -121,6 +186,7 @@ def main():
             "local_mode": {"type": "bool", "default": False},
             "shared_clock": {"type": "bool", "default": False},
             "sysfs_root": {"type": "path", "default": "/"},
+            "runtime_python": {"type": "path", "default": None},
         },
         supports_check_mode=True,
     )
@@ -141,6 +207,20 @@ def main():
         "ntp": _ntp(module.params["local_mode"], module.params["shared_clock"]),
     }
     facts.update(_memory_controller())
+    sys_dir = _sys_dir(module.params["sysfs_root"])
+    facts.update(
+        {
+            "board_revision": _cpuinfo_field("Revision"),
+            "board_serial": _cpuinfo_field("Serial"),
+            "cpu_max_khz": _int_or_none(
+                _read(os.path.join(sys_dir, "devices/system/cpu/cpufreq/policy0/cpuinfo_max_freq"))
+            ),
+            "kernel_build": uname.version,
+            "sd_card": _sd_card(sys_dir),
+        }
+    )
+    if module.params["runtime_python"]:
+        facts["runtime"] = _runtime(module.params["runtime_python"])
     module.exit_json(changed=False, dit_facts=facts)
 
 
