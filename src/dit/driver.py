@@ -29,8 +29,8 @@ from rich.console import Console
 import dit
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
 from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
-from dit.follow import LogFollower, targets_for
 from dit.conditions.memory import preflight_problems as memory_preflight_problems
+from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
 from dit.localmode import cgroup_memory_root
