@@ -19,8 +19,9 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from dit.device.adapter import StageModel
 from dit.device.client import (
     EdgeConnection,
     EquivalenceError,
@@ -68,6 +69,41 @@ def _int(cfg: Mapping[str, Any], key: str, where: str, default: int | None = Non
         path = f"{where}.{key}" if where else key
         raise ConfigError(f"{path}: {value} is less than {minimum}")
     return value
+
+
+def say(text: str) -> None:
+    """A progress line on stdout (``logs/<tag>.out``, which the run's terminal follows live)."""
+    print(text, flush=True)
+
+
+class _Announced:
+    """The model, saying which profiling pass starts (each pass begins with ``make_input``)."""
+
+    def __init__(self, model: StageModel, warmup: int, repetitions: int) -> None:
+        self._model = model
+        self._warmup = warmup
+        self._repetitions = repetitions
+        self._passes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def make_input(self) -> Any:
+        self._passes += 1
+        if self._passes <= self._warmup:
+            say(f"profiling warm-up {self._passes}/{self._warmup}")
+        else:
+            say(f"profiling repetition {self._passes - self._warmup}/{self._repetitions}")
+        return self._model.make_input()
+
+
+def _on_record(
+    rec: InferenceRecord, records: list[InferenceRecord], vectors: Sequence[Sequence[int]], reps: int
+) -> None:
+    records.append(rec)
+    if rec.repetition == reps - 1:
+        vector = list(vectors[rec.round]) if rec.round < len(vectors) else []
+        say(f"round {rec.round + 1}/{len(vectors)} vector {vector} done ({reps} inferences)")
 
 
 def run_profile(cfg: Mapping[str, Any]) -> int:
@@ -144,7 +180,10 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     }
     write_json(results / "origin.json", origin_doc)
 
-    prof = profile_model(model, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin.mono_ns)
+    say(f"profiling {model.name}: {n} stages, {repetitions} repetitions after {warmup} warm-up")
+    announced = cast(StageModel, _Announced(model, warmup, repetitions))
+    prof = profile_model(announced, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin.mono_ns)
+    say(f"profiling done: {len(prof.records)} stage records")
     write_layers_csv(results / "layers.csv", prof)
     prof_summary = prof.summary()
     write_json(results / "profile_summary.json", prof_summary)
@@ -163,7 +202,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
                 origin_mono_ns=origin.mono_ns,
                 reference=reference,
                 tolerance=tolerance,
-                on_record=records.append,
+                on_record=lambda rec: _on_record(rec, records, vectors, inf_reps),
             )
         finally:
             write_inference_csv(results / "inference.csv", records)
