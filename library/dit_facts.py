@@ -43,7 +43,8 @@ dit_facts:
     memory_controller (C(v2), C(v1) or C(disabled)) and memory_cgroup_root (where memory cgroups are created);
     hardware facts board_revision and board_serial (C(/proc/cpuinfo)), cpu_max_khz, kernel_build, sd_card
     (C(/sys/block/mmcblk0/device) name, serial, oemid, manfid, date, size_bytes, where readable), and
-    runtime {python, prefix, packages {name: version}} of C(runtime_python).
+    runtime {python, prefix, packages {name: version}} of C(runtime_python);
+    netem {available (true, false or null when nothing tells), source or reason} for the netem preflight gate.
   returned: always
   type: dict
 """
@@ -180,6 +181,53 @@ def _memory_controller(base="/sys/fs/cgroup"):
     return {"memory_controller": "disabled", "memory_cgroup_root": None}
 
 
+def _kernel_config(release):
+    """The kernel's build configuration (C(/proc/config.gz), else C(/boot/config-<release>)), or None."""
+    try:
+        import gzip
+
+        with gzip.open("/proc/config.gz", "rt", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        pass
+    text = _read(f"/boot/config-{release}", None)
+    return text
+
+
+def _netem(release, modules="/lib/modules", sys_module="/sys/module"):
+    """Whether this kernel can run the netem qdisc, read without loading anything.
+
+    C(available) is true (loaded, built in, or a module file exists), false (the kernel config
+    leaves it out, or it is a module whose file is not installed), or None when nothing tells.
+    """
+    if os.path.isdir(os.path.join(sys_module, "sch_netem")):
+        return {"available": True, "source": "loaded"}
+    base = os.path.join(modules, release)
+    if "/sch_netem.ko" in _read(os.path.join(base, "modules.builtin"), ""):
+        return {"available": True, "source": "built-in"}
+    if "/sch_netem.ko" in _read(os.path.join(base, "modules.dep"), ""):
+        return {"available": True, "source": "module"}
+    config = _kernel_config(release)
+    setting = None
+    for line in (config or "").splitlines():
+        if line.startswith("CONFIG_NET_SCH_NETEM="):
+            setting = line.split("=", 1)[1].strip()
+        elif line.startswith("# CONFIG_NET_SCH_NETEM is not set"):
+            setting = "n"
+    if setting == "y":
+        return {"available": True, "source": "built-in (kernel config)"}
+    if setting == "n":
+        return {"available": False, "reason": "CONFIG_NET_SCH_NETEM is not set in the kernel config"}
+    if setting == "m":
+        return {
+            "available": False,
+            "reason": f"sch_netem is a module but {base} does not list it (install the kernel's extra modules)",
+        }
+    if os.path.isdir(base):
+        return {"available": False, "reason": f"no sch_netem in {base} and no kernel config to tell"}
+    return {"available": None, "reason": "no module tree and no kernel config to tell"}
+
+
 def main():
     module = AnsibleModule(
         argument_spec={
@@ -207,6 +255,7 @@ def main():
         "ntp": _ntp(module.params["local_mode"], module.params["shared_clock"]),
     }
     facts.update(_memory_controller())
+    facts["netem"] = _netem(uname.release)
     sys_dir = _sys_dir(module.params["sysfs_root"])
     facts.update(
         {
