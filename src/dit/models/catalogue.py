@@ -108,7 +108,7 @@ def stage_count(name: str, params: Mapping[str, Any]) -> int | None:
         stages = params.get("stages")
         if isinstance(stages, list):
             return len(stages)
-        from dit.device.fakemodel import PROFILES  # noqa: PLC0415
+        from dit.device.fakemodel import PROFILES
 
         profile = str(params.get("profile", "alexnet"))
         return len(PROFILES[profile]) if profile in PROFILES else None
