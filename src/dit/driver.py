@@ -35,6 +35,7 @@ from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
 from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
+from dit.netem import netem_gate
 from dit.paths import content_root
 from dit.procs import run_processes
 from dit.reporter import Reporter
@@ -379,6 +380,9 @@ class Driver:
         memory = memory_preflight_problems(nodes, self.conditions)
         if memory:
             raise StageFailed("preflight: memory limit refused: " + "; ".join(memory))
+        netem = [] if self.local else netem_gate(self.scenario.network, nodes, self.inv.hostvars)
+        if netem:
+            raise StageFailed("preflight: network shaping refused: " + "; ".join(netem))
 
     def _ntp_gate(self, nodes: dict[str, Any]) -> None:
         limit = float(self.scenario.timing.max_clock_offset_ms)

@@ -435,11 +435,18 @@ def check_interface(dev: str, protected: Sequence[str], where: str) -> None:
         )
 
 
-def netem_gate(network: Mapping[str, Any], facts: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Preflight: the devices whose block needs ``sch_netem`` on a kernel that lacks it."""
+def netem_gate(
+    network: Mapping[str, Any],
+    facts: Mapping[str, Mapping[str, Any]],
+    hostvars: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[str]:
+    """Preflight: the devices whose block needs ``sch_netem`` on a kernel that lacks it.
+
+    A device whose inventory sets ``dit_tc_dry_run`` only records its tc commands and passes.
+    """
     problems: list[str] = []
     for device, block in network.items():
-        if not needs_netem(block):
+        if not needs_netem(block) or (hostvars or {}).get(device, {}).get("dit_tc_dry_run"):
             continue
         netem = (facts.get(device) or {}).get("netem")
         if not isinstance(netem, Mapping) or netem.get("available") is not False:
