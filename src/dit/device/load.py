@@ -31,7 +31,9 @@ process is in a memory cgroup with a limit (``/proc/self/cgroup`` → cgroup v2 
 **MemTotal** of ``/proc/meminfo`` (the board's memory, not what happens to be free). The generator
 allocates that many bytes in 8 MiB chunks and writes one byte in every page, so the pages are resident.
 For the host's safety an allocation is clamped to MemAvailable - 64 MiB at the time (logged as
-``clamped``).
+``clamped``). Allocating (or releasing) happens between two duty-cycle periods and keeps the core busy
+while it lasts (hundreds of MB take a fraction of a second on a Pi): the row of a target change is
+written once its memory is in place.
 
 Every target change is one row of ``load.csv`` (``results_dir``) with its ``time.monotonic_ns()``;
 ``load.json`` holds the origin pair and how targets were chosen. SIGTERM stops the generator at the next

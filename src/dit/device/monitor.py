@@ -228,6 +228,7 @@ class Sampler:
                 text = _read_text(self.firmware)
                 return parse_throttled(text) if text else None
             if self.throttle_source == "vcgencmd":
+                # The command inherits the blocked SIGTERM/SIGINT (StopSignal); it exits in milliseconds.
                 proc = subprocess.run(
                     self.vcgencmd_argv, capture_output=True, text=True, check=False, timeout=5
                 )
