@@ -1,4 +1,4 @@
-"""The ``dit`` command: validate, run, stop, cleanup, ls, show, optimise."""
+"""The ``dit`` command: validate, run, stop, cleanup, ls, show, optimise, web."""
 
 from __future__ import annotations
 
@@ -245,6 +245,48 @@ def optimise(
         out.print_json(result.to_json())
     else:
         out.print(result.render_table())
+
+
+@app.command()
+def web(
+    host: Annotated[
+        str, typer.Option(help="Address to bind; anything but loopback requires a token.")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
+    inventory: Annotated[
+        Path,
+        typer.Option("-i", "--inventory", help="The NNPM-managed YAML inventory (created on first save)."),
+    ] = Path("inventories/nnpm.yml"),
+    runs_dir: RunsRoot = Path("runs"),
+    scenarios_dir: Annotated[Path, typer.Option(help="Scenario YAML files offered in the dialogs.")] = Path(
+        "scenarios"
+    ),
+    tiles: Annotated[
+        str,
+        typer.Option(
+            help="Map tile URL template ({z}/{x}/{y}); without tiles the map is a plain background."
+        ),
+    ] = "https://tile.openstreetmap.org/{z}/{x}/{y}.png",
+    probe: Annotated[str, typer.Option(help="Node probe: auto, ping, tcp (SSH port) or off.")] = "auto",
+) -> None:
+    """NNPM, the web manager: nodes on a map, scenario dialogs, runs, live terminal (FastAPI + uvicorn)."""
+    try:
+        from dit.web.app import WebConfig, serve
+    except ImportError as exc:
+        raise _fail(f"dit web needs the web extra: pip install 'dit[web]' ({exc})") from None
+    if probe not in ("auto", "ping", "tcp", "off"):
+        raise _fail(f"--probe: {probe!r} is not one of auto, ping, tcp, off", 2)
+    serve(
+        WebConfig(
+            host=host,
+            port=port,
+            inventory=inventory,
+            runs_dir=runs_dir,
+            scenarios_dir=scenarios_dir,
+            tiles=tiles,
+            probe=probe,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,91 @@
+"""Server-rendered PNG plots of a run (matplotlib, Agg): per-layer latency and the monitor traces."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+
+import pandas as pd
+
+_LOCK = threading.Lock()  # pyplot is not thread-safe; the figures are small
+
+
+def _png(fig: object) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def layers_png(csv_path: Path) -> bytes:
+    """Mean latency per stage (ms), one group of bars per device, from ``aggregate/layers.csv``."""
+    frame = pd.read_csv(csv_path)
+    with _LOCK:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+        hosts = sorted(frame["host"].unique())
+        stages = sorted(frame["stage"].unique())
+        width = 0.8 / max(1, len(hosts))
+        for i, host in enumerate(hosts):
+            sub = frame[frame["host"] == host].set_index("stage")
+            xs = [s + (i - (len(hosts) - 1) / 2) * width for s in stages]
+            ax1.bar(xs, [sub["latency_ns"].get(s, 0) / 1e6 for s in stages], width=width, label=host)
+            ax2.plot(stages, [sub["cum_latency_ns"].get(s, 0) / 1e6 for s in stages], marker="o", label=host)
+        ax1.set_title("latency per stage")
+        ax1.set_xlabel("stage")
+        ax1.set_ylabel("ms")
+        ax2.set_title("cumulative latency (partition point)")
+        ax2.set_xlabel("partition point")
+        ax2.set_ylabel("ms")
+        for ax in (ax1, ax2):
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        return _png(fig)
+
+
+def monitor_metrics(frame: pd.DataFrame) -> list[str]:
+    """The metrics worth a panel: CPU, memory, temperature, frequency and power, as present."""
+    present = set(frame["metric"].unique())
+    wanted: list[str] = []
+    for metric in ("cpu_pct", "mem_used_pct", "mem_pct", "power_w", "load_cpu_target_pct"):
+        if metric in present:
+            wanted.append(metric)
+    temps = sorted(m for m in present if m.endswith("_temp_c"))
+    freqs = sorted(m for m in present if m.endswith("_freq_khz"))
+    wanted += temps[:1] + freqs[:1]
+    return wanted[:4] or sorted(present)[:4]
+
+
+def monitors_png(csv_path: Path) -> bytes:
+    """The monitor traces of ``aggregate/monitors.csv`` (tidy: node, t_ns, metric, value)."""
+    frame = pd.read_csv(csv_path)
+    with _LOCK:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        metrics = monitor_metrics(frame) if not frame.empty else []
+        fig, axes = plt.subplots(
+            max(1, len(metrics)), 1, figsize=(10, 2.2 * max(1, len(metrics))), squeeze=False
+        )
+        if not metrics:
+            axes[0][0].text(0.5, 0.5, "no monitor samples", ha="center", va="center")
+        for ax, metric in zip((row[0] for row in axes), metrics, strict=False):
+            sub = frame[frame["metric"] == metric]
+            for node, rows in sub.groupby("node"):
+                ax.plot(rows["t_ns"] / 1e9, rows["value"], label=str(node), linewidth=1)
+            ax.set_ylabel(metric, fontsize=8)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="upper right")
+        axes[-1][0].set_xlabel("seconds since the common start instant")
+        fig.tight_layout()
+        return _png(fig)

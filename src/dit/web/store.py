@@ -1,0 +1,265 @@
+"""Immutable scenario versions in SQLite, keyed by content hash; history per name; diffs.
+
+A version's hash is the SHA-256 of the canonical JSON of the *resolved* document (every default
+applied, see :mod:`dit.scenario`) with its ``sweep`` kept: for a scenario without a sweep it is exactly
+:attr:`dit.scenario.Scenario.hash`, the hash in the name of its run directories, so spelling out a
+default or reordering keys saves no new version. The hashes of the variants a version expands to are
+stored too, so any run (from NNPM or the CLI) is traced back to the version it executed.
+
+Nothing here validates: callers save only documents :func:`dit.scenario.validate` accepted.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dit.scenario import Scenario, canonical_json, content_hash, dump_yaml, resolve
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS versions (
+    hash TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    created_ns INTEGER NOT NULL,
+    document TEXT NOT NULL,   -- the document as written (JSON)
+    resolved TEXT NOT NULL,   -- canonical JSON of what is hashed
+    kind TEXT NOT NULL DEFAULT 'scenario',  -- scenario | benchmark (derived: profiling only)
+    derived_from TEXT
+);
+CREATE INDEX IF NOT EXISTS versions_name ON versions(name, created_ns);
+CREATE TABLE IF NOT EXISTS variants (
+    variant_hash TEXT NOT NULL,
+    version_hash TEXT NOT NULL REFERENCES versions(hash),
+    label TEXT NOT NULL,
+    PRIMARY KEY (variant_hash, version_hash)
+);
+CREATE TABLE IF NOT EXISTS launches (
+    id TEXT PRIMARY KEY,
+    version_hash TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    pid INTEGER,
+    created_ns INTEGER NOT NULL,
+    argv TEXT NOT NULL,
+    log TEXT NOT NULL
+);
+"""
+
+
+def version_document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """What a version's hash covers: the resolved document, plus its sweep when it has one."""
+    out = resolve(doc)
+    if "sweep" in doc:
+        out["sweep"] = json.loads(json.dumps(doc["sweep"]))
+    return out
+
+
+def version_hash(doc: Mapping[str, Any]) -> str:
+    return content_hash(version_document(doc))
+
+
+@dataclass(frozen=True)
+class Version:
+    hash: str
+    name: str
+    created_ns: int
+    document: dict[str, Any]
+    resolved: dict[str, Any]
+    kind: str
+    derived_from: str | None
+
+    def yaml(self) -> str:
+        return dump_yaml(self.document, header=f"# {self.name} · NNPM version sha256 {self.hash}\n")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "hash": self.hash,
+            "name": self.name,
+            "created_ns": self.created_ns,
+            "kind": self.kind,
+            "derived_from": self.derived_from,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.summary(), "document": self.document, "yaml": self.yaml()}
+
+
+class Store:
+    """The NNPM database (one SQLite file; safe to share between threads of one process)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def save(
+        self,
+        doc: Mapping[str, Any],
+        variants: list[Scenario],
+        kind: str = "scenario",
+        derived_from: str | None = None,
+    ) -> tuple[Version, bool]:
+        """Store a (valid) document; ``(version, created)`` — an identical version is returned as is."""
+        resolved = version_document(doc)
+        digest = content_hash(resolved)
+        existing = self.get(digest)
+        if existing is not None:
+            return existing, False
+        now = time.time_ns()
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO versions (hash, name, created_ns, document, resolved, kind, derived_from)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    digest,
+                    str(doc["name"]),
+                    now,
+                    json.dumps(doc),
+                    canonical_json(resolved),
+                    kind,
+                    derived_from,
+                ),
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO variants (variant_hash, version_hash, label) VALUES (?, ?, ?)",
+                [(v.hash, digest, v.label) for v in variants],
+            )
+        version = self.get(digest)
+        assert version is not None
+        return version, True
+
+    @staticmethod
+    def _version(row: sqlite3.Row) -> Version:
+        return Version(
+            hash=row["hash"],
+            name=row["name"],
+            created_ns=row["created_ns"],
+            document=json.loads(row["document"]),
+            resolved=json.loads(row["resolved"]),
+            kind=row["kind"],
+            derived_from=row["derived_from"],
+        )
+
+    def get(self, digest: str) -> Version | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM versions WHERE hash = ?", (digest,)).fetchone()
+        return None if row is None else self._version(row)
+
+    def find(self, prefix: str) -> Version | None:
+        """The version whose hash is ``prefix`` or starts with it (when only one does)."""
+        if not prefix or not all(c in "0123456789abcdef" for c in prefix):
+            return None
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM versions WHERE hash >= ? AND hash < ? LIMIT 2", (prefix, prefix + "g")
+            ).fetchall()
+        return self._version(rows[0]) if len(rows) == 1 else None
+
+    def history(self, name: str) -> list[Version]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM versions WHERE name = ? ORDER BY created_ns DESC, hash", (name,)
+            ).fetchall()
+        return [self._version(r) for r in rows]
+
+    def names(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, COUNT(*) AS versions, MAX(created_ns) AS latest_ns FROM versions"
+                " GROUP BY name ORDER BY name"
+            ).fetchall()
+        out = []
+        for row in rows:
+            latest = self.history(row["name"])[0]
+            out.append({"name": row["name"], "versions": row["versions"], "latest": latest.summary()})
+        return out
+
+    def version_of_variant(self, variant_hash: str) -> str | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT v.hash FROM variants x JOIN versions v ON v.hash = x.version_hash"
+                " WHERE x.variant_hash = ? ORDER BY v.created_ns LIMIT 1",
+                (variant_hash,),
+            ).fetchone()
+        return None if row is None else str(row["hash"])
+
+    def add_launch(
+        self, launch_id: str, version: str, kind: str, mode: str, pid: int, argv: list[str], log: str
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO launches (id, version_hash, kind, mode, pid, created_ns, argv, log)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (launch_id, version, kind, mode, pid, time.time_ns(), json.dumps(argv), log),
+            )
+
+    def launches(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM launches ORDER BY created_ns DESC").fetchall()
+        return [{**dict(r), "argv": json.loads(r["argv"])} for r in rows]
+
+
+def diff(a: Version, b: Version) -> dict[str, Any]:
+    """What changed from ``a`` to ``b``: changed paths (resolved values) and a unified YAML diff."""
+    changes: list[dict[str, Any]] = []
+
+    def walk(x: Any, y: Any, path: str) -> None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for key in sorted(set(x) | set(y)):
+                sub = f"{path}.{key}" if path else str(key)
+                walk(x.get(key, _MISSING), y.get(key, _MISSING), sub)
+            return
+        if x != y:
+            changes.append(
+                {
+                    "path": path,
+                    "a": None if x is _MISSING else x,
+                    "b": None if y is _MISSING else y,
+                    "added": x is _MISSING,
+                    "removed": y is _MISSING,
+                }
+            )
+
+    walk(a.resolved, b.resolved, "")
+    text_a = dump_yaml(a.resolved).splitlines(keepends=True)
+    text_b = dump_yaml(b.resolved).splitlines(keepends=True)
+    unified = "".join(
+        difflib.unified_diff(
+            text_a, text_b, fromfile=f"{a.name}@{a.hash[:12]}", tofile=f"{b.name}@{b.hash[:12]}"
+        )
+    )
+    return {"a": a.summary(), "b": b.summary(), "changes": changes, "unified": unified}
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()

@@ -1,0 +1,98 @@
+"""A topology drawn on a map as a network: great-circle distance → synthetic link latency → netem.
+
+The latency of a link between two nodes is ``5 ms + 1 ms per km`` of great-circle distance
+(haversine on a sphere of radius :data:`EARTH_RADIUS_KM`). A scenario carries it as per-destination
+netem profiles: ``network.<device>.destinations.<peer>.delay_ms``, the delay added to the device's
+traffic towards that peer (the edge server by its inventory name, or another device). Only devices
+shape their egress (the schema has no network block for the edge server), so a device↔edge link
+adds its latency once per round trip and a device↔device link, shaped at both ends, twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+EARTH_RADIUS_KM = 6371.0088  # mean Earth radius (IUGG)
+BASE_MS = 5.0
+MS_PER_KM = 1.0
+
+
+@dataclass(frozen=True)
+class Point:
+    """A node on the map: its inventory name, role (``edge`` | ``device``) and coordinates."""
+
+    name: str
+    role: str
+    lat: float
+    lon: float
+
+
+def haversine_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
+    """Great-circle distance in kilometres between two (latitude, longitude) points in degrees."""
+    p1, p2 = math.radians(lat1), math.radians(lat2)
+    dp, dl = p2 - p1, math.radians(lon2 - lon1)
+    a = math.sin(dp / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dl / 2) ** 2
+    return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(a)))
+
+
+def link_latency_ms(distance_km: float) -> float:
+    """The synthetic one-way latency of a link: 5 ms + 1 ms per km, rounded to microseconds."""
+    return round(BASE_MS + MS_PER_KM * distance_km, 3)
+
+
+def links(points: Iterable[Point]) -> list[dict[str, Any]]:
+    """Every pair of nodes once, with its distance (km) and latency (ms), in name order."""
+    ordered = sorted(points, key=lambda p: p.name)
+    out: list[dict[str, Any]] = []
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            km = haversine_km(a.lat, a.lon, b.lat, b.lon)
+            out.append({"a": a.name, "b": b.name, "km": round(km, 3), "delay_ms": link_latency_ms(km)})
+    return out
+
+
+def topology_delays(nodes: Iterable[Point]) -> dict[str, dict[str, float]]:
+    """``{device: {peer: delay_ms}}``: every device's latency to every other node (edge and devices)."""
+    points = list(nodes)
+    out: dict[str, dict[str, float]] = {}
+    for dev in sorted((p for p in points if p.role == "device"), key=lambda p: p.name):
+        out[dev.name] = {
+            peer.name: link_latency_ms(haversine_km(dev.lat, dev.lon, peer.lat, peer.lon))
+            for peer in sorted(points, key=lambda p: p.name)
+            if peer.name != dev.name
+        }
+    return out
+
+
+def network_block(
+    delays: Mapping[str, Mapping[str, float]],
+    devices: Sequence[str],
+    edge: str | None,
+    device_links: bool = False,
+    base: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The scenario's ``network`` block with the topology's per-destination delays merged in.
+
+    For each of ``devices`` (those the topology knows): its link to ``edge`` and, with
+    ``device_links``, to the scenario's other devices. ``base`` (the scenario's existing ``network``
+    block) is kept: other fields stay, and so do destinations the topology does not name.
+    """
+    out: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items() if isinstance(v, Mapping)}
+    for dev in devices:
+        peers = delays.get(dev)
+        if not peers:
+            continue
+        wanted = [p for p in peers if p == edge or (device_links and p in devices)]
+        if not wanted:
+            continue
+        block = out.setdefault(dev, {})
+        dests = dict(block.get("destinations") or {})
+        for peer in wanted:
+            profile = dict(dests.get(peer) or {})
+            profile["delay_ms"] = peers[peer]
+            dests[peer] = profile
+        block["destinations"] = dests
+    return out
