@@ -27,6 +27,7 @@ options:
   config: {description: JSON configuration written to O(config_path) before the process starts., type: dict}
   config_path: {description: Where O(config) is written (atomically)., type: path}
   cgroup: {description: A cgroup directory (v1 or v2) the process joins before it executes., type: path}
+  cpus: {description: CPU numbers the process and its children are confined to., type: list, elements: int}
 author: dit developers
 """
 
@@ -93,6 +94,7 @@ def main():
             "config": {"type": "dict"},
             "config_path": {"type": "path"},
             "cgroup": {"type": "path"},
+            "cpus": {"type": "list", "elements": "int"},
             "_dit_plan": {"type": "bool", "default": False},
         },
         required_together=[("config", "config_path")],
@@ -128,7 +130,7 @@ def main():
     env = tagged_env(
         os.environ, p["run_id"], p["host"], p["tag"], {str(k): str(v) for k, v in p["env"].items()}
     )
-    proc = spawn(p["argv"], env, p["cwd"], out, err, p["cgroup"])
+    proc = spawn(p["argv"], env, p["cwd"], out, err, p["cgroup"], p["cpus"])
     if p["ready_file"]:
         deadline = time.monotonic() + p["ready_timeout"]
         while ready is None:

@@ -25,6 +25,7 @@ options:
   env: {description: Extra environment (thread counts, seeds)., type: dict, default: {}}
   timeout_s: {description: Give up (and kill the agent) after this many seconds., type: float, default: 3600}
   cgroup: {description: A cgroup directory (v1 or v2) the process joins before it executes., type: path}
+  cpus: {description: CPU numbers the process and its children are confined to., type: list, elements: int}
 author: dit developers
 """
 
@@ -79,6 +80,7 @@ def main():
             "env": {"type": "dict", "default": {}},
             "timeout_s": {"type": "float", "default": 3600.0},
             "cgroup": {"type": "path"},
+            "cpus": {"type": "list", "elements": "int"},
             "_dit_plan": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
@@ -104,7 +106,7 @@ def main():
     argv = [p["python"], os.path.join(root, "dit-device.pyz"), "profile", "--config", config_path]
     env = tagged_env(os.environ, p["run_id"], p["host"], TAG, {str(k): str(v) for k, v in p["env"].items()})
     err_path = os.path.join(root, "logs", TAG + ".err")
-    proc = spawn(argv, env, root, os.path.join(root, "logs", TAG + ".out"), err_path, p["cgroup"])
+    proc = spawn(argv, env, root, os.path.join(root, "logs", TAG + ".out"), err_path, p["cgroup"], p["cpus"])
     deadline = time.monotonic() + p["timeout_s"]
     while proc.poll() is None:
         if time.monotonic() > deadline:

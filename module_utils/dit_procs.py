@@ -94,22 +94,26 @@ def reap(run_id, host=None, tag=None, grace_s=5.0):
     return procs, find_tagged(run_id, host, tag)
 
 
-def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None):
+def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
     """Start ``argv`` as the leader of a new session with ``env``; returns the Popen object.
 
     With ``cgroup`` (a cgroup directory, v1 or v2) the child joins it before it executes, so the
     process and everything it starts are under the cgroup's limits from their first instruction.
+    With ``cpus`` (a list of CPU numbers) the child and its descendants run only on those CPUs.
     """
     import subprocess
 
     procs_file = os.path.join(cgroup, "cgroup.procs") if cgroup else None
     if procs_file and not os.path.exists(procs_file):
         raise OSError(f"cgroup {cgroup} has no cgroup.procs")
+    affinity = {int(c) for c in cpus} if cpus else None
 
-    def join_cgroup():
+    def before_exec():
         if procs_file:
             with open(procs_file, "w", encoding="ascii") as handle:
                 handle.write(str(os.getpid()))
+        if affinity:
+            os.sched_setaffinity(0, affinity)
 
     with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
         return subprocess.Popen(  # argv list, never a shell string
@@ -121,7 +125,7 @@ def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None):
             stderr=err,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=join_cgroup if procs_file else None,  # noqa: PLW1509 - only writes one file
+            preexec_fn=before_exec if (procs_file or affinity) else None,  # noqa: PLW1509 - no locks taken
         )
 
 

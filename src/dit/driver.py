@@ -296,6 +296,9 @@ class Driver:
             "dit_process_cgroup": {
                 host: settings.cgroup for host, settings in self.processes.items() if settings.cgroup
             },
+            "dit_process_cpus": {
+                host: list(settings.cpus) for host, settings in self.processes.items() if settings.cpus
+            },
         }
 
     def _stage(
@@ -366,7 +369,7 @@ class Driver:
             "model": {"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
             "conditions": self.conditions,
             "processes": {
-                host: {"env": settings.env, "cgroup": settings.cgroup}
+                host: {"env": settings.env, "cgroup": settings.cgroup, "cpus": settings.cpus}
                 for host, settings in self.processes.items()
             },
             "dit": {"version": dit.__version__, "git": _git_commit()},

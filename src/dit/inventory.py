@@ -7,6 +7,7 @@ Either way the stages address two groups: ``edge`` (exactly one host, the edge s
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,18 @@ class RunInventory:
         return ":".join(self.hosts)
 
 
+def local_cpu_split() -> tuple[list[int], list[int]]:
+    """Local mode: CPU 0 for the edge server, the others for the devices (none with one CPU).
+
+    Every node shares this machine, so without a split the devices' load and inference would slow
+    the edge server's stages, which the delay model's remote term takes from its capacity profile.
+    """
+    available = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(available) < 2:
+        return [], []
+    return available[:1], available[1:]
+
+
 def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     """Generate the local-mode inventory: one directory per node under ``run_dir/nodes``."""
     nodes = run_dir / "nodes"
@@ -59,6 +72,11 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
 
     edge_vars = host(EDGE, "edge") | {"dit_edge_bind": "127.0.0.1", "dit_inference_address": "127.0.0.1"}
     device_vars = {name: host(name, "device") | {"dit_inference_interface": "lo"} for name in devices}
+    edge_cpus, device_cpus = local_cpu_split()
+    if edge_cpus:
+        edge_vars["dit_cpu_affinity"] = edge_cpus
+        for name in devices:
+            device_vars[name]["dit_cpu_affinity"] = device_cpus
     inventory = {
         "all": {
             "vars": {

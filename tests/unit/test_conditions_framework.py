@@ -73,3 +73,14 @@ def test_apply_playbook_includes_each_active_role_with_its_variables(tmp_path: P
     assert "pin_khz: \"{{ dit_conditions[inventory_hostname]['pin']['pin_khz'] }}\"" in text
     assert "load_cpu: \"{{ dit_conditions[inventory_hostname]['load']['load_cpu'] }}\"" in text
     assert "when: \"'load' in dit_conditions[inventory_hostname] | default({})\"" in text
+
+
+def test_cpu_sets_come_from_the_inventory() -> None:
+    (scenario,) = loads(SCENARIO)
+    ctxs = contexts()
+    ctxs["edge"] = HostContext(
+        "edge", "edge", True, "run", "/tmp/edge/run", "/sys", "edge", "127.0.0.1", {"dit_cpu_affinity": [0]}
+    )
+    settings = process_settings(scenario, ctxs)
+    assert settings["edge"].cpus == (0,)
+    assert settings["device1"].cpus is None

@@ -108,3 +108,16 @@ def test_fake_model_resolves_to_its_builder() -> None:
 def test_unknown_model_is_refused() -> None:
     with pytest.raises(ModelError, match="unknown model 'nope'"):
         resolve_model("nope", {}, {}, 0, True, True)
+
+
+def test_local_inventory_keeps_the_edge_server_off_the_devices_cpus(tmp_path: Path) -> None:
+    import os
+
+    inv = local_inventory(tmp_path, ("device1", "device2"))
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        assert "dit_cpu_affinity" not in inv.hostvars["edge"]
+        return
+    assert inv.hostvars["edge"]["dit_cpu_affinity"] == cpus[:1]
+    for device in ("device1", "device2"):
+        assert inv.hostvars[device]["dit_cpu_affinity"] == cpus[1:]

@@ -58,6 +58,7 @@ class ProcessSettings:
 
     env: dict[str, str]
     cgroup: str | None  # a cgroup directory the processes join, or None
+    cpus: tuple[int, ...] | None = None  # CPUs the processes are confined to, or None
 
 
 Builder = Callable[[Scenario, str, HostContext], "dict[str, Any] | None"]
@@ -108,6 +109,7 @@ def process_settings(scenario: Scenario, contexts: Mapping[str, HostContext]) ->
     for host, ctx in contexts.items():
         env = {"PYTHONHASHSEED": str(scenario.seed), "DIT_SEED": str(scenario.seed)}
         cgroup: str | None = None
+        cpus: tuple[int, ...] | None = None
         for module in _modules():
             hook = cast("ProcessHook | None", getattr(module, "process", None))
             if hook is None:
@@ -117,7 +119,8 @@ def process_settings(scenario: Scenario, contexts: Mapping[str, HostContext]) ->
                 continue
             env.update(settings.env)
             cgroup = settings.cgroup or cgroup
-        out[host] = ProcessSettings(env, cgroup)
+            cpus = settings.cpus or cpus
+        out[host] = ProcessSettings(env, cgroup, cpus)
     return out
 
 
