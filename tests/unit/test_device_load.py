@@ -81,24 +81,40 @@ class FakeClock:
 
 def test_duty_cycle_spins_for_the_target_and_sleeps_the_rest_on_an_absolute_schedule() -> None:
     clock = FakeClock()
-    duty = load.DutyCycle(load.PERIOD_NS, clock=clock, sleep=clock.sleep)
+    duty = load.DutyCycle(load.PERIOD_NS, clock=clock, sleep=clock.sleep, cpu_clock=clock)
     first = duty.next_start
     spins_before = clock.now
     duty.period(40.0)
     # busy until first + 40 ms (within one clock step), then asleep until first + 100 ms
     assert duty.next_start == first + load.PERIOD_NS
     assert clock.now == first + load.PERIOD_NS
-    assert abs(clock.sleeps[0] - 60_000_000) <= 2_000
+    assert abs(clock.sleeps[0] - 60_000_000) <= 5_000  # a few 1 µs clock reads
     assert spins_before < first + 40_000_000
     for _ in range(9):
         duty.period(25.0)
     assert duty.next_start == first + 10 * load.PERIOD_NS  # no drift
-    assert all(abs(s - 75_000_000) <= 2_000 for s in clock.sleeps[1:])
+    assert all(abs(s - 75_000_000) <= 5_000 for s in clock.sleeps[1:])
+
+
+def test_a_preempted_spin_is_extended_by_the_cpu_time_it_lost() -> None:
+    clock = FakeClock()
+    half = lambda: clock.now // 2  # noqa: E731 - the process gets the core half of the time
+    duty = load.DutyCycle(load.PERIOD_NS, clock=clock, sleep=clock.sleep, cpu_clock=half)
+    first = duty.next_start
+    duty.period(40.0)
+    # 40 ms of CPU at half speed take ~80 ms of wall time; the rest of the period is slept
+    assert abs(clock.sleeps[0] - 20_000_000) <= 2 * load.DutyCycle.SLACK_NS + 10_000
+    duty.period(60.0)  # 120 ms needed: the spin stops at the end of the period
+    assert len(clock.sleeps) == 1 and duty.next_start == first + 2 * load.PERIOD_NS
+    plain = load.DutyCycle(load.PERIOD_NS, clock=clock, sleep=clock.sleep, cpu_clock=half, compensate=False)
+    start = plain.next_start
+    plain.period(40.0)  # the wall-clock spin alone: 40 ms of wall time, 20 ms of CPU
+    assert abs(clock.sleeps[-1] - (start + load.PERIOD_NS - (start + 40_000_000))) <= 10_000
 
 
 def test_duty_cycle_restarts_its_schedule_after_a_long_stall() -> None:
     clock = FakeClock()
-    duty = load.DutyCycle(load.PERIOD_NS, clock=clock, sleep=clock.sleep)
+    duty = load.DutyCycle(load.PERIOD_NS, clock=clock, sleep=clock.sleep, cpu_clock=clock)
     clock.now += 5 * load.PERIOD_NS  # suspended for half a second
     duty.period(10.0)
     assert duty.next_start >= clock.now - 2_000

@@ -21,7 +21,10 @@ scenario draw the same targets on the same device, and two devices draw independ
 
 **CPU** is a duty cycle on one core: every ``period_ms`` (100 ms) the generator busy-spins on
 ``time.monotonic_ns`` for ``target * period`` and sleeps for the rest of the period (periods are on an
-absolute schedule; an overrun restarts the schedule). It pins itself with ``os.sched_setaffinity`` to
+absolute schedule; an overrun restarts the schedule). When another process preempted the spin, the
+spin is extended by the CPU time it lost (its thread CPU time is checked once per period; config
+``compensate``, default true; :class:`DutyCycle`), so the generator's own CPU share is the target also on
+a core it shares with the inference runtime. It pins itself with ``os.sched_setaffinity`` to
 ``cpu_core`` when given, else to the **highest-numbered core it may run on** (core 3 on a Pi 4): the
 inference runtime's first threads and most interrupts land on the low cores.
 
@@ -260,26 +263,51 @@ def spin_until(deadline_ns: int, clock: Callable[[], int] = time.monotonic_ns) -
 
 
 class DutyCycle:
-    """Busy for ``busy`` ns of every ``period`` ns on an absolute schedule."""
+    """Busy for ``busy`` ns of every ``period`` ns on an absolute schedule.
+
+    The busy part spins on ``clock`` (``time.monotonic_ns``) until ``start + busy``. With ``compensate``
+    (the default) the thread's CPU time (``cpu_clock``, ``time.thread_time_ns``) is then checked: when
+    the scheduler took the core away during the spin (another process ran), the spin goes on for the CPU
+    time still missing, up to the end of the period. Without contention this is the plain wall-clock spin
+    (one extra clock read per period); with it, the generator still consumes its target share of the core
+    (as far as the scheduler lets it) instead of losing whatever was preempted.
+    """
+
+    SLACK_NS: Final = 50_000  # CPU time short of the target that is not worth another spin
 
     def __init__(
         self,
         period_ns: int = PERIOD_NS,
         clock: Callable[[], int] = time.monotonic_ns,
         sleep: Callable[[float], None] = time.sleep,
+        cpu_clock: Callable[[], int] = time.thread_time_ns,
+        compensate: bool = True,
     ) -> None:
         self.period_ns = period_ns
         self.clock = clock
         self.sleep = sleep
+        self.cpu_clock = cpu_clock
+        self.compensate = compensate
         self.next_start = clock()
 
     def period(self, cpu_pct: float) -> None:
         """Run one period: spin for the busy part, sleep until the next period starts."""
         start = self.next_start
+        end = start + self.period_ns
         busy = busy_ns(cpu_pct, self.period_ns)
         if busy > 0:
-            spin_until(start + busy, self.clock)
-        self.next_start = start + self.period_ns
+            cpu_start = self.cpu_clock() if self.compensate else 0
+            deadline = start + busy
+            while True:
+                spin_until(min(deadline, end), self.clock)
+                if not self.compensate:
+                    break
+                missing = busy - (self.cpu_clock() - cpu_start)
+                now = self.clock()
+                if missing <= self.SLACK_NS or now >= end:
+                    break
+                deadline = now + missing
+        self.next_start = end
         remaining = self.next_start - self.clock()
         if remaining > 0:
             self.sleep(remaining / 1e9)
@@ -362,6 +390,7 @@ class LoadConfig:
     period_ns: int
     duration_s: float | None
     ready_file: Path | None
+    compensate: bool
 
 
 def _number(cfg: Mapping[str, Any], key: str, lo: float, hi: float | None = None) -> float | None:
@@ -415,6 +444,7 @@ def parse_config(cfg: Mapping[str, Any]) -> LoadConfig:
         period_ns=round((period_ms if period_ms is not None else 100.0) * 1e6),
         duration_s=_number(cfg, "duration_s", 0.0),
         ready_file=Path(str(ready)) if ready else None,
+        compensate=bool(cfg.get("compensate", True)),
     )
 
 
@@ -501,6 +531,7 @@ def run_load(raw: Mapping[str, Any]) -> int:
         "processes": cfg.processes,
         "core": core,
         "period_ns": cfg.period_ns,
+        "compensate": cfg.compensate if cfg.mode != "processes" else None,
         "memory_basis_bytes": basis.total_bytes if basis else None,
         "memory_basis_source": basis.source if basis else None,
     }
@@ -551,7 +582,7 @@ def _run_duty(
     log.row("start", cfg, cpu, mem, memory.size, clamped, core)
     _ready(cfg, {"pid": os.getpid(), "cpu_pct": cpu, "mem_pct": mem, "mem_bytes": memory.size})
     interval_ns = round(cfg.interval_s * 1e9)
-    duty = DutyCycle(cfg.period_ns)
+    duty = DutyCycle(cfg.period_ns, compensate=cfg.compensate)
     next_draw = duty.next_start + interval_ns
     while not stop.requested and (end is None or time.monotonic_ns() < end):
         if cfg.mode == "continuous" and time.monotonic_ns() >= next_draw:
