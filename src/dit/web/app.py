@@ -235,6 +235,10 @@ def create_app(config: WebConfig) -> FastAPI:
     async def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        return Response(status_code=204)
+
     # -- meta ---------------------------------------------------------------------------------
     @app.get("/api/config")
     def get_config() -> dict[str, Any]:

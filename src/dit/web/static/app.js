@@ -1,0 +1,353 @@
+// NNPM page: views (map, scenarios, runs, runtimes), the terminal, and the active run with its Stop button.
+import { api, el, fmtMs, short } from "./api.js";
+import { SchemaForm } from "./form.js";
+import { NodeMap } from "./map.js";
+import { Terminal } from "./terminal.js";
+
+const $ = (id) => document.getElementById(id);
+const state = { config: null, form: null, saved: null, run: null, history: [], selected: [] };
+const terminal = new Terminal();
+window.nnpm = { state, terminal };
+
+// -- views ---------------------------------------------------------------------------------------
+function show(view) {
+  for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === view);
+  for (const s of document.querySelectorAll(".view")) s.classList.toggle("active", s.id === `view-${view}`);
+  if (view === "map" && state.map) setTimeout(() => state.map.map.invalidateSize(), 0);
+  if (view === "runs") loadRuns();
+  if (view === "scenarios") loadScenarioLists();
+  if (view === "runtimes") loadRuntimes();
+}
+for (const b of document.querySelectorAll("nav button")) b.addEventListener("click", () => show(b.dataset.view));
+
+// -- scenarios -----------------------------------------------------------------------------------
+const STARTER = {
+  name: "nnpm_scenario", description: "", model: "fake", devices: ["device1", "device2"], repetitions: 3, seed: 0,
+  inference: { enabled: true, repetitions: 5 }, optimisation: { enabled: true, algorithm: "greedy", objective: "total_delay" },
+};
+
+function editScenario(document_) {
+  state.form.render(document_);
+  state.saved = null;
+  $("run-button").disabled = true;
+  $("bench-button").disabled = true;
+  $("save-result").hidden = true;
+  $("form-errors").hidden = true;
+}
+
+function showFormErrors(errors) {
+  const unplaced = state.form.showErrors(errors);
+  const list = $("form-errors");
+  list.replaceChildren(...unplaced.map((e) => el("li", {}, e.path ? `${e.path}: ${e.message}` : e.message)));
+  list.hidden = unplaced.length === 0;
+}
+
+function readForm() {
+  const { value, errors } = state.form.read();
+  if (errors.length) { showFormErrors(errors); return null; }
+  return value;
+}
+
+async function loadScenarioLists() {
+  const data = await api("/api/scenarios");
+  $("stored-list").replaceChildren(...data.stored.map((s) => el("li", { onclick: () => openStored(s.name), dataset: { name: s.name } },
+    el("span", {}, s.name), el("code", {}, `${s.versions} v · ${short(s.latest.hash)}`))));
+  $("file-list").replaceChildren(...data.files.map((f) => el("li", { onclick: async () => {
+    const doc = await api(`/api/scenarios/files/${encodeURIComponent(f.file)}`);
+    if (doc.document) editScenario(doc.document);
+  } }, f.file)));
+}
+
+async function openStored(name) {
+  const data = await api(`/api/scenarios/${encodeURIComponent(name)}/versions`);
+  state.history = data.versions;
+  state.selected = [];
+  $("history").hidden = false;
+  $("history-name").textContent = name;
+  $("diff-output").hidden = true;
+  $("history-list").replaceChildren(...data.versions.map((v) => el("li", {},
+    el("input", { type: "checkbox", onchange: (e) => {
+      state.selected = e.target.checked ? [...state.selected, v.hash].slice(-2) : state.selected.filter((h) => h !== v.hash);
+      for (const box of $("history-list").querySelectorAll("input")) box.checked = state.selected.includes(box.dataset.hash);
+      $("diff-button").disabled = state.selected.length !== 2;
+    }, dataset: { hash: v.hash } }),
+    el("a", { href: "#", onclick: async (e) => { e.preventDefault(); const full = await api(`/api/versions/${v.hash}`); editScenario(full.document); markSaved(full, false); } },
+      short(v.hash)), el("code", {}, `${v.kind} · ${new Date(v.created_ns / 1e6).toLocaleString()}`))));
+  if (data.versions[0]) {
+    const full = await api(`/api/versions/${data.versions[0].hash}`);
+    editScenario(full.document);
+    markSaved(full, false);
+  }
+}
+
+$("diff-button").addEventListener("click", async () => {
+  const [a, b] = state.selected;
+  const d = await api(`/api/diff?a=${a}&b=${b}`);
+  const out = $("diff-output");
+  out.hidden = false;
+  out.textContent = d.changes.map((c) => `${c.path}: ${JSON.stringify(c.a)} → ${JSON.stringify(c.b)}`).join("\n") + "\n\n" + d.unified;
+});
+
+function markSaved(version, created) {
+  state.saved = version;
+  const box = $("save-result");
+  box.hidden = false;
+  box.replaceChildren(el("span", {}, created === false ? "Version " : "Saved version "),
+    el("code", { "data-testid": "version-hash", id: "version-hash" }, version.hash),
+    el("span", { class: "small" }, created === false ? " (already stored: versions are immutable)" : ""));
+  $("run-button").disabled = false;
+  $("bench-button").disabled = false;
+}
+
+$("new-scenario").addEventListener("click", () => editScenario(STARTER));
+
+$("validate-button").addEventListener("click", async () => {
+  const doc = readForm();
+  if (!doc) return;
+  const res = await api("/api/scenarios/validate", { method: "POST", body: { document: doc } });
+  showFormErrors(res.errors);
+  const box = $("save-result");
+  box.hidden = false;
+  box.textContent = res.valid ? `valid · ${res.variants.length} run(s) · hash ${short(res.hash)}` : `${res.errors.length} problem(s)`;
+});
+
+$("save-button").addEventListener("click", async () => {
+  const doc = readForm();
+  if (!doc) return;
+  try {
+    const res = await api("/api/scenarios", { method: "POST", body: { document: doc } });
+    state.form.clearErrors();
+    $("form-errors").hidden = true;
+    markSaved(res.version, res.created);
+    loadScenarioLists();
+  } catch (err) {
+    if (err.status === 422) showFormErrors(err.errors);
+    else alert(err.message);
+  }
+});
+
+$("topology-button").addEventListener("click", async () => {
+  const doc = readForm();
+  if (!doc) return;
+  const res = await api("/api/scenarios/topology", { method: "POST", body: { document: doc, device_links: $("device-links").checked } });
+  editScenario(res.document);
+  const box = $("save-result");
+  box.hidden = false;
+  box.textContent = res.edge ? `per-destination delays from the map applied (edge: ${res.edge})` + (res.not_on_map.length ? `; not on the map: ${res.not_on_map.join(", ")}` : "") : "the map has no edge server";
+});
+
+async function startRun(kind) {
+  if (!state.saved) return;
+  try {
+    const res = await api("/api/runs", { method: "POST", body: { version: state.saved.hash, kind, mode: $("run-mode").value } });
+    state.run = { launch: res.launch, key: null, label: `${res.version.name} (${kind})` };
+    showActive();
+    followLaunch(res.launch);
+  } catch (err) {
+    alert(err.errors.map((e) => `${e.path}: ${e.message}`).join("\n") || err.message);
+  }
+}
+$("run-button").addEventListener("click", () => startRun("run"));
+$("bench-button").addEventListener("click", () => startRun("benchmark"));
+
+// -- the active run --------------------------------------------------------------------------------
+function showActive() {
+  const run = state.run;
+  $("active-run").hidden = !run;
+  if (!run) return;
+  $("active-label").textContent = run.label;
+  const st = run.state || "starting";
+  $("active-state").textContent = run.stage && st === "running" ? `${st} · ${run.stage}` : st;
+  $("active-state").className = `state ${st}`;
+  $("stop-button").hidden = !(run.key && ["running", "starting"].includes(st));
+}
+
+async function followLaunch(launchId) {
+  for (let i = 0; i < 600 && state.run && state.run.launch === launchId && !state.run.key; i++) {
+    const data = await api(`/api/launches/${launchId}`);
+    if (data.runs.length) {
+      const run = data.runs[data.runs.length - 1];
+      Object.assign(state.run, { key: run.key, state: run.state, label: run.label });
+      terminal.attach(`/api/runs/${run.key}/terminal`, run.label);
+      break;
+    }
+    if (!data.alive) { state.run.state = "failed"; showActive(); alert(`dit run exited:\n${data.log_tail}`); return; }
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  showActive();
+  pollActive();
+}
+
+async function pollActive() {
+  const run = state.run;
+  if (!run || !run.key) return;
+  const detail = await api(`/api/runs/${run.key}`);
+  Object.assign(run, { state: detail.state, stage: detail.stage });
+  showActive();
+  if (!$("run-page").hidden && state.page === run.key) renderRun(detail);
+  if (["running", "starting"].includes(detail.state)) setTimeout(pollActive, 1000);
+  else loadRuns();
+}
+
+async function stopRun(key) {
+  await api(`/api/runs/${key}/stop`, { method: "POST", body: {} });
+  if (state.run && state.run.key === key) { state.run.state = "stopping"; showActive(); }
+}
+$("stop-button").addEventListener("click", () => state.run && state.run.key && stopRun(state.run.key));
+$("run-stop").addEventListener("click", () => state.page && stopRun(state.page));
+
+// -- runs ------------------------------------------------------------------------------------------
+async function loadRuns() {
+  const data = await api("/api/runs");
+  $("runs-table").tBodies[0].replaceChildren(...data.runs.map((r) => el("tr", { class: "clickable", dataset: { key: r.key }, onclick: () => openRun(r.key) },
+    el("td", {}, r.label, el("div", { class: "small" }, r.key)), el("td", {}, el("span", { class: `state ${r.state}` }, r.state)),
+    el("td", {}, r.stage || ""), el("td", {}, el("code", {}, short(r.version) || "–")),
+    el("td", {}, r.duration_s !== null ? `${r.duration_s.toFixed(1)} s` : ""), el("td", {}, r.mode + (r.kind ? ` · ${r.kind}` : "")))));
+}
+$("refresh-runs").addEventListener("click", loadRuns);
+
+async function openRun(key) {
+  state.page = key;
+  const detail = await api(`/api/runs/${key}`);
+  renderRun(detail);
+  terminal.attach(`/api/runs/${key}/terminal`, detail.label);
+  const opt = await api(`/api/runs/${key}/optimise`);
+  renderOptimise(opt.results, detail);
+}
+
+function kvRows(rows) { return rows.filter(([, v]) => v !== undefined && v !== null && v !== "").map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", {}, v))); }
+
+function renderRun(d) {
+  $("run-page").hidden = false;
+  $("run-title").textContent = d.label;
+  $("run-state").textContent = d.stage && d.state === "running" ? `${d.state} · ${d.stage}` : d.state;
+  $("run-state").className = `state ${d.state}`;
+  $("run-stop").hidden = !["running", "starting"].includes(d.state);
+  $("open-optimise").hidden = !(d.finished && d.aggregated);
+  const started = d.started_wall_ns ? new Date(d.started_wall_ns / 1e6).toISOString() : "";
+  $("run-meta").replaceChildren(...kvRows([
+    ["scenario version", el("code", { "data-testid": "run-version" }, d.version || "unknown")], ["variant hash", el("code", {}, short(d.variant_hash))],
+    ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_s !== null ? `${d.duration_s} s` : ""],
+    ["model", d.metadata.model ? JSON.stringify(d.metadata.model.spec && d.metadata.model.spec.name) + (d.metadata.model.stand_in_for ? ` (stand-in for ${d.metadata.model.stand_in_for})` : "") : ""],
+    ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
+    ["error", d.error], ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
+  ]));
+  $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", {}, "wall time")),
+    ...Object.entries(d.stage_ns).map(([s, ns]) => el("tr", {}, el("td", {}, s), el("td", {}, `${(ns / 1e9).toFixed(2)} s`))));
+  const phases = d.phases;
+  $("run-phases").replaceChildren(...(phases ? [el("tr", {}, ...phases.columns.map((c) => el("th", {}, c))), ...phases.rows.map((r) => el("tr", {}, ...r.map((v) => el("td", {}, v))))] : [el("tr", {}, el("td", {}, "no phases yet"))]));
+  const plots = $("run-plots");
+  const want = [["layers", "Per-layer latency"], ["monitors", "Monitors"]].filter(([k]) => d.plots[k]);
+  const current = [...plots.querySelectorAll("img")].map((i) => i.dataset.plot).join();
+  if (current !== want.map(([k]) => k).join() || state.plotsFor !== d.key) {
+    state.plotsFor = d.key;
+    plots.replaceChildren(...want.flatMap(([k, title]) => [el("h3", {}, title), el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: title, dataset: { plot: k } })]));
+  }
+}
+
+function renderOptimise(results, detail) {
+  const box = $("optimise-results");
+  box.replaceChildren();
+  if (!results.length) return;
+  box.append(el("h3", {}, "Optimiser results"));
+  for (const r of results) {
+    box.append(el("table", { class: "grid optimise-table", dataset: { file: r.file } },
+      el("caption", { class: "small" }, `${r.algorithm} · ${r.objective} · ${r.policy} → vector [${r.vector.join(", ")}] · objective ${r.objective_value.toExponential(3)} ${r.objective_unit} · ${r.vectors_evaluated} vectors`),
+      el("tr", {}, ...["device", "p", "max p", "L", "T", "R", "D"].map((h) => el("th", {}, h))),
+      ...r.per_device.map((p) => el("tr", {}, el("td", {}, p.device), el("td", {}, p.partition_point), el("td", {}, p.max_partition_point),
+        ...[p.L_ns, p.T_ns, p.R_ns, p.D_ns].map((ns) => el("td", {}, fmtMs(ns / 1e6)))))));
+  }
+  if (detail.plots.validation) box.append(el("h3", {}, "Predicted vs measured"), el("img", { src: `/api/runs/${detail.key}/plots/validation.png`, alt: "predicted vs measured", id: "validation-png" }));
+}
+
+const optDialog = $("optimise-dialog");
+$("open-optimise").addEventListener("click", () => {
+  const f = $("optimise-form").elements;
+  const fill = (select, values) => select.replaceChildren(...values.map((v) => el("option", { value: v }, v)));
+  fill(f.algorithm, state.config.algorithms);
+  fill(f.objective, state.config.objectives);
+  fill(f.policy, state.config.policies);
+  $("optimise-form").querySelector(".err").textContent = "";
+  optDialog.showModal();
+});
+$("optimise-form").addEventListener("submit", async (event) => {
+  if (event.submitter && event.submitter.value === "cancel") return;
+  event.preventDefault();
+  const f = $("optimise-form").elements;
+  try {
+    await api(`/api/runs/${state.page}/optimise`, { method: "POST", body: { algorithm: f.algorithm.value, objective: f.objective.value, policy: f.policy.value } });
+    optDialog.close();
+    const detail = await api(`/api/runs/${state.page}`);
+    const opt = await api(`/api/runs/${state.page}/optimise`);
+    renderOptimise(opt.results, detail);
+  } catch (err) {
+    $("optimise-form").querySelector(".err").textContent = err.errors.map((e) => e.message).join("; ") || err.message;
+  }
+});
+
+// -- runtimes --------------------------------------------------------------------------------------
+async function loadRuntimes() {
+  const [rt, nodes] = await Promise.all([api("/api/runtimes"), api("/api/nodes")]);
+  $("runtime-hosts").replaceChildren(...nodes.nodes.map((n) => el("label", { class: "inline" },
+    el("input", { type: "checkbox", value: n.name, checked: n.role === "device" }), n.name)));
+  $("maintenance-action").replaceChildren(...rt.actions.map((a) => el("option", { value: a.id, title: a.description }, a.title)));
+}
+
+function chosenHosts() { return [...$("runtime-hosts").querySelectorAll("input:checked")].map((i) => i.value); }
+
+async function watchAction(action, render) {
+  terminal.attach(`/api/actions/${action.id}/terminal`, action.title);
+  for (;;) {
+    const a = await api(`/api/actions/${action.id}`);
+    render(a);
+    if (a.state !== "running") return a;
+    await new Promise((r) => setTimeout(r, 700));
+  }
+}
+
+function renderChecks(a) {
+  const hosts = Object.keys(a.checks).length ? Object.keys(a.checks) : a.hosts;
+  const checks = ["python", "dit-device.pyz", "framework"];
+  $("runtime-results").replaceChildren(el("tr", {}, el("th", {}, "node"), ...checks.map((c) => el("th", {}, c))),
+    ...hosts.map((h) => el("tr", { dataset: { host: h } }, el("td", {}, h), ...checks.map((c) => {
+      const r = (a.checks[h] || {})[c];
+      if (!r) return el("td", { class: "small" }, a.state === "running" ? "…" : "–");
+      return el("td", { title: r.detail }, el("span", { class: `dot ${r.ok ? "ok" : "bad"}` }), " ", r.detail);
+    }))));
+}
+
+$("runtime-check").addEventListener("click", async () => {
+  try {
+    const a = await api("/api/runtimes/check", { method: "POST", body: { hosts: chosenHosts(), model: $("runtime-model").value } });
+    await watchAction(a, renderChecks);
+  } catch (err) { alert(err.errors.map((e) => e.message).join("\n") || err.message); }
+});
+
+$("maintenance-run").addEventListener("click", async () => {
+  try {
+    const a = await api("/api/runtimes/actions", { method: "POST", body: { action: $("maintenance-action").value, hosts: chosenHosts() } });
+    await watchAction(a, (x) => { $("maintenance-state").textContent = `${x.title}: ${x.state}${x.error ? ` (${x.error})` : ""}`; });
+  } catch (err) { alert(err.errors.map((e) => e.message).join("\n") || err.message); }
+});
+
+// -- start -----------------------------------------------------------------------------------------
+async function main() {
+  state.config = await api("/api/config");
+  const schema = await api("/api/schema");
+  state.form = new SchemaForm($("scenario-form"), schema);
+  editScenario(STARTER);
+  state.map = new NodeMap(state.config, () => {});
+  await state.map.refresh();
+  setInterval(() => state.map.refresh().catch(() => {}), 2000);
+  // a run that is going on when the page opens becomes the active run
+  const runs = await api("/api/runs");
+  const live = runs.runs.find((r) => r.state === "running");
+  if (live) {
+    state.run = { key: live.key, label: live.label, state: live.state };
+    terminal.attach(`/api/runs/${live.key}/terminal`, live.label);
+    showActive();
+    pollActive();
+  }
+  document.body.dataset.ready = "1";
+}
+main();

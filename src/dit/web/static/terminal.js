@@ -1,0 +1,89 @@
+// The terminal: the merged, tagged output of every node, live over a WebSocket.
+// Bounded (MAX_LINES kept, oldest dropped); a node filter; on a dropped connection it reconnects with
+// the byte offset of the last line it received, so no line is lost or shown twice.
+import { el, wsUrl } from "./api.js";
+
+const MAX_LINES = 5000;
+
+export class Terminal {
+  constructor() {
+    this.box = document.getElementById("term-lines");
+    this.filter = document.getElementById("term-filter");
+    this.status = document.getElementById("term-status");
+    this.source = document.getElementById("term-source");
+    this.follow = document.getElementById("term-follow");
+    this.nodes = new Set();
+    this.ws = null;
+    this.filter.addEventListener("change", () => this.applyFilter());
+    document.getElementById("term-clear").addEventListener("click", () => this.box.replaceChildren());
+  }
+
+  attach(path, label) {
+    if (this.path === path && this.ws && this.ws.readyState <= 1) return;
+    this.detach();
+    this.path = path;
+    this.offset = 0;
+    this.ended = false;
+    this.retry = 0;
+    this.box.replaceChildren();
+    this.nodes.clear();
+    for (const opt of [...this.filter.options].slice(1)) opt.remove();
+    this.source.textContent = label || path;
+    this.connect();
+  }
+
+  detach() {
+    this.path = null;
+    if (this.ws) { this.ws.onclose = null; this.ws.close(); this.ws = null; }
+    clearTimeout(this.timer);
+  }
+
+  connect() {
+    const path = this.path;
+    const ws = new WebSocket(wsUrl(path, { offset: this.offset }));
+    this.ws = ws;
+    this.status.textContent = "connecting…";
+    ws.onopen = () => { this.retry = 0; this.status.textContent = "live"; };
+    ws.onmessage = (event) => {
+      const msg = JSON.parse(event.data);
+      if (msg.type === "hello" && msg.skipped_bytes) this.append({ n: "nnpm", s: "info", t: "", x: `… ${msg.skipped_bytes} bytes of earlier output skipped` });
+      if (msg.type === "lines") {
+        for (const line of msg.lines) this.append(line);
+        this.offset = msg.offset;
+      }
+      if (msg.type === "end") { this.offset = msg.offset; this.ended = true; this.status.textContent = "finished"; }
+    };
+    ws.onclose = () => {
+      if (this.ws !== ws || this.path !== path) return;
+      this.ws = null;
+      if (this.ended) return;
+      this.retry += 1;
+      this.status.textContent = `reconnecting (${this.retry})…`;
+      this.timer = setTimeout(() => this.path === path && this.connect(), Math.min(5000, 300 * this.retry));
+    };
+  }
+
+  // for tests and for the reconnect button of a flaky network: drop the socket, resume from the offset
+  dropConnection() { if (this.ws) this.ws.close(); }
+
+  append(line) {
+    if (line.n && !this.nodes.has(line.n)) {
+      this.nodes.add(line.n);
+      this.filter.append(el("option", { value: line.n }, line.n));
+    }
+    const shown = !this.filter.value || this.filter.value === line.n;
+    const time = line.t ? line.t.slice(11, 23) : "";
+    const row = el("div", { class: `l s-${line.s}${shown ? "" : " hidden"}`, dataset: { node: line.n, stream: line.s } },
+      el("span", { class: "t" }, time), " ", el("span", { class: "n" }, line.n), " ", el("span", { class: "s" }, line.s), " ",
+      el("span", { class: "x" }, line.x));
+    this.box.append(row);
+    while (this.box.childElementCount > MAX_LINES) this.box.firstElementChild.remove();
+    if (this.follow.checked) this.box.scrollTop = this.box.scrollHeight;
+  }
+
+  applyFilter() {
+    const node = this.filter.value;
+    for (const row of this.box.children) row.classList.toggle("hidden", !!node && row.dataset.node !== node);
+    if (this.follow.checked) this.box.scrollTop = this.box.scrollHeight;
+  }
+}

@@ -1,0 +1,120 @@
+"""NNPM end to end: a real ``dit web`` server and Debian's chromium driven by Playwright for Python.
+
+Never ``playwright install``: the browser is ``/usr/bin/chromium`` (``apt-get install chromium``). The
+tests are marked ``e2e`` and skip, saying why, when Playwright or chromium is missing. Screenshots of
+every step go to ``tests/e2e/artifacts/``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO, dit_env
+
+CHROMIUM = os.environ.get("DIT_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "e2e: NNPM in a real headless browser (Playwright + Debian's chromium)"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    root: Path
+    runs: Path
+    inventory: Path
+    proc: subprocess.Popen[bytes]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("nnpm")
+    port = _free_port()
+    closed = _free_port()  # nothing listens here: the tile layer is unreachable, as on an offline rack
+    log = (root / "server.log").open("wb")
+    argv = [
+        sys.executable, "-m", "dit", "web", "--port", str(port),
+        "--inventory", str(root / "inventory.yml"), "--runs-dir", str(root / "runs"),
+        "--scenarios-dir", str(REPO / "scenarios"), "--tiles", f"http://127.0.0.1:{closed}/{{z}}/{{x}}/{{y}}.png",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=root, env=dit_env(), stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            assert proc.poll() is None, (root / "server.log").read_text()
+            time.sleep(0.2)
+    yield Server(url, root, root / "runs", root / "inventory.yml", proc)
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed")
+    if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
+        pytest.skip(f"no chromium at {CHROMIUM} (apt-get install chromium)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1400, "height": 900},
+        )
+        context.set_default_timeout(30_000)
+        yield context
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser_context: Any, server: Server) -> Iterator[Any]:
+    page = browser_context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server.url)
+    page.wait_for_selector("body[data-ready='1']")
+    yield page
+    assert errors == [], errors
+
+
+def shot(page: Any, name: str) -> Path:
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path

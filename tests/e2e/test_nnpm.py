@@ -1,0 +1,214 @@
+"""NNPM in a real browser, one operator session in order: map → nodes → scenario → run → terminal →
+optimise → a second run stopped mid-way. Each step leaves a screenshot in tests/e2e/artifacts/."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dit.procs import run_processes
+from dit.rundir import RunDir
+from dit.web.topology import haversine_km, link_latency_ms
+from tests.e2e.conftest import ARTIFACTS, Server, shot
+
+pytestmark = pytest.mark.e2e
+
+RUN_TIMEOUT_MS = 240_000
+
+
+def api(page: Any, path: str) -> Any:
+    response = page.request.get(page.url.split("?")[0].rstrip("/") + path)
+    assert response.ok, response.text()
+    return response.json()
+
+
+def add_node(
+    page: Any, x: int, y: int, name: str, address: str, role: str = "device", board: str = ""
+) -> None:
+    page.click("#add-node-toggle")
+    box = page.locator("#map").bounding_box()
+    page.mouse.click(box["x"] + x, box["y"] + y)
+    page.wait_for_selector("#node-dialog[open]")
+    page.fill("#node-form input[name=name]", name)
+    page.fill("#node-form input[name=address]", address)
+    page.select_option("#node-form select[name=role]", role)
+    if board:
+        page.fill("#node-form input[name='board.model']", board)
+        page.fill("#node-form input[name='board.memory_mb']", "4096")
+    page.click("#node-save")
+    page.wait_for_selector(f".leaflet-marker-icon[data-node={name}]")
+
+
+def link_latency_text(page: Any, a: str, b: str) -> str:
+    return str(page.locator(f"#link-table tr[data-link='{a}-{b}'] td.latency").inner_text())
+
+
+def test_map_add_and_drag_nodes(page: Any, server: Server) -> None:
+    shot(page, "01-map-empty")
+    # with no tiles reachable the map still works: plain background and a scale bar
+    assert page.locator(".leaflet-control-scale-line").is_visible()
+    add_node(page, 450, 250, "edge", "127.0.0.1", "edge")
+    add_node(page, 650, 180, "device1", "127.0.0.2", board="Raspberry Pi 4 Model B")
+    add_node(page, 300, 380, "device2", "127.0.0.3", board="Raspberry Pi 4 Model B")
+    # the probes answer on loopback: every marker turns green (all three answered)
+    page.wait_for_function("document.querySelectorAll('.leaflet-marker-icon[data-probe=ok]').length === 3")
+    inventory = server.inventory.read_text(encoding="utf-8")
+    assert "device1" in inventory and "dit_lat" in inventory
+    before = link_latency_text(page, "device1", "edge")
+    shot(page, "02-nodes-added")
+
+    marker = page.locator(".leaflet-marker-icon[data-node=device1]").bounding_box()
+    x, y = marker["x"] + marker["width"] / 2, marker["y"] + marker["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    for step in range(1, 11):
+        page.mouse.move(x + 20 * step, y + 8 * step)
+    page.mouse.up()
+    page.wait_for_function(
+        f"document.querySelector(\"#link-table tr[data-link='device1-edge'] td.latency\").textContent !== '{before}'"
+    )
+    nodes = {n["name"]: n for n in api(page, "/api/nodes")["nodes"]}
+    km = haversine_km(
+        nodes["device1"]["lat"], nodes["device1"]["lon"], nodes["edge"]["lat"], nodes["edge"]["lon"]
+    )
+    expected = link_latency_ms(km)
+    shown = link_latency_text(page, "device1", "edge")
+    assert shown in (f"{expected:.1f} ms", f"{expected:.2f} ms")
+    # the latency label on the link itself, on the map
+    assert page.locator(".leaflet-tooltip.link-label", has_text=shown).count() == 1
+    shot(page, "03-node-dragged-latency")
+
+
+def fill(page: Any, path: str, value: str) -> None:
+    page.locator(f"#scenario-form [name='{path}']").fill(value)
+    page.locator(f"#scenario-form [name='{path}']").dispatch_event("change")
+
+
+def test_build_scenario_in_dialog_and_save(page: Any, server: Server) -> None:
+    page.click("#tab-scenarios")
+    page.click("#new-scenario")
+    fill(page, "name", "e2e_quick")
+    fill(page, "devices", "device1, device2")
+    fill(page, "model.params", '{"profile": "tiny"}')
+    fill(page, "inference.partition_points", "[0, 2, 4]")
+    fill(page, "inference.repetitions", "3")
+    fill(page, "timing.start_lead_s", "1")
+    page.select_option("#scenario-form [name='load.device2.mode']", "light")
+    # invalid input is refused at the field, and nothing is saved
+    fill(page, "repetitions", "0")
+    page.click("#save-button")
+    page.wait_for_selector(".field.invalid[data-path='repetitions']")
+    assert "less than 1" in page.locator(".field[data-path='repetitions'] .field-error").inner_text()
+    assert api(page, "/api/scenarios")["stored"] == []
+    shot(page, "04-scenario-field-error")
+
+    fill(page, "repetitions", "2")
+    page.click("#topology-button")  # the map's latencies as per-destination netem profiles
+    page.wait_for_selector("#scenario-form [data-path='network.device1'] .map-key")
+    assert page.locator("#scenario-form [data-path='network.device1'] .map-key").input_value() == "edge"
+    page.click("#save-button")
+    page.wait_for_selector("#version-hash")
+    digest = page.locator("#version-hash").inner_text()
+    stored = api(page, "/api/scenarios")["stored"]
+    assert [s["latest"]["hash"] for s in stored] == [digest]
+    version = api(page, f"/api/versions/{digest}")
+    assert version["document"]["network"]["device1"]["destinations"]["edge"]["delay_ms"] > 5
+    shot(page, "05-scenario-saved")
+
+
+def _run_of_active(page: Any, server: Server, previous: str | None = None) -> RunDir:
+    page.wait_for_function(
+        "([previous]) => window.nnpm.state.run && window.nnpm.state.run.key"
+        " && window.nnpm.state.run.key !== previous",
+        arg=[previous],
+        timeout=120_000,
+    )
+    key = page.evaluate("window.nnpm.state.run.key")
+    return RunDir(server.runs / key)
+
+
+def test_run_local_terminal_filter_and_optimise(page: Any, server: Server) -> None:
+    digest = page.locator("#version-hash").inner_text()
+    page.select_option("#run-mode", "local")
+    page.click("#run-button")
+    run = _run_of_active(page, server)
+    # live device output from every node, tagged by node and stream
+    page.wait_for_selector(".term .l[data-node=device1][data-stream=stdout]", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector(".term .l[data-node=device2][data-stream=stdout]", timeout=RUN_TIMEOUT_MS)
+    page.wait_for_selector(".term .l[data-node=edge][data-stream=ansible]")
+    # a dropped connection resumes from the last offset: no line lost, none twice
+    page.evaluate("window.nnpm.terminal.dropConnection()")
+    page.wait_for_function(
+        "document.getElementById('active-state').textContent === 'completed'", timeout=RUN_TIMEOUT_MS
+    )
+    page.wait_for_function("document.getElementById('term-status').textContent === 'finished'")
+    log_lines = run.log.read_text(encoding="utf-8").splitlines()
+    shown = page.locator(".term .l").count()
+    assert shown == len(log_lines)
+    page.select_option("#term-filter", "device1")
+    visible = page.locator(".term .l:not(.hidden)")
+    assert visible.count() > 0
+    assert set(visible.evaluate_all("rows => rows.map(r => r.dataset.node)")) == {"device1"}
+    shot(page, "06-terminal-filtered")
+    page.select_option("#term-filter", "")
+
+    # the run recorded the version it executed
+    assert json.loads((run.path / "nnpm.json").read_text(encoding="utf-8"))["version"] == digest
+    page.click("#tab-runs")
+    page.click(f"#runs-table tr[data-key='{run.path.parent.name}/{run.path.name}']")
+    page.wait_for_selector("[data-testid=run-version]")
+    assert page.locator("[data-testid=run-version]").inner_text() == digest
+    page.wait_for_function(
+        "(document.querySelector('#run-plots img[data-plot=layers]') || {}).naturalWidth > 0"
+    )
+    shot(page, "07-run-page")
+
+    page.click("#open-optimise")
+    page.select_option("#optimise-form select[name=algorithm]", "exhaustive")
+    page.select_option("#optimise-form select[name=objective]", "variance")
+    page.select_option("#optimise-form select[name=policy]", "RR")
+    page.click("#optimise-run")
+    page.wait_for_selector(".optimise-table[data-file='exhaustive-variance-RR.json']")
+    page.wait_for_function("(document.getElementById('validation-png') || {}).naturalWidth > 0")
+    assert (run.path / "optimise" / "exhaustive-variance-RR.json").is_file()
+    page.locator(".optimise-table[data-file='exhaustive-variance-RR.json']").scroll_into_view_if_needed()
+    shot(page, "08-optimise")
+
+
+def test_stop_during_a_run_tears_down(page: Any, server: Server) -> None:
+    page.click("#tab-scenarios")
+    slow = {"stages": [{"work": 60, "output_bytes": 4096}] * 4}
+    fill(page, "name", "e2e_slow")
+    fill(page, "model.params", json.dumps(slow))
+    fill(page, "repetitions", "100")
+    fill(page, "inference.repetitions", "200")
+    previous = page.locator("#version-hash").inner_text()
+    page.click("#save-button")
+    page.wait_for_function(f"document.getElementById('version-hash').textContent !== '{previous}'")
+    before = page.evaluate("window.nnpm.state.run.key")
+    page.click("#run-button")
+    run = _run_of_active(page, server, before)
+    page.wait_for_function(
+        "document.getElementById('active-state').textContent.includes('profile')", timeout=RUN_TIMEOUT_MS
+    )
+    shot(page, "09-slow-run-profiling")
+    page.click("#stop-button")
+    page.wait_for_function(
+        "document.getElementById('active-state').textContent === 'stopped'", timeout=RUN_TIMEOUT_MS
+    )
+    status = run.status()
+    assert status["state"] == "stopped"
+    assert status["teardown"]["ok"] is True
+    assert run_processes(run.run_id) == []
+    page.wait_for_selector(".term .l[data-stream=stage]:has-text('teardown done')")
+    shot(page, "10-stopped-teardown-done")
+
+
+def test_artifacts_written() -> None:
+    names = sorted(p.name for p in Path(ARTIFACTS).glob("*.png"))
+    assert len(names) >= 10, names
+    assert time.time() - max(p.stat().st_mtime for p in Path(ARTIFACTS).glob("*.png")) < 3600

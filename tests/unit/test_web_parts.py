@@ -1,0 +1,168 @@
+"""NNPM parts with no server: scenario store, run.log reader, ping parsing, managed inventory."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dit.scenario import expand, load
+from dit.web.nodes import Inventory, NodeError, check_node
+from dit.web.probe import ProbeResult, Target, parse_ping, tcp_connect
+from dit.web.store import Store, diff, version_hash
+from dit.web.terminal import BACKLOG_BYTES, parse_line, read_lines, start_offset
+from tests.conftest import REPO
+
+DOC = {"name": "s1", "model": "fake", "devices": ["device1", "device2"], "repetitions": 2}
+
+
+def test_version_hash_is_the_scenario_hash_without_a_sweep() -> None:
+    (scenario,) = load(REPO / "scenarios" / "quickstart.yaml")
+    assert version_hash(scenario.to_dict()) == scenario.hash
+    # spelling out a default saves no new version; changing a value does
+    assert version_hash({**DOC, "warmup": 1}) == version_hash(DOC)
+    assert version_hash({**DOC, "repetitions": 3}) != version_hash(DOC)
+
+
+def test_store_versions_are_immutable_with_history_and_diff(tmp_path: Path) -> None:
+    store = Store(tmp_path / "nnpm.sqlite")
+    v1, created = store.save(DOC, expand(DOC))
+    assert created and v1.hash == version_hash(DOC)
+    again, created = store.save(dict(reversed(list(DOC.items()))), expand(DOC))
+    assert not created and again.hash == v1.hash
+    doc2 = {**DOC, "repetitions": 4, "network": {"device1": {"delay_ms": 5}}}
+    v2, _ = store.save(doc2, expand(doc2))
+    assert [v.hash for v in store.history("s1")] == [v2.hash, v1.hash]
+    assert store.find(v1.hash[:10]) == v1
+    assert store.find("zz") is None
+    (variant,) = expand(doc2)
+    assert store.version_of_variant(variant.hash) == v2.hash
+    d = diff(v1, v2)
+    paths = {c["path"]: c for c in d["changes"]}
+    assert paths["repetitions"]["a"] == 2 and paths["repetitions"]["b"] == 4
+    assert "-repetitions: 2" in d["unified"] and "+repetitions: 4" in d["unified"]
+    store.close()
+    reopened = Store(tmp_path / "nnpm.sqlite")
+    assert [n["name"] for n in reopened.names()] == ["s1"]
+
+
+def test_run_log_lines_resume_from_an_offset(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text(
+        "2026-01-01T00:00:00.000Z device1 stdout [profile] a b\n2026-01-01T00:00:00.001Z edge ans", "utf-8"
+    )
+    lines, offset = read_lines(log, 0)
+    assert [(x["n"], x["s"], x["x"]) for x in lines] == [("device1", "stdout", "[profile] a b")]
+    assert offset == lines[0]["o"] == len(log.read_bytes().split(b"\n")[0]) + 1  # the partial line waits
+    with log.open("a", encoding="utf-8") as out:
+        out.write("ible ok: task\n")
+    more, end = read_lines(log, offset)
+    assert [(x["n"], x["s"], x["x"]) for x in more] == [("edge", "ansible", "ok: task")]
+    assert end == log.stat().st_size
+    assert read_lines(log, end) == ([], end)
+    # the backlog on connect is bounded; a skipped backlog resumes at a line start
+    assert start_offset(10, None) == (0, 0)
+    assert start_offset(BACKLOG_BYTES + 100, 0) == (100, 100)
+    assert start_offset(50, 999) == (0, 0)  # a replaced file starts over
+    assert parse_line("no header") == {"t": "", "n": "", "s": "", "x": "no header"}
+
+
+def test_read_lines_mid_line_offset_skips_to_the_next_line(tmp_path: Path) -> None:
+    log = tmp_path / "run.log"
+    log.write_text("2026-01-01T00:00:00.000Z a stdout one\n2026-01-01T00:00:00.000Z b stdout two\n", "utf-8")
+    lines, _ = read_lines(log, 5)
+    assert [x["x"] for x in lines] == ["two"]
+
+
+PING_OUT = """PING 127.0.0.1 (127.0.0.1) 56(84) bytes of data.
+64 bytes from 127.0.0.1: icmp_seq=1 ttl=64 time=0.045 ms
+64 bytes from 127.0.0.1: icmp_seq=3 ttl=64 time=0.051 ms
+
+--- 127.0.0.1 ping statistics ---
+3 packets transmitted, 2 received, 33.3333% packet loss, time 404ms
+"""
+
+
+def test_parse_ping_and_green_only_when_all_three_answer() -> None:
+    rtts = parse_ping(PING_OUT)
+    assert rtts == (0.045, None, 0.051)
+    assert not ProbeResult("n", "a", "ping", rtts, "").ok
+    assert ProbeResult("n", "a", "ping", (0.1, 0.2, 0.3), "").ok
+
+
+def test_tcp_probe_on_loopback() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        up = asyncio.run(tcp_connect(Target("n", "127.0.0.1", port)))
+    assert up.ok and up.method == f"tcp:{port}"
+    down = asyncio.run(tcp_connect(Target("n", "127.0.0.1", port)))  # closed now
+    assert not down.ok and down.answered == 0 and "0/3" in down.detail
+
+
+def node(name: str, role: str = "device", **extra: object) -> dict[str, object]:
+    return check_node({"name": name, "role": role, "address": "127.0.0.2", "lat": 38.0, "lon": 23.7, **extra})
+
+
+def test_managed_inventory_keeps_what_it_does_not_manage(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {"ansible_user": "pi"},
+                    "children": {
+                        "edge": {
+                            "hosts": {
+                                "server": {"ansible_host": "10.0.0.1", "dit_inference_address": "10.1.0.1"}
+                            }
+                        },
+                        "devices": {"vars": {"dit_python": "/opt/venv/bin/python"}, "hosts": {"pi1": None}},
+                        "monitoring": {"hosts": {"grafana": {"ansible_host": "10.0.0.9"}}},
+                    },
+                }
+            }
+        ),
+        "utf-8",
+    )
+    inv = Inventory(path)
+    nodes = {n.name: n for n in inv.nodes()}
+    assert nodes["server"].role == "edge" and nodes["pi1"].hostvars["dit_python"] == "/opt/venv/bin/python"
+    assert nodes["pi1"].hostvars["ansible_user"] == "pi" and nodes["pi1"].lat is None
+    inv.upsert(node("pi1", board={"model": "Raspberry Pi 4 Model B", "memory_mb": 4096}), create=False)
+    inv.upsert(node("pi2"), create=True)
+    moved = inv.move("pi2", 38.5, 23.9)
+    assert (moved.lat, moved.lon) == (38.5, 23.9)
+    data = yaml.safe_load(path.read_text("utf-8"))
+    assert data["all"]["vars"] == {"ansible_user": "pi"}
+    assert data["all"]["children"]["monitoring"]["hosts"]["grafana"] == {"ansible_host": "10.0.0.9"}
+    assert data["all"]["children"]["devices"]["hosts"]["pi1"]["dit_board"]["memory_mb"] == 4096
+    with pytest.raises(NodeError) as second_edge:
+        inv.upsert(node("edge2", "edge"), create=True)
+    assert second_edge.value.field == "role"
+    with pytest.raises(NodeError):
+        inv.upsert(node("pi2"), create=True)  # exists
+    inv.delete("pi2")
+    assert "pi2" not in {n.name for n in inv.nodes()}
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"name": "1bad", "address": "a", "lat": 0, "lon": 0}, "name"),
+        ({"name": "ok", "address": "a b", "lat": 0, "lon": 0}, "address"),
+        ({"name": "ok", "address": "a", "lat": 91, "lon": 0}, "lat"),
+        ({"name": "ok", "address": "a", "lat": 0, "lon": "x"}, "lon"),
+        ({"name": "ok", "address": "a", "lat": 0, "lon": 0, "role": "king"}, "role"),
+        ({"name": "ok", "address": "a", "lat": 0, "lon": 0, "board": {"memory_mb": -1}}, "board.memory_mb"),
+        ({"name": "ok", "address": "a", "lat": 0, "lon": 0, "board": {"gpu": "x"}}, "board.gpu"),
+    ],
+)
+def test_check_node_names_the_field(data: dict[str, object], field: str) -> None:
+    with pytest.raises(NodeError) as exc:
+        check_node(data)
+    assert exc.value.field == field

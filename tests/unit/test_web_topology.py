@@ -1,0 +1,70 @@
+"""Great-circle distance → synthetic link latency (5 ms + 1 ms per km) → netem per-destination profiles."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dit.web.topology import (
+    EARTH_RADIUS_KM,
+    Point,
+    haversine_km,
+    link_latency_ms,
+    network_block,
+    topology_delays,
+)
+
+# Hand-computed with the haversine formula on a sphere of radius R = 6371.0088 km:
+# - one degree of longitude on the equator: d = R * pi / 180 = 111.19508 km
+# - a tenth of a degree of latitude on a meridian: d = R * pi / 1800 = 11.119508 km
+# - one degree of longitude at 45 deg N: a = cos^2(45) sin^2(0.5) = 0.5 * 0.0087265355^2 = 3.8076e-5,
+#   d = 2 R asin(sqrt(a)) = 2 * 6371.0088 * asin(0.0061706085) = 2 * 6371.0088 * 0.0061706477 = 78.6262 km
+ONE_DEGREE_EQUATOR_KM = 111.19508
+TENTH_DEGREE_MERIDIAN_KM = 11.119508
+ONE_DEGREE_AT_45N_KM = 78.6262
+
+
+def test_haversine_hand_computed() -> None:
+    assert haversine_km(0, 0, 0, 1) == pytest.approx(ONE_DEGREE_EQUATOR_KM, abs=1e-4)
+    assert haversine_km(0, -0.5, 0, 0.5) == pytest.approx(ONE_DEGREE_EQUATOR_KM, abs=1e-4)
+    assert haversine_km(37.9, 23.7, 38.0, 23.7) == pytest.approx(TENTH_DEGREE_MERIDIAN_KM, abs=1e-4)
+    assert haversine_km(45, 0, 45, 1) == pytest.approx(ONE_DEGREE_AT_45N_KM, abs=1e-3)
+    assert haversine_km(0, 0, 0, 180) == pytest.approx(math.pi * EARTH_RADIUS_KM, rel=1e-12)
+    assert haversine_km(10, 20, 10, 20) == 0.0
+
+
+def test_link_latency_is_5ms_plus_1ms_per_km() -> None:
+    assert link_latency_ms(0) == 5.0
+    assert link_latency_ms(ONE_DEGREE_EQUATOR_KM) == pytest.approx(116.195, abs=1e-3)
+    assert link_latency_ms(12.3456789) == 17.346  # rounded to microseconds
+
+
+def test_topology_delays_every_device_to_every_other_node() -> None:
+    nodes = [
+        Point("edge", "edge", 0.0, 0.0),
+        Point("device1", "device", 0.0, 1.0),
+        Point("device2", "device", 0.1, 0.0),
+    ]
+    delays = topology_delays(nodes)
+    assert set(delays) == {"device1", "device2"}  # the edge server shapes nothing
+    assert delays["device1"]["edge"] == pytest.approx(5 + ONE_DEGREE_EQUATOR_KM, abs=1e-3)
+    assert delays["device2"]["edge"] == pytest.approx(5 + TENTH_DEGREE_MERIDIAN_KM, abs=1e-3)
+    assert delays["device1"]["device2"] == delays["device2"]["device1"]
+    assert "device1" not in delays["device1"]
+
+
+def test_network_block_edge_links_by_default_and_keeps_the_rest() -> None:
+    delays = {"device1": {"edge": 12.5, "device2": 20.0}, "device2": {"edge": 7.0, "device1": 20.0}}
+    base = {"device1": {"jitter_ms": 1, "destinations": {"10.0.0.9/32": {"delay_ms": 3}}}}
+    block = network_block(delays, ["device1", "device2", "device3"], "edge", base=base)
+    assert block == {
+        "device1": {
+            "jitter_ms": 1,
+            "destinations": {"10.0.0.9/32": {"delay_ms": 3}, "edge": {"delay_ms": 12.5}},
+        },
+        "device2": {"destinations": {"edge": {"delay_ms": 7.0}}},
+    }
+    both = network_block(delays, ["device1", "device2"], "edge", device_links=True)
+    assert both["device1"]["destinations"] == {"edge": {"delay_ms": 12.5}, "device2": {"delay_ms": 20.0}}
+    assert base["device1"]["destinations"] == {"10.0.0.9/32": {"delay_ms": 3}}  # not mutated
