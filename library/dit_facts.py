@@ -20,7 +20,7 @@ options:
         so its offset is 0 by construction and recorded with source C(shared).
     type: bool
     default: false
-  sysfs_root: {description: Root under which C(/sys) is read (a fake tree in local mode)., type: path, default: /}
+  sysfs_root: {description: The directory standing for C(/sys) (a fake tree in local mode)., type: path, default: /sys}
   runtime_python:
     description:
       - The interpreter of the node's runtime venv (C(dit_python)); the name and version of every package
@@ -33,7 +33,7 @@ EXAMPLES = r"""
 - name: Read node facts
   dit_facts:
     local_mode: "{{ dit_local_mode | default(false) }}"
-    sysfs_root: "{{ sysfs_root | default('/') }}"
+    sysfs_root: "{{ sysfs_root | default('/sys') }}"
 """
 
 RETURN = r"""
@@ -233,7 +233,7 @@ def main():
         argument_spec={
             "local_mode": {"type": "bool", "default": False},
             "shared_clock": {"type": "bool", "default": False},
-            "sysfs_root": {"type": "path", "default": "/"},
+            "sysfs_root": {"type": "path", "default": "/sys"},
             "runtime_python": {"type": "path", "default": None},
         },
         supports_check_mode=True,

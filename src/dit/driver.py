@@ -281,7 +281,7 @@ class Driver:
                 local=inv.local,
                 run_id=self.run.run_id,
                 node_root=f"{base}/{self.run.run_id}",
-                sysfs_root=str(hostvars.get("sysfs_root", "/")),
+                sysfs_root=str(hostvars.get("sysfs_root", "/sys")),
                 edge_host=inv.edge_host,
                 edge_address=inv.edge_address,
                 hostvars=hostvars,

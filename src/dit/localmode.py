@@ -3,7 +3,8 @@
 The fake tree has what the roles read and write on a Raspberry Pi 4 (cpufreq policy with its
 available frequencies, a thermal zone, the firmware throttle flags) and, on the edge server, what
 an Intel desktop exposes (intel_pstate ``no_turbo``, a base frequency). Roles address it through the
-``sysfs_root`` host variable, so the same tasks run against ``/`` on the rack.
+``sysfs_root`` host variable (the directory standing for ``/sys``), so the same tasks run against
+``/sys`` on the rack.
 """
 
 from __future__ import annotations

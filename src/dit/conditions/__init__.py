@@ -46,7 +46,7 @@ class HostContext:
     local: bool  # local mode: the node is a directory here; privileged network commands are recorded
     run_id: str
     node_root: str  # the node's run root (as a path on the node)
-    sysfs_root: str  # "/" on real hosts
+    sysfs_root: str  # the directory standing for /sys: "/sys" on real hosts, a fake tree in local mode
     edge_host: str
     edge_address: str  # where devices reach the edge server (inference network)
     hostvars: Mapping[str, Any] = field(default_factory=dict)
