@@ -1,0 +1,364 @@
+"""Every NNPM endpoint through FastAPI's TestClient, including bad input, the token and real runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from dit.procs import run_processes
+from dit.rundir import RunDir, write_json
+from dit.web.app import WebConfig, create_app
+from tests.conftest import REPO
+
+LOOPBACK = {"host": "127.0.0.1"}
+DOC = {
+    "name": "api_quick",
+    "model": {"name": "fake", "params": {"profile": "tiny"}},
+    "devices": ["device1", "device2"],
+    "repetitions": 2,
+    "inference": {"enabled": True, "partition_points": [0, 2, 4], "repetitions": 2},
+    "timing": {"start_lead_s": 1.0},
+}
+
+
+def finished_run(runs: Path) -> RunDir:
+    """The hand-assembled fixture run, as a finished run directory."""
+    path = runs / "fixture_small" / "20260101T000000Z-abcdef12"
+    shutil.copytree(REPO / "tests" / "fixtures" / "run_small", path)
+    for sub in ("aggregate", "optimise", "ansible"):
+        (path / sub).mkdir(exist_ok=True)
+    write_json(
+        path / "driver.json", {"pid": 1, "host": "elsewhere", "local": True, "scenario_hash": "0" * 64}
+    )
+    write_json(path / "status.json", {"state": "completed", "label": "fixture_small", "started_wall_ns": 1,
+                                      "finished_wall_ns": 2_000_000_001, "stage_ns": {"profile": 5}})  # fmt: skip
+    (path / "run.log").write_text(
+        "".join(f"2026-01-01T00:00:00.{i:03d}Z device{i % 2 + 1} stdout line {i}\n" for i in range(30)),
+        "utf-8",
+    )
+    return RunDir(path)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[TestClient, WebConfig, RunDir]]:
+    python = sys.executable
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "vars": {
+                        "ansible_connection": "local",
+                        "ansible_python_interpreter": python,
+                        "dit_python": python,
+                    },
+                    "children": {
+                        "edge": {
+                            "hosts": {
+                                "edge": {"ansible_host": "127.0.0.1", "dit_lat": 37.98, "dit_lon": 23.72}
+                            }
+                        },
+                        "devices": {
+                            "hosts": {
+                                "device1": {"ansible_host": "127.0.0.2", "dit_lat": 38.0, "dit_lon": 23.8}
+                            }
+                        },
+                    },
+                }
+            }
+        ),
+        "utf-8",
+    )
+    config = WebConfig(
+        inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios", probe="tcp"
+    )
+    run = finished_run(tmp_path / "runs")
+    with TestClient(create_app(config), base_url="http://127.0.0.1") as client:
+        yield client, config, run
+
+
+def key(run: RunDir) -> str:
+    return f"{run.path.parent.name}/{run.path.name}"
+
+
+def test_page_config_schema_and_static(env: Any) -> None:
+    client, _, _ = env
+    page = client.get("/")
+    assert page.status_code == 200 and "NNPM" in page.text and "/vendor/leaflet/leaflet.js" in page.text
+    assert client.get("/vendor/leaflet/leaflet.js").status_code == 200  # served from xstatic-leaflet
+    assert client.get("/static/app.js").status_code == 200
+    cfg = client.get("/api/config").json()
+    assert cfg["token_required"] is False and {"greedy", "exhaustive", "trend"} <= set(cfg["algorithms"])
+    assert client.get("/api/schema").json()["properties"]["network"]
+    assert client.get("/", headers={"host": "attacker.example"}).status_code == 403  # DNS rebinding
+    refused = client.post(
+        "/api/nodes", content=b"name=x", headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    assert refused.status_code == 415  # no cross-site form posts
+
+
+def test_nodes_crud_probe_and_topology(env: Any) -> None:
+    client, config, _ = env
+    data = client.get("/api/nodes").json()
+    assert [n["name"] for n in data["nodes"]] == ["device1", "edge"] and data["editable"]
+    assert data["links"][0]["delay_ms"] == pytest.approx(5 + data["links"][0]["km"], abs=1e-3)
+    new = {
+        "name": "device2",
+        "role": "device",
+        "address": "127.0.0.3",
+        "lat": 38.1,
+        "lon": 23.6,
+        "board": {"cores": 4},
+    }
+    assert client.post("/api/nodes", json=new).status_code == 201
+    assert client.post("/api/nodes", json=new).status_code == 409
+    bad = client.post("/api/nodes", json={**new, "name": "device3", "lat": 123})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "lat"
+    assert client.post("/api/nodes", json={**new, "name": "edge2", "role": "edge"}).status_code == 422
+    put = client.put("/api/nodes/device2", json={**new, "address": "127.0.0.4"})
+    assert put.json()["address"] == "127.0.0.4"
+    assert client.put("/api/nodes/ghost", json=new).status_code == 404
+    moved = client.patch("/api/nodes/device2/position", json={"lat": 38.2, "lon": 23.5})
+    assert moved.status_code == 200 and moved.json()["lat"] == 38.2
+    assert client.patch("/api/nodes/nope/position", json={"lat": 1, "lon": 1}).status_code == 404
+    assert client.patch("/api/nodes/device2/position", json={"lat": "x", "lon": 1}).status_code == 422
+    saved = yaml.safe_load(config.inventory.read_text("utf-8"))
+    assert saved["all"]["children"]["devices"]["hosts"]["device2"]["dit_lat"] == 38.2
+    assert saved["all"]["vars"]["ansible_connection"] == "local"  # kept
+    topo = client.get("/api/topology").json()
+    assert topo["edge"] == "edge" and set(topo["delays"]) == {"device1", "device2"}
+    assert client.delete("/api/nodes/device2").status_code == 204
+    assert client.delete("/api/nodes/device2").status_code == 404
+    # the probe loop (tcp to the SSH port here: nothing listens on 22 of 127.0.0.x in CI) reports per node
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(
+        n["probe"] for n in client.get("/api/nodes").json()["nodes"]
+    ):
+        time.sleep(0.2)
+    probes = {n["name"]: n["probe"] for n in client.get("/api/nodes").json()["nodes"]}
+    assert all(p and p["sent"] == 3 and p["method"] == "tcp:22" for p in probes.values())
+
+
+def test_invalid_scenario_refused_with_field_errors_and_nothing_saved(env: Any) -> None:
+    client, _, _ = env
+    bad = {**DOC, "repetitions": 0, "load": {"device2": {"mode": "sometimes"}}}
+    response = client.post("/api/scenarios", json={"document": bad})
+    assert response.status_code == 422
+    paths = {e["path"] for e in response.json()["errors"]}
+    assert paths == {"repetitions", "load.device2.mode"}
+    assert client.get("/api/scenarios").json()["stored"] == []
+    assert client.post("/api/scenarios", json={"yaml": "name: [unclosed"}).status_code == 422
+    assert client.post("/api/scenarios", json={"document": [1, 2]}).status_code == 422
+    assert (
+        client.post("/api/scenarios", content=b"{", headers={"content-type": "application/json"}).status_code
+        == 400
+    )
+    checked = client.post("/api/scenarios/validate", json={"document": bad}).json()
+    assert checked["valid"] is False and len(checked["errors"]) == 2
+    assert client.get("/api/scenarios").json()["stored"] == []
+
+
+def test_versions_history_diff_and_files(env: Any) -> None:
+    client, _, _ = env
+    valid = client.post("/api/scenarios/validate", json={"document": DOC}).json()
+    assert valid["valid"] and len(valid["variants"]) == 1
+    first = client.post("/api/scenarios", json={"document": DOC})
+    assert (
+        first.status_code == 201
+        and first.json()["created"]
+        and first.json()["version"]["hash"] == valid["hash"]
+    )
+    same = client.post(
+        "/api/scenarios", json={"document": {**DOC, "warmup": 1}}
+    ).json()  # a default spelled out
+    assert same["created"] is False and same["version"]["hash"] == valid["hash"]
+    with_topology = client.post("/api/scenarios/topology", json={"document": DOC}).json()
+    delay = with_topology["document"]["network"]["device1"]["destinations"]["edge"]["delay_ms"]
+    assert delay > 5 and with_topology["not_on_map"] == ["device2"]
+    second = client.post("/api/scenarios", json={"document": with_topology["document"]}).json()["version"]
+    history = client.get("/api/scenarios/api_quick/versions").json()["versions"]
+    assert [v["hash"] for v in history] == [second["hash"], valid["hash"]]
+    diff = client.get(f"/api/diff?a={valid['hash']}&b={second['hash'][:16]}").json()
+    assert [c["path"] for c in diff["changes"]] == ["network.device1"]
+    assert client.get("/api/diff?a=abc&b=def").status_code == 404
+    version = client.get(f"/api/versions/{second['hash']}").json()
+    assert version["document"]["network"]["device1"]["destinations"]["edge"]["delay_ms"] == delay
+    assert second["hash"] in client.get(f"/api/versions/{second['hash']}/yaml").text
+    assert client.get("/api/versions/0000").status_code == 404
+    files = client.get("/api/scenarios").json()["files"]
+    assert "quickstart.yaml" in {f["file"] for f in files}
+    assert client.get("/api/scenarios/files/quickstart.yaml").json()["document"]["name"] == "quickstart"
+    assert client.get("/api/scenarios/files/..%2Fpyproject.toml").status_code == 404
+
+
+def test_finished_run_page_plots_terminal_and_optimise(env: Any) -> None:
+    client, _, run = env
+    runs = client.get("/api/runs").json()["runs"]
+    assert [r["key"] for r in runs] == [key(run)] and runs[0]["state"] == "completed"
+    assert runs[0]["duration_s"] == 2.0
+    assert client.get("/api/runs/fixture_small/nope").status_code == 404
+    assert client.get("/api/runs/..%2F..%2Fetc/passwd").status_code == 404
+    assert client.post(f"/api/runs/{key(run)}/stop", json={}).status_code == 409  # already finished
+    assert client.post(f"/api/runs/{key(run)}/optimise", json={"algorithm": "nope"}).status_code == 422
+    assert client.post(f"/api/runs/{key(run)}/optimise", json={"policy": 5}).status_code == 422
+    result = client.post(
+        f"/api/runs/{key(run)}/optimise",
+        json={"algorithm": "exhaustive", "objective": "variance", "policy": "RR"},
+    )
+    assert result.status_code == 200, result.text
+    body = result.json()
+    assert body["file"] == "exhaustive-variance-RR.json" and len(body["vector"]) == 2
+    listed = client.get(f"/api/runs/{key(run)}/optimise").json()["results"]
+    assert [r["file"] for r in listed if r["algorithm"] == "exhaustive"] == ["exhaustive-variance-RR.json"]
+    detail = client.get(f"/api/runs/{key(run)}").json()
+    assert detail["phases"]["columns"][0] == "host" and detail["plots"]["layers"] and detail["aggregated"]
+    png = client.get(f"/api/runs/{key(run)}/plots/layers.png")
+    assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
+    assert client.get(f"/api/runs/{key(run)}/plots/monitors.png").status_code in (200, 404)
+    assert client.get(f"/api/runs/{key(run)}/plots/other.png").status_code == 404
+    # the terminal: every line once, resumable from any offset, filtered by node
+    with client.websocket_connect(f"/api/runs/{key(run)}/terminal", headers=LOOPBACK) as ws:
+        lines, offset = read_all(ws)
+    assert [x["x"] for x in lines] == [f"line {i}" for i in range(30)]
+    middle = lines[9]["o"]
+    with client.websocket_connect(f"/api/runs/{key(run)}/terminal?offset={middle}", headers=LOOPBACK) as ws:
+        rest, end = read_all(ws)
+    assert [x["x"] for x in rest] == [f"line {i}" for i in range(10, 30)] and end == offset
+    with client.websocket_connect(f"/api/runs/{key(run)}/terminal?node=device1", headers=LOOPBACK) as ws:
+        only, _ = read_all(ws)
+    assert {x["n"] for x in only} == {"device1"} and len(only) == 15
+    with (
+        pytest.raises(WebSocketDisconnect),
+        client.websocket_connect("/api/runs/a/b/terminal", headers=LOOPBACK) as ws,
+    ):
+        ws.receive_json()
+
+
+def read_all(ws: Any) -> tuple[list[dict[str, Any]], int]:
+    lines: list[dict[str, Any]] = []
+    while True:
+        message = ws.receive_json()
+        if message["type"] == "lines":
+            lines += message["lines"]
+        if message["type"] == "end":
+            return lines, int(message["offset"])
+
+
+def test_run_launch_tag_and_stop(env: Any) -> None:
+    """A real `dit run` started from NNPM, traced to its version, then stopped exactly like `dit stop`."""
+    client, _, _ = env
+    assert client.post("/api/runs", json={"version": "f" * 64}).status_code == 422
+    assert (
+        client.post("/api/runs", json={"version": "x", "kind": "nope", "mode": "cloud"}).json()["errors"][0][
+            "path"
+        ]
+        == "kind"
+    )
+    stages = [{"work": 60, "output_bytes": 4096}] * 4
+    slow = {
+        **DOC,
+        "name": "api_slow",
+        "model": {"name": "fake", "params": {"stages": stages}},
+        "repetitions": 100,
+        "inference": {"enabled": True, "partition_points": [0, 2], "repetitions": 200},
+    }
+    version = client.post("/api/scenarios", json={"document": slow}).json()["version"]["hash"]
+    started = client.post("/api/runs", json={"version": version, "kind": "run", "mode": "local"})
+    assert started.status_code == 202, started.text
+    launch = started.json()["launch"]
+    run = wait_for_run(client, launch)
+    assert json.loads((run.path / "nnpm.json").read_text("utf-8"))["version"] == version
+    summary = next(r for r in client.get("/api/runs").json()["runs"] if r["key"] == key(run))
+    assert summary["version"] == version and summary["launch"] == launch
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and run.status().get("stage") not in ("apply", "profile"):
+        time.sleep(0.2)
+    assert client.post(f"/api/runs/{key(run)}/stop", json={}).status_code == 202
+    while time.monotonic() < deadline and run.status().get("state") == "running":
+        time.sleep(0.3)
+    assert run.status()["state"] == "stopped" and run.status()["teardown"]["ok"] is True
+    assert (run.path / "STOP").exists()
+    time.sleep(1.0)
+    assert run_processes(run.run_id) == []
+    bench = client.post("/api/runs", json={"version": version, "kind": "benchmark", "mode": "local"}).json()
+    assert bench["version"]["kind"] == "benchmark" and bench["version"]["derived_from"] == version
+    derived = client.get(f"/api/versions/{bench['version']['hash']}").json()["document"]
+    assert derived["inference"]["enabled"] is False and derived["optimisation"]["enabled"] is False
+    bench_run = wait_for_run(client, bench["launch"])
+    client.post(f"/api/runs/{key(bench_run)}/stop", json={})
+    while time.monotonic() < deadline + 120 and bench_run.status().get("state") in (None, "running"):
+        time.sleep(0.3)
+    assert bench_run.status()["state"] in ("stopped", "completed")
+
+
+def wait_for_run(client: TestClient, launch: str) -> RunDir:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        data = client.get(f"/api/launches/{launch}").json()
+        if data["runs"]:
+            return RunDir(Path(client.get("/api/config").json()["runs_dir"]) / data["runs"][0]["key"])
+        assert data["alive"], data["log_tail"]
+        time.sleep(0.3)
+    raise AssertionError("the launched run never appeared")
+
+
+def test_runtime_readiness_check_and_actions(env: Any) -> None:
+    client, _, _ = env
+    assert client.post("/api/runtimes/check", json={"hosts": ["ghost"]}).status_code == 422
+    assert client.post("/api/runtimes/actions", json={"action": "format-disk"}).status_code == 422
+    info = client.get("/api/runtimes").json()
+    assert {a["id"] for a in info["actions"]} == {"install-runtime", "distribute-weights"}
+    action = client.post("/api/runtimes/check", json={"hosts": ["device1"], "model": "fake"}).json()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and action["state"] == "running":
+        time.sleep(0.5)
+        action = client.get(f"/api/actions/{action['id']}").json()
+    assert action["state"] == "done", action
+    checks = action["checks"]["device1"]
+    assert checks["python"]["ok"] and checks["python"]["detail"] == ".".join(map(str, sys.version_info[:3]))
+    assert checks["dit-device.pyz"]["ok"] and checks["framework"]["ok"]
+    with client.websocket_connect(f"/api/actions/{action['id']}/terminal", headers=LOOPBACK) as ws:
+        lines, _ = read_all(ws)
+    assert any(x["n"] == "device1" and "check: python" in x["x"] for x in lines)
+    assert client.get("/api/actions/nope").status_code == 404
+
+
+def test_token_required_when_exposed(tmp_path: Path) -> None:
+    config = WebConfig(
+        host="0.0.0.0", inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off"
+    )
+    app = create_app(config)
+    token = config.token
+    assert token and len(token) >= 24
+    with TestClient(app, base_url="http://192.0.2.1:8765") as client:
+        assert client.get("/api/config").status_code == 401
+        assert client.get("/").status_code == 401
+        assert client.get("/api/config", headers={"X-NNPM-Token": "wrong"}).status_code == 401
+        assert client.get("/api/config", headers={"X-NNPM-Token": token}).json()["token_required"] is True
+        assert client.get("/api/runs", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        page = client.get(f"/?token={token}")
+        assert page.status_code == 200 and "nnpm_token=" in page.headers["set-cookie"]
+        assert client.get("/static/app.js").status_code == 200  # the cookie now carries the token
+        client.cookies.clear()
+        with (
+            pytest.raises(WebSocketDisconnect) as refused,
+            client.websocket_connect("/api/runs/a/b/terminal") as ws,
+        ):
+            ws.receive_json()
+        assert refused.value.code == 4401
+        with (
+            pytest.raises(WebSocketDisconnect) as missing,
+            client.websocket_connect(f"/api/runs/a/b/terminal?token={token}") as ws,
+        ):
+            ws.receive_json()
+        assert missing.value.code == 4404  # past the guard: there is no such run
