@@ -18,7 +18,7 @@ import dit.driver as driver_module
 from dit.aggregate import iperf3_rate_bps
 from dit.aggregate_network import aggregate_network
 from dit.driver import Driver, RunOptions
-from dit.inventory import RunInventory
+from dit.inventory import RunInventory, local_inventory
 from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
@@ -36,7 +36,7 @@ def mbits(log: str) -> list[float]:
 def test_background_stream_recorded_shaping_and_link_test(
     scenario_dir: Path, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = driver_module.local_inventory
+    original = local_inventory
 
     def with_iperf3_test(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         inventory = original(run_dir, devices)

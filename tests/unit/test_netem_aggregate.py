@@ -74,7 +74,7 @@ def test_self_check_and_changes_on_the_origin(tmp_path: Path) -> None:
     assert list(changes["delay_ms"]) == [10, 30, 10] and list(changes["ok"]) == [1, 1, 0]
 
 
-def test_the_netem_fact_reads_without_loading(tmp_path: Path) -> None:
+def test_the_netem_fact_reads_without_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = importlib.util.spec_from_file_location("dit_facts_module", REPO / "library" / "dit_facts.py")
     assert spec is not None and spec.loader is not None
     facts = importlib.util.module_from_spec(spec)
@@ -93,7 +93,7 @@ def test_the_netem_fact_reads_without_loading(tmp_path: Path) -> None:
     (base / "modules.dep").write_text("kernel/net/sched/sch_tbf.ko.xz:\n")
 
     def netem(config: str | None, release: str = "6.1.0-rpi7") -> dict[str, object]:
-        facts._kernel_config = lambda _release: config
+        monkeypatch.setattr(facts, "_kernel_config", lambda _release: config)
         result: dict[str, object] = facts._netem(release, str(modules), str(sys_module))
         return result
 
