@@ -269,6 +269,7 @@ class Driver:
 
     def _host_contexts(self) -> dict[str, HostContext]:
         inv = self.inv
+        addresses = {host: inv.address_of(host) for host in inv.hosts}
         contexts: dict[str, HostContext] = {}
         for host in inv.hosts:
             hostvars = inv.hostvars.get(host, {})
@@ -285,6 +286,7 @@ class Driver:
                 edge_host=inv.edge_host,
                 edge_address=inv.edge_address,
                 hostvars=hostvars,
+                addresses=addresses,
             )
         return contexts
 
@@ -516,9 +518,13 @@ class Driver:
 
     def _collect(self) -> None:
         raw = self.run.path / "raw"
+        throughput = [
+            d for d in self.scenario.devices if self.scenario.network.get(d, {}).get("measure_throughput")
+        ]
         self._stage(
             "collect",
             {
+                "dit_iperf3_devices": throughput,
                 "dit_edge_address": self.inv.edge_address,
                 "dit_edge_port_actual": self.edge_port,
                 "dit_raw_dir": str(raw),
@@ -529,9 +535,11 @@ class Driver:
 
     def _aggregate(self) -> None:
         from dit.aggregate import aggregate_run
+        from dit.aggregate_network import aggregate_network
 
         def work() -> None:
             aggregate_run(self.run.path)
+            aggregate_network(self.run.path)
             if self.scenario.inference.enabled:
                 from dit.validation import validate_run
 

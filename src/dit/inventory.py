@@ -43,6 +43,15 @@ class RunInventory:
     def limit(self) -> str:
         return ":".join(self.hosts)
 
+    def address_of(self, host: str) -> str:
+        """Where the other nodes reach ``host`` on the inference network."""
+        if host == self.edge_host:
+            return self.edge_address
+        if self.local:
+            return "127.0.0.1"
+        hostvars = self.hostvars.get(host, {})
+        return str(hostvars.get("dit_inference_address") or hostvars.get("ansible_host") or host)
+
 
 def local_cpu_split() -> tuple[list[int], list[int]]:
     """Local mode: CPU 0 for the edge server, the others for the devices (none with one CPU).

@@ -121,3 +121,20 @@ def test_local_inventory_keeps_the_edge_server_off_the_devices_cpus(tmp_path: Pa
     assert inv.hostvars["edge"]["dit_cpu_affinity"] == cpus[:1]
     for device in ("device1", "device2"):
         assert inv.hostvars[device]["dit_cpu_affinity"] == cpus[1:]
+
+
+def test_inference_addresses_of_every_host() -> None:
+    from dit.inventory import RunInventory
+
+    hostvars = {
+        "edge": {"ansible_host": "192.168.1.10", "dit_inference_address": "10.0.0.1"},
+        "device1": {"ansible_host": "192.168.1.11", "dit_inference_address": "10.0.0.11"},
+        "device2": {"ansible_host": "192.168.1.12"},
+    }
+    real = RunInventory("inv", False, "edge", ("device1", "device2", "device3"), "10.0.0.1", hostvars)
+    assert real.address_of("edge") == "10.0.0.1"
+    assert real.address_of("device1") == "10.0.0.11"  # the Wi-Fi address, not the wired one
+    assert real.address_of("device2") == "192.168.1.12"
+    assert real.address_of("device3") == "device3"
+    local = RunInventory("inv", True, "edge", ("device1",), "127.0.0.1", {})
+    assert local.address_of("device1") == "127.0.0.1"

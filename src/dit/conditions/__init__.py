@@ -50,6 +50,7 @@ class HostContext:
     edge_host: str
     edge_address: str  # where devices reach the edge server (inference network)
     hostvars: Mapping[str, Any] = field(default_factory=dict)
+    addresses: Mapping[str, str] = field(default_factory=dict)  # every host -> its inference address
 
 
 @dataclass(frozen=True)
