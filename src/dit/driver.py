@@ -535,11 +535,13 @@ class Driver:
 
     def _aggregate(self) -> None:
         from dit.aggregate import aggregate_run
+        from dit.aggregate_monitors import aggregate_monitors
         from dit.aggregate_network import aggregate_network
 
         def work() -> None:
             aggregate_run(self.run.path)
             aggregate_network(self.run.path)
+            aggregate_monitors(self.run.path)
             if self.scenario.inference.enabled:
                 from dit.validation import validate_run
 
