@@ -71,10 +71,12 @@ class StageOutcome:
             e for events in self.results.values() for e in events if e.status in ("failed", "unreachable")
         ]
 
-    def result_of(self, host: str, action: str) -> Mapping[str, Any] | None:
-        """The last result of module ``action`` on ``host``."""
+    def result_of(self, host: str, action: str, task: str | None = None) -> Mapping[str, Any] | None:
+        """The last result of module ``action`` on ``host`` (of the task named ``task``, if given)."""
         for event in reversed(self.results.get(host, [])):
-            if event.action == action and event.status in ("ok", "changed", "failed"):
+            if event.action != action or event.status not in ("ok", "changed", "failed"):
+                continue
+            if task is None or event.task == task:
                 return event.result
         return None
 

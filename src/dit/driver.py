@@ -43,6 +43,7 @@ from dit.rundir import DRIVER, RunDir, read_json, write_json
 from dit.scenario import Scenario
 
 ANSIBLE_STAGES = ("preflight", "apply", "profile", "collect")
+EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
 
 
@@ -436,14 +437,7 @@ class Driver:
             },
         )
         # The edge service's own task: conditions after it start tagged processes with dit_proc too.
-        res = next(
-            (
-                e.result
-                for e in reversed(outcome.results.get(self.inv.edge_host, []))
-                if e.action == "dit_proc" and e.task.endswith("Start the edge inference service")
-            ),
-            {},
-        )
+        res = outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}
         ready = res.get("ready") or {}
         if "port" not in ready:
             raise StageFailed("apply: the edge service did not report its port")

@@ -138,3 +138,11 @@ def test_inference_addresses_of_every_host() -> None:
     assert real.address_of("device3") == "device3"
     local = RunInventory("inv", True, "edge", ("device1",), "127.0.0.1", {})
     assert local.address_of("device1") == "127.0.0.1"
+
+
+def test_the_driver_finds_the_edge_service_task_by_its_name(tmp_path: Path) -> None:
+    from dit.driver import EDGE_SERVICE_TASK
+
+    plays = yaml.safe_load(render_playbook("apply", tmp_path, {}).read_text())
+    tasks = [t for play in plays if play["hosts"] == "edge" for t in play["tasks"]]
+    assert [t["name"] for t in tasks if "dit_proc" in t] == [EDGE_SERVICE_TASK]
