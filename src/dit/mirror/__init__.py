@@ -13,5 +13,6 @@ See ``docs/reproducibility.md``.
 
 from __future__ import annotations
 
-#: Version of the manifest format written by :mod:`dit.mirror.manifest`.
-MANIFEST_FORMAT = 1
+from dit.mirror.manifest import MANIFEST_FORMAT
+
+__all__ = ["MANIFEST_FORMAT"]

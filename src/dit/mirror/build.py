@@ -49,6 +49,7 @@ class BuildOptions:
     sources_file: Path | None = None
     source_locations: Mapping[str, str] = field(default_factory=dict)
     weights_from: Path | None = None
+    models: tuple[str, ...] = ()  # empty: every catalogue model with fixed weights
     index_url: str = locks.PYPI_SIMPLE
 
 
@@ -195,7 +196,9 @@ def _build_weights(
     options: BuildOptions, origins: dict[str, dict[str, Any]], log: Callable[[str], None]
 ) -> list[str]:
     try:
-        fetched = weights.fetch_weights(options.out / "weights", options.weights_from, log)
+        fetched = weights.fetch_weights(
+            options.out / "weights", options.weights_from, log, list(options.models) or None
+        )
     except weights.WeightsMirrorError as exc:
         raise BuildError(str(exc)) from exc
     for path, want in fetched:
@@ -204,7 +207,7 @@ def _build_weights(
             "model": want.model,
             "catalogue_sha256": want.sha256,
         }
-    return [f"weights: {len(fetched)} files"]
+    return [f"{len(fetched)} files in weights/"]
 
 
 def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -239,6 +242,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
         "options": {
             "archs": list(options.archs),
             "locks": list(options.lock_names),
+            "models": list(options.models),
             "skipped": [
                 name
                 for name, skip in (

@@ -11,12 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dit.mirror import MANIFEST_FORMAT
-
+#: Version of the manifest format.
+MANIFEST_FORMAT = 1
 MANIFEST = "manifest.json"
 
 
@@ -118,3 +119,24 @@ def verify_mirror(root: Path) -> tuple[list[str], int, int]:
         checked += 1
         size_total += size
     return problems, checked, size_total
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python3 manifest.py MIRROR_DIR``: the problems, one per line, and exit status 1 if any."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: manifest.py MIRROR_DIR", file=sys.stderr)
+        return 2
+    root = Path(args[0]).resolve()
+    problems, files, size = verify_mirror(root)
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"mirror verify: {len(problems)} problem(s) in {root}", file=sys.stderr)
+        return 1
+    print(f"mirror verify: ok, {files} files, {size / 1e6:.1f} MB match {root}/{MANIFEST}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,6 +59,12 @@ def fetch_weights(
 
     source = source_dir if source_dir is not None else weights_dir()
     dest.mkdir(parents=True, exist_ok=True)
+    known = {w.model for w in catalogue_weights()}
+    unknown = sorted(set(models or ()) - known)
+    if unknown:
+        raise WeightsMirrorError(
+            f"no catalogue weights for {', '.join(unknown)} (models with weights: {', '.join(sorted(known))})"
+        )
     out: list[tuple[Path, CatalogueWeights]] = []
     for want in catalogue_weights():
         if models is not None and want.model not in models:
