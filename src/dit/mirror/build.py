@@ -210,6 +210,12 @@ def _build_weights(
     return [f"{len(fetched)} files in weights/"]
 
 
+def _need(srcs: sources.Sources | None) -> sources.Sources:
+    if srcs is None:  # pragma: no cover - guarded by the skip flags
+        raise BuildError("no sources list loaded")
+    return srcs
+
+
 def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build (or extend) the mirror in ``options.out`` and write its manifest; returns the manifest."""
     started = time.monotonic()
@@ -223,17 +229,26 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
         except sources.SourcesError as exc:
             raise BuildError(str(exc)) from exc
     parts: dict[str, list[str]] = {}
-    if not options.skip_wheels:
-        parts["wheels"] = _build_wheels(options, origins, log)
-    if not options.skip_debs and srcs is not None:
-        parts["debs"] = _build_debs(options, srcs, origins, log)
-    if not options.skip_sources and srcs is not None:
-        parts["sources"] = _build_sources(options, srcs, origins, log)
-    if not options.skip_weights:
-        parts["weights"] = _build_weights(options, origins, log)
+    seconds: dict[str, float] = {}
+    steps: list[tuple[str, bool, Callable[[], list[str]]]] = [
+        ("wheels", options.skip_wheels, lambda: _build_wheels(options, origins, log)),
+        ("debs", options.skip_debs or srcs is None, lambda: _build_debs(options, _need(srcs), origins, log)),
+        (
+            "sources",
+            options.skip_sources or srcs is None,
+            lambda: _build_sources(options, _need(srcs), origins, log),
+        ),
+        ("weights", options.skip_weights, lambda: _build_weights(options, origins, log)),
+    ]
+    for name, skip, step in steps:
+        if skip:
+            continue
+        begun = time.monotonic()
+        parts[name] = step()
+        seconds[name] = round(time.monotonic() - begun, 1)
     for part, lines in parts.items():
         for line in lines:
-            log(f"{part}: {line}")
+            log(f"{part}: {line} ({seconds[part]} s for {part})")
     pip_version = subprocess.run(
         [sys.executable, "-m", "pip", "--version"], capture_output=True, text=True, check=False
     ).stdout.split()
@@ -263,6 +278,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
         "finished_unix": int(time.time()),
         "duration_s": round(time.monotonic() - started, 1),
         "parts": parts,
+        "part_seconds": seconds,
     }
     try:
         manifest = write_manifest(options.out, origins, json.loads(json.dumps(info)))
