@@ -498,3 +498,29 @@ def test_cmdline_is_changed_once_and_never_reboots_unless_allowed(tmp_path: Path
     second = _playbook(play)
     assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout
     assert len(list(cmdline.parent.glob("cmdline.txt.*"))) == 1
+
+
+def test_controller_key_is_authorised_once_and_malformed_keys_are_refused(tmp_path: Path) -> None:
+    node = tmp_path / "node"
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJ6l8gUDd0dM7SSDzcLYf9zrzNbdXd4gAsDjtVl2mhm0 ctl@test"
+    keyfile = tmp_path / "id.pub"
+    keyfile.write_text(key + "\n")
+    variables = {
+        "dit_provision_root": str(node),
+        "provision_access_user": "root",
+        "provision_access_home": "/home/root",
+        "provision_access_key_files": [str(keyfile)],
+    }
+    play = _role_play(tmp_path, "provision_access", variables)
+    for _ in range(2):  # the second run changes nothing
+        proc = _playbook(play)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "changed=0" in proc.stdout
+    authorized = node / "home/root/.ssh/authorized_keys"
+    assert authorized.read_text() == key + "\n"
+    assert oct(authorized.stat().st_mode & 0o777) == "0o600"
+    assert oct(authorized.parent.stat().st_mode & 0o777) == "0o700"
+    bad = _playbook(
+        _role_play(tmp_path, "provision_access", {**variables, "provision_access_keys": ["not a key"]})
+    )
+    assert bad.returncode != 0 and "public key" in bad.stdout
