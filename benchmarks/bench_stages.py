@@ -26,7 +26,11 @@ def one(devices: tuple[str, ...]) -> dict[str, float]:
         run = RunDir.create(Path(tmp), "bench", "0" * 64)
         inv = local_inventory(run.path, devices)
         pyz = build_zipapp(run.path / "device", extra_packages=["dit/models"])
-        model: dict[str, Any] = {"name": "fake", "builder": "dit.device.fakemodel:build", "params": {"profile": "tiny"}}
+        model: dict[str, Any] = {
+            "name": "fake",
+            "builder": "dit.device.fakemodel:build",
+            "params": {"profile": "tiny"},
+        }
         common = {"dit_run_id": run.run_id, "dit_journal_path": str(run.journal)}
         events: list[HostEvent] = []
         times: dict[str, float] = {}

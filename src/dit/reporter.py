@@ -83,10 +83,14 @@ class Reporter:
             self._log.flush()
         if self._live is None or style == "red":
             shown = f"[{style}]{escape(text)}[/]" if style else escape(text)
-            self.console.print(f"[bold]{escape(node)}[/] [dim]{stream}[/] {shown}", markup=True, highlight=False)
+            self.console.print(
+                f"[bold]{escape(node)}[/] [dim]{stream}[/] {shown}", markup=True, highlight=False
+            )
 
     def event(self, event: HostEvent) -> None:
-        self.node_state[event.host] = f"[{STYLE.get(event.status, 'default')}]{event.status}[/] {escape(event.task)}"
+        self.node_state[event.host] = (
+            f"[{STYLE.get(event.status, 'default')}]{event.status}[/] {escape(event.task)}"
+        )
         self.line(event.host, event.stream, event.message(), STYLE.get(event.status, ""))
         self._refresh()
 

@@ -14,7 +14,9 @@ from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 
 def dit(*args: str, cwd: Path = REPO, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*DIT, *args], cwd=cwd, env=dit_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*DIT, *args], cwd=cwd, env=dit_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_validate_accepts_the_articles_example_and_lists_its_sweep() -> None:
@@ -76,7 +78,9 @@ def test_ch4_validation_sweep_runs_both_policies_with_a_summary(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("bad_vector", ["1,x", "99,99,99,99"])
-def test_optimise_rejects_bad_vectors_with_a_message(bad_vector: str, tmp_path: Path, scenario_dir: Path) -> None:
+def test_optimise_rejects_bad_vectors_with_a_message(
+    bad_vector: str, tmp_path: Path, scenario_dir: Path
+) -> None:
     path = write_scenario(scenario_dir, optimisation={"enabled": False})
     run = dit("run", str(path), "--runs-dir", str(tmp_path / "runs"))
     assert run.returncode == 0, run.stderr[-2000:]
