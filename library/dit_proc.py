@@ -58,15 +58,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_procs import find_tagged, spawn, tagged_env
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
+from ansible.module_utils.dit_procs import find_tagged, read_json, spawn, tagged_env
 
 
 def _tail(path, limit=2000):
@@ -102,7 +94,7 @@ def main():
     )
     p = module.params
     running = find_tagged(p["run_id"], p["host"], p["tag"])
-    ready = _read_json(p["ready_file"]) if p["ready_file"] else None
+    ready = read_json(p["ready_file"]) if p["ready_file"] else None
     if p["_dit_plan"] or module.check_mode or running:
         journal = (
             []
@@ -144,7 +136,7 @@ def main():
                     msg="{} not ready after {:.0f} s".format(p["tag"], p["ready_timeout"]), stderr=_tail(err)
                 )
             time.sleep(0.02)
-            ready = _read_json(p["ready_file"])
+            ready = read_json(p["ready_file"])
     module.exit_json(changed=True, pids=[proc.pid], ready=ready)
 
 

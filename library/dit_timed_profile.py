@@ -56,17 +56,9 @@ import signal
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_procs import spawn, tagged_env
+from ansible.module_utils.dit_procs import read_json, spawn, tagged_env
 
 TAG = "profile"
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
 
 
 def main():
@@ -116,8 +108,8 @@ def main():
                 msg="profiling did not finish within {:.0f} s; agent killed".format(p["timeout_s"])
             )
         time.sleep(0.05)
-    origin = _read_json(os.path.join(results, "origin.json"))
-    summary = _read_json(os.path.join(results, "done.json"))
+    origin = read_json(os.path.join(results, "origin.json"))
+    summary = read_json(os.path.join(results, "done.json"))
     if proc.returncode != 0 or summary is None:
         try:
             with open(err_path, encoding="utf-8", errors="replace") as handle:

@@ -129,6 +129,17 @@ def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
         )
 
 
+def read_json(path):
+    """The JSON document in ``path``, or None when it is missing or not (yet) complete."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
 def tagged_env(base, run_id, host, tag, extra=None):
     env = dict(base)
     env.update(extra or {})

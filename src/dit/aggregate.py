@@ -27,52 +27,22 @@ import pandas as pd
 import yaml
 
 from dit.delay import DelayModel, DelayModelError
+from dit.device.client import INFERENCE_COLUMNS as RAW_INFERENCE_COLUMNS
+from dit.device.edge import EDGE_REQUEST_COLUMNS as RAW_EDGE_REQUEST_COLUMNS
+from dit.device.profiler import LAYERS_COLUMNS as RAW_LAYERS_COLUMNS
 
 EDGE_HOST: Final = "edge"
 MIB: Final = 1024 * 1024
 DEFAULT_RATE_BPS: Final = 100_000_000.0
 """Link rate used when there is no iperf3 measurement, no scenario cap and no usable fit (100 Mbit/s)."""
 
-LAYERS_RAW_COLUMNS: Final = (
-    "rep",
-    "stage",
-    "latency_ns",
-    "output_bytes",
-    "ops",
-    "cpu_pct",
-    "peak_mem_bytes",
-    "start_ns",
-)
-INFERENCE_COLUMNS: Final = (
-    "round",
-    "repetition",
-    "partition_point",
-    "request_bytes",
-    "local_ns",
-    "transmission_ns",
-    "barrier_ns",
-    "queue_ns",
-    "remote_ns",
-    "return_ns",
-    "total_ns",
-    "start_ns",
-    "max_abs_diff",
-)
-EDGE_REQUEST_COLUMNS: Final = (
-    "device",
-    "round",
-    "repetition",
-    "partition_point",
-    "request_bytes",
-    "recv_start_ns",
-    "ack_ns",
-    "release_ns",
-    "done_ns",
-    "barrier_ns",
-    "queue_ns",
-    "remote_ns",
-    "stages",
-)
+# The raw files' columns are the device writers' own (one definition each). The aggregate
+# requires all of them except those added after the first raw files were written, so a run
+# directory assembled by hand, or kept from an older version, still aggregates.
+OPTIONAL_INFERENCE_COLUMNS: Final = ("ack_overlap_ns",)
+LAYERS_RAW_COLUMNS: Final = RAW_LAYERS_COLUMNS
+INFERENCE_COLUMNS: Final = tuple(c for c in RAW_INFERENCE_COLUMNS if c not in OPTIONAL_INFERENCE_COLUMNS)
+EDGE_REQUEST_COLUMNS: Final = RAW_EDGE_REQUEST_COLUMNS
 LAYERS_COLUMNS: Final = (
     "host",
     "stage",
