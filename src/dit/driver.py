@@ -264,9 +264,9 @@ class Driver:
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
         self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
-        contexts = self._host_contexts()
-        self.conditions = build_conditions(scn, contexts)
-        self.processes = process_settings(scn, contexts)
+        self.contexts = self._host_contexts()
+        self.conditions = build_conditions(scn, self.contexts)
+        self.processes = process_settings(scn, self.contexts)
 
     def _host_contexts(self) -> dict[str, HostContext]:
         inv = self.inv
@@ -455,7 +455,7 @@ class Driver:
         """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.follow`)."""
         if self.reporter is None:
             return
-        self.follower = LogFollower(targets_for(self._host_contexts()), self.run.run_id, self.reporter.line)
+        self.follower = LogFollower(targets_for(self.contexts), self.run.run_id, self.reporter.line)
         self.follower.start()
 
     def _unfollow(self) -> None:
