@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,6 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from dit.rundir import DRIVER, STOP, RunDir, find_runs, read_json
+
+if TYPE_CHECKING:
+    from dit.scenario import Scenario
 
 app = typer.Typer(
     add_completion=False,
@@ -36,7 +39,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _load(path: Path) -> list[object]:
+def _load(path: Path) -> list[Scenario]:
     from dit.scenario import ScenarioError, load
 
     try:
@@ -52,9 +55,7 @@ def _load(path: Path) -> list[object]:
 @app.command()
 def validate(scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
     """Check a scenario against the schema and the semantic rules; print what it expands to."""
-    from dit.scenario import Scenario
-
-    variants = [v for v in _load(scenario) if isinstance(v, Scenario)]
+    variants = _load(scenario)
     table = Table(title=f"{scenario}: valid, {len(variants)} run(s)")
     table.add_column("run")
     table.add_column("hash")
@@ -77,9 +78,7 @@ def run(
 ) -> None:
     """Run a scenario (every sweep variant, one run directory each). Local mode without -i."""
     from dit.driver import Driver, RunOptions
-    from dit.scenario import Scenario
-
-    variants = [v for v in _load(scenario) if isinstance(v, Scenario)]
+    variants = _load(scenario)
     options = RunOptions(runs_root=runs_dir, inventory=inventory, allow_stand_in=stand_in, console=err)
     results = []
     for variant in variants:
