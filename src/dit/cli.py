@@ -78,6 +78,7 @@ def run(
 ) -> None:
     """Run a scenario (every sweep variant, one run directory each). Local mode without -i."""
     from dit.driver import Driver, RunOptions
+
     variants = _load(scenario)
     options = RunOptions(runs_root=runs_dir, inventory=inventory, allow_stand_in=stand_in, console=err)
     results = []
