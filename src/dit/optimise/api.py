@@ -74,21 +74,27 @@ class OptimiseResult:
                     "D_ns": delay,
                     "max_partition_point": bound,
                 }
-                for d, p, loc, tx, rem, delay, bound in zip(
-                    self.devices,
-                    self.vector,
-                    self.local_ns,
-                    self.transmission_ns,
-                    self.remote_ns,
-                    self.delay_ns,
-                    self.max_partition_points,
-                    strict=True,
-                )
+                for d, p, loc, tx, rem, delay, bound in self._per_device()
             ],
             "vectors_evaluated": self.vectors_evaluated,
             "search_wall_ns": self.search_wall_ns,
             "feasible": self.feasible,
         }
+
+    def _per_device(self) -> list[tuple[str, int, int, int, int, int, int]]:
+        """(device, p, L, T, R, D, max p) per device, in device order."""
+        return list(
+            zip(
+                self.devices,
+                self.vector,
+                self.local_ns,
+                self.transmission_ns,
+                self.remote_ns,
+                self.delay_ns,
+                self.max_partition_points,
+                strict=True,
+            )
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -106,16 +112,7 @@ class OptimiseResult:
         table.add_column("device")
         for header in ("p", "max p", "L (ms)", "T (ms)", "R (ms)", "D (ms)"):
             table.add_column(header, justify="right")
-        for d, p, loc, tx, rem, delay, bound in zip(
-            self.devices,
-            self.vector,
-            self.local_ns,
-            self.transmission_ns,
-            self.remote_ns,
-            self.delay_ns,
-            self.max_partition_points,
-            strict=True,
-        ):
+        for d, p, loc, tx, rem, delay, bound in self._per_device():
             table.add_row(d, str(p), str(bound), *(f"{v / 1e6:.3f}" for v in (loc, tx, rem, delay)))
         return table
 
