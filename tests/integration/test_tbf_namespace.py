@@ -91,6 +91,10 @@ def snapshot(ln: Link) -> tuple[Any, str, str]:
         return subprocess.run(["tc", "-n", ln.ns_a, *args], check=True, capture_output=True, text=True).stdout
 
     qdiscs = json.loads(tc("-j", "qdisc", "show", "dev", ln.dev))
+    for qdisc in qdiscs:
+        # A counter, not configuration: packets htb sent straight through (an IPv6 router
+        # solicitation on the freshly raised veth is enough to move it).
+        qdisc.get("options", {}).pop("direct_packets_stat", None)
     roots = [q["handle"] for q in qdiscs if q.get("root")]
     filters = "".join(tc("filter", "show", "dev", ln.dev, "parent", r) for r in roots if r != "0:")
     return qdiscs, tc("-d", "class", "show", "dev", ln.dev), filters
