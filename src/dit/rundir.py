@@ -30,6 +30,11 @@ def read_json(path: Path) -> Any:
 class RunDir:
     path: Path
 
+    def __post_init__(self) -> None:
+        # Absolute, always: ansible-runner runs each stage from its own project directory, so a
+        # relative run directory (the default `runs/`) would point the stages at nothing.
+        object.__setattr__(self, "path", Path(self.path).resolve())
+
     @classmethod
     def create(cls, runs_root: Path, name: str, scenario_hash: str) -> RunDir:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -92,3 +92,14 @@ def test_optimise_rejects_bad_vectors_with_a_message(
     assert good.returncode == 0, good.stderr
     data = json.loads(good.stdout)
     assert data["vector"] == [2, 2]
+
+
+def test_run_with_the_default_relative_runs_directory(tmp_path: Path, scenario_dir: Path) -> None:
+    """`dit run SCENARIO` from any directory: runs/ relative to it, as the README's quickstart does."""
+    path = write_scenario(scenario_dir, optimisation={"enabled": False})
+    result = dit("run", str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs" / "itest").iterdir()
+    assert RunDir(run_dir).status()["state"] == "completed"
+    cleanup = dit("cleanup", f"runs/itest/{run_dir.name}", cwd=tmp_path)
+    assert cleanup.returncode == 0, cleanup.stderr
