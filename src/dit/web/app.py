@@ -183,7 +183,7 @@ async def _json(request: Request) -> dict[str, Any]:
 def create_app(config: WebConfig) -> FastAPI:
     """The NNPM application for ``config`` (the token, when exposed, is generated here if missing)."""
     token = config.ensure_token()
-    runs_root = config.runs_dir
+    runs_root = config.runs_dir.resolve()  # run directories are absolute (RunDir)
     base = runs_mod.nnpm_dir(runs_root)
     store = Store(config.db or base / "nnpm.sqlite")
     inventory = Inventory(config.inventory)

@@ -49,7 +49,7 @@ class Launch:
 
 def run_key(run: RunDir, runs_root: Path) -> str:
     """``<scenario>/<directory>``: how the API names a run."""
-    return str(run.path.relative_to(runs_root))
+    return str(run.path.relative_to(runs_root.resolve()))
 
 
 def run_dir_of(runs_root: Path, scenario: str, name: str) -> RunDir:
