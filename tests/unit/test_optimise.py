@@ -12,22 +12,7 @@ from dit.optimise import CachedObjective, Problem, TooManyVectorsError
 from dit.optimise.exhaustive import exhaustive
 from dit.optimise.greedy import greedy
 from dit.optimise.trend import trend
-
-MS = 1_000_000
-
-
-def small_model() -> DelayModel:
-    """The model of tests/fixtures/run_small (as in test_delay.py)."""
-    return DelayModel(
-        devices=("device1", "device2"),
-        edge_stage_ns=(0.5 * MS, 1.0 * MS, 1.5 * MS),
-        cum_latency_ns=((0, 1.1 * MS, 3.2 * MS, 6.2 * MS), (0, 2.2 * MS, 6.4 * MS, 12.4 * MS)),
-        cut_bytes=((12000, 8000, 4000, 400), (12000, 8000, 4000, 400)),
-        rate_bps=(8e6, 16e6),
-        rtt_ns=(3 * MS, 5 * MS),
-        max_partition_point=(2, 1),
-    )
-
+from tests.unit.test_delay import MS, small_model
 
 # Every feasible vector of small_model() (device1 0..2, device2 0..1), hand-computed (ms):
 #            SJF total  SJF variance  RR total  RR variance
