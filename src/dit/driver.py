@@ -30,12 +30,12 @@ import dit
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
 from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
 from dit.conditions.memory import preflight_problems as memory_preflight_problems
+from dit.conditions.netem.tc import netem_gate
 from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
 from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
-from dit.netem import netem_gate
 from dit.paths import content_root
 from dit.procs import run_processes
 from dit.reporter import Reporter
@@ -528,16 +528,16 @@ class Driver:
             extract_collected(raw, host)
 
     def _aggregate(self) -> None:
-        from dit.aggregate import aggregate_run
-        from dit.aggregate_monitors import aggregate_monitors
-        from dit.aggregate_network import aggregate_network
+        from dit.analysis.aggregate import aggregate_run
+        from dit.analysis.monitors import aggregate_monitors
+        from dit.conditions.netem.check import aggregate_network
 
         def work() -> None:
             aggregate_run(self.run.path)
             aggregate_network(self.run.path)
             aggregate_monitors(self.run.path)
             if self.scenario.inference.enabled:
-                from dit.validation import validate_run
+                from dit.analysis.model_validation import validate_run
 
                 summary = validate_run(self.run.path)
                 mape = getattr(summary, "mape_pct", None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dit.aggregate import (
+from dit.analysis.aggregate import (
     DEFAULT_RATE_BPS,
     FEASIBILITY_COLUMNS,
     LAYERS_COLUMNS,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dit.aggregate_monitors import aggregate_monitors, energy_between
+from dit.analysis.monitors import aggregate_monitors, energy_between
 
 S = 1_000_000_000
 START = 1_700_000_000 * S  # the common start instant (wall ns)

@@ -8,7 +8,7 @@ import pytest
 
 from dit.conditions import HostContext, active, build_conditions, netem
 from dit.conditions import background_traffic as bt
-from dit.netem import NetemError
+from dit.conditions.netem.tc import NetemError
 from dit.scenario import loads
 
 SCENARIO = """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dit.delay import (
+from dit.analysis.delay import (
     DelayModel,
     DelayModelError,
     evaluate,

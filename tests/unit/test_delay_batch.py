@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from dit.delay import (
+from dit.analysis.delay import (
     DelayModel,
     Objective,
     Policy,

@@ -1,10 +1,10 @@
-"""dit.netem: the exact tc argv of every profile kind, expectations, the preflight gate."""
+"""dit.conditions.netem.tc: the exact tc argv of every profile kind, expectations, the preflight gate."""
 
 from __future__ import annotations
 
 import pytest
 
-from dit.netem import (
+from dit.conditions.netem.tc import (
     NetemError,
     build_tree,
     burst_bytes,

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from dit.aggregate_network import aggregate_network
-from dit.netem import netem_gate
+from dit.conditions.netem.check import aggregate_network
+from dit.conditions.netem.tc import netem_gate
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dit.netem import build_tree
+from dit.conditions.netem.tc import build_tree
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from dit.delay import DelayModel, Objective, Policy, evaluate, objective_value, synthetic_model
+from dit.analysis.delay import DelayModel, Objective, Policy, evaluate, objective_value, synthetic_model
 from dit.optimise import CachedObjective, Problem, TooManyVectorsError
 from dit.optimise.exhaustive import exhaustive
 from dit.optimise.greedy import greedy

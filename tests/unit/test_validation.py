@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dit.validation import VALIDATION_COLUMNS, validate_run, validate_runs
+from dit.analysis.model_validation import VALIDATION_COLUMNS, validate_run, validate_runs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

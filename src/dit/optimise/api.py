@@ -17,8 +17,16 @@ from typing import Any, Final
 
 from rich.table import Table
 
-from dit.aggregate import aggregate_run, read_model_inputs, read_scenario
-from dit.delay import DelayModel, Objective, Policy, check_objective, check_policy, evaluate, objective_value
+from dit.analysis.aggregate import aggregate_run, read_model_inputs, read_scenario
+from dit.analysis.delay import (
+    DelayModel,
+    Objective,
+    Policy,
+    check_objective,
+    check_policy,
+    evaluate,
+    objective_value,
+)
 from dit.optimise import DEFAULT_MAX_VECTORS, OptimiseError, Problem, SearchResult, registry
 
 DEFAULT_ALGORITHM: Final = "greedy"
@@ -187,7 +195,7 @@ def optimise_run(
     ``None`` settings come from the scenario's ``optimisation`` block (see :func:`resolve_settings`). With
     ``vector`` the algorithm is recorded as ``vector``, one vector is evaluated and the vector may lie
     outside the feasible ranges (``feasible: false``). Raises :class:`OptimiseError` (including
-    :class:`dit.optimise.TooManyVectorsError`) and :class:`dit.aggregate.AggregateError` with messages
+    :class:`dit.optimise.TooManyVectorsError`) and :class:`dit.analysis.aggregate.AggregateError` with messages
     meant for the user.
     """
     run_dir = Path(run_dir)

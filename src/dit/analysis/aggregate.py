@@ -9,7 +9,7 @@ Reads ``scenario.yaml`` and ``raw/<host>/<host>_*`` of a run directory and write
 - ``phases_summary.csv`` means per (host, round, partition point).
 
 docs/interchange.md describes every column, its unit and the fallbacks. :func:`read_model_inputs` reads the
-first three back (plus ``scenario.yaml``) into a :class:`dit.delay.DelayModel`; that is all ``dit optimise``
+first three back (plus ``scenario.yaml``) into a :class:`dit.analysis.delay.DelayModel`; that is all ``dit optimise``
 needs, so it works on any finished run or on a directory assembled by hand.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from dit.delay import DelayModel, DelayModelError
+from dit.analysis.delay import DelayModel, DelayModelError
 from dit.device.client import INFERENCE_COLUMNS as RAW_INFERENCE_COLUMNS
 from dit.device.edge import EDGE_REQUEST_COLUMNS as RAW_EDGE_REQUEST_COLUMNS
 from dit.device.profiler import LAYERS_COLUMNS as RAW_LAYERS_COLUMNS

@@ -3,7 +3,7 @@
 The builder picks the interface (``network.<device>.interface``, else the inventory's
 ``dit_inference_interface``), refuses the management interface (``dit_management_interface``;
 the ``dit_tc`` module also refuses the default-route interface on the node), resolves every
-destination to an address, and passes the tree of :func:`dit.netem.build_tree` to the role. In
+destination to an address, and passes the tree of :func:`dit.conditions.netem.tc.build_tree` to the role. In
 local mode (and with ``dit_tc_dry_run``) every ``tc`` argv is recorded in a JSON-lines log next to
 the node's run root instead of being run: this kernel has no ``sch_netem``.
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dit.conditions import Condition, HostContext
-from dit.netem import NetemError, build_tree, check_interface
+from dit.conditions.netem.tc import NetemError, build_tree, check_interface
 from dit.scenario import Scenario
 
 CONDITION = Condition(

@@ -27,8 +27,8 @@ from typing import Any
 
 import pandas as pd
 
-from dit.aggregate import raw_file, read_scenario, scenario_devices
-from dit.netem import intended_delay_ms
+from dit.analysis.aggregate import raw_file, read_scenario, scenario_devices
+from dit.conditions.netem.tc import intended_delay_ms
 
 CHECK_COLUMNS = (
     "device",

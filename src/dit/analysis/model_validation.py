@@ -2,8 +2,8 @@
 
 For every inference round of a run (one partition vector, ``inference.partition_points``) and every
 device, the measured delay is the mean over repetitions of ``local_ns + transmission_ns + queue_ns +
-remote_ns``; the prediction is :func:`dit.delay.evaluate` of that vector under the run's policy on the
-run's aggregate (:func:`dit.aggregate.read_model_inputs`). ``barrier_ns`` (the edge holding a request until
+remote_ns``; the prediction is :func:`dit.analysis.delay.evaluate` of that vector under the run's policy on the
+run's aggregate (:func:`dit.analysis.aggregate.read_model_inputs`). ``barrier_ns`` (the edge holding a request until
 the round's other requests arrive, which realises the model's "all requests present at time 0") and
 ``return_ns`` (the result's trip back, which the model has no term for) are excluded, so both sides cover
 the same interval: first local stage to the completion of the last remote stage, with the barrier wait
@@ -31,7 +31,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from dit.aggregate import (
+from dit.analysis.aggregate import (
     EDGE_HOST,
     AggregateError,
     aggregate_run,
@@ -40,7 +40,7 @@ from dit.aggregate import (
     read_scenario,
     round_vectors,
 )
-from dit.delay import DelayModel, check_policy, evaluate
+from dit.analysis.delay import DelayModel, check_policy, evaluate
 
 VALIDATION_COLUMNS: Final = (
     "run",

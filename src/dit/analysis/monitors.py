@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dit.aggregate import AggregateError, raw_file
+from dit.analysis.aggregate import AggregateError, raw_file
 
 MONITOR_COLUMNS: Final = ("node", "t_ns", "metric", "value")
 THROTTLE_COLUMNS: Final = (
