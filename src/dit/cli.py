@@ -227,7 +227,7 @@ def optimise(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Search (or evaluate) partition vectors on a run's aggregate files under the delay model."""
-    from dit.analysis.aggregate import AggregateError
+    from dit.analysis.run import AggregateError
     from dit.optimise import OptimiseError
     from dit.optimise.api import optimise_run
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from rich.console import Console
 
 import dit
+from dit.analysis.run import LoadedRun
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
 from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
 from dit.conditions.memory import preflight_problems as memory_preflight_problems
@@ -527,19 +529,24 @@ class Driver:
         for host in self.inv.hosts:
             extract_collected(raw, host)
 
+    @cached_property
+    def analysed(self) -> LoadedRun:
+        """The run directory as the analysis steps see it: ``scenario.yaml`` read once for all of them."""
+        return LoadedRun(self.run.path)
+
     def _aggregate(self) -> None:
         from dit.analysis.aggregate import aggregate_run
         from dit.analysis.monitors import aggregate_monitors
         from dit.conditions.netem.check import aggregate_network
 
         def work() -> None:
-            aggregate_run(self.run.path)
-            aggregate_network(self.run.path)
-            aggregate_monitors(self.run.path)
+            aggregate_run(self.analysed)
+            aggregate_network(self.analysed)
+            aggregate_monitors(self.analysed)
             if self.scenario.inference.enabled:
                 from dit.analysis.model_validation import validate_run
 
-                summary = validate_run(self.run.path)
+                summary = validate_run(self.analysed)
                 mape = getattr(summary, "mape_pct", None)
                 if mape is not None:
                     self.reporter_info(f"model validation: MAPE {mape:.2f} %")
@@ -556,7 +563,7 @@ class Driver:
         opt = self.scenario.optimisation
 
         def work() -> dict[str, Any]:
-            result = optimise_run(self.run.path, opt.algorithm, opt.objective, opt.policy, None)
+            result = optimise_run(self.analysed, opt.algorithm, opt.objective, opt.policy, None)
             data: dict[str, Any] = json.loads(result.to_json())
             return data
 
@@ -641,7 +648,4 @@ def inventory_of(run: RunDir) -> RunInventory:
 
 def _run_devices(run: RunDir) -> tuple[str, ...]:
     """The devices of the run's resolved scenario."""
-    import yaml
-
-    data = yaml.safe_load((run.path / "scenario.yaml").read_text(encoding="utf-8"))
-    return tuple(str(d) for d in data["devices"])
+    return LoadedRun(run.path).devices

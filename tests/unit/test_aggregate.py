@@ -20,8 +20,8 @@ from dit.analysis.aggregate import (
     fitted_rate_bps,
     iperf3_rate_bps,
     read_model_inputs,
-    round_vectors,
 )
+from dit.analysis.run import round_vectors
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MS = 1_000_000

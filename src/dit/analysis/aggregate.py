@@ -24,9 +24,9 @@ from typing import Any, Final
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from dit.analysis.delay import DelayModel, DelayModelError
+from dit.analysis.run import AggregateError, LoadedRun, raw_file
 from dit.device.client import INFERENCE_COLUMNS as RAW_INFERENCE_COLUMNS
 from dit.device.edge import EDGE_REQUEST_COLUMNS as RAW_EDGE_REQUEST_COLUMNS
 from dit.device.profiler import LAYERS_COLUMNS as RAW_LAYERS_COLUMNS
@@ -93,10 +93,6 @@ SUMMARY_COLUMNS: Final = (
 )
 
 
-class AggregateError(Exception):
-    """The run directory lacks what aggregation (or reading the aggregate back) needs."""
-
-
 @dataclass(frozen=True)
 class Feasibility:
     """One device's row of feasibility.csv."""
@@ -127,26 +123,6 @@ class AggregateSummary:
 # --------------------------------------------------------------------------- scenario
 
 
-def read_scenario(run_dir: Path) -> dict[str, Any]:
-    """``scenario.yaml`` of a run, loaded safely; must be a mapping with a ``devices`` list."""
-    path = run_dir / "scenario.yaml"
-    if not path.is_file():
-        raise AggregateError(f"{path} does not exist")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(data, dict):
-        raise AggregateError(f"{path}: the scenario is not a mapping")
-    devices = data.get("devices")
-    if not isinstance(devices, list) or not devices or not all(isinstance(d, str) for d in devices):
-        raise AggregateError(f"{path}: devices must be a non-empty list of device names")
-    if len(set(devices)) != len(devices):
-        raise AggregateError(f"{path}: devices has duplicates: {devices}")
-    return data
-
-
-def scenario_devices(scenario: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(str(d) for d in scenario["devices"])
-
-
 def _block(scenario: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
     node: Any = scenario
     for key in path:
@@ -163,33 +139,7 @@ def _optional_number(scenario: Mapping[str, Any], section: str, device: str, key
     return float(value)
 
 
-def round_vectors(scenario: Mapping[str, Any]) -> list[tuple[int, ...]]:
-    """The partition vector of every inference round: ``inference.partition_points`` expanded.
-
-    A list of ints p means vectors (p, ..., p); a list of lists is explicit vectors in devices order.
-    """
-    devices = scenario_devices(scenario)
-    points = _block(scenario, "inference").get("partition_points") or []
-    vectors: list[tuple[int, ...]] = []
-    for k, entry in enumerate(points):
-        if isinstance(entry, int) and not isinstance(entry, bool):
-            vectors.append((entry,) * len(devices))
-        elif isinstance(entry, list) and len(entry) == len(devices):
-            vectors.append(tuple(int(p) for p in entry))
-        else:
-            raise AggregateError(
-                f"inference.partition_points[{k}]: {entry!r} is neither a partition point nor a vector "
-                f"of {len(devices)} points"
-            )
-    return vectors
-
-
 # --------------------------------------------------------------------------- raw files
-
-
-def raw_file(run_dir: Path, host: str, name: str) -> Path:
-    """``raw/<host>/<host>_<name>``."""
-    return run_dir / "raw" / host / f"{host}_{name}"
 
 
 def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -460,12 +410,13 @@ def phases_summary(phases: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- the stage
 
 
-def aggregate_run(run_dir: Path) -> AggregateSummary:
+def aggregate_run(run: LoadedRun | Path) -> AggregateSummary:
     """Write the aggregate files of a run directory (see the module docstring) and summarise."""
-    run_dir = Path(run_dir)
-    scenario = read_scenario(run_dir)
-    devices = scenario_devices(scenario)
-    out = run_dir / "aggregate"
+    loaded = LoadedRun.of(run)
+    run_dir = loaded.path
+    scenario = loaded.scenario
+    devices = loaded.devices
+    out = loaded.aggregate_dir
     notes: list[str] = []
 
     device_layers: dict[str, pd.DataFrame] = {}
@@ -570,16 +521,15 @@ def _number(value: Any, what: str) -> float:
     return number
 
 
-def read_model_inputs(run_dir: Path, scenario: Mapping[str, Any] | None = None) -> DelayModel:
+def read_model_inputs(run: LoadedRun | Path) -> DelayModel:
     """The delay model of a run from ``aggregate/{layers,links,feasibility}.csv`` and ``scenario.yaml``.
 
     Device order is the scenario's ``devices`` order. A device absent from feasibility.csv gets the full
     range 0..N. A device with several link rows uses the one whose target is ``edge``.
     """
-    run_dir = Path(run_dir)
-    scenario = read_scenario(run_dir) if scenario is None else scenario
-    devices = scenario_devices(scenario)
-    agg = run_dir / "aggregate"
+    loaded = LoadedRun.of(run)
+    devices = loaded.devices
+    agg = loaded.aggregate_dir
     layers = _read_csv(agg / "layers.csv", LAYERS_COLUMNS) if (agg / "layers.csv").is_file() else None
     links = _read_csv(agg / "links.csv", LINKS_COLUMNS[:7]) if (agg / "links.csv").is_file() else None
     if layers is None or links is None:

@@ -31,16 +31,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from dit.analysis.aggregate import (
-    EDGE_HOST,
-    AggregateError,
-    aggregate_run,
-    raw_file,
-    read_model_inputs,
-    read_scenario,
-    round_vectors,
-)
+from dit.analysis.aggregate import EDGE_HOST, aggregate_run, read_model_inputs
 from dit.analysis.delay import DelayModel, check_policy, evaluate
+from dit.analysis.run import AggregateError, LoadedRun, raw_file
 
 VALIDATION_COLUMNS: Final = (
     "run",
@@ -138,18 +131,19 @@ def in_run_stage_ns(run_dir: Path, num_stages: int) -> tuple[float, ...] | None:
     return tuple(float(means[k]) for k in range(1, num_stages + 1))
 
 
-def compare_run(run_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
+def compare_run(run: LoadedRun | Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Validation rows of one run (aggregating first when needed) and notes on what was skipped."""
-    run_dir = Path(run_dir)
-    scenario = read_scenario(run_dir)
-    agg = run_dir / "aggregate"
+    loaded = LoadedRun.of(run)
+    run_dir = loaded.path
+    scenario = loaded.scenario
+    agg = loaded.aggregate_dir
     if not all((agg / name).is_file() for name in ("layers.csv", "links.csv", "phases.csv")):
-        aggregate_run(run_dir)
-    model: DelayModel = read_model_inputs(run_dir, scenario)
+        aggregate_run(loaded)
+    model: DelayModel = read_model_inputs(loaded)
     edge = scenario.get("edge_server")
     policy = check_policy(str((edge if isinstance(edge, Mapping) else {}).get("policy", "RR")).upper())
     phases = pd.read_csv(agg / "phases.csv")
-    planned = round_vectors(scenario)
+    planned = loaded.round_vectors()
     in_run = in_run_stage_ns(run_dir, model.num_stages)
     in_run_model = None if in_run is None else replace(model, edge_stage_ns=in_run)
     rows: list[dict[str, Any]] = []
@@ -231,14 +225,16 @@ def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
     figure.savefig(path, dpi=120)
 
 
-def validate_runs(run_dirs: Sequence[Path], out_dir: Path) -> ValidationSummary:
+def validate_runs(runs: Sequence[LoadedRun | Path], out_dir: Path) -> ValidationSummary:
     """Validate several runs together (e.g. the RR and SJF runs of a sweep) into ``out_dir``."""
-    if not run_dirs:
+    if not runs:
         raise AggregateError("no run directories to validate")
+    loaded = [LoadedRun.of(run) for run in runs]
+    run_dirs = [run.path for run in loaded]
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for run_dir in run_dirs:
-        run_rows, run_notes = compare_run(Path(run_dir))
+    for run in loaded:
+        run_rows, run_notes = compare_run(run)
         rows += run_rows
         notes += run_notes
     if not rows:
@@ -285,6 +281,7 @@ def validate_runs(run_dirs: Sequence[Path], out_dir: Path) -> ValidationSummary:
     )
 
 
-def validate_run(run_dir: Path) -> ValidationSummary:
+def validate_run(run: LoadedRun | Path) -> ValidationSummary:
     """Validate one run: writes ``aggregate/validation.csv`` and ``aggregate/validation.png``."""
-    return validate_runs([Path(run_dir)], Path(run_dir) / "aggregate")
+    loaded = LoadedRun.of(run)
+    return validate_runs([loaded], loaded.aggregate_dir)

@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from dit.analysis.aggregate import AggregateError, raw_file
+from dit.analysis.run import AggregateError, LoadedRun, raw_file
 
 MONITOR_COLUMNS: Final = ("node", "t_ns", "metric", "value")
 THROTTLE_COLUMNS: Final = (
@@ -337,9 +337,9 @@ def power_summary_row(run_dir: Path, node: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- entry point
 
 
-def aggregate_monitors(run_dir: Path) -> None:
+def aggregate_monitors(run: LoadedRun | Path) -> None:
     """Write ``aggregate/monitors.csv``, ``throttling.csv``, ``energy.csv`` and ``power_summary.csv``."""
-    run_dir = Path(run_dir)
+    run_dir = LoadedRun.of(run).path  # the traces of every node under raw/; the scenario is not needed
     nodes = nodes_of(run_dir)
     out_dir = run_dir / "aggregate"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from rich.table import Table
 
-from dit.analysis.aggregate import aggregate_run, read_model_inputs, read_scenario
+from dit.analysis.aggregate import aggregate_run, read_model_inputs
 from dit.analysis.delay import (
     DelayModel,
     Objective,
@@ -27,6 +27,7 @@ from dit.analysis.delay import (
     evaluate,
     objective_value,
 )
+from dit.analysis.run import LoadedRun
 from dit.optimise import DEFAULT_MAX_VECTORS, OptimiseError, Problem, SearchResult, registry
 
 DEFAULT_ALGORITHM: Final = "greedy"
@@ -155,13 +156,16 @@ def resolve_settings(
         raise OptimiseError(str(exc)) from exc
 
 
-def load_run_model(run_dir: Path) -> tuple[dict[str, Any], DelayModel]:
+def load_run_model(run: LoadedRun | Path) -> tuple[dict[str, Any], DelayModel]:
     """The scenario and the delay model of a run, aggregating first when ``aggregate/`` is incomplete."""
-    scenario = read_scenario(run_dir)
-    agg = run_dir / "aggregate"
-    if not ((agg / "layers.csv").is_file() and (agg / "links.csv").is_file()) and (run_dir / "raw").is_dir():
-        aggregate_run(run_dir)
-    return scenario, read_model_inputs(run_dir, scenario)
+    loaded = LoadedRun.of(run)
+    agg = loaded.aggregate_dir
+    if (
+        not ((agg / "layers.csv").is_file() and (agg / "links.csv").is_file())
+        and (loaded.path / "raw").is_dir()
+    ):
+        aggregate_run(loaded)
+    return loaded.scenario, read_model_inputs(loaded)
 
 
 def _safe(name: str) -> str:
@@ -183,7 +187,7 @@ def _check_result(model: DelayModel, name: str, result: object) -> SearchResult:
 
 
 def optimise_run(
-    run_dir: Path,
+    run: LoadedRun | Path,
     algorithm: str | None,
     objective: str | None,
     policy: str | None,
@@ -198,8 +202,9 @@ def optimise_run(
     :class:`dit.optimise.TooManyVectorsError`) and :class:`dit.analysis.aggregate.AggregateError` with messages
     meant for the user.
     """
-    run_dir = Path(run_dir)
-    scenario, model = load_run_model(run_dir)
+    loaded = LoadedRun.of(run)
+    run_dir = loaded.path
+    scenario, model = load_run_model(loaded)
     name, chosen_objective, chosen_policy = resolve_settings(scenario, algorithm, objective, policy)
     if vector is not None:
         name = VECTOR_ALGORITHM

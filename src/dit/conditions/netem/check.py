@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from dit.analysis.aggregate import raw_file, read_scenario, scenario_devices
+from dit.analysis.run import LoadedRun, raw_file
 from dit.conditions.netem.tc import intended_delay_ms
 
 CHECK_COLUMNS = (
@@ -92,13 +92,14 @@ def _shaping(metadata: Mapping[str, Any], device: str) -> str:
     return "recorded" if metadata.get("mode") == "local" else "none"
 
 
-def netem_check(run_dir: Path) -> pd.DataFrame:
+def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
     """The rows of ``netem_check.csv`` (see the module docstring)."""
-    scenario = read_scenario(run_dir)
+    loaded = LoadedRun.of(run)
+    run_dir, scenario = loaded.path, loaded.scenario
     metadata = _read_json(run_dir / "metadata.json") or {}
     network = scenario.get("network") or {}
     rows: list[dict[str, Any]] = []
-    for device in scenario_devices(scenario):
+    for device in loaded.devices:
         block = network.get(device)
         if not isinstance(block, Mapping):
             continue
@@ -131,11 +132,12 @@ def netem_check(run_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(CHECK_COLUMNS))
 
 
-def netem_changes(run_dir: Path) -> pd.DataFrame:
+def netem_changes(run: LoadedRun | Path) -> pd.DataFrame:
     """The rows of ``netem_changes.csv`` (see the module docstring)."""
-    scenario = read_scenario(run_dir)
+    loaded = LoadedRun.of(run)
+    run_dir = loaded.path
     frames: list[pd.DataFrame] = []
-    for device in scenario_devices(scenario):
+    for device in loaded.devices:
         path = raw_file(run_dir, device, "netem_changes.csv")
         if not path.is_file():
             continue
@@ -150,13 +152,13 @@ def netem_changes(run_dir: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def aggregate_network(run_dir: Path) -> NetworkSummary:
+def aggregate_network(run: LoadedRun | Path) -> NetworkSummary:
     """Write ``aggregate/netem_check.csv`` and ``aggregate/netem_changes.csv`` for a collected run."""
-    run_dir = Path(run_dir)
-    out = run_dir / "aggregate"
+    loaded = LoadedRun.of(run)
+    out = loaded.aggregate_dir
     out.mkdir(parents=True, exist_ok=True)
-    check = netem_check(run_dir)
-    changes = netem_changes(run_dir)
+    check = netem_check(loaded)
+    changes = netem_changes(loaded)
     check.to_csv(out / "netem_check.csv", index=False)
     changes.to_csv(out / "netem_changes.csv", index=False)
     return NetworkSummary(len(check), len(changes), ("netem_check.csv", "netem_changes.csv"))
