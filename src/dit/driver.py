@@ -30,9 +30,16 @@ from rich.console import Console
 import dit
 from dit.analysis.run import LoadedRun
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
-from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
-from dit.conditions.memory import preflight_problems as memory_preflight_problems
-from dit.conditions.netem.tc import netem_gate
+from dit.conditions import (
+    EDGE_SERVICE_ORDER,
+    HostContext,
+    PreflightFacts,
+    active,
+    aggregate_hooks,
+    build_conditions,
+    preflight_refusals,
+    process_settings,
+)
 from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
@@ -385,12 +392,14 @@ class Driver:
         }
         write_json(self.run.path / "metadata.json", metadata)
         self._ntp_gate(nodes)
-        memory = memory_preflight_problems(nodes, self.conditions)
-        if memory:
-            raise StageFailed("preflight: memory limit refused: " + "; ".join(memory))
-        netem = [] if self.local else netem_gate(self.scenario.network, nodes, self.inv.hostvars)
-        if netem:
-            raise StageFailed("preflight: network shaping refused: " + "; ".join(netem))
+        self._condition_gates(nodes)
+
+    def _condition_gates(self, nodes: dict[str, Any]) -> None:
+        """Every condition's ``preflight`` hook (:mod:`dit.conditions`); the first refusal stops the run."""
+        facts = PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
+        refusals = preflight_refusals(facts)
+        if refusals:
+            raise StageFailed(f"preflight: {refusals[0]}")
 
     def _ntp_gate(self, nodes: dict[str, Any]) -> None:
         limit = float(self.scenario.timing.max_clock_offset_ms)
@@ -537,11 +546,11 @@ class Driver:
     def _aggregate(self) -> None:
         from dit.analysis.aggregate import aggregate_run
         from dit.analysis.monitors import aggregate_monitors
-        from dit.conditions.netem.check import aggregate_network
 
         def work() -> None:
             aggregate_run(self.analysed)
-            aggregate_network(self.analysed)
+            for _condition, step in aggregate_hooks():
+                step(self.analysed)
             aggregate_monitors(self.analysed)
             if self.scenario.inference.enabled:
                 from dit.analysis.model_validation import validate_run

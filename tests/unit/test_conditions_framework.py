@@ -84,3 +84,29 @@ def test_cpu_sets_come_from_the_inventory() -> None:
     settings = process_settings(scenario, ctxs)
     assert settings["edge"].cpus == (0,)
     assert settings["device1"].cpus is None
+
+
+def test_every_condition_is_a_package_with_its_hooks_found_by_the_scan() -> None:
+    modules = {m.CONDITION.name: m for m in registry._modules()}
+    assert all(hasattr(m, "__path__") for m in modules.values()), "a condition is one package"
+    assert {c.name for c, _ in registry.aggregate_hooks()} >= {"netem"}
+    assert {name for name, m in modules.items() if hasattr(m, "preflight")} >= {"memory", "netem"}
+
+
+def test_preflight_refusals_come_from_the_condition_hooks_in_condition_order() -> None:
+    (scenario,) = loads(
+        SCENARIO.replace("{threads: 2}", "{memory_limit_mb: 64}")
+        + "network:\n  device2: {delay_ms: 20, interface: wlan0}\n"
+    )
+    built = build_conditions(scenario, contexts())
+    nodes = {
+        "device1": {"memory_controller": "disabled"},
+        "device2": {"kernel": "6.1", "netem": {"available": False, "reason": "no module"}},
+    }
+    facts = registry.PreflightFacts(scenario, nodes, built, {}, local=False)
+    memory, netem = registry.preflight_refusals(facts)
+    assert memory.startswith("memory limit refused: device1: hardware.device1.memory_limit_mb needs")
+    assert netem.startswith("network shaping refused: device2: kernel 6.1 lacks sch_netem (no module)")
+    # local mode records the tc commands instead of running them: only the memory gate applies
+    local = registry.PreflightFacts(scenario, nodes, built, {}, local=True)
+    assert registry.preflight_refusals(local) == [memory]

@@ -7,7 +7,7 @@ the node at run time) and :func:`process` makes the run's device processes (prof
 generator) join it when they start. The cgroup is journaled (removed at teardown, after the run's
 processes are gone: their records are newer). ``dit_cgroup_root`` is a host variable: the cgroup v2
 root ``/sys/fs/cgroup`` by default, ``/sys/fs/cgroup/memory`` on a cgroup v1 host. Preflight refuses
-a node whose kernel has the memory controller disabled (:func:`preflight_problems`).
+a node whose kernel has the memory controller disabled (:func:`preflight`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from dit.conditions import Condition, HostContext, ProcessSettings
+from dit.conditions import Condition, HostContext, PreflightFacts, ProcessSettings
 from dit.scenario import Scenario
 
 CONDITION = Condition(
@@ -99,3 +99,9 @@ def preflight_problems(
                 f"but dit_cgroup_root is {parent}: set dit_cgroup_root: {root} for {host} in the inventory"
             )
     return problems
+
+
+def preflight(facts: PreflightFacts) -> str | None:
+    """The memory gate (the condition's ``preflight`` hook): refuses what :func:`preflight_problems` finds."""
+    problems = preflight_problems(facts.nodes, facts.built)
+    return "memory limit refused: " + "; ".join(problems) if problems else None

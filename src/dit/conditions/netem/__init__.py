@@ -3,9 +3,15 @@
 The builder picks the interface (``network.<device>.interface``, else the inventory's
 ``dit_inference_interface``), refuses the management interface (``dit_management_interface``;
 the ``dit_tc`` module also refuses the default-route interface on the node), resolves every
-destination to an address, and passes the tree of :func:`dit.conditions.netem.tc.build_tree` to the role. In
-local mode (and with ``dit_tc_dry_run``) every ``tc`` argv is recorded in a JSON-lines log next to
-the node's run root instead of being run: this kernel has no ``sch_netem``.
+destination to an address, and passes the tree of :func:`dit.conditions.netem.tc.build_tree` to the
+role. In local mode (and with ``dit_tc_dry_run``) every ``tc`` argv is recorded in a JSON-lines log
+next to the node's run root instead of being run: this kernel has no ``sch_netem``.
+
+The package is the whole controller side of netem: the tc tree (:mod:`.tc`), the preflight gate
+(:func:`preflight`: a kernel without ``sch_netem``) and the network self-check of a collected run
+(:mod:`.check`, the :func:`aggregate` step). The node side ships from elsewhere: the ``dit_tc``
+module (``library/dit_tc.py``), the ``netem`` role and the delay-variation process
+(:mod:`dit.device.netem_vary`).
 
 Order 40: before the edge service starts (its capacity profile does not cross the link, so the
 order does not matter there), before the traffic and load conditions that use the link.
@@ -15,11 +21,14 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dit.conditions import Condition, HostContext
-from dit.conditions.netem.tc import NetemError, build_tree, check_interface
+from dit.conditions import Condition, HostContext, PreflightFacts
+from dit.conditions.netem.tc import NetemError, build_tree, check_interface, netem_gate
 from dit.scenario import Scenario
+
+if TYPE_CHECKING:
+    from dit.analysis.run import LoadedRun
 
 CONDITION = Condition(
     name="netem",
@@ -113,3 +122,17 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
         "netem_protected_interfaces": [management] if management else [],
         "netem_variation": variation,
     }
+
+
+def preflight(facts: PreflightFacts) -> str | None:
+    """The netem gate: a device that needs ``sch_netem`` on a kernel without it (not in local mode,
+    which records the tc commands instead of running them)."""
+    problems = [] if facts.local else netem_gate(facts.scenario.network, facts.nodes, facts.hostvars)
+    return "network shaping refused: " + "; ".join(problems) if problems else None
+
+
+def aggregate(run: LoadedRun) -> None:
+    """The network self-check of a collected run (``netem_check.csv``, ``netem_changes.csv``)."""
+    from dit.conditions.netem.check import aggregate_network  # pandas: only once a run is analysed
+
+    aggregate_network(run)
