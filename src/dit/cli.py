@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dit.rundir import DRIVER, STOP, RunDir, find_runs, read_json
+from dit.rundir import DRIVER, STATUS, STOP, RunDir, find_runs, read_json
 
 if TYPE_CHECKING:
     from dit.scenario import Scenario
@@ -106,6 +107,58 @@ def run(
         raise typer.Exit(1)
 
 
+def _read_run_json(path: Path) -> dict[str, Any]:
+    """A run's JSON file (status.json, driver.json, ...) as a mapping; one-line error if it is not."""
+    try:
+        data = read_json(path)
+    except OSError as exc:
+        raise _fail(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise _fail(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _fail(f"{path}: not a JSON object")
+    return data
+
+
+def _driver_to_signal(run: RunDir) -> int | None:
+    """The pid of the run's driver if it may be signalled; None: only the STOP file can reach it.
+
+    Refuses a run that is not running, and a driver that is gone: the pid in driver.json may
+    name an unrelated process by now (it is compared with the start time and command line the
+    driver recorded).
+    """
+    from dit.procs import identity_mismatch
+
+    state = _read_run_json(run.path / STATUS).get("state") if (run.path / STATUS).exists() else None
+    if state != "running":
+        raise _fail(f"{run.path} is not running (state {state}): nothing to stop")
+    info = _read_run_json(run.path / DRIVER)
+    pid = info.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise _fail(f"{run.path / DRIVER}: pid {pid!r} is not a process id")
+    if info.get("host") != platform.node():
+        err.print(
+            f"[yellow]warning:[/] the driver runs on {escape(str(info.get('host')))}, not here: "
+            "asking it to stop with the STOP file only",
+            highlight=False,
+        )
+        return None
+    if "pid_create_time" not in info:
+        err.print(
+            "[yellow]warning:[/] driver.json does not record the driver's start time (an older dit): "
+            f"pid {pid} cannot be verified, asking it to stop with the STOP file only",
+            highlight=False,
+        )
+        return None
+    reason = identity_mismatch(pid, info)
+    if reason is not None:
+        raise _fail(
+            f"the driver of {run.path} is gone ({reason}) although its status says running: "
+            f"use 'dit cleanup {run.path}'"
+        )
+    return pid
+
+
 @app.command()
 def stop(
     run_dir: Annotated[Path, typer.Argument(help="The run directory of a running run.")],
@@ -115,12 +168,11 @@ def stop(
     run = RunDir(run_dir)
     if not (run_dir / DRIVER).exists():
         raise _fail(f"{run_dir} is not a dit run directory")
+    pid = _driver_to_signal(run)
     (run_dir / STOP).write_text(str(time.time_ns()) + "\n", encoding="utf-8")
-    info = read_json(run_dir / DRIVER)
-    pid = int(info.get("pid", 0))
     from dit.procs import pid_alive
 
-    if pid and pid_alive(pid):
+    if pid:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
