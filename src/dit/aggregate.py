@@ -132,7 +132,12 @@ def read_scenario(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "scenario.yaml"
     if not path.is_file():
         raise AggregateError(f"{path} does not exist")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise AggregateError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except (OSError, yaml.YAMLError) as exc:
+        raise AggregateError(f"{path}: cannot be read as YAML: {' '.join(str(exc).split())}") from exc
     if not isinstance(data, dict):
         raise AggregateError(f"{path}: the scenario is not a mapping")
     devices = data.get("devices")
@@ -565,8 +570,8 @@ def _number(value: Any, what: str) -> float:
         number = float(value)
     except (TypeError, ValueError) as exc:
         raise AggregateError(f"{what}: {value!r} is not a number") from exc
-    if math.isnan(number):
-        raise AggregateError(f"{what} is empty")
+    if math.isnan(number):  # a NaN in the file or an empty cell: pandas reads both as NaN
+        raise AggregateError(f"{what} is NaN (not a number, or an empty cell)")
     return number
 
 

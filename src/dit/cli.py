@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import signal
@@ -210,24 +209,54 @@ def list_runs(runs_dir: RunsRoot = Path("runs")) -> None:
     table = Table(title=str(runs_dir))
     for column in ("scenario", "run", "state", "stage", "wall time"):
         table.add_column(column)
-    for run in find_runs(runs_dir):
-        status = run.status()
-        stage_ns = status.get("stage_ns", {})
-        table.add_row(
-            run.path.parent.name,
-            run.path.name,
-            str(status.get("state", "?")),
-            str(status.get("stage") or ""),
-            f"{sum(stage_ns.values()) / 1e9:.1f} s" if stage_ns else "",
-        )
+    for run in _listed_runs(runs_dir):
+        table.add_row(run.path.parent.name, run.path.name, *_ls_cells(run))
     out.print(table)
+
+
+def _listed_runs(runs_dir: Path) -> list[RunDir]:
+    """Every run directory, also one whose status.json is missing (it is listed as unreadable)."""
+    runs = {run.path: run for run in find_runs(runs_dir)}
+    for driver in runs_dir.glob(f"*/*/{DRIVER}") if runs_dir.is_dir() else []:
+        runs.setdefault(driver.parent.resolve(), RunDir(driver.parent))
+    return sorted(runs.values(), key=lambda r: r.path.name)
+
+
+def _ls_cells(run: RunDir) -> tuple[str, str, str]:
+    """State, stage and wall time of a run; ``unreadable`` (and why) when its status.json is not."""
+    try:
+        status = read_json(run.path / STATUS)
+    except OSError as exc:
+        return "unreadable", f"status.json: {exc.strerror or exc}", ""
+    except ValueError:
+        return "unreadable", "status.json: not valid JSON", ""
+    stage_ns = status.get("stage_ns") if isinstance(status, dict) else None
+    if not isinstance(status, dict) or not _all_numbers(stage_ns or {}):
+        return "unreadable", "status.json: not a dit status", ""
+    wall = f"{sum(stage_ns.values()) / 1e9:.1f} s" if stage_ns else ""
+    return str(status.get("state", "?")), str(status.get("stage") or ""), wall
+
+
+def _all_numbers(values: Any) -> bool:
+    """Whether ``values`` maps names to numbers (the ``*_ns`` fields of status.json)."""
+    return isinstance(values, dict) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in values.values()
+    )
+
+
+def _ns_field(status: dict[str, Any], key: str, path: Path) -> dict[str, float]:
+    """``status[key]`` (e.g. stage_ns), or a one-line error naming the file when it is malformed."""
+    values = status.get(key) or {}
+    if not _all_numbers(values):
+        raise _fail(f"{path}: {key} is not a mapping of names to numbers")
+    return dict(values)
 
 
 @app.command()
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """Summarise one run: status, stage times, start lateness, phase means, optimum."""
     run = RunDir(run_dir)
-    status = run.status()
+    status = _read_run_json(run.path / STATUS) if (run.path / STATUS).is_file() else {}
     if not status:
         raise _fail(f"{run_dir} is not a dit run directory")
     label = escape(str(status.get("label", run_dir.name)))
@@ -237,10 +266,10 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("wall time", justify="right")
-    for stage, ns in status.get("stage_ns", {}).items():
+    for stage, ns in _ns_field(status, "stage_ns", run.path / STATUS).items():
         stages.add_row(stage, f"{ns / 1e9:.3f} s")
     out.print(stages)
-    lateness = status.get("lateness_ns", {})
+    lateness = _ns_field(status, "lateness_ns", run.path / STATUS)
     if lateness:
         late = Table(title="start lateness")
         late.add_column("device")
@@ -252,7 +281,10 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
     if summary.exists():
         import pandas as pd
 
-        frame = pd.read_csv(summary)
+        try:
+            frame = pd.read_csv(summary)
+        except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
+            raise _fail(f"{summary}: not a readable CSV ({exc})") from None
         table = Table(title="phases (mean ns)")
         for column in frame.columns:
             table.add_column(str(column))
@@ -260,7 +292,7 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
             table.add_row(*(f"{v:.0f}" if isinstance(v, float) else str(v) for v in row))
         out.print(table)
     for result in sorted((run_dir / "optimise").glob("*.json")):
-        data = json.loads(result.read_text(encoding="utf-8"))
+        data = _read_run_json(result)
         out.print(
             f"optimise {result.stem}: vector {data.get('vector')} objective {data.get('objective_value')}"
         )
