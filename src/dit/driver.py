@@ -46,7 +46,7 @@ from dit.journal import Journal
 from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
-from dit.procs import run_processes
+from dit.procs import process_identity, run_processes
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, read_json, write_json
 from dit.scenario import Scenario
@@ -209,6 +209,7 @@ class Driver:
                 "inventory": self.options.inventory,
                 "local": self.local,
                 "scenario_hash": scn.hash,
+                **process_identity(os.getpid()),  # so that `dit stop` never signals a reused pid
             },
         )
         run.set_status(state="running", stage=None, label=scn.label, started_wall_ns=time.time_ns())
@@ -332,7 +333,7 @@ class Driver:
             forks=max(5, len(self.inv.hosts)),
             render_context=render_context,
         )
-        self.stage_ns[stage] = time.monotonic_ns() - start
+        self._stage_ended(stage, start)
         if outcome.status == "canceled" or (self._stop_reason and stage != "teardown"):
             self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
             raise Stopped(self._stop_reason or "cancel")
@@ -343,6 +344,12 @@ class Driver:
         self.reporter.stage(stage, "done", self.stage_ns[stage] / 1e6)
         return outcome
 
+    def _stage_ended(self, stage: str, start_ns: int) -> None:
+        """Record a stage's wall time in status.json at once (atomic write), not only at the end:
+        a driver killed later in the run still leaves the times of the stages that ended."""
+        self.stage_ns[stage] = time.monotonic_ns() - start_ns
+        self.run.set_status(stage_ns=self.stage_ns)
+
     def _timed(self, stage: str, work: Callable[[], Any]) -> Any:
         assert self.reporter is not None
         self._check_stop()
@@ -352,10 +359,10 @@ class Driver:
         try:
             result = work()
         except Exception:
-            self.stage_ns[stage] = time.monotonic_ns() - start
+            self._stage_ended(stage, start)
             self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
             raise
-        self.stage_ns[stage] = time.monotonic_ns() - start
+        self._stage_ended(stage, start)
         self.reporter.stage(stage, "done", self.stage_ns[stage] / 1e6)
         return result
 

@@ -60,6 +60,10 @@ def test_sigkill_mid_profile_then_cleanup(scenario_dir: Path, runs_dir: Path) ->
     proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+    # The stages that ended before the kill left their wall times in status.json.
+    stage_ns = run.status().get("stage_ns", {})
+    assert set(stage_ns) == {"preflight", "apply"}, stage_ns
+    assert all(isinstance(ns, int) and ns > 0 for ns in stage_ns.values())
     # The device agents and the edge service outlive their driver: only the journal knows them.
     survivors = run_processes(run.run_id)
     assert {p.environ().get("DIT_TAG") for p in survivors} >= {"profile", "edge"}

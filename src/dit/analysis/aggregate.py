@@ -167,8 +167,8 @@ def _number(value: Any, what: str) -> float:
         number = float(value)
     except (TypeError, ValueError) as exc:
         raise AggregateError(f"{what}: {value!r} is not a number") from exc
-    if math.isnan(number):
-        raise AggregateError(f"{what} is empty")
+    if math.isnan(number):  # a NaN in the file or an empty cell: pandas reads both as NaN
+        raise AggregateError(f"{what} is NaN (not a number, or an empty cell)")
     return number
 
 
