@@ -51,7 +51,6 @@ from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, read_json, write_json
 from dit.scenario import Scenario
 
-ANSIBLE_STAGES = ("preflight", "apply", "profile", "collect")
 EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
 
