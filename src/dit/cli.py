@@ -135,7 +135,8 @@ def stop(
 @app.command()
 def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver died.")]) -> None:
     """Undo a run from its journal (e.g. after the driver was killed) and reap its processes."""
-    from dit.driver import inventory_of, teardown
+    from dit.driver import teardown
+    from dit.inventory import inventory_of
     from dit.procs import pid_alive
 
     if not (run_dir / DRIVER).exists():

@@ -39,7 +39,7 @@ from dit.netem import netem_gate
 from dit.paths import content_root
 from dit.procs import run_processes
 from dit.reporter import Reporter
-from dit.rundir import DRIVER, RunDir, read_json, write_json
+from dit.rundir import DRIVER, RunDir, write_json
 from dit.scenario import Scenario
 
 ANSIBLE_STAGES = ("preflight", "apply", "profile", "collect")
@@ -625,23 +625,3 @@ def teardown(
         for error in errors:
             reporter.error(f"teardown: {error}")
     return ("; ".join(errors) if errors else None), ns
-
-
-def inventory_of(run: RunDir) -> RunInventory:
-    """The inventory a finished or crashed run used (for ``dit cleanup``)."""
-    info = read_json(run.path / DRIVER)
-    scenario = _run_devices(run)
-    if info.get("local", True):
-        data = json.loads((run.path / "inventory.json").read_text(encoding="utf-8"))
-        children = data["all"]["children"]
-        hostvars = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
-        return RunInventory(str(run.path / "inventory.json"), True, "edge", scenario, "127.0.0.1", hostvars)
-    return load_inventory(str(info["inventory"]), scenario)
-
-
-def _run_devices(run: RunDir) -> tuple[str, ...]:
-    """The devices of the run's resolved scenario."""
-    import yaml
-
-    data = yaml.safe_load((run.path / "scenario.yaml").read_text(encoding="utf-8"))
-    return tuple(str(d) for d in data["devices"])
