@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import sys
+from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ from dit.web.routes.common import (
 from dit.web.terminal import tail
 
 router = APIRouter(prefix="/api")
+DRY_RUN_TIMEOUT_S = 600.0
 
 
 @router.get("/runs")
@@ -34,21 +38,28 @@ def get_runs(ctx: Ctx) -> dict[str, Any]:
     return {"runs": runs_mod.list_runs(ctx.runs_root, ctx.store)}
 
 
+def launch_errors(ctx: Context, body: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, str]]:
+    """What is wrong with a request to run (or dry-run) a saved version: ``kind``, ``mode``, ``version``."""
+    errors = []
+    if body.get("kind", "run") not in kinds:
+        errors.append({"path": "kind", "message": " or ".join(kinds)})
+    mode = body.get("mode", "local")
+    if mode not in ("local", "inventory"):
+        errors.append({"path": "mode", "message": "local or inventory"})
+    if mode == "inventory" and not ctx.config.inventory.exists():
+        errors.append({"path": "mode", "message": f"no inventory at {ctx.config.inventory}"})
+    if ctx.store.find(str(body.get("version", ""))) is None:
+        errors.append({"path": "version", "message": "no such saved version"})
+    return errors
+
+
 @router.post("/runs", status_code=202, response_model=None)
 async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
     body = await json_body(request)
     kind = body.get("kind", "run")
     mode = body.get("mode", "local")
-    errors = []
-    if kind not in ("run", "benchmark"):
-        errors.append({"path": "kind", "message": "run or benchmark"})
-    if mode not in ("local", "inventory"):
-        errors.append({"path": "mode", "message": "local or inventory"})
-    if mode == "inventory" and not ctx.config.inventory.exists():
-        errors.append({"path": "mode", "message": f"no inventory at {ctx.config.inventory}"})
+    errors = launch_errors(ctx, body, ("run", "benchmark"))
     version = ctx.store.find(str(body.get("version", "")))
-    if version is None:
-        errors.append({"path": "version", "message": "no such saved version"})
     if errors or version is None:
         return unprocessable(errors)
     chosen = version
@@ -68,6 +79,53 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
         runs_mod.launch, chosen, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store
     )
     return {"launch": record.id, "pid": record.pid, "version": chosen.summary(), "kind": kind, "mode": mode}
+
+
+@router.post("/dry-runs", response_model=None)
+async def dry_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    """``dit run --check`` on a saved version: what preflight and apply would change on every node.
+
+    Runs as a child process (the driver needs the main thread for its signal handlers) and answers
+    when it is done: tens of seconds, no run directory, nothing changed on any node.
+    """
+    body = await json_body(request)
+    errors = launch_errors(ctx, body, ("run",))
+    version = ctx.store.find(str(body.get("version", "")))
+    if errors or version is None:
+        return unprocessable(errors)
+    mode = body.get("mode", "local")
+    path = await asyncio.to_thread(runs_mod.version_file, version, ctx.runs_root)
+    argv = [
+        sys.executable,
+        "-m",
+        "dit",
+        "run",
+        "--check",
+        "--json",
+        str(path),
+        "--runs-dir",
+        str(ctx.runs_root),
+    ]
+    if mode == "inventory":
+        argv += ["-i", str(ctx.config.inventory.resolve())]
+    env = {k: v for k, v in os.environ.items() if k != "DIT_RUN_ID"}
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE, env=env
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), DRY_RUN_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return unprocessable(
+            [{"path": "", "message": f"the dry run took longer than {DRY_RUN_TIMEOUT_S:g} s"}]
+        )
+    log = err.decode("utf-8", "replace")[-4000:]
+    try:
+        report = json.loads(out)
+    except ValueError:
+        return unprocessable([{"path": "", "message": f"the dry run failed: {log.strip()[-1000:]}"}])
+    return {"version": version.summary(), "mode": mode, "ok": proc.returncode == 0, **report, "log_tail": log}
 
 
 @router.get("/launches/{launch_id}")
