@@ -167,7 +167,7 @@ def _details(kind: str, module: str, res: Mapping[str, Any]) -> list[str]:
         details = [" ".join(str(a) for a in argv) for argv in res.get("commands") or []]
         if args.get("dry_run"):
             details.append(
-                "(these tc commands would be recorded in the node's tc log, not run: dit_tc_dry_run)"
+                "(these tc commands would be recorded in the node's tc log, not run: local mode or dit_tc_dry_run)"
             )
         return details + [f"tree {line}" for line in _diff_lines(res.get("diff"))]
     if kind == "process":
