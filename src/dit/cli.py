@@ -75,12 +75,26 @@ def run(
         bool,
         typer.Option(help="Local mode: let the fake model stand in for a model whose framework is missing."),
     ] = True,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Dry run: preflight and apply in check mode; print what would change, change nothing.",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --check: print the report as JSON.")] = False,
 ) -> None:
     """Run a scenario (every sweep variant, one run directory each). Local mode without -i."""
     from dit.driver import Driver, RunOptions
 
     variants = _load(scenario)
     options = RunOptions(runs_root=runs_dir, inventory=inventory, allow_stand_in=stand_in, console=err)
+    if as_json and not check:
+        raise _fail("--json: only with --check", 2)
+    if check:
+        from dit.dryrun import print_dry_runs
+
+        raise typer.Exit(print_dry_runs(variants, options, as_json, out))
     results = []
     for variant in variants:
         result = Driver(variant, options).execute()
@@ -186,7 +200,8 @@ def stop(
 @app.command()
 def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver died.")]) -> None:
     """Undo a run from its journal (e.g. after the driver was killed) and reap its processes."""
-    from dit.driver import inventory_of, teardown
+    from dit.driver import teardown
+    from dit.inventory import inventory_of
     from dit.procs import pid_alive
 
     if not (run_dir / DRIVER).exists():

@@ -48,7 +48,7 @@ from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
 from dit.procs import process_identity, run_processes
 from dit.reporter import Reporter
-from dit.rundir import DRIVER, RunDir, read_json, write_json
+from dit.rundir import DRIVER, RunDir, write_json
 from dit.scenario import Scenario
 
 EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
@@ -68,6 +68,7 @@ class RunOptions:
     runs_root: Path
     inventory: str | None = None  # None: local mode
     allow_stand_in: bool = True
+    check: bool = False  # dry run: preflight and apply in Ansible check mode only (Driver.dry_run)
     console: Console = field(default_factory=lambda: Console(stderr=True))
 
 
@@ -156,6 +157,7 @@ class Driver:
         self.reporter: Reporter | None = None
         self.inventory: RunInventory | None = None
         self.follower: LogFollower | None = None
+        self.outcomes: dict[str, StageOutcome] = {}
 
     # -- stop handling -----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -252,6 +254,31 @@ class Driver:
         self.reporter.close()
         return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
 
+    def dry_run(self, work_dir: Path) -> str | None:
+        """Preflight and apply in Ansible check mode in a run directory under ``work_dir``.
+
+        Nothing is journaled, changed or started, so there is no teardown; the stages' results are
+        in :attr:`outcomes` (:mod:`dit.dryrun` reads them). Returns the error, or None.
+        """
+        if not self.options.check:
+            raise ValueError("Driver.dry_run needs RunOptions(check=True)")
+        self.run = RunDir.create(work_dir, self.scenario.name, self.scenario.hash)
+        self.reporter = Reporter(self.run.log, self.options.console, f"{self.scenario.label} (dry run)")
+        error: str | None = None
+        with self._signals(), self.reporter.live():
+            try:
+                self.inventory = self._inventory()
+                self._prepare()
+                self._preflight()
+                self._apply()
+            except Stopped as exc:
+                error = f"stopped by {exc}"
+            except Exception as exc:
+                error = str(exc)
+                self.reporter.error(error)
+        self.reporter.close()
+        return error
+
     def _inventory(self) -> RunInventory:
         if self.options.inventory is None:
             return local_inventory(self.run.path, self.scenario.devices)
@@ -331,7 +358,9 @@ class Driver:
             self._should_cancel,
             forks=max(5, len(self.inv.hosts)),
             render_context=render_context,
+            check=self.options.check,
         )
+        self.outcomes[stage] = outcome
         self._stage_ended(stage, start)
         if outcome.status == "canceled" or (self._stop_reason and stage != "teardown"):
             self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
@@ -453,6 +482,8 @@ class Driver:
                 "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
             },
         )
+        if self.options.check:
+            return  # a dry run started nothing: no port to read, nothing to settle
         # The edge service's own task: conditions after it start tagged processes with dit_proc too.
         res = outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}
         ready = res.get("ready") or {}
@@ -647,20 +678,3 @@ def teardown(
         for error in errors:
             reporter.error(f"teardown: {error}")
     return ("; ".join(errors) if errors else None), ns
-
-
-def inventory_of(run: RunDir) -> RunInventory:
-    """The inventory a finished or crashed run used (for ``dit cleanup``)."""
-    info = read_json(run.path / DRIVER)
-    scenario = _run_devices(run)
-    if info.get("local", True):
-        data = json.loads((run.path / "inventory.json").read_text(encoding="utf-8"))
-        children = data["all"]["children"]
-        hostvars = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
-        return RunInventory(str(run.path / "inventory.json"), True, "edge", scenario, "127.0.0.1", hostvars)
-    return load_inventory(str(info["inventory"]), scenario)
-
-
-def _run_devices(run: RunDir) -> tuple[str, ...]:
-    """The devices of the run's resolved scenario."""
-    return LoadedRun(run.path).devices

@@ -115,6 +115,18 @@ def nnpm_dir(runs_root: Path) -> Path:
     return runs_root / ".nnpm"
 
 
+def version_file(version: Version, runs_root: Path) -> Path:
+    """``<runs>/.nnpm/scenarios/<hash>.yaml``: the saved version as a file ``dit run`` can read."""
+    folder = nnpm_dir(runs_root) / "scenarios"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{version.hash}.yaml"
+    if not path.exists():
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(version.yaml(), encoding="utf-8")
+        os.replace(tmp, path)
+    return path
+
+
 def launch(
     version: Version,
     kind: str,
@@ -126,13 +138,8 @@ def launch(
 ) -> Launch:
     """Start ``dit run`` on ``version`` in its own session; recorded in the store."""
     base = nnpm_dir(runs_root)
-    (base / "scenarios").mkdir(parents=True, exist_ok=True)
     (base / "launches").mkdir(parents=True, exist_ok=True)
-    scenario_file = base / "scenarios" / f"{version.hash}.yaml"
-    if not scenario_file.exists():
-        tmp = scenario_file.with_name(scenario_file.name + ".tmp")
-        tmp.write_text(version.yaml(), encoding="utf-8")
-        os.replace(tmp, scenario_file)
+    scenario_file = version_file(version, runs_root)
     argv = [python, "-m", "dit", "run", str(scenario_file), "--runs-dir", str(runs_root)]
     if mode == "inventory":
         if inventory is None:
