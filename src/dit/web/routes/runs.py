@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 
+from dit.device.tags import RUN_ENV
 from dit.procs import pid_alive
 from dit.rundir import RunDir
 from dit.scenario import expand, validate
@@ -108,7 +109,7 @@ async def dry_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
     ]
     if mode == "inventory":
         argv += ["-i", str(ctx.config.inventory.resolve())]
-    env = {k: v for k, v in os.environ.items() if k != "DIT_RUN_ID"}
+    env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE, env=env
     )
