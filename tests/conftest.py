@@ -13,6 +13,21 @@ REPO = Path(__file__).resolve().parent.parent
 DIT = [sys.executable, "-m", "dit"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_lease_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Local runs lease this machine (dit.lease): a test session must not contend with the user's
+    own runs or another session's. Module-scoped fixtures that run dit see this directory."""
+    os.environ["DIT_LOCAL_LEASE_DIR"] = str(tmp_path_factory.mktemp("lease"))
+
+
+@pytest.fixture(autouse=True)
+def _lease_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own machine lease, so that a run a failed test left behind blocks no other test."""
+    path = tmp_path_factory.mktemp("lease")
+    monkeypatch.setenv("DIT_LOCAL_LEASE_DIR", str(path))
+    return path
+
+
 def write_scenario(directory: Path, **overrides: object) -> Path:
     """A small local scenario (the 4-stage fake model, two devices) with ``overrides`` applied."""
     doc: dict[str, object] = {

@@ -75,12 +75,29 @@ def run(
         bool,
         typer.Option(help="Local mode: let the fake model stand in for a model whose framework is missing."),
     ] = True,
+    break_stale_lease: Annotated[
+        bool,
+        typer.Option(
+            "--break-stale-lease",
+            help="Take over a node whose lease holder is gone (its driver died on this machine) or ran "
+            "on another controller host (cannot be checked from here). A live holder is never broken.",
+        ),
+    ] = False,
 ) -> None:
-    """Run a scenario (every sweep variant, one run directory each). Local mode without -i."""
+    """Run a scenario (every sweep variant, one run directory each). Local mode without -i.
+
+    Preflight leases every node to this run; a node another run holds is refused, naming the holder.
+    """
     from dit.driver import Driver, RunOptions
 
     variants = _load(scenario)
-    options = RunOptions(runs_root=runs_dir, inventory=inventory, allow_stand_in=stand_in, console=err)
+    options = RunOptions(
+        runs_root=runs_dir,
+        inventory=inventory,
+        allow_stand_in=stand_in,
+        break_stale_lease=break_stale_lease,
+        console=err,
+    )
     results = []
     for variant in variants:
         result = Driver(variant, options).execute()
