@@ -12,7 +12,10 @@ description:
   - Starts O(argv) as the leader of a new session (its own process group) with C(DIT_RUN_ID),
     C(DIT_HOST) and C(DIT_TAG) in its environment, so that teardown (and C(dit cleanup) after a
     crash) can find and kill it by run id alone.
-  - Idempotent: when a live process of this run, host and tag exists, nothing is started.
+  - A live process of this run, host and tag that this run did not start is an error, never adopted
+    (another run with the same run id would otherwise be reported as this one's). One that this run's
+    journal records as started (the same task applied twice) is left alone and nothing is started;
+    the C(dit_proc) action plugin tells the module which case it is.
   - With O(ready_file), waits until the process writes that JSON file and returns its content.
   - Journaled through the C(dit_proc) action plugin (journal before change).
 options:
@@ -88,6 +91,7 @@ def main():
             "cgroup": {"type": "path"},
             "cpus": {"type": "list", "elements": "int"},
             "_dit_plan": {"type": "bool", "default": False},
+            "_dit_adopt": {"type": "bool", "default": False},
         },
         required_together=[("config", "config_path")],
         supports_check_mode=True,
@@ -95,6 +99,14 @@ def main():
     p = module.params
     running = find_tagged(p["run_id"], p["host"], p["tag"])
     ready = read_json(p["ready_file"]) if p["ready_file"] else None
+    if running and not p["_dit_adopt"]:
+        module.fail_json(
+            msg="a process tagged {} of run {} already runs on {} (pid {}) and this run did not start it: "
+            "refusing to adopt it".format(
+                p["tag"], p["run_id"], p["host"], ", ".join(str(r["pid"]) for r in running)
+            ),
+            pids=[r["pid"] for r in running],
+        )
     if p["_dit_plan"] or module.check_mode or running:
         journal = (
             []

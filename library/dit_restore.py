@@ -17,6 +17,8 @@ description:
   - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
   - C(cgroup) C({path}) removes a cgroup the run created: any process still in it is moved to the
     parent cgroup first (the run's own processes are reaped by their newer C(process) records).
+  - C(lease) C({path, run_id}) releases the node's lease (a file named C(lease.json)), only while it
+    still names this run; another run's lease is left alone.
   - C(command) C({argv, dry_run, log}) runs an undo command (an argv list); with C(dry_run) it is
     only appended to C(log) as JSON, as local mode does for privileged network commands.
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
@@ -56,6 +58,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_lease import release as release_lease
 from ansible.module_utils.dit_procs import find_tagged, reap
 
 MARKER = ".dit-run"
@@ -156,6 +159,7 @@ UNDO = {
     "rmdir": _undo_rmdir,
     "cgroup": _undo_cgroup,
     "command": _undo_command,
+    "lease": lambda undo, check: release_lease(undo["path"], undo["run_id"], check),
 }
 
 

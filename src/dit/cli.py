@@ -83,12 +83,29 @@ def run(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="With --check: print the report as JSON.")] = False,
+    break_stale_lease: Annotated[
+        bool,
+        typer.Option(
+            "--break-stale-lease",
+            help="Take over a node whose lease holder is gone (its driver died on this machine) or ran "
+            "on another controller host (cannot be checked from here). A live holder is never broken.",
+        ),
+    ] = False,
 ) -> None:
-    """Run a scenario (every sweep variant, one run directory each). Local mode without -i."""
+    """Run a scenario (every sweep variant, one run directory each). Local mode without -i.
+
+    Preflight leases every node to this run; a node another run holds is refused, naming the holder.
+    """
     from dit.driver import Driver, RunOptions
 
     variants = _load(scenario)
-    options = RunOptions(runs_root=runs_dir, inventory=inventory, allow_stand_in=stand_in, console=err)
+    options = RunOptions(
+        runs_root=runs_dir,
+        inventory=inventory,
+        allow_stand_in=stand_in,
+        break_stale_lease=break_stale_lease,
+        console=err,
+    )
     if as_json and not check:
         raise _fail("--json: only with --check", 2)
     if check:

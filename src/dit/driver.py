@@ -43,6 +43,7 @@ from dit.conditions import (
 from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal
+from dit.lease import controller_holder
 from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
@@ -69,6 +70,7 @@ class RunOptions:
     inventory: str | None = None  # None: local mode
     allow_stand_in: bool = True
     check: bool = False  # dry run: preflight and apply in Ansible check mode only (Driver.dry_run)
+    break_stale_lease: bool = False  # take nodes whose lease holder is gone or unverifiable (dit.lease)
     console: Console = field(default_factory=lambda: Console(stderr=True))
 
 
@@ -396,9 +398,16 @@ class Driver:
 
     # -- stages ------------------------------------------------------------------------------
     def _preflight(self) -> None:
-        outcome = self._stage("preflight", {})
+        holder = controller_holder(self.run.run_id, self.run.path)
+        outcome = self._stage(
+            "preflight",
+            {"dit_lease": holder.to_json(), "dit_break_stale_lease": self.options.break_stale_lease},
+        )
         nodes: dict[str, Any] = {}
         for host in self.inv.hosts:
+            broken = (outcome.result_of(host, "dit_lease") or {}).get("lease_broken")
+            if broken and self.reporter is not None:
+                self.reporter.warn(str(broken))
             res = outcome.result_of(host, "dit_facts")
             nodes[host] = dict(res.get("dit_facts", {})) if res else {}
         assert self.model is not None

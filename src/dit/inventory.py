@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dit.lease import local_lease_dir
 from dit.localmode import make_fake_sysfs
 from dit.rundir import DRIVER, RunDir, read_json
 
@@ -94,6 +95,8 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
                 "ansible_python_interpreter": python,
                 "dit_python": python,
                 "dit_local_mode": True,
+                # The nodes are this machine: one lease for all of them, shared by every local run.
+                "dit_lease_dir": local_lease_dir(),
             },
             "children": {
                 "edge": {"hosts": {EDGE: edge_vars}},
