@@ -86,11 +86,17 @@ def open_smbus(bus: int) -> I2CBus:
     try:
         smbus2 = importlib.import_module("smbus2")
     except ImportError as exc:
-        raise SensorError("the ina260 sensor needs the smbus2 package (pip install smbus2)") from exc
+        raise SensorError(
+            "the ina260 sensor needs the smbus2 package (pinned in requirements/device.txt: "
+            "run playbooks/provision.yml, or pip install smbus2)"
+        ) from exc
     try:
         handle: I2CBus = smbus2.SMBus(bus)
     except OSError as exc:
-        raise SensorError(f"cannot open I2C bus {bus}: {exc} (is I2C enabled? raspi-config)") from exc
+        raise SensorError(
+            f"cannot open I2C bus {bus}: {exc} (is I2C enabled? playbooks/provision.yml sets "
+            "dtparam=i2c_arm=on in /boot/firmware/config.txt; it takes effect after a reboot)"
+        ) from exc
     return handle
 
 
