@@ -17,6 +17,8 @@ description:
     journal records as started (the same task applied twice) is left alone and nothing is started;
     the C(dit_proc) action plugin tells the module which case it is.
   - With O(ready_file), waits until the process writes that JSON file and returns its content.
+  - Sets C(DIT_STATUS_FILE) to C(logs/<tag>.status.json) under O(cwd); the device agent keeps its
+    status record there (running, then its exit code), which C(dit_collect) checks before teardown.
   - Journaled through the C(dit_proc) action plugin (journal before change).
 options:
   run_id: {description: The run id., type: str, required: true}
@@ -61,7 +63,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_procs import find_tagged, read_json, spawn, tagged_env
+from ansible.module_utils.dit_procs import STATUS_ENV, find_tagged, read_json, spawn, status_path, tagged_env
 
 
 def _tail(path, limit=2000):
@@ -131,9 +133,12 @@ def main():
         os.makedirs(logs)
     out = os.path.join(logs, p["tag"] + ".out")
     err = os.path.join(logs, p["tag"] + ".err")
-    env = tagged_env(
-        os.environ, p["run_id"], p["host"], p["tag"], {str(k): str(v) for k, v in p["env"].items()}
-    )
+    status = status_path(logs, p["tag"])
+    if os.path.exists(status):
+        os.unlink(status)
+    extra = {str(k): str(v) for k, v in p["env"].items()}
+    extra[STATUS_ENV] = status  # the device agent records its exit code there (dit_collect reads it)
+    env = tagged_env(os.environ, p["run_id"], p["host"], p["tag"], extra)
     proc = spawn(p["argv"], env, p["cwd"], out, err, p["cgroup"], p["cpus"])
     if p["ready_file"]:
         deadline = time.monotonic() + p["ready_timeout"]

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dit.rundir import DRIVER, STATUS, STOP, RunDir, find_runs, read_json
+from dit.rundir import DRIVER, FINISHED_STATES, STATUS, STOP, RunDir, find_runs, read_json
 
 if TYPE_CHECKING:
     from dit.scenario import Scenario
@@ -207,7 +207,7 @@ def stop(
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         state = run.status().get("state")
-        if state in ("completed", "failed", "stopped") and not (pid and pid_alive(pid)):
+        if state in FINISHED_STATES and not (pid and pid_alive(pid)):
             out.print(f"{run_dir}: {state}")
             return
         time.sleep(0.2)
@@ -295,6 +295,12 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
     out.print(f"[bold]{label}[/]  {status.get('state')}  run id {run.run_id}")
     if status.get("error"):
         out.print(f"[red]{escape(str(status['error']))}[/]")
+    for failed in status.get("degraded") or []:  # device processes that failed (the run is degraded)
+        if failed.get("stderr_tail"):
+            out.print(
+                f"[yellow]{escape(str(failed.get('node')))} {escape(str(failed.get('process')))} stderr:[/]"
+            )
+            out.print(escape("\n".join(f"  {line}" for line in failed["stderr_tail"])), highlight=False)
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("wall time", justify="right")

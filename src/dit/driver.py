@@ -47,7 +47,7 @@ from dit.lease import controller_holder
 from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
-from dit.procs import process_identity, run_processes
+from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, write_json
 from dit.scenario import Scenario
@@ -78,7 +78,7 @@ class RunOptions:
 class RunResult:
     run_dir: Path
     label: str
-    state: str  # completed | failed | stopped
+    state: str  # completed | degraded (a device process failed; see status.json) | failed | stopped
     error: str | None
     stage_ns: dict[str, int]
     lateness_ns: dict[str, int]
@@ -160,6 +160,7 @@ class Driver:
         self.inventory: RunInventory | None = None
         self.follower: LogFollower | None = None
         self.outcomes: dict[str, StageOutcome] = {}
+        self.process_failures: list[ProcessFailure] = []
 
     # -- stop handling -----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -244,10 +245,13 @@ class Driver:
                 if teardown_error:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
+        if state == "completed" and self.process_failures:
+            state, error = "degraded", "; ".join(f.describe() for f in self.process_failures)
         run.set_status(
             state=state,
             stage=None,
             error=error,
+            degraded=[f.to_dict() for f in self.process_failures],
             finished_wall_ns=time.time_ns(),
             stage_ns=self.stage_ns,
             lateness_ns=self.lateness_ns,
@@ -524,6 +528,10 @@ class Driver:
         if self.reporter is not None:
             self.reporter.info(text)
 
+    def reporter_warn(self, text: str) -> None:
+        if self.reporter is not None:
+            self.reporter.warn(text)
+
     def _profile_configs(self) -> dict[str, Any]:
         scn = self.scenario
         assert self.model is not None
@@ -583,6 +591,9 @@ class Driver:
         )
         for host in self.inv.hosts:
             extract_collected(raw, host)
+        self.process_failures = process_failures(raw, self.inv.hosts)
+        for failure in self.process_failures:
+            self.reporter_warn(failure.describe() + "".join(f"\n  {line}" for line in failure.stderr_tail))
 
     @cached_property
     def analysed(self) -> LoadedRun:

@@ -15,6 +15,9 @@ STATUS = "status.json"
 DRIVER = "driver.json"
 STOP = "STOP"
 RANDOM_BYTES = 4  # 32 random bits in every run id
+# The states a run ends in; "degraded": every stage completed but a device process failed (status.json
+# "degraded" lists them). Every state but "completed" makes `dit run` exit 1.
+FINISHED_STATES = ("completed", "degraded", "failed", "stopped")
 
 
 def write_json(path: Path, data: Any) -> None:

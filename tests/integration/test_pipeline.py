@@ -86,6 +86,13 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, r
     ]
     assert origins[0]["start_at_ns"] == origins[1]["start_at_ns"]
 
+    # Every device process was alive when collect checked it: nothing degraded the run (issue 10, item 7).
+    assert status["degraded"] == []
+    for host in ("edge", "device1", "device2"):
+        records = json.loads((run_dir / "raw" / host / f"{host}_processes.json").read_text())
+        assert "monitor" in {r["tag"] for r in records}, host
+        assert [r for r in records if r["failed"] or r["state"] != "running"] == [], host
+
     # Teardown: journal fully replayed, node run dirs gone, no process of the run left.
     assert Journal(run.journal).pending() == []
     assert not any((run_dir / "nodes" / h / run.run_id).exists() for h in ("edge", "device1", "device2"))

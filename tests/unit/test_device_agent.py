@@ -127,3 +127,70 @@ def test_device_package_imports_only_the_standard_library() -> None:
     )
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(SRC)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_agent_records_its_exit_in_the_status_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = tmp_path / "logs" / "profile.status.json"
+    monkeypatch.setenv(agent.STATUS_ENV, str(status))
+    monkeypatch.setenv("DIT_TAG", "profile")
+    cfg = profile_cfg(tmp_path, repetitions=-1)
+    assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == agent.EXIT_CONFIG
+    record = json.loads(status.read_text())
+    assert record["state"] == "exited" and record["exit_code"] == agent.EXIT_CONFIG
+    assert record["tag"] == "profile" and record["pid"] == os.getpid() and record["command"] == "profile"
+    assert "repetitions: -1 is less than 0" in record["error"]
+    assert record["ended_wall_ns"] >= record["started_wall_ns"]
+
+    def boom(cfg: object) -> int:
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setitem(agent.COMMANDS, "monitor", boom)
+    assert agent.main(["monitor", "--config", str(write(tmp_path, {}))]) == agent.EXIT_FAILURE
+    record = json.loads(status.read_text())
+    assert record["exit_code"] == agent.EXIT_FAILURE
+    assert record["error"] == "ZeroDivisionError: float division by zero"
+    assert "ZeroDivisionError" in capsys.readouterr().err
+
+    monkeypatch.setitem(agent.COMMANDS, "monitor", lambda cfg: 0)
+    assert agent.main(["monitor", "--config", str(write(tmp_path, {}))]) == agent.EXIT_OK
+    record = json.loads(status.read_text())
+    assert record["state"] == "exited" and record["exit_code"] == 0 and record["error"] is None
+
+    with pytest.raises(SystemExit):
+        agent.main(["no-such-command", "--config", "x"])
+    assert json.loads(status.read_text())["exit_code"] == 2
+
+    monkeypatch.delenv(agent.STATUS_ENV)
+    status.unlink()
+    assert agent.main(["monitor", "--config", str(write(tmp_path, {}))]) == agent.EXIT_OK
+    assert not status.exists()  # no record without the variable
+
+
+def test_a_running_agent_says_so_in_its_status_file(tmp_path: Path) -> None:
+    status = tmp_path / "monitor.status.json"
+    cfg = {
+        "host": "device1",
+        "results_dir": str(tmp_path / "r"),
+        "interval_s": 0.05,
+        "vcgencmd_argv": ["no-such-vcgencmd-here"],
+        "ready_file": str(tmp_path / "ready"),
+    }
+    env = {**os.environ, agent.STATUS_ENV: str(status), "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dit.device", "monitor", "--config", str(write(tmp_path, cfg))], env=env
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        record = json.loads(status.read_text())
+        assert record["state"] == "running" and record["pid"] == proc.pid and record["exit_code"] is None
+        proc.terminate()  # SIGTERM: what teardown sends; a clean stop, not a failure
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    record = json.loads(status.read_text())
+    assert record["state"] == "exited" and record["exit_code"] == 0

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +107,36 @@ def test_a_bad_config_is_a_config_error(tmp_path: Path) -> None:
     path.write_text(json.dumps({"host": "d", "results_dir": str(tmp_path), "variation": UNIFORM,
                                 "template": ["tc"], "dry_run": True, "log": str(tmp_path / "l")}))  # fmt: skip
     assert agent_main(["netem-vary", "--config", str(path)]) == 2
+
+
+def test_sigterm_ends_the_command_at_once_as_a_clean_stop(tmp_path: Path) -> None:
+    """Teardown's SIGTERM is a stop, not a failure: exit 0 (it used to die of the signal, -15)."""
+    results, log, ready = tmp_path / "results", tmp_path / "tc.jsonl", tmp_path / "netem-vary.ready"
+    config = {
+        "run_id": "r1",
+        "host": "device1",
+        "results_dir": str(results),
+        "ready_file": str(ready),
+        "variation": {"kind": "square", "low_ms": 5, "high_ms": 45, "period_s": 600},
+        "template": TEMPLATE,
+        "dry_run": True,
+        "log": str(log),
+    }
+    path = tmp_path / "netem-vary.json"
+    path.write_text(json.dumps(config))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dit.device", "netem-vary", "--config", str(path)], env=env
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert time.monotonic() - sent < 5  # not at the next step, 300 s away
+    finally:
+        proc.kill()
+    assert len(list(csv.DictReader((results / "netem_changes.csv").open()))) == 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -62,3 +64,45 @@ def test_spawn_confines_the_process_to_its_cpu_set(tmp_path: Path) -> None:
     finally:
         procs.reap(run_id)
         child.wait()
+
+
+def _status(logs: Path, tag: str, **record: object) -> None:
+    (logs / f"{tag}.status.json").write_text(json.dumps({"command": tag, **record}), encoding="utf-8")
+
+
+def test_process_states_tell_running_exited_and_vanished_processes_apart(tmp_path: Path) -> None:
+    procs = load()
+    run_id = f"test-{uuid.uuid4().hex}"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = procs.tagged_env(os.environ, run_id, "device1", "monitor")
+    alive = procs.spawn(
+        ["sleep", "30"], env, str(tmp_path), str(logs / "monitor.out"), str(logs / "monitor.err")
+    )
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        _status(logs, "monitor", state="running", pid=alive.pid)
+        _status(logs, "load", state="exited", pid=1, exit_code=0, error=None)
+        _status(logs, "power", state="running", pid=dead.pid)  # gone without an exit code: a signal
+        _status(
+            logs, "netem-vary", state="exited", pid=2, exit_code=3, error="netem-vary returned exit code 3"
+        )
+        (logs / "netem-vary.err").write_text("".join(f"line {i}\n" for i in range(30)), encoding="utf-8")
+        # a pid that is alive but not this tagged process (reused) is not "running"
+        _status(logs, "edge", state="running", pid=os.getpid())
+        states = {s["tag"]: s for s in procs.process_states(str(logs), run_id)}
+    finally:
+        alive.kill()
+        alive.wait()
+    assert [t for t in states] == sorted(states)
+    assert states["monitor"]["state"] == "running" and not states["monitor"]["failed"]
+    assert states["load"]["state"] == "exited" and not states["load"]["failed"]
+    assert "stderr_tail" not in states["load"]
+    assert states["power"]["state"] == "vanished" and states["power"]["failed"]
+    assert "killed by a signal" in states["power"]["error"]
+    assert states["edge"]["state"] == "vanished"
+    vary = states["netem-vary"]
+    assert vary["failed"] and vary["exit_code"] == 3
+    assert vary["stderr_tail"] == [f"line {i}" for i in range(20, 30)]
+    assert procs.process_states(str(tmp_path / "missing"), run_id) == []

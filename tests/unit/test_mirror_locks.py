@@ -169,3 +169,13 @@ def test_pip_platform_tags_cover_older_manylinux() -> None:
     assert tags[0] == "manylinux_2_28_aarch64" and "manylinux_2_17_aarch64" in tags
     assert "manylinux2014_aarch64" in tags and not any("x86_64" in t for t in tags)
     assert "manylinux1_x86_64" in locks.PLATFORMS["x86_64"].pip_platforms()
+
+
+def test_device_locks_hold_the_ina260_reader() -> None:
+    """The boards read their INA260 through smbus2, installed from the mirror with the device lock."""
+    assert [r for r in PYPROJECT["power"] if locks.requirement_name(r) == "smbus2"]
+    for name in ("device", "device-llm"):
+        assert "power" in locks.LOCKS_BY_NAME[name].groups, name
+        pin = locks.read_lock(REQ / f"{name}.txt").pins["smbus2"]
+        assert pin.hashes, name
+    assert "smbus2" not in locks.read_lock(REQ / "dev.txt").pins  # the controller never opens an I2C bus

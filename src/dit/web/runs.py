@@ -25,12 +25,12 @@ from typing import Any
 
 from dit.device.tags import RUN_ENV
 from dit.procs import pid_alive
-from dit.rundir import DRIVER, STATUS, RunDir, find_runs, read_json, write_json
+from dit.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
 from dit.web.store import Store, Version
 
 NNPM_FILE = "nnpm.json"
 SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-STATES_DONE = ("completed", "failed", "stopped")
+STATES_DONE = FINISHED_STATES
 
 
 class RunNotFound(LookupError):
@@ -92,6 +92,7 @@ def run_summary(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "state": state,
         "stage": status.get("stage"),
         "error": status.get("error"),
+        "degraded": status.get("degraded") or [],  # device processes that failed (state "degraded")
         "started_wall_ns": started,
         "finished_wall_ns": finished,
         "duration_s": round((int(end) - int(started)) / 1e9, 3) if started and end else None,

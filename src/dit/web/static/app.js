@@ -268,7 +268,7 @@ function renderRun(d) {
     ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_s !== null ? `${d.duration_s} s` : ""],
     ["model", d.metadata.model ? JSON.stringify(d.metadata.model.spec && d.metadata.model.spec.name) + (d.metadata.model.stand_in_for ? ` (stand-in for ${d.metadata.model.stand_in_for})` : "") : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
-    ["error", d.error], ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
+    ["error", d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", {}, "wall time")),
     ...Object.entries(d.stage_ns).map(([s, ns]) => el("tr", {}, el("td", {}, s), el("td", {}, `${(ns / 1e9).toFixed(2)} s`))));
