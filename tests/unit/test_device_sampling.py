@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -68,14 +68,16 @@ def test_stop_signal_ends_a_wait_at_once_and_restores_the_mask() -> None:
     with StopSignal() as stop:
         assert signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, set())
         assert not stop.poll()
-        os.kill(os.getpid(), signal.SIGTERM)  # blocked: pending until the wait takes it
+        # Directed at this thread: a process-directed signal may go to another thread of the test
+        # process (one that does not block it) and end the whole test run.
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # blocked: pending until the wait
         start = time.monotonic()
         assert stop.wait(30)
         assert time.monotonic() - start < 5
         assert stop.poll()
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
     with StopSignal() as late:
-        os.kill(os.getpid(), signal.SIGTERM)  # after the last wait: taken at close, not delivered
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # after the last wait: taken at close
     assert late.requested
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
 
