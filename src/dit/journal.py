@@ -7,7 +7,10 @@ has been reverted. Teardown and ``dit cleanup`` replay the pending changes backw
 driver (even SIGKILL) always leaves enough to undo everything, and replaying twice is harmless.
 
 Appends are single ``write`` calls of one line under an exclusive ``flock``: Ansible's forked
-workers append concurrently.
+workers append concurrently. A writer killed mid-write leaves a torn line without its newline;
+the next append therefore starts on a fresh line, and readers skip a torn or malformed record
+wherever it is (naming file and line in :meth:`Journal.problems`) instead of refusing the whole
+journal: one lost record must not make every other change of the run impossible to undo.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 
 class JournalError(Exception):
-    """The journal cannot be read (e.g. a corrupt line that is not the last one)."""
+    """The journal cannot be read or written (the file itself, not one of its records)."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +43,33 @@ def _append_lines(path: Path, lines: Iterable[str]) -> None:
     data = "".join(line + "\n" for line in lines).encode("utf-8")
     if not data:
         return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # A writer was killed mid-line: end its fragment here, or this record would be glued
+            # onto it and lost with it.
+            data = b"\n" + data
         os.write(fd, data)
         os.fsync(fd)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _malformed(record: Any) -> str | None:
+    """Why ``record`` is neither a change nor an undone record (None when it is one)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if "undone" in record:
+        return None if isinstance(record["undone"], str) else "'undone' is not a record id"
+    for key in ("id", "host", "op"):
+        if not isinstance(record.get(key), str):
+            return f"change record without a string {key!r}"
+    if not isinstance(record.get("undo", {}), dict):
+        return "'undo' is not an object"
+    return None
 
 
 class Journal:
@@ -82,21 +104,38 @@ class Journal:
         )
 
     def records(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        """The well-formed records, in file order; see :meth:`problems` for the lines skipped."""
+        return self._read()[0]
+
+    def problems(self) -> list[str]:
+        """One warning per skipped line (torn or malformed), naming ``file:line``."""
+        return self._read()[1]
+
+    def _read(self) -> tuple[list[dict[str, Any]], list[str]]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return [], []
+        except OSError as exc:
+            raise JournalError(f"{self.path}: cannot read the journal ({exc.strerror or exc})") from None
         out: list[dict[str, Any]] = []
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+        problems: list[str] = []
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            if not raw.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                if number == len(lines):
-                    # A torn last line (the writer was killed mid-write) carries no complete change.
-                    continue
-                raise JournalError(f"{self.path}:{number}: not valid JSON ({exc.msg})") from exc
-        return out
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                why: str | None = "not UTF-8"
+            except json.JSONDecodeError:
+                why = "not valid JSON"
+            else:
+                why = _malformed(record)
+            if why is None:
+                out.append(record)
+            else:
+                problems.append(f"{self.path}:{number}: torn or invalid record skipped ({why})")
+        return out, problems
 
     def pending(self) -> list[Change]:
         """Changes not yet undone, newest first (the order teardown must undo them in)."""
