@@ -11,6 +11,7 @@ workers append concurrently. A writer killed mid-write leaves a torn line withou
 the next append therefore starts on a fresh line, and readers skip a torn or malformed record
 wherever it is (naming file and line in :meth:`Journal.problems`) instead of refusing the whole
 journal: one lost record must not make every other change of the run impossible to undo.
+What undoing a record may do on a node is confined: see ``docs/journal.md``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dit.inventory import RunInventory
 
 
 class JournalError(Exception):
@@ -43,7 +47,10 @@ def _append_lines(path: Path, lines: Iterable[str]) -> None:
     data = "".join(line + "\n" for line in lines).encode("utf-8")
     if not data:
         return
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise JournalError(f"{path}: cannot write the journal ({exc.strerror or exc})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
@@ -155,3 +162,64 @@ class Journal:
         for change in self.pending():
             grouped.setdefault(change.host, []).append(dict(change.record))
         return grouped
+
+
+def _built_conditions(metadata: Path) -> dict[str, Any]:
+    """The conditions the run built per host (``metadata.json``), or none when it has no metadata."""
+    try:
+        conditions = json.loads(metadata.read_text(encoding="utf-8")).get("conditions", {})
+    except (OSError, ValueError, AttributeError):
+        return {}  # preflight writes it before apply: without it, no condition was applied
+    return conditions if isinstance(conditions, dict) else {}
+
+
+def undo_scopes(run_id: str, inventory: RunInventory, metadata: Path) -> dict[str, dict[str, Any]]:
+    """What undoing the journal may touch on each host: ``dit_restore``'s scope parameters.
+
+    Taken from the inventory (the node's run directory, its sysfs root, its cgroup root) and from
+    the conditions the run built (``metadata``, the run's ``metadata.json``: the interfaces it
+    shaped and their dry-run logs), never from the journal itself; docs/journal.md says what each
+    allows.
+    """
+    from dit.conditions.memory import DEFAULT_CGROUP_ROOT
+
+    conditions = _built_conditions(metadata)
+    scopes: dict[str, dict[str, Any]] = {}
+    for host in inventory.hosts:
+        hostvars = inventory.hostvars.get(host, {})
+        netem = conditions.get(host, {}).get("netem") or {}
+        interfaces = []
+        if netem.get("netem_interface"):
+            interfaces.append(
+                {
+                    "dev": str(netem["netem_interface"]),
+                    "netns": str(netem.get("netem_netns") or ""),
+                    "log": str(netem.get("netem_log") or ""),
+                }
+            )
+        scopes[host] = {
+            "node_root": inventory.node_root(host, run_id),
+            "sysfs_root": str(hostvars.get("sysfs_root") or "/sys"),
+            # Local mode creates its cgroups under cgroup_memory_root(), inside this default.
+            "cgroup_root": str(hostvars.get("dit_cgroup_root") or DEFAULT_CGROUP_ROOT),
+            "interfaces": interfaces,
+        }
+    return scopes
+
+
+def collected_name(raw_dir: Path, host: str, node_path: str) -> Path:
+    """Where the collect stage puts a node's ``results/<name>`` or ``logs/<name>`` under ``raw/``."""
+    sub, _, name = node_path.partition("/")
+    target = raw_dir / host if sub == "results" else raw_dir / host / sub
+    return target / f"{host}_{name}"
+
+
+def dropped_results(raw_dir: Path, removed: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[str]:
+    """The node files removed with a run directory that are not in ``raw/`` (fetched or collected)."""
+    dropped: list[str] = []
+    for host, files in sorted(removed.items()):
+        for item in files:
+            path = str(item.get("path", ""))
+            if not collected_name(raw_dir, host, path).is_file():
+                dropped.append(f"{host}:{path} ({int(item.get('bytes', 0))} bytes)")
+    return dropped
