@@ -34,6 +34,7 @@ options:
     type: list
     elements: dict
     default: []
+  lease_dir: {description: "Where the node's lease.json lives (undo scope); default: the parent of O(node_root).", type: path}
 author: dit developers
 """
 
@@ -244,12 +245,21 @@ def main():
             "sysfs_root": {"type": "path", "default": "/sys"},
             "cgroup_root": {"type": "path", "default": "/sys/fs/cgroup"},
             "interfaces": {"type": "list", "elements": "dict", "default": []},
+            "lease_dir": {"type": "path"},
         },
         supports_check_mode=True,
     )
     p = module.params
     check = module.check_mode
-    scope = Scope(p["run_id"], p["host"], p["node_root"], p["sysfs_root"], p["cgroup_root"], p["interfaces"])
+    scope = Scope(
+        p["run_id"],
+        p["host"],
+        p["node_root"],
+        p["sysfs_root"],
+        p["cgroup_root"],
+        p["interfaces"],
+        p["lease_dir"],
+    )
     undone, reaped, changed, errors, refused, removed = [], [], False, [], [], []
     for record in p["records"]:
         op, undo = record.get("op"), record.get("undo") or {}

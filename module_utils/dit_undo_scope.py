@@ -17,6 +17,7 @@ the undo then acts on the resolved path. The rules (also in docs/journal.md):
 - ``rmdir`` / ``cgroup``: under the node's run directory, or the run's cgroup
   ``<cgroup_root>/…/dit-<run id>-<host>``;
 - ``process``: only this run's and this host's processes;
+- ``lease``: only ``lease.json`` in the node's dit directory (or ``dit_lease_dir``), for this run id;
 - ``command``: only the ``tc`` argv shapes ``dit_tc`` journals (``qdisc del … root``, ``qdisc add``,
   ``class add … htb``, ``filter add … u32 match … flowid``), on an interface the run shaped, and
   with ``dry_run`` only into that interface's declared log.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 
+LEASE_FILE = "lease.json"  # the node lease dit_lease takes at preflight (released by a "lease" record)
 CPU_SYSFS = "devices/system/cpu"  # the only sysfs subtree dit's modules write (dit_sysfs roles)
 # Where tc may be run from: the bare name (found on the module's PATH) or a system directory;
 # never a path a journal could point at a binary of its own.
@@ -83,11 +85,16 @@ class Scope:
     """What one node's undo may touch: from the inventory and the run's metadata, never the journal."""
 
     def __init__(
-        self, run_id, host, node_root=None, sysfs_root="/sys", cgroup_root="/sys/fs/cgroup", interfaces=()
-    ):
+        self, run_id, host, node_root=None, sysfs_root="/sys", cgroup_root="/sys/fs/cgroup", interfaces=(),
+        lease_dir=None,
+    ):  # fmt: skip
         self.run_id = run_id
         self.host = host
         self.node_root = os.path.realpath(node_root) if node_root else None
+        # The node's lease (lease.json) lives in its dit directory, the run directory's parent,
+        # unless the inventory moves it (dit_lease_dir).
+        lease = lease_dir or (os.path.dirname(self.node_root) if self.node_root else None)
+        self.lease_dir = os.path.realpath(lease) if lease else None
         sysfs = os.path.realpath(sysfs_root or "/sys")
         # As dit_sysfs: a root of "/" stands for /sys itself.
         self.cpu_sysfs = os.path.join("/sys" if sysfs == "/" else sysfs, CPU_SYSFS)
@@ -180,6 +187,15 @@ class Scope:
             raise Refused(f"{real} is not this run's cgroup {self.cgroup_root}/.../{self.cgroup_name}")
         return {**undo, "path": real}
 
+    def _check_lease(self, undo):
+        real = _real(undo.get("path"), "lease")
+        if (
+            self.lease_dir is None or os.path.dirname(real) != self.lease_dir
+            or os.path.basename(real) != LEASE_FILE or undo.get("run_id") != self.run_id
+        ):  # fmt: skip
+            raise Refused(f"{real} is not this node's lease ({self.lease_dir}/{LEASE_FILE}) of this run")
+        return {**undo, "path": real}
+
     def _check_command(self, undo):
         argv = undo.get("argv")
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
@@ -197,6 +213,7 @@ class Scope:
             log = self.interfaces[(dev, netns)]
             if not log or _real(undo.get("log"), "log") != log:
                 raise Refused(f"its dry-run log {undo.get('log')!r} is not the log declared for {dev}")
+            return {**undo, "log": log}
         return undo
 
 

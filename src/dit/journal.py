@@ -204,6 +204,8 @@ def undo_scopes(run_id: str, inventory: RunInventory, metadata: Path) -> dict[st
             "cgroup_root": str(hostvars.get("dit_cgroup_root") or DEFAULT_CGROUP_ROOT),
             "interfaces": interfaces,
         }
+        if hostvars.get("dit_lease_dir"):  # the node lease moved out of the node's dit directory
+            scopes[host]["lease_dir"] = str(hostvars["dit_lease_dir"])
     return scopes
 
 

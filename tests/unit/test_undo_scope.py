@@ -201,3 +201,13 @@ def test_a_kill_while_restoring_a_file_leaves_the_old_content_or_the_new_never_a
     restore._undo_file({"path": str(fake), "prior": "1800000\n"}, False)
     assert fake.read_text(encoding="utf-8") == "1800000\n"
     assert fake.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_node_lease_of_this_run_only(tmp_path: Path) -> None:
+    scope = _scope(tmp_path)
+    lease = tmp_path / "base" / "lease.json"
+    assert scope.check("lease", {"path": str(lease), "run_id": RUN})["path"] == str(lease)
+    assert "not this node's lease" in _refused(scope, "lease", {"path": str(lease), "run_id": "other"})
+    assert "not this node's lease" in _refused(scope, "lease", {"path": "/etc/shadow", "run_id": RUN})
+    moved = _scope(tmp_path, lease_dir=str(tmp_path / "leases"))
+    moved.check("lease", {"path": str(tmp_path / "leases" / "lease.json"), "run_id": RUN})
