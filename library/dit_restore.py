@@ -28,6 +28,15 @@ options:
   host: {description: The inventory name of this node., type: str, required: true}
   records: {description: Pending journal records of this node, newest first., type: list, elements: dict, default: []}
   grace_s: {description: Seconds between SIGTERM and SIGKILL., type: float, default: 5}
+  node_root: {description: "The node's run directory (the undo scope, see docs/journal.md); none: nothing under it is undone.", type: path}
+  sysfs_root: {description: The directory standing for /sys (undo scope)., type: path, default: /sys}
+  cgroup_root: {description: The cgroup hierarchy the run's cgroup lives under (undo scope)., type: path, default: /sys/fs/cgroup}
+  interfaces:
+    description: "The interfaces the run shaped, each {dev, netns, log}: tc undos only on these (undo scope)."
+    type: list
+    elements: dict
+    default: []
+  lease_dir: {description: "Where the node's lease.json lives (undo scope); default: the parent of O(node_root).", type: path}
 author: dit developers
 """
 
@@ -48,23 +57,54 @@ reaped:
   description: Processes of the run found and killed.
   returned: always
   type: list
+refused:
+  description: Records outside the undo scope, not undone, each {id, op, source, reason}.
+  returned: always
+  type: list
+removed_results:
+  description: Files of the run directory's results/ and logs/ deleted with it, each {path, bytes}.
+  returned: always
+  type: list
 """
 
 import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_lease import release as release_lease
 from ansible.module_utils.dit_procs import find_tagged, reap
+from ansible.module_utils.dit_undo_scope import Refused, Scope
 
 MARKER = ".dit-run"
+RESULT_DIRS = ("results", "logs")  # what the collect stage fetches from a run directory
+# Kernel attribute files (sysfs, cgroupfs, procfs) cannot be replaced by a rename: they are
+# written in place, which the kernel applies as one store.
+KERNEL_FS = ("/sys/", "/proc/")
 
 
-def _undo_mkdir(undo, check):
+def _results_in(path):
+    """The files the collect stage would have fetched from run directory ``path``."""
+    found = []
+    for sub in RESULT_DIRS:
+        base = os.path.join(path, sub)
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for name in names:
+            full = os.path.join(base, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                found.append({"path": f"{sub}/{name}", "bytes": os.path.getsize(full)})
+    return found
+
+
+def _undo_mkdir(undo, check, removed=None):
     path = undo["path"]
     if not os.path.exists(path):
         return False
@@ -77,8 +117,44 @@ def _undo_mkdir(undo, check):
     if owner != undo["run_id"]:
         raise ValueError("{} belongs to run {}, not {}; not removing it".format(path, owner, undo["run_id"]))
     if not check:
+        if removed is not None:
+            removed.extend(_results_in(path))
         shutil.rmtree(path)
     return True
+
+
+def _write_atomically(path, text):
+    """Replace ``path`` by a complete new file: a kill leaves the old content or the new, never a
+    truncated file (a local-mode fake sysfs file, a tc dry-run state file)."""
+    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{os.path.basename(path)}.", suffix=".dit-restore", dir=os.path.dirname(path)
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_prior(path, text):
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    owned_regular = info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+    if (info is None or owned_regular) and not path.startswith(KERNEL_FS):
+        _write_atomically(path, text)
+        return
+    # A kernel attribute (or a file that is not ours to replace): it can only be written in place.
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def _undo_file(undo, check):
@@ -98,8 +174,7 @@ def _undo_file(undo, check):
     if current == prior:
         return False
     if not check:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(prior)
+        _write_prior(path, prior)
     return True
 
 
@@ -170,14 +245,36 @@ def main():
             "host": {"type": "str", "required": True},
             "records": {"type": "list", "elements": "dict", "default": []},
             "grace_s": {"type": "float", "default": 5.0},
+            "node_root": {"type": "path"},
+            "sysfs_root": {"type": "path", "default": "/sys"},
+            "cgroup_root": {"type": "path", "default": "/sys/fs/cgroup"},
+            "interfaces": {"type": "list", "elements": "dict", "default": []},
+            "lease_dir": {"type": "path"},
         },
         supports_check_mode=True,
     )
     p = module.params
     check = module.check_mode
-    undone, reaped, changed, errors = [], [], False, []
+    scope = Scope(
+        p["run_id"],
+        p["host"],
+        p["node_root"],
+        p["sysfs_root"],
+        p["cgroup_root"],
+        p["interfaces"],
+        p["lease_dir"],
+    )
+    undone, reaped, changed, errors, refused, removed = [], [], False, [], [], []
     for record in p["records"]:
         op, undo = record.get("op"), record.get("undo") or {}
+        try:
+            undo = scope.check(op, undo)
+        except Refused as exc:
+            # Not undone, so it stays pending: every later cleanup reports it again.
+            refused.append(
+                {"id": record.get("id"), "op": op, "source": record.get("source"), "reason": str(exc)}
+            )
+            continue
         try:
             if op == "process":
                 if check:
@@ -188,6 +285,8 @@ def main():
                         raise ValueError(f"processes survived SIGKILL: {left}")
                 reaped.extend(found)
                 changed = changed or bool(found)
+            elif op == "mkdir":
+                changed = _undo_mkdir(undo, check, removed) or changed
             elif op in UNDO:
                 changed = UNDO[op](undo, check) or changed
             else:
@@ -201,7 +300,20 @@ def main():
         found, survivors = reap(p["run_id"], p["host"], None, p["grace_s"])
         reaped.extend(found)
         changed = changed or bool(found)
-    result = {"changed": changed, "undone": [] if check else undone, "reaped": reaped, "survivors": survivors}
+    result = {
+        "changed": changed,
+        "undone": [] if check else undone,
+        "reaped": reaped,
+        "survivors": survivors,
+        "refused": refused,
+        "removed_results": removed,
+    }
+    if refused:
+        errors.append(
+            "{} journal record(s) refused, outside what the run could have changed here: {}".format(
+                len(refused), ", ".join(str(r["id"]) for r in refused)
+            )
+        )
     if errors or (survivors and not check):
         msg = "; ".join(errors)
         if survivors:

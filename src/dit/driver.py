@@ -42,7 +42,7 @@ from dit.conditions import (
 )
 from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
-from dit.journal import Journal
+from dit.journal import Journal, JournalError, dropped_results, undo_scopes
 from dit.lease import controller_holder
 from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
@@ -318,13 +318,12 @@ class Driver:
             hostvars = inv.hostvars.get(host, {})
             if inv.local and "dit_cgroup_root" not in hostvars:  # memory limits apply for real here
                 hostvars = {**hostvars, "dit_cgroup_root": cgroup_memory_root()}
-            base = str(hostvars.get("dit_remote_base", "/var/tmp/dit"))
             contexts[host] = HostContext(
                 host=host,
                 role="edge" if host == inv.edge_host else "device",
                 local=inv.local,
                 run_id=self.run.run_id,
-                node_root=f"{base}/{self.run.run_id}",
+                node_root=inv.node_root(host, self.run.run_id),
                 sysfs_root=str(hostvars.get("sysfs_root", "/sys")),
                 edge_host=inv.edge_host,
                 edge_address=inv.edge_address,
@@ -648,18 +647,29 @@ def teardown(
     Returns the error (None when everything was undone and nothing survives) and the wall time.
     """
     journal = Journal(run.journal)
-    pending = journal.pending_by_host()
     errors: list[str] = []
+    try:
+        pending, warnings = journal.pending_by_host(), journal.problems()
+    except JournalError as exc:  # unreadable: still reap the run's processes below
+        pending, warnings = {}, []
+        errors.append(str(exc))
     start = time.monotonic_ns()
     if reporter is not None:
         reporter.stage("teardown", "running")
     run.set_status(stage="teardown")
     if inventory is not None:
         undone: list[str] = []
+        removed: dict[str, list[dict[str, Any]]] = {}
 
         def on_event(event: HostEvent) -> None:
             if event.action == "dit_restore":
                 undone.extend(event.result.get("undone", []))
+                removed.setdefault(event.host, []).extend(event.result.get("removed_results", []))
+                warnings.extend(
+                    f"{event.host}: refused {r.get('op')} record {r.get('id')} (from {r.get('source')}): "
+                    f"{r.get('reason')}"
+                    for r in event.result.get("refused", [])
+                )
             if reporter is not None:
                 reporter.event(event)
 
@@ -668,16 +678,31 @@ def teardown(
             run.path / "ansible" / "teardown",
             inventory.source,
             inventory.limit,
-            {"dit_run_id": run.run_id, "dit_journal_path": str(run.journal), "dit_undo": pending},
+            {
+                "dit_run_id": run.run_id,
+                "dit_journal_path": str(run.journal),
+                "dit_undo": pending,
+                "dit_undo_scope": undo_scopes(run.run_id, inventory, run.path / "metadata.json"),
+                "dit_raw_dir": str(run.path / "raw"),
+            },
             on_event,
             lambda: False,
             forks=max(5, len(inventory.hosts)),
         )
-        journal.mark_undone(undone)
+        try:
+            journal.mark_undone(undone)
+        except JournalError as exc:
+            errors.append(str(exc))
+        dropped = dropped_results(run.path / "raw", removed)
+        if dropped:
+            warnings.append("removed from the nodes without being fetched into raw/: " + ", ".join(dropped))
         errors.extend(f"{e.host}: {e.message()}" for e in outcome.failures())
         if not outcome.ok and not errors:
             errors.append(f"teardown playbook {outcome.status}")
-        left = {c.host for c in journal.pending()}
+        try:
+            left = {c.host for c in journal.pending()}
+        except JournalError:
+            left = set()  # unreadable: already reported above
         if left:
             errors.append(f"journal changes not undone on {', '.join(sorted(left))}")
         if inventory.local:
@@ -692,9 +717,23 @@ def teardown(
     status = run.status()
     stage_ns = dict(status.get("stage_ns", {}))
     stage_ns["teardown"] = ns
-    run.set_status(stage_ns=stage_ns, teardown={"ok": not errors, "errors": errors})
+    run.set_status(stage_ns=stage_ns, teardown={"ok": not errors, "errors": errors, "warnings": warnings})
+    _warn(run, reporter, warnings)
     if reporter is not None:
         reporter.stage("teardown", "failed" if errors else "done", ns / 1e6)
         for error in errors:
             reporter.error(f"teardown: {error}")
     return ("; ".join(errors) if errors else None), ns
+
+
+def _warn(run: RunDir, reporter: Reporter | None, warnings: list[str]) -> None:
+    """Show and log teardown warnings: through the run's reporter, or on stderr and in run.log."""
+    if not warnings:
+        return
+    target = reporter or Reporter(run.log, Console(stderr=True, soft_wrap=True), run.run_id)
+    try:
+        for warning in warnings:
+            target.warn(f"teardown: {warning}")
+    finally:
+        if reporter is None:
+            target.close()

@@ -20,6 +20,7 @@ from dit.localmode import make_fake_sysfs
 from dit.rundir import DRIVER, RunDir, read_json
 
 EDGE = "edge"
+DEFAULT_REMOTE_BASE = "/var/tmp/dit"  # where run directories are made on a node (dit_remote_base)
 
 
 class InventoryError(Exception):
@@ -44,6 +45,11 @@ class RunInventory:
     @property
     def limit(self) -> str:
         return ":".join(self.hosts)
+
+    def node_root(self, host: str, run_id: str) -> str:
+        """The run's directory on ``host`` (as a path on the node): ``<dit_remote_base>/<run id>``."""
+        base = str(self.hostvars.get(host, {}).get("dit_remote_base", DEFAULT_REMOTE_BASE))
+        return f"{base}/{run_id}"
 
     def address_of(self, host: str) -> str:
         """Where the other nodes reach ``host`` on the inference network."""
