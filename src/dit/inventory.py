@@ -85,6 +85,9 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
             "dit_remote_base": str(base),
             "sysfs_root": str(sysfs),
             "dit_role": role,
+            # The nodes are this machine: one lease for all of them, shared by every local run. A host
+            # variable, not a group one, so that RunInventory.hostvars (teardown's undo scope) has it.
+            "dit_lease_dir": local_lease_dir(),
         }
 
     edge_vars = host(EDGE, "edge") | {"dit_edge_bind": "127.0.0.1", "dit_inference_address": "127.0.0.1"}
@@ -101,8 +104,6 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
                 "ansible_python_interpreter": python,
                 "dit_python": python,
                 "dit_local_mode": True,
-                # The nodes are this machine: one lease for all of them, shared by every local run.
-                "dit_lease_dir": local_lease_dir(),
             },
             "children": {
                 "edge": {"hosts": {EDGE: edge_vars}},

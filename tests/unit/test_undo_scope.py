@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.unit.test_netem_module import _objects, htb_tree, tcm
+from tests.unit.test_dit_tc import _objects, htb_tree, tcm
 
 
 def _load(name: str, path: Path) -> ModuleType:
