@@ -173,10 +173,8 @@ def test_sshd_listens_on_the_node_address_with_rack_keys_only() -> None:
     assert "PasswordAuthentication no\n" in config
     assert "PidFile /state/nodes/device1/sshd.pid\n" in config
     assert sshd_argv(node, Path("/c")) == (
-        "ip",
-        "netns",
-        "exec",
-        "dit-rack-device1",
+        "nsenter",
+        "--net=/run/netns/dit-rack-device1",
         "/usr/sbin/sshd",
         "-D",
         "-e",

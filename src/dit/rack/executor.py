@@ -107,7 +107,9 @@ def _write(path: Path, value: str) -> None:
 def _preflight() -> None:
     if os.geteuid() != 0:
         raise RackError("dit rack needs root (network namespaces, cgroups, sshd)")
-    for tool, hint in ((SSHD, "apt-get install openssh-server"), ("ip", "apt-get install iproute2")):
+    tools = ((SSHD, "openssh-server"), ("ip", "iproute2"), ("nsenter", "util-linux"), ("tc", "iproute2"))
+    for tool, package in tools:
+        hint = f"apt-get install {package}"
         if shutil.which(tool) is None:
             raise RackError(f"{tool} not found ({hint})")
     if shutil.which("ssh-keygen") is None:

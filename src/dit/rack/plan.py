@@ -224,7 +224,9 @@ def known_hosts(spec: RackSpec, host_public_key: str) -> str:
 
 
 def sshd_argv(node: Node, config: Path) -> tuple[str, ...]:
-    return ("ip", "netns", "exec", node.netns, SSHD, "-D", "-e", "-f", str(config))
+    """sshd in the node's network namespace only. Not ``ip netns exec``: that mounts a fresh sysfs
+    over ``/sys`` and hides ``/sys/fs/cgroup``, where the run's processes read their own limits."""
+    return ("nsenter", f"--net=/run/netns/{node.netns}", SSHD, "-D", "-e", "-f", str(config))
 
 
 def network_steps(spec: RackSpec) -> list[Step]:

@@ -5,10 +5,12 @@ The builder picks the interface (``network.<device>.interface``, else the invent
 the ``dit_tc`` module also refuses the default-route interface on the node), resolves every
 destination to an address, and passes the tree of :func:`dit.conditions.netem.tc.build_tree` to the
 role. In local mode (and with ``dit_tc_dry_run``) every ``tc`` argv is recorded in a JSON-lines log
-next to the node's run root instead of being run: this kernel has no ``sch_netem``.
+next to the node's run root instead of being run: this kernel has no ``sch_netem``. With
+``dit_tc_dry_run: netem`` (the emulated rack's inventory on such a kernel) only the trees that need
+netem are recorded, rate-only trees run, and :func:`preflight_notes` says so in the run log.
 
 The package is the whole controller side of netem: the tc tree (:mod:`.tc`), the preflight gate
-(:func:`preflight`: a kernel without ``sch_netem``) and the network self-check of a collected run
+(:func:`preflight`: a kernel without ``sch_netem``; :func:`preflight_notes`) and the network self-check of a collected run
 (:mod:`.check`, the :func:`aggregate` step). The node side ships from elsewhere: the ``dit_tc``
 module (``library/dit_tc.py``), the ``netem`` role and the delay-variation process
 (:mod:`dit.device.netem_vary`).
