@@ -185,6 +185,12 @@ def test_the_quickstart_runs_over_ssh_on_the_rack(rack: RackHandle, tmp_path: Pa
     # This kernel has no sch_netem: device1's 5 ms are recorded, and preflight says so.
     assert "device1: kernel" in log and "has no sch_netem" in log
     assert (run_dir / "aggregate" / "phases.csv").is_file()
+    # The rack gives every node an RT budget, so the devices waited for the start at SCHED_FIFO.
+    for device in ("device1", "device2"):
+        origin = json.loads((run_dir / "raw" / device / f"{device}_origin.json").read_text())
+        assert origin["start_sched"]["policy"] == "SCHED_FIFO", origin["start_sched"]
+    status = json.loads((run_dir / "status.json").read_text())
+    print("start lateness ns:", status.get("lateness_ns"), "load average:", os.getloadavg())
 
 
 def test_rack_down_leaves_nothing(tmp_path: Path) -> None:

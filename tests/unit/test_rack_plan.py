@@ -9,6 +9,7 @@ import yaml
 
 from dit.rack.plan import (
     INFERENCE_INTERFACE,
+    RT_BUDGET_US,
     CgroupLayout,
     CgroupWrite,
     RackError,
@@ -24,6 +25,7 @@ from dit.rack.plan import (
     network_steps,
     nodes,
     procs_files,
+    rt_budgets_us,
     sshd_argv,
     sshd_config,
 )
@@ -210,3 +212,18 @@ def test_without_netem_the_devices_record_only_the_netem_trees() -> None:
     groups = inventory(spec(devices=1), netem_dry_run=True)["all"]["children"]
     assert groups["devices"]["hosts"]["device1"]["dit_tc_dry_run"] == "netem"
     assert "dit_tc_dry_run" not in groups["edge"]["hosts"]["edge"]
+
+
+def test_v1_nodes_get_an_rt_budget_so_the_start_wait_may_use_sched_fifo() -> None:
+    steps = cgroup_steps(spec(devices=3), V1, "0")
+    budgets = [{w.path.name: w.value for w in s.writes}.get("cpu.rt_runtime_us") for s in steps]
+    parent, *per_node = (int(b) for b in budgets if b is not None)
+    assert len(per_node) == 4 and parent == RT_BUDGET_US == rt_budgets_us(3)[0]
+    assert sum(per_node) <= parent  # the kernel refuses children above their parent
+    assert min(per_node) >= 2 * 2_000  # room for the agent's 2 ms spin twice a second
+    big_parent, big_node = rt_budgets_us(200)
+    assert 201 * big_node <= big_parent <= 900_000 and big_node >= 4_000
+    assert all(w.optional for s in steps for w in s.writes if w.path.name == "cpu.rt_runtime_us")
+    assert not any(
+        w.path.name == "cpu.rt_runtime_us" for s in cgroup_steps(spec(), V2, "0") for w in s.writes
+    )

@@ -188,7 +188,8 @@ class Rack:
         if step.argv:
             _run(step.argv)
         for write in step.writes:
-            _write(write.path, write.value)
+            if not (write.optional and not write.path.exists()):
+                _write(write.path, write.value)
 
     def up(self, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
         spec = self.spec
@@ -328,10 +329,11 @@ def _link_exists(link: str) -> bool:
 def undo(op: str, data: Mapping[str, Any]) -> None:
     """Undo one journaled step; a step that never happened (a crash before it) is a no-op."""
     if op == "sshd":
+        # sshd joined the node's cgroup before it was exec'd, so emptying the cgroup ends it and
+        # everything it started; its pid file is not used (the pid may belong to another process
+        # by now).
         for procs in data.get("procs", []):
             _empty_cgroup(Path(procs))
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            _kill({int(Path(data["pidfile"]).read_text().split()[0])}, signal.SIGKILL)
     elif op == "cgroup":
         for directory in map(Path, data.get("dirs", [])):
             if directory.is_dir():

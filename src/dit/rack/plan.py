@@ -20,6 +20,10 @@ DEFAULT_SUBNET = "10.213.0"
 CFS_PERIOD_US = 100_000
 CPU_SHARES_MAX_V1 = 262_144
 CPU_WEIGHT_MAX_V2 = 10_000
+#: The rack's real-time budget per second (cgroup v1 ``cpu.rt_runtime_us``): a v1 cpu group starts
+#: with none, and then SCHED_FIFO is refused inside it, also for the agent's wait for the start.
+RT_BUDGET_US = 200_000
+RT_NODE_MIN_US = 4_000  # two 2 ms start spins a second
 MAX_DEVICES = 200  # device addresses are .11 … .210 of one /24
 EDGE = "edge"
 INFERENCE_INTERFACE = "inf0"  # the veth end inside every node's namespace
@@ -97,6 +101,7 @@ class CgroupLayout:
 class CgroupWrite:
     path: Path  # the control file
     value: str
+    optional: bool = False  # skipped when the kernel lacks the file (e.g. no RT group scheduling)
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,20 @@ def cpu_weight_writes(layout: CgroupLayout, relative: str) -> list[CgroupWrite]:
     if layout.version == 2:
         return [CgroupWrite(layout.root / relative / "cpu.weight", str(CPU_WEIGHT_MAX_V2))]
     return [CgroupWrite(layout.root / "cpu" / relative / "cpu.shares", str(CPU_SHARES_MAX_V1))]
+
+
+def rt_budgets_us(devices: int) -> tuple[int, int]:
+    """(the rack's, each node's) RT budget in µs per second; the nodes' sum fits the rack's, and
+    the rack's stays below the root's 950 000."""
+    count = devices + 1
+    parent = min(900_000, max(RT_BUDGET_US, RT_NODE_MIN_US * count))
+    return parent, parent // count
+
+
+def rt_writes(layout: CgroupLayout, relative: str, budget_us: int) -> list[CgroupWrite]:
+    if layout.version == 2:
+        return []  # v2 has no per-group RT budget: SCHED_FIFO is allowed in any group
+    return [CgroupWrite(layout.root / "cpu" / relative / "cpu.rt_runtime_us", str(budget_us), optional=True)]
 
 
 def memory_writes(layout: CgroupLayout, relative: str, memory_mb: int | None) -> list[CgroupWrite]:
@@ -286,6 +305,7 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
     parent_writes = [
         *cpuset_writes(layout, parent, _union(spec.all_cpus, spec.cpus), mems),
         *cpu_weight_writes(layout, parent),
+        *rt_writes(layout, parent, rt_budgets_us(spec.devices)[0]),
     ]
     if layout.version == 2:
         # v2 hands a controller to children only once the parent lists it in subtree_control.
@@ -310,6 +330,7 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
             # Only quota-capped nodes get the top weight: an uncapped edge must not starve the host.
             *(cpu_weight_writes(layout, node.cgroup) if node.cpu_share_pct is not None else []),
             *memory_writes(layout, node.cgroup, node.memory_mb),
+            *rt_writes(layout, node.cgroup, rt_budgets_us(spec.devices)[1]),
         ]
         steps.append(
             Step(
