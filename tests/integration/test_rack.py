@@ -100,6 +100,16 @@ def leftovers(name: str) -> list[str]:
     return found
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a killed process whose parent (here PID 1) has not reaped it yet
+    is a zombie, which runs nothing and holds no resources but its pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
 def node_pids(name: str) -> set[int]:
     pids: set[int] = set()
     for procs in CGROUPS.glob(f"cpu/dit-{name}/*/cgroup.procs"):
@@ -204,7 +214,7 @@ def test_rack_down_leaves_nothing(tmp_path: Path) -> None:
     assert leftovers("t15") == []
     assert not handle.state_dir.exists()
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists(), f"pid {pid} survived rack down"
+        assert not running(pid), f"pid {pid} survived rack down"
 
 
 def test_rack_down_after_rack_up_was_killed_half_way(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ next to the node's run root instead of being run: this kernel has no ``sch_netem
 netem are recorded, rate-only trees run, and :func:`preflight_notes` says so in the run log.
 
 The package is the whole controller side of netem: the tc tree (:mod:`.tc`), the preflight gate
-(:func:`preflight`: a kernel without ``sch_netem``; :func:`preflight_notes`) and the network self-check of a collected run
-(:mod:`.check`, the :func:`aggregate` step). The node side ships from elsewhere: the ``dit_tc``
-module (``library/dit_tc.py``), the ``netem`` role and the delay-variation process
-(:mod:`dit.device.netem_vary`).
+(:func:`preflight`: a kernel without ``sch_netem``; :func:`preflight_notes`) and the network
+self-check of a collected run (:mod:`.check`, the :func:`aggregate` step). The node side ships
+from elsewhere: the ``dit_tc`` module (``library/dit_tc.py``), the ``netem`` role and the
+delay-variation process (:mod:`dit.device.netem_vary`).
 
 Order 40: before the edge service starts (its capacity profile does not cross the link, so the
 order does not matter there), before the traffic and load conditions that use the link.
