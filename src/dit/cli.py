@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dit.rack.cli import rack_app
 from dit.rundir import DRIVER, FINISHED_STATES, STATUS, STOP, RunDir, find_runs, read_json
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="dit - the Distributed Inference Testbed. One YAML scenario, seven stages, repeatable measurements.",
 )
+app.add_typer(rack_app, name="rack")
 # Piped output (CI logs, files) gets wide tables instead of labels folded over several lines.
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)

@@ -37,6 +37,7 @@ from dit.conditions import (
     active,
     aggregate_hooks,
     build_conditions,
+    preflight_notes,
     preflight_refusals,
     process_settings,
 )
@@ -447,6 +448,9 @@ class Driver:
         refusals = preflight_refusals(facts)
         if refusals:
             raise StageFailed(f"preflight: {refusals[0]}")
+        for note in preflight_notes(facts):
+            if self.reporter is not None:
+                self.reporter.warn(f"preflight: {note}")
 
     def _ntp_gate(self, nodes: dict[str, Any]) -> None:
         limit = float(self.scenario.timing.max_clock_offset_ms)

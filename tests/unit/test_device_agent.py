@@ -65,13 +65,69 @@ def test_sleep_until_spins_only_at_the_end() -> None:
     agent.sleep_until(0)  # already past: returns at once
 
 
+class FakeSched:
+    """os's scheduler calls, recorded; ``fail`` makes sched_setscheduler refuse like a v1 cpu
+    cgroup without an RT budget does (EPERM)."""
+
+    SCHED_FIFO, SCHED_OTHER = os.SCHED_FIFO, os.SCHED_OTHER
+
+    def __init__(self, euid: int = 0, fail: bool = False) -> None:
+        self.euid, self.fail, self.policy = euid, fail, os.SCHED_OTHER
+        self.calls: list[tuple[int, int]] = []
+
+    def geteuid(self) -> int:
+        return self.euid
+
+    def sched_getscheduler(self, pid: int) -> int:
+        return self.policy
+
+    def sched_getparam(self, pid: int) -> os.sched_param:
+        return os.sched_param(0)
+
+    def sched_param(self, priority: int) -> os.sched_param:
+        return os.sched_param(priority)
+
+    def sched_setscheduler(self, pid: int, policy: int, param: os.sched_param) -> None:
+        if self.fail and policy == os.SCHED_FIFO:
+            raise PermissionError(1, "Operation not permitted")
+        self.calls.append((policy, param.sched_priority))
+        self.policy = policy
+
+
+def test_the_wait_runs_at_sched_fifo_when_root_and_drops_back_after() -> None:
+    fake = FakeSched()
+    with agent.start_priority(fake) as sched:
+        assert fake.policy == os.SCHED_FIFO
+    assert sched == {"policy": "SCHED_FIFO", "priority": agent.FIFO_PRIORITY, "detail": ""}
+    assert fake.calls == [(os.SCHED_FIFO, agent.FIFO_PRIORITY), (os.SCHED_OTHER, 0)]
+
+
+@pytest.mark.parametrize(
+    ("fake", "detail"),
+    [
+        (FakeSched(euid=1000), "not root"),
+        (FakeSched(fail=True), "sched_setscheduler: Operation not permitted"),
+    ],
+)
+def test_without_permission_the_wait_stays_at_the_normal_policy(fake: FakeSched, detail: str) -> None:
+    with agent.start_priority(fake) as sched:
+        assert fake.policy == os.SCHED_OTHER
+    assert sched == {"policy": "SCHED_OTHER", "priority": 0, "detail": detail}
+    assert fake.calls == []
+
+
 def test_profile_command_writes_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DIT_RUN_ID", raising=False)
     cfg = profile_cfg(tmp_path)
     assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == 0
     out = tmp_path / "out"
     origin = json.loads((out / "origin.json").read_text())
-    assert set(origin) == {"host", "run_id", "start_at_ns", "origin_wall_ns", "origin_mono_ns", "lateness_ns"}
+    assert set(origin) == {
+        "host", "run_id", "start_at_ns", "origin_wall_ns", "origin_mono_ns", "lateness_ns", "start_sched",
+    }  # fmt: skip
+    assert origin["start_sched"]["policy"] in ("SCHED_FIFO", "SCHED_OTHER")
+    # The profile itself runs at the normal policy again, whatever the wait used.
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
     assert origin["lateness_ns"] == origin["origin_wall_ns"] - cfg["start_at_ns"] >= 0
     with open(out / "layers.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))

@@ -98,6 +98,8 @@ Builder = Callable[[Scenario, str, HostContext], "dict[str, Any] | None"]
 ProcessHook = Callable[[Scenario, str, HostContext], "ProcessSettings | None"]
 #: ``preflight(facts)``: why the run must not start (one sentence naming the nodes), or None.
 PreflightHook = Callable[[PreflightFacts], "str | None"]
+#: ``preflight_notes(facts)``: what the run will not do as asked, said plainly (does not refuse).
+NotesHook = Callable[[PreflightFacts], "list[str]"]
 #: ``aggregate(run)``: the condition's analysis of a collected run, written under ``aggregate/``.
 AggregateHook = Callable[["LoadedRun"], None]
 
@@ -176,6 +178,15 @@ def preflight_refusals(facts: PreflightFacts) -> list[str]:
         if refusal:
             refusals.append(refusal)
     return refusals
+
+
+def preflight_notes(facts: PreflightFacts) -> list[str]:
+    """Every condition's ``preflight_notes``, in condition order (the driver logs them as warnings)."""
+    notes: list[str] = []
+    for module in _modules():
+        hook = cast("NotesHook | None", getattr(module, "preflight_notes", None))
+        notes.extend(hook(facts) if hook is not None else [])
+    return notes
 
 
 def aggregate_hooks() -> list[tuple[Condition, AggregateHook]]:

@@ -5,13 +5,15 @@ The builder picks the interface (``network.<device>.interface``, else the invent
 the ``dit_tc`` module also refuses the default-route interface on the node), resolves every
 destination to an address, and passes the tree of :func:`dit.conditions.netem.tc.build_tree` to the
 role. In local mode (and with ``dit_tc_dry_run``) every ``tc`` argv is recorded in a JSON-lines log
-next to the node's run root instead of being run: this kernel has no ``sch_netem``.
+next to the node's run root instead of being run: this kernel has no ``sch_netem``. With
+``dit_tc_dry_run: netem`` (the emulated rack's inventory on such a kernel) only the trees that need
+netem are recorded, rate-only trees run, and :func:`preflight_notes` says so in the run log.
 
 The package is the whole controller side of netem: the tc tree (:mod:`.tc`), the preflight gate
-(:func:`preflight`: a kernel without ``sch_netem``) and the network self-check of a collected run
-(:mod:`.check`, the :func:`aggregate` step). The node side ships from elsewhere: the ``dit_tc``
-module (``library/dit_tc.py``), the ``netem`` role and the delay-variation process
-(:mod:`dit.device.netem_vary`).
+(:func:`preflight`: a kernel without ``sch_netem``; :func:`preflight_notes`) and the network
+self-check of a collected run (:mod:`.check`, the :func:`aggregate` step). The node side ships
+from elsewhere: the ``dit_tc`` module (``library/dit_tc.py``), the ``netem`` role and the
+delay-variation process (:mod:`dit.device.netem_vary`).
 
 Order 40: before the edge service starts (its capacity profile does not cross the link, so the
 order does not matter there), before the traffic and load conditions that use the link.
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dit.conditions import Condition, HostContext, PreflightFacts
-from dit.conditions.netem.tc import NetemError, build_tree, check_interface, netem_gate
+from dit.conditions.netem.tc import NetemError, build_tree, check_interface, needs_netem, netem_gate
 from dit.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -87,6 +89,15 @@ def interface_of(block: Mapping[str, Any], ctx: HostContext) -> str:
     return str(block.get("interface") or ctx.hostvars.get("dit_inference_interface") or "")
 
 
+def recorded(block: Mapping[str, Any], local: bool, dry_run_var: object) -> bool:
+    """Whether the device's tree is recorded instead of run: local mode, ``dit_tc_dry_run: true``,
+    or ``dit_tc_dry_run: netem`` (the emulated rack on a kernel without ``sch_netem``) for a tree
+    that needs netem; a rate-only tree (tbf) then stays real."""
+    if dry_run_var == "netem":
+        return local or needs_netem(block)
+    return bool(local or dry_run_var)
+
+
 def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
     block = scenario.network.get(host)
     if ctx.role != "device" or not block:
@@ -103,7 +114,7 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     shaping = build_tree(block, dev, device=host, seed=scenario.seed, destinations=destinations, netns=netns)
     if shaping is None:
         return None
-    dry_run = bool(ctx.local or ctx.hostvars.get("dit_tc_dry_run", False))
+    dry_run = recorded(block, ctx.local, ctx.hostvars.get("dit_tc_dry_run", False))
     log = dry_run_log(ctx) if dry_run else ""
     variation: dict[str, Any] = {}
     if shaping.vary_template is not None:
@@ -129,6 +140,23 @@ def preflight(facts: PreflightFacts) -> str | None:
     which records the tc commands instead of running them)."""
     problems = [] if facts.local else netem_gate(facts.scenario.network, facts.nodes, facts.hostvars)
     return "network shaping refused: " + "; ".join(problems) if problems else None
+
+
+def preflight_notes(facts: PreflightFacts) -> list[str]:
+    """Say plainly which devices lack ``sch_netem`` and only record their netem commands."""
+    notes: list[str] = []
+    for device, block in facts.scenario.network.items():
+        dry_run_var = facts.hostvars.get(device, {}).get("dit_tc_dry_run", False)
+        if facts.local or not dry_run_var or not needs_netem(block):
+            continue
+        node = facts.nodes.get(device) or {}
+        if (node.get("netem") or {}).get("available") is False:
+            notes.append(
+                f"{device}: kernel {node.get('kernel', '?')} has no sch_netem, so this run records the netem "
+                f"commands of network.{device} instead of running them (dit_tc_dry_run: {dry_run_var}); "
+                "its delays are not applied"
+            )
+    return notes
 
 
 def aggregate(run: LoadedRun) -> None:
