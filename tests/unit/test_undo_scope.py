@@ -35,6 +35,9 @@ def _restore_module() -> ModuleType:
         "ansible.module_utils.dit_procs", _load("dit_procs", REPO / "module_utils" / "dit_procs.py")
     )
     sys.modules.setdefault("ansible.module_utils.dit_undo_scope", scope_utils)
+    sys.modules.setdefault(
+        "ansible.module_utils.dit_lease", _load("dit_lease", REPO / "module_utils" / "dit_lease.py")
+    )
     return _load("dit_restore_module", REPO / "library" / "dit_restore.py")
 
 
