@@ -115,6 +115,13 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     repetitions = _int(cfg, "repetitions", "", default=1)
     warmup = _int(cfg, "warmup", "", default=0)
     start_at = cfg.get("start_at_ns")
+    if start_at is None and os.environ.get("DIT_START_AT_NS"):  # the profile stage's common instant
+        try:
+            start_at = int(os.environ["DIT_START_AT_NS"])
+        except ValueError:
+            raise ConfigError(
+                f"DIT_START_AT_NS: {os.environ['DIT_START_AT_NS']!r} is not an integer"
+            ) from None
     if start_at is not None and (isinstance(start_at, bool) or not isinstance(start_at, int)):
         raise ConfigError(f"start_at_ns: {start_at!r} is not an integer (time.time_ns epoch) or null")
     threads = cfg.get("threads")
