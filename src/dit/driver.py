@@ -49,7 +49,7 @@ from dit.paths import content_root
 from dit.procs import run_processes
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, read_json, write_json
-from dit.runtimes import LaunchContext
+from dit.runtimes import LaunchContext, Runtime
 from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
 from dit.scenario import Scenario
@@ -279,7 +279,6 @@ class Driver:
         self.contexts = self._host_contexts()
         self.conditions = build_conditions(scn, self.contexts)
         self.processes = process_settings(scn, self.contexts)
-        self.runtime = runtimes.get(str(scn.runtime["name"]))
 
     def _host_contexts(self) -> dict[str, HostContext]:
         inv = self.inv
@@ -535,6 +534,11 @@ class Driver:
         )
         for host in self.inv.hosts:
             extract_collected(raw, host)
+
+    @cached_property
+    def runtime(self) -> Runtime:
+        """The scenario's runtime (docs/runtimes.md); validation made sure it is installed."""
+        return runtimes.get(str(self.scenario.runtime["name"]))
 
     @cached_property
     def analysed(self) -> LoadedRun:

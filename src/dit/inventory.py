@@ -106,8 +106,11 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     return RunInventory(str(path), True, EDGE, devices, "127.0.0.1", hostvars)
 
 
-def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
-    """Read a user inventory with ``ansible-inventory --list`` and check it serves the scenario."""
+def load_inventory(source: str, devices: tuple[str, ...] | None) -> RunInventory:
+    """Read a user inventory with ``ansible-inventory --list`` and check it serves the scenario.
+
+    ``devices=None`` takes every host of group ``devices`` (a runtime check of the whole rack).
+    """
     exe = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
     proc = subprocess.run([exe, "-i", source, "--list"], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -128,6 +131,8 @@ def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
             f"inventory {source}: group 'edge' must hold exactly one host, found {edges or 'none'}"
         )
     members = set(group_hosts("devices"))
+    if devices is None:
+        devices = tuple(sorted(members))
     missing = [d for d in devices if d not in members]
     if missing:
         raise InventoryError(

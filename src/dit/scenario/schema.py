@@ -293,6 +293,11 @@ def _render(error: ValidationError) -> list[FieldError]:
     return [FieldError(where, error.message)]
 
 
+def render_error(error: ValidationError) -> list[FieldError]:
+    """One jsonschema error of any schema (an action's inputs) as path-precise messages."""
+    return _render(error)
+
+
 # -- defaults -----------------------------------------------------------------------------------
 
 
