@@ -308,8 +308,12 @@ def test_readiness_per_node_ok_failed_unreachable_with_the_reason() -> None:
         ],
         "d2": [event("d2", "unreachable", "check: python", msg="Failed to connect to the host via ssh")],
         "d3": [event("d3", "ok", "check: python", stdout="3.12.1")],
+        "d4": [
+            event("d4", "failed", "check: python", msg="Error executing command.", rc=2, cmd="/nope -c x")
+        ],
     }
-    got = {v.host: v for v in ops.readiness_of(plan, outcome, ["edge", "d1", "d2", "d3"])}
+    got = {v.host: v for v in ops.readiness_of(plan, outcome, ["edge", "d1", "d2", "d3", "d4"])}
+    assert got["d4"].reason == "python: Error executing command. (status 2, /nope)"
     assert got["edge"].ok and got["edge"].checks[0].detail == "3.12.1"
     assert got["d1"].state == "failed"
     assert got["d1"].reason == "python: [Errno 2] No such file or directory: b'/nope'"

@@ -65,7 +65,12 @@ def _detail(event: HostEvent) -> str:
     if event.status in ("ok", "changed"):
         return stdout.splitlines()[-1] if stdout else "ok"
     text = str(res.get("stderr") or res.get("msg") or event.status).strip()
-    return text.splitlines()[-1][:500] if text else event.status
+    text = text.splitlines()[-1][:500] if text else event.status
+    if not str(res.get("stderr") or "").strip() and res.get("cmd") and res.get("rc") is not None:
+        # a command that could not even start: its message is generic, its program says which
+        program = str(res["cmd"]).split()[0] if str(res["cmd"]).split() else ""
+        text += f" (status {res['rc']}, {program})"
+    return text
 
 
 def readiness_of(plan: ReadinessPlan, outcome: StageOutcome, hosts: Sequence[str]) -> list[NodeReadiness]:
