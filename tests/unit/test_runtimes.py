@@ -352,3 +352,64 @@ def test_action_inputs_are_validated_and_errors_name_the_key() -> None:
 def test_an_unknown_action_lists_the_runtimes_actions() -> None:
     with pytest.raises(ops.UnknownAction, match="its actions: install-runtime, distribute-weights"):
         ops.action_of(LayersRuntime(), "nope")
+
+
+# -- docs/runtimes.md ---------------------------------------------------------------------------
+
+
+def docs_example() -> str:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "runtimes.md").read_text(encoding="utf-8")
+    start = text.index("## A minimal runtime")
+    block = text[text.index("```python\n", start) + len("```python\n") :]
+    return block[: block.index("```")]
+
+
+def test_the_minimal_runtime_of_the_docs_works(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import subprocess
+    import time
+    import types
+
+    module = types.ModuleType("hello_runtime")
+    exec(compile(docs_example(), "docs/runtimes.md", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "hello_runtime", module)
+    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "hello": "hello_runtime:HelloRuntime"})
+    registry.reset()
+    try:
+        hello = registry.get("hello")
+        assert messages(doc(runtime={"name": "hello", "seconds": -1})) == [
+            "runtime.seconds: -1 is less than 0"
+        ]
+        block = resolve(doc(runtime={"name": "hello"}))["runtime"]
+        assert block == {"name": "hello", "seconds": 0.1}
+        specs = launch_vars(hello, context(block), ("edge", "device1", "device2"))
+        (spec,) = specs["device1"]["main"]
+        # run the node program as the profile stage would: in the node root, with the start instant
+        root = tmp_path / "nodes" / "device1"
+        (root / "results").mkdir(parents=True)
+        for name, text in spec["files"].items():
+            (root / name).write_text(text, encoding="utf-8")
+        env = {"DIT_START_AT_NS": str(time.time_ns() + 200_000_000), "PATH": "/usr/bin:/bin"}
+        subprocess.run([sys.executable, *spec["argv"][1:]], cwd=root, env=env, check=True, timeout=30)
+        late = json.loads((root / "results" / "hello.json").read_text(encoding="utf-8"))["late_ns"]
+        assert 0 <= late < 1_000_000_000
+        # the results parser, on the collected layout
+        run_dir = tmp_path / "run"
+        (run_dir / "raw" / "device1").mkdir(parents=True)
+        (run_dir / "raw" / "device2").mkdir(parents=True)
+        (run_dir / "scenario.yaml").write_text(json.dumps(resolve(doc(runtime=block))), encoding="utf-8")
+        written = (root / "results" / "hello.json").read_text(encoding="utf-8")
+        (run_dir / "raw" / "device1" / "device1_hello.json").write_text(written, encoding="utf-8")
+        (run_dir / "raw" / "device2" / "device2_hello.json").write_text(
+            '{"late_ns": 3000000}', encoding="utf-8"
+        )
+        results = hello.parse_results(LoadedRun(run_dir))
+        assert (run_dir / "aggregate" / "hello.csv").read_text(encoding="utf-8").splitlines() == [
+            "device,late_ns",
+            f"device1,{late}",
+            "device2,3000000",
+        ]
+        (value,) = results.summary
+        assert (value.name, value.unit, value.value) == ("worst_late", "ms", max(late, 3_000_000) / 1e6)
+    finally:
+        monkeypatch.undo()
+        registry.reset()
