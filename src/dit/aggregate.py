@@ -4,7 +4,8 @@ docs/interchange.md documented ``dit.aggregate.aggregate_run`` and ``read_model_
 analysis package existed; new code imports :mod:`dit.analysis.aggregate`.
 """
 
-from dit.analysis.aggregate import DEFAULT_RATE_BPS, AggregateSummary, aggregate_run, read_model_inputs
+from dit.analysis.aggregate import AggregateSummary, aggregate_run, read_model_inputs
+from dit.analysis.links import DEFAULT_RATE_BPS
 from dit.analysis.run import AggregateError
 
 __all__ = ["DEFAULT_RATE_BPS", "AggregateError", "AggregateSummary", "aggregate_run", "read_model_inputs"]

@@ -54,7 +54,6 @@ from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
 from dit.scenario import Scenario
 
-ANSIBLE_STAGES = ("preflight", "apply", "profile", "collect")
 EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
 

@@ -6,7 +6,7 @@ import os
 
 import psutil
 
-RUN_ENV = "DIT_RUN_ID"
+from dit.device.tags import RUN_ENV
 
 
 def run_processes(run_id: str) -> list[psutil.Process]:

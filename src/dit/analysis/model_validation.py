@@ -31,8 +31,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from dit.analysis.aggregate import EDGE_HOST, aggregate_run, read_model_inputs
+from dit.analysis.aggregate import aggregate_run, read_model_inputs
 from dit.analysis.delay import DelayModel, check_policy, evaluate
+from dit.analysis.inputs import EDGE_HOST
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
 
 VALIDATION_COLUMNS: Final = (

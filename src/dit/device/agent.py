@@ -38,6 +38,7 @@ from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.seeding import seed_from_env
+from dit.device.tags import RUN_ENV
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_EQUIVALENCE = 0, 1, 2, 3
 SPIN_NS = 2_000_000  # the last ~2 ms before the start instant are a busy wait
@@ -131,7 +132,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     inf_enabled = bool(inf.get("enabled", False))
 
     results.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", run_id)
+    os.environ.setdefault(RUN_ENV, run_id)
     if threads is not None:
         for name in THREAD_ENV:
             os.environ[name] = str(threads)

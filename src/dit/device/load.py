@@ -62,6 +62,7 @@ from types import FrameType
 from typing import Any, Final
 
 from dit.device.common import ConfigError, Origin, require, write_json
+from dit.device.tags import RUN_ENV
 
 #: The thesis's compute regimes in percent: (CPU range, memory range). Mirrors ``dit.scenario.LOAD_REGIMES``.
 REGIMES: Final[Mapping[str, tuple[tuple[float, float], tuple[float, float]]]] = {
@@ -507,7 +508,7 @@ def run_load(raw: Mapping[str, Any]) -> int:
     """The ``load`` command (config keys: see :class:`LoadConfig` and ``docs/protocol.md``)."""
     cfg = parse_config(raw)
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", cfg.run_id)
+    os.environ.setdefault(RUN_ENV, cfg.run_id)
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -37,6 +37,7 @@ from types import FrameType
 from typing import Any, Final
 
 from dit.device.common import ConfigError, Origin, require, write_json
+from dit.device.tags import RUN_ENV
 
 #: Raspberry Pi firmware ``get_throttled`` bits.
 THROTTLE_BITS: Final[Mapping[str, int]] = {
@@ -343,7 +344,7 @@ def run_monitor(raw: Mapping[str, Any]) -> int:
     """The ``monitor`` command (see the module docstring and ``docs/protocol.md``)."""
     cfg = parse_config(raw)
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", cfg.run_id)
+    os.environ.setdefault(RUN_ENV, cfg.run_id)
     stop = StopSignal()
     sampler = Sampler(cfg.sysfs_root, cfg.proc_root, cfg.throttle_source, cfg.vcgencmd_argv)
     origin = Origin.now()

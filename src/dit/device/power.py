@@ -36,6 +36,7 @@ from typing import Any, Final, Protocol
 
 from dit.device.common import ConfigError, Origin, require, write_json
 from dit.device.monitor import StopSignal, read_proc_stat, utilisation_pct
+from dit.device.tags import HOST_ENV, RUN_ENV
 
 INA260_ADDRESS: Final = 0x40
 REG_CONFIG: Final = 0x00
@@ -158,10 +159,11 @@ def _tag_of(pid: str) -> tuple[str | None, str | None]:
         return None, None
     run = host = None
     for item in raw.split(b"\0"):
-        if item.startswith(b"DIT_RUN_ID="):
-            run = item[11:].decode("utf-8", "replace")
-        elif item.startswith(b"DIT_HOST="):
-            host = item[9:].decode("utf-8", "replace")
+        name, _, value = item.partition(b"=")
+        if name == RUN_ENV.encode():
+            run = value.decode("utf-8", "replace")
+        elif name == HOST_ENV.encode():
+            host = value.decode("utf-8", "replace")
     return run, host
 
 
@@ -304,7 +306,7 @@ def run_power(cfg: Mapping[str, Any], bus_factory: Any = open_smbus) -> int:
     interval_s = _float(cfg, "interval_s", 0.1, minimum=1e-3)
     duration = cfg.get("duration_s")
     results.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", run_id)
+    os.environ.setdefault(RUN_ENV, run_id)
     stop = StopSignal()
     sensor, about = open_sensor(cfg, bus_factory)
     origin = Origin.now()

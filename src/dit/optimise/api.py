@@ -199,7 +199,7 @@ def optimise_run(
     ``None`` settings come from the scenario's ``optimisation`` block (see :func:`resolve_settings`). With
     ``vector`` the algorithm is recorded as ``vector``, one vector is evaluated and the vector may lie
     outside the feasible ranges (``feasible: false``). Raises :class:`OptimiseError` (including
-    :class:`dit.optimise.TooManyVectorsError`) and :class:`dit.analysis.aggregate.AggregateError` with messages
+    :class:`dit.optimise.TooManyVectorsError`) and :class:`dit.analysis.run.AggregateError` with messages
     meant for the user.
     """
     loaded = LoadedRun.of(run)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dit.device.tags import RUN_ENV
 from dit.procs import pid_alive
 from dit.rundir import DRIVER, STATUS, RunDir, find_runs, read_json, write_json
 from dit.web.store import Store, Version
@@ -141,7 +142,7 @@ def launch(
     log = base / "launches" / f"{launch_id}.log"
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("DIT_RUN_ID", None)
+    env.pop(RUN_ENV, None)
     env["DIT_NNPM_LAUNCH"] = launch_id
     with log.open("wb") as out:
         proc = subprocess.Popen(

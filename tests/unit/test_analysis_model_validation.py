@@ -26,7 +26,7 @@ def test_small_run(small: Path) -> None:
     frame = pd.read_csv(summary.csv_path)
     assert tuple(frame.columns) == VALIDATION_COLUMNS
     got = frame[["round", "vector", "device", "measured_delay_ns", "predicted_delay_ns"]].values.tolist()
-    # measured = mean(local + transmission + queue + remote); predicted by hand under SJF (test_delay.py)
+    # measured = mean(local + transmission + queue + remote); predicted by hand under SJF (test_analysis_delay.py)
     assert got == [
         [0, "0,1", "device1", 20_000_000, 19_000_000],
         [0, "0,1", "device2", 12_000_000, 11_200_000],

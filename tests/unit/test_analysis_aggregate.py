@@ -9,19 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from dit.analysis.aggregate import (
-    DEFAULT_RATE_BPS,
-    FEASIBILITY_COLUMNS,
-    LAYERS_COLUMNS,
-    LINKS_COLUMNS,
-    AggregateError,
-    aggregate_run,
-    feasibility,
-    fitted_rate_bps,
-    iperf3_rate_bps,
-    read_model_inputs,
-)
-from dit.analysis.run import round_vectors
+from dit.analysis.aggregate import aggregate_run, read_model_inputs
+from dit.analysis.feasibility import FEASIBILITY_COLUMNS, feasibility
+from dit.analysis.layers import LAYERS_COLUMNS
+from dit.analysis.links import DEFAULT_RATE_BPS, LINKS_COLUMNS, fitted_rate_bps, iperf3_rate_bps
+from dit.analysis.run import AggregateError, round_vectors
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MS = 1_000_000
