@@ -38,7 +38,7 @@ from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.seeding import seed_from_env
-from dit.device.tags import RUN_ENV
+from dit.device.tags import RUN_ENV, START_AT_ENV
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_EQUIVALENCE = 0, 1, 2, 3
 SPIN_NS = 2_000_000  # the last ~2 ms before the start instant are a busy wait
@@ -116,13 +116,11 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     repetitions = _int(cfg, "repetitions", "", default=1)
     warmup = _int(cfg, "warmup", "", default=0)
     start_at = cfg.get("start_at_ns")
-    if start_at is None and os.environ.get("DIT_START_AT_NS"):  # the profile stage's common instant
+    if start_at is None and os.environ.get(START_AT_ENV):  # the profile stage's common instant
         try:
-            start_at = int(os.environ["DIT_START_AT_NS"])
+            start_at = int(os.environ[START_AT_ENV])
         except ValueError:
-            raise ConfigError(
-                f"DIT_START_AT_NS: {os.environ['DIT_START_AT_NS']!r} is not an integer"
-            ) from None
+            raise ConfigError(f"{START_AT_ENV}: {os.environ[START_AT_ENV]!r} is not an integer") from None
     if start_at is not None and (isinstance(start_at, bool) or not isinstance(start_at, int)):
         raise ConfigError(f"start_at_ns: {start_at!r} is not an integer (time.time_ns epoch) or null")
     threads = cfg.get("threads")

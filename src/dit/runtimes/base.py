@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from dit.analysis.run import LoadedRun
+from dit.device.tags import START_AT_ENV
+
+__all__ = ["START_AT_ENV"]  # re-exported for runtimes: the variable their main processes read
 
 JSONSchema = Mapping[str, Any]
 ValueType = Literal["int", "float", "str", "bool"]
 NodeState = Literal["ok", "failed", "unreachable"]
-
-RUN_ID_ENV = "DIT_RUN_ID"
-START_AT_ENV = "DIT_START_AT_NS"  # main processes get the run's common start instant (time.time_ns epoch)
 
 
 @dataclass(frozen=True)
