@@ -86,14 +86,15 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         edge_vars["dit_cpu_affinity"] = edge_cpus
         for name in devices:
             device_vars[name]["dit_cpu_affinity"] = device_cpus
+    common: dict[str, Any] = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": python,
+        "dit_python": python,
+        "dit_local_mode": True,
+    }
     inventory = {
         "all": {
-            "vars": {
-                "ansible_connection": "local",
-                "ansible_python_interpreter": python,
-                "dit_python": python,
-                "dit_local_mode": True,
-            },
+            "vars": common,
             "children": {
                 "edge": {"hosts": {EDGE: edge_vars}},
                 "devices": {"hosts": device_vars},
@@ -102,7 +103,8 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     }
     path = run_dir / "inventory.json"
     path.write_text(json.dumps(inventory, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    hostvars = {EDGE: edge_vars, **device_vars}
+    # as ansible-inventory reports a user inventory's: the group's variables merged into each host's
+    hostvars = {host: {**common, **values} for host, values in {EDGE: edge_vars, **device_vars}.items()}
     return RunInventory(str(path), True, EDGE, devices, "127.0.0.1", hostvars)
 
 
