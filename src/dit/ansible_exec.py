@@ -133,22 +133,10 @@ def ansible_env() -> dict[str, str]:
     }
 
 
-def run_stage(
-    stage: str,
-    private_dir: Path,
-    inventory: str,
-    limit: str,
-    extravars: Mapping[str, Any],
-    on_event: Callable[[HostEvent], None],
-    should_cancel: Callable[[], bool],
-    forks: int,
-    render_context: Mapping[str, Any] | None = None,
-    check: bool = False,
-) -> StageOutcome:
-    """Render and run the playbook of ``stage``; every task result is passed to ``on_event``."""
-    project = private_dir / "project"
-    playbook = render_playbook(stage, project, render_context or {})
-    outcome = StageOutcome(stage, "failed", -1)
+def _collector(
+    outcome: StageOutcome, on_event: Callable[[HostEvent], None]
+) -> Callable[[dict[str, Any]], bool]:
+    """An ansible-runner event handler: every task result into ``outcome`` and to ``on_event``."""
 
     def handle(event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
@@ -170,6 +158,59 @@ def run_stage(
             on_event(host_event)
         return True
 
+    return handle
+
+
+def run_playbook(
+    name: str,
+    playbook: Path,
+    private_dir: Path,
+    inventory: str,
+    limit: str,
+    extravars: Mapping[str, Any],
+    on_event: Callable[[HostEvent], None],
+    tags: tuple[str, ...] = (),
+    forks: int = 5,
+) -> StageOutcome:
+    """Run a playbook that is not a stage (a runtime's readiness check or maintenance action)."""
+    outcome = StageOutcome(name, "failed", -1)
+    private_dir.mkdir(parents=True, exist_ok=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(private_dir),
+        playbook=str(playbook),
+        inventory=inventory,
+        limit=limit,
+        extravars=dict(extravars),
+        envvars=ansible_env(),
+        event_handler=_collector(outcome, on_event),
+        quiet=True,
+        rotate_artifacts=3,
+        forks=forks,
+        tags=",".join(tags) if tags else None,
+        timeout=None,
+    )
+    outcome.status = str(runner.status)
+    outcome.rc = int(runner.rc if runner.rc is not None else -1)
+    return outcome
+
+
+def run_stage(
+    stage: str,
+    private_dir: Path,
+    inventory: str,
+    limit: str,
+    extravars: Mapping[str, Any],
+    on_event: Callable[[HostEvent], None],
+    should_cancel: Callable[[], bool],
+    forks: int,
+    render_context: Mapping[str, Any] | None = None,
+    check: bool = False,
+) -> StageOutcome:
+    """Render and run the playbook of ``stage``; every task result is passed to ``on_event``."""
+    project = private_dir / "project"
+    playbook = render_playbook(stage, project, render_context or {})
+    outcome = StageOutcome(stage, "failed", -1)
+    handle = _collector(outcome, on_event)
     cmdline = "--check --diff" if check else None
     runner = ansible_runner.run(
         private_data_dir=str(private_dir),

@@ -413,5 +413,13 @@ def web(
     )
 
 
+def _add_runtimes() -> None:
+    from dit.runtimes.cli import app as runtimes_app
+
+    app.add_typer(runtimes_app, name="runtimes")
+
+
+_add_runtimes()
+
 if __name__ == "__main__":
     app()

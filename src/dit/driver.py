@@ -51,6 +51,9 @@ from dit.paths import content_root
 from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, write_json
+from dit.runtimes import LaunchContext, Runtime
+from dit.runtimes import launch as runtime_launch
+from dit.runtimes import registry as runtimes
 from dit.scenario import Scenario
 
 EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
@@ -427,6 +430,11 @@ class Driver:
             "mode": "local" if self.local else "inventory",
             "inventory": self.inv.source,
             "model": {"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
+            "runtime": {
+                "name": self.runtime.name,
+                "version": self.runtime.version,
+                "block": self.scenario.runtime,
+            },
             "conditions": self.conditions,
             "processes": {
                 host: {"env": settings.env, "cgroup": settings.cgroup, "cpus": settings.cpus}
@@ -535,41 +543,30 @@ class Driver:
         if self.reporter is not None:
             self.reporter.warn(text)
 
-    def _profile_configs(self) -> dict[str, Any]:
-        scn = self.scenario
+    def _launch_context(self) -> LaunchContext:
         assert self.model is not None
-        configs: dict[str, Any] = {}
-        for index, device in enumerate(scn.devices):
-            hardware = scn.hardware.get(device, {})
-            configs[device] = {
-                "model": self.model.spec,
-                "repetitions": scn.repetitions,
-                "warmup": scn.warmup,
-                "threads": hardware.get("threads"),
-                "inference": {
-                    "enabled": scn.inference.enabled,
-                    "vectors": [list(v) for v in scn.inference.vectors],
-                    "device_index": index,
-                    "repetitions": scn.inference.repetitions,
-                    "edge": {"host": self.inv.edge_address, "port": self.edge_port},
-                    "equivalence": {
-                        "enabled": scn.model.equivalence_enabled,
-                        "tolerance": scn.model.equivalence_tolerance,
-                    },
-                },
-            }
-        return configs
+        return LaunchContext(
+            run_id=self.run.run_id,
+            block=self.scenario.runtime,
+            scenario=self.scenario.to_dict(),
+            edge_host=self.inv.edge_host,
+            devices=self.scenario.devices,
+            addresses={host: ctx.addresses[host] for host, ctx in self.contexts.items()},
+            node_roots={host: ctx.node_root for host, ctx in self.contexts.items()},
+            pythons={
+                host: str(ctx.hostvars.get("dit_python", "/usr/bin/python3"))
+                for host, ctx in self.contexts.items()
+            },
+            local=self.local,
+            model=self.model.spec,
+            edge_port=self.edge_port,
+        )
 
     def _profile(self) -> None:
         lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
-        outcome = self._stage(
-            "profile", {"dit_profile_config": self._profile_configs(), "dit_start_lead_ns": lead_ns}
-        )
-        for device in self.scenario.devices:
-            res = outcome.result_of(device, "dit_timed_profile") or {}
-            origin = res.get("origin") or {}
-            if "lateness_ns" in origin:
-                self.lateness_ns[device] = int(origin["lateness_ns"])
+        launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
+        outcome = self._stage("profile", {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns})
+        self.lateness_ns.update(self.runtime.started(runtime_launch.outcomes(outcome, launched)))
         if self.lateness_ns:
             worst = max(self.lateness_ns.items(), key=lambda item: item[1])
             self.reporter_info(
@@ -599,26 +596,30 @@ class Driver:
             self.reporter_warn(failure.describe() + "".join(f"\n  {line}" for line in failure.stderr_tail))
 
     @cached_property
+    def runtime(self) -> Runtime:
+        """The scenario's runtime (docs/runtimes.md); validation made sure it is installed."""
+        return runtimes.get(str(self.scenario.runtime["name"]))
+
+    @cached_property
     def analysed(self) -> LoadedRun:
         """The run directory as the analysis steps see it: ``scenario.yaml`` read once for all of them."""
         return LoadedRun(self.run.path)
 
     def _aggregate(self) -> None:
-        from dit.analysis.aggregate import aggregate_run
         from dit.analysis.monitors import aggregate_monitors
+        from dit.runtimes.base import write_summary
 
         def work() -> None:
-            aggregate_run(self.analysed)
+            results = self.runtime.parse_results(self.analysed)
+            write_summary(self.analysed.aggregate_dir, self.runtime.name, results)
+            for value in results.summary:
+                self.reporter_info(
+                    f"{self.runtime.name}: {value.name} = {value.value}"
+                    + (f" {value.unit}" if value.unit else "")
+                )
             for _condition, step in aggregate_hooks():
                 step(self.analysed)
             aggregate_monitors(self.analysed)
-            if self.scenario.inference.enabled:
-                from dit.analysis.model_validation import validate_run
-
-                summary = validate_run(self.analysed)
-                mape = getattr(summary, "mape_pct", None)
-                if mape is not None:
-                    self.reporter_info(f"model validation: MAPE {mape:.2f} %")
 
         self._timed("aggregate", work)
 

@@ -97,14 +97,15 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         edge_vars["dit_cpu_affinity"] = edge_cpus
         for name in devices:
             device_vars[name]["dit_cpu_affinity"] = device_cpus
+    common: dict[str, Any] = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": python,
+        "dit_python": python,
+        "dit_local_mode": True,
+    }
     inventory = {
         "all": {
-            "vars": {
-                "ansible_connection": "local",
-                "ansible_python_interpreter": python,
-                "dit_python": python,
-                "dit_local_mode": True,
-            },
+            "vars": common,
             "children": {
                 "edge": {"hosts": {EDGE: edge_vars}},
                 "devices": {"hosts": device_vars},
@@ -113,7 +114,8 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     }
     path = run_dir / "inventory.json"
     path.write_text(json.dumps(inventory, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    hostvars = {EDGE: edge_vars, **device_vars}
+    # as ansible-inventory reports a user inventory's: the group's variables merged into each host's
+    hostvars = {host: {**common, **values} for host, values in {EDGE: edge_vars, **device_vars}.items()}
     return RunInventory(str(path), True, EDGE, devices, "127.0.0.1", hostvars)
 
 
@@ -180,8 +182,11 @@ def list_inventory(source: str) -> InventoryListing:
     return InventoryListing(source, data)
 
 
-def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
-    """Read a user inventory with ``ansible-inventory --list`` and check it serves the scenario."""
+def load_inventory(source: str, devices: tuple[str, ...] | None) -> RunInventory:
+    """Read a user inventory with ``ansible-inventory --list`` and check it serves the scenario.
+
+    ``devices=None`` takes every host of group ``devices`` (a runtime check of the whole rack).
+    """
     listing = list_inventory(source)
     hostvars = listing.hostvars
     edges = listing.members("edge")
@@ -190,6 +195,8 @@ def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
             f"inventory {source}: group 'edge' must hold exactly one host, found {edges or 'none'}"
         )
     members = set(listing.members("devices"))
+    if devices is None:
+        devices = tuple(sorted(members))
     missing = [d for d in devices if d not in members]
     if missing:
         raise InventoryError(
@@ -208,7 +215,9 @@ def inventory_of(run: RunDir) -> RunInventory:
     if info.get("local", True):
         data = json.loads((run.path / "inventory.json").read_text(encoding="utf-8"))
         children = data["all"]["children"]
-        hostvars = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
+        common = data["all"].get("vars", {})
+        hosts = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
+        hostvars = {host: {**common, **values} for host, values in hosts.items()}
         return RunInventory(str(run.path / "inventory.json"), True, EDGE, scenario, "127.0.0.1", hostvars)
     return load_inventory(str(info["inventory"]), scenario)
 

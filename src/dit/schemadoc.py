@@ -133,20 +133,30 @@ def _rows(node: SchemaNode, root: SchemaNode, path: str, seen: set[str]) -> Iter
                 if "default" in sub:
                     cond_defaults[key] = f"{_code(sub['default'])} ({cond})"
         children: list[tuple[str, SchemaNode]] = [(k, v) for k, v in branch.get("properties", {}).items()]
+        only: dict[int, str] = {}  # a field of one if/then branch (a runtime's block): the condition
+        for rule in branch.get("allOf", []):
+            cond = condition_text(rule.get("if", {}))
+            for key, sub in rule.get("then", {}).get("properties", {}).items():
+                if key not in branch.get("properties", {}):
+                    only[len(children)] = cond
+                    children.append((key, sub))
         children += [
             (_PLACEHOLDERS.get(p, "<key>"), v) for p, v in branch.get("patternProperties", {}).items()
         ]
         extra = branch.get("additionalProperties")
         if isinstance(extra, Mapping):
             children.append(("<target>", extra))
-        for key, sub in children:
+        for index, (key, sub) in enumerate(children):
             child_path = f"{path}.{key}" if path else key
-            if child_path in seen:
+            seen_key = f"{child_path} {only[index]}" if index in only else child_path
+            if seen_key in seen:
                 continue
-            seen.add(child_path)
+            seen.add(seen_key)
             full = _deref(sub, root)
             text = str(full.get("description") or (f"{full['title']}." if "title" in full else ""))
             row = _Row(child_path, _type(full, root), _default(full), text)
+            if index in only:
+                row.notes.append(f"Only {only[index]}.")
             if key in cond_defaults:
                 row.default = cond_defaults[key]
             if key in required:
@@ -173,8 +183,8 @@ def render_reference(schema: SchemaNode) -> str:
     lines = [
         "# Scenario reference",
         "",
-        "<!-- Generated from scenarios/scenario.schema.json by `python -m dit.schemadoc "
-        "docs/scenario-reference.md`; do not edit by hand. -->",
+        "<!-- Generated from scenarios/scenario.schema.json and the installed runtimes' blocks by "
+        "`python -m dit.schemadoc docs/scenario-reference.md`; do not edit by hand. -->",
         "",
         str(schema.get("description", "")),
         "",

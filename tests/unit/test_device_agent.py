@@ -116,6 +116,22 @@ def test_without_permission_the_wait_stays_at_the_normal_policy(fake: FakeSched,
     assert fake.calls == []
 
 
+def test_the_start_instant_comes_from_the_profile_stage_when_the_config_has_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DIT_RUN_ID", raising=False)
+    start_at = time.time_ns() + 50_000_000
+    monkeypatch.setenv("DIT_START_AT_NS", str(start_at))
+    cfg = profile_cfg(tmp_path)
+    del cfg["start_at_ns"]
+    assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == 0
+    origin = json.loads((tmp_path / "out" / "origin.json").read_text())
+    assert origin["start_at_ns"] == start_at
+    assert origin["lateness_ns"] == origin["origin_wall_ns"] - start_at >= 0
+    monkeypatch.setenv("DIT_START_AT_NS", "soon")
+    assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == agent.EXIT_CONFIG
+
+
 def test_profile_command_writes_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DIT_RUN_ID", raising=False)
     cfg = profile_cfg(tmp_path)

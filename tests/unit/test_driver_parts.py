@@ -242,3 +242,20 @@ def test_driver_calls_the_aggregate_hook_of_every_condition_package_with_one_loa
     assert (run_dir / "aggregate" / "validation.csv").is_file()
     assert optimum is not None and optimum["vector"] == [2, 1]
     assert reads == [run_dir / "scenario.yaml"]  # one read for every analysis step and the optimiser
+
+
+def test_the_runtimes_processes_use_the_nodes_interpreter_in_local_mode(tmp_path: Path) -> None:
+    import sys
+
+    from dit.inventory import local_inventory
+    from dit.runtimes.launch import launch_vars
+
+    driver = _driver(tmp_path, "name: n\nmodel: fake\ndevices: [device1]\ninference: {enabled: false}\n")
+    driver.run = RunDir.create(tmp_path / "runs", "n", "0" * 64)
+    driver.inventory = local_inventory(driver.run.path, ("device1",))
+    driver.contexts = driver._host_contexts()
+    driver.model = resolve_model("fake", {"profile": "tiny"}, {"kind": "synthetic", "seed": 1}, 1, True, True)
+    ctx = driver._launch_context()
+    assert ctx.pythons == {"edge": sys.executable, "device1": sys.executable}
+    (agent,) = launch_vars(driver.runtime, ctx, driver.inv.hosts)["device1"]["main"]
+    assert agent["argv"][0] == sys.executable  # the venv's, which has the model's framework

@@ -70,7 +70,8 @@ def test_unknown_field_suggests_the_closest() -> None:
     ]
     assert messages(doc(colour="red")) == [
         "colour: unknown field (allowed: name, description, model, devices, repetitions, warmup, seed, "
-        "edge_server, inference, optimisation, sweep, timing, monitors, load, network, hardware, background_traffic)"
+        "edge_server, inference, optimisation, sweep, timing, monitors, load, network, hardware, background_traffic, "
+        "runtime)"
     ]
 
 

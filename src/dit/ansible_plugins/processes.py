@@ -47,6 +47,23 @@ class ProcessAction(JournaledAction):
         )
 
 
+class LaunchAction(JournaledAction):
+    """``dit_launch``: one record per process name (its tag) it will start."""
+
+    def intent(self, args: dict[str, Any], task_vars: dict[str, Any]) -> list[dict[str, Any]] | None:
+        processes = args.get("processes")
+        if not isinstance(processes, list):
+            return None  # templated later or malformed: let the module's plan say
+        return [
+            {
+                "op": "process",
+                "undo": {"run_id": args["run_id"], "host": args["host"], "tag": str(spec["name"])},
+            }
+            for spec in processes
+            if isinstance(spec, dict) and "name" in spec
+        ]
+
+
 class NodeAction(JournaledAction):
     """``dit_node``: the record is the run directory; ``ship`` files are transferred first."""
 

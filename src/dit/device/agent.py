@@ -40,7 +40,12 @@ from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.seeding import seed_from_env
-from dit.device.tags import HOST_ENV, RUN_ENV, TAG_ENV  # set by dit_proc on every tagged process
+from dit.device.tags import (  # set by dit_proc on every tagged process
+    HOST_ENV,
+    RUN_ENV,
+    START_AT_ENV,
+    TAG_ENV,
+)
 
 STATUS_ENV = "DIT_STATUS_FILE"  # where the process keeps its status record (see StatusFile)
 
@@ -153,6 +158,11 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     repetitions = _int(cfg, "repetitions", "", default=1)
     warmup = _int(cfg, "warmup", "", default=0)
     start_at = cfg.get("start_at_ns")
+    if start_at is None and os.environ.get(START_AT_ENV):  # the profile stage's common instant
+        try:
+            start_at = int(os.environ[START_AT_ENV])
+        except ValueError:
+            raise ConfigError(f"{START_AT_ENV}: {os.environ[START_AT_ENV]!r} is not an integer") from None
     if start_at is not None and (isinstance(start_at, bool) or not isinstance(start_at, int)):
         raise ConfigError(f"start_at_ns: {start_at!r} is not an integer (time.time_ns epoch) or null")
     threads = cfg.get("threads")

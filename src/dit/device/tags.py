@@ -13,3 +13,5 @@ from typing import Final
 RUN_ENV: Final = "DIT_RUN_ID"
 HOST_ENV: Final = "DIT_HOST"
 TAG_ENV: Final = "DIT_TAG"
+#: The profile stage's common start instant (``time.time_ns()`` epoch) in a main process's environment.
+START_AT_ENV: Final = "DIT_START_AT_NS"

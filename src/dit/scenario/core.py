@@ -17,7 +17,7 @@ from typing import Any
 from dit.scenario import schema as sch
 from dit.scenario.errors import FieldError, ScenarioError, sorted_unique
 from dit.scenario.pathexpr import Segment, parse_path, render_path
-from dit.scenario.spec import Scenario, build
+from dit.scenario.spec import DEFAULT_RUNTIME, Scenario, build
 from dit.scenario.yamlio import load_yaml
 
 #: The largest number of variants one scenario may expand to.
@@ -82,6 +82,15 @@ def resolve(doc: Mapping[str, Any]) -> dict[str, Any]:
     opt = d.get("optimisation")
     if isinstance(opt, dict) and "policy" not in opt and isinstance(edge, dict) and "policy" in edge:
         opt["policy"] = edge["policy"]
+    runtime = d.get("runtime")
+    written = doc.get("optimisation")
+    if (
+        isinstance(runtime, dict)
+        and runtime.get("name") != DEFAULT_RUNTIME
+        and isinstance(opt, dict)
+        and not (isinstance(written, Mapping) and "enabled" in written)
+    ):
+        opt["enabled"] = False  # nothing to optimise: only the layers runtime profiles partitions
     model = d.get("model")
     if isinstance(model, dict):
         inp = model.get("input")
@@ -174,6 +183,14 @@ def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldE
                 f"unknown optimiser {opt['algorithm']!r} "
                 f"(registered under dit.optimisers: {', '.join(known)})",
             )
+    runtime = d.get("runtime")
+    runtime_name = runtime.get("name") if isinstance(runtime, dict) else DEFAULT_RUNTIME
+    if isinstance(opt, dict) and opt.get("enabled") is True and runtime_name != DEFAULT_RUNTIME:
+        # the optimisers search partition vectors over the layer profile only this runtime measures
+        err(
+            ["optimisation", "enabled"],
+            f"partition optimisation needs the {DEFAULT_RUNTIME} runtime, not {runtime_name!r}",
+        )
     return errors
 
 

@@ -53,14 +53,23 @@ def _schema_text() -> str:
 
 
 def load_schema() -> dict[str, Any]:
-    """A fresh copy of the scenario JSON Schema."""
+    """A fresh copy of the scenario JSON Schema, with the ``runtime`` block of every installed runtime."""
+    # imported here: the registry loads the runtimes, which import the scenario package themselves
+    from dit.runtimes.registry import block_property
+
     schema: dict[str, Any] = json.loads(_schema_text())
+    schema["properties"]["runtime"] = block_property()
     return schema
 
 
 @functools.cache
 def _validator() -> Draft202012Validator:
     return Draft202012Validator(load_schema())
+
+
+def forget() -> None:
+    """Drop the cached validator (the installed runtimes changed)."""
+    _validator.cache_clear()
 
 
 def root_schema() -> SchemaNode:
@@ -287,6 +296,11 @@ def _render(error: ValidationError) -> list[FieldError]:
     return [FieldError(where, error.message)]
 
 
+def render_error(error: ValidationError) -> list[FieldError]:
+    """One jsonschema error of any schema (an action's inputs) as path-precise messages."""
+    return _render(error)
+
+
 # -- defaults -----------------------------------------------------------------------------------
 
 
@@ -325,6 +339,10 @@ def child_schema(node: SchemaNode, key: Segment) -> SchemaNode | None:
     props = node.get("properties", {})
     if key in props:
         return deref(props[key])
+    for rule in node.get("allOf", []):  # a field of one branch only (a runtime's block field)
+        then = rule.get("then")
+        if isinstance(then, Mapping) and key in then.get("properties", {}):
+            return deref(then["properties"][key])
     for pattern, sub in node.get("patternProperties", {}).items():
         if re.search(pattern, key):
             return deref(sub)

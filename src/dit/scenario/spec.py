@@ -12,6 +12,9 @@ from typing import Any, Final
 from dit.scenario.frozen import FrozenDict, freeze, thaw
 from dit.scenario.yamlio import dump_yaml
 
+#: The runtime of a scenario without a ``runtime`` block (docs/runtimes.md).
+DEFAULT_RUNTIME: Final = "layers"
+
 
 @dataclass(frozen=True)
 class Regime:
@@ -124,6 +127,13 @@ class Scenario:
         point = ",".join(f"{path}={_label_value(value)}" for path, value in self.sweep_point)
         return f"{self.name}[{point}]"
 
+    @property
+    def runtime(self) -> dict[str, Any]:
+        """The ``runtime`` block, ``name`` included (``{"name": "layers"}`` when the scenario has none)."""
+        block = self.data.get("runtime")
+        out: dict[str, Any] = thaw(block) if block is not None else {"name": DEFAULT_RUNTIME}
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """A plain, JSON-serialisable copy of :attr:`data`."""
         out: dict[str, Any] = thaw(self.data)
@@ -199,6 +209,7 @@ def build(resolved: Mapping[str, Any], sweep_point: tuple[tuple[str, Any], ...])
 
 
 __all__ = [
+    "DEFAULT_RUNTIME",
     "LOAD_REGIMES",
     "EdgeSpec",
     "InferenceSpec",

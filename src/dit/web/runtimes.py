@@ -4,7 +4,7 @@ Both run Ansible against the NNPM inventory through ansible-runner (the driver's
 :func:`dit.ansible_exec.ansible_env`), in a thread; every task event is appended to the action's log
 in ``run.log``'s format (``<UTC time> <node> <stream> <text>``), which the terminal streams.
 
-- **Readiness of the built-in runtime** (a small playbook, :func:`check_playbook`): the node's
+- **Readiness of the built-in runtime** (its plays: :func:`dit.runtimes.layers.check_playbook`): the node's
   Python (``dit_python``, else ``/usr/bin/python3``) is 3.11 or newer; ``dit-device.pyz`` (built
   here, copied to a temporary directory on the node and removed after) runs; the framework of the
   chosen model (from the model catalogue: none, tensorflow or torch) imports, with its version.
@@ -27,15 +27,9 @@ from typing import Any
 import yaml
 
 from dit.paths import content_root
+from dit.runtimes.layers import CHECKS, check_playbook, framework_of
 
-FRAMEWORK_CHECK = (
-    "import importlib, sys; m = importlib.import_module(sys.argv[1]); "
-    "print(getattr(m, '__version__', 'imported'))"
-)
-PYTHON_CHECK = (
-    "import sys; print('%d.%d.%d' % sys.version_info[:3]); sys.exit(0 if sys.version_info >= (3, 11) else 1)"
-)
-CHECKS = ("python", "dit-device.pyz", "framework")
+__all__ = ["ACTIONS", "CHECKS", "Action", "Actions", "MaintenanceAction"]
 
 
 @dataclass(frozen=True)
@@ -63,67 +57,6 @@ ACTIONS: Mapping[str, MaintenanceAction] = {
         "provision.yml --tags weights: the catalogue's model weights, verified by checksum",
     ),
 }
-
-
-def framework_of(model: str) -> str:
-    """The framework a model needs on the boards: ``none``, ``tensorflow`` or ``torch``."""
-    from dit.models.catalogue import entry
-
-    try:
-        return str(entry(model).framework)
-    except KeyError:
-        return "none"
-
-
-def check_playbook() -> list[dict[str, Any]]:
-    """The readiness playbook of the built-in runtime (hosts chosen with ``--limit``)."""
-    py = "{{ dit_python | default(ansible_python_interpreter) | default('/usr/bin/python3') }}"
-    return [
-        {
-            "name": "Readiness of the built-in runtime",
-            "hosts": "all",
-            "gather_facts": False,
-            "tasks": [
-                {
-                    "name": "check: python",
-                    "ansible.builtin.command": {"argv": [py, "-c", PYTHON_CHECK]},
-                    "changed_when": False,
-                    "ignore_errors": True,
-                },
-                {
-                    "name": "A temporary directory for the device code",
-                    "ansible.builtin.tempfile": {"state": "directory", "prefix": "nnpm-check-"},
-                    "register": "nnpm_tmp",
-                },
-                {
-                    "name": "Copy dit-device.pyz",
-                    "ansible.builtin.copy": {
-                        "src": "{{ nnpm_pyz }}",
-                        "dest": "{{ nnpm_tmp.path }}/dit-device.pyz",
-                        "mode": "0644",
-                    },
-                },
-                {
-                    "name": "check: dit-device.pyz",
-                    "ansible.builtin.command": {"argv": [py, "{{ nnpm_tmp.path }}/dit-device.pyz", "--help"]},
-                    "changed_when": False,
-                    "ignore_errors": True,
-                },
-                {
-                    "name": "check: framework",
-                    "ansible.builtin.command": {"argv": [py, "-c", FRAMEWORK_CHECK, "{{ nnpm_framework }}"]},
-                    "changed_when": False,
-                    "ignore_errors": True,
-                    "when": "nnpm_framework != 'none'",
-                },
-                {
-                    "name": "Remove the temporary directory",
-                    "ansible.builtin.file": {"path": "{{ nnpm_tmp.path }}", "state": "absent"},
-                    "when": "nnpm_tmp.path is defined",
-                },
-            ],
-        }
-    ]
 
 
 @dataclass
@@ -308,7 +241,9 @@ class Actions:
                         "detail": f"{model} needs no framework (stdlib only)",
                     }
 
-        self._run(action, playbook, {"nnpm_pyz": str(pyz), "nnpm_framework": framework}, prepare=prepare)
+        self._run(
+            action, playbook, {"dit_check_pyz": str(pyz), "dit_check_framework": framework}, prepare=prepare
+        )
         return action
 
     def maintenance(self, action_id: str, hosts: Sequence[str]) -> Action:

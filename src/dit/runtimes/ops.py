@@ -1,0 +1,207 @@
+"""Readiness checks and maintenance actions of a runtime, run through ansible-runner.
+
+Both take an inventory (``-i``) or, without one, local mode: a throwaway local-mode inventory (the edge
+and the given devices as directories on this machine, :func:`dit.inventory.local_inventory`). Every task
+result is handed to ``on_event`` as it happens (the CLI prints it, NNPM streams it to its terminal).
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+
+from dit.ansible_exec import HostEvent, StageOutcome, run_playbook
+from dit.inventory import RunInventory, load_inventory, local_inventory
+from dit.runtimes.base import CHECK_PREFIX, Action, CheckResult, NodeReadiness, ReadinessPlan, Runtime
+from dit.scenario.errors import FieldError
+
+EventSink = Callable[[HostEvent], None]
+
+
+class InputError(ValueError):
+    """Inputs of an action that its schema refuses; ``errors`` name the keys."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        super().__init__("; ".join(str(e) for e in errors))
+        self.errors = list(errors)
+
+
+class UnknownAction(ValueError):
+    """An action name the runtime does not have; the message lists its actions."""
+
+
+@contextmanager
+def nodes(inventory: str | None, devices: Sequence[str] | None) -> Iterator[tuple[RunInventory, Path]]:
+    """The inventory to act on (local mode when None) and a private working directory.
+
+    ``devices=None``: every device of the inventory (local mode: one, ``device1``).
+    """
+    with tempfile.TemporaryDirectory(prefix="dit-runtime-") as tmp:
+        work = Path(tmp)
+        if inventory is None:
+            yield local_inventory(work, tuple(devices or ("device1",))), work
+        else:
+            yield load_inventory(inventory, tuple(devices) if devices is not None else None), work
+
+
+def _write_plays(plays: Sequence[Mapping[str, Any]] | Path, dest: Path) -> Path:
+    if isinstance(plays, Path):
+        return plays
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(yaml.safe_dump([dict(p) for p in plays], sort_keys=False), encoding="utf-8")
+    return dest
+
+
+def _detail(event: HostEvent) -> str:
+    res = event.result
+    stdout = str(res.get("stdout") or "").strip()
+    if event.status in ("ok", "changed"):
+        return stdout.splitlines()[-1] if stdout else "ok"
+    text = str(res.get("stderr") or res.get("msg") or event.status).strip()
+    text = text.splitlines()[-1][:500] if text else event.status
+    if not str(res.get("stderr") or "").strip() and res.get("cmd") and res.get("rc") is not None:
+        # a command that could not even start: its message is generic, its program says which
+        program = str(res["cmd"]).split()[0] if str(res["cmd"]).split() else ""
+        text += f" (status {res['rc']}, {program})"
+    return text
+
+
+def readiness_of(plan: ReadinessPlan, outcome: StageOutcome, hosts: Sequence[str]) -> list[NodeReadiness]:
+    """Per host: ``unreachable`` (with the connection's reason), ``failed`` (the first failed or missing
+    check) or ``ok`` (every check of the plan ran and passed)."""
+    out: list[NodeReadiness] = []
+    for host in hosts:
+        events = outcome.results.get(host, [])
+        unreachable = [e for e in events if e.status == "unreachable"]
+        checks: dict[str, CheckResult] = {}
+        for event in events:
+            if event.task.startswith(CHECK_PREFIX) and event.status != "skipped":
+                name = event.task.removeprefix(CHECK_PREFIX)
+                checks[name] = CheckResult(name, event.status in ("ok", "changed"), _detail(event))
+        results = tuple(checks.values())
+        if unreachable:
+            reason = str(unreachable[0].result.get("msg") or "unreachable").strip()
+            out.append(NodeReadiness(host, "unreachable", reason, results))
+            continue
+        failed = [c for c in results if not c.ok]
+        missing = [c for c in plan.checks if c not in checks]
+        other = [e for e in events if e.status == "failed" and not e.task.startswith(CHECK_PREFIX)]
+        if failed:
+            out.append(NodeReadiness(host, "failed", f"{failed[0].name}: {failed[0].detail}", results))
+        elif other:
+            out.append(NodeReadiness(host, "failed", f"{other[0].task}: {_detail(other[0])}", results))
+        elif missing:
+            out.append(NodeReadiness(host, "failed", f"{missing[0]}: did not run", results))
+        else:
+            out.append(NodeReadiness(host, "ok", "", results))
+    return out
+
+
+def check(
+    runtime: Runtime,
+    inventory: RunInventory,
+    workdir: Path,
+    scenario: Mapping[str, Any] | None = None,
+    on_event: EventSink = lambda _e: None,
+) -> list[NodeReadiness]:
+    """Run ``runtime``'s readiness plays on every node of ``inventory``; one verdict per node."""
+    plan = runtime.readiness(scenario, workdir / "files")
+    hosts = list(inventory.hosts)
+    if not plan.plays:
+        return [NodeReadiness(h, "ok", "", ()) for h in hosts]
+    if plan.prepare is not None:
+        plan.prepare()
+    playbook = _write_plays(plan.plays, workdir / "project" / "readiness.yml")
+    outcome = run_playbook(
+        f"readiness of {runtime.name}",
+        playbook,
+        workdir / "ansible",
+        inventory.source,
+        inventory.limit,
+        dict(plan.extravars),
+        on_event,
+        forks=max(5, len(hosts)),
+    )
+    return readiness_of(plan, outcome, hosts)
+
+
+def action_of(runtime: Runtime, name: str) -> Action:
+    actions = {a.name: a for a in runtime.actions()}
+    if name not in actions:
+        listed = ", ".join(actions) or "none"
+        raise UnknownAction(f"runtime {runtime.name} has no action {name!r}; its actions: {listed}")
+    return actions[name]
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs (value read as a YAML scalar: ``2`` is a number, ``true`` a boolean;
+    a dotted key makes nested mappings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError([FieldError(item, "expected key=value")])
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise InputError([FieldError(key, f"{part} is set both as a value and as a mapping")])
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def validate_inputs(action: Action, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` checked against the action's input schema, its defaults applied."""
+    from dit.scenario.schema import apply_defaults, render_error
+
+    errors: list[FieldError] = []
+    for error in Draft202012Validator(dict(action.inputs)).iter_errors(dict(values)):
+        errors.extend(render_error(error))
+    if errors:
+        raise InputError(sorted(errors, key=lambda e: e.path))
+    out = dict(values)
+    apply_defaults(out, action.inputs)
+    return out
+
+
+def act(
+    runtime: Runtime,
+    action: Action,
+    inputs: Mapping[str, Any],
+    inventory: RunInventory,
+    workdir: Path,
+    on_event: EventSink = lambda _e: None,
+) -> StageOutcome:
+    """Run one maintenance action (its inputs already validated) on every node of ``inventory``."""
+    plan = action.plan(inputs)
+    playbook = _write_plays(plan.plays, workdir / "project" / f"{action.name}.yml")
+    return run_playbook(
+        f"{runtime.name} {action.name}",
+        playbook,
+        workdir / "ansible",
+        inventory.source,
+        inventory.limit,
+        {**dict(plan.extravars), "dit_action_inputs": dict(inputs)},
+        on_event,
+        tags=plan.tags,
+        forks=max(5, len(inventory.hosts)),
+    )
+
+
+def describe(runtime: Runtime) -> str:
+    """One line: the block's fields (``name`` excluded), for ``dit runtimes``."""
+    props = dict(runtime.block_schema().get("properties", {}))
+    return ", ".join(shlex.quote(k) for k in props) or "(no fields)"

@@ -1,0 +1,415 @@
+"""Runtimes as plug-ins: schema merge, path-precise errors, launch specs, results parser, readiness."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dit.analysis.run import LoadedRun
+from dit.ansible_exec import HostEvent, StageOutcome
+from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, ops, registry
+from dit.runtimes.base import Action, ActionPlan, Results, write_summary
+from dit.runtimes.launch import LaunchError, check_specs, launch_vars, outcomes
+from dit.runtimes.layers import LayersRuntime
+from dit.scenario import ScenarioError, expand, loads, resolve, validate
+from dit.scenario.schema import load_schema
+from dit.schemadoc import render_reference
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runtime_pkg"
+
+BASE: dict[str, Any] = {
+    "name": "rt",
+    "model": {"name": "fake", "params": {"profile": "tiny"}},
+    "devices": ["device1", "device2"],
+    "inference": {"enabled": False},
+}
+
+
+@pytest.fixture
+def echo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fixture runtime, registered in this process (the integration test installs it with pip)."""
+    monkeypatch.syspath_prepend(str(FIXTURE))
+    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "echo": "echo_runtime:EchoRuntime"})
+    registry.reset()
+    yield registry.get("echo")
+    monkeypatch.undo()
+    sys.modules.pop("echo_runtime", None)
+    registry.reset()
+
+
+def doc(**overrides: Any) -> dict[str, Any]:
+    out = copy.deepcopy(BASE)
+    out.update(overrides)
+    return out
+
+
+def messages(raw: dict[str, Any]) -> list[str]:
+    return [str(e) for e in validate(raw)]
+
+
+# -- schema -------------------------------------------------------------------------------------
+
+
+def test_without_a_runtime_block_the_scenario_runs_layers_and_keeps_its_hash() -> None:
+    (scenario,) = expand(doc())
+    assert scenario.runtime == {"name": "layers"}
+    assert "runtime" not in scenario.data  # the resolved document (hence the hash) is as before
+    (explicit,) = expand(doc(runtime={"name": "layers"}))
+    assert explicit.runtime == {"name": "layers"}
+
+
+def test_the_installed_runtimes_block_is_merged_with_defaults(echo: Any) -> None:
+    assert messages(doc(runtime={"name": "echo", "rounds": 3})) == []
+    resolved = resolve(doc(runtime={"name": "echo", "rounds": 3}))
+    assert resolved["runtime"] == {
+        "name": "echo",
+        "rounds": 3,
+        "payload_bytes": 1024,
+        "interval_ms": 0,
+        "port": 47100,
+        "placement": "round_robin",
+    }
+
+
+def test_errors_in_a_runtime_block_name_the_path(echo: Any) -> None:
+    assert messages(doc(runtime={"name": "echo", "placement": "gredy"})) == [
+        "runtime.placement: 'gredy' is not one of round_robin, greedy"
+    ]
+    assert messages(doc(runtime={"name": "echo", "rounds": 0})) == ["runtime.rounds: 0 is less than 1"]
+    assert messages(doc(runtime={"name": "echo", "rouns": 2})) == [
+        "runtime.rouns: unknown field; did you mean 'rounds'?"
+    ]
+
+
+def test_a_field_of_another_runtime_is_refused(echo: Any) -> None:
+    assert messages(doc(runtime={"name": "layers", "rounds": 2})) == [
+        "runtime.rounds: unknown field (allowed: name)"
+    ]
+
+
+def test_an_unknown_runtime_lists_the_installed_ones(echo: Any) -> None:
+    assert messages(doc(runtime={"name": "ecko"})) == ["runtime.name: 'ecko' is not one of echo, layers"]
+    assert messages(doc(runtime={})) == ["runtime.name: is required"]
+
+
+def test_sweeps_sweep_runtime_fields(echo: Any) -> None:
+    # rounds is not written: the sweep finds the field in the echo block's schema
+    raw = doc(runtime={"name": "echo"}, sweep={"path": "runtime.rounds", "values": [1, 4]})
+    variants = expand(raw)
+    assert [v.runtime["rounds"] for v in variants] == [1, 4]
+    assert [v.label for v in variants] == ["rt[runtime.rounds=1]", "rt[runtime.rounds=4]"]
+    bad = doc(runtime={"name": "echo"}, sweep={"path": "runtime.placement", "values": ["greedy", "gredy"]})
+    with pytest.raises(ScenarioError) as info:
+        expand(bad)
+    assert any("runtime.placement" in str(e) and "'gredy' is not one of" in str(e) for e in info.value.errors)
+
+
+def test_partition_optimisation_needs_the_layers_runtime(echo: Any) -> None:
+    raw = doc(runtime={"name": "echo"}, optimisation={"enabled": True, "algorithm": "greedy"})
+    assert "optimisation.enabled: partition optimisation needs the layers runtime, not 'echo'" in messages(
+        raw
+    )
+
+
+def test_the_scenario_reference_documents_every_installed_runtime(echo: Any) -> None:
+    text = render_reference(load_schema())
+    assert "## `runtime`" in text
+    assert (
+        "| `runtime.placement` | `round_robin` \\| `greedy` | `round_robin` (when name is echo) | "
+        "Order in which the controller visits the workers. Only when name is echo. |"
+    ) in text
+    assert "| `runtime.name` | `echo` \\| `layers` |" in text
+
+
+def test_a_broken_plugin_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "broken": "no_such_module_xyz:Thing"})
+    registry.reset()
+    try:
+        assert "broken" not in registry.installed()
+        assert "No module named 'no_such_module_xyz'" in registry.problems()["broken"]
+        assert loads("name: x\nmodel: fake\ndevices: [d1]\ninference: {enabled: false}\n")
+    finally:
+        monkeypatch.undo()
+        registry.reset()
+
+
+# -- launch -------------------------------------------------------------------------------------
+
+
+def context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
+    hosts = ("edge", "device1", "device2")
+    values: dict[str, Any] = {
+        "run_id": "r1",
+        "block": block,
+        "scenario": resolve(doc(runtime=block) if block.get("name") != "layers" else doc()),
+        "edge_host": "edge",
+        "devices": ("device1", "device2"),
+        "addresses": {"edge": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12"},
+        "node_roots": {h: f"/var/tmp/dit/r1/{h}" for h in hosts},
+        "pythons": dict.fromkeys(hosts, "/usr/bin/python3"),
+        "local": False,
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "edge_port": 5000,
+    }
+    values.update(overrides)
+    return LaunchContext(**values)
+
+
+def test_the_fixture_launches_workers_then_a_timed_controller(echo: Any) -> None:
+    block = resolve(doc(runtime={"name": "echo", "port": 47000, "rounds": 2}))["runtime"]
+    specs = launch_vars(echo, context(block), ("edge", "device1", "device2"))
+    assert set(specs) == {"edge", "device1", "device2"}
+    worker = specs["device2"]["background"][0]
+    assert worker["argv"][3:7] == ["--bind", "10.0.0.12", "--port", "47001"]
+    assert worker["ready_file"] == "echo.ready" and specs["device2"]["main"] == []
+    (controller,) = specs["edge"]["main"]
+    assert "device1=10.0.0.11:47000,device2=10.0.0.12:47001" in controller["argv"]
+    assert controller["result_files"] == ["results/echo_done.json"]
+    assert "def controller" in controller["files"]["echo_node.py"]
+
+
+def test_layers_launches_the_device_agent_with_todays_configuration() -> None:
+    layers = LayersRuntime()
+    scenario = resolve(
+        doc(inference={"enabled": True, "partition_points": [[0, 1], [1, 2]], "repetitions": 3})
+    )
+    ctx = context({"name": "layers"}, scenario=scenario)
+    specs = launch_vars(layers, ctx, ("edge", "device1", "device2"))
+    assert "edge" not in specs
+    (agent,) = specs["device2"]["main"]
+    assert agent["name"] == "profile"
+    assert agent["argv"] == [
+        "/usr/bin/python3",
+        "/var/tmp/dit/r1/device2/dit-device.pyz",
+        "profile",
+        "--config",
+        "/var/tmp/dit/r1/device2/profile.json",
+    ]
+    config = json.loads(agent["files"]["profile.json"])
+    assert config["inference"]["vectors"] == [[0, 1], [1, 2]]
+    assert config["inference"]["device_index"] == 1
+    assert config["inference"]["edge"] == {"host": "10.0.0.1", "port": 5000}
+    assert config["results_dir"] == "/var/tmp/dit/r1/device2/results" and config["host"] == "device2"
+    assert "start_at_ns" not in config  # the agent takes it from DIT_START_AT_NS
+    origin = {"results/origin.json": {"lateness_ns": 1234}}
+    assert layers.started([LaunchOutcome("device2", "profile", 0, origin)]) == {"device2": 1234}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (LaunchSpec("nowhere", "x", ("true",)), "no such node"),
+        (LaunchSpec("edge", "edge", ("true",)), "not used by the testbed"),
+        (LaunchSpec("edge", "x y", ("true",)), "must be a tag"),
+        (LaunchSpec("edge", "x", ()), "argv must be a non-empty list"),
+        (LaunchSpec("edge", "x", ("true",), files={"/etc/passwd": ""}), "not a path relative"),
+        (LaunchSpec("edge", "x", ("true",), result_files=("../out.json",)), "not a path relative"),
+    ],
+)
+def test_launch_specs_the_testbed_will_not_start(spec: LaunchSpec, message: str) -> None:
+    with pytest.raises(LaunchError, match=message):
+        check_specs("t", [spec], ("edge", "device1"))
+
+
+def test_a_launch_needs_a_main_process_and_unique_names() -> None:
+    with pytest.raises(LaunchError, match="no main process"):
+        check_specs("t", [LaunchSpec("edge", "x", ("true",), main=False)], ("edge",))
+    with pytest.raises(LaunchError, match="named twice"):
+        check_specs("t", [LaunchSpec("edge", "x", ("true",)), LaunchSpec("edge", "x", ("false",))], ("edge",))
+
+
+def test_outcomes_come_from_the_main_task_results() -> None:
+    outcome = StageOutcome("profile", "successful", 0)
+    result = {"processes": {"c": {"returncode": 0, "results": {"results/done.json": {"ok": 1}}}}}
+    outcome.results["edge"] = [
+        HostEvent("edge", "ansible", "changed", "Run the runtime's main processes from the start instant",
+                  "dit_launch", result)
+    ]  # fmt: skip
+    got = outcomes(outcome, {"edge": {"background": [], "main": [{"name": "c"}]}})
+    assert got == [LaunchOutcome("edge", "c", 0, {"results/done.json": {"ok": 1}})]
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def test_the_fixtures_results_parser_writes_a_table_and_unit_carrying_values(
+    echo: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "scenario.yaml").write_text(
+        json.dumps(resolve(doc(runtime={"name": "echo"}))), encoding="utf-8"
+    )
+    raw = tmp_path / "raw" / "edge"
+    raw.mkdir(parents=True)
+    rtts = {"device1": [1_000_000, 3_000_000], "device2": [2_000_000, 2_000_000]}
+    with (raw / "edge_echo.csv").open("w", encoding="utf-8") as handle:
+        handle.write("device,round,bytes,rtt_ns\n")
+        for device, values in rtts.items():
+            for i, rtt in enumerate(values):
+                handle.write(f"{device},{i},64,{rtt}\n")
+    results = echo.parse_results(LoadedRun(tmp_path))
+    table = tmp_path / "aggregate" / "echo_rtt.csv"
+    assert results.tables == (table,)
+    with table.open(encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["device"], r["round_trips"], r["rtt_mean_ns"]) for r in rows] == [
+        ("device1", "2", "2000000"),
+        ("device2", "2", "2000000"),
+    ]
+    values = {v.name: (v.value, v.unit, v.type) for v in results.summary}
+    assert values["rtt_mean"] == (2.0, "ms", "float")
+    assert values["payload"] == (64, "bytes", "int")
+    assert values["round_trips"] == (4, "", "int")
+    path = write_summary(tmp_path / "aggregate", "echo", results)
+    written = json.loads(path.read_text(encoding="utf-8"))
+    assert written["runtime"] == "echo" and written["tables"] == ["echo_rtt.csv"]
+    assert {
+        "name": "rtt_mean",
+        "value": 2.0,
+        "unit": "ms",
+        "type": "float",
+        "description": "mean round trip",
+    } in (written["values"])
+
+
+def test_summary_values_are_typed() -> None:
+    with pytest.raises(ValueError, match="not of type float"):
+        SummaryValue("rtt", "fast", "ms", "float")
+    with pytest.raises(ValueError, match="not of type int"):
+        SummaryValue("n", True, "", "int")
+    with pytest.raises(ValueError, match="finite"):
+        SummaryValue("x", float("nan"), "ms", "float")
+    twice = Results(summary=(SummaryValue("a", 1, "", "int"), SummaryValue("a", 2, "", "int")))
+    with pytest.raises(ValueError, match="named twice: a"):
+        write_summary(Path("/nonexistent"), "t", twice)
+
+
+# -- readiness and actions ----------------------------------------------------------------------
+
+
+def event(host: str, status: str, task: str, **result: Any) -> HostEvent:
+    return HostEvent(host, "ansible", status, task, "command", result)
+
+
+def test_readiness_per_node_ok_failed_unreachable_with_the_reason() -> None:
+    plan = ReadinessPlan(plays=(), checks=("python", "tcp"))
+    outcome = StageOutcome("r", "failed", 2)
+    outcome.results = {
+        "edge": [event("edge", "ok", "check: python", stdout="3.12.1"), event("edge", "ok", "check: tcp")],
+        "d1": [
+            event("d1", "failed", "check: python", msg="[Errno 2] No such file or directory: b'/nope'"),
+            event("d1", "ok", "check: tcp", stdout="listens"),
+        ],
+        "d2": [event("d2", "unreachable", "check: python", msg="Failed to connect to the host via ssh")],
+        "d3": [event("d3", "ok", "check: python", stdout="3.12.1")],
+        "d4": [
+            event("d4", "failed", "check: python", msg="Error executing command.", rc=2, cmd="/nope -c x")
+        ],
+    }
+    got = {v.host: v for v in ops.readiness_of(plan, outcome, ["edge", "d1", "d2", "d3", "d4"])}
+    assert got["d4"].reason == "python: Error executing command. (status 2, /nope)"
+    assert got["edge"].ok and got["edge"].checks[0].detail == "3.12.1"
+    assert got["d1"].state == "failed"
+    assert got["d1"].reason == "python: [Errno 2] No such file or directory: b'/nope'"
+    assert got["d2"].state == "unreachable" and "Failed to connect" in got["d2"].reason
+    assert (got["d3"].state, got["d3"].reason) == ("failed", "tcp: did not run")
+
+
+def say_action() -> Action:
+    inputs = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["message"],
+        "properties": {
+            "message": {"type": "string"},
+            "count": {"type": "integer", "minimum": 1, "default": 1},
+        },
+    }
+    return Action("say", "Say", "", inputs, lambda _i: ActionPlan(plays=()))
+
+
+def test_action_inputs_are_validated_and_errors_name_the_key() -> None:
+    action = say_action()
+    assert ops.validate_inputs(action, ops.parse_sets(["message=hi"])) == {"message": "hi", "count": 1}
+    assert ops.validate_inputs(action, ops.parse_sets(["message=hi", "count=3"]))["count"] == 3
+    with pytest.raises(ops.InputError) as info:
+        ops.validate_inputs(action, ops.parse_sets(["count=0", "colour=red"]))
+    assert [str(e) for e in info.value.errors] == [
+        "colour: unknown field (allowed: message, count)",
+        "count: 0 is less than 1",
+        "message: is required",
+    ]
+    with pytest.raises(ops.InputError, match="expected key=value"):
+        ops.parse_sets(["count"])
+
+
+def test_an_unknown_action_lists_the_runtimes_actions() -> None:
+    with pytest.raises(ops.UnknownAction, match="its actions: install-runtime, distribute-weights"):
+        ops.action_of(LayersRuntime(), "nope")
+
+
+# -- docs/runtimes.md ---------------------------------------------------------------------------
+
+
+def docs_example() -> str:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "runtimes.md").read_text(encoding="utf-8")
+    start = text.index("## A minimal runtime")
+    block = text[text.index("```python\n", start) + len("```python\n") :]
+    return block[: block.index("```")]
+
+
+def test_the_minimal_runtime_of_the_docs_works(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import subprocess
+    import time
+    import types
+
+    module = types.ModuleType("hello_runtime")
+    exec(compile(docs_example(), "docs/runtimes.md", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "hello_runtime", module)
+    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "hello": "hello_runtime:HelloRuntime"})
+    registry.reset()
+    try:
+        hello = registry.get("hello")
+        assert messages(doc(runtime={"name": "hello", "seconds": -1})) == [
+            "runtime.seconds: -1 is less than 0"
+        ]
+        block = resolve(doc(runtime={"name": "hello"}))["runtime"]
+        assert block == {"name": "hello", "seconds": 0.1}
+        specs = launch_vars(hello, context(block), ("edge", "device1", "device2"))
+        (spec,) = specs["device1"]["main"]
+        # run the node program as the profile stage would: in the node root, with the start instant
+        root = tmp_path / "nodes" / "device1"
+        (root / "results").mkdir(parents=True)
+        for name, text in spec["files"].items():
+            (root / name).write_text(text, encoding="utf-8")
+        env = {"DIT_START_AT_NS": str(time.time_ns() + 200_000_000), "PATH": "/usr/bin:/bin"}
+        subprocess.run([sys.executable, *spec["argv"][1:]], cwd=root, env=env, check=True, timeout=30)
+        late = json.loads((root / "results" / "hello.json").read_text(encoding="utf-8"))["late_ns"]
+        assert 0 <= late < 1_000_000_000
+        # the results parser, on the collected layout
+        run_dir = tmp_path / "run"
+        (run_dir / "raw" / "device1").mkdir(parents=True)
+        (run_dir / "raw" / "device2").mkdir(parents=True)
+        (run_dir / "scenario.yaml").write_text(json.dumps(resolve(doc(runtime=block))), encoding="utf-8")
+        written = (root / "results" / "hello.json").read_text(encoding="utf-8")
+        (run_dir / "raw" / "device1" / "device1_hello.json").write_text(written, encoding="utf-8")
+        (run_dir / "raw" / "device2" / "device2_hello.json").write_text(
+            '{"late_ns": 3000000}', encoding="utf-8"
+        )
+        results = hello.parse_results(LoadedRun(run_dir))
+        assert (run_dir / "aggregate" / "hello.csv").read_text(encoding="utf-8").splitlines() == [
+            "device,late_ns",
+            f"device1,{late}",
+            "device2,3000000",
+        ]
+        (value,) = results.summary
+        assert (value.name, value.unit, value.value) == ("worst_late", "ms", max(late, 3_000_000) / 1e6)
+    finally:
+        monkeypatch.undo()
+        registry.reset()
