@@ -48,7 +48,9 @@ class ApplyOnly(Driver):
         super().__init__(*args, **kwargs)
         self.reapply = reapply
         self.linger = linger
-        self.outcomes: list[StageOutcome] = []
+        self.applied: list[
+            StageOutcome
+        ] = []  # every stage outcome, in order (Driver.outcomes keeps the last per stage)
         self.before: dict[str, Any] = {}
         self.during: dict[str, Any] = {}
         self.lingering: subprocess.Popen[bytes] | None = None
@@ -63,7 +65,7 @@ class ApplyOnly(Driver):
         self, stage: str, extravars: dict[str, Any], render_context: dict[str, Any] | None = None
     ) -> StageOutcome:
         outcome = super()._stage(stage, extravars, render_context)
-        self.outcomes.append(outcome)
+        self.applied.append(outcome)
         return outcome
 
     def _apply(self) -> None:
@@ -161,7 +163,7 @@ def test_caps_pinning_and_memory_limit_are_applied_idempotently_and_restored_exa
     assert driver.processes["device1"].cgroup == str(root / cgroup)
 
     # The second apply of the same scenario changed nothing (the modules of these conditions).
-    first, second = (o for o in driver.outcomes if o.stage == "apply")
+    first, second = (o for o in driver.applied if o.stage == "apply")
     mine = [e for events in second.results.values() for e in events if e.action in MY_MODULES]
     assert {(e.host, e.action) for e in mine} == {
         ("device1", "dit_sysfs"),
