@@ -66,19 +66,12 @@ journal:
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_files import as_int, read, same
 
 V1_LIMIT = "memory.limit_in_bytes"
 V1_MEMSW = "memory.memsw.limit_in_bytes"
 V2_MAX = "memory.max"
 V2_SWAP = "memory.swap.max"
-
-
-def read(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return None
 
 
 def detect(parent):
@@ -120,22 +113,6 @@ def limit_files(version, limit, swap, present):
     if present(V1_MEMSW):
         out.append((V1_MEMSW, str(limit + swap)))
     return out
-
-
-def _int(text):
-    try:
-        return int(str(text).strip())
-    except (TypeError, ValueError):
-        return None
-
-
-def same(current, target):
-    if current is None:
-        return False
-    a, b = _int(current), _int(target)
-    if a is not None and b is not None:
-        return a == b
-    return current.strip() == str(target).strip()
 
 
 def main():
@@ -191,7 +168,7 @@ def main():
             (name, value) for name, value in files if not same(read(os.path.join(path, name)), value)
         ]
     if version == "v1" and len(differing) == 2:
-        memsw_now = _int(read(os.path.join(path, V1_MEMSW)))
+        memsw_now = as_int(read(os.path.join(path, V1_MEMSW)))
         if memsw_now is not None and memsw_now < limit:
             differing.reverse()  # raise memory+swap before memory
     for name, value in differing:

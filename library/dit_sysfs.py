@@ -96,6 +96,7 @@ import glob
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_files import as_int, read, same
 
 FILE_SPEC = {
     "path": {"type": "str", "required": True},
@@ -113,31 +114,6 @@ FILE_SPEC = {
 
 class Refused(Exception):
     """A target is outside what the hardware offers."""
-
-
-def read(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def as_int(text):
-    try:
-        return int(str(text).strip())
-    except (TypeError, ValueError):
-        return None
-
-
-def same(current, target):
-    """Whether a file's content already holds ``target`` (integers compare as integers)."""
-    if current is None:
-        return False
-    a, b = as_int(current), as_int(target)
-    if a is not None and b is not None:
-        return a == b
-    return str(current).strip() == str(target).strip()
 
 
 def show(value, spec):
