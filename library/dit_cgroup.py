@@ -16,14 +16,14 @@ description:
     C(memory.limit_in_bytes)) gets C(memory.limit_in_bytes) and, when present,
     C(memory.memsw.limit_in_bytes) (memory plus swap).
   - Reads the current limits, compares and writes only what differs; nothing in check mode.
-  - Journaled through the C(dit_cgroup) action plugin; with C(_dit_plan=true) it returns the
+  - Journaled through the C(dit_cgroup) action plugin; with O(_dit_plan=true) it returns the
     records without changing anything. A cgroup it creates is journaled as C(cgroup) (removed at
     teardown, its limit files with it; C(dit_restore) moves any process left in it to the parent
     first); a limit written on an existing cgroup as C(file) with the prior content.
   - Processes join the cgroup when they start (C(dit_proc), C(dit_timed_profile) option C(cgroup)).
 options:
   path:
-    description: The cgroup directory, e.g. C(/sys/fs/cgroup/dit-<run id>-<host>).
+    description: The cgroup directory, for example C(/sys/fs/cgroup/dit-<run id>-<host>).
     type: path
     required: true
   memory_limit_bytes:
@@ -38,6 +38,24 @@ options:
     description: Scenario field named in error messages.
     type: str
     default: memory_limit
+  _dit_plan:
+    description:
+      - Set by the C(dit_cgroup) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Reads the current limits and reports what would change; creates and writes nothing.
+  diff_mode:
+    support: full
+    description:
+      - Returns whether the cgroup exists and its limit files before and after.
 author: dit developers
 """
 

@@ -12,16 +12,43 @@ description:
   - Sends O(ping_count) ICMP echo requests to O(ping_target) with C(ping) and records every RTT in
     integer nanoseconds (C(results/ping.json)); without a C(ping) binary, falls back to timing TCP
     connects to O(tcp_port) and records that method.
-  - Writes a system snapshot (C(results/snapshot.json)): load, memory, uptime, processes.
+  - "Writes a system snapshot (C(results/snapshot.json)): load, memory, uptime, processes."
   - Packs C(results/) and C(logs/) into O(archive) with every member prefixed by the host name.
   - Writes only inside the node's run root, which teardown removes.
 options:
-  host: {description: The inventory name of this node., type: str, required: true}
-  node_root: {description: The node's run root., type: path, required: true}
-  archive: {description: Path of the archive to write., type: path, required: true}
-  ping_target: {description: Address to ping; none on the edge server., type: str}
-  ping_count: {description: Number of echo requests., type: int, default: 10}
-  tcp_port: {description: Port for the TCP fallback., type: int}
+  host:
+    description: The inventory name of this node.
+    type: str
+    required: true
+  node_root:
+    description: The node's run root.
+    type: path
+    required: true
+  archive:
+    description: Path of the archive to write.
+    type: path
+    required: true
+  ping_target:
+    description: Address to ping; none on the edge server.
+    type: str
+  ping_count:
+    description: Number of echo requests.
+    type: int
+    default: 10
+  tcp_port:
+    description: Port for the TCP fallback.
+    type: int
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: partial
+    description:
+      - Nothing is measured, written or packed; the result names the archive and reports no change.
+  diff_mode:
+    support: none
+    description:
+      - The archive is a new file of the run; there is nothing to compare.
 author: dit developers
 """
 

@@ -13,19 +13,37 @@ description:
     the preflight NTP gate checks (from C(chronyc -c tracking) when chrony is installed).
   - In local mode every node shares one clock, so the offset is recorded as 0 with source C(local).
 options:
-  local_mode: {description: Nodes are directories on the controller., type: bool, default: false}
+  local_mode:
+    description: Nodes are directories on the controller.
+    type: bool
+    default: false
   shared_clock:
     description:
       - The node runs on the controller's own clock (a network namespace or container on the controller),
         so its offset is 0 by construction and recorded with source C(shared).
     type: bool
     default: false
-  sysfs_root: {description: The directory standing for C(/sys) (a fake tree in local mode)., type: path, default: /sys}
+  sysfs_root:
+    description: The directory standing for C(/sys) (a fake tree in local mode).
+    type: path
+    default: /sys
   runtime_python:
     description:
       - The interpreter of the node's runtime venv (C(dit_python)); the name and version of every package
-        installed there is recorded (C(importlib.metadata), run isolated with C(-I)). Omitted: not recorded.
+        installed there is recorded (C(importlib.metadata), run isolated with C(-I)). Omitted, nothing is
+        recorded.
     type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    description:
+      - The module only reads; it runs unchanged in check mode.
+  diff_mode:
+    support: none
+    description:
+      - The module changes nothing.
 author: dit developers
 """
 

@@ -12,22 +12,73 @@ description:
   - Starts O(argv) as the leader of a new session (its own process group) with C(DIT_RUN_ID),
     C(DIT_HOST) and C(DIT_TAG) in its environment, so that teardown (and C(dit cleanup) after a
     crash) can find and kill it by run id alone.
-  - Idempotent: when a live process of this run, host and tag exists, nothing is started.
+  - Idempotent. When a live process of this run, host and tag exists, nothing is started.
   - With O(ready_file), waits until the process writes that JSON file and returns its content.
   - Journaled through the C(dit_proc) action plugin (journal before change).
 options:
-  run_id: {description: The run id., type: str, required: true}
-  host: {description: The inventory name of this node., type: str, required: true}
-  tag: {description: The process tag, unique per run and host (e.g. C(edge)), type: str, required: true}
-  argv: {description: The command as an argv list (never a shell string)., type: list, elements: str, required: true}
-  cwd: {description: Working directory., type: path, required: true}
-  env: {description: Extra environment variables., type: dict, default: {}}
-  ready_file: {description: JSON file the process writes when ready., type: path}
-  ready_timeout: {description: Seconds to wait for O(ready_file)., type: float, default: 60}
-  config: {description: JSON configuration written to O(config_path) before the process starts., type: dict}
-  config_path: {description: Where O(config) is written (atomically)., type: path}
-  cgroup: {description: A cgroup directory (v1 or v2) the process joins before it executes., type: path}
-  cpus: {description: CPU numbers the process and its children are confined to., type: list, elements: int}
+  run_id:
+    description: The run id.
+    type: str
+    required: true
+  host:
+    description: The inventory name of this node.
+    type: str
+    required: true
+  tag:
+    description: The process tag, unique per run and host (for example C(edge)).
+    type: str
+    required: true
+  argv:
+    description: The command as an argv list (never a shell string).
+    type: list
+    elements: str
+    required: true
+  cwd:
+    description: Working directory.
+    type: path
+    required: true
+  env:
+    description: Extra environment variables.
+    type: dict
+    default: {}
+  ready_file:
+    description: JSON file the process writes when ready.
+    type: path
+  ready_timeout:
+    description: Seconds to wait for O(ready_file).
+    type: float
+    default: 60.0
+  config:
+    description: JSON configuration written to O(config_path) before the process starts.
+    type: dict
+  config_path:
+    description: Where O(config) is written (atomically); required with O(config).
+    type: path
+  cgroup:
+    description: A cgroup directory (v1 or v2) the process joins before it executes.
+    type: path
+  cpus:
+    description: CPU numbers the process and its children are confined to.
+    type: list
+    elements: int
+  _dit_plan:
+    description:
+      - Set by the C(dit_proc) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Reports whether the process would be started; starts nothing and writes no configuration.
+  diff_mode:
+    support: partial
+    description:
+      - Whether a process of this tag runs, before and after; only when nothing is started (check mode, plan, already running).
 author: dit developers
 """
 

@@ -10,22 +10,46 @@ module: dit_restore
 short_description: Replay a node's journal backwards and reap every process of the run
 description:
   - O(records) are this node's pending journal records, newest first. Each is undone in that order.
-    Undoing is idempotent. Record kinds (C(op)) and their C(undo) data
+    Undoing is idempotent. The record kinds (C(op)) and their C(undo) data follow.
   - C(process) C({run_id, host, tag}) kills the tagged process groups.
   - C(mkdir) C({path, run_id}) removes a run directory carrying this run's marker.
   - C(file) C({path, prior}) writes the prior content back (C(prior=null) removes a file the run created).
   - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
-  - C(cgroup) C({path}) removes a cgroup the run created: any process still in it is moved to the
+  - C(cgroup) C({path}) removes a cgroup the run created. Any process still in it is moved to the
     parent cgroup first (the run's own processes are reaped by their newer C(process) records).
   - C(command) C({argv, dry_run, log}) runs an undo command (an argv list); with C(dry_run) it is
     only appended to C(log) as JSON, as local mode does for privileged network commands.
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
     and the module fails loudly if any process carrying the run id survives.
 options:
-  run_id: {description: The run id., type: str, required: true}
-  host: {description: The inventory name of this node., type: str, required: true}
-  records: {description: Pending journal records of this node, newest first., type: list, elements: dict, default: []}
-  grace_s: {description: Seconds between SIGTERM and SIGKILL., type: float, default: 5}
+  run_id:
+    description: The run id.
+    type: str
+    required: true
+  host:
+    description: The inventory name of this node.
+    type: str
+    required: true
+  records:
+    description: Pending journal records of this node, newest first.
+    type: list
+    elements: dict
+    default: []
+  grace_s:
+    description: Seconds between SIGTERM and SIGKILL.
+    type: float
+    default: 5.0
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Reports the processes that would be reaped and whether any record would change the node; undoes nothing.
+  diff_mode:
+    support: none
+    description:
+      - Undo records restore prior content; the records themselves are the description of the change.
 author: dit developers
 """
 

@@ -11,16 +11,17 @@ short_description: Set sysfs attributes (cpufreq limits, governor, turbo) with j
 description:
   - Each entry of O(files) names one attribute by a glob relative to O(root) (for example
     C(devices/system/cpu/cpufreq/policy*/scaling_max_freq)) and the value every matching file
-    must hold: a literal O(files[].value), or the content of the first existing sibling file named
+    must hold, a literal O(files[].value) or the content of the first existing sibling file named
     in O(files[].value_from) (for example C(base_frequency), else C(cpuinfo_max_freq)).
-  - Before anything is written, every target is validated against the sibling files named by
+  - >-
+    Before anything is written, every target is validated against the sibling files named by
     O(files[].min_from), O(files[].max_from) (numeric range) and O(files[].choices_from) (the
     allowed values, checked only when that file exists). A refusal names the scenario field
     O(files[].field) and shows values divided by O(files[].scale) in O(files[].unit), for example
     C(hardware.device1.cpu_freq_mhz: 2000 MHz is above cpuinfo_max_freq 1800 MHz).
   - Reads the current content, compares (numerically when both sides are integers) and writes only
     the files that differ, in the order of O(files). Nothing is written in check mode.
-  - Journaled through the C(dit_sysfs) action plugin; with C(_dit_plan=true) it returns the
+  - Journaled through the C(dit_sysfs) action plugin; with O(_dit_plan=true) it returns the
     C(file) records (path and prior content) of the files it would write, and writes nothing.
 options:
   root:
@@ -34,8 +35,13 @@ options:
     elements: dict
     required: true
     suboptions:
-      path: {description: Glob relative to O(root)., type: str, required: true}
-      value: {description: The value to write (compared as an integer when it is one)., type: raw}
+      path:
+        description: Glob relative to O(root).
+        type: str
+        required: true
+      value:
+        description: The value to write (compared as an integer when it is one).
+        type: raw
       value_from:
         description: Sibling file names; the content of the first that exists is the value.
         type: list
@@ -44,12 +50,44 @@ options:
         description: Fail when the glob matches nothing (else the entry is skipped).
         type: bool
         default: true
-      min_from: {description: Sibling file holding the lowest allowed value., type: str}
-      max_from: {description: Sibling file holding the highest allowed value., type: str}
-      choices_from: {description: Sibling file listing the allowed values (whitespace separated)., type: str}
-      field: {description: Scenario field named in refusals., type: str}
-      scale: {description: Divide numbers by this in messages (1000 shows kHz as MHz)., type: int, default: 1}
-      unit: {description: Unit shown in messages., type: str, default: ""}
+      min_from:
+        description: Sibling file holding the lowest allowed value.
+        type: str
+      max_from:
+        description: Sibling file holding the highest allowed value.
+        type: str
+      choices_from:
+        description: Sibling file listing the allowed values (whitespace separated).
+        type: str
+      field:
+        description: Scenario field named in refusals.
+        type: str
+      scale:
+        description: Divide numbers by this in messages (1000 shows kHz as MHz).
+        type: int
+        default: 1
+      unit:
+        description: Unit shown in messages.
+        type: str
+        default: ""
+  _dit_plan:
+    description:
+      - Set by the C(dit_sysfs) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Validates the targets and reports the files that would change; writes nothing.
+  diff_mode:
+    support: full
+    description:
+      - One line per differing file, its path and content before and after.
 author: dit developers
 """
 

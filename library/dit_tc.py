@@ -18,24 +18,64 @@ description:
     options differ, only those objects are changed in place (C(tc qdisc change) / C(tc class change)).
     Otherwise the tree is rebuilt (the current root is deleted first unless it is the kernel's
     default qdisc, handle C(0:)).
-  - Journaled through the C(dit_tc) action plugin. With C(_dit_plan) the module returns the journal
+  - Journaled through the C(dit_tc) action plugin. With O(_dit_plan) the module returns the journal
     records that restore the tree it found, newest last, as C(command) records for C(dit_restore),
     and changes nothing. Restoring a kernel default root is C(tc qdisc del dev IF root); a prior
     non-default tree (qdiscs C(tbf), C(pfifo), C(bfifo), C(pfifo_fast), C(htb), C(netem); C(htb)
     classes; C(u32) filters) is deleted and re-created with its handles and options. A prior tree
     with anything else is refused before any change, so a tree dit cannot restore is never touched.
   - Refuses to shape O(protected_interfaces) and the interface(s) of the default route.
-  - With O(dry_run) nothing is executed: every argv is appended to the JSON-lines O(log), the tree
+  - With O(dry_run) nothing is executed. Every argv is appended to the JSON-lines O(log), the tree
     that would be in place is kept in a state file next to it (so a second apply is idempotent), and
     the undo records carry C(dry_run) and C(log) too, so teardown records instead of executing.
 options:
-  dev: {description: Interface to shape., type: str, required: true}
-  netns: {description: Network namespace of the interface (C(tc -n NS)); empty for the current one., type: str, default: ""}
-  objects: {description: The desired tree (type, id, argv, change_argv, expect)., type: list, elements: dict, required: true}
-  dry_run: {description: Record argv in O(log) instead of running them., type: bool, default: false}
-  log: {description: JSON-lines log of recorded argv (required with O(dry_run))., type: path}
-  protected_interfaces: {description: Interfaces never shaped (the management interface)., type: list, elements: str, default: []}
-  tc: {description: The tc executable., type: str, default: tc}
+  dev:
+    description: Interface to shape.
+    type: str
+    required: true
+  netns:
+    description: Network namespace of the interface (C(tc -n NS)); empty for the current one.
+    type: str
+    default: ""
+  objects:
+    description: The desired tree (type, id, argv, change_argv, expect per object).
+    type: list
+    elements: dict
+    required: true
+  dry_run:
+    description: Record argv in O(log) instead of running them.
+    type: bool
+    default: false
+  log:
+    description: JSON-lines log of recorded argv (required with O(dry_run)).
+    type: path
+  protected_interfaces:
+    description: Interfaces never shaped (the management interface).
+    type: list
+    elements: str
+    default: []
+  tc:
+    description: The tc executable.
+    type: str
+    default: tc
+  _dit_plan:
+    description:
+      - Set by the C(dit_tc) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    description:
+      - Reads the current tree and returns the commands that would run and the undo records; runs none.
+  diff_mode:
+    support: full
+    description:
+      - The tree before and after, one line per qdisc, class and filter.
 author: dit developers
 """
 
