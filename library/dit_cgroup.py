@@ -50,13 +50,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - Reads the current limits and reports what would change; creates and writes nothing.
+    details: Reads the current limits and reports what would change; creates and writes nothing.
   diff_mode:
     support: full
-    description:
-      - Returns whether the cgroup exists and its limit files before and after.
-author: dit developers
+    details: Returns whether the cgroup exists and its limit files before and after.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -43,13 +43,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: partial
-    description:
-      - Nothing is measured, written or packed; the result names the archive and reports no change.
+    details: Nothing is measured, written or packed; the result names the archive and reports no change.
   diff_mode:
     support: none
-    description:
-      - The archive is a new file of the run; there is nothing to compare.
-author: dit developers
+    details: The archive is a new file of the run; there is nothing to compare.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -38,13 +38,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - The module only reads; it runs unchanged in check mode.
+    details: The module only reads; it runs unchanged in check mode.
   diff_mode:
     support: none
-    description:
-      - The module changes nothing.
-author: dit developers
+    details: The module changes nothing.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

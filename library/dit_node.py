@@ -45,13 +45,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - Reports whether the run directory would be created; creates and copies nothing.
+    details: Reports whether the run directory would be created; creates and copies nothing.
   diff_mode:
     support: partial
-    description:
-      - Returns whether the run directory exists before and after; shipped files are listed in C(shipped), not diffed.
-author: dit developers
+    details: Returns whether the run directory exists before and after; shipped files are listed in C(shipped), not diffed.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -73,13 +73,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - Reports whether the process would be started; starts nothing and writes no configuration.
+    details: Reports whether the process would be started; starts nothing and writes no configuration.
   diff_mode:
     support: partial
-    description:
-      - Whether a process of this tag runs, before and after; only when nothing is started (check mode, plan, already running).
-author: dit developers
+    details: Whether a process of this tag runs, before and after; only when nothing is started (check mode, plan, already running).
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -44,13 +44,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - Reports the processes that would be reaped and whether any record would change the node; undoes nothing.
+    details: Reports the processes that would be reaped and whether any record would change the node; undoes nothing.
   diff_mode:
     support: none
-    description:
-      - Undo records restore prior content; the records themselves are the description of the change.
-author: dit developers
+    details: Undo records restore prior content; the records themselves are the description of the change.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

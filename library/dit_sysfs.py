@@ -82,13 +82,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - Validates the targets and reports the files that would change; writes nothing.
+    details: Validates the targets and reports the files that would change; writes nothing.
   diff_mode:
     support: full
-    description:
-      - One line per differing file, its path and content before and after.
-author: dit developers
+    details: One line per differing file, its path and content before and after.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -70,13 +70,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - Reads the current tree and returns the commands that would run and the undo records; runs none.
+    details: Reads the current tree and returns the commands that would run and the undo records; runs none.
   diff_mode:
     support: full
-    description:
-      - The tree before and after, one line per qdisc, class and filter.
-author: dit developers
+    details: The tree before and after, one line per qdisc, class and filter.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""

@@ -64,13 +64,15 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description:
-      - Profiling is an action, not a state; check mode reports a change and starts nothing.
+    details: Profiling is an action, not a state; check mode reports a change and starts nothing.
   diff_mode:
     support: none
-    description:
-      - The agent writes new result files; there is no prior state to compare.
-author: dit developers
+    details: The agent writes new result files; there is no prior state to compare.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
