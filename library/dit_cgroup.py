@@ -84,6 +84,7 @@ journal:
 """
 
 import os
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_files import as_int, read, same
@@ -94,7 +95,7 @@ V2_MAX = "memory.max"
 V2_SWAP = "memory.swap.max"
 
 
-def detect(parent):
+def detect(parent: str) -> tuple[str | None, str | None]:
     """``(version, problem)``: the cgroup version under ``parent``, or why it cannot hold a limit."""
     controllers = read(os.path.join(parent, "cgroup.controllers"))
     if controllers is not None:
@@ -118,7 +119,7 @@ def detect(parent):
     )
 
 
-def limit_files(version, limit, swap, present):
+def limit_files(version: str, limit: int, swap: int, present: Callable[[str], bool]) -> list[tuple[str, str]]:
     """The limit files to write, ``[(name, value)]``: the memory limit, then the swap limit.
 
     ``present`` tells which optional files exist (swap accounting). cgroup v1 requires
@@ -135,7 +136,7 @@ def limit_files(version, limit, swap, present):
     return out
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
@@ -154,11 +155,12 @@ def main():
     if limit <= 0:
         module.fail_json(msg="{}: {} bytes is not a usable memory limit".format(p["field"], limit))
     version, problem = detect(os.path.dirname(path))
-    if problem:
+    if problem or version is None:  # detect gives a version whenever it names no problem
         module.fail_json(msg="{}: {}".format(p["field"], problem))
+        return
     exists = os.path.isdir(path)
 
-    def present(name):
+    def present(name: str) -> bool:
         return os.path.exists(os.path.join(path, name)) if exists else True
 
     files = limit_files(version, limit, swap, present)

@@ -82,14 +82,15 @@ import socket
 import subprocess
 import tarfile
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
 RTT = re.compile(r"time[=<]([0-9.]+) ms")
 
 
-def _ping(target, count, tcp_port):
-    record = {"target": "edge", "address": target, "sent": count, "received": 0, "rtt_ns": []}
+def _ping(target: str, count: int, tcp_port: int | None) -> dict[str, Any]:
+    record: dict[str, Any] = {"target": "edge", "address": target, "sent": count, "received": 0, "rtt_ns": []}
     ping = shutil.which("ping")
     if ping:
         argv = [ping, "-n", "-c", str(count), "-i", "0.2", "-W", "1", target]
@@ -112,15 +113,15 @@ def _ping(target, count, tcp_port):
     return record
 
 
-def _snapshot():
-    def read(path):
+def _snapshot() -> dict[str, Any]:
+    def read(path: str) -> str:
         try:
             with open(path, encoding="utf-8") as handle:
                 return handle.read()
         except OSError:
             return ""
 
-    mem = {}
+    mem: dict[str, int] = {}
     for line in read("/proc/meminfo").splitlines():
         key, _, rest = line.partition(":")
         parts = rest.split()
@@ -137,13 +138,13 @@ def _snapshot():
     }
 
 
-def _write_json(path, data):
+def _write_json(path: str, data: Any) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=1, sort_keys=True)
     os.replace(path + ".tmp", path)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "host": {"type": "str", "required": True},

@@ -85,7 +85,7 @@ from ansible.module_utils.basic import AnsibleModule
 MARKER = ".dit-run"
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
@@ -135,7 +135,7 @@ def main():
     module.exit_json(changed=changed, path=path, shipped=shipped, diff=diff)
 
 
-def _sha256(path):
+def _sha256(path: str) -> str | None:
     try:
         with open(path, "rb") as handle:
             return hashlib.sha256(handle.read()).hexdigest()

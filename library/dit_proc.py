@@ -114,7 +114,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_procs import find_tagged, read_json, spawn, tagged_env
 
 
-def _tail(path, limit=2000):
+def _tail(path: str, limit: int = 2000) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -125,7 +125,7 @@ def _tail(path, limit=2000):
         return ""
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},

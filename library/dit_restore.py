@@ -80,6 +80,7 @@ import os
 import shutil
 import subprocess
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_procs import find_tagged, reap
@@ -87,7 +88,7 @@ from ansible.module_utils.dit_procs import find_tagged, reap
 MARKER = ".dit-run"
 
 
-def _undo_mkdir(undo, check):
+def _undo_mkdir(undo: dict[str, Any], check: bool) -> bool:
     path = undo["path"]
     if not os.path.exists(path):
         return False
@@ -104,7 +105,7 @@ def _undo_mkdir(undo, check):
     return True
 
 
-def _undo_file(undo, check):
+def _undo_file(undo: dict[str, Any], check: bool) -> bool:
     path = undo["path"]
     prior = undo.get("prior")
     if prior is None:
@@ -126,7 +127,7 @@ def _undo_file(undo, check):
     return True
 
 
-def _undo_rmdir(undo, check):
+def _undo_rmdir(undo: dict[str, Any], check: bool) -> bool:
     path = undo["path"]
     if not os.path.isdir(path):
         return False
@@ -135,7 +136,7 @@ def _undo_rmdir(undo, check):
     return True
 
 
-def _undo_command(undo, check):
+def _undo_command(undo: dict[str, Any], check: bool) -> bool:
     argv = [str(a) for a in undo["argv"]]
     if check:
         return True
@@ -150,7 +151,7 @@ def _undo_command(undo, check):
     return True
 
 
-def _undo_cgroup(undo, check, timeout_s=5.0):
+def _undo_cgroup(undo: dict[str, Any], check: bool, timeout_s: float = 5.0) -> bool:
     path = undo["path"].rstrip("/")
     if not os.path.isdir(path):
         return False
@@ -185,7 +186,7 @@ UNDO = {
 }
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},

@@ -134,6 +134,7 @@ diff:
 
 import glob
 import os
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_files import as_int, read, same
@@ -156,7 +157,7 @@ class Refused(Exception):
     """A target is outside what the hardware offers."""
 
 
-def show(value, spec):
+def show(value: Any, spec: dict[str, Any]) -> str:
     """``value`` as the scenario states it: kHz shown as MHz with scale 1000 and unit MHz."""
     number = as_int(value)
     unit = spec.get("unit") or ""
@@ -167,7 +168,7 @@ def show(value, spec):
     return f"{shown} {unit}".strip()
 
 
-def check(target, spec, siblings):
+def check(target: str, spec: dict[str, Any], siblings: dict[str, str | None]) -> list[str]:
     """Refusal messages for ``target`` given the sibling files' contents (``{name: text or None}``)."""
     field = spec.get("field") or spec["path"]
     problems = []
@@ -191,7 +192,9 @@ def check(target, spec, siblings):
     return problems
 
 
-def plan(root, files):
+def plan(
+    root: str, files: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """``(changes, seen, problems)``: the writes needed, every matched file, the refusals."""
     if os.path.realpath(root) == "/":
         root = "/sys"
@@ -225,7 +228,7 @@ def plan(root, files):
             else:
                 problems.append("{}: neither value nor value_from given".format(spec["path"]))
                 continue
-            names = [spec.get(k) for k in ("min_from", "max_from", "choices_from") if spec.get(k)]
+            names = [str(spec[k]) for k in ("min_from", "max_from", "choices_from") if spec.get(k)]
             siblings = {name: read(os.path.join(directory, name)) for name in names}
             for problem in check(target, spec, siblings):
                 if problem not in problems:
@@ -240,7 +243,7 @@ def plan(root, files):
     return changes, seen, problems
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "root": {"type": "path", "required": True},

@@ -107,7 +107,7 @@ from ansible.module_utils.dit_procs import read_json, spawn, tagged_env
 TAG = "profile"
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},

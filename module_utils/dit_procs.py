@@ -14,19 +14,24 @@ import contextlib
 import os
 import signal
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the lazy import below keeps a module's start-up small
+    import subprocess
+    from collections.abc import Mapping
 
 RUN_ENV = "DIT_RUN_ID"
 HOST_ENV = "DIT_HOST"
 TAG_ENV = "DIT_TAG"
 
 
-def _environ(pid):
+def _environ(pid: int) -> dict[str, str] | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             raw = handle.read()
     except OSError:
         return None
-    env = {}
+    env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep:
@@ -34,7 +39,7 @@ def _environ(pid):
     return env
 
 
-def _is_zombie(pid):
+def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
@@ -44,9 +49,9 @@ def _is_zombie(pid):
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
-def find_tagged(run_id, host=None, tag=None):
+def find_tagged(run_id: str, host: str | None = None, tag: str | None = None) -> list[dict[str, Any]]:
     """Live processes of ``run_id`` (optionally of one host / one tag): list of dicts."""
-    found = []
+    found: list[dict[str, Any]] = []
     me = os.getpid()
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -71,7 +76,9 @@ def find_tagged(run_id, host=None, tag=None):
     return found
 
 
-def reap(run_id, host=None, tag=None, grace_s=5.0):
+def reap(
+    run_id: str, host: str | None = None, tag: str | None = None, grace_s: float = 5.0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """SIGTERM every process group of the run, wait ``grace_s``, SIGKILL what is left.
 
     Returns ``(killed, survivors)``: the processes found at first, and those still alive at the end.
@@ -94,7 +101,15 @@ def reap(run_id, host=None, tag=None, grace_s=5.0):
     return procs, find_tagged(run_id, host, tag)
 
 
-def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
+def spawn(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    stdout_path: str,
+    stderr_path: str,
+    cgroup: str | None = None,
+    cpus: list[int] | None = None,
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session with ``env``; returns the Popen object.
 
     With ``cgroup`` (a cgroup directory, v1 or v2) the child joins it before it executes, so the
@@ -108,7 +123,7 @@ def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
         raise OSError(f"cgroup {cgroup} has no cgroup.procs")
     affinity = {int(c) for c in cpus} if cpus else None
 
-    def before_exec():
+    def before_exec() -> None:
         if procs_file:
             with open(procs_file, "w", encoding="ascii") as handle:
                 handle.write(str(os.getpid()))
@@ -129,7 +144,7 @@ def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
         )
 
 
-def read_json(path):
+def read_json(path: str) -> Any:
     """The JSON document in ``path``, or None when it is missing or not (yet) complete."""
     import json
 
@@ -140,7 +155,9 @@ def read_json(path):
         return None
 
 
-def tagged_env(base, run_id, host, tag, extra=None):
+def tagged_env(
+    base: Mapping[str, str], run_id: str, host: str, tag: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     env = dict(base)
     env.update(extra or {})
     env[RUN_ENV] = run_id
