@@ -2,12 +2,12 @@
 
     .venv/bin/python benchmarks/bench_exhaustive.py [--sample 20000] [--seed 1]
 
-The instance (:func:`dit.delay.synthetic_model`) has 6 devices and 24 stages with feasible ranges
+The instance (:func:`dit.analysis.delay.synthetic_model`) has 6 devices and 24 stages with feasible ranges
 10 x 10 x 10 x 10 x 20 x 25 = 5,000,000 vectors (exactly the default limit). The baseline is the
-straightforward per-vector Python evaluation, the reference :func:`dit.delay.evaluate` plus the objective,
+straightforward per-vector Python evaluation, the reference :func:`dit.analysis.delay.evaluate` plus the objective,
 timed on a random sample and extrapolated to all vectors. The exhaustive search's values at the sampled
 vectors are checked against the reference, and its optimum against a second, independent vectorised pass
-(:func:`dit.delay.batch_delays`, one gather per vector and device pair).
+(:func:`dit.analysis.delay.batch_delays`, one gather per vector and device pair).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from dit.delay import (
+from dit.analysis.delay import (
     OBJECTIVES,
     POLICIES,
     batch_delays,

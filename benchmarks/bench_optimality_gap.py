@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_optimality_gap.py [--instances 1000] [--seed 2024] [--max-grid 250000]
 
-Each instance (:func:`dit.delay.synthetic_model`) draws 2-6 devices and 5-20 stages, and per device a
+Each instance (:func:`dit.analysis.delay.synthetic_model`) draws 2-6 devices and 5-20 stages, and per device a
 feasible maximum partition point uniformly in 1..N; while the grid holds more than ``--max-grid`` vectors the
 largest range is shrunk by one (this keeps 1000 exhaustive searches brief and biases large instances
 towards smaller ranges). Every instance is solved under both policies and both objectives. The gap of a
@@ -22,7 +22,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from dit.delay import OBJECTIVES, POLICIES, synthetic_model
+from dit.analysis.delay import OBJECTIVES, POLICIES, synthetic_model
 from dit.optimise import Problem
 from dit.optimise.exhaustive import exhaustive, vector_count
 from dit.optimise.greedy import greedy

@@ -19,7 +19,7 @@ import statistics
 import time
 from typing import Any
 
-from dit.device.adapter import build_model
+from dit.device.common import build_model
 from dit.device.profiler import profile_model
 from dit.models.catalogue import entry
 

@@ -1,4 +1,4 @@
-"""Accuracy of the token-bucket rate cap: dit.netem's tbf argv on a veth between two namespaces,
+"""Accuracy of the token-bucket rate cap: dit.conditions.netem.tc's tbf argv on a veth between two namespaces,
 iperf3 TCP goodput across it, per cap. Needs root, ``ip netns``, ``tc`` and ``iperf3``.
 
     python benchmarks/bench_tbf_rate.py [--caps 5 10 20 50] [--seconds 3]
@@ -15,7 +15,7 @@ import os
 import subprocess
 import time
 
-from dit.netem import build_tree
+from dit.conditions.netem.tc import build_tree
 
 NS_A, NS_B, DEV, PEER = "ditbencha", "ditbenchb", "ditbencha0", "ditbenchb0"
 

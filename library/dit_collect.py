@@ -13,6 +13,9 @@ description:
     integer nanoseconds (C(results/ping.json)); without a C(ping) binary, falls back to timing TCP
     connects to O(tcp_port) and records that method.
   - "Writes a system snapshot (C(results/snapshot.json)): load, memory, uptime, processes."
+  - With O(run_id), writes what became of the run's device processes (C(results/processes.json)),
+    read from their status records in C(logs/) before teardown reaps them. An entry with C(failed)
+    true (exited non-zero, or gone without an exit code) degrades the run.
   - Packs C(results/) and C(logs/) into O(archive) with every member prefixed by the host name.
   - Writes only inside the node's run root, which teardown removes.
 options:
@@ -38,6 +41,9 @@ options:
   tcp_port:
     description: Port for the TCP fallback.
     type: int
+  run_id:
+    description: The run id; checks the status records of the run's device processes.
+    type: str
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -61,6 +67,7 @@ EXAMPLES = r"""
     node_root: "{{ dit_node_root }}"
     archive: "{{ dit_node_root }}/collect.tar.gz"
     ping_target: "{{ dit_edge_address }}"
+    run_id: "{{ dit_run_id }}"
 """
 
 RETURN = r"""
@@ -72,6 +79,11 @@ ping:
   description: The link record (target, method, sent, received, rtt_ns).
   returned: when ping_target is set
   type: dict
+processes:
+  description: Per device process with a status record - tag, state, exit_code, error, failed, stderr_tail.
+  returned: when run_id is set
+  type: list
+  elements: dict
 """
 
 import json
@@ -85,6 +97,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_procs import process_states
 
 RTT = re.compile(r"time[=<]([0-9.]+) ms")
 
@@ -153,6 +166,7 @@ def main() -> None:
             "ping_target": {"type": "str"},
             "ping_count": {"type": "int", "default": 10},
             "tcp_port": {"type": "int"},
+            "run_id": {"type": "str"},
         },
         supports_check_mode=True,
     )
@@ -167,6 +181,9 @@ def main() -> None:
         out["ping"] = _ping(p["ping_target"], p["ping_count"], p["tcp_port"])
         _write_json(os.path.join(results, "ping.json"), out["ping"])
     _write_json(os.path.join(results, "snapshot.json"), _snapshot())
+    if p["run_id"]:
+        out["processes"] = process_states(os.path.join(p["node_root"], "logs"), p["run_id"])
+        _write_json(os.path.join(results, "processes.json"), out["processes"])
     tmp = p["archive"] + ".tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         for sub in ("results", "logs"):

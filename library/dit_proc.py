@@ -12,8 +12,13 @@ description:
   - Starts O(argv) as the leader of a new session (its own process group) with C(DIT_RUN_ID),
     C(DIT_HOST) and C(DIT_TAG) in its environment, so that teardown (and C(dit cleanup) after a
     crash) can find and kill it by run id alone.
-  - Idempotent. When a live process of this run, host and tag exists, nothing is started.
+  - A live process of this run, host and tag that this run did not start is an error, never adopted
+    (another run with the same run id would otherwise be reported as this one's). One that this run's
+    journal records as started (the same task applied twice) is left alone and nothing is started;
+    the C(dit_proc) action plugin tells the module which case it is.
   - With O(ready_file), waits until the process writes that JSON file and returns its content.
+  - Sets C(DIT_STATUS_FILE) to C(logs/<tag>.status.json) under O(cwd); the device agent keeps its
+    status record there (running, then its exit code), which C(dit_collect) checks before teardown.
   - Journaled through the C(dit_proc) action plugin (journal before change).
 options:
   run_id:
@@ -68,6 +73,13 @@ options:
         anything; the plugin appends them to the run's journal before it runs the module for real.
     type: bool
     default: false
+  _dit_adopt:
+    description:
+      - Set by the C(dit_proc) action plugin, never by a playbook, when this run's journal already
+        records this tag as started (the same task applied twice); a live process of this run, host
+        and tag is then left alone. Without it such a process is an error, never adopted.
+    type: bool
+    default: false
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -76,7 +88,7 @@ attributes:
     details: Reports whether the process would be started; starts nothing and writes no configuration.
   diff_mode:
     support: partial
-    details: Whether a process of this tag runs, before and after; only when nothing is started (check mode, plan, already running).
+    details: Whether a process of this tag runs, before and after; only when nothing is started (check mode, plan, already started by this run).
   platform:
     support: full
     platforms: posix
@@ -111,7 +123,7 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_procs import find_tagged, read_json, spawn, tagged_env
+from ansible.module_utils.dit_procs import STATUS_ENV, find_tagged, read_json, spawn, status_path, tagged_env
 
 
 def _tail(path: str, limit: int = 2000) -> str:
@@ -141,6 +153,7 @@ def main() -> None:
             "cgroup": {"type": "path"},
             "cpus": {"type": "list", "elements": "int"},
             "_dit_plan": {"type": "bool", "default": False},
+            "_dit_adopt": {"type": "bool", "default": False},
         },
         required_together=[("config", "config_path")],
         supports_check_mode=True,
@@ -148,6 +161,14 @@ def main() -> None:
     p = module.params
     running = find_tagged(p["run_id"], p["host"], p["tag"])
     ready = read_json(p["ready_file"]) if p["ready_file"] else None
+    if running and not p["_dit_adopt"]:
+        module.fail_json(
+            msg="a process tagged {} of run {} already runs on {} (pid {}) and this run did not start it: "
+            "refusing to adopt it".format(
+                p["tag"], p["run_id"], p["host"], ", ".join(str(r["pid"]) for r in running)
+            ),
+            pids=[r["pid"] for r in running],
+        )
     if p["_dit_plan"] or module.check_mode or running:
         journal = (
             []
@@ -172,9 +193,12 @@ def main() -> None:
         os.makedirs(logs)
     out = os.path.join(logs, p["tag"] + ".out")
     err = os.path.join(logs, p["tag"] + ".err")
-    env = tagged_env(
-        os.environ, p["run_id"], p["host"], p["tag"], {str(k): str(v) for k, v in p["env"].items()}
-    )
+    status = status_path(logs, p["tag"])
+    if os.path.exists(status):
+        os.unlink(status)
+    extra = {str(k): str(v) for k, v in p["env"].items()}
+    extra[STATUS_ENV] = status  # the device agent records its exit code there (dit_collect reads it)
+    env = tagged_env(os.environ, p["run_id"], p["host"], p["tag"], extra)
     proc = spawn(p["argv"], env, p["cwd"], out, err, p["cgroup"], p["cpus"])
     if p["ready_file"]:
         deadline = time.monotonic() + p["ready_timeout"]

@@ -17,6 +17,8 @@ description:
   - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
   - C(cgroup) C({path}) removes a cgroup the run created. Any process still in it is moved to the
     parent cgroup first (the run's own processes are reaped by their newer C(process) records).
+  - C(lease) C({path, run_id}) releases the node's lease (a file named C(lease.json)), only while it
+    still names this run; another run's lease is left alone.
   - C(command) C({argv, dry_run, log}) runs an undo command (an argv list); with C(dry_run) it is
     only appended to C(log) as JSON, as local mode does for privileged network commands.
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
@@ -39,6 +41,29 @@ options:
     description: Seconds between SIGTERM and SIGKILL.
     type: float
     default: 5.0
+  node_root:
+    description:
+      - The node's run directory (the undo scope, see C(docs/journal.md)). Without it nothing under it
+        is undone.
+    type: path
+  sysfs_root:
+    description: The directory standing for C(/sys) (undo scope).
+    type: path
+    default: /sys
+  cgroup_root:
+    description: The cgroup hierarchy the run's cgroup lives under (undo scope).
+    type: path
+    default: /sys/fs/cgroup
+  interfaces:
+    description:
+      - "The interfaces the run shaped, each C({dev, netns, log}): tc undos only on these (undo scope)."
+    type: list
+    elements: dict
+    default: []
+  lease_dir:
+    description:
+      - Where the node's C(lease.json) lives (undo scope). Defaults to the parent of O(node_root).
+    type: path
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -72,23 +97,60 @@ reaped:
   description: Processes of the run found and killed.
   returned: always
   type: list
+survivors:
+  description: Processes carrying the run id still alive after SIGKILL (in check mode, those that would be reaped).
+  returned: always
+  type: list
+refused:
+  description: Records outside the undo scope, not undone, each {id, op, source, reason}.
+  returned: always
+  type: list
+removed_results:
+  description: Files of the run directory's results/ and logs/ deleted with it, each {path, bytes}.
+  returned: always
+  type: list
 """
 
 import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_lease import release as release_lease
 from ansible.module_utils.dit_procs import find_tagged, reap
+from ansible.module_utils.dit_undo_scope import Refused, Scope
 
 MARKER = ".dit-run"
+RESULT_DIRS = ("results", "logs")  # what the collect stage fetches from a run directory
+# Kernel attribute files (sysfs, cgroupfs, procfs) cannot be replaced by a rename: they are
+# written in place, which the kernel applies as one store.
+KERNEL_FS = ("/sys/", "/proc/")
 
 
-def _undo_mkdir(undo: dict[str, Any], check: bool) -> bool:
+def _results_in(path: str) -> list[dict[str, Any]]:
+    """The files the collect stage would have fetched from run directory ``path``."""
+    found: list[dict[str, Any]] = []
+    for sub in RESULT_DIRS:
+        base = os.path.join(path, sub)
+        try:
+            names = sorted(os.listdir(base))
+        except OSError:
+            continue
+        for name in names:
+            full = os.path.join(base, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                found.append({"path": f"{sub}/{name}", "bytes": os.path.getsize(full)})
+    return found
+
+
+def _undo_mkdir(undo: dict[str, Any], check: bool, removed: list[dict[str, Any]] | None = None) -> bool:
     path = undo["path"]
     if not os.path.exists(path):
         return False
@@ -101,8 +163,44 @@ def _undo_mkdir(undo: dict[str, Any], check: bool) -> bool:
     if owner != undo["run_id"]:
         raise ValueError("{} belongs to run {}, not {}; not removing it".format(path, owner, undo["run_id"]))
     if not check:
+        if removed is not None:
+            removed.extend(_results_in(path))
         shutil.rmtree(path)
     return True
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Replace ``path`` by a complete new file: a kill leaves the old content or the new, never a
+    truncated file (a local-mode fake sysfs file, a tc dry-run state file)."""
+    mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{os.path.basename(path)}.", suffix=".dit-restore", dir=os.path.dirname(path)
+    )
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _write_prior(path: str, text: str) -> None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        info = None
+    owned_regular = info is not None and stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid()
+    if (info is None or owned_regular) and not path.startswith(KERNEL_FS):
+        _write_atomically(path, text)
+        return
+    # A kernel attribute (or a file that is not ours to replace): it can only be written in place.
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def _undo_file(undo: dict[str, Any], check: bool) -> bool:
@@ -122,8 +220,7 @@ def _undo_file(undo: dict[str, Any], check: bool) -> bool:
     if current == prior:
         return False
     if not check:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(prior)
+        _write_prior(path, prior)
     return True
 
 
@@ -177,12 +274,13 @@ def _undo_cgroup(undo: dict[str, Any], check: bool, timeout_s: float = 5.0) -> b
         time.sleep(0.05)
 
 
-UNDO = {
+UNDO: dict[str, Callable[[dict[str, Any], bool], bool]] = {
     "mkdir": _undo_mkdir,
     "file": _undo_file,
     "rmdir": _undo_rmdir,
     "cgroup": _undo_cgroup,
     "command": _undo_command,
+    "lease": lambda undo, check: release_lease(undo["path"], undo["run_id"], check),
 }
 
 
@@ -193,14 +291,41 @@ def main() -> None:
             "host": {"type": "str", "required": True},
             "records": {"type": "list", "elements": "dict", "default": []},
             "grace_s": {"type": "float", "default": 5.0},
+            "node_root": {"type": "path"},
+            "sysfs_root": {"type": "path", "default": "/sys"},
+            "cgroup_root": {"type": "path", "default": "/sys/fs/cgroup"},
+            "interfaces": {"type": "list", "elements": "dict", "default": []},
+            "lease_dir": {"type": "path"},
         },
         supports_check_mode=True,
     )
     p = module.params
     check = module.check_mode
-    undone, reaped, changed, errors = [], [], False, []
+    scope = Scope(
+        p["run_id"],
+        p["host"],
+        p["node_root"],
+        p["sysfs_root"],
+        p["cgroup_root"],
+        p["interfaces"],
+        p["lease_dir"],
+    )
+    undone: list[Any] = []
+    reaped: list[dict[str, Any]] = []
+    errors: list[str] = []
+    refused: list[dict[str, Any]] = []
+    removed: list[dict[str, Any]] = []
+    changed = False
     for record in p["records"]:
         op, undo = record.get("op"), record.get("undo") or {}
+        try:
+            undo = scope.check(op, undo)
+        except Refused as exc:
+            # Not undone, so it stays pending: every later cleanup reports it again.
+            refused.append(
+                {"id": record.get("id"), "op": op, "source": record.get("source"), "reason": str(exc)}
+            )
+            continue
         try:
             if op == "process":
                 if check:
@@ -211,6 +336,8 @@ def main() -> None:
                         raise ValueError(f"processes survived SIGKILL: {left}")
                 reaped.extend(found)
                 changed = changed or bool(found)
+            elif op == "mkdir":
+                changed = _undo_mkdir(undo, check, removed) or changed
             elif op in UNDO:
                 changed = UNDO[op](undo, check) or changed
             else:
@@ -224,7 +351,20 @@ def main() -> None:
         found, survivors = reap(p["run_id"], p["host"], None, p["grace_s"])
         reaped.extend(found)
         changed = changed or bool(found)
-    result = {"changed": changed, "undone": [] if check else undone, "reaped": reaped, "survivors": survivors}
+    result = {
+        "changed": changed,
+        "undone": [] if check else undone,
+        "reaped": reaped,
+        "survivors": survivors,
+        "refused": refused,
+        "removed_results": removed,
+    }
+    if refused:
+        errors.append(
+            "{} journal record(s) refused, outside what the run could have changed here: {}".format(
+                len(refused), ", ".join(str(r["id"]) for r in refused)
+            )
+        )
     if errors or (survivors and not check):
         msg = "; ".join(errors)
         if survivors:

@@ -23,6 +23,11 @@ if TYPE_CHECKING:  # annotations only: the lazy import below keeps a module's st
 RUN_ENV = "DIT_RUN_ID"
 HOST_ENV = "DIT_HOST"
 TAG_ENV = "DIT_TAG"
+# The device agent keeps its status record (running, then its exit code) where this names
+# (dit.device.agent.StatusFile); dit_proc points it at logs/<tag>.status.json.
+STATUS_ENV = "DIT_STATUS_FILE"
+STATUS_SUFFIX = ".status.json"
+STDERR_TAIL_LINES = 10
 
 
 def _environ(pid: int) -> dict[str, str] | None:
@@ -142,6 +147,73 @@ def spawn(
             close_fds=True,
             preexec_fn=before_exec if (procs_file or affinity) else None,  # noqa: PLW1509 - no locks taken
         )
+
+
+def status_path(logs_dir: str, tag: str) -> str:
+    """Where the process tagged ``tag`` keeps its status record."""
+    return os.path.join(logs_dir, tag + STATUS_SUFFIX)
+
+
+def _alive_as(pid: object, run_id: str, tag: str) -> bool:
+    """``pid`` is alive and is still the tagged process (not a reused pid)."""
+    if not isinstance(pid, int) or pid <= 0 or _is_zombie(pid):
+        return False
+    env = _environ(pid)
+    return env is not None and env.get(RUN_ENV) == run_id and env.get(TAG_ENV) == tag
+
+
+def stderr_tail(path: str, lines: int = STDERR_TAIL_LINES, limit: int = 8192) -> list[str]:
+    """The last ``lines`` non-empty lines of a log file (at most its last ``limit`` bytes)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - limit))
+            text = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def process_states(logs_dir: str, run_id: str) -> list[dict[str, Any]]:
+    """What became of every process of this node that keeps a status record, sorted by tag.
+
+    Each entry: ``tag``, ``command``, ``pid``, ``state`` (``running``: still alive; ``exited``: it
+    recorded its exit code; ``vanished``: its record says running but the process is gone, i.e. it was
+    killed by a signal), ``exit_code``, ``error``, ``failed`` (exited non-zero or vanished) and, when
+    failed, ``stderr_tail`` (the last lines of ``logs/<tag>.err``).
+    """
+    out: list[dict[str, Any]] = []
+    try:
+        names = sorted(n for n in os.listdir(logs_dir) if n.endswith(STATUS_SUFFIX))
+    except OSError:
+        return out
+    for name in names:
+        tag = name[: -len(STATUS_SUFFIX)]
+        record = read_json(os.path.join(logs_dir, name))
+        if not isinstance(record, dict):
+            record = {"state": "unreadable"}
+        state = record.get("state")
+        entry: dict[str, Any] = {
+            "tag": tag,
+            "command": record.get("command"),
+            "pid": record.get("pid"),
+            "exit_code": record.get("exit_code"),
+            "error": record.get("error"),
+        }
+        if state == "exited":
+            entry["state"] = "exited"
+            entry["failed"] = entry["exit_code"] != 0
+        elif state == "running" and _alive_as(record.get("pid"), run_id, tag):
+            entry["state"] = "running"
+            entry["failed"] = False
+        else:
+            entry["state"] = "vanished"
+            entry["failed"] = True
+            entry["error"] = entry["error"] or "ended without recording an exit code (killed by a signal?)"
+        if entry["failed"]:
+            entry["stderr_tail"] = stderr_tail(os.path.join(logs_dir, tag + ".err"))
+        out.append(entry)
+    return out
 
 
 def read_json(path: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,27 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 DIT = [sys.executable, "-m", "dit"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_lease_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Local runs lease this machine (dit.lease): a test session must not contend with the user's
+    own runs or another session's. Module-scoped fixtures that run dit see this directory."""
+    old = os.environ.get("DIT_LOCAL_LEASE_DIR")
+    os.environ["DIT_LOCAL_LEASE_DIR"] = str(tmp_path_factory.mktemp("lease"))
+    yield
+    if old is None:
+        os.environ.pop("DIT_LOCAL_LEASE_DIR", None)
+    else:
+        os.environ["DIT_LOCAL_LEASE_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def _lease_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own machine lease, so that a run a failed test left behind blocks no other test."""
+    path = tmp_path_factory.mktemp("lease")
+    monkeypatch.setenv("DIT_LOCAL_LEASE_DIR", str(path))
+    return path
 
 
 def write_scenario(directory: Path, **overrides: object) -> Path:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
+import platform
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dit.rundir import DRIVER, STOP, RunDir, find_runs, read_json
+from dit.rack.cli import rack_app
+from dit.rundir import DRIVER, FINISHED_STATES, STATUS, STOP, RunDir, find_runs, read_json
 
 if TYPE_CHECKING:
     from dit.scenario import Scenario
@@ -25,6 +26,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="dit - the Distributed Inference Testbed. One YAML scenario, seven stages, repeatable measurements.",
 )
+app.add_typer(rack_app, name="rack")
 # Piped output (CI logs, files) gets wide tables instead of labels folded over several lines.
 out = Console(width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -75,12 +77,43 @@ def run(
         bool,
         typer.Option(help="Local mode: let the fake model stand in for a model whose framework is missing."),
     ] = True,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Dry run: preflight and apply in check mode; print what would change, change nothing.",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="With --check: print the report as JSON.")] = False,
+    break_stale_lease: Annotated[
+        bool,
+        typer.Option(
+            "--break-stale-lease",
+            help="Take over a node whose lease holder is gone (its driver died on this machine) or ran "
+            "on another controller host (cannot be checked from here). A live holder is never broken.",
+        ),
+    ] = False,
 ) -> None:
-    """Run a scenario (every sweep variant, one run directory each). Local mode without -i."""
+    """Run a scenario (every sweep variant, one run directory each). Local mode without -i.
+
+    Preflight leases every node to this run; a node another run holds is refused, naming the holder.
+    """
     from dit.driver import Driver, RunOptions
 
     variants = _load(scenario)
-    options = RunOptions(runs_root=runs_dir, inventory=inventory, allow_stand_in=stand_in, console=err)
+    options = RunOptions(
+        runs_root=runs_dir,
+        inventory=inventory,
+        allow_stand_in=stand_in,
+        break_stale_lease=break_stale_lease,
+        console=err,
+    )
+    if as_json and not check:
+        raise _fail("--json: only with --check", 2)
+    if check:
+        from dit.dryrun import print_dry_runs
+
+        raise typer.Exit(print_dry_runs(variants, options, as_json, out))
     results = []
     for variant in variants:
         result = Driver(variant, options).execute()
@@ -106,6 +139,58 @@ def run(
         raise typer.Exit(1)
 
 
+def _read_run_json(path: Path) -> dict[str, Any]:
+    """A run's JSON file (status.json, driver.json, ...) as a mapping; one-line error if it is not."""
+    try:
+        data = read_json(path)
+    except OSError as exc:
+        raise _fail(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise _fail(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _fail(f"{path}: not a JSON object")
+    return data
+
+
+def _driver_to_signal(run: RunDir) -> int | None:
+    """The pid of the run's driver if it may be signalled; None: only the STOP file can reach it.
+
+    Refuses a run that is not running, and a driver that is gone: the pid in driver.json may
+    name an unrelated process by now (it is compared with the start time and command line the
+    driver recorded).
+    """
+    from dit.procs import identity_mismatch
+
+    state = _read_run_json(run.path / STATUS).get("state") if (run.path / STATUS).exists() else None
+    if state != "running":
+        raise _fail(f"{run.path} is not running (state {state}): nothing to stop")
+    info = _read_run_json(run.path / DRIVER)
+    pid = info.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        raise _fail(f"{run.path / DRIVER}: pid {pid!r} is not a process id")
+    if info.get("host") != platform.node():
+        err.print(
+            f"[yellow]warning:[/] the driver runs on {escape(str(info.get('host')))}, not here: "
+            "asking it to stop with the STOP file only",
+            highlight=False,
+        )
+        return None
+    if "pid_create_time" not in info:
+        err.print(
+            "[yellow]warning:[/] driver.json does not record the driver's start time (an older dit): "
+            f"pid {pid} cannot be verified, asking it to stop with the STOP file only",
+            highlight=False,
+        )
+        return None
+    reason = identity_mismatch(pid, info)
+    if reason is not None:
+        raise _fail(
+            f"the driver of {run.path} is gone ({reason}) although its status says running: "
+            f"use 'dit cleanup {run.path}'"
+        )
+    return pid
+
+
 @app.command()
 def stop(
     run_dir: Annotated[Path, typer.Argument(help="The run directory of a running run.")],
@@ -115,17 +200,16 @@ def stop(
     run = RunDir(run_dir)
     if not (run_dir / DRIVER).exists():
         raise _fail(f"{run_dir} is not a dit run directory")
+    pid = _driver_to_signal(run)
     (run_dir / STOP).write_text(str(time.time_ns()) + "\n", encoding="utf-8")
-    info = read_json(run_dir / DRIVER)
-    pid = int(info.get("pid", 0))
     from dit.procs import pid_alive
 
-    if pid and pid_alive(pid):
+    if pid:
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         state = run.status().get("state")
-        if state in ("completed", "failed", "stopped") and not (pid and pid_alive(pid)):
+        if state in FINISHED_STATES and not (pid and pid_alive(pid)):
             out.print(f"{run_dir}: {state}")
             return
         time.sleep(0.2)
@@ -135,7 +219,8 @@ def stop(
 @app.command()
 def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver died.")]) -> None:
     """Undo a run from its journal (e.g. after the driver was killed) and reap its processes."""
-    from dit.driver import inventory_of, teardown
+    from dit.driver import teardown
+    from dit.inventory import inventory_of
     from dit.procs import pid_alive
 
     if not (run_dir / DRIVER).exists():
@@ -158,37 +243,73 @@ def list_runs(runs_dir: RunsRoot = Path("runs")) -> None:
     table = Table(title=str(runs_dir))
     for column in ("scenario", "run", "state", "stage", "wall time"):
         table.add_column(column)
-    for run in find_runs(runs_dir):
-        status = run.status()
-        stage_ns = status.get("stage_ns", {})
-        table.add_row(
-            run.path.parent.name,
-            run.path.name,
-            str(status.get("state", "?")),
-            str(status.get("stage") or ""),
-            f"{sum(stage_ns.values()) / 1e9:.1f} s" if stage_ns else "",
-        )
+    for run in _listed_runs(runs_dir):
+        table.add_row(run.path.parent.name, run.path.name, *_ls_cells(run))
     out.print(table)
+
+
+def _listed_runs(runs_dir: Path) -> list[RunDir]:
+    """Every run directory, also one whose status.json is missing (it is listed as unreadable)."""
+    runs = {run.path: run for run in find_runs(runs_dir)}
+    for driver in runs_dir.glob(f"*/*/{DRIVER}") if runs_dir.is_dir() else []:
+        runs.setdefault(driver.parent.resolve(), RunDir(driver.parent))
+    return sorted(runs.values(), key=lambda r: r.path.name)
+
+
+def _ls_cells(run: RunDir) -> tuple[str, str, str]:
+    """State, stage and wall time of a run; ``unreadable`` (and why) when its status.json is not."""
+    try:
+        status = read_json(run.path / STATUS)
+    except OSError as exc:
+        return "unreadable", f"status.json: {exc.strerror or exc}", ""
+    except ValueError:
+        return "unreadable", "status.json: not valid JSON", ""
+    stage_ns = status.get("stage_ns") if isinstance(status, dict) else None
+    if not isinstance(status, dict) or not _all_numbers(stage_ns or {}):
+        return "unreadable", "status.json: not a dit status", ""
+    wall = f"{sum(stage_ns.values()) / 1e9:.1f} s" if stage_ns else ""
+    return str(status.get("state", "?")), str(status.get("stage") or ""), wall
+
+
+def _all_numbers(values: Any) -> bool:
+    """Whether ``values`` maps names to numbers (the ``*_ns`` fields of status.json)."""
+    return isinstance(values, dict) and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in values.values()
+    )
+
+
+def _ns_field(status: dict[str, Any], key: str, path: Path) -> dict[str, float]:
+    """``status[key]`` (e.g. stage_ns), or a one-line error naming the file when it is malformed."""
+    values = status.get(key) or {}
+    if not _all_numbers(values):
+        raise _fail(f"{path}: {key} is not a mapping of names to numbers")
+    return dict(values)
 
 
 @app.command()
 def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """Summarise one run: status, stage times, start lateness, phase means, optimum."""
     run = RunDir(run_dir)
-    status = run.status()
+    status = _read_run_json(run.path / STATUS) if (run.path / STATUS).is_file() else {}
     if not status:
         raise _fail(f"{run_dir} is not a dit run directory")
     label = escape(str(status.get("label", run_dir.name)))
     out.print(f"[bold]{label}[/]  {status.get('state')}  run id {run.run_id}")
     if status.get("error"):
         out.print(f"[red]{escape(str(status['error']))}[/]")
+    for failed in status.get("degraded") or []:  # device processes that failed (the run is degraded)
+        if failed.get("stderr_tail"):
+            out.print(
+                f"[yellow]{escape(str(failed.get('node')))} {escape(str(failed.get('process')))} stderr:[/]"
+            )
+            out.print(escape("\n".join(f"  {line}" for line in failed["stderr_tail"])), highlight=False)
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("wall time", justify="right")
-    for stage, ns in status.get("stage_ns", {}).items():
+    for stage, ns in _ns_field(status, "stage_ns", run.path / STATUS).items():
         stages.add_row(stage, f"{ns / 1e9:.3f} s")
     out.print(stages)
-    lateness = status.get("lateness_ns", {})
+    lateness = _ns_field(status, "lateness_ns", run.path / STATUS)
     if lateness:
         late = Table(title="start lateness")
         late.add_column("device")
@@ -200,7 +321,10 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
     if summary.exists():
         import pandas as pd
 
-        frame = pd.read_csv(summary)
+        try:
+            frame = pd.read_csv(summary)
+        except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
+            raise _fail(f"{summary}: not a readable CSV ({exc})") from None
         table = Table(title="phases (mean ns)")
         for column in frame.columns:
             table.add_column(str(column))
@@ -208,7 +332,7 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
             table.add_row(*(f"{v:.0f}" if isinstance(v, float) else str(v) for v in row))
         out.print(table)
     for result in sorted((run_dir / "optimise").glob("*.json")):
-        data = json.loads(result.read_text(encoding="utf-8"))
+        data = _read_run_json(result)
         out.print(
             f"optimise {result.stem}: vector {data.get('vector')} objective {data.get('objective_value')}"
         )
@@ -227,7 +351,7 @@ def optimise(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Search (or evaluate) partition vectors on a run's aggregate files under the delay model."""
-    from dit.aggregate import AggregateError
+    from dit.analysis.run import AggregateError
     from dit.optimise import OptimiseError
     from dit.optimise.api import optimise_run
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -27,22 +28,31 @@ from typing import Any
 from rich.console import Console
 
 import dit
+from dit.analysis.run import LoadedRun
 from dit.ansible_exec import HostEvent, StageOutcome, run_stage
-from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, process_settings
-from dit.conditions.memory import preflight_problems as memory_preflight_problems
+from dit.conditions import (
+    EDGE_SERVICE_ORDER,
+    HostContext,
+    PreflightFacts,
+    active,
+    aggregate_hooks,
+    build_conditions,
+    preflight_notes,
+    preflight_refusals,
+    process_settings,
+)
 from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
-from dit.journal import Journal
+from dit.journal import Journal, JournalError, dropped_results, undo_scopes
+from dit.lease import controller_holder
 from dit.localmode import cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
-from dit.netem import netem_gate
 from dit.paths import content_root
-from dit.procs import run_processes
+from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
 from dit.reporter import Reporter
-from dit.rundir import DRIVER, RunDir, read_json, write_json
+from dit.rundir import DRIVER, RunDir, write_json
 from dit.scenario import Scenario
 
-ANSIBLE_STAGES = ("preflight", "apply", "profile", "collect")
 EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
 
@@ -60,6 +70,8 @@ class RunOptions:
     runs_root: Path
     inventory: str | None = None  # None: local mode
     allow_stand_in: bool = True
+    check: bool = False  # dry run: preflight and apply in Ansible check mode only (Driver.dry_run)
+    break_stale_lease: bool = False  # take nodes whose lease holder is gone or unverifiable (dit.lease)
     console: Console = field(default_factory=lambda: Console(stderr=True))
 
 
@@ -67,7 +79,7 @@ class RunOptions:
 class RunResult:
     run_dir: Path
     label: str
-    state: str  # completed | failed | stopped
+    state: str  # completed | degraded (a device process failed; see status.json) | failed | stopped
     error: str | None
     stage_ns: dict[str, int]
     lateness_ns: dict[str, int]
@@ -148,6 +160,8 @@ class Driver:
         self.reporter: Reporter | None = None
         self.inventory: RunInventory | None = None
         self.follower: LogFollower | None = None
+        self.outcomes: dict[str, StageOutcome] = {}
+        self.process_failures: list[ProcessFailure] = []
 
     # -- stop handling -----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -200,6 +214,7 @@ class Driver:
                 "inventory": self.options.inventory,
                 "local": self.local,
                 "scenario_hash": scn.hash,
+                **process_identity(os.getpid()),  # so that `dit stop` never signals a reused pid
             },
         )
         run.set_status(state="running", stage=None, label=scn.label, started_wall_ns=time.time_ns())
@@ -231,10 +246,13 @@ class Driver:
                 if teardown_error:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
+        if state == "completed" and self.process_failures:
+            state, error = "degraded", "; ".join(f.describe() for f in self.process_failures)
         run.set_status(
             state=state,
             stage=None,
             error=error,
+            degraded=[f.to_dict() for f in self.process_failures],
             finished_wall_ns=time.time_ns(),
             stage_ns=self.stage_ns,
             lateness_ns=self.lateness_ns,
@@ -242,6 +260,31 @@ class Driver:
         self.reporter.info(f"run {state}: {run.path}" + (f" ({error})" if error else ""))
         self.reporter.close()
         return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
+
+    def dry_run(self, work_dir: Path) -> str | None:
+        """Preflight and apply in Ansible check mode in a run directory under ``work_dir``.
+
+        Nothing is journaled, changed or started, so there is no teardown; the stages' results are
+        in :attr:`outcomes` (:mod:`dit.dryrun` reads them). Returns the error, or None.
+        """
+        if not self.options.check:
+            raise ValueError("Driver.dry_run needs RunOptions(check=True)")
+        self.run = RunDir.create(work_dir, self.scenario.name, self.scenario.hash)
+        self.reporter = Reporter(self.run.log, self.options.console, f"{self.scenario.label} (dry run)")
+        error: str | None = None
+        with self._signals(), self.reporter.live():
+            try:
+                self.inventory = self._inventory()
+                self._prepare()
+                self._preflight()
+                self._apply()
+            except Stopped as exc:
+                error = f"stopped by {exc}"
+            except Exception as exc:
+                error = str(exc)
+                self.reporter.error(error)
+        self.reporter.close()
+        return error
 
     def _inventory(self) -> RunInventory:
         if self.options.inventory is None:
@@ -276,13 +319,12 @@ class Driver:
             hostvars = inv.hostvars.get(host, {})
             if inv.local and "dit_cgroup_root" not in hostvars:  # memory limits apply for real here
                 hostvars = {**hostvars, "dit_cgroup_root": cgroup_memory_root()}
-            base = str(hostvars.get("dit_remote_base", "/var/tmp/dit"))
             contexts[host] = HostContext(
                 host=host,
                 role="edge" if host == inv.edge_host else "device",
                 local=inv.local,
                 run_id=self.run.run_id,
-                node_root=f"{base}/{self.run.run_id}",
+                node_root=inv.node_root(host, self.run.run_id),
                 sysfs_root=str(hostvars.get("sysfs_root", "/sys")),
                 edge_host=inv.edge_host,
                 edge_address=inv.edge_address,
@@ -322,8 +364,10 @@ class Driver:
             self._should_cancel,
             forks=max(5, len(self.inv.hosts)),
             render_context=render_context,
+            check=self.options.check,
         )
-        self.stage_ns[stage] = time.monotonic_ns() - start
+        self.outcomes[stage] = outcome
+        self._stage_ended(stage, start)
         if outcome.status == "canceled" or (self._stop_reason and stage != "teardown"):
             self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
             raise Stopped(self._stop_reason or "cancel")
@@ -334,6 +378,12 @@ class Driver:
         self.reporter.stage(stage, "done", self.stage_ns[stage] / 1e6)
         return outcome
 
+    def _stage_ended(self, stage: str, start_ns: int) -> None:
+        """Record a stage's wall time in status.json at once (atomic write), not only at the end:
+        a driver killed later in the run still leaves the times of the stages that ended."""
+        self.stage_ns[stage] = time.monotonic_ns() - start_ns
+        self.run.set_status(stage_ns=self.stage_ns)
+
     def _timed(self, stage: str, work: Callable[[], Any]) -> Any:
         assert self.reporter is not None
         self._check_stop()
@@ -343,18 +393,25 @@ class Driver:
         try:
             result = work()
         except Exception:
-            self.stage_ns[stage] = time.monotonic_ns() - start
+            self._stage_ended(stage, start)
             self.reporter.stage(stage, "failed", self.stage_ns[stage] / 1e6)
             raise
-        self.stage_ns[stage] = time.monotonic_ns() - start
+        self._stage_ended(stage, start)
         self.reporter.stage(stage, "done", self.stage_ns[stage] / 1e6)
         return result
 
     # -- stages ------------------------------------------------------------------------------
     def _preflight(self) -> None:
-        outcome = self._stage("preflight", {})
+        holder = controller_holder(self.run.run_id, self.run.path)
+        outcome = self._stage(
+            "preflight",
+            {"dit_lease": holder.to_json(), "dit_break_stale_lease": self.options.break_stale_lease},
+        )
         nodes: dict[str, Any] = {}
         for host in self.inv.hosts:
+            broken = (outcome.result_of(host, "dit_lease") or {}).get("lease_broken")
+            if broken and self.reporter is not None:
+                self.reporter.warn(str(broken))
             res = outcome.result_of(host, "dit_facts")
             nodes[host] = dict(res.get("dit_facts", {})) if res else {}
         assert self.model is not None
@@ -383,12 +440,17 @@ class Driver:
         }
         write_json(self.run.path / "metadata.json", metadata)
         self._ntp_gate(nodes)
-        memory = memory_preflight_problems(nodes, self.conditions)
-        if memory:
-            raise StageFailed("preflight: memory limit refused: " + "; ".join(memory))
-        netem = [] if self.local else netem_gate(self.scenario.network, nodes, self.inv.hostvars)
-        if netem:
-            raise StageFailed("preflight: network shaping refused: " + "; ".join(netem))
+        self._condition_gates(nodes)
+
+    def _condition_gates(self, nodes: dict[str, Any]) -> None:
+        """Every condition's ``preflight`` hook (:mod:`dit.conditions`); the first refusal stops the run."""
+        facts = PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
+        refusals = preflight_refusals(facts)
+        if refusals:
+            raise StageFailed(f"preflight: {refusals[0]}")
+        for note in preflight_notes(facts):
+            if self.reporter is not None:
+                self.reporter.warn(f"preflight: {note}")
 
     def _ntp_gate(self, nodes: dict[str, Any]) -> None:
         limit = float(self.scenario.timing.max_clock_offset_ms)
@@ -436,6 +498,8 @@ class Driver:
                 "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
             },
         )
+        if self.options.check:
+            return  # a dry run started nothing: no port to read, nothing to settle
         # The edge service's own task: conditions after it start tagged processes with dit_proc too.
         res = outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}
         ready = res.get("ready") or {}
@@ -466,6 +530,10 @@ class Driver:
     def reporter_info(self, text: str) -> None:
         if self.reporter is not None:
             self.reporter.info(text)
+
+    def reporter_warn(self, text: str) -> None:
+        if self.reporter is not None:
+            self.reporter.warn(text)
 
     def _profile_configs(self) -> dict[str, Any]:
         scn = self.scenario
@@ -526,20 +594,28 @@ class Driver:
         )
         for host in self.inv.hosts:
             extract_collected(raw, host)
+        self.process_failures = process_failures(raw, self.inv.hosts)
+        for failure in self.process_failures:
+            self.reporter_warn(failure.describe() + "".join(f"\n  {line}" for line in failure.stderr_tail))
+
+    @cached_property
+    def analysed(self) -> LoadedRun:
+        """The run directory as the analysis steps see it: ``scenario.yaml`` read once for all of them."""
+        return LoadedRun(self.run.path)
 
     def _aggregate(self) -> None:
-        from dit.aggregate import aggregate_run
-        from dit.aggregate_monitors import aggregate_monitors
-        from dit.aggregate_network import aggregate_network
+        from dit.analysis.aggregate import aggregate_run
+        from dit.analysis.monitors import aggregate_monitors
 
         def work() -> None:
-            aggregate_run(self.run.path)
-            aggregate_network(self.run.path)
-            aggregate_monitors(self.run.path)
+            aggregate_run(self.analysed)
+            for _condition, step in aggregate_hooks():
+                step(self.analysed)
+            aggregate_monitors(self.analysed)
             if self.scenario.inference.enabled:
-                from dit.validation import validate_run
+                from dit.analysis.model_validation import validate_run
 
-                summary = validate_run(self.run.path)
+                summary = validate_run(self.analysed)
                 mape = getattr(summary, "mape_pct", None)
                 if mape is not None:
                     self.reporter_info(f"model validation: MAPE {mape:.2f} %")
@@ -556,7 +632,7 @@ class Driver:
         opt = self.scenario.optimisation
 
         def work() -> dict[str, Any]:
-            result = optimise_run(self.run.path, opt.algorithm, opt.objective, opt.policy, None)
+            result = optimise_run(self.analysed, opt.algorithm, opt.objective, opt.policy, None)
             data: dict[str, Any] = json.loads(result.to_json())
             return data
 
@@ -575,18 +651,29 @@ def teardown(
     Returns the error (None when everything was undone and nothing survives) and the wall time.
     """
     journal = Journal(run.journal)
-    pending = journal.pending_by_host()
     errors: list[str] = []
+    try:
+        pending, warnings = journal.pending_by_host(), journal.problems()
+    except JournalError as exc:  # unreadable: still reap the run's processes below
+        pending, warnings = {}, []
+        errors.append(str(exc))
     start = time.monotonic_ns()
     if reporter is not None:
         reporter.stage("teardown", "running")
     run.set_status(stage="teardown")
     if inventory is not None:
         undone: list[str] = []
+        removed: dict[str, list[dict[str, Any]]] = {}
 
         def on_event(event: HostEvent) -> None:
             if event.action == "dit_restore":
                 undone.extend(event.result.get("undone", []))
+                removed.setdefault(event.host, []).extend(event.result.get("removed_results", []))
+                warnings.extend(
+                    f"{event.host}: refused {r.get('op')} record {r.get('id')} (from {r.get('source')}): "
+                    f"{r.get('reason')}"
+                    for r in event.result.get("refused", [])
+                )
             if reporter is not None:
                 reporter.event(event)
 
@@ -595,16 +682,31 @@ def teardown(
             run.path / "ansible" / "teardown",
             inventory.source,
             inventory.limit,
-            {"dit_run_id": run.run_id, "dit_journal_path": str(run.journal), "dit_undo": pending},
+            {
+                "dit_run_id": run.run_id,
+                "dit_journal_path": str(run.journal),
+                "dit_undo": pending,
+                "dit_undo_scope": undo_scopes(run.run_id, inventory, run.path / "metadata.json"),
+                "dit_raw_dir": str(run.path / "raw"),
+            },
             on_event,
             lambda: False,
             forks=max(5, len(inventory.hosts)),
         )
-        journal.mark_undone(undone)
+        try:
+            journal.mark_undone(undone)
+        except JournalError as exc:
+            errors.append(str(exc))
+        dropped = dropped_results(run.path / "raw", removed)
+        if dropped:
+            warnings.append("removed from the nodes without being fetched into raw/: " + ", ".join(dropped))
         errors.extend(f"{e.host}: {e.message()}" for e in outcome.failures())
         if not outcome.ok and not errors:
             errors.append(f"teardown playbook {outcome.status}")
-        left = {c.host for c in journal.pending()}
+        try:
+            left = {c.host for c in journal.pending()}
+        except JournalError:
+            left = set()  # unreadable: already reported above
         if left:
             errors.append(f"journal changes not undone on {', '.join(sorted(left))}")
         if inventory.local:
@@ -619,7 +721,8 @@ def teardown(
     status = run.status()
     stage_ns = dict(status.get("stage_ns", {}))
     stage_ns["teardown"] = ns
-    run.set_status(stage_ns=stage_ns, teardown={"ok": not errors, "errors": errors})
+    run.set_status(stage_ns=stage_ns, teardown={"ok": not errors, "errors": errors, "warnings": warnings})
+    _warn(run, reporter, warnings)
     if reporter is not None:
         reporter.stage("teardown", "failed" if errors else "done", ns / 1e6)
         for error in errors:
@@ -627,21 +730,14 @@ def teardown(
     return ("; ".join(errors) if errors else None), ns
 
 
-def inventory_of(run: RunDir) -> RunInventory:
-    """The inventory a finished or crashed run used (for ``dit cleanup``)."""
-    info = read_json(run.path / DRIVER)
-    scenario = _run_devices(run)
-    if info.get("local", True):
-        data = json.loads((run.path / "inventory.json").read_text(encoding="utf-8"))
-        children = data["all"]["children"]
-        hostvars = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
-        return RunInventory(str(run.path / "inventory.json"), True, "edge", scenario, "127.0.0.1", hostvars)
-    return load_inventory(str(info["inventory"]), scenario)
-
-
-def _run_devices(run: RunDir) -> tuple[str, ...]:
-    """The devices of the run's resolved scenario."""
-    import yaml
-
-    data = yaml.safe_load((run.path / "scenario.yaml").read_text(encoding="utf-8"))
-    return tuple(str(d) for d in data["devices"])
+def _warn(run: RunDir, reporter: Reporter | None, warnings: list[str]) -> None:
+    """Show and log teardown warnings: through the run's reporter, or on stderr and in run.log."""
+    if not warnings:
+        return
+    target = reporter or Reporter(run.log, Console(stderr=True, soft_wrap=True), run.run_id)
+    try:
+        for warning in warnings:
+            target.warn(f"teardown: {warning}")
+    finally:
+        if reporter is None:
+            target.close()

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dit.device.tags import HOST_ENV, RUN_ENV, TAG_ENV
+
 Callback = Callable[[str, str, str], None]
 """``callback(host, stream, text)``; stream is ``stdout`` (``*.out``) or ``stderr`` (``*.err``)."""
 
@@ -120,9 +122,9 @@ def remote_command(target: FollowTarget, run_id: str) -> str:
     return shlex.join(
         [
             "env",
-            f"DIT_RUN_ID={run_id}",
-            f"DIT_HOST={target.host}",
-            f"DIT_TAG={FOLLOW_TAG}",
+            f"{RUN_ENV}={run_id}",
+            f"{HOST_ENV}={target.host}",
+            f"{TAG_ENV}={FOLLOW_TAG}",
             "sh",
             "-c",
             REMOTE_SCRIPT,

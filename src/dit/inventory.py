@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dit.lease import local_lease_dir
 from dit.localmode import make_fake_sysfs
+from dit.rundir import DRIVER, RunDir, read_json
 
 EDGE = "edge"
+DEFAULT_REMOTE_BASE = "/var/tmp/dit"  # where run directories are made on a node (dit_remote_base)
 
 
 class InventoryError(Exception):
@@ -42,6 +45,11 @@ class RunInventory:
     @property
     def limit(self) -> str:
         return ":".join(self.hosts)
+
+    def node_root(self, host: str, run_id: str) -> str:
+        """The run's directory on ``host`` (as a path on the node): ``<dit_remote_base>/<run id>``."""
+        base = str(self.hostvars.get(host, {}).get("dit_remote_base", DEFAULT_REMOTE_BASE))
+        return f"{base}/{run_id}"
 
     def address_of(self, host: str) -> str:
         """Where the other nodes reach ``host`` on the inference network."""
@@ -77,6 +85,9 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
             "dit_remote_base": str(base),
             "sysfs_root": str(sysfs),
             "dit_role": role,
+            # The nodes are this machine: one lease for all of them, shared by every local run. A host
+            # variable, not a group one, so that RunInventory.hostvars (teardown's undo scope) has it.
+            "dit_lease_dir": local_lease_dir(),
         }
 
     edge_vars = host(EDGE, "edge") | {"dit_edge_bind": "127.0.0.1", "dit_inference_address": "127.0.0.1"}
@@ -106,28 +117,79 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     return RunInventory(str(path), True, EDGE, devices, "127.0.0.1", hostvars)
 
 
-def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
-    """Read a user inventory with ``ansible-inventory --list`` and check it serves the scenario."""
-    exe = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
-    proc = subprocess.run([exe, "-i", source, "--list"], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise InventoryError(f"inventory {source}: ansible-inventory failed: {proc.stderr.strip()}")
-    data = json.loads(proc.stdout)
-    hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
+ANSIBLE_INVENTORY_TIMEOUT_S = 60.0  # a dynamic inventory plugin that hangs must not hang a run or NNPM
 
-    def group_hosts(name: str) -> list[str]:
-        group = data.get(name, {})
-        hosts = list(group.get("hosts", []))
-        for child in group.get("children", []):
-            hosts.extend(group_hosts(child))
+
+@dataclass(frozen=True)
+class InventoryListing:
+    """What ``ansible-inventory --list`` says about a source: groups, their children, host variables."""
+
+    source: str
+    data: dict[str, Any]
+
+    @property
+    def hostvars(self) -> dict[str, dict[str, Any]]:
+        meta = self.data.get("_meta")
+        found = meta.get("hostvars") if isinstance(meta, dict) else None
+        return found if isinstance(found, dict) else {}
+
+    def members(self, group: str) -> list[str]:
+        """The hosts of ``group`` and of its children, in order, each once (a cycle of groups ends)."""
+        hosts: list[str] = []
+        seen: set[str] = set()
+        pending = [group]
+        while pending:
+            name = pending.pop(0)
+            if name in seen:
+                continue
+            seen.add(name)
+            entry = self.data.get(name)
+            if not isinstance(entry, dict):
+                continue
+            hosts.extend(str(h) for h in entry.get("hosts", []) if str(h) not in hosts)
+            pending.extend(str(child) for child in entry.get("children", []))
         return hosts
 
-    edges = group_hosts("edge")
+    def hosts(self) -> list[str]:
+        """Every host: the members of ``all`` and any host that only has variables."""
+        return sorted(set(self.members("all")) | set(self.hostvars))
+
+
+def list_inventory(source: str) -> InventoryListing:
+    """Run ``ansible-inventory -i SOURCE --list`` (within :data:`ANSIBLE_INVENTORY_TIMEOUT_S`)."""
+    exe = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
+    timeout_s = ANSIBLE_INVENTORY_TIMEOUT_S
+    try:
+        proc = subprocess.run(
+            [exe, "-i", source, "--list"], capture_output=True, text=True, check=False, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        raise InventoryError(
+            f"inventory {source}: ansible-inventory did not answer within {timeout_s:g} s"
+        ) from None
+    except OSError as exc:
+        raise InventoryError(f"inventory {source}: cannot run ansible-inventory: {exc}") from None
+    if proc.returncode != 0:
+        raise InventoryError(f"inventory {source}: ansible-inventory failed: {proc.stderr.strip()[:2000]}")
+    try:
+        data = json.loads(proc.stdout)
+    except ValueError:
+        raise InventoryError(f"inventory {source}: ansible-inventory's output is not JSON") from None
+    if not isinstance(data, dict):
+        raise InventoryError(f"inventory {source}: ansible-inventory's output is not a JSON object")
+    return InventoryListing(source, data)
+
+
+def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
+    """Read a user inventory with ``ansible-inventory --list`` and check it serves the scenario."""
+    listing = list_inventory(source)
+    hostvars = listing.hostvars
+    edges = listing.members("edge")
     if len(edges) != 1:
         raise InventoryError(
             f"inventory {source}: group 'edge' must hold exactly one host, found {edges or 'none'}"
         )
-    members = set(group_hosts("devices"))
+    members = set(listing.members("devices"))
     missing = [d for d in devices if d not in members]
     if missing:
         raise InventoryError(
@@ -137,3 +199,22 @@ def load_inventory(source: str, devices: tuple[str, ...]) -> RunInventory:
     edge_vars = hostvars.get(edge, {})
     address = str(edge_vars.get("dit_inference_address") or edge_vars.get("ansible_host") or edge)
     return RunInventory(str(Path(source).resolve()), False, edge, devices, address, hostvars)
+
+
+def inventory_of(run: RunDir) -> RunInventory:
+    """The inventory a finished or crashed run used (for ``dit cleanup``)."""
+    info = read_json(run.path / DRIVER)
+    scenario = _run_devices(run)
+    if info.get("local", True):
+        data = json.loads((run.path / "inventory.json").read_text(encoding="utf-8"))
+        children = data["all"]["children"]
+        hostvars = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
+        return RunInventory(str(run.path / "inventory.json"), True, EDGE, scenario, "127.0.0.1", hostvars)
+    return load_inventory(str(info["inventory"]), scenario)
+
+
+def _run_devices(run: RunDir) -> tuple[str, ...]:
+    """The devices of the run's resolved scenario."""
+    from dit.analysis.run import LoadedRun
+
+    return LoadedRun(run.path).devices

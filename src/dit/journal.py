@@ -7,7 +7,11 @@ has been reverted. Teardown and ``dit cleanup`` replay the pending changes backw
 driver (even SIGKILL) always leaves enough to undo everything, and replaying twice is harmless.
 
 Appends are single ``write`` calls of one line under an exclusive ``flock``: Ansible's forked
-workers append concurrently.
+workers append concurrently. A writer killed mid-write leaves a torn line without its newline;
+the next append therefore starts on a fresh line, and readers skip a torn or malformed record
+wherever it is (naming file and line in :meth:`Journal.problems`) instead of refusing the whole
+journal: one lost record must not make every other change of the run impossible to undo.
+What undoing a record may do on a node is confined: see ``docs/journal.md``.
 """
 
 from __future__ import annotations
@@ -20,11 +24,14 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dit.inventory import RunInventory
 
 
 class JournalError(Exception):
-    """The journal cannot be read (e.g. a corrupt line that is not the last one)."""
+    """The journal cannot be read or written (the file itself, not one of its records)."""
 
 
 @dataclass(frozen=True)
@@ -40,14 +47,36 @@ def _append_lines(path: Path, lines: Iterable[str]) -> None:
     data = "".join(line + "\n" for line in lines).encode("utf-8")
     if not data:
         return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise JournalError(f"{path}: cannot write the journal ({exc.strerror or exc})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            # A writer was killed mid-line: end its fragment here, or this record would be glued
+            # onto it and lost with it.
+            data = b"\n" + data
         os.write(fd, data)
         os.fsync(fd)
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _malformed(record: Any) -> str | None:
+    """Why ``record`` is neither a change nor an undone record (None when it is one)."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if "undone" in record:
+        return None if isinstance(record["undone"], str) else "'undone' is not a record id"
+    for key in ("id", "host", "op"):
+        if not isinstance(record.get(key), str):
+            return f"change record without a string {key!r}"
+    if not isinstance(record.get("undo", {}), dict):
+        return "'undo' is not an object"
+    return None
 
 
 class Journal:
@@ -82,21 +111,38 @@ class Journal:
         )
 
     def records(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        """The well-formed records, in file order; see :meth:`problems` for the lines skipped."""
+        return self._read()[0]
+
+    def problems(self) -> list[str]:
+        """One warning per skipped line (torn or malformed), naming ``file:line``."""
+        return self._read()[1]
+
+    def _read(self) -> tuple[list[dict[str, Any]], list[str]]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return [], []
+        except OSError as exc:
+            raise JournalError(f"{self.path}: cannot read the journal ({exc.strerror or exc})") from None
         out: list[dict[str, Any]] = []
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
+        problems: list[str] = []
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            if not raw.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                if number == len(lines):
-                    # A torn last line (the writer was killed mid-write) carries no complete change.
-                    continue
-                raise JournalError(f"{self.path}:{number}: not valid JSON ({exc.msg})") from exc
-        return out
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                why: str | None = "not UTF-8"
+            except json.JSONDecodeError:
+                why = "not valid JSON"
+            else:
+                why = _malformed(record)
+            if why is None:
+                out.append(record)
+            else:
+                problems.append(f"{self.path}:{number}: torn or invalid record skipped ({why})")
+        return out, problems
 
     def pending(self) -> list[Change]:
         """Changes not yet undone, newest first (the order teardown must undo them in)."""
@@ -116,3 +162,66 @@ class Journal:
         for change in self.pending():
             grouped.setdefault(change.host, []).append(dict(change.record))
         return grouped
+
+
+def _built_conditions(metadata: Path) -> dict[str, Any]:
+    """The conditions the run built per host (``metadata.json``), or none when it has no metadata."""
+    try:
+        conditions = json.loads(metadata.read_text(encoding="utf-8")).get("conditions", {})
+    except (OSError, ValueError, AttributeError):
+        return {}  # preflight writes it before apply: without it, no condition was applied
+    return conditions if isinstance(conditions, dict) else {}
+
+
+def undo_scopes(run_id: str, inventory: RunInventory, metadata: Path) -> dict[str, dict[str, Any]]:
+    """What undoing the journal may touch on each host: ``dit_restore``'s scope parameters.
+
+    Taken from the inventory (the node's run directory, its sysfs root, its cgroup root) and from
+    the conditions the run built (``metadata``, the run's ``metadata.json``: the interfaces it
+    shaped and their dry-run logs), never from the journal itself; docs/journal.md says what each
+    allows.
+    """
+    from dit.conditions.memory import DEFAULT_CGROUP_ROOT
+
+    conditions = _built_conditions(metadata)
+    scopes: dict[str, dict[str, Any]] = {}
+    for host in inventory.hosts:
+        hostvars = inventory.hostvars.get(host, {})
+        netem = conditions.get(host, {}).get("netem") or {}
+        interfaces = []
+        if netem.get("netem_interface"):
+            interfaces.append(
+                {
+                    "dev": str(netem["netem_interface"]),
+                    "netns": str(netem.get("netem_netns") or ""),
+                    "log": str(netem.get("netem_log") or ""),
+                }
+            )
+        scopes[host] = {
+            "node_root": inventory.node_root(host, run_id),
+            "sysfs_root": str(hostvars.get("sysfs_root") or "/sys"),
+            # Local mode creates its cgroups under cgroup_memory_root(), inside this default.
+            "cgroup_root": str(hostvars.get("dit_cgroup_root") or DEFAULT_CGROUP_ROOT),
+            "interfaces": interfaces,
+        }
+        if hostvars.get("dit_lease_dir"):  # the node lease moved out of the node's dit directory
+            scopes[host]["lease_dir"] = str(hostvars["dit_lease_dir"])
+    return scopes
+
+
+def collected_name(raw_dir: Path, host: str, node_path: str) -> Path:
+    """Where the collect stage puts a node's ``results/<name>`` or ``logs/<name>`` under ``raw/``."""
+    sub, _, name = node_path.partition("/")
+    target = raw_dir / host if sub == "results" else raw_dir / host / sub
+    return target / f"{host}_{name}"
+
+
+def dropped_results(raw_dir: Path, removed: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[str]:
+    """The node files removed with a run directory that are not in ``raw/`` (fetched or collected)."""
+    dropped: list[str] = []
+    for host, files in sorted(removed.items()):
+        for item in files:
+            path = str(item.get("path", ""))
+            if not collected_name(raw_dir, host, path).is_file():
+                dropped.append(f"{host}:{path} ({int(item.get('bytes', 0))} bytes)")
+    return dropped

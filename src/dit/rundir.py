@@ -1,9 +1,10 @@
-"""The run directory: ``runs/<scenario name>/<UTC time>-<hash8>/`` and the files every run has."""
+"""The run directory: ``runs/<scenario name>/<UTC time>-<hash8>-<random8>/`` and its files."""
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,6 +14,10 @@ from typing import Any
 STATUS = "status.json"
 DRIVER = "driver.json"
 STOP = "STOP"
+RANDOM_BYTES = 4  # 32 random bits in every run id
+# The states a run ends in; "degraded": every stage completed but a device process failed (status.json
+# "degraded" lists them). Every state but "completed" makes `dit run` exit 1.
+FINISHED_STATES = ("completed", "degraded", "failed", "stopped")
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -40,7 +45,10 @@ class RunDir:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         parent = runs_root / name
         parent.mkdir(parents=True, exist_ok=True)
-        base = f"{stamp}-{scenario_hash[:8]}"
+        # The run id (scenario name + this directory's name) tags every process, cgroup and node
+        # directory of the run, and nodes are shared: two runs of one scenario started in the same
+        # second from different runs directories must still differ, hence the random part.
+        base = f"{stamp}-{scenario_hash[:8]}-{secrets.token_hex(RANDOM_BYTES)}"
         for attempt in range(1, 1000):
             candidate = parent / (base if attempt == 1 else f"{base}-{attempt}")
             try:

@@ -120,6 +120,25 @@ def test_build_scenario_in_dialog_and_save(page: Any, server: Server) -> None:
     shot(page, "05-scenario-saved")
 
 
+def test_dry_run_shows_each_nodes_changes(page: Any, server: Server) -> None:
+    page.click("#dry-button")
+    page.wait_for_selector("#dry-run-dialog[open]")
+    page.wait_for_selector("#dry-run-body .dry-node[data-host=device2]", timeout=RUN_TIMEOUT_MS)
+    body = page.locator("#dry-run-body")
+    assert "nothing was changed" in body.locator("h4").inner_text()
+    device1 = body.locator(".dry-node[data-host=device1]").inner_text()
+    device2 = body.locator(".dry-node[data-host=device2]").inner_text()
+    edge = body.locator(".dry-node[data-host=edge]").inner_text()
+    assert "netem" in device1 and "[tc]" in device1  # the map's delays, as the tc tree it would build
+    assert "start 'load'" in device2 and "start 'load'" not in device1
+    assert "start 'edge'" in edge
+    assert api(page, "/api/runs")["runs"] == []  # a dry run is not a run
+    assert list(server.runs.glob("*/*/status.json")) == []
+    shot(page, "05b-dry-run")
+    page.click("#dry-run-dialog button[value=close]")
+    page.wait_for_selector("#dry-run-dialog:not([open])", state="attached")
+
+
 def _run_of_active(page: Any, server: Server, previous: str | None = None) -> RunDir:
     page.wait_for_function(
         "([previous]) => window.nnpm.state.run && window.nnpm.state.run.key"

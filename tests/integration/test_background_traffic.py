@@ -15,8 +15,8 @@ import pytest
 from rich.console import Console
 
 import dit.driver as driver_module
-from dit.aggregate import iperf3_rate_bps
-from dit.aggregate_network import aggregate_network
+from dit.analysis.links import iperf3_rate_bps
+from dit.conditions.netem.check import aggregate_network
 from dit.driver import Driver, RunOptions
 from dit.inventory import RunInventory, local_inventory
 from dit.journal import Journal

@@ -18,7 +18,7 @@ import pandas as pd
 import psutil
 from rich.console import Console
 
-from dit.aggregate_monitors import aggregate_monitors
+from dit.analysis.monitors import aggregate_monitors
 from dit.driver import Driver, RunOptions
 from dit.localmode import make_fake_sysfs, snapshot_tree
 from dit.procs import run_processes

@@ -53,6 +53,11 @@ VERSIONS = {"idna": "3.10", "packaging": "24.2", "six": "1.17.0"}
 PI_CMDLINE = (
     "console=serial0,115200 console=tty1 root=PARTUUID=4e639091-02 rootfstype=ext4 fsck.repair=yes rootwait\n"
 )
+# The part of Raspberry Pi OS bookworm's stock config.txt that matters here (I2C commented out).
+PI_CONFIG = (
+    "# Uncomment some or all of these to enable the optional hardware interfaces\n"
+    "#dtparam=i2c_arm=on\n#dtparam=spi=on\n\ndtparam=audio=on\narm_64bit=1\n\n[cm4]\notg_mode=1\n\n[all]\n"
+)
 
 
 def _git(*args: str, cwd: Path | None = None) -> str:
@@ -392,6 +397,7 @@ def test_provision_playbook_check_mode_against_the_rack_example(
         cmdline = nodes / board / "boot/firmware/cmdline.txt"
         cmdline.parent.mkdir(parents=True)
         cmdline.write_text(PI_CMDLINE)
+        (cmdline.parent / "config.txt").write_text(PI_CONFIG)
     before = sorted(p for p in tmp_path.rglob("*"))
     key = tmp_path / "id_ed25519.pub"
     key.write_text(
@@ -441,6 +447,7 @@ def test_provision_playbook_check_mode_against_the_rack_example(
         line = next(ln for ln in recap.splitlines() if ln.startswith(host))
         assert "failed=0" in line and "unreachable=0" in line, line
     assert f"+{PI_CMDLINE.strip()} cgroup_enable=memory cgroup_memory=1\n" in out  # the diff of every board
+    assert "-#dtparam=i2c_arm=on\n+dtparam=i2c_arm=on\n" in out  # config.txt: I2C for the INA260
     assert sorted(p for p in tmp_path.rglob("*") if p not in written) == before  # check mode wrote nothing
 
 
@@ -487,6 +494,7 @@ def test_cmdline_is_changed_once_and_never_reboots_unless_allowed(tmp_path: Path
     cmdline = node / "boot/firmware/cmdline.txt"
     cmdline.parent.mkdir(parents=True)
     cmdline.write_text(PI_CMDLINE.replace("rootwait", "cgroup_memory=0 rootwait"))
+    (cmdline.parent / "config.txt").write_text("dtparam=i2c_arm=on\n")  # already enabled: not changed
     play = _role_play(tmp_path, "provision_cmdline", {"dit_provision_root": str(node)})
     first = _playbook(play)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -499,6 +507,42 @@ def test_cmdline_is_changed_once_and_never_reboots_unless_allowed(tmp_path: Path
     second = _playbook(play)
     assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout
     assert len(list(cmdline.parent.glob("cmdline.txt.*"))) == 1
+
+
+def test_config_txt_enables_i2c_once_and_never_reboots_unless_allowed(tmp_path: Path) -> None:
+    node = tmp_path / "board"
+    boot = node / "boot/firmware"
+    boot.mkdir(parents=True)
+    (boot / "cmdline.txt").write_text(
+        PI_CMDLINE.replace("rootwait", "cgroup_enable=memory cgroup_memory=1 rootwait")
+    )
+    config = boot / "config.txt"
+    config.write_text(PI_CONFIG)
+    play = _role_play(tmp_path, "provision_cmdline", {"dit_provision_root": str(node)})
+    first = _playbook(play)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "changed=1" in first.stdout and "not rebooting" in first.stdout
+    assert "/boot/firmware/config.txt changed" in first.stdout
+    assert config.read_text() == PI_CONFIG.replace("#dtparam=i2c_arm=on", "dtparam=i2c_arm=on")
+    assert len(list(boot.glob("config.txt.*"))) == 1  # the backup of the previous file
+    assert not list(boot.glob("cmdline.txt.*"))  # the command line already had its arguments
+    second = _playbook(play)
+    assert second.returncode == 0 and "changed=0" in second.stdout, second.stdout
+    assert "not rebooting" not in second.stdout
+    assert len(list(boot.glob("config.txt.*"))) == 1
+    older = tmp_path / "older"  # Raspberry Pi OS before bookworm: /boot/config.txt
+    (older / "boot").mkdir(parents=True)
+    (older / "boot/cmdline.txt").write_text(PI_CMDLINE)
+    (older / "boot/config.txt").write_text("[pi4]\notg_mode=1\n")
+    variables = {
+        "dit_provision_root": str(older),
+        "provision_cmdline_path": "/boot/cmdline.txt",
+        "provision_cmdline_config_path": "/boot/config.txt",
+    }
+    proc = _playbook(_role_play(tmp_path, "provision_cmdline", variables))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "/boot/cmdline.txt and /boot/config.txt changed" in proc.stdout  # one message, one reboot
+    assert (older / "boot/config.txt").read_text() == "[pi4]\notg_mode=1\n[all]\ndtparam=i2c_arm=on\n"
 
 
 def test_controller_key_is_authorised_once_and_malformed_keys_are_refused(tmp_path: Path) -> None:

@@ -54,9 +54,13 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, r
         assert (run_dir / "aggregate" / name).is_file(), name
     assert list((run_dir / "optimise").glob("greedy-total_delay-SJF.json"))
 
-    # Metadata is written before anything on any node changed.
+    # Metadata is written before anything on any node changed (but the lease preflight takes first).
     metadata = json.loads((run_dir / "metadata.json").read_text())
-    first_change = min(r["t_wall_ns"] for r in Journal(run.journal).records() if "id" in r)
+    records = Journal(run.journal).records()
+    # One machine: whichever host took the lease first journaled it; the others found it theirs.
+    assert {r["host"] for r in records if r.get("op") == "lease"} <= {"edge", "device1", "device2"}
+    assert any(r.get("op") == "lease" for r in records)
+    first_change = min(r["t_wall_ns"] for r in records if "id" in r and r["op"] != "lease")
     assert metadata["written_wall_ns"] < first_change
     assert metadata["scenario"]["hash"] == next(iter(load(path))).hash
     assert set(metadata["nodes"]) == {"edge", "device1", "device2"}
@@ -81,6 +85,13 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, r
         json.loads((run_dir / "raw" / d / f"{d}_origin.json").read_text()) for d in ("device1", "device2")
     ]
     assert origins[0]["start_at_ns"] == origins[1]["start_at_ns"]
+
+    # Every device process was alive when collect checked it: nothing degraded the run (issue 10, item 7).
+    assert status["degraded"] == []
+    for host in ("edge", "device1", "device2"):
+        records = json.loads((run_dir / "raw" / host / f"{host}_processes.json").read_text())
+        assert "monitor" in {r["tag"] for r in records}, host
+        assert [r for r in records if r["failed"] or r["state"] != "running"] == [], host
 
     # Teardown: journal fully replayed, node run dirs gone, no process of the run left.
     assert Journal(run.journal).pending() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -60,16 +61,23 @@ def test_sigkill_mid_profile_then_cleanup(scenario_dir: Path, runs_dir: Path) ->
     proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
+    # The stages that ended before the kill left their wall times in status.json.
+    stage_ns = run.status().get("stage_ns", {})
+    assert set(stage_ns) == {"preflight", "apply"}, stage_ns
+    assert all(isinstance(ns, int) and ns > 0 for ns in stage_ns.values())
     # The device agents and the edge service outlive their driver: only the journal knows them.
     survivors = run_processes(run.run_id)
     assert {p.environ().get("DIT_TAG") for p in survivors} >= {"profile", "edge"}
     assert Journal(run.journal).pending()
+    lease = Path(os.environ["DIT_LOCAL_LEASE_DIR"]) / "lease.json"
+    assert json.loads(lease.read_text())["run_id"] == run.run_id  # the dead driver still holds it
 
     cleanup = subprocess.run(
         [*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=180
     )
     assert cleanup.returncode == 0, cleanup.stderr + cleanup.stdout
     assert_clean(run)
+    assert not lease.exists()  # dit cleanup released it (journal record 'lease')
     for p in survivors:
         assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
     # Cleaning up twice is harmless.

@@ -130,14 +130,15 @@ def apply(tmp: Path, built: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     return playbook(tmp, "apply", tasks, {**built, "dit_journal_path": str(tmp / "journal.jsonl")})
 
 
-def teardown(tmp: Path) -> None:
+def teardown(tmp: Path, ln: Link) -> None:
     journal = Journal(tmp / "journal.jsonl")
     records = journal.pending_by_host().get("localhost", [])
     tasks = (
         "    - dit_restore:\n        run_id: tbf-test\n        host: localhost\n"
-        "        records: '{{ dit_records }}'\n"
+        "        records: '{{ dit_records }}'\n        interfaces: '{{ dit_interfaces }}'\n"
     )
-    proc = playbook(tmp, "teardown", tasks, {"dit_records": records})
+    shaped = [{"dev": ln.dev, "netns": ln.ns_a, "log": ""}]  # the undo scope: tc only on this link
+    proc = playbook(tmp, "teardown", tasks, {"dit_records": records, "dit_interfaces": shaped})
     assert proc.returncode == 0, proc.stdout[-3000:]
 
 
@@ -189,7 +190,7 @@ def test_a_rate_only_profile_caps_throughput_with_tbf_and_teardown_restores_it(
     measured = iperf3_mbit(link, link.addresses[0])
     print(f"tbf cap 10 Mbit/s: iperf3 measured {measured:.2f} Mbit/s (TCP goodput)")
     assert 8.0 <= measured <= 10.5
-    teardown(tmp_path)
+    teardown(tmp_path, link)
     assert snapshot(link) == before
 
 
@@ -206,7 +207,7 @@ def test_per_destination_caps_with_htb_and_u32(link: Link, tmp_path: Path) -> No
     )
     assert 4.0 <= capped <= 5.3
     assert 16.0 <= default <= 21.0
-    teardown(tmp_path)
+    teardown(tmp_path, link)
     assert snapshot(link) == before
 
 
@@ -223,7 +224,7 @@ def test_a_prior_qdisc_of_its_own_is_put_back_exactly(link: Link, tmp_path: Path
     proc = apply(tmp_path, variables(link, "{rate_mbit: 10}"))
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert [q["kind"] for q in snapshot(link)[0]] == ["tbf"]
-    teardown(tmp_path)
+    teardown(tmp_path, link)
     assert snapshot(link) == before
 
 
@@ -256,5 +257,5 @@ def test_a_failure_in_the_middle_of_apply_is_undone_from_the_journal(link: Link,
     proc = apply(tmp_path, built)
     assert proc.returncode != 0 and "File exists" in proc.stdout, proc.stdout[-3000:]
     assert [q["kind"] for q in snapshot(link)[0]] == ["htb"]  # half applied
-    teardown(tmp_path)
+    teardown(tmp_path, link)
     assert snapshot(link) == before

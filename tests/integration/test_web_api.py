@@ -301,6 +301,34 @@ def test_run_launch_tag_and_stop(env: Any) -> None:
     assert bench_run.status()["state"] in ("stopped", "completed")
 
 
+def test_dry_run_reports_each_nodes_changes_and_leaves_no_run(env: Any) -> None:
+    """The "Dry run" button's endpoint: `dit run --check` on a saved version, answered when done."""
+    client, _, fixture = env
+    bad = client.post("/api/dry-runs", json={"version": "f" * 64, "mode": "cloud"})
+    assert bad.status_code == 422 and [e["path"] for e in bad.json()["errors"]] == ["mode", "version"]
+    doc = {
+        **DOC,
+        "name": "api_dry",
+        "network": {"device1": {"delay_ms": 7}},
+        "load": {"device2": {"mode": "light"}},
+    }
+    version = client.post("/api/scenarios", json={"document": doc}).json()["version"]["hash"]
+    answer = client.post("/api/dry-runs", json={"version": version, "mode": "local"})
+    assert answer.status_code == 200, answer.text
+    data = answer.json()
+    assert data["ok"] is True, data["log_tail"]
+    (report,) = data["dry_runs"]
+    nodes = {n["host"]: n["changes"] for n in report["nodes"]}
+    assert set(nodes) == {"edge", "device1", "device2"}
+    details = {host: [d for c in changes for d in c["details"]] for host, changes in nodes.items()}
+    assert any("netem delay 7ms" in d for d in details["device1"])
+    assert any(d.startswith("start 'load'") for d in details["device2"])
+    assert any(d.startswith("start 'edge'") for d in details["edge"])
+    runs = client.get("/api/runs").json()["runs"]
+    assert [r["key"] for r in runs] == [key(fixture)]  # a dry run is not a run
+    assert run_processes(report["run_id"]) == []
+
+
 def wait_for_run(client: TestClient, launch: str) -> RunDir:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

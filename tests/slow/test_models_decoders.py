@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from dit.device.adapter import StageModel, build_model
+from dit.device.adapter import StageModel
+from dit.device.common import build_model
 from dit.device.profiler import profile_model
 from dit.models.catalogue import entry, stage_count
 from dit.models.decoder_profile import HEAD_COLUMNS, profile_decoder, write_heads_csv

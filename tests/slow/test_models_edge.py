@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from dit.device.adapter import build_model
 from dit.device.client import EdgeConnection, infer_once, reference_output
+from dit.device.common import build_model
 from dit.models.catalogue import entry
 
 pytestmark = pytest.mark.slow

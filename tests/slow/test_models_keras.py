@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dit.device.adapter import StageModel, build_model
+from dit.device.adapter import StageModel
+from dit.device.common import build_model
 from dit.device.profiler import LAYERS_COLUMNS, profile_model, write_layers_csv
 from dit.models.catalogue import entry, stage_count
 from dit.models.equivalence import check_partition_equivalence

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from dit.device.adapter import build_model
+from dit.device.common import build_model
 from dit.models.catalogue import entry
 from dit.procs import run_processes
 from dit.rundir import RunDir

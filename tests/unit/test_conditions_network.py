@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from dit.conditions import HostContext, active, build_conditions, netem
+from dit.conditions import HostContext, PreflightFacts, active, build_conditions, netem, preflight_notes
 from dit.conditions import background_traffic as bt
-from dit.netem import NetemError
+from dit.conditions.netem.tc import NetemError
 from dit.scenario import loads
 
 SCENARIO = """
@@ -158,3 +158,34 @@ def test_background_traffic_servers_on_the_target_and_clients_on_the_devices() -
         "background_traffic" not in local["device2"]
         or not local["device2"]["background_traffic"]["background_traffic_client"]
     )
+
+
+def test_dry_run_netem_records_only_the_trees_that_need_netem() -> None:
+    """The emulated rack on a kernel without sch_netem: rate caps are real, delays recorded."""
+    (scenario,) = loads(SCENARIO.replace("target: device2", "target: edge"))
+    hosts = ("edge", "device1", "device2", "device3")
+    built = build_conditions(scenario, {h: ctx(h, local=False, dit_tc_dry_run="netem") for h in hosts})
+    assert built["device1"]["netem"]["netem_dry_run"] is True  # delay + jitter: needs sch_netem
+    assert built["device1"]["netem"]["netem_log"] == "/var/tmp/dit/run-1.tc.jsonl"
+    assert built["device2"]["netem"]["netem_dry_run"] is True  # a varying delay too
+    rate_only_text = SCENARIO.replace("variation: {kind: square, low_ms: 5, high_ms: 25, period_s: 4}", "")
+    (rate_only,) = loads(rate_only_text.replace("target: device2", "target: edge"))
+    hosts = ("edge", "device2")
+    built = build_conditions(rate_only, {h: ctx(h, local=False, dit_tc_dry_run="netem") for h in hosts})
+    assert built["device2"]["netem"]["netem_dry_run"] is False  # tbf alone: real
+
+
+def test_the_netem_preflight_says_when_the_tree_is_recorded_instead() -> None:
+    (scenario,) = loads(SCENARIO)
+    facts = PreflightFacts(
+        scenario,
+        nodes={"device1": {"kernel": "6.1-test", "netem": {"available": False, "reason": "not built"}}},
+        built={},
+        hostvars={"device1": {"dit_tc_dry_run": "netem"}},
+        local=False,
+    )
+    assert netem.preflight(facts) is None
+    (note,) = netem.preflight_notes(facts)
+    assert "device1" in note and "kernel 6.1-test has no sch_netem" in note
+    assert "records the netem commands" in note
+    assert preflight_notes(facts) == [note]  # what the driver logs as a preflight warning

@@ -65,13 +65,69 @@ def test_sleep_until_spins_only_at_the_end() -> None:
     agent.sleep_until(0)  # already past: returns at once
 
 
+class FakeSched:
+    """os's scheduler calls, recorded; ``fail`` makes sched_setscheduler refuse like a v1 cpu
+    cgroup without an RT budget does (EPERM)."""
+
+    SCHED_FIFO, SCHED_OTHER = os.SCHED_FIFO, os.SCHED_OTHER
+
+    def __init__(self, euid: int = 0, fail: bool = False) -> None:
+        self.euid, self.fail, self.policy = euid, fail, os.SCHED_OTHER
+        self.calls: list[tuple[int, int]] = []
+
+    def geteuid(self) -> int:
+        return self.euid
+
+    def sched_getscheduler(self, pid: int) -> int:
+        return self.policy
+
+    def sched_getparam(self, pid: int) -> os.sched_param:
+        return os.sched_param(0)
+
+    def sched_param(self, priority: int) -> os.sched_param:
+        return os.sched_param(priority)
+
+    def sched_setscheduler(self, pid: int, policy: int, param: os.sched_param) -> None:
+        if self.fail and policy == os.SCHED_FIFO:
+            raise PermissionError(1, "Operation not permitted")
+        self.calls.append((policy, param.sched_priority))
+        self.policy = policy
+
+
+def test_the_wait_runs_at_sched_fifo_when_root_and_drops_back_after() -> None:
+    fake = FakeSched()
+    with agent.start_priority(fake) as sched:
+        assert fake.policy == os.SCHED_FIFO
+    assert sched == {"policy": "SCHED_FIFO", "priority": agent.FIFO_PRIORITY, "detail": ""}
+    assert fake.calls == [(os.SCHED_FIFO, agent.FIFO_PRIORITY), (os.SCHED_OTHER, 0)]
+
+
+@pytest.mark.parametrize(
+    ("fake", "detail"),
+    [
+        (FakeSched(euid=1000), "not root"),
+        (FakeSched(fail=True), "sched_setscheduler: Operation not permitted"),
+    ],
+)
+def test_without_permission_the_wait_stays_at_the_normal_policy(fake: FakeSched, detail: str) -> None:
+    with agent.start_priority(fake) as sched:
+        assert fake.policy == os.SCHED_OTHER
+    assert sched == {"policy": "SCHED_OTHER", "priority": 0, "detail": detail}
+    assert fake.calls == []
+
+
 def test_profile_command_writes_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DIT_RUN_ID", raising=False)
     cfg = profile_cfg(tmp_path)
     assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == 0
     out = tmp_path / "out"
     origin = json.loads((out / "origin.json").read_text())
-    assert set(origin) == {"host", "run_id", "start_at_ns", "origin_wall_ns", "origin_mono_ns", "lateness_ns"}
+    assert set(origin) == {
+        "host", "run_id", "start_at_ns", "origin_wall_ns", "origin_mono_ns", "lateness_ns", "start_sched",
+    }  # fmt: skip
+    assert origin["start_sched"]["policy"] in ("SCHED_FIFO", "SCHED_OTHER")
+    # The profile itself runs at the normal policy again, whatever the wait used.
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
     assert origin["lateness_ns"] == origin["origin_wall_ns"] - cfg["start_at_ns"] >= 0
     with open(out / "layers.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -127,3 +183,70 @@ def test_device_package_imports_only_the_standard_library() -> None:
     )
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(SRC)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_agent_records_its_exit_in_the_status_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = tmp_path / "logs" / "profile.status.json"
+    monkeypatch.setenv(agent.STATUS_ENV, str(status))
+    monkeypatch.setenv("DIT_TAG", "profile")
+    cfg = profile_cfg(tmp_path, repetitions=-1)
+    assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == agent.EXIT_CONFIG
+    record = json.loads(status.read_text())
+    assert record["state"] == "exited" and record["exit_code"] == agent.EXIT_CONFIG
+    assert record["tag"] == "profile" and record["pid"] == os.getpid() and record["command"] == "profile"
+    assert "repetitions: -1 is less than 0" in record["error"]
+    assert record["ended_wall_ns"] >= record["started_wall_ns"]
+
+    def boom(cfg: object) -> int:
+        raise ZeroDivisionError("float division by zero")
+
+    monkeypatch.setitem(agent.COMMANDS, "monitor", boom)
+    assert agent.main(["monitor", "--config", str(write(tmp_path, {}))]) == agent.EXIT_FAILURE
+    record = json.loads(status.read_text())
+    assert record["exit_code"] == agent.EXIT_FAILURE
+    assert record["error"] == "ZeroDivisionError: float division by zero"
+    assert "ZeroDivisionError" in capsys.readouterr().err
+
+    monkeypatch.setitem(agent.COMMANDS, "monitor", lambda cfg: 0)
+    assert agent.main(["monitor", "--config", str(write(tmp_path, {}))]) == agent.EXIT_OK
+    record = json.loads(status.read_text())
+    assert record["state"] == "exited" and record["exit_code"] == 0 and record["error"] is None
+
+    with pytest.raises(SystemExit):
+        agent.main(["no-such-command", "--config", "x"])
+    assert json.loads(status.read_text())["exit_code"] == 2
+
+    monkeypatch.delenv(agent.STATUS_ENV)
+    status.unlink()
+    assert agent.main(["monitor", "--config", str(write(tmp_path, {}))]) == agent.EXIT_OK
+    assert not status.exists()  # no record without the variable
+
+
+def test_a_running_agent_says_so_in_its_status_file(tmp_path: Path) -> None:
+    status = tmp_path / "monitor.status.json"
+    cfg = {
+        "host": "device1",
+        "results_dir": str(tmp_path / "r"),
+        "interval_s": 0.05,
+        "vcgencmd_argv": ["no-such-vcgencmd-here"],
+        "ready_file": str(tmp_path / "ready"),
+    }
+    env = {**os.environ, agent.STATUS_ENV: str(status), "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dit.device", "monitor", "--config", str(write(tmp_path, cfg))], env=env
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        record = json.loads(status.read_text())
+        assert record["state"] == "running" and record["pid"] == proc.pid and record["exit_code"] is None
+        proc.terminate()  # SIGTERM: what teardown sends; a clean stop, not a failure
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+    record = json.loads(status.read_text())
+    assert record["state"] == "exited" and record["exit_code"] == 0

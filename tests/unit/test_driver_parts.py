@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
+import shutil
+import sys
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,6 +20,7 @@ from dit.driver import Driver, RunOptions, StageFailed, extract_collected
 from dit.inventory import local_inventory
 from dit.localmode import make_fake_sysfs, snapshot_tree
 from dit.models.resolve import ModelError, resolve_model
+from dit.rundir import RunDir
 from dit.scenario import loads
 
 STAGES = ("preflight", "apply", "profile", "collect", "teardown")
@@ -146,3 +152,93 @@ def test_the_driver_finds_the_edge_service_task_by_its_name(tmp_path: Path) -> N
     plays = yaml.safe_load(render_playbook("apply", tmp_path, {}).read_text())
     tasks = [t for play in plays if play["hosts"] == "edge" for t in play["tasks"]]
     assert [t["name"] for t in tasks if "dit_proc" in t] == [EDGE_SERVICE_TASK]
+
+
+# -- condition hooks: the driver calls every condition package's preflight and aggregate ----------
+
+FAKE_CONDITION = """
+from dit.conditions import Condition
+
+CONDITION = Condition(name="zz_fake", role=None, order=99, variables=())
+CALLS = []
+
+
+def build(scenario, host, ctx):
+    return None
+
+
+def preflight(facts):
+    CALLS.append(("preflight", dict(facts.nodes), facts.local))
+    reason = facts.nodes.get("device1", {}).get("fake_refusal")
+    return f"fake condition refused: {reason}" if reason else None
+
+
+def aggregate(run):
+    CALLS.append(("aggregate", run))
+"""
+
+
+@pytest.fixture
+def fake_condition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """A condition package ``dit.conditions.zz_fake`` that exists only for the test."""
+    import dit.conditions as registry
+
+    extra = tmp_path / "extra_conditions"
+    (extra / "zz_fake").mkdir(parents=True)
+    (extra / "zz_fake" / "__init__.py").write_text(FAKE_CONDITION)
+    monkeypatch.setattr(registry, "__path__", [*registry.__path__, str(extra)])
+    try:
+        yield importlib.import_module("dit.conditions.zz_fake").CALLS
+    finally:
+        sys.modules.pop("dit.conditions.zz_fake", None)
+
+
+def test_driver_calls_the_preflight_hook_of_every_condition_package(
+    tmp_path: Path, fake_condition: list[Any]
+) -> None:
+    driver = _driver(tmp_path, "name: n\nmodel: fake\ndevices: [device1]\n")
+    driver.inventory = local_inventory(tmp_path / "inv", ("device1",))
+    driver.conditions = {"edge": {}, "device1": {}}
+    driver._condition_gates({"device1": {}, "edge": {}})
+    assert fake_condition == [("preflight", {"device1": {}, "edge": {}}, True)]
+    with pytest.raises(StageFailed, match=r"^preflight: fake condition refused: no fake kernel$"):
+        driver._condition_gates({"device1": {"fake_refusal": "no fake kernel"}})
+
+
+class _QuietReporter:
+    def stage(self, stage: str, state: str, ms: float | None = None) -> None:
+        pass
+
+    def info(self, text: str) -> None:
+        pass
+
+
+def test_driver_calls_the_aggregate_hook_of_every_condition_package_with_one_loaded_run(
+    tmp_path: Path, fake_condition: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dit.analysis.run as run_module
+
+    run = RunDir.create(tmp_path / "runs", "n", "0" * 64)
+    run_dir = run.path
+    shutil.copytree(
+        Path(__file__).resolve().parents[1] / "fixtures" / "run_small", run_dir, dirs_exist_ok=True
+    )
+    reads: list[Path] = []
+    real_load_yaml = run_module.load_yaml
+    monkeypatch.setattr(run_module, "load_yaml", lambda path: reads.append(path) or real_load_yaml(path))
+    # the driver's own scenario says which steps run; the analysis reads the run's scenario.yaml
+    driver = _driver(
+        tmp_path,
+        "name: n\nmodel: fake\ndevices: [device1, device2]\ninference: {enabled: true}\n"
+        "optimisation: {enabled: true, algorithm: greedy, objective: total_delay, policy: SJF}\n",
+    )
+    driver.run = run
+    driver.reporter = _QuietReporter()  # type: ignore[assignment]
+    driver._aggregate()
+    optimum = driver._optimise()
+    assert fake_condition == [("aggregate", driver.analysed)]
+    assert driver.analysed.path == run_dir
+    assert (run_dir / "aggregate" / "netem_check.csv").is_file()  # netem's own aggregate hook ran too
+    assert (run_dir / "aggregate" / "validation.csv").is_file()
+    assert optimum is not None and optimum["vector"] == [2, 1]
+    assert reads == [run_dir / "scenario.yaml"]  # one read for every analysis step and the optimiser

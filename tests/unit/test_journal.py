@@ -45,16 +45,18 @@ def test_record_without_op_is_refused(tmp_path: Path) -> None:
     assert journal.records() == []
 
 
-def test_torn_last_line_is_ignored_but_corruption_elsewhere_is_not(tmp_path: Path) -> None:
+def test_torn_last_line_is_ignored_and_corruption_elsewhere_too(tmp_path: Path) -> None:
     path = tmp_path / "journal.jsonl"
     journal = Journal(path)
     journal.record_changes("edge", [{"op": "mkdir", "undo": {"path": "/x"}}], "m")
     with path.open("a") as handle:
         handle.write('{"id": "torn", "op": "mk')  # the writer died mid-line
     assert len(journal.pending()) == 1
+    # A bad line anywhere is skipped, named by file and line: one bad record must not make
+    # every other change of the run impossible to undo.
     path.write_text('not json\n{"undone": "x"}\n')
-    with pytest.raises(JournalError, match=":1: not valid JSON"):
-        journal.records()
+    assert journal.records() == [{"undone": "x"}]
+    assert journal.problems() == [f"{path}:1: torn or invalid record skipped (not valid JSON)"]
 
 
 def _append_many(path: str, host: str) -> None:
@@ -73,3 +75,47 @@ def test_concurrent_appends_from_processes_keep_every_line_whole(tmp_path: Path)
     lines = path.read_text().splitlines()
     assert len(lines) == 200
     assert all(json.loads(line)["op"] == "mkdir" for line in lines)
+
+
+def _tear_last_line(path: Path) -> None:
+    """Cut the last line of ``path`` in half, without its newline, as a writer killed mid-write leaves it."""
+    text = path.read_text(encoding="utf-8")
+    head, _, last = text.rstrip("\n").rpartition("\n")
+    path.write_text(head + "\n" + last[: len(last) // 2], encoding="utf-8")
+
+
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_a_torn_line_is_skipped_with_a_warning_and_appends_start_on_a_fresh_line(
+    tmp_path: Path, where: str
+) -> None:
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path)
+
+    def change(i: int) -> str:
+        return journal.record_changes("edge", [{"op": "mkdir", "undo": {"path": f"/x{i}"}}], "m")[0]
+
+    ids = [change(i) for i in range(3)]
+    _tear_last_line(path)
+    survivors = ids[:2]
+    if where == "middle":  # the run went on after the torn write: the torn line is now in the middle
+        survivors.append(change(3))
+    assert [c.id for c in journal.pending()] == survivors[::-1]
+
+    journal.mark_undone(survivors)  # the next append must not glue itself onto a torn last line
+    assert path.read_text(encoding="utf-8").endswith("\n")
+    last = json.loads(path.read_text(encoding="utf-8").splitlines()[-1])
+    assert last["undone"] == survivors[-1]
+    assert journal.pending() == []
+    # Named by file and line, however often the journal is read.
+    assert journal.problems() == [f"{path}:3: torn or invalid record skipped (not valid JSON)"]
+
+
+def test_records_of_the_wrong_shape_are_skipped_not_crashed_on(tmp_path: Path) -> None:
+    path = tmp_path / "journal.jsonl"
+    path.write_bytes(
+        b'42\n{"id": "a", "op": "mkdir"}\n{"undone": 7}\n\xff\xfe\n'
+        b'{"id": "b", "host": "edge", "op": "mkdir", "undo": {"path": "/y"}}\n'
+    )
+    journal = Journal(path)
+    assert [c.id for c in journal.pending()] == ["b"]
+    assert [p.split(": ", 1)[0] for p in journal.problems()] == [f"{path}:{n}" for n in (1, 2, 3, 4)]

@@ -7,12 +7,12 @@ import itertools
 import numpy as np
 import pytest
 
-from dit.delay import DelayModel, Objective, Policy, evaluate, objective_value, synthetic_model
+from dit.analysis.delay import DelayModel, Objective, Policy, evaluate, objective_value, synthetic_model
 from dit.optimise import CachedObjective, Problem, TooManyVectorsError
 from dit.optimise.exhaustive import exhaustive
 from dit.optimise.greedy import greedy
 from dit.optimise.trend import trend
-from tests.unit.test_delay import MS, small_model
+from tests.unit.test_analysis_delay import MS, small_model
 
 # Every feasible vector of small_model() (device1 0..2, device2 0..1), hand-computed (ms):
 #            SJF total  SJF variance  RR total  RR variance

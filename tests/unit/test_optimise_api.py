@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dit.aggregate import AggregateError
+from dit.analysis.run import AggregateError
 from dit.optimise import OptimiseError, Problem, SearchResult, TooManyVectorsError, registry
 from dit.optimise.api import optimise_run, parse_vector, resolve_settings
 

@@ -47,11 +47,14 @@ def test_list_indices_are_rendered_in_brackets() -> None:
 
 
 def test_minimum_and_exclusive_minimum() -> None:
-    raw = doc(network={"device1": {"delay_ms": -5, "rate_mbit": 0}}, repetitions=0)
+    raw = doc(
+        network={"device1": {"delay_ms": -5, "rate_mbit": 0}}, repetitions=0, timing={"start_lead_s": 0}
+    )
     assert messages(raw) == [
         "network.device1.delay_ms: -5 is less than 0",
-        "network.device1.rate_mbit: 0 must be greater than 0",
+        "network.device1.rate_mbit: 0 is less than 0.001",
         "repetitions: 0 is less than 1",
+        "timing.start_lead_s: 0 must be greater than 0",
     ]
 
 

@@ -14,8 +14,9 @@ Two ways to learn what a task will change, both recorded in the controller's ``j
   an intent that turns out to change nothing is harmless; a record identical to one still pending
   for the same host is not written twice.
 
-:meth:`prepare` may transfer files to the node first (``dit_node`` ships the device code this way,
-in the same task, saving a ``copy`` task per host).
+:meth:`review` sees the plan before anything is journaled and may refuse the task (``dit_lease``
+refuses a node another live run holds). :meth:`prepare` may transfer files to the node first
+(``dit_node`` ships the device code this way, in the same task, saving a ``copy`` task per host).
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
         """The change records implied by ``args``, or None to ask the module (plan mode)."""
         return None
 
+    def review(self, plan: dict[str, Any], args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        """The module's arguments once its plan is known; raise AnsibleActionFail to refuse the task."""
+        return args
+
     def prepare(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         """The module's arguments for the real run (may transfer files first)."""
         return args
@@ -59,6 +64,7 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
             if plan.get("failed"):
                 result.update(plan)
                 return result
+            args = self.review(plan, args, task_vars)
             records = plan.pop("journal", [])
             if not records or self._play_context.check_mode:
                 result.update(plan)

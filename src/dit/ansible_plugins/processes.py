@@ -4,23 +4,47 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ansible.errors import AnsibleActionFail
 
 from dit.ansible_plugins.journaled import JournaledAction
+from dit.journal import Journal
 
 
 class ProcessAction(JournaledAction):
-    """``dit_proc`` / ``dit_timed_profile``: the record is the process tag it will start."""
+    """``dit_proc`` / ``dit_timed_profile``: the record is the process tag it will start.
+
+    A process found running with the tag is this run's own only when this run's journal already
+    records starting it (the same task applied twice, as molecule's idempotence step does); then
+    ``dit_proc`` is told so (``_dit_adopt``). Any other is another run's that shares the run id, and
+    ``dit_proc`` refuses to start beside it or to report it as started.
+    """
 
     TAGS: ClassVar[dict[str, str]] = {"dit_timed_profile": "profile"}
 
     def intent(self, args: dict[str, Any], task_vars: dict[str, Any]) -> list[dict[str, Any]] | None:
-        tag = args.get("tag") or self.TAGS.get(self._task.action.rsplit(".", 1)[-1])
+        action = self._task.action.rsplit(".", 1)[-1]
+        tag = args.get("tag") or self.TAGS.get(action)
         if not tag:
             return None
-        return [{"op": "process", "undo": {"run_id": args["run_id"], "host": args["host"], "tag": tag}}]
+        record = {"op": "process", "undo": {"run_id": args["run_id"], "host": args["host"], "tag": tag}}
+        if action == "dit_proc" and self._recorded(record, task_vars):
+            args["_dit_adopt"] = True
+        return [record]
+
+    def _recorded(self, record: dict[str, Any], task_vars: dict[str, Any]) -> bool:
+        journal_path = task_vars.get("dit_journal_path")
+        if not journal_path:
+            return False
+        host = str(task_vars.get("inventory_hostname"))
+        wanted = (record["op"], record["undo"])
+        return any(
+            (c.op, dict(c.undo)) == wanted
+            for c in Journal(Path(str(journal_path))).pending()
+            if c.host == host
+        )
 
 
 class NodeAction(JournaledAction):

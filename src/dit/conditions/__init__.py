@@ -1,18 +1,34 @@
-"""Controlled conditions: pure builders from a scenario to the variables of one role per condition.
+"""Controlled conditions: one package per condition, from a scenario to the variables of its role.
 
-Each condition is a module in this package defining
+A condition is a package ``dit/conditions/<name>/`` (with its role ``roles/<role>/``, and a module
+under ``library/`` if it writes privileged state). Its ``__init__`` defines
 
 - ``CONDITION = Condition(name=..., role=..., order=..., variables=(...))`` and
-- ``build(scenario, host, ctx) -> dict[str, Any] | None``: the role's public variables for that
-  host (keys exactly ``CONDITION.variables``), or None when the host has nothing to apply.
+- ``build(scenario, host, ctx) -> dict[str, Any] | None`` (:data:`Builder`): the role's public
+  variables for that host (keys exactly ``CONDITION.variables``), or None when the host has nothing
+  to apply;
 
-Builders are pure (no host is touched, nothing is read but their arguments) and unit-tested with
-no host. The apply stage includes the role of every condition that some host needs, in ``order``:
+and may define three hooks, each called by the driver for every condition that has it, in
+``order``, without the driver naming the condition:
+
+- ``process(scenario, host, ctx) -> ProcessSettings | None`` (:data:`ProcessHook`): environment,
+  cgroup and CPUs of the run's device processes on the host (the memory limit, thread counts);
+- ``preflight(facts) -> str | None`` (:data:`PreflightHook`): the preflight gate. ``facts`` is a
+  :class:`PreflightFacts` (every node's ``dit_facts``, the built variables, the inventory); the hook
+  returns why the run must not start (``"memory limit refused: ..."``, prefixed with ``preflight:``
+  in the run's error) or None. The first refusal stops the run before anything is applied;
+- ``aggregate(run) -> None`` (:data:`AggregateHook`): the condition's own analysis of a collected
+  run (a :class:`dit.analysis.run.LoadedRun`), writing under ``aggregate/``; called after the
+  aggregate proper (:func:`dit.analysis.aggregate.aggregate_run`) for every condition, active or
+  not, so a hook decides from the run what to write (netem's network self-check). A hook that needs
+  pandas imports it inside, so discovering the conditions stays cheap.
+
+Builders and gates are pure (no host is touched, nothing is read but their arguments) and unit-tested
+with no host. The apply stage includes the role of every condition that some host needs, in ``order``:
 conditions with ``order < EDGE_SERVICE_ORDER`` are applied before the edge inference service
 starts (so its capacity profile runs under them: frequency pinning), the others after it (traffic
-towards the edge service, load, monitors). A condition may also contribute to the environment and
-the cgroup of the run's device processes through ``process(scenario, host, ctx)`` (optional).
-Modules are discovered by scanning this package, so adding a condition touches no shared file.
+towards the edge service, load, monitors). Packages (and plain modules) are discovered by scanning
+this package, so adding a condition touches no shared file.
 """
 
 from __future__ import annotations
@@ -22,9 +38,12 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dit.scenario import Scenario
+
+if TYPE_CHECKING:
+    from dit.analysis.run import LoadedRun
 
 EDGE_SERVICE_ORDER = 50
 
@@ -62,8 +81,27 @@ class ProcessSettings:
     cpus: tuple[int, ...] | None = None  # CPUs the processes are confined to, or None
 
 
+@dataclass(frozen=True)
+class PreflightFacts:
+    """What a preflight gate may know: the run is set up, nothing is applied yet."""
+
+    scenario: Scenario
+    nodes: Mapping[str, Mapping[str, Any]]  # host -> its preflight facts (dit_facts)
+    built: Mapping[str, Mapping[str, Any]]  # build_conditions' result: host -> {condition: variables}
+    hostvars: Mapping[str, Mapping[str, Any]]  # host -> its inventory variables
+    local: bool  # local mode: every node is a directory here, privileged commands are recorded
+
+
+#: ``build(scenario, host, ctx)``: the role's variables for the host, or None (required).
 Builder = Callable[[Scenario, str, HostContext], "dict[str, Any] | None"]
+#: ``process(scenario, host, ctx)``: how the run's device processes start on the host, or None.
 ProcessHook = Callable[[Scenario, str, HostContext], "ProcessSettings | None"]
+#: ``preflight(facts)``: why the run must not start (one sentence naming the nodes), or None.
+PreflightHook = Callable[[PreflightFacts], "str | None"]
+#: ``preflight_notes(facts)``: what the run will not do as asked, said plainly (does not refuse).
+NotesHook = Callable[[PreflightFacts], "list[str]"]
+#: ``aggregate(run)``: the condition's analysis of a collected run, written under ``aggregate/``.
+AggregateHook = Callable[["LoadedRun"], None]
 
 
 def _modules() -> list[ModuleType]:
@@ -129,3 +167,33 @@ def active(built: Mapping[str, Mapping[str, Any]]) -> list[Condition]:
     """The conditions some host needs, in apply order."""
     needed = {name for per_host in built.values() for name in per_host}
     return [c for c in conditions() if c.name in needed and c.role is not None]
+
+
+def preflight_refusals(facts: PreflightFacts) -> list[str]:
+    """Every condition's ``preflight`` refusal, in condition order (empty: the run may start)."""
+    refusals: list[str] = []
+    for module in _modules():
+        gate = cast("PreflightHook | None", getattr(module, "preflight", None))
+        refusal = None if gate is None else gate(facts)
+        if refusal:
+            refusals.append(refusal)
+    return refusals
+
+
+def preflight_notes(facts: PreflightFacts) -> list[str]:
+    """Every condition's ``preflight_notes``, in condition order (the driver logs them as warnings)."""
+    notes: list[str] = []
+    for module in _modules():
+        hook = cast("NotesHook | None", getattr(module, "preflight_notes", None))
+        notes.extend(hook(facts) if hook is not None else [])
+    return notes
+
+
+def aggregate_hooks() -> list[tuple[Condition, AggregateHook]]:
+    """The conditions with an ``aggregate`` step, in condition order."""
+    hooks: list[tuple[Condition, AggregateHook]] = []
+    for module in _modules():
+        hook = cast("AggregateHook | None", getattr(module, "aggregate", None))
+        if hook is not None:
+            hooks.append((cast(Condition, module.CONDITION), hook))
+    return hooks

@@ -68,8 +68,3 @@ def load_builder(ref: str) -> Builder:
         raise ValueError(f"model builder reference {ref!r} is not of the form 'module:function'")
     builder: Builder = getattr(importlib.import_module(module_name), attr)
     return builder
-
-
-def build_model(spec: Mapping[str, Any]) -> StageModel:
-    """Build the model a spec names; ``spec['builder']`` is the ``module:function`` reference."""
-    return load_builder(str(spec["builder"]))(spec)

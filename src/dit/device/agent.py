@@ -7,6 +7,8 @@ daemonises; the caller starts it in its own session with ``DIT_RUN_ID`` in the e
 
 Exit codes: 0 success, 1 runtime failure, 2 bad command line or config, 3 partition
 equivalence mismatch. On failure after the results directory exists, ``error.json`` says why.
+With ``DIT_STATUS_FILE`` in the environment the agent also keeps a status record there (running, then
+the exit code): see :class:`StatusFile`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,9 +40,13 @@ from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.seeding import seed_from_env
+from dit.device.tags import HOST_ENV, RUN_ENV, TAG_ENV  # set by dit_proc on every tagged process
+
+STATUS_ENV = "DIT_STATUS_FILE"  # where the process keeps its status record (see StatusFile)
 
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_EQUIVALENCE = 0, 1, 2, 3
 SPIN_NS = 2_000_000  # the last ~2 ms before the start instant are a busy wait
+FIFO_PRIORITY = 10  # above every SCHED_OTHER task, below the kernel's own RT threads (50+)
 THREAD_ENV = (
     "DIT_THREADS",
     "OMP_NUM_THREADS",
@@ -59,6 +65,38 @@ def sleep_until(start_at_ns: int, clock: Callable[[], int] = time.time_ns) -> No
         time.sleep((remaining - SPIN_NS) / 1e9)
     while clock() < start_at_ns:
         pass
+
+
+@contextlib.contextmanager
+def start_priority(system: Any = os) -> Iterator[dict[str, Any]]:
+    """Wait for the start instant at SCHED_FIFO where permitted, then drop back to the prior policy.
+
+    The raised priority keeps the other work of the board off the CPU during the final spin; the
+    profile itself runs at the prior policy so its timings are not those of a real-time task. Yields
+    what was used (recorded in ``origin.json`` as ``start_sched``): SCHED_FIFO needs root and, in a
+    cgroup v1 ``cpu`` group, an RT budget (``cpu.rt_runtime_us``); without them ``detail`` says why.
+    """
+    used: dict[str, Any] = {"policy": "SCHED_OTHER", "priority": 0, "detail": ""}
+    if not hasattr(system, "sched_setscheduler"):
+        used["detail"] = "no sched_setscheduler on this platform"
+        yield used
+        return
+    if system.geteuid() != 0:
+        used["detail"] = "not root"
+        yield used
+        return
+    prior_policy, prior_param = system.sched_getscheduler(0), system.sched_getparam(0)
+    try:
+        system.sched_setscheduler(0, system.SCHED_FIFO, system.sched_param(FIFO_PRIORITY))
+    except OSError as exc:
+        used["detail"] = f"sched_setscheduler: {exc.strerror or exc}"
+        yield used
+        return
+    used.update(policy="SCHED_FIFO", priority=FIFO_PRIORITY)
+    try:
+        yield used
+    finally:
+        system.sched_setscheduler(0, prior_policy, prior_param)
 
 
 def _int(cfg: Mapping[str, Any], key: str, where: str, default: int | None = None, minimum: int = 0) -> int:
@@ -124,7 +162,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     inf_enabled = bool(inf.get("enabled", False))
 
     results.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", run_id)
+    os.environ.setdefault(RUN_ENV, run_id)
     if threads is not None:
         for name in THREAD_ENV:
             os.environ[name] = str(threads)
@@ -166,9 +204,10 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     if conn is not None:
         conn.connect()  # before the start instant: connection setup is not an inference phase
 
-    if start_at is not None:
-        sleep_until(start_at)
-    origin = Origin.now()
+    with start_priority() as start_sched:
+        if start_at is not None:
+            sleep_until(start_at)
+        origin = Origin.now()
     lateness = origin.wall_ns - start_at if start_at is not None else 0
     origin_doc = {
         "host": host,
@@ -177,6 +216,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
         "origin_wall_ns": origin.wall_ns,
         "origin_mono_ns": origin.mono_ns,
         "lateness_ns": lateness,
+        "start_sched": start_sched,
     }
     write_json(results / "origin.json", origin_doc)
 
@@ -274,7 +314,65 @@ def _write_error(cfg: Mapping[str, Any] | None, kind: str, exc: BaseException) -
         )
 
 
+class StatusFile:
+    """The process's own status record, at the path ``$DIT_STATUS_FILE`` names (none without it).
+
+    Written atomically when the command starts (``state: running``, with the pid) and again when it ends
+    (``state: exited``, the exit code and the error if any). ``dit_proc`` sets the variable for every
+    tagged process (``logs/<tag>.status.json`` in the node's run root); ``dit_collect`` reads the records
+    before teardown: an exit code other than 0, or a ``running`` record whose process is gone (killed by a
+    signal), degrades the run (``docs/raw-results.md``). SIGTERM from teardown is a clean stop (exit 0).
+    """
+
+    def __init__(self, path: Path, command: str) -> None:
+        self.path = path
+        self.record: dict[str, Any] = {
+            "command": command,
+            "tag": os.environ.get(TAG_ENV, ""),
+            "host": os.environ.get(HOST_ENV, ""),
+            "run_id": os.environ.get(RUN_ENV, ""),
+            "pid": os.getpid(),
+            "started_wall_ns": time.time_ns(),
+        }
+
+    @classmethod
+    def from_env(cls, argv: Sequence[str]) -> StatusFile | None:
+        path = os.environ.get(STATUS_ENV)
+        return cls(Path(path), argv[0] if argv else "") if path else None
+
+    def _write(self, **fields: Any) -> None:
+        self.record.update(fields)
+        with contextlib.suppress(OSError):  # a status that cannot be written must not fail the command
+            write_json(self.path, self.record)
+
+    def running(self) -> None:
+        self._write(state="running", exit_code=None, error=None)
+
+    def exited(self, code: int, error: str | None) -> None:
+        self._write(state="exited", exit_code=code, error=error, ended_wall_ns=time.time_ns())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    status = StatusFile.from_env(args_list)
+    if status is not None:
+        status.running()
+    code = EXIT_FAILURE
+    error: str | None = "ended by an exception the agent does not handle"
+    try:
+        code, error = _main(args_list)
+    except SystemExit as exc:  # argparse: bad command line
+        code = exc.code if isinstance(exc.code, int) else EXIT_CONFIG
+        error = "bad command line" if code else None
+        raise
+    finally:
+        if status is not None:
+            status.exited(code, error)
+    return code
+
+
+def _main(argv: Sequence[str]) -> tuple[int, str | None]:
+    """Run one command: ``(exit code, error message or None)``; the message also goes to stderr."""
     parser = argparse.ArgumentParser(prog="dit-device", description="dit device-side commands (stdlib only)")
     parser.add_argument("command", choices=sorted(COMMANDS))
     parser.add_argument("--config", required=True, type=Path, help="JSON config file")
@@ -283,16 +381,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = read_config(args.config)
         seed_from_env()  # $DIT_SEED: random now, numpy / tensorflow / torch when first imported
-        return COMMANDS[args.command](cfg)
+        code = COMMANDS[args.command](cfg)
+        return code, None if code == EXIT_OK else f"{args.command} returned exit code {code}"
     except ConfigError as exc:
-        print(f"dit-device {args.command}: config error: {exc}", file=sys.stderr)
+        error = f"config error: {exc}"
         _write_error(cfg, "config", exc)
-        return EXIT_CONFIG
+        code = EXIT_CONFIG
     except EquivalenceError as exc:
-        print(f"dit-device {args.command}: {exc}", file=sys.stderr)
+        error = str(exc)
         _write_error(cfg, "equivalence", exc)
-        return EXIT_EQUIVALENCE
+        code = EXIT_EQUIVALENCE
     except Exception as exc:
-        print(f"dit-device {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        error = f"{type(exc).__name__}: {exc}"
         _write_error(cfg, "failure", exc)
-        return EXIT_FAILURE
+        code = EXIT_FAILURE
+    print(f"dit-device {args.command}: {error}", file=sys.stderr)
+    return code, error

@@ -69,7 +69,11 @@ def require(cfg: Mapping[str, Any], key: str, kind: type | tuple[type, ...], whe
 
 
 def build_model(spec: Mapping[str, Any]) -> StageModel:
-    """Build the model a spec names (``builder`` = ``module:function``; the fake model by default)."""
+    """Build the model a spec names (``builder`` = ``module:function``; the fake model by default).
+
+    The one builder of a stage model from its spec, for the device commands and the controller alike
+    (the models' regeneration, the benchmarks); a bad spec raises :class:`ConfigError` naming the key.
+    """
     if not isinstance(spec, Mapping):
         raise ConfigError(f"model: {spec!r} is not a mapping")
     ref = spec.get("builder")

@@ -55,6 +55,7 @@ from dit.device.protocol import (
     read_body,
     read_header,
 )
+from dit.device.tags import RUN_ENV
 
 EDGE_REQUEST_COLUMNS = (
     "device",
@@ -517,7 +518,7 @@ def run_edge(cfg_dict: Mapping[str, Any]) -> int:
     cfg = EdgeConfig.from_dict(cfg_dict)
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
     if cfg.run_id:
-        os.environ.setdefault("DIT_RUN_ID", cfg.run_id)
+        os.environ.setdefault(RUN_ENV, cfg.run_id)
     sys.setswitchinterval(0.0005)  # hand the GIL to the network thread quickly while computing
     origin = Origin.now()
     model = build_model(cfg.model)

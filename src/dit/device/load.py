@@ -39,8 +39,9 @@ while it lasts (hundreds of MB take a fraction of a second on a Pi): the row of 
 written once its memory is in place.
 
 Every target change is one row of ``load.csv`` (``results_dir``) with its ``time.monotonic_ns()``;
-``load.json`` holds the origin pair and how targets were chosen. SIGTERM stops the generator at the next
-period boundary (≤ 100 ms); it writes a ``stop`` row and closes the file.
+``load.json`` holds the origin pair and how targets were chosen. SIGTERM stops the generator at once in
+the idle part of a period, else at the end of the busy part (≤ one period, 100 ms by default); it writes a
+``stop`` row and closes the file (the stop signal is :class:`dit.device.sampling.StopSignal`).
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final
 
 from dit.device.common import ConfigError, Origin, require, write_json
+from dit.device.sampling import StopSignal, deadline_ns
+from dit.device.tags import RUN_ENV
 
 #: The thesis's compute regimes in percent: (CPU range, memory range). Mirrors ``dit.scenario.LOAD_REGIMES``.
 REGIMES: Final[Mapping[str, tuple[tuple[float, float], tuple[float, float]]]] = {
@@ -279,7 +281,7 @@ class DutyCycle:
         self,
         period_ns: int = PERIOD_NS,
         clock: Callable[[], int] = time.monotonic_ns,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
         cpu_clock: Callable[[], int] = time.thread_time_ns,
         compensate: bool = True,
     ) -> None:
@@ -326,8 +328,7 @@ def _die_with_parent() -> None:
 
 
 def _busy_child(parent: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    StopSignal.release()  # a signal to the group ends the child at once, whatever the parent blocks
     _die_with_parent()
     while os.getppid() == parent:
         for _ in range(20_000):  # a few ms of pure computation between parent checks
@@ -448,14 +449,6 @@ def parse_config(cfg: Mapping[str, Any]) -> LoadConfig:
     )
 
 
-class _Stop:
-    def __init__(self) -> None:
-        self.requested = False
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.requested = True
-
-
 class LoadLog:
     """``load.csv``: one flushed row per target change."""
 
@@ -507,10 +500,12 @@ def run_load(raw: Mapping[str, Any]) -> int:
     """The ``load`` command (config keys: see :class:`LoadConfig` and ``docs/protocol.md``)."""
     cfg = parse_config(raw)
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", cfg.run_id)
-    stop = _Stop()
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    os.environ.setdefault(RUN_ENV, cfg.run_id)
+    with StopSignal() as stop:
+        return _load(cfg, stop)
+
+
+def _load(cfg: LoadConfig, stop: StopSignal) -> int:
     origin = Origin.now()
     rng = load_rng(cfg.seed, cfg.host)
     core = pick_core(cfg.cpu_core) if cfg.mode != "processes" else None
@@ -537,15 +532,15 @@ def run_load(raw: Mapping[str, Any]) -> int:
     }
     write_json(cfg.results_dir / "load.json", header)
     log = LoadLog(cfg.results_dir / "load.csv")
-    end = time.monotonic_ns() + round(cfg.duration_s * 1e9) if cfg.duration_s is not None else None
+    end = deadline_ns(time.monotonic_ns(), cfg.duration_s)
     try:
         if cfg.mode == "processes":
             pids = start_busy_processes(cfg.processes)
             log.row("start", cfg, 100.0, None, 0, False, None)
             _ready(cfg, {"pid": os.getpid(), "children": pids})
             try:
-                while not stop.requested and (end is None or time.monotonic_ns() < end):
-                    time.sleep(0.05)
+                while not stop.wait(0.05) and (end is None or time.monotonic_ns() < end):
+                    pass
             finally:
                 stop_processes(pids)
             log.row("stop", cfg, None, None, 0, False, None)
@@ -566,7 +561,7 @@ def _run_duty(
     core: int | None,
     basis: MemoryBasis | None,
     log: LoadLog,
-    stop: _Stop,
+    stop: StopSignal,
     end: int | None,
 ) -> int:
     assert cfg.regime is not None and basis is not None
@@ -582,9 +577,10 @@ def _run_duty(
     log.row("start", cfg, cpu, mem, memory.size, clamped, core)
     _ready(cfg, {"pid": os.getpid(), "cpu_pct": cpu, "mem_pct": mem, "mem_bytes": memory.size})
     interval_ns = round(cfg.interval_s * 1e9)
-    duty = DutyCycle(cfg.period_ns, compensate=cfg.compensate)
+    # The idle part of a period is a wait for the stop signal: a stop ends it at once.
+    duty = DutyCycle(cfg.period_ns, sleep=stop.wait, compensate=cfg.compensate)
     next_draw = duty.next_start + interval_ns
-    while not stop.requested and (end is None or time.monotonic_ns() < end):
+    while not stop.poll() and (end is None or time.monotonic_ns() < end):
         if cfg.mode == "continuous" and time.monotonic_ns() >= next_draw:
             cpu, mem = targets()
             clamped = _apply_memory(memory, mem, basis)

@@ -23,20 +23,19 @@ Cost: a handful of small file reads per sample (``benchmarks/bench_monitor_overh
 from __future__ import annotations
 
 import csv
-import io
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final
 
 from dit.device.common import ConfigError, Origin, require, write_json
+from dit.device.sampling import StopSignal, deadline_ns, every
+from dit.device.tags import RUN_ENV
 
 #: Raspberry Pi firmware ``get_throttled`` bits.
 THROTTLE_BITS: Final[Mapping[str, int]] = {
@@ -305,46 +304,16 @@ def parse_config(cfg: Mapping[str, Any]) -> MonitorConfig:
     )
 
 
-class StopSignal:
-    """SIGTERM / SIGINT as a stop request that also ends a wait at once.
-
-    On Linux the two signals are blocked and :meth:`wait` sleeps in ``sigtimedwait``: a signal ends the
-    wait immediately, and one arriving while a sample is taken stays pending until the next wait (a sample
-    is never cut in half). Elsewhere a flag handler and plain sleeps.
-    """
-
-    SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._blocking = hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
-        if self._blocking:
-            signal.pthread_sigmask(signal.SIG_BLOCK, set(self.SIGNALS))
-        else:  # pragma: no cover - not Linux
-            for sig in self.SIGNALS:
-                signal.signal(sig, self._flag)
-
-    def _flag(self, signum: int, frame: FrameType | None) -> None:  # pragma: no cover - not Linux
-        self.requested = True
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True when a stop was requested (before or during the wait)."""
-        if self.requested:
-            return True
-        if self._blocking:
-            if signal.sigtimedwait(set(self.SIGNALS), max(0.0, seconds)) is not None:
-                self.requested = True
-        elif seconds > 0:  # pragma: no cover - not Linux
-            time.sleep(seconds)
-        return self.requested
-
-
 def run_monitor(raw: Mapping[str, Any]) -> int:
     """The ``monitor`` command (see the module docstring and ``docs/protocol.md``)."""
     cfg = parse_config(raw)
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", cfg.run_id)
-    stop = StopSignal()
+    os.environ.setdefault(RUN_ENV, cfg.run_id)
+    with StopSignal() as stop:
+        return _monitor(cfg, stop)
+
+
+def _monitor(cfg: MonitorConfig, stop: StopSignal) -> int:
     sampler = Sampler(cfg.sysfs_root, cfg.proc_root, cfg.throttle_source, cfg.vcgencmd_argv)
     origin = Origin.now()
     write_json(
@@ -362,35 +331,17 @@ def run_monitor(raw: Mapping[str, Any]) -> int:
         },
     )
     interval_ns = round(cfg.interval_s * 1e9)
-    end = origin.mono_ns + round(cfg.duration_s * 1e9) if cfg.duration_s is not None else None
+    end = deadline_ns(origin.mono_ns, cfg.duration_s)
     with open(cfg.results_dir / "monitor.csv", "w", encoding="utf-8", newline="") as fh:
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow(sampler.columns)
         fh.flush()
         if cfg.ready_file is not None:
             write_json(cfg.ready_file, {"host": cfg.host, "pid": os.getpid(), "columns": sampler.columns})
-        _loop(sampler, writer, fh, origin.mono_ns, interval_ns, end, stop)
+
+        def sample() -> None:
+            writer.writerow(sampler.sample())
+            fh.flush()
+
+        every(stop, origin.mono_ns, interval_ns, end, sample)
     return 0
-
-
-def _loop(
-    sampler: Sampler,
-    writer: Any,
-    fh: io.TextIOWrapper,
-    start_ns: int,
-    interval_ns: int,
-    end: int | None,
-    stop: StopSignal,
-) -> None:
-    tick = start_ns + interval_ns
-    while not stop.requested:
-        now = time.monotonic_ns()
-        if end is not None and tick > end:
-            return
-        if now < tick:
-            stop.wait((tick - now) / 1e9)
-            continue
-        writer.writerow(sampler.sample())
-        fh.flush()
-        now = time.monotonic_ns()
-        tick += interval_ns * max(1, (now - tick) // interval_ns + 1)

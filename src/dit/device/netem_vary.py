@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.device.common import ConfigError, require, write_json
+from dit.device.sampling import StopSignal
 
 KINDS = ("constant", "uniform", "square")
 PLACEHOLDER = "{delay}"
@@ -122,7 +123,7 @@ def run_netem_vary(cfg: Mapping[str, Any]) -> int:
     scenario block), ``template`` (the ``tc qdisc change`` argv with ``"{delay}"``), ``dry_run``
     (bool), ``log`` (the JSON-lines log of recorded argv, with ``dry_run``), optional
     ``ready_file`` (written after step 0) and ``max_steps`` (stop after that many steps; runs until
-    killed otherwise).
+    SIGTERM otherwise).
     """
     host = str(require(cfg, "host", str))
     device = str(cfg.get("device", host))
@@ -147,7 +148,8 @@ def run_netem_vary(cfg: Mapping[str, Any]) -> int:
     out_path = results / CHANGES_FILE
     new_file = not out_path.exists()
     start = time.monotonic_ns()
-    with out_path.open("a", encoding="utf-8", newline="") as handle:
+    # SIGTERM (teardown) ends a wait at once and the command exits 0: a stop, not a failure.
+    with StopSignal() as stop, out_path.open("a", encoding="utf-8", newline="") as handle:
         writer = csv.writer(handle)
         if new_file:
             writer.writerow(CHANGES_COLUMNS)
@@ -156,8 +158,10 @@ def run_netem_vary(cfg: Mapping[str, Any]) -> int:
             if max_steps is not None and step.index >= int(max_steps):
                 break
             due = start + step.offset_ns
-            while (remaining := due - time.monotonic_ns()) > 0:
-                time.sleep(min(remaining / 1e9, 1.0))
+            while (remaining := due - time.monotonic_ns()) > 0 and not stop.wait(remaining / 1e9):
+                pass
+            if stop.requested:
+                break
             argv = change_argv(template, step.delay_ms)
             t_ns = time.monotonic_ns()
             ok, error = True, ""

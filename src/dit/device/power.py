@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 from dit.device.common import ConfigError, Origin, require, write_json
-from dit.device.monitor import StopSignal, read_proc_stat, utilisation_pct
+from dit.device.monitor import read_proc_stat, utilisation_pct
+from dit.device.sampling import StopSignal, deadline_ns, every
+from dit.device.tags import HOST_ENV, RUN_ENV
 
 INA260_ADDRESS: Final = 0x40
 REG_CONFIG: Final = 0x00
@@ -85,11 +87,17 @@ def open_smbus(bus: int) -> I2CBus:
     try:
         smbus2 = importlib.import_module("smbus2")
     except ImportError as exc:
-        raise SensorError("the ina260 sensor needs the smbus2 package (pip install smbus2)") from exc
+        raise SensorError(
+            "the ina260 sensor needs the smbus2 package (pinned in requirements/device.txt: "
+            "run playbooks/provision.yml, or pip install smbus2)"
+        ) from exc
     try:
         handle: I2CBus = smbus2.SMBus(bus)
     except OSError as exc:
-        raise SensorError(f"cannot open I2C bus {bus}: {exc} (is I2C enabled? raspi-config)") from exc
+        raise SensorError(
+            f"cannot open I2C bus {bus}: {exc} (is I2C enabled? playbooks/provision.yml sets "
+            "dtparam=i2c_arm=on in /boot/firmware/config.txt; it takes effect after a reboot)"
+        ) from exc
     return handle
 
 
@@ -158,10 +166,11 @@ def _tag_of(pid: str) -> tuple[str | None, str | None]:
         return None, None
     run = host = None
     for item in raw.split(b"\0"):
-        if item.startswith(b"DIT_RUN_ID="):
-            run = item[11:].decode("utf-8", "replace")
-        elif item.startswith(b"DIT_HOST="):
-            host = item[9:].decode("utf-8", "replace")
+        name, _, value = item.partition(b"=")
+        if name == RUN_ENV.encode():
+            run = value.decode("utf-8", "replace")
+        elif name == HOST_ENV.encode():
+            host = value.decode("utf-8", "replace")
     return run, host
 
 
@@ -302,11 +311,30 @@ def run_power(cfg: Mapping[str, Any], bus_factory: Any = open_smbus) -> int:
     run_id = str(cfg.get("run_id", ""))
     results = Path(require(cfg, "results_dir", str))
     interval_s = _float(cfg, "interval_s", 0.1, minimum=1e-3)
-    duration = cfg.get("duration_s")
+    raw_duration = cfg.get("duration_s")
+    duration = float(raw_duration) if isinstance(raw_duration, int | float) else None
     results.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("DIT_RUN_ID", run_id)
-    stop = StopSignal()
-    sensor, about = open_sensor(cfg, bus_factory)
+    os.environ.setdefault(RUN_ENV, run_id)
+    with StopSignal() as stop:
+        sensor, about = open_sensor(cfg, bus_factory)
+        try:
+            _trace(sensor, about, cfg, host, run_id, results, interval_s, duration, stop)
+        finally:
+            sensor.close()
+    return 0
+
+
+def _trace(
+    sensor: Any,
+    about: dict[str, Any],
+    cfg: Mapping[str, Any],
+    host: str,
+    run_id: str,
+    results: Path,
+    interval_s: float,
+    duration: float | None,
+    stop: StopSignal,
+) -> None:
     origin = Origin.now()
     write_json(
         results / "power.json",
@@ -321,35 +349,24 @@ def run_power(cfg: Mapping[str, Any], bus_factory: Any = open_smbus) -> int:
             **about,
         },
     )
-    interval_ns = round(interval_s * 1e9)
-    end = origin.mono_ns + round(float(duration) * 1e9) if isinstance(duration, int | float) else None
-    try:
-        with open(results / "power.csv", "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh, lineterminator="\n")
-            writer.writerow(CSV_COLUMNS)
+    with open(results / "power.csv", "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        fh.flush()
+        ready = cfg.get("ready_file")
+        if ready:
+            write_json(Path(str(ready)), {"host": host, "pid": os.getpid(), "sensor": about["sensor"]})
+
+        def sample() -> None:
+            reading = sensor.read()
+            writer.writerow(
+                [
+                    time.monotonic_ns(),
+                    f"{reading.current_a:.5f}",
+                    f"{reading.voltage_v:.5f}",
+                    f"{reading.power_w:.4f}",
+                ]
+            )
             fh.flush()
-            ready = cfg.get("ready_file")
-            if ready:
-                write_json(Path(str(ready)), {"host": host, "pid": os.getpid(), "sensor": about["sensor"]})
-            tick = origin.mono_ns + interval_ns
-            while not stop.requested:
-                now = time.monotonic_ns()
-                if end is not None and tick > end:
-                    break
-                if now < tick:
-                    stop.wait((tick - now) / 1e9)
-                    continue
-                reading = sensor.read()
-                writer.writerow(
-                    [
-                        time.monotonic_ns(),
-                        f"{reading.current_a:.5f}",
-                        f"{reading.voltage_v:.5f}",
-                        f"{reading.power_w:.4f}",
-                    ]
-                )
-                fh.flush()
-                tick += interval_ns * max(1, (time.monotonic_ns() - tick) // interval_ns + 1)
-    finally:
-        sensor.close()
-    return 0
+
+        every(stop, origin.mono_ns, round(interval_s * 1e9), deadline_ns(origin.mono_ns, duration), sample)

@@ -130,16 +130,16 @@ LOCKS: tuple[LockSpec, ...] = (
     LockSpec(
         "device",
         "aarch64",
-        ("keras",),
-        "a Raspberry Pi 4 (Raspberry Pi OS bookworm, CPython 3.11): the TensorFlow runtime",
+        ("keras", "power"),
+        "a Raspberry Pi 4 (Raspberry Pi OS bookworm, CPython 3.11): the TensorFlow runtime and the INA260 reader",
         pick=("numpy",),
         replace={"tensorflow-cpu": ("tensorflow>=2.16", TF_AARCH64)},
     ),
     LockSpec(
         "device-llm",
         "aarch64",
-        ("keras", "llm"),
-        "a Raspberry Pi 4 with LLM support: TensorFlow, PyTorch (CPU-only on aarch64) and transformers",
+        ("keras", "llm", "power"),
+        "a Raspberry Pi 4 with LLM support: TensorFlow, PyTorch (CPU-only on aarch64), transformers, INA260",
         pick=("numpy",),
         replace={
             "tensorflow-cpu": ("tensorflow>=2.16", TF_AARCH64),

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dit.device.adapter import build_model
+from dit.device.common import build_model
 from dit.models import catalogue
 
 

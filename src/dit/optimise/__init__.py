@@ -1,4 +1,4 @@
-"""Partition-vector search against the delay model (:mod:`dit.delay`).
+"""Partition-vector search against the delay model (:mod:`dit.analysis.delay`).
 
 An optimiser is any callable ``optimiser(problem: Problem) -> SearchResult`` registered under the
 entry-point group ``dit.optimisers`` (see :mod:`dit.optimise.registry` and docs/optimisers.md). It receives
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from dit.delay import (
+from dit.analysis.delay import (
     DelayBreakdown,
     DelayModel,
     Objective,

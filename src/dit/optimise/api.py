@@ -17,8 +17,17 @@ from typing import Any, Final
 
 from rich.table import Table
 
-from dit.aggregate import aggregate_run, read_model_inputs, read_scenario
-from dit.delay import DelayModel, Objective, Policy, check_objective, check_policy, evaluate, objective_value
+from dit.analysis.aggregate import aggregate_run, read_model_inputs
+from dit.analysis.delay import (
+    DelayModel,
+    Objective,
+    Policy,
+    check_objective,
+    check_policy,
+    evaluate,
+    objective_value,
+)
+from dit.analysis.run import LoadedRun
 from dit.optimise import DEFAULT_MAX_VECTORS, OptimiseError, Problem, SearchResult, registry
 
 DEFAULT_ALGORITHM: Final = "greedy"
@@ -147,13 +156,16 @@ def resolve_settings(
         raise OptimiseError(str(exc)) from exc
 
 
-def load_run_model(run_dir: Path) -> tuple[dict[str, Any], DelayModel]:
+def load_run_model(run: LoadedRun | Path) -> tuple[dict[str, Any], DelayModel]:
     """The scenario and the delay model of a run, aggregating first when ``aggregate/`` is incomplete."""
-    scenario = read_scenario(run_dir)
-    agg = run_dir / "aggregate"
-    if not ((agg / "layers.csv").is_file() and (agg / "links.csv").is_file()) and (run_dir / "raw").is_dir():
-        aggregate_run(run_dir)
-    return scenario, read_model_inputs(run_dir, scenario)
+    loaded = LoadedRun.of(run)
+    agg = loaded.aggregate_dir
+    if (
+        not ((agg / "layers.csv").is_file() and (agg / "links.csv").is_file())
+        and (loaded.path / "raw").is_dir()
+    ):
+        aggregate_run(loaded)
+    return loaded.scenario, read_model_inputs(loaded)
 
 
 def _safe(name: str) -> str:
@@ -175,7 +187,7 @@ def _check_result(model: DelayModel, name: str, result: object) -> SearchResult:
 
 
 def optimise_run(
-    run_dir: Path,
+    run: LoadedRun | Path,
     algorithm: str | None,
     objective: str | None,
     policy: str | None,
@@ -187,11 +199,12 @@ def optimise_run(
     ``None`` settings come from the scenario's ``optimisation`` block (see :func:`resolve_settings`). With
     ``vector`` the algorithm is recorded as ``vector``, one vector is evaluated and the vector may lie
     outside the feasible ranges (``feasible: false``). Raises :class:`OptimiseError` (including
-    :class:`dit.optimise.TooManyVectorsError`) and :class:`dit.aggregate.AggregateError` with messages
+    :class:`dit.optimise.TooManyVectorsError`) and :class:`dit.analysis.run.AggregateError` with messages
     meant for the user.
     """
-    run_dir = Path(run_dir)
-    scenario, model = load_run_model(run_dir)
+    loaded = LoadedRun.of(run)
+    run_dir = loaded.path
+    scenario, model = load_run_model(loaded)
     name, chosen_objective, chosen_policy = resolve_settings(scenario, algorithm, objective, policy)
     if vector is not None:
         name = VECTOR_ALGORITHM

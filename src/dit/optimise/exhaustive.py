@@ -9,7 +9,7 @@ from typing import Final
 
 import numpy as np
 
-from dit.delay import FloatArray, IntArray, Objective, Tables, build_tables
+from dit.analysis.delay import FloatArray, IntArray, Objective, Tables, build_tables
 from dit.optimise import Problem, SearchResult, TooManyVectorsError
 
 BLOCK: Final = 1 << 16
@@ -59,7 +59,7 @@ def block_delays(tables: Tables, bounds: Sequence[int], prefix: Sequence[int]) -
     """D_i over the sub-grid of devices k..n-1 (k = len(prefix)) with devices 0..k-1 fixed at ``prefix``.
 
     Each returned array has shape (bounds[k]+1, ..., bounds[n-1]+1), C order = lexicographic order. The
-    terms are those of :func:`dit.delay.batch_delays`, added by broadcasting instead of gathered per vector.
+    terms are those of :func:`dit.analysis.delay.batch_delays`, added by broadcasting instead of gathered per vector.
     """
     n, k = len(bounds), len(prefix)
     shape = tuple(b + 1 for b in bounds[k:])
@@ -127,9 +127,9 @@ def exhaustive(problem: Problem) -> SearchResult:
     The ground truth for the heuristics' optimality gap. Refuses more than ``problem.max_vectors`` vectors
     (default 5,000,000) with :class:`TooManyVectorsError`. The leading devices are fixed block by block
     (lexicographic order, device 0 most significant) and the trailing devices' sub-grid of up to ~65,000
-    vectors is evaluated at once with the tabulated model (:func:`dit.delay.build_tables`) by numpy
+    vectors is evaluated at once with the tabulated model (:func:`dit.analysis.delay.build_tables`) by numpy
     broadcasting; the first vector in lexicographic order with the lowest objective wins. The reported
-    value is recomputed with the reference :func:`dit.delay.evaluate`.
+    value is recomputed with the reference :func:`dit.analysis.delay.evaluate`.
     """
     total = check_size(problem)
     tables = build_tables(problem.model, problem.policy)

@@ -55,6 +55,19 @@ def _known_model(name: str) -> bool:
 # -- resolution ---------------------------------------------------------------------------------
 
 
+def partition_vector(entry: Any, device_count: int) -> list[int] | None:
+    """One ``inference.partition_points`` entry as an explicit vector, or None when it is neither form.
+
+    An integer p is the same point on every device, ``[p] * device_count``; a list of
+    ``device_count`` points is a vector in ``devices`` order already.
+    """
+    if isinstance(entry, int) and not isinstance(entry, bool):
+        return [entry] * device_count
+    if isinstance(entry, list) and len(entry) == device_count:
+        return [int(p) for p in entry]
+    return None
+
+
 def resolve(doc: Mapping[str, Any]) -> dict[str, Any]:
     """Defaults applied, model as an object, derived defaults, partition points as vectors.
 
@@ -84,7 +97,7 @@ def resolve(doc: Mapping[str, Any]) -> dict[str, Any]:
             if count is not None:
                 inference["partition_points"] = [[p] * n for p in range(count + 1)]
         elif isinstance(points, list) and all(isinstance(p, int) and not isinstance(p, bool) for p in points):
-            inference["partition_points"] = [[p] * n for p in points]
+            inference["partition_points"] = [partition_vector(p, n) for p in points]
     errors: list[FieldError] = []
     out: dict[str, Any] = sch.order_keys(sch.plain(d, [], errors))
     return out

@@ -219,7 +219,8 @@ def _render(error: ValidationError) -> list[FieldError]:
         if not matching:
             types = _branch_types(error)
             return [FieldError(where, f"expected {' or '.join(types)}, got {json_kind(inst)} {show(inst)}")]
-        best = min(matching, key=len)
+        # the branch the user meant: values of the right types (only out of bounds), then fewest errors
+        best = min(matching, key=lambda errs: (sum(e.validator == "type" for e in errs), len(errs)))
         out: list[FieldError] = []
         for sub in best:
             out.extend(_render(sub))
@@ -269,7 +270,9 @@ def _render(error: ValidationError) -> list[FieldError]:
         unit = "characters" if kind == "maxLength" else "items"
         return [FieldError(where, f"must have at most {value} {unit}")]
     if kind == "pattern":
-        text = _PATTERN_NAMES.get(str(value), f"does not match the pattern {value}")
+        # a field's own wording ("x-pattern-text", next to its pattern) wins over the shared names
+        own = error.schema.get("x-pattern-text") if isinstance(error.schema, Mapping) else None
+        text = str(own or _PATTERN_NAMES.get(str(value), f"does not match the pattern {value}"))
         return [FieldError(where, f"{show(inst)} {text}")]
     if kind == "propertyNames":
         return [FieldError(where, error.message)]

@@ -11,13 +11,9 @@ and shown, but not edited.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import shutil
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from dit.inventory import InventoryError, list_inventory
 from dit.web.topology import Point
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
@@ -208,26 +205,13 @@ class Inventory:
         )
 
     def _nodes_from_ansible(self) -> list[Node]:
-        exe = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
-        proc = subprocess.run(
-            [exe, "-i", str(self.path), "--list"], capture_output=True, text=True, check=False, timeout=60
-        )
-        if proc.returncode != 0:
-            raise NodeError("inventory", f"{self.path}: {proc.stderr.strip()[:500]}", 500)
-        data = json.loads(proc.stdout)
-        hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
-
-        def members(name: str, seen: set[str]) -> set[str]:
-            group = data.get(name, {})
-            found = set(group.get("hosts", []))
-            for child in group.get("children", []):
-                if child not in seen:
-                    found |= members(child, seen | {child})
-            return found
-
-        edge = members("edge", {"edge"})
-        hosts = members("all", {"all"}) | set(hostvars)
-        return [self._node(h, hostvars.get(h, {}), {"edge"} if h in edge else set()) for h in sorted(hosts)]
+        try:
+            listing = list_inventory(str(self.path))
+        except InventoryError as exc:
+            raise NodeError("inventory", str(exc)[:700], 500) from None
+        hostvars = listing.hostvars
+        edge = set(listing.members("edge"))
+        return [self._node(h, hostvars.get(h, {}), {"edge"} if h in edge else set()) for h in listing.hosts()]
 
     def _require_editable(self) -> None:
         if not self.editable:

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dit.device.tags import RUN_ENV
 from dit.procs import pid_alive
-from dit.rundir import DRIVER, STATUS, RunDir, find_runs, read_json, write_json
+from dit.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
 from dit.web.store import Store, Version
 
 NNPM_FILE = "nnpm.json"
 SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-STATES_DONE = ("completed", "failed", "stopped")
+STATES_DONE = FINISHED_STATES
 
 
 class RunNotFound(LookupError):
@@ -91,6 +92,7 @@ def run_summary(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "state": state,
         "stage": status.get("stage"),
         "error": status.get("error"),
+        "degraded": status.get("degraded") or [],  # device processes that failed (state "degraded")
         "started_wall_ns": started,
         "finished_wall_ns": finished,
         "duration_s": round((int(end) - int(started)) / 1e9, 3) if started and end else None,
@@ -114,6 +116,18 @@ def nnpm_dir(runs_root: Path) -> Path:
     return runs_root / ".nnpm"
 
 
+def version_file(version: Version, runs_root: Path) -> Path:
+    """``<runs>/.nnpm/scenarios/<hash>.yaml``: the saved version as a file ``dit run`` can read."""
+    folder = nnpm_dir(runs_root) / "scenarios"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{version.hash}.yaml"
+    if not path.exists():
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(version.yaml(), encoding="utf-8")
+        os.replace(tmp, path)
+    return path
+
+
 def launch(
     version: Version,
     kind: str,
@@ -125,13 +139,8 @@ def launch(
 ) -> Launch:
     """Start ``dit run`` on ``version`` in its own session; recorded in the store."""
     base = nnpm_dir(runs_root)
-    (base / "scenarios").mkdir(parents=True, exist_ok=True)
     (base / "launches").mkdir(parents=True, exist_ok=True)
-    scenario_file = base / "scenarios" / f"{version.hash}.yaml"
-    if not scenario_file.exists():
-        tmp = scenario_file.with_name(scenario_file.name + ".tmp")
-        tmp.write_text(version.yaml(), encoding="utf-8")
-        os.replace(tmp, scenario_file)
+    scenario_file = version_file(version, runs_root)
     argv = [python, "-m", "dit", "run", str(scenario_file), "--runs-dir", str(runs_root)]
     if mode == "inventory":
         if inventory is None:
@@ -141,7 +150,7 @@ def launch(
     log = base / "launches" / f"{launch_id}.log"
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
-    env.pop("DIT_RUN_ID", None)
+    env.pop(RUN_ENV, None)
     env["DIT_NNPM_LAUNCH"] = launch_id
     with log.open("wb") as out:
         proc = subprocess.Popen(

@@ -31,6 +31,7 @@ function editScenario(document_) {
   state.saved = null;
   $("run-button").disabled = true;
   $("bench-button").disabled = true;
+  $("dry-button").disabled = true;
   $("save-result").hidden = true;
   $("form-errors").hidden = true;
 }
@@ -97,6 +98,7 @@ function markSaved(version, created) {
     el("span", { class: "small" }, created === false ? " (already stored: versions are immutable)" : ""));
   $("run-button").disabled = false;
   $("bench-button").disabled = false;
+  $("dry-button").disabled = false;
 }
 
 $("new-scenario").addEventListener("click", () => editScenario(STARTER));
@@ -148,6 +150,42 @@ async function startRun(kind) {
   }
 }
 $("run-button").addEventListener("click", () => startRun("run"));
+
+// -- dry run: what preflight and apply would change, per node (every value shown as text) ----------
+function renderDryRun(r) {
+  const nodes = r.nodes.map((n) => {
+    const shorten = (d) => (n.node_dir ? d.replaceAll(n.node_dir, "$RUN") : d);
+    return el("details", { class: "dry-node", open: true, dataset: { host: n.host } },
+      el("summary", {}, n.changes.length ? `${n.host}: ${n.changes.length} change(s) would be made` : `${n.host}: no change`),
+      n.node_dir ? el("p", { class: "small" }, `$RUN = ${n.node_dir}`) : null,
+      el("ul", {}, ...n.changes.map((c) => el("li", { dataset: { kind: c.kind } },
+        el("strong", {}, `[${c.kind}] `), c.task,
+        c.details.length ? el("pre", {}, c.details.map(shorten).join("\n")) : null))),
+      ...n.notes.map((note) => el("p", { class: "small" }, `note: ${note}`)));
+  });
+  return el("section", { class: "dry-run" },
+    el("h4", {}, `${r.label} (${r.mode} mode): ${r.ok ? "nothing was changed" : "the dry run failed"}`),
+    r.error ? el("p", { class: "err" }, r.error) : null, ...nodes);
+}
+
+async function dryRun() {
+  if (!state.saved) return;
+  const body = $("dry-run-body");
+  $("dry-run-title").textContent = `Dry run of ${state.saved.name || state.saved.hash.slice(0, 12)}`;
+  body.replaceChildren(el("p", { class: "small", "data-testid": "dry-run-waiting" }, "checking every node in Ansible check mode…"));
+  $("dry-run-dialog").showModal();
+  $("dry-button").disabled = true;
+  try {
+    const res = await api("/api/dry-runs", { method: "POST", body: { version: state.saved.hash, mode: $("run-mode").value } });
+    body.replaceChildren(...res.dry_runs.map(renderDryRun));
+    if (!res.ok && !res.dry_runs.some((r) => r.error)) body.append(el("pre", { class: "err" }, res.log_tail));
+  } catch (err) {
+    body.replaceChildren(el("p", { class: "err" }, err.errors.map((e) => `${e.path}: ${e.message}`).join("\n") || err.message));
+  } finally {
+    $("dry-button").disabled = !state.saved;
+  }
+}
+$("dry-button").addEventListener("click", dryRun);
 $("bench-button").addEventListener("click", () => startRun("benchmark"));
 
 // -- the active run --------------------------------------------------------------------------------
@@ -230,7 +268,7 @@ function renderRun(d) {
     ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_s !== null ? `${d.duration_s} s` : ""],
     ["model", d.metadata.model ? JSON.stringify(d.metadata.model.spec && d.metadata.model.spec.name) + (d.metadata.model.stand_in_for ? ` (stand-in for ${d.metadata.model.stand_in_for})` : "") : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
-    ["error", d.error], ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
+    ["error", d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", {}, "wall time")),
     ...Object.entries(d.stage_ns).map(([s, ns]) => el("tr", {}, el("td", {}, s), el("td", {}, `${(ns / 1e9).toFixed(2)} s`))));

@@ -53,10 +53,15 @@ export class Terminal {
       }
       if (msg.type === "end") { this.offset = msg.offset; this.ended = true; this.status.textContent = "finished"; }
     };
-    ws.onclose = () => {
+    ws.onclose = (event) => {
       if (this.ws !== ws || this.path !== path) return;
       this.ws = null;
       if (this.ended) return;
+      // 4401 no token, 4403 foreign origin, 4404 no such run: retrying cannot help
+      if (event.code >= 4400 && event.code < 4500) {
+        this.status.textContent = `refused (${event.code}${event.reason ? `: ${event.reason}` : ""})`;
+        return;
+      }
       this.retry += 1;
       this.status.textContent = `reconnecting (${this.retry})…`;
       this.timer = setTimeout(() => this.path === path && this.connect(), Math.min(5000, 300 * this.retry));

@@ -1,0 +1,127 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Take a dit node's lease (journaled): one run at a time per node."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: dit_lease
+short_description: Take the lease of a dit node for one run
+description:
+  - Writes O(holder) to O(path) (C(lease.json) in the node's dit directory) when no run holds the
+    node or this run (O(run_id)) already does. Another run's lease is only replaced when its exact
+    content is O(replaces); anything else found there fails the task and names the holder.
+  - Whether a holder still lives is decided on the controller by the C(dit_lease) action plugin
+    (C(dit.lease)), which reads the lease through this module's plan mode, refuses a live or
+    unverifiable holder, and passes O(replaces) only for a lease it decided to break
+    (O(break_stale)).
+  - The lease is released by C(dit_restore) (journal record C(lease)) at teardown or C(dit cleanup),
+    and only while it still names this run.
+  - Journaled through the C(dit_lease) action plugin (journal before change).
+options:
+  path:
+    description: The lease file, C(<dit directory>/lease.json).
+    type: path
+    required: true
+  run_id:
+    description: The run taking the lease.
+    type: str
+    required: true
+  holder:
+    description:
+      - The lease content, C({run_id, controller_host, controller_pid, pid_started_s, since_wall_ns,
+        run_dir}); its C(run_id) must be O(run_id).
+    type: dict
+    required: true
+  break_stale:
+    description:
+      - Evaluated by the action plugin on the controller, ignored by the module. Take the node from a
+        holder whose driver is gone, or that ran on another controller host and cannot be checked.
+        A holder alive on this controller host is never broken.
+    type: bool
+    default: false
+  replaces:
+    description: Set by the action plugin, the exact content of the lease it decided to break.
+    type: str
+  _dit_plan:
+    description:
+      - Set by the C(dit_lease) action plugin, never by a playbook. The module reads the node's current
+        lease and returns the C(journal) record (the release of this run's lease) without changing
+        anything; the plugin appends it to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the lease would be written; writes nothing.
+  diff_mode:
+    support: full
+    details: The lease file's content before and after.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (C(flock) on the lease's directory).
+author: dit developers (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Take this node's lease
+  dit_lease:
+    path: "{{ dit_lease_dir | default('/var/tmp/dit') }}/lease.json"
+    run_id: "{{ dit_run_id }}"
+    holder: "{{ dit_lease }}"
+    break_stale: "{{ dit_break_stale_lease | default(false) }}"
+"""
+
+RETURN = r"""
+current:
+  description: The lease file's content before the task (null when there was none).
+  returned: always
+  type: str
+journal:
+  description: In plan mode, the change record this call needs (consumed by the action plugin).
+  returned: plan mode
+  type: list
+  elements: dict
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_lease import LeaseError, read_text, run_id_of, take
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "run_id": {"type": "str", "required": True},
+            "holder": {"type": "dict", "required": True},
+            "break_stale": {"type": "bool", "default": False},
+            "replaces": {"type": "str"},
+            "_dit_plan": {"type": "bool", "default": False},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    if str(p["holder"].get("run_id")) != p["run_id"]:
+        module.fail_json(msg="holder.run_id must be the run id {}".format(p["run_id"]))
+    current = read_text(p["path"])
+    ours = current is not None and run_id_of(current) == p["run_id"]
+    after = json.dumps(p["holder"], sort_keys=True)
+    diff = {"before": current or "", "after": current if ours else after + "\n"}
+    if p["_dit_plan"] or module.check_mode:
+        journal = [] if ours else [{"op": "lease", "undo": {"path": p["path"], "run_id": p["run_id"]}}]
+        module.exit_json(changed=bool(journal), current=current, journal=journal, diff=diff)
+    try:
+        changed = take(p["path"], p["holder"], p["replaces"])
+    except (LeaseError, OSError) as exc:
+        module.fail_json(msg="cannot take the lease {}: {}".format(p["path"], exc), current=current)
+    module.exit_json(changed=changed, current=current, diff=diff)
+
+
+if __name__ == "__main__":
+    main()

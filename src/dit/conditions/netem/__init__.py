@@ -1,0 +1,166 @@
+"""tc-netem shaping of a device's inference interface (``network.<device>``), role ``netem``.
+
+The builder picks the interface (``network.<device>.interface``, else the inventory's
+``dit_inference_interface``), refuses the management interface (``dit_management_interface``;
+the ``dit_tc`` module also refuses the default-route interface on the node), resolves every
+destination to an address, and passes the tree of :func:`dit.conditions.netem.tc.build_tree` to the
+role. In local mode (and with ``dit_tc_dry_run``) every ``tc`` argv is recorded in a JSON-lines log
+next to the node's run root instead of being run: this kernel has no ``sch_netem``. With
+``dit_tc_dry_run: netem`` (the emulated rack's inventory on such a kernel) only the trees that need
+netem are recorded, rate-only trees run, and :func:`preflight_notes` says so in the run log.
+
+The package is the whole controller side of netem: the tc tree (:mod:`.tc`), the preflight gate
+(:func:`preflight`: a kernel without ``sch_netem``; :func:`preflight_notes`) and the network
+self-check of a collected run (:mod:`.check`, the :func:`aggregate` step). The node side ships
+from elsewhere: the ``dit_tc`` module (``library/dit_tc.py``), the ``netem`` role and the
+delay-variation process (:mod:`dit.device.netem_vary`).
+
+Order 40: before the edge service starts (its capacity profile does not cross the link, so the
+order does not matter there), before the traffic and load conditions that use the link.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from dit.conditions import Condition, HostContext, PreflightFacts
+from dit.conditions.netem.tc import NetemError, build_tree, check_interface, needs_netem, netem_gate
+from dit.scenario import Scenario
+
+if TYPE_CHECKING:
+    from dit.analysis.run import LoadedRun
+
+CONDITION = Condition(
+    name="netem",
+    role="netem",
+    order=40,
+    variables=(
+        "netem_interface",
+        "netem_netns",
+        "netem_tree",
+        "netem_dry_run",
+        "netem_log",
+        "netem_protected_interfaces",
+        "netem_variation",
+    ),
+)
+
+
+def dry_run_log(ctx: HostContext) -> str:
+    """Where local mode records ``tc`` argv: beside the node's run root, so teardown's are kept."""
+    return f"{ctx.node_root}.tc.jsonl"
+
+
+def resolve_address(target: str, ctx: HostContext, where: str) -> str:
+    """A destination key (IP, CIDR or inventory host name) as an address or CIDR.
+
+    ``edge`` (the edge host) is the edge's inference address; another inventory host is looked up
+    in ``ctx.addresses`` when the context provides it (host → inference address), and in local mode
+    every node is the loopback address.
+    """
+    try:
+        return str(ipaddress.ip_network(target, strict=False))
+    except ValueError:
+        pass
+    candidates: dict[str, str] = {}
+    candidates.update(getattr(ctx, "addresses", None) or {})
+    candidates.setdefault(ctx.edge_host, ctx.edge_address)
+    address = candidates.get(target)
+    if address is None and ctx.local:
+        address = "127.0.0.1"
+    if address is None:
+        raise NetemError(
+            f"{where}: cannot resolve host {target!r} to its inference address here; "
+            "give its IP address or CIDR instead"
+        )
+    try:
+        network = ipaddress.ip_network(address, strict=False)
+    except ValueError as exc:
+        raise NetemError(
+            f"{where}: host {target!r} resolves to {address!r}, not an IP address; set its "
+            "dit_inference_address in the inventory"
+        ) from exc
+    return str(network)
+
+
+def interface_of(block: Mapping[str, Any], ctx: HostContext) -> str:
+    return str(block.get("interface") or ctx.hostvars.get("dit_inference_interface") or "")
+
+
+def recorded(block: Mapping[str, Any], local: bool, dry_run_var: object) -> bool:
+    """Whether the device's tree is recorded instead of run: local mode, ``dit_tc_dry_run: true``,
+    or ``dit_tc_dry_run: netem`` (the emulated rack on a kernel without ``sch_netem``) for a tree
+    that needs netem; a rate-only tree (tbf) then stays real."""
+    if dry_run_var == "netem":
+        return local or needs_netem(block)
+    return bool(local or dry_run_var)
+
+
+def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
+    block = scenario.network.get(host)
+    if ctx.role != "device" or not block:
+        return None
+    where = f"network.{host}"
+    dev = interface_of(block, ctx)
+    management = str(ctx.hostvars.get("dit_management_interface") or "")
+    check_interface(dev, [management], where)
+    destinations = {
+        key: resolve_address(key, ctx, f"{where}.destinations.{key}")
+        for key in block.get("destinations") or {}
+    }
+    netns = str(ctx.hostvars.get("dit_netns") or "") or None
+    shaping = build_tree(block, dev, device=host, seed=scenario.seed, destinations=destinations, netns=netns)
+    if shaping is None:
+        return None
+    dry_run = recorded(block, ctx.local, ctx.hostvars.get("dit_tc_dry_run", False))
+    log = dry_run_log(ctx) if dry_run else ""
+    variation: dict[str, Any] = {}
+    if shaping.vary_template is not None:
+        variation = {
+            "device": host,
+            "seed": scenario.seed,
+            "variation": dict(shaping.variation),
+            "template": list(shaping.vary_template),
+        }
+    return {
+        "netem_interface": dev,
+        "netem_netns": netns or "",
+        "netem_tree": [o.to_dict() for o in shaping.objects],
+        "netem_dry_run": dry_run,
+        "netem_log": log,
+        "netem_protected_interfaces": [management] if management else [],
+        "netem_variation": variation,
+    }
+
+
+def preflight(facts: PreflightFacts) -> str | None:
+    """The netem gate: a device that needs ``sch_netem`` on a kernel without it (not in local mode,
+    which records the tc commands instead of running them)."""
+    problems = [] if facts.local else netem_gate(facts.scenario.network, facts.nodes, facts.hostvars)
+    return "network shaping refused: " + "; ".join(problems) if problems else None
+
+
+def preflight_notes(facts: PreflightFacts) -> list[str]:
+    """Say plainly which devices lack ``sch_netem`` and only record their netem commands."""
+    notes: list[str] = []
+    for device, block in facts.scenario.network.items():
+        dry_run_var = facts.hostvars.get(device, {}).get("dit_tc_dry_run", False)
+        if facts.local or not dry_run_var or not needs_netem(block):
+            continue
+        node = facts.nodes.get(device) or {}
+        if (node.get("netem") or {}).get("available") is False:
+            notes.append(
+                f"{device}: kernel {node.get('kernel', '?')} has no sch_netem, so this run records the netem "
+                f"commands of network.{device} instead of running them (dit_tc_dry_run: {dry_run_var}); "
+                "its delays are not applied"
+            )
+    return notes
+
+
+def aggregate(run: LoadedRun) -> None:
+    """The network self-check of a collected run (``netem_check.csv``, ``netem_changes.csv``)."""
+    from dit.conditions.netem.check import aggregate_network  # pandas: only once a run is analysed
+
+    aggregate_network(run)

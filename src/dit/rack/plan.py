@@ -1,0 +1,399 @@
+"""The emulated rack as data: names, addresses, argv lists, cgroup files, sshd config, inventory.
+
+Everything here is a pure function of a :class:`RackSpec` (and, for cgroups, of the hierarchy
+layout the executor found), so the whole rack can be checked without a host. The executor
+(:mod:`dit.rack.executor`) journals each :class:`Step` and then runs it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: The rack's inference network: private test addresses on a bridge inside this machine.
+DEFAULT_SUBNET = "10.213.0"
+CFS_PERIOD_US = 100_000
+CPU_SHARES_MAX_V1 = 262_144
+CPU_WEIGHT_MAX_V2 = 10_000
+#: The rack's real-time budget per second (cgroup v1 ``cpu.rt_runtime_us``): a v1 cpu group starts
+#: with none, and then SCHED_FIFO is refused inside it, also for the agent's wait for the start.
+RT_BUDGET_US = 200_000
+RT_NODE_MIN_US = 4_000  # two 2 ms start spins a second
+MAX_DEVICES = 200  # device addresses are .11 … .210 of one /24
+EDGE = "edge"
+INFERENCE_INTERFACE = "inf0"  # the veth end inside every node's namespace
+SSHD = "/usr/sbin/sshd"
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,5}$")
+_SUBNET = re.compile(r"^10\.(\d{1,3})\.(\d{1,3})$")
+
+
+class RackError(Exception):
+    """The rack cannot be built as asked (a bad option, a missing tool, a rack already up)."""
+
+
+@dataclass(frozen=True)
+class RackSpec:
+    """What ``dit rack up`` builds. ``cpu_share_pct`` is a percentage of one CPU (100 = a core)."""
+
+    state_dir: Path
+    devices: int = 3
+    cpu_share_pct: int = 100
+    memory_mb: int = 1024
+    name: str = "rack"  # prefixes namespaces, links and cgroups: several racks can coexist
+    subnet: str = DEFAULT_SUBNET  # first three octets of the /24
+    cpus: str = "0"  # the devices' cpuset (the edge gets every CPU in ``all_cpus``)
+    all_cpus: str = "0"
+    host_cpus: int = 1  # CPUs of this machine: the upper bound of cpu_share_pct is 100 times this
+
+    def validate(self) -> None:
+        if not _NAME.match(self.name):
+            raise RackError(f"--name {self.name!r}: 1-6 lowercase letters or digits, starting with a letter")
+        if not 1 <= self.devices <= MAX_DEVICES:
+            raise RackError(f"--devices {self.devices}: must be between 1 and {MAX_DEVICES}")
+        if not 1 <= self.cpu_share_pct <= 100 * self.host_cpus:
+            raise RackError(
+                f"--cpu-share {self.cpu_share_pct}: must be between 1 and {100 * self.host_cpus} "
+                f"(percent of one CPU; this machine has {self.host_cpus})"
+            )
+        if self.memory_mb < 16:
+            raise RackError(f"--memory-mb {self.memory_mb}: must be at least 16 (sshd and Python need room)")
+        match = _SUBNET.match(self.subnet)
+        if not match or not all(0 <= int(octet) <= 255 for octet in match.groups()):
+            raise RackError(f"--subnet {self.subnet!r}: must be three octets of a private 10.x.y.0/24")
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str  # the inventory host name: edge, device1 …
+    index: int  # 0 for the edge, i for device i
+    netns: str
+    veth: str  # host side, enslaved to the bridge; the namespace side is INFERENCE_INTERFACE
+    address: str
+    cgroup: str  # relative path under each controller's hierarchy
+    cpu_share_pct: int | None  # None: unlimited (the edge server)
+    memory_mb: int | None
+    cpus: str
+
+    @property
+    def role(self) -> str:
+        return EDGE if self.index == 0 else "device"
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """Where the controllers are mounted: v1 (one directory per controller) or v2 (unified)."""
+
+    version: int
+    root: Path = Path("/sys/fs/cgroup")
+
+    def controller_dirs(self) -> dict[str, Path]:
+        if self.version == 2:
+            return {"unified": self.root}
+        return {c: self.root / c for c in ("cpu", "cpuacct", "memory", "cpuset")}
+
+
+@dataclass(frozen=True)
+class CgroupWrite:
+    path: Path  # the control file
+    value: str
+    optional: bool = False  # skipped when the kernel lacks the file (e.g. no RT group scheduling)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing ``rack up`` creates: journaled (``op`` + ``undo``) before ``argv`` runs."""
+
+    host: str
+    op: str  # netns | link | cgroup | sshd | dir
+    undo: dict[str, Any]
+    argv: tuple[str, ...] = ()
+    writes: tuple[CgroupWrite, ...] = field(default_factory=tuple)
+
+
+def bridge_name(spec: RackSpec) -> str:
+    return f"dr-{spec.name}-br"
+
+
+def bridge_address(spec: RackSpec) -> str:
+    """The controller's address on the inference bridge: how Ansible reaches every node."""
+    return f"{spec.subnet}.1"
+
+
+def nodes(spec: RackSpec) -> list[Node]:
+    out: list[Node] = []
+    for index in range(spec.devices + 1):
+        name = EDGE if index == 0 else f"device{index}"
+        edge = index == 0
+        out.append(
+            Node(
+                name=name,
+                index=index,
+                netns=f"dit-{spec.name}-{name}",
+                veth=f"dr-{spec.name}-{index}",
+                address=f"{spec.subnet}.{10 if edge else 10 + index}",
+                cgroup=f"dit-{spec.name}/{name}",
+                cpu_share_pct=None if edge else spec.cpu_share_pct,
+                memory_mb=None if edge else spec.memory_mb,
+                cpus=spec.all_cpus if edge else spec.cpus,
+            )
+        )
+    return out
+
+
+def node_dir(spec: RackSpec, node: Node) -> Path:
+    return spec.state_dir / "nodes" / node.name
+
+
+def cgroup_dirs(layout: CgroupLayout, relative: str) -> list[Path]:
+    return [base / relative for base in layout.controller_dirs().values()]
+
+
+def cpu_quota_writes(layout: CgroupLayout, relative: str, share_pct: int | None) -> list[CgroupWrite]:
+    """The CPU quota of ``share_pct`` % of one CPU (None: no quota), v1 CFS files or v2 ``cpu.max``."""
+    quota_us = -1 if share_pct is None else share_pct * CFS_PERIOD_US // 100
+    if layout.version == 2:
+        value = "max" if quota_us < 0 else str(quota_us)
+        return [CgroupWrite(layout.root / relative / "cpu.max", f"{value} {CFS_PERIOD_US}")]
+    cpu = layout.root / "cpu" / relative
+    return [
+        CgroupWrite(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US)),
+        CgroupWrite(cpu / "cpu.cfs_quota_us", str(quota_us)),
+    ]
+
+
+def cpu_weight_writes(layout: CgroupLayout, relative: str) -> list[CgroupWrite]:
+    """The highest CPU weight, so that a node's quota and not the host's other work sets its
+    capacity (a 30 % device gets its 30 % on a busy machine). The quota caps what it can take."""
+    if layout.version == 2:
+        return [CgroupWrite(layout.root / relative / "cpu.weight", str(CPU_WEIGHT_MAX_V2))]
+    return [CgroupWrite(layout.root / "cpu" / relative / "cpu.shares", str(CPU_SHARES_MAX_V1))]
+
+
+def rt_budgets_us(devices: int) -> tuple[int, int]:
+    """(the rack's, each node's) RT budget in µs per second; the nodes' sum fits the rack's, and
+    the rack's stays below the root's 950 000."""
+    count = devices + 1
+    parent = min(900_000, max(RT_BUDGET_US, RT_NODE_MIN_US * count))
+    return parent, parent // count
+
+
+def rt_writes(layout: CgroupLayout, relative: str, budget_us: int) -> list[CgroupWrite]:
+    if layout.version == 2:
+        return []  # v2 has no per-group RT budget: SCHED_FIFO is allowed in any group
+    return [CgroupWrite(layout.root / "cpu" / relative / "cpu.rt_runtime_us", str(budget_us), optional=True)]
+
+
+def memory_writes(layout: CgroupLayout, relative: str, memory_mb: int | None) -> list[CgroupWrite]:
+    if memory_mb is None:
+        return []
+    limit_bytes = str(memory_mb * 1024 * 1024)
+    if layout.version == 2:
+        return [CgroupWrite(layout.root / relative / "memory.max", limit_bytes)]
+    return [CgroupWrite(layout.root / "memory" / relative / "memory.limit_in_bytes", limit_bytes)]
+
+
+def cpuset_writes(layout: CgroupLayout, relative: str, cpus: str, mems: str) -> list[CgroupWrite]:
+    """A v1 cpuset cgroup starts empty: ``cpuset.mems`` and ``cpuset.cpus`` must be set before a
+    task can join it (on v2 empty means "inherit", but setting them is just as right)."""
+    base = layout.root / relative if layout.version == 2 else layout.root / "cpuset" / relative
+    return [CgroupWrite(base / "cpuset.mems", mems), CgroupWrite(base / "cpuset.cpus", cpus)]
+
+
+def procs_files(layout: CgroupLayout, relative: str) -> list[Path]:
+    """Where a process writes its pid to join the node's cgroup (every controller on v1)."""
+    return [d / "cgroup.procs" for d in cgroup_dirs(layout, relative)]
+
+
+def sshd_config(spec: RackSpec, node: Node) -> str:
+    keys = keys_dir(spec)
+    return (
+        f"ListenAddress {node.address}\n"
+        "Port 22\n"
+        f"HostKey {keys / 'host_ed25519'}\n"
+        f"PidFile {node_dir(spec, node) / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {keys / 'authorized_keys'}\n"
+        "PermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "UsePAM no\n"
+        # The state dir may sit under a world-writable /tmp in tests; the keys are ours.
+        "StrictModes no\n"
+        "AcceptEnv LANG LC_*\n"
+        "Subsystem sftp internal-sftp\n"
+    )
+
+
+def keys_dir(spec: RackSpec) -> Path:
+    return spec.state_dir / "keys"
+
+
+def client_key(spec: RackSpec) -> Path:
+    return keys_dir(spec) / "controller_ed25519"
+
+
+def known_hosts(spec: RackSpec, host_public_key: str) -> str:
+    """Every node's address with the rack host key: SSH checks the host key strictly."""
+    key = " ".join(host_public_key.split()[:2])
+    return "".join(f"{node.address} {key}\n" for node in nodes(spec))
+
+
+def sshd_argv(node: Node, config: Path) -> tuple[str, ...]:
+    """sshd in the node's network namespace only. Not ``ip netns exec``: that mounts a fresh sysfs
+    over ``/sys`` and hides ``/sys/fs/cgroup``, where the run's processes read their own limits."""
+    return ("nsenter", f"--net=/run/netns/{node.netns}", SSHD, "-D", "-e", "-f", str(config))
+
+
+def network_steps(spec: RackSpec) -> list[Step]:
+    """The bridge with the controller's address, then per node its namespace and veth pair."""
+    bridge = bridge_name(spec)
+    steps = [
+        Step("controller", "link", {"link": bridge}, ("ip", "link", "add", bridge, "type", "bridge")),
+        Step("controller", "noop", {}, ("ip", "addr", "add", f"{bridge_address(spec)}/24", "dev", bridge)),
+        Step("controller", "noop", {}, ("ip", "link", "set", bridge, "up")),
+    ]
+    for node in nodes(spec):
+        ns = ("ip", "-n", node.netns)
+        steps += [
+            Step(node.name, "netns", {"netns": node.netns}, ("ip", "netns", "add", node.netns)),
+            Step(
+                node.name,
+                "link",
+                {"link": node.veth},
+                (
+                    "ip",
+                    "link",
+                    "add",
+                    node.veth,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    INFERENCE_INTERFACE,
+                    "netns",
+                    node.netns,
+                ),
+            ),
+            Step(node.name, "noop", {}, ("ip", "link", "set", node.veth, "master", bridge)),
+            Step(node.name, "noop", {}, ("ip", "link", "set", node.veth, "up")),
+            Step(
+                node.name, "noop", {}, (*ns, "addr", "add", f"{node.address}/24", "dev", INFERENCE_INTERFACE)
+            ),
+            Step(node.name, "noop", {}, (*ns, "link", "set", INFERENCE_INTERFACE, "up")),
+            Step(node.name, "noop", {}, (*ns, "link", "set", "lo", "up")),
+        ]
+    return steps
+
+
+def _union(*cpu_lists: str) -> str:
+    """The CPUs of several comma-separated lists ("0", "1,2" -> "0,1,2")."""
+    cpus = {int(c) for lst in cpu_lists for c in lst.split(",") if c.strip()}
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
+    """The rack's parent cgroup and one per node with its quota, memory limit and cpuset.
+
+    Each directory is journaled before it is made; the parent first so that ``rack down``, which
+    undoes newest first, removes the children before it.
+    """
+    parent = f"dit-{spec.name}"
+    parent_writes = [
+        *cpuset_writes(layout, parent, _union(spec.all_cpus, spec.cpus), mems),
+        *cpu_weight_writes(layout, parent),
+        *rt_writes(layout, parent, rt_budgets_us(spec.devices)[0]),
+    ]
+    if layout.version == 2:
+        # v2 hands a controller to children only once the parent lists it in subtree_control.
+        enable = "+cpu +cpuset +memory"
+        parent_writes = [
+            CgroupWrite(layout.root / "cgroup.subtree_control", enable),
+            *parent_writes,
+            CgroupWrite(layout.root / parent / "cgroup.subtree_control", enable),
+        ]
+    steps = [
+        Step(
+            "controller",
+            "cgroup",
+            {"dirs": [str(d) for d in cgroup_dirs(layout, parent)]},
+            writes=tuple(parent_writes),
+        )
+    ]
+    for node in nodes(spec):
+        writes = [
+            *cpuset_writes(layout, node.cgroup, node.cpus, mems),
+            *cpu_quota_writes(layout, node.cgroup, node.cpu_share_pct),
+            # Only quota-capped nodes get the top weight: an uncapped edge must not starve the host.
+            *(cpu_weight_writes(layout, node.cgroup) if node.cpu_share_pct is not None else []),
+            *memory_writes(layout, node.cgroup, node.memory_mb),
+            *rt_writes(layout, node.cgroup, rt_budgets_us(spec.devices)[1]),
+        ]
+        steps.append(
+            Step(
+                node.name,
+                "cgroup",
+                {"dirs": [str(d) for d in cgroup_dirs(layout, node.cgroup)]},
+                writes=tuple(writes),
+            )
+        )
+    return steps
+
+
+def inventory(spec: RackSpec, python: str = sys.executable, netem_dry_run: bool = False) -> dict[str, Any]:
+    """The rack as an Ansible inventory with groups ``edge`` and ``devices`` (like rack.example).
+
+    ``ansible_host`` and ``dit_inference_address`` are the same address: the controller sits on
+    the inference bridge, so management and inference share one network here (the rack's real
+    boards have a wired management network besides the Wi-Fi). The filesystem and the clock are
+    shared, so every node gets its own ``dit_remote_base`` and ``dit_shared_clock`` is set.
+    ``netem_dry_run`` (a kernel without ``sch_netem``) makes every device record the tc trees that
+    need netem instead of running them (``dit_tc_dry_run: netem``); rate-only trees stay real.
+    """
+
+    def host(node: Node) -> dict[str, Any]:
+        base = node_dir(spec, node)
+        out: dict[str, Any] = {
+            "ansible_host": node.address,
+            "dit_inference_address": node.address,
+            "dit_inference_interface": INFERENCE_INTERFACE,
+            "dit_remote_base": str(base / "root"),
+            "sysfs_root": str(base / "sys"),
+            "dit_rack_cgroup": node.cgroup,
+            # NNPM's map: the article's layout, nodes about a metre apart.
+            "dit_lat": 37.975 + (0.00002 if node.index else 0.0),
+            "dit_lon": round(23.735 + 0.000012 * max(node.index - 1, 0), 7),
+        }
+        if netem_dry_run and node.role == "device":
+            out["dit_tc_dry_run"] = "netem"
+        return out
+
+    all_nodes = nodes(spec)
+    ssh_args = f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={spec.state_dir / 'known_hosts'}"
+    return {
+        "all": {
+            "vars": {
+                "ansible_user": "root",
+                "ansible_ssh_private_key_file": str(client_key(spec)),
+                "ansible_ssh_common_args": ssh_args,
+                "ansible_python_interpreter": python,
+                "dit_python": python,
+                "dit_shared_clock": True,
+                "dit_rack": str(spec.state_dir),
+            },
+            "children": {
+                "edge": {"hosts": {n.name: host(n) for n in all_nodes if n.role == EDGE}},
+                "devices": {"hosts": {n.name: host(n) for n in all_nodes if n.role != EDGE}},
+            },
+        }
+    }
+
+
+def inventory_yaml(spec: RackSpec, python: str = sys.executable, netem_dry_run: bool = False) -> str:
+    header = (
+        f"# The emulated rack in {spec.state_dir} (written by `dit rack up`; `dit rack down` removes it).\n"
+    )
+    return header + yaml.safe_dump(inventory(spec, python, netem_dry_run), sort_keys=False)

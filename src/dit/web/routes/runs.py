@@ -1,0 +1,239 @@
+"""Runs: launch (the CLI's own driver in its own session), list, detail, stop, plots, optimise, terminal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+from asyncio.subprocess import PIPE
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, WebSocket
+from fastapi.responses import FileResponse, JSONResponse, Response
+
+from dit.device.tags import RUN_ENV
+from dit.procs import pid_alive
+from dit.rundir import RunDir
+from dit.scenario import expand, validate
+from dit.web import runs as runs_mod
+from dit.web.routes.common import (
+    Context,
+    Ctx,
+    close_websocket,
+    context,
+    field_errors,
+    json_body,
+    unprocessable,
+)
+from dit.web.terminal import tail
+
+router = APIRouter(prefix="/api")
+DRY_RUN_TIMEOUT_S = 600.0
+
+
+@router.get("/runs")
+def get_runs(ctx: Ctx) -> dict[str, Any]:
+    return {"runs": runs_mod.list_runs(ctx.runs_root, ctx.store)}
+
+
+def launch_errors(ctx: Context, body: dict[str, Any], kinds: tuple[str, ...]) -> list[dict[str, str]]:
+    """What is wrong with a request to run (or dry-run) a saved version: ``kind``, ``mode``, ``version``."""
+    errors = []
+    if body.get("kind", "run") not in kinds:
+        errors.append({"path": "kind", "message": " or ".join(kinds)})
+    mode = body.get("mode", "local")
+    if mode not in ("local", "inventory"):
+        errors.append({"path": "mode", "message": "local or inventory"})
+    if mode == "inventory" and not ctx.config.inventory.exists():
+        errors.append({"path": "mode", "message": f"no inventory at {ctx.config.inventory}"})
+    if ctx.store.find(str(body.get("version", ""))) is None:
+        errors.append({"path": "version", "message": "no such saved version"})
+    return errors
+
+
+@router.post("/runs", status_code=202, response_model=None)
+async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    body = await json_body(request)
+    kind = body.get("kind", "run")
+    mode = body.get("mode", "local")
+    errors = launch_errors(ctx, body, ("run", "benchmark"))
+    version = ctx.store.find(str(body.get("version", "")))
+    if errors or version is None:
+        return unprocessable(errors)
+    chosen = version
+    if kind == "benchmark":
+        # the profiling-only pipeline: the same scenario without inference and optimisation
+        document = json.loads(json.dumps(version.document))
+        document.setdefault("inference", {})["enabled"] = False
+        document.setdefault("optimisation", {})["enabled"] = False
+        document["inference"].pop("partition_points", None)
+        problems = validate(document)
+        if problems:
+            return unprocessable(field_errors(problems))
+        chosen, _ = await asyncio.to_thread(
+            ctx.store.save, document, expand(document), "benchmark", version.hash
+        )
+    record = await asyncio.to_thread(
+        runs_mod.launch, chosen, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store
+    )
+    return {"launch": record.id, "pid": record.pid, "version": chosen.summary(), "kind": kind, "mode": mode}
+
+
+@router.post("/dry-runs", response_model=None)
+async def dry_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    """``dit run --check`` on a saved version: what preflight and apply would change on every node.
+
+    Runs as a child process (the driver needs the main thread for its signal handlers) and answers
+    when it is done: tens of seconds, no run directory, nothing changed on any node.
+    """
+    body = await json_body(request)
+    errors = launch_errors(ctx, body, ("run",))
+    version = ctx.store.find(str(body.get("version", "")))
+    if errors or version is None:
+        return unprocessable(errors)
+    mode = body.get("mode", "local")
+    path = await asyncio.to_thread(runs_mod.version_file, version, ctx.runs_root)
+    argv = [
+        sys.executable,
+        "-m",
+        "dit",
+        "run",
+        "--check",
+        "--json",
+        str(path),
+        "--runs-dir",
+        str(ctx.runs_root),
+    ]
+    if mode == "inventory":
+        argv += ["-i", str(ctx.config.inventory.resolve())]
+    env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE, env=env
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), DRY_RUN_TIMEOUT_S)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return unprocessable(
+            [{"path": "", "message": f"the dry run took longer than {DRY_RUN_TIMEOUT_S:g} s"}]
+        )
+    log = err.decode("utf-8", "replace")[-4000:]
+    try:
+        report = json.loads(out)
+    except ValueError:
+        return unprocessable([{"path": "", "message": f"the dry run failed: {log.strip()[-1000:]}"}])
+    return {"version": version.summary(), "mode": mode, "ok": proc.returncode == 0, **report, "log_tail": log}
+
+
+@router.get("/launches/{launch_id}")
+def get_launch(ctx: Ctx, launch_id: str) -> dict[str, Any]:
+    row = next((r for r in ctx.store.launches() if r["id"] == launch_id), None)
+    if row is None:
+        raise HTTPException(404, f"no launch {launch_id}")
+    runs_mod.tag_runs(ctx.runs_root, ctx.store)
+    mine = [r for r in runs_mod.list_runs(ctx.runs_root, ctx.store) if r.get("launch") == launch_id]
+    log = Path(row["log"])
+    tail_text = log.read_text(encoding="utf-8", errors="replace")[-4000:] if log.exists() else ""
+    return {**row, "alive": pid_alive(int(row["pid"])), "runs": mine, "log_tail": tail_text}
+
+
+def run_or_404(ctx: Context, scenario: str, run: str) -> RunDir:
+    try:
+        return runs_mod.run_dir_of(ctx.runs_root, scenario, run)
+    except runs_mod.RunNotFound:
+        raise HTTPException(404, f"no run {scenario}/{run}") from None
+
+
+@router.get("/runs/{scenario}/{run}")
+def get_run(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
+    return runs_mod.run_detail(run_or_404(ctx, scenario, run), ctx.runs_root, ctx.store)
+
+
+@router.post("/runs/{scenario}/{run}/stop", status_code=202)
+def stop(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
+    rundir = run_or_404(ctx, scenario, run)
+    summary = runs_mod.run_summary(rundir, ctx.runs_root, ctx.store)
+    if summary["state"] in runs_mod.STATES_DONE:
+        raise HTTPException(409, f"the run is already {summary['state']}")
+    proc = runs_mod.stop_run(rundir)
+    return {"stopping": summary["key"], "pid": proc.pid}
+
+
+@router.get("/runs/{scenario}/{run}/plots/{plot}.png")
+async def plot(ctx: Ctx, scenario: str, run: str, plot: str) -> Response:
+    from dit.web.plots import layers_png, monitors_png
+
+    agg = run_or_404(ctx, scenario, run).path / "aggregate"
+    if plot == "validation":
+        if not (agg / "validation.png").is_file():
+            raise HTTPException(404, "no validation plot")
+        return FileResponse(agg / "validation.png", media_type="image/png")
+    makers = {"layers": (layers_png, "layers.csv"), "monitors": (monitors_png, "monitors.csv")}
+    if plot not in makers:
+        raise HTTPException(404, f"no plot {plot}")
+    make, name = makers[plot]
+    if not (agg / name).is_file():
+        raise HTTPException(404, f"the run has no {name}")
+    png = await asyncio.to_thread(make, agg / name)
+    return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
+
+
+@router.get("/runs/{scenario}/{run}/optimise")
+def get_optimise(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
+    folder = run_or_404(ctx, scenario, run).path / "optimise"
+    results = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        with contextlib.suppress(ValueError, OSError):
+            results.append({"file": path.name, **json.loads(path.read_text(encoding="utf-8"))})
+    return {"results": results}
+
+
+@router.post("/runs/{scenario}/{run}/optimise", response_model=None)
+async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[str, Any] | JSONResponse:
+    from dit.aggregate import AggregateError
+    from dit.optimise import OptimiseError
+    from dit.optimise.api import optimise_run
+
+    rundir = run_or_404(ctx, scenario, run)
+    body = await json_body(request)
+    summary = runs_mod.run_summary(rundir, ctx.runs_root, ctx.store)
+    if summary["state"] not in runs_mod.STATES_DONE:
+        raise HTTPException(409, "the run has not finished")
+    settings: dict[str, str | None] = {}
+    for key in ("algorithm", "objective", "policy"):
+        value = body.get(key)
+        if value is not None and not isinstance(value, str):
+            return unprocessable([{"path": key, "message": "a name"}])
+        settings[key] = value or None
+    try:
+        result = await asyncio.to_thread(
+            optimise_run, rundir.path, settings["algorithm"], settings["objective"], settings["policy"], None
+        )
+    except (OptimiseError, AggregateError) as exc:
+        return unprocessable([{"path": "", "message": str(exc)}])
+    data: dict[str, Any] = json.loads(result.to_json())
+    data["file"] = result.output_path.name
+    data["validation_png"] = (rundir.path / "aggregate" / "validation.png").is_file()
+    return data
+
+
+@router.websocket("/runs/{scenario}/{run}/terminal")
+async def run_terminal(
+    ws: WebSocket, scenario: str, run: str, offset: int | None = None, node: str | None = None
+) -> None:
+    ctx = context(ws)
+    try:
+        rundir = runs_mod.run_dir_of(ctx.runs_root, scenario, run)
+    except runs_mod.RunNotFound:
+        await close_websocket(ws, 4404)
+        return
+
+    def finished() -> bool:
+        state = runs_mod.run_summary(rundir, ctx.runs_root, ctx.store)["state"]
+        return state in (*runs_mod.STATES_DONE, "dead")
+
+    await tail(ws, rundir.log, offset, finished, node)

@@ -1,0 +1,124 @@
+"""Scenarios: the schema, validation, saved versions with history and diff, the shipped files."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from dit.scenario import ScenarioError, expand, load_schema, load_yaml, validate
+from dit.web.routes.common import Context, Ctx, field_errors, json_body, unprocessable
+from dit.web.store import Version, diff, version_hash
+from dit.web.topology import network_block, topology_delays
+
+router = APIRouter(prefix="/api")
+
+
+@router.get("/schema")
+def get_schema() -> dict[str, Any]:
+    return load_schema()
+
+
+def scenario_files(ctx: Context) -> list[dict[str, Any]]:
+    folder = ctx.config.scenarios_dir
+    if not folder.is_dir():
+        return []
+    return [{"file": p.name, "name": p.stem} for p in sorted(folder.glob("*.yaml")) if p.is_file()]
+
+
+@router.get("/scenarios")
+def get_scenarios(ctx: Ctx) -> dict[str, Any]:
+    return {"stored": ctx.store.names(), "files": scenario_files(ctx)}
+
+
+@router.get("/scenarios/files/{file}", response_model=None)
+def get_scenario_file(ctx: Ctx, file: str) -> dict[str, Any] | JSONResponse:
+    if file not in {f["file"] for f in scenario_files(ctx)}:
+        raise HTTPException(404, f"no scenario file {file}")
+    try:
+        document = load_yaml(ctx.config.scenarios_dir / file)
+    except ScenarioError as exc:
+        return unprocessable(field_errors(exc.errors))
+    return {"file": file, "document": document}
+
+
+def check_document(body: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """The scenario of a request (``document`` or ``yaml``) and its field errors."""
+    document = body.get("document")
+    if "yaml" in body and document is None:
+        try:
+            document = load_yaml(str(body["yaml"]))
+        except ScenarioError as exc:
+            return {}, field_errors(exc.errors)
+    if not isinstance(document, dict):
+        return {}, [{"path": "", "message": "the scenario must be a mapping"}]
+    return document, field_errors(validate(document))
+
+
+@router.post("/scenarios/validate")
+async def validate_scenario(request: Request) -> dict[str, Any]:
+    document, errors = check_document(await json_body(request))
+    result: dict[str, Any] = {"valid": not errors, "errors": errors}
+    if not errors:
+        result["hash"] = version_hash(document)
+        result["variants"] = [{"label": v.label, "hash": v.hash} for v in expand(document)]
+    return result
+
+
+@router.post("/scenarios", status_code=201, response_model=None)
+async def save_scenario(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    document, errors = check_document(await json_body(request))
+    if errors:
+        return unprocessable(errors)
+    version, created = await asyncio.to_thread(ctx.store.save, document, expand(document))
+    return {"version": version.to_json(), "created": created}
+
+
+@router.post("/scenarios/topology", response_model=None)
+async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    """The document with the map's per-destination delays merged into its ``network`` block."""
+    body = await json_body(request)
+    document = body.get("document")
+    if not isinstance(document, dict):
+        return unprocessable([{"path": "", "message": "the scenario must be a mapping"}])
+    devices = [d for d in document.get("devices") or [] if isinstance(d, str)]
+    valid = [p for p in (n.point for n in ctx.inventory.nodes()) if p is not None]
+    edge = next((p.name for p in valid if p.role == "edge"), None)
+    delays = topology_delays(valid)
+    missing = [d for d in devices if d not in delays]
+    network = network_block(
+        delays, devices, edge, bool(body.get("device_links")), document.get("network") or {}
+    )
+    out = dict(document)
+    if network:
+        out["network"] = network
+    return {"document": out, "edge": edge, "delays": delays, "not_on_map": missing}
+
+
+@router.get("/scenarios/{name}/versions")
+def get_history(ctx: Ctx, name: str) -> dict[str, Any]:
+    return {"name": name, "versions": [v.summary() for v in ctx.store.history(name)]}
+
+
+def version_or_404(ctx: Context, digest: str) -> Version:
+    version = ctx.store.find(digest)
+    if version is None:
+        raise HTTPException(404, f"no version {digest}")
+    return version
+
+
+@router.get("/versions/{digest}")
+def get_version(ctx: Ctx, digest: str) -> dict[str, Any]:
+    return dict(version_or_404(ctx, digest).to_json())
+
+
+@router.get("/versions/{digest}/yaml", response_class=PlainTextResponse)
+def get_version_yaml(ctx: Ctx, digest: str) -> str:
+    return str(version_or_404(ctx, digest).yaml())
+
+
+@router.get("/diff")
+def get_diff(ctx: Ctx, a: str, b: str) -> dict[str, Any]:
+    return diff(version_or_404(ctx, a), version_or_404(ctx, b))

@@ -1,0 +1,86 @@
+"""`dit stop` signals a run's driver only when the run is running and the pid is still that driver."""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dit.cli import app
+from dit.procs import process_identity
+from dit.rundir import DRIVER, STATUS, STOP, write_json
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated live process whose pid ends up in driver.json."""
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def fake_run(tmp_path: Path, state: str, driver: dict[str, Any]) -> Path:
+    run = tmp_path / "runs" / "s" / "20260101T000000Z-0123abcd"
+    run.mkdir(parents=True)
+    write_json(run / STATUS, {"state": state, "stage": None, "label": "s"})
+    write_json(run / DRIVER, {"host": platform.node(), "local": True, **driver})
+    return run
+
+
+def stop(run: Path, *extra: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["stop", str(run), *extra])
+    return result.exit_code, result.output
+
+
+def test_a_finished_run_is_refused_and_the_process_in_driver_json_survives(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # the pid in driver.json was reused by an unrelated process since the run completed
+    run = fake_run(tmp_path, "completed", {"pid": sleeper.pid})
+    code, output = stop(run)
+    assert code != 0
+    assert "is not running (state completed)" in output
+    assert "Traceback" not in output
+    assert sleeper.poll() is None
+    assert not (run / STOP).exists()
+
+
+def test_a_running_run_whose_pid_is_another_process_is_refused(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # the driver died (status still says running) and its pid now names the sleeper
+    recorded = process_identity(os.getpid())
+    run = fake_run(tmp_path, "running", {"pid": sleeper.pid, **recorded})
+    code, output = stop(run)
+    assert code != 0
+    assert f"pid {sleeper.pid} is now another process" in " ".join(output.split())
+    assert "dit cleanup" in output
+    assert sleeper.poll() is None
+
+
+def test_the_verified_driver_is_signalled(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    run = fake_run(tmp_path, "running", {"pid": sleeper.pid, **process_identity(sleeper.pid)})
+    code, _output = stop(run, "--wait", "1")
+    assert code != 0  # a sleep does not write status.json: it never reports "stopped"
+    assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    assert (run / STOP).exists()
+
+
+def test_a_driver_without_a_recorded_identity_gets_only_the_stop_file(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    run = fake_run(tmp_path, "running", {"pid": sleeper.pid})
+    code, output = stop(run, "--wait", "0.5")
+    assert code != 0
+    assert "STOP file" in output
+    assert (run / STOP).exists()
+    assert sleeper.poll() is None

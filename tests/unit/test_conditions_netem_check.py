@@ -1,0 +1,115 @@
+"""aggregate_network on a hand-assembled run; the netem fact of dit_facts; the gate's dry-run hosts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from dit.conditions.netem.check import aggregate_network
+from dit.conditions.netem.tc import netem_gate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_run(run: Path) -> None:
+    scenario = {
+        "name": "n",
+        "devices": ["device1", "device2", "device3"],
+        "network": {
+            "device1": {"delay_ms": 20, "destinations": {"edge": {"delay_ms": 35}}},
+            "device2": {
+                "delay_ms": 5,
+                "variation": {"kind": "square", "low_ms": 10, "high_ms": 30, "period_s": 2},
+                "destinations": {"10.0.0.0/8": {"delay_ms": 50}},
+            },
+        },
+    }
+    (run / "scenario.yaml").write_text(yaml.safe_dump(scenario))
+    (run / "metadata.json").write_text(
+        json.dumps({"mode": "inventory", "conditions": {"device1": {"netem": {"netem_dry_run": False}}}})
+    )
+    for device, rtts, address in (
+        ("device1", [36_000_000, 37_000_000, 35_500_000], "192.168.50.1"),
+        ("device2", [21_000_000, 19_000_000], "192.168.50.1"),
+        ("device3", [1_000_000], "192.168.50.1"),
+    ):
+        raw = run / "raw" / device
+        raw.mkdir(parents=True)
+        ping = {"target": "edge", "address": address, "rtt_ns": rtts, "sent": 10, "received": len(rtts)}
+        (raw / f"{device}_ping.json").write_text(json.dumps(ping))
+        (raw / f"{device}_origin.json").write_text(json.dumps({"origin_mono_ns": 1_000_000_000}))
+    baseline = {"target": "edge", "rtt_ns": [1_500_000, 2_500_000]}
+    (run / "raw" / "device1" / "device1_ping_baseline.json").write_text(json.dumps(baseline))
+    (run / "raw" / "device2" / "device2_netem_changes.csv").write_text(
+        "step,t_mono_ns,delay_ms,ok,dry_run,error\n"
+        "0,900000000,10,1,0,\n"
+        "1,1900000000,30,1,0,\n"
+        "2,2900000000,10,0,0,RTNETLINK answers: No such file or directory\n"
+    )
+
+
+def test_self_check_and_changes_on_the_origin(tmp_path: Path) -> None:
+    write_run(tmp_path)
+    summary = aggregate_network(tmp_path)
+    assert (summary.check_rows, summary.change_rows) == (2, 3)
+    check = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index("device")
+    one = check.loc["device1"]
+    # The edge has its own destination profile: 35 ms intended; measured 36.167, baseline 2.0.
+    assert one["intended_delay_ms"] == 35 and one["shaping"] == "applied" and one["pings"] == 3
+    assert one["measured_rtt_ms"] == pytest.approx(36.1666667)
+    assert one["baseline_rtt_ms"] == pytest.approx(2.0)
+    assert one["difference_ms"] == pytest.approx(36.1666667 - 2.0 - 35)
+    two = check.loc["device2"]
+    # 192.168.50.1 is outside 10.0.0.0/8: the main, square-varying profile, mean of low and high.
+    assert two["intended_delay_ms"] == 20 and two["variation"] == "square"
+    assert pd.isna(two["baseline_rtt_ms"]) and two["difference_ms"] == pytest.approx(0.0)
+    assert two["shaping"] == "none"
+    changes = pd.read_csv(tmp_path / "aggregate" / "netem_changes.csv")
+    assert list(changes["t_ns"]) == [-100_000_000, 900_000_000, 1_900_000_000]
+    assert list(changes["delay_ms"]) == [10, 30, 10] and list(changes["ok"]) == [1, 1, 0]
+
+
+def test_the_netem_fact_reads_without_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.spec_from_file_location("dit_facts_module", REPO / "library" / "dit_facts.py")
+    assert spec is not None and spec.loader is not None
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    sys_module, modules = tmp_path / "sys", tmp_path / "lib"
+    (sys_module / "sch_netem").mkdir(parents=True)
+    assert facts._netem("6.1.0-rpi7", str(modules), str(sys_module)) == {
+        "available": True,
+        "source": "loaded",
+    }
+    (sys_module / "sch_netem").rmdir()
+    base = modules / "6.1.0-rpi7"
+    base.mkdir(parents=True)
+    (base / "modules.dep").write_text("kernel/net/sched/sch_netem.ko.xz:\nkernel/net/sched/sch_tbf.ko.xz:\n")
+    assert facts._netem("6.1.0-rpi7", str(modules), str(sys_module))["source"] == "module"
+    (base / "modules.dep").write_text("kernel/net/sched/sch_tbf.ko.xz:\n")
+
+    def netem(config: str | None, release: str = "6.1.0-rpi7") -> dict[str, object]:
+        monkeypatch.setattr(facts, "_kernel_config", lambda _release: config)
+        result: dict[str, object] = facts._netem(release, str(modules), str(sys_module))
+        return result
+
+    assert netem("CONFIG_NET_SCH_NETEM=y\n")["available"] is True
+    assert netem("# CONFIG_NET_SCH_NETEM is not set\n") == {
+        "available": False,
+        "reason": "CONFIG_NET_SCH_NETEM is not set in the kernel config",
+    }
+    assert "install the kernel's extra modules" in str(netem("CONFIG_NET_SCH_NETEM=m\n")["reason"])
+    assert netem(None)["available"] is False  # a module tree without it
+    assert netem(None, "other-release")["available"] is None  # nothing tells
+
+
+def test_the_gate_passes_devices_that_only_record() -> None:
+    facts = {"device1": {"kernel": "k", "netem": {"available": False, "reason": "r"}}}
+    network = {"device1": {"delay_ms": 5}}
+    assert netem_gate(network, facts)
+    assert netem_gate(network, facts, {"device1": {"dit_tc_dry_run": True}}) == []
+    assert netem_gate(network, {"device1": {"netem": {"available": None}}}) == []

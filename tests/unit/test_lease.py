@@ -1,0 +1,162 @@
+"""Node leases: the controller's decision (pure) and the node-side file operations."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from dit.lease import (
+    BREAK_FLAG,
+    Holder,
+    State,
+    classify,
+    controller_holder,
+    decide,
+    parse_holder,
+    process_started_s,
+)
+from tests.conftest import REPO
+
+HERE = "controller-a"
+HOLDER = Holder(
+    run_id="quickstart-20261201T060000Z-abababab-0123abcd",
+    controller_host=HERE,
+    controller_pid=4242,
+    pid_started_s=1_795_000_000.25,
+    since_wall_ns=1_795_000_100_000_000_000,
+    run_dir="/runs/quickstart/20261201T060000Z-abababab-0123abcd",
+)
+ME = "quickstart-20261201T060000Z-abababab-ffffffff"
+PATH = "/var/tmp/dit/lease.json"
+
+
+def text(holder: Holder) -> str:
+    return json.dumps(holder.to_json())
+
+
+def alive(pid: int) -> float | None:
+    return HOLDER.pid_started_s + 0.3 if pid == HOLDER.controller_pid else None
+
+
+def test_no_lease_file_is_free_and_taken() -> None:
+    assert classify(None, ME, HERE, alive) == (State.FREE, None)
+    assert decide(State.FREE, None, "edge", PATH, False).take
+
+
+def test_our_own_lease_is_taken_again_without_breaking_anything() -> None:
+    ours = dataclasses.replace(HOLDER, run_id=ME)
+    state, found = classify(text(ours), ME, HERE, alive)
+    assert state is State.OURS and found == ours
+    decision = decide(state, found, "edge", PATH, False)
+    assert decision.take and not decision.breaks
+
+
+def test_a_live_holder_on_this_controller_is_refused_even_with_the_flag() -> None:
+    state, found = classify(text(HOLDER), ME, HERE, alive)
+    assert state is State.LIVE and found == HOLDER
+    for flag in (False, True):
+        decision = decide(state, found, "device1", PATH, flag)
+        assert not decision.take and not decision.breaks
+        assert decision.message is not None
+        for part in (
+            HOLDER.run_id,
+            HERE,
+            "pid 4242",
+            "since 2026-11-18 11:08:20 UTC",
+            HOLDER.run_dir,
+            "device1",
+        ):
+            assert part in decision.message, part
+
+
+@pytest.mark.parametrize(
+    "started",
+    [lambda pid: None, lambda pid: HOLDER.pid_started_s + 3600.0],
+    ids=["pid gone", "pid reused by a later process"],
+)
+def test_a_dead_holder_on_this_controller_is_stale_reported_and_broken_only_with_the_flag(
+    started: object,
+) -> None:
+    state, found = classify(text(HOLDER), ME, HERE, started)  # type: ignore[arg-type]
+    assert state is State.STALE
+    refused = decide(state, found, "edge", PATH, False)
+    assert not refused.take and refused.message is not None
+    assert "driver is gone" in refused.message and BREAK_FLAG in refused.message
+    assert f"dit cleanup {HOLDER.run_dir}" in refused.message
+    broken = decide(state, found, "edge", PATH, True)
+    assert broken.take and broken.breaks and broken.message and HOLDER.run_id in broken.message
+
+
+def test_a_holder_on_another_controller_cannot_be_checked_and_needs_the_flag() -> None:
+    def never_called(pid: int) -> float | None:
+        raise AssertionError("a pid on another controller means nothing here")
+
+    state, found = classify(text(HOLDER), ME, "controller-b", never_called)
+    assert state is State.ELSEWHERE
+    refused = decide(state, found, "edge", PATH, False)
+    assert not refused.take and refused.message is not None
+    assert "cannot tell" in refused.message and HERE in refused.message and BREAK_FLAG in refused.message
+    assert decide(state, found, "edge", PATH, True).breaks
+
+
+@pytest.mark.parametrize("content", ["{", "[]", '{"run_id": ""}', '{"run_id": "x"}', "\x00"])
+def test_an_unreadable_lease_file_is_refused_and_breakable(content: str) -> None:
+    state, found = classify(content, ME, HERE, alive)
+    assert (state, found) == (State.UNREADABLE, None)
+    refused = decide(state, found, "edge", PATH, False)
+    assert not refused.take and refused.message and PATH in refused.message
+    assert decide(state, found, "edge", PATH, True).breaks
+
+
+def test_the_holder_round_trips_and_names_this_process(tmp_path: Path) -> None:
+    me = controller_holder(ME, tmp_path)
+    assert parse_holder(json.loads(json.dumps(me.to_json()))) == me
+    assert me.controller_pid == os.getpid()
+    started = process_started_s(os.getpid())
+    assert started is not None and abs(started - me.pid_started_s) < 0.01
+    # This process, seen from this controller, is a live holder.
+    assert classify(json.dumps(me.to_json()), ME + "x", me.controller_host)[0] is State.LIVE
+
+
+# -- the node side (module_utils/dit_lease.py) -------------------------------------------------
+def node() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dit_lease_utils", REPO / "module_utils" / "dit_lease.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_take_is_a_compare_and_swap_and_release_only_removes_our_own(tmp_path: Path) -> None:
+    lease = node()
+    path = str(tmp_path / "dit" / "lease.json")
+    a, b = {"run_id": "run-a"}, {"run_id": "run-b"}
+    assert lease.take(path, a) is True
+    assert lease.take(path, a) is False  # already ours
+    with pytest.raises(lease.LeaseError, match="held by run-a"):
+        lease.take(path, b)
+    with pytest.raises(lease.LeaseError):
+        lease.take(path, b, replaces='{"run_id": "run-c"}\n')  # not the lease the controller saw
+    assert lease.release(path, "run-b") is False
+    assert json.loads(Path(path).read_text())["run_id"] == "run-a"
+    current = lease.read_text(path)
+    assert lease.take(path, b, replaces=current) is True
+    assert lease.release(path, "run-b", check=True) is True and Path(path).exists()
+    assert lease.release(path, "run-b") is True and not Path(path).exists()
+    assert lease.release(path, "run-b") is False  # twice is harmless
+    assert [p.name for p in (tmp_path / "dit").iterdir()] == []  # no temporary file left
+
+
+def test_release_touches_nothing_but_a_lease_file(tmp_path: Path) -> None:
+    lease = node()
+    victim = tmp_path / "important.json"
+    victim.write_text('{"run_id": "run-a"}')
+    with pytest.raises(ValueError, match=r"lease\.json"):
+        lease.release(str(victim), "run-a")
+    assert victim.exists()

@@ -1,0 +1,229 @@
+"""The emulated rack's builders (dit.rack.plan): names, addresses, argv, cgroup files, inventory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dit.rack.plan import (
+    INFERENCE_INTERFACE,
+    RT_BUDGET_US,
+    CgroupLayout,
+    CgroupWrite,
+    RackError,
+    RackSpec,
+    bridge_address,
+    bridge_name,
+    cgroup_steps,
+    cpu_quota_writes,
+    inventory,
+    inventory_yaml,
+    known_hosts,
+    memory_writes,
+    network_steps,
+    nodes,
+    procs_files,
+    rt_budgets_us,
+    sshd_argv,
+    sshd_config,
+)
+
+V1 = CgroupLayout(1, Path("/cg"))
+V2 = CgroupLayout(2, Path("/cg"))
+
+
+def spec(**kwargs: object) -> RackSpec:
+    base: dict[str, object] = {
+        "state_dir": Path("/state"),
+        "devices": 3,
+        "cpu_share_pct": 30,
+        "memory_mb": 256,
+    }
+    base.update(kwargs)
+    return RackSpec(**base)  # type: ignore[arg-type]
+
+
+def test_nodes_have_distinct_names_addresses_and_interfaces_within_linux_limits() -> None:
+    all_nodes = nodes(spec(devices=200, name="abcdef"))
+    assert [n.name for n in all_nodes[:3]] == ["edge", "device1", "device2"]
+    assert all_nodes[0].address == "10.213.0.10"
+    assert all_nodes[-1].address == "10.213.0.210"
+    for attribute in ("name", "netns", "veth", "address", "cgroup"):
+        assert len({getattr(n, attribute) for n in all_nodes}) == len(all_nodes)
+    assert max(len(n.veth) for n in all_nodes) <= 15  # IFNAMSIZ - 1
+    assert len(bridge_name(spec(name="abcdef"))) <= 15
+    assert bridge_address(spec()) not in {n.address for n in all_nodes}
+
+
+def test_the_edge_is_uncapped_and_devices_get_the_share_and_limit() -> None:
+    edge, *devices = nodes(spec(cpus="1", all_cpus="0"))
+    assert (edge.cpu_share_pct, edge.memory_mb, edge.cpus, edge.role) == (None, None, "0", "edge")
+    assert {(d.cpu_share_pct, d.memory_mb, d.cpus, d.role) for d in devices} == {(30, 256, "1", "device")}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"devices": 0}, "--devices"),
+        ({"devices": 201}, "--devices"),
+        ({"cpu_share_pct": 0}, "--cpu-share"),
+        ({"cpu_share_pct": 201, "host_cpus": 2}, "--cpu-share"),
+        ({"memory_mb": 8}, "--memory-mb"),
+        ({"name": "Bad-name"}, "--name"),
+        ({"name": "toolong7"}, "--name"),
+        ({"subnet": "192.168.1"}, "--subnet"),
+        ({"subnet": "10.300.1"}, "--subnet"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_option(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(RackError, match=field):
+        spec(**kwargs).validate()
+
+
+def test_cpu_share_up_to_every_core_is_accepted() -> None:
+    spec(cpu_share_pct=200, host_cpus=2).validate()
+
+
+def test_cpu_quota_files_v1_and_v2() -> None:
+    assert cpu_quota_writes(V1, "dit-rack/device1", 30) == [
+        CgroupWrite(Path("/cg/cpu/dit-rack/device1/cpu.cfs_period_us"), "100000"),
+        CgroupWrite(Path("/cg/cpu/dit-rack/device1/cpu.cfs_quota_us"), "30000"),
+    ]
+    assert cpu_quota_writes(V1, "x", None)[1].value == "-1"
+    assert cpu_quota_writes(V2, "x", 150) == [CgroupWrite(Path("/cg/x/cpu.max"), "150000 100000")]
+    assert cpu_quota_writes(V2, "x", None) == [CgroupWrite(Path("/cg/x/cpu.max"), "max 100000")]
+
+
+def test_memory_limit_files_v1_and_v2() -> None:
+    assert memory_writes(V1, "x", 256) == [
+        CgroupWrite(Path("/cg/memory/x/memory.limit_in_bytes"), "268435456")
+    ]
+    assert memory_writes(V2, "x", 1) == [CgroupWrite(Path("/cg/x/memory.max"), "1048576")]
+    assert memory_writes(V1, "x", None) == []
+
+
+def test_processes_join_every_v1_controller_or_the_one_v2_group() -> None:
+    assert procs_files(V1, "r/e") == [
+        Path(f"/cg/{c}/r/e/cgroup.procs") for c in ("cpu", "cpuacct", "memory", "cpuset")
+    ]
+    assert procs_files(V2, "r/e") == [Path("/cg/r/e/cgroup.procs")]
+
+
+def test_cgroup_steps_make_the_parent_first_with_its_cpuset_before_any_node() -> None:
+    steps = cgroup_steps(spec(devices=2, cpus="1", all_cpus="0"), V1, "0")
+    assert [s.host for s in steps] == ["controller", "edge", "device1", "device2"]
+    assert all(s.op == "cgroup" for s in steps)
+    parent = {w.path.name: w.value for w in steps[0].writes}
+    assert parent["cpuset.cpus"] == "0,1" and parent["cpuset.mems"] == "0"
+    device = {str(w.path): w.value for w in steps[2].writes}
+    assert device["/cg/cpuset/dit-rack/device1/cpuset.cpus"] == "1"
+    assert device["/cg/cpu/dit-rack/device1/cpu.cfs_quota_us"] == "30000"
+    assert device["/cg/memory/dit-rack/device1/memory.limit_in_bytes"] == str(256 << 20)
+    # cpuset.mems and cpuset.cpus must be written before a task can join a v1 cpuset.
+    names = [w.path.name for w in steps[2].writes]
+    assert names.index("cpuset.mems") < names.index("cpuset.cpus")
+    assert "/cg/memory/dit-rack/device1" in steps[2].undo["dirs"]
+    edge = {w.path.name: w.value for w in steps[1].writes}
+    assert edge["cpu.cfs_quota_us"] == "-1" and "memory.limit_in_bytes" not in edge
+    assert "cpu.shares" not in edge  # an uncapped edge keeps the default weight
+
+
+def test_v2_enables_the_controllers_for_the_children() -> None:
+    steps = cgroup_steps(spec(devices=1), V2, "0")
+    writes = [(str(w.path), w.value) for w in steps[0].writes]
+    assert writes[0] == ("/cg/cgroup.subtree_control", "+cpu +cpuset +memory")
+    assert writes[-1] == ("/cg/dit-rack/cgroup.subtree_control", "+cpu +cpuset +memory")
+
+
+def test_network_steps_journal_what_they_create_and_put_every_node_on_the_bridge() -> None:
+    steps = network_steps(spec(devices=1))
+    created = [(s.op, s.undo) for s in steps if s.op != "noop"]
+    assert created == [
+        ("link", {"link": "dr-rack-br"}),
+        ("netns", {"netns": "dit-rack-edge"}),
+        ("link", {"link": "dr-rack-0"}),
+        ("netns", {"netns": "dit-rack-device1"}),
+        ("link", {"link": "dr-rack-1"}),
+    ]
+    argvs = [s.argv for s in steps]
+    assert ("ip", "addr", "add", "10.213.0.1/24", "dev", "dr-rack-br") in argvs
+    assert ("ip", "link", "set", "dr-rack-1", "master", "dr-rack-br") in argvs
+    assert (
+        "ip",
+        "-n",
+        "dit-rack-device1",
+        "addr",
+        "add",
+        "10.213.0.11/24",
+        "dev",
+        INFERENCE_INTERFACE,
+    ) in argvs
+    veth = next(s.argv for s in steps if s.undo == {"link": "dr-rack-1"})
+    assert veth[-4:] == ("name", INFERENCE_INTERFACE, "netns", "dit-rack-device1")
+    assert all(isinstance(a, str) for argv in argvs for a in argv)
+
+
+def test_sshd_listens_on_the_node_address_with_rack_keys_only() -> None:
+    s = spec()
+    node = nodes(s)[1]
+    config = sshd_config(s, node)
+    assert "ListenAddress 10.213.0.11\n" in config
+    assert "HostKey /state/keys/host_ed25519\n" in config
+    assert "AuthorizedKeysFile /state/keys/authorized_keys\n" in config
+    assert "PasswordAuthentication no\n" in config
+    assert "PidFile /state/nodes/device1/sshd.pid\n" in config
+    assert sshd_argv(node, Path("/c")) == (
+        "nsenter",
+        "--net=/run/netns/dit-rack-device1",
+        "/usr/sbin/sshd",
+        "-D",
+        "-e",
+        "-f",
+        "/c",
+    )
+    assert known_hosts(spec(devices=1), "ssh-ed25519 AAAAkey comment\n") == (
+        "10.213.0.10 ssh-ed25519 AAAAkey\n10.213.0.11 ssh-ed25519 AAAAkey\n"
+    )
+
+
+def test_inventory_has_edge_and_devices_reachable_over_the_bridge() -> None:
+    s = spec(devices=2)
+    doc = yaml.safe_load(inventory_yaml(s, python="/py"))
+    assert doc == inventory(s, python="/py")
+    groups = doc["all"]["children"]
+    assert list(groups["edge"]["hosts"]) == ["edge"]
+    assert list(groups["devices"]["hosts"]) == ["device1", "device2"]
+    device = groups["devices"]["hosts"]["device2"]
+    assert device["ansible_host"] == device["dit_inference_address"] == "10.213.0.12"
+    assert device["dit_inference_interface"] == INFERENCE_INTERFACE
+    assert device["dit_remote_base"] == "/state/nodes/device2/root"
+    assert device["sysfs_root"] == "/state/nodes/device2/sys"
+    assert "dit_tc_dry_run" not in device
+    common = doc["all"]["vars"]
+    assert common["ansible_ssh_private_key_file"] == "/state/keys/controller_ed25519"
+    assert "StrictHostKeyChecking=yes" in common["ansible_ssh_common_args"]
+    assert "UserKnownHostsFile=/state/known_hosts" in common["ansible_ssh_common_args"]
+    assert common["dit_shared_clock"] is True and common["dit_python"] == "/py"
+
+
+def test_without_netem_the_devices_record_only_the_netem_trees() -> None:
+    groups = inventory(spec(devices=1), netem_dry_run=True)["all"]["children"]
+    assert groups["devices"]["hosts"]["device1"]["dit_tc_dry_run"] == "netem"
+    assert "dit_tc_dry_run" not in groups["edge"]["hosts"]["edge"]
+
+
+def test_v1_nodes_get_an_rt_budget_so_the_start_wait_may_use_sched_fifo() -> None:
+    steps = cgroup_steps(spec(devices=3), V1, "0")
+    budgets = [{w.path.name: w.value for w in s.writes}.get("cpu.rt_runtime_us") for s in steps]
+    parent, *per_node = (int(b) for b in budgets if b is not None)
+    assert len(per_node) == 4 and parent == RT_BUDGET_US == rt_budgets_us(3)[0]
+    assert sum(per_node) <= parent  # the kernel refuses children above their parent
+    assert min(per_node) >= 2 * 2_000  # room for the agent's 2 ms spin twice a second
+    big_parent, big_node = rt_budgets_us(200)
+    assert 201 * big_node <= big_parent <= 900_000 and big_node >= 4_000
+    assert all(w.optional for s in steps for w in s.writes if w.path.name == "cpu.rt_runtime_us")
+    assert not any(
+        w.path.name == "cpu.rt_runtime_us" for s in cgroup_steps(spec(), V2, "0") for w in s.writes
+    )
