@@ -16,14 +16,14 @@ description:
     C(memory.limit_in_bytes)) gets C(memory.limit_in_bytes) and, when present,
     C(memory.memsw.limit_in_bytes) (memory plus swap).
   - Reads the current limits, compares and writes only what differs; nothing in check mode.
-  - Journaled through the C(dit_cgroup) action plugin; with C(_dit_plan=true) it returns the
+  - Journaled through the C(dit_cgroup) action plugin; with O(_dit_plan=true) it returns the
     records without changing anything. A cgroup it creates is journaled as C(cgroup) (removed at
     teardown, its limit files with it; C(dit_restore) moves any process left in it to the parent
     first); a limit written on an existing cgroup as C(file) with the prior content.
   - Processes join the cgroup when they start (C(dit_proc), C(dit_timed_profile) option C(cgroup)).
 options:
   path:
-    description: The cgroup directory, e.g. C(/sys/fs/cgroup/dit-<run id>-<host>).
+    description: The cgroup directory, for example C(/sys/fs/cgroup/dit-<run id>-<host>).
     type: path
     required: true
   memory_limit_bytes:
@@ -38,7 +38,27 @@ options:
     description: Scenario field named in error messages.
     type: str
     default: memory_limit
-author: dit developers
+  _dit_plan:
+    description:
+      - Set by the C(dit_cgroup) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads the current limits and reports what would change; creates and writes nothing.
+  diff_mode:
+    support: full
+    details: Returns whether the cgroup exists and its limit files before and after.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -64,8 +84,10 @@ journal:
 """
 
 import os
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_files import as_int, read, same
 
 V1_LIMIT = "memory.limit_in_bytes"
 V1_MEMSW = "memory.memsw.limit_in_bytes"
@@ -73,15 +95,7 @@ V2_MAX = "memory.max"
 V2_SWAP = "memory.swap.max"
 
 
-def read(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def detect(parent):
+def detect(parent: str) -> tuple[str | None, str | None]:
     """``(version, problem)``: the cgroup version under ``parent``, or why it cannot hold a limit."""
     controllers = read(os.path.join(parent, "cgroup.controllers"))
     if controllers is not None:
@@ -105,7 +119,7 @@ def detect(parent):
     )
 
 
-def limit_files(version, limit, swap, present):
+def limit_files(version: str, limit: int, swap: int, present: Callable[[str], bool]) -> list[tuple[str, str]]:
     """The limit files to write, ``[(name, value)]``: the memory limit, then the swap limit.
 
     ``present`` tells which optional files exist (swap accounting). cgroup v1 requires
@@ -122,23 +136,7 @@ def limit_files(version, limit, swap, present):
     return out
 
 
-def _int(text):
-    try:
-        return int(str(text).strip())
-    except (TypeError, ValueError):
-        return None
-
-
-def same(current, target):
-    if current is None:
-        return False
-    a, b = _int(current), _int(target)
-    if a is not None and b is not None:
-        return a == b
-    return current.strip() == str(target).strip()
-
-
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
@@ -157,11 +155,12 @@ def main():
     if limit <= 0:
         module.fail_json(msg="{}: {} bytes is not a usable memory limit".format(p["field"], limit))
     version, problem = detect(os.path.dirname(path))
-    if problem:
+    if problem or version is None:  # detect gives a version whenever it names no problem
         module.fail_json(msg="{}: {}".format(p["field"], problem))
+        return
     exists = os.path.isdir(path)
 
-    def present(name):
+    def present(name: str) -> bool:
         return os.path.exists(os.path.join(path, name)) if exists else True
 
     files = limit_files(version, limit, swap, present)
@@ -191,7 +190,7 @@ def main():
             (name, value) for name, value in files if not same(read(os.path.join(path, name)), value)
         ]
     if version == "v1" and len(differing) == 2:
-        memsw_now = _int(read(os.path.join(path, V1_MEMSW)))
+        memsw_now = as_int(read(os.path.join(path, V1_MEMSW)))
         if memsw_now is not None and memsw_now < limit:
             differing.reverse()  # raise memory+swap before memory
     for name, value in differing:

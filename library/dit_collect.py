@@ -12,21 +12,52 @@ description:
   - Sends O(ping_count) ICMP echo requests to O(ping_target) with C(ping) and records every RTT in
     integer nanoseconds (C(results/ping.json)); without a C(ping) binary, falls back to timing TCP
     connects to O(tcp_port) and records that method.
-  - Writes a system snapshot (C(results/snapshot.json)): load, memory, uptime, processes.
+  - "Writes a system snapshot (C(results/snapshot.json)): load, memory, uptime, processes."
   - With O(run_id), writes what became of the run's device processes (C(results/processes.json)),
     read from their status records in C(logs/) before teardown reaps them. An entry with C(failed)
     true (exited non-zero, or gone without an exit code) degrades the run.
   - Packs C(results/) and C(logs/) into O(archive) with every member prefixed by the host name.
   - Writes only inside the node's run root, which teardown removes.
 options:
-  host: {description: The inventory name of this node., type: str, required: true}
-  node_root: {description: The node's run root., type: path, required: true}
-  archive: {description: Path of the archive to write., type: path, required: true}
-  ping_target: {description: Address to ping; none on the edge server., type: str}
-  ping_count: {description: Number of echo requests., type: int, default: 10}
-  tcp_port: {description: Port for the TCP fallback., type: int}
-  run_id: {description: The run id; checks the status records of the run's device processes., type: str}
-author: dit developers
+  host:
+    description: The inventory name of this node.
+    type: str
+    required: true
+  node_root:
+    description: The node's run root.
+    type: path
+    required: true
+  archive:
+    description: Path of the archive to write.
+    type: path
+    required: true
+  ping_target:
+    description: Address to ping; none on the edge server.
+    type: str
+  ping_count:
+    description: Number of echo requests.
+    type: int
+    default: 10
+  tcp_port:
+    description: Port for the TCP fallback.
+    type: int
+  run_id:
+    description: The run id; checks the status records of the run's device processes.
+    type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: partial
+    details: Nothing is measured, written or packed; the result names the archive and reports no change.
+  diff_mode:
+    support: none
+    details: The archive is a new file of the run; there is nothing to compare.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -36,6 +67,7 @@ EXAMPLES = r"""
     node_root: "{{ dit_node_root }}"
     archive: "{{ dit_node_root }}/collect.tar.gz"
     ping_target: "{{ dit_edge_address }}"
+    run_id: "{{ dit_run_id }}"
 """
 
 RETURN = r"""
@@ -51,6 +83,7 @@ processes:
   description: Per device process with a status record - tag, state, exit_code, error, failed, stderr_tail.
   returned: when run_id is set
   type: list
+  elements: dict
 """
 
 import json
@@ -61,6 +94,7 @@ import socket
 import subprocess
 import tarfile
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_procs import process_states
@@ -68,8 +102,8 @@ from ansible.module_utils.dit_procs import process_states
 RTT = re.compile(r"time[=<]([0-9.]+) ms")
 
 
-def _ping(target, count, tcp_port):
-    record = {"target": "edge", "address": target, "sent": count, "received": 0, "rtt_ns": []}
+def _ping(target: str, count: int, tcp_port: int | None) -> dict[str, Any]:
+    record: dict[str, Any] = {"target": "edge", "address": target, "sent": count, "received": 0, "rtt_ns": []}
     ping = shutil.which("ping")
     if ping:
         argv = [ping, "-n", "-c", str(count), "-i", "0.2", "-W", "1", target]
@@ -92,15 +126,15 @@ def _ping(target, count, tcp_port):
     return record
 
 
-def _snapshot():
-    def read(path):
+def _snapshot() -> dict[str, Any]:
+    def read(path: str) -> str:
         try:
             with open(path, encoding="utf-8") as handle:
                 return handle.read()
         except OSError:
             return ""
 
-    mem = {}
+    mem: dict[str, int] = {}
     for line in read("/proc/meminfo").splitlines():
         key, _, rest = line.partition(":")
         parts = rest.split()
@@ -117,13 +151,13 @@ def _snapshot():
     }
 
 
-def _write_json(path, data):
+def _write_json(path: str, data: Any) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=1, sort_keys=True)
     os.replace(path + ".tmp", path)
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "host": {"type": "str", "required": True},

@@ -13,20 +13,40 @@ description:
     the preflight NTP gate checks (from C(chronyc -c tracking) when chrony is installed).
   - In local mode every node shares one clock, so the offset is recorded as 0 with source C(local).
 options:
-  local_mode: {description: Nodes are directories on the controller., type: bool, default: false}
+  local_mode:
+    description: Nodes are directories on the controller.
+    type: bool
+    default: false
   shared_clock:
     description:
       - The node runs on the controller's own clock (a network namespace or container on the controller),
         so its offset is 0 by construction and recorded with source C(shared).
     type: bool
     default: false
-  sysfs_root: {description: The directory standing for C(/sys) (a fake tree in local mode)., type: path, default: /sys}
+  sysfs_root:
+    description: The directory standing for C(/sys) (a fake tree in local mode).
+    type: path
+    default: /sys
   runtime_python:
     description:
       - The interpreter of the node's runtime venv (C(dit_python)); the name and version of every package
-        installed there is recorded (C(importlib.metadata), run isolated with C(-I)). Omitted: not recorded.
+        installed there is recorded (C(importlib.metadata), run isolated with C(-I)). Omitted, nothing is
+        recorded.
     type: path
-author: dit developers
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: The module only reads; it runs unchanged in check mode.
+  diff_mode:
+    support: none
+    details: The module changes nothing.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -56,11 +76,12 @@ import shutil
 import socket
 import subprocess
 import sys
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
 
-def _read(path, default=""):
+def _read(path: str, default: str = "") -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read().strip("\x00\n ")
@@ -68,8 +89,8 @@ def _read(path, default=""):
         return default
 
 
-def _meminfo():
-    out = {}
+def _meminfo() -> dict[str, int]:
+    out: dict[str, int] = {}
     for line in _read("/proc/meminfo").splitlines():
         key, _, rest = line.partition(":")
         parts = rest.split()
@@ -78,7 +99,7 @@ def _meminfo():
     return out
 
 
-def _cpu_model():
+def _cpu_model() -> str:
     for line in _read("/proc/cpuinfo").splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("model name", "Model", "Hardware"):
@@ -86,7 +107,7 @@ def _cpu_model():
     return platform.processor()
 
 
-def _ntp(local_mode, shared_clock=False):
+def _ntp(local_mode: bool, shared_clock: bool = False) -> dict[str, Any]:
     if local_mode:
         return {"source": "local", "offset_ms": 0.0}
     if shared_clock:
@@ -114,7 +135,7 @@ def _ntp(local_mode, shared_clock=False):
     return {"source": "chrony", "reference": fields[1], "stratum": fields[2], "offset_ms": offset_s * 1000.0}
 
 
-def _cpuinfo_field(name):
+def _cpuinfo_field(name: str) -> str | None:
     for line in _read("/proc/cpuinfo").splitlines():
         key, _, value = line.partition(":")
         if key.strip() == name:
@@ -122,20 +143,20 @@ def _cpuinfo_field(name):
     return None
 
 
-def _sys_dir(sysfs_root):
+def _sys_dir(sysfs_root: str) -> str:
     return "/sys" if sysfs_root in ("", "/") else sysfs_root
 
 
-def _int_or_none(text):
+def _int_or_none(text: str | None) -> int | None:
     return int(text) if text and text.strip().isdigit() else None
 
 
-def _sd_card(sys_dir):
+def _sd_card(sys_dir: str) -> dict[str, Any] | None:
     """The SD card's CID fields (Raspberry Pi: mmcblk0), or None where there is none."""
     device = os.path.join(sys_dir, "block/mmcblk0/device")
     if not os.path.isdir(device):
         return None
-    card = {
+    card: dict[str, Any] = {
         key: _read(os.path.join(device, key)) or None for key in ("name", "serial", "oemid", "manfid", "date")
     }
     sectors = _int_or_none(_read(os.path.join(sys_dir, "block/mmcblk0/size")))
@@ -152,7 +173,7 @@ RUNTIME_SCRIPT = (
 )
 
 
-def _runtime(python):
+def _runtime(python: str) -> dict[str, Any]:
     """Every package of the runtime venv, read by its own interpreter (isolated: no PYTHONPATH, no user site)."""
     try:
         proc = subprocess.run(
@@ -163,17 +184,16 @@ def _runtime(python):
     if proc.returncode != 0:
         return {"python_executable": python, "error": proc.stderr.strip()[-500:]}
     try:
-        out = json.loads(proc.stdout)
+        out: dict[str, Any] = json.loads(proc.stdout)
     except ValueError:
         return {"python_executable": python, "error": f"unparsable output: {proc.stdout[:200]!r}"}
     out["python_executable"] = python
     return out
 
 
-def _memory_controller(base="/sys/fs/cgroup"):
+def _memory_controller(base: str = "/sys/fs/cgroup") -> dict[str, Any]:
     """The memory cgroup controller: v2 (in the unified root), v1 (its own hierarchy) or disabled."""
-    controllers = _read(os.path.join(base, "cgroup.controllers"), None)
-    if controllers is not None and "memory" in controllers.split():
+    if "memory" in _read(os.path.join(base, "cgroup.controllers")).split():
         return {"memory_controller": "v2", "memory_cgroup_root": base}
     v1 = os.path.join(base, "memory")
     if os.path.exists(os.path.join(v1, "memory.limit_in_bytes")):
@@ -181,7 +201,7 @@ def _memory_controller(base="/sys/fs/cgroup"):
     return {"memory_controller": "disabled", "memory_cgroup_root": None}
 
 
-def _kernel_config(release):
+def _kernel_config(release: str) -> str | None:
     """The kernel's build configuration (C(/proc/config.gz), else C(/boot/config-<release>)), or None."""
     try:
         import gzip
@@ -190,11 +210,10 @@ def _kernel_config(release):
             return handle.read()
     except OSError:
         pass
-    text = _read(f"/boot/config-{release}", None)
-    return text
+    return _read(f"/boot/config-{release}") or None
 
 
-def _netem(release, modules="/lib/modules", sys_module="/sys/module"):
+def _netem(release: str, modules: str = "/lib/modules", sys_module: str = "/sys/module") -> dict[str, Any]:
     """Whether this kernel can run the netem qdisc, read without loading anything.
 
     C(available) is true (loaded, built in, or a module file exists), false (the kernel config
@@ -228,7 +247,7 @@ def _netem(release, modules="/lib/modules", sys_module="/sys/module"):
     return {"available": None, "reason": "no module tree and no kernel config to tell"}
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "local_mode": {"type": "bool", "default": False},

@@ -44,12 +44,27 @@ options:
   replaces:
     description: Set by the action plugin, the exact content of the lease it decided to break.
     type: str
+  _dit_plan:
+    description:
+      - Set by the C(dit_lease) action plugin, never by a playbook. The module reads the node's current
+        lease and returns the C(journal) record (the release of this run's lease) without changing
+        anything; the plugin appends it to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
+    details: Reports whether the lease would be written; writes nothing.
   diff_mode:
     support: full
-author: dit developers
+    details: The lease file's content before and after.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (C(flock) on the lease's directory).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -70,6 +85,7 @@ journal:
   description: In plan mode, the change record this call needs (consumed by the action plugin).
   returned: plan mode
   type: list
+  elements: dict
 """
 
 import json
@@ -78,7 +94,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_lease import LeaseError, read_text, run_id_of, take
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},

@@ -10,12 +10,12 @@ module: dit_node
 short_description: Create the run directory of a dit node
 description:
   - Creates O(path) (the node's run root) with C(results/) and C(logs/) inside and a C(.dit-run)
-    marker holding the run id. The marker is what allows teardown to remove the tree: a directory
+    marker holding the run id. The marker is what allows teardown to remove the tree; a directory
     without the marker of this run is never removed.
   - Journaled through the C(dit_node) action plugin (journal before change).
 options:
   path:
-    description: The node's run root, e.g. C(/var/tmp/dit/<run id>).
+    description: The node's run root, for example C(/var/tmp/dit/<run id>).
     type: path
     required: true
   run_id:
@@ -24,15 +24,36 @@ options:
     required: true
   ship:
     description:
-      - Files to ship into O(path), C({name: controller path}). The action plugin transfers them
-        and passes them on as O(files); a file already in place with the same SHA-256 is left alone.
+      - "Files to ship into O(path), C({name: controller path}). The action plugin transfers them
+        and passes them on as O(files); a file already in place with the same SHA-256 is left alone."
     type: dict
   files:
-    description: Set by the action plugin, C([{name, tmp, sha256}]) (transferred temporary files).
+    description:
+      - Set by the action plugin, C([{name, tmp, sha256}]) (transferred temporary files).
     type: list
     elements: dict
     default: []
-author: dit developers
+  _dit_plan:
+    description:
+      - Set by the C(dit_node) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the run directory would be created; creates and copies nothing.
+  diff_mode:
+    support: partial
+    details: Returns whether the run directory exists before and after; shipped files are listed in C(shipped), not diffed.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -64,7 +85,7 @@ from ansible.module_utils.basic import AnsibleModule
 MARKER = ".dit-run"
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
@@ -114,7 +135,7 @@ def main():
     module.exit_json(changed=changed, path=path, shipped=shipped, diff=diff)
 
 
-def _sha256(path):
+def _sha256(path: str) -> str | None:
     try:
         with open(path, "rb") as handle:
             return hashlib.sha256(handle.read()).hexdigest()

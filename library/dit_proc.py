@@ -21,19 +21,79 @@ description:
     status record there (running, then its exit code), which C(dit_collect) checks before teardown.
   - Journaled through the C(dit_proc) action plugin (journal before change).
 options:
-  run_id: {description: The run id., type: str, required: true}
-  host: {description: The inventory name of this node., type: str, required: true}
-  tag: {description: The process tag, unique per run and host (e.g. C(edge)), type: str, required: true}
-  argv: {description: The command as an argv list (never a shell string)., type: list, elements: str, required: true}
-  cwd: {description: Working directory., type: path, required: true}
-  env: {description: Extra environment variables., type: dict, default: {}}
-  ready_file: {description: JSON file the process writes when ready., type: path}
-  ready_timeout: {description: Seconds to wait for O(ready_file)., type: float, default: 60}
-  config: {description: JSON configuration written to O(config_path) before the process starts., type: dict}
-  config_path: {description: Where O(config) is written (atomically)., type: path}
-  cgroup: {description: A cgroup directory (v1 or v2) the process joins before it executes., type: path}
-  cpus: {description: CPU numbers the process and its children are confined to., type: list, elements: int}
-author: dit developers
+  run_id:
+    description: The run id.
+    type: str
+    required: true
+  host:
+    description: The inventory name of this node.
+    type: str
+    required: true
+  tag:
+    description: The process tag, unique per run and host (for example C(edge)).
+    type: str
+    required: true
+  argv:
+    description: The command as an argv list (never a shell string).
+    type: list
+    elements: str
+    required: true
+  cwd:
+    description: Working directory.
+    type: path
+    required: true
+  env:
+    description: Extra environment variables.
+    type: dict
+    default: {}
+  ready_file:
+    description: JSON file the process writes when ready.
+    type: path
+  ready_timeout:
+    description: Seconds to wait for O(ready_file).
+    type: float
+    default: 60.0
+  config:
+    description: JSON configuration written to O(config_path) before the process starts.
+    type: dict
+  config_path:
+    description: Where O(config) is written (atomically); required with O(config).
+    type: path
+  cgroup:
+    description: A cgroup directory (v1 or v2) the process joins before it executes.
+    type: path
+  cpus:
+    description: CPU numbers the process and its children are confined to.
+    type: list
+    elements: int
+  _dit_plan:
+    description:
+      - Set by the C(dit_proc) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+  _dit_adopt:
+    description:
+      - Set by the C(dit_proc) action plugin, never by a playbook, when this run's journal already
+        records this tag as started (the same task applied twice); a live process of this run, host
+        and tag is then left alone. Without it such a process is an error, never adopted.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether the process would be started; starts nothing and writes no configuration.
+  diff_mode:
+    support: partial
+    details: Whether a process of this tag runs, before and after; only when nothing is started (check mode, plan, already started by this run).
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -66,7 +126,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_procs import STATUS_ENV, find_tagged, read_json, spawn, status_path, tagged_env
 
 
-def _tail(path, limit=2000):
+def _tail(path: str, limit: int = 2000) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -77,7 +137,7 @@ def _tail(path, limit=2000):
         return ""
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},

@@ -10,12 +10,12 @@ module: dit_restore
 short_description: Replay a node's journal backwards and reap every process of the run
 description:
   - O(records) are this node's pending journal records, newest first. Each is undone in that order.
-    Undoing is idempotent. Record kinds (C(op)) and their C(undo) data
+    Undoing is idempotent. The record kinds (C(op)) and their C(undo) data follow.
   - C(process) C({run_id, host, tag}) kills the tagged process groups.
   - C(mkdir) C({path, run_id}) removes a run directory carrying this run's marker.
   - C(file) C({path, prior}) writes the prior content back (C(prior=null) removes a file the run created).
   - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
-  - C(cgroup) C({path}) removes a cgroup the run created: any process still in it is moved to the
+  - C(cgroup) C({path}) removes a cgroup the run created. Any process still in it is moved to the
     parent cgroup first (the run's own processes are reaped by their newer C(process) records).
   - C(lease) C({path, run_id}) releases the node's lease (a file named C(lease.json)), only while it
     still names this run; another run's lease is left alone.
@@ -24,20 +24,60 @@ description:
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
     and the module fails loudly if any process carrying the run id survives.
 options:
-  run_id: {description: The run id., type: str, required: true}
-  host: {description: The inventory name of this node., type: str, required: true}
-  records: {description: Pending journal records of this node, newest first., type: list, elements: dict, default: []}
-  grace_s: {description: Seconds between SIGTERM and SIGKILL., type: float, default: 5}
-  node_root: {description: "The node's run directory (the undo scope, see docs/journal.md); none: nothing under it is undone.", type: path}
-  sysfs_root: {description: The directory standing for /sys (undo scope)., type: path, default: /sys}
-  cgroup_root: {description: The cgroup hierarchy the run's cgroup lives under (undo scope)., type: path, default: /sys/fs/cgroup}
-  interfaces:
-    description: "The interfaces the run shaped, each {dev, netns, log}: tc undos only on these (undo scope)."
+  run_id:
+    description: The run id.
+    type: str
+    required: true
+  host:
+    description: The inventory name of this node.
+    type: str
+    required: true
+  records:
+    description: Pending journal records of this node, newest first.
     type: list
     elements: dict
     default: []
-  lease_dir: {description: "Where the node's lease.json lives (undo scope); default: the parent of O(node_root).", type: path}
-author: dit developers
+  grace_s:
+    description: Seconds between SIGTERM and SIGKILL.
+    type: float
+    default: 5.0
+  node_root:
+    description:
+      - The node's run directory (the undo scope, see C(docs/journal.md)). Without it nothing under it
+        is undone.
+    type: path
+  sysfs_root:
+    description: The directory standing for C(/sys) (undo scope).
+    type: path
+    default: /sys
+  cgroup_root:
+    description: The cgroup hierarchy the run's cgroup lives under (undo scope).
+    type: path
+    default: /sys/fs/cgroup
+  interfaces:
+    description:
+      - "The interfaces the run shaped, each C({dev, netns, log}): tc undos only on these (undo scope)."
+    type: list
+    elements: dict
+    default: []
+  lease_dir:
+    description:
+      - Where the node's C(lease.json) lives (undo scope). Defaults to the parent of O(node_root).
+    type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reports the processes that would be reaped and whether any record would change the node; undoes nothing.
+  diff_mode:
+    support: none
+    details: Undo records restore prior content; the records themselves are the description of the change.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -55,6 +95,10 @@ undone:
   type: list
 reaped:
   description: Processes of the run found and killed.
+  returned: always
+  type: list
+survivors:
+  description: Processes carrying the run id still alive after SIGKILL (in check mode, those that would be reaped).
   returned: always
   type: list
 refused:
@@ -75,6 +119,8 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_lease import release as release_lease
@@ -88,9 +134,9 @@ RESULT_DIRS = ("results", "logs")  # what the collect stage fetches from a run d
 KERNEL_FS = ("/sys/", "/proc/")
 
 
-def _results_in(path):
+def _results_in(path: str) -> list[dict[str, Any]]:
     """The files the collect stage would have fetched from run directory ``path``."""
-    found = []
+    found: list[dict[str, Any]] = []
     for sub in RESULT_DIRS:
         base = os.path.join(path, sub)
         try:
@@ -104,7 +150,7 @@ def _results_in(path):
     return found
 
 
-def _undo_mkdir(undo, check, removed=None):
+def _undo_mkdir(undo: dict[str, Any], check: bool, removed: list[dict[str, Any]] | None = None) -> bool:
     path = undo["path"]
     if not os.path.exists(path):
         return False
@@ -123,7 +169,7 @@ def _undo_mkdir(undo, check, removed=None):
     return True
 
 
-def _write_atomically(path, text):
+def _write_atomically(path: str, text: str) -> None:
     """Replace ``path`` by a complete new file: a kill leaves the old content or the new, never a
     truncated file (a local-mode fake sysfs file, a tc dry-run state file)."""
     mode = stat.S_IMODE(os.stat(path).st_mode) if os.path.exists(path) else 0o644
@@ -143,7 +189,7 @@ def _write_atomically(path, text):
         raise
 
 
-def _write_prior(path, text):
+def _write_prior(path: str, text: str) -> None:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -157,7 +203,7 @@ def _write_prior(path, text):
         handle.write(text)
 
 
-def _undo_file(undo, check):
+def _undo_file(undo: dict[str, Any], check: bool) -> bool:
     path = undo["path"]
     prior = undo.get("prior")
     if prior is None:
@@ -178,7 +224,7 @@ def _undo_file(undo, check):
     return True
 
 
-def _undo_rmdir(undo, check):
+def _undo_rmdir(undo: dict[str, Any], check: bool) -> bool:
     path = undo["path"]
     if not os.path.isdir(path):
         return False
@@ -187,7 +233,7 @@ def _undo_rmdir(undo, check):
     return True
 
 
-def _undo_command(undo, check):
+def _undo_command(undo: dict[str, Any], check: bool) -> bool:
     argv = [str(a) for a in undo["argv"]]
     if check:
         return True
@@ -202,7 +248,7 @@ def _undo_command(undo, check):
     return True
 
 
-def _undo_cgroup(undo, check, timeout_s=5.0):
+def _undo_cgroup(undo: dict[str, Any], check: bool, timeout_s: float = 5.0) -> bool:
     path = undo["path"].rstrip("/")
     if not os.path.isdir(path):
         return False
@@ -228,7 +274,7 @@ def _undo_cgroup(undo, check, timeout_s=5.0):
         time.sleep(0.05)
 
 
-UNDO = {
+UNDO: dict[str, Callable[[dict[str, Any], bool], bool]] = {
     "mkdir": _undo_mkdir,
     "file": _undo_file,
     "rmdir": _undo_rmdir,
@@ -238,7 +284,7 @@ UNDO = {
 }
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},
@@ -264,7 +310,12 @@ def main():
         p["interfaces"],
         p["lease_dir"],
     )
-    undone, reaped, changed, errors, refused, removed = [], [], False, [], [], []
+    undone: list[Any] = []
+    reaped: list[dict[str, Any]] = []
+    errors: list[str] = []
+    refused: list[dict[str, Any]] = []
+    removed: list[dict[str, Any]] = []
+    changed = False
     for record in p["records"]:
         op, undo = record.get("op"), record.get("undo") or {}
         try:

@@ -11,16 +11,17 @@ short_description: Set sysfs attributes (cpufreq limits, governor, turbo) with j
 description:
   - Each entry of O(files) names one attribute by a glob relative to O(root) (for example
     C(devices/system/cpu/cpufreq/policy*/scaling_max_freq)) and the value every matching file
-    must hold: a literal O(files[].value), or the content of the first existing sibling file named
+    must hold, a literal O(files[].value) or the content of the first existing sibling file named
     in O(files[].value_from) (for example C(base_frequency), else C(cpuinfo_max_freq)).
-  - Before anything is written, every target is validated against the sibling files named by
+  - >-
+    Before anything is written, every target is validated against the sibling files named by
     O(files[].min_from), O(files[].max_from) (numeric range) and O(files[].choices_from) (the
     allowed values, checked only when that file exists). A refusal names the scenario field
     O(files[].field) and shows values divided by O(files[].scale) in O(files[].unit), for example
     C(hardware.device1.cpu_freq_mhz: 2000 MHz is above cpuinfo_max_freq 1800 MHz).
   - Reads the current content, compares (numerically when both sides are integers) and writes only
     the files that differ, in the order of O(files). Nothing is written in check mode.
-  - Journaled through the C(dit_sysfs) action plugin; with C(_dit_plan=true) it returns the
+  - Journaled through the C(dit_sysfs) action plugin; with O(_dit_plan=true) it returns the
     C(file) records (path and prior content) of the files it would write, and writes nothing.
 options:
   root:
@@ -34,8 +35,13 @@ options:
     elements: dict
     required: true
     suboptions:
-      path: {description: Glob relative to O(root)., type: str, required: true}
-      value: {description: The value to write (compared as an integer when it is one)., type: raw}
+      path:
+        description: Glob relative to O(root).
+        type: str
+        required: true
+      value:
+        description: The value to write (compared as an integer when it is one).
+        type: raw
       value_from:
         description: Sibling file names; the content of the first that exists is the value.
         type: list
@@ -44,13 +50,47 @@ options:
         description: Fail when the glob matches nothing (else the entry is skipped).
         type: bool
         default: true
-      min_from: {description: Sibling file holding the lowest allowed value., type: str}
-      max_from: {description: Sibling file holding the highest allowed value., type: str}
-      choices_from: {description: Sibling file listing the allowed values (whitespace separated)., type: str}
-      field: {description: Scenario field named in refusals., type: str}
-      scale: {description: Divide numbers by this in messages (1000 shows kHz as MHz)., type: int, default: 1}
-      unit: {description: Unit shown in messages., type: str, default: ""}
-author: dit developers
+      min_from:
+        description: Sibling file holding the lowest allowed value.
+        type: str
+      max_from:
+        description: Sibling file holding the highest allowed value.
+        type: str
+      choices_from:
+        description: Sibling file listing the allowed values (whitespace separated).
+        type: str
+      field:
+        description: Scenario field named in refusals.
+        type: str
+      scale:
+        description: Divide numbers by this in messages (1000 shows kHz as MHz).
+        type: int
+        default: 1
+      unit:
+        description: Unit shown in messages.
+        type: str
+        default: ""
+  _dit_plan:
+    description:
+      - Set by the C(dit_sysfs) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Validates the targets and reports the files that would change; writes nothing.
+  diff_mode:
+    support: full
+    details: One line per differing file, its path and content before and after.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -94,8 +134,10 @@ diff:
 
 import glob
 import os
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_files import as_int, read, same
 
 FILE_SPEC = {
     "path": {"type": "str", "required": True},
@@ -115,32 +157,7 @@ class Refused(Exception):
     """A target is outside what the hardware offers."""
 
 
-def read(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def as_int(text):
-    try:
-        return int(str(text).strip())
-    except (TypeError, ValueError):
-        return None
-
-
-def same(current, target):
-    """Whether a file's content already holds ``target`` (integers compare as integers)."""
-    if current is None:
-        return False
-    a, b = as_int(current), as_int(target)
-    if a is not None and b is not None:
-        return a == b
-    return str(current).strip() == str(target).strip()
-
-
-def show(value, spec):
+def show(value: Any, spec: dict[str, Any]) -> str:
     """``value`` as the scenario states it: kHz shown as MHz with scale 1000 and unit MHz."""
     number = as_int(value)
     unit = spec.get("unit") or ""
@@ -151,7 +168,7 @@ def show(value, spec):
     return f"{shown} {unit}".strip()
 
 
-def check(target, spec, siblings):
+def check(target: str, spec: dict[str, Any], siblings: dict[str, str | None]) -> list[str]:
     """Refusal messages for ``target`` given the sibling files' contents (``{name: text or None}``)."""
     field = spec.get("field") or spec["path"]
     problems = []
@@ -175,7 +192,9 @@ def check(target, spec, siblings):
     return problems
 
 
-def plan(root, files):
+def plan(
+    root: str, files: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """``(changes, seen, problems)``: the writes needed, every matched file, the refusals."""
     if os.path.realpath(root) == "/":
         root = "/sys"
@@ -209,7 +228,7 @@ def plan(root, files):
             else:
                 problems.append("{}: neither value nor value_from given".format(spec["path"]))
                 continue
-            names = [spec.get(k) for k in ("min_from", "max_from", "choices_from") if spec.get(k)]
+            names = [str(spec[k]) for k in ("min_from", "max_from", "choices_from") if spec.get(k)]
             siblings = {name: read(os.path.join(directory, name)) for name in names}
             for problem in check(target, spec, siblings):
                 if problem not in problems:
@@ -224,7 +243,7 @@ def plan(root, files):
     return changes, seen, problems
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "root": {"type": "path", "required": True},

@@ -18,25 +18,67 @@ description:
     options differ, only those objects are changed in place (C(tc qdisc change) / C(tc class change)).
     Otherwise the tree is rebuilt (the current root is deleted first unless it is the kernel's
     default qdisc, handle C(0:)).
-  - Journaled through the C(dit_tc) action plugin. With C(_dit_plan) the module returns the journal
+  - Journaled through the C(dit_tc) action plugin. With O(_dit_plan) the module returns the journal
     records that restore the tree it found, newest last, as C(command) records for C(dit_restore),
     and changes nothing. Restoring a kernel default root is C(tc qdisc del dev IF root); a prior
     non-default tree (qdiscs C(tbf), C(pfifo), C(bfifo), C(pfifo_fast), C(htb), C(netem); C(htb)
     classes; C(u32) filters) is deleted and re-created with its handles and options. A prior tree
     with anything else is refused before any change, so a tree dit cannot restore is never touched.
   - Refuses to shape O(protected_interfaces) and the interface(s) of the default route.
-  - With O(dry_run) nothing is executed: every argv is appended to the JSON-lines O(log), the tree
+  - With O(dry_run) nothing is executed. Every argv is appended to the JSON-lines O(log), the tree
     that would be in place is kept in a state file next to it (so a second apply is idempotent), and
     the undo records carry C(dry_run) and C(log) too, so teardown records instead of executing.
 options:
-  dev: {description: Interface to shape., type: str, required: true}
-  netns: {description: Network namespace of the interface (C(tc -n NS)); empty for the current one., type: str, default: ""}
-  objects: {description: The desired tree (type, id, argv, change_argv, expect)., type: list, elements: dict, required: true}
-  dry_run: {description: Record argv in O(log) instead of running them., type: bool, default: false}
-  log: {description: JSON-lines log of recorded argv (required with O(dry_run))., type: path}
-  protected_interfaces: {description: Interfaces never shaped (the management interface)., type: list, elements: str, default: []}
-  tc: {description: The tc executable., type: str, default: tc}
-author: dit developers
+  dev:
+    description: Interface to shape.
+    type: str
+    required: true
+  netns:
+    description: Network namespace of the interface (C(tc -n NS)); empty for the current one.
+    type: str
+    default: ""
+  objects:
+    description: The desired tree (type, id, argv, change_argv, expect per object).
+    type: list
+    elements: dict
+    required: true
+  dry_run:
+    description: Record argv in O(log) instead of running them.
+    type: bool
+    default: false
+  log:
+    description: JSON-lines log of recorded argv (required with O(dry_run)).
+    type: path
+  protected_interfaces:
+    description: Interfaces never shaped (the management interface).
+    type: list
+    elements: str
+    default: []
+  tc:
+    description: The tc executable.
+    type: str
+    default: tc
+  _dit_plan:
+    description:
+      - Set by the C(dit_tc) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Reads the current tree and returns the commands that would run and the undo records; runs none.
+  diff_mode:
+    support: full
+    details: The tree before and after, one line per qdisc, class and filter.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -79,6 +121,7 @@ import re
 import shutil
 import subprocess
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -102,11 +145,11 @@ class Unsupported(Exception):
 # -- running tc ------------------------------------------------------------------------------------
 
 
-def _prefix(tc, netns):
+def _prefix(tc: str, netns: str) -> list[str]:
     return [tc, "-n", netns] if netns else [tc]
 
 
-def _run(argv, check=True):
+def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
     if check and proc.returncode != 0:
         raise TcError(
@@ -118,26 +161,27 @@ def _run(argv, check=True):
 # -- parsing the current tree ----------------------------------------------------------------------
 
 
-def parse_rate(text):
+def parse_rate(text: str) -> int:
     """``5Mbit`` / ``1500Kbit`` / ``10Gbit`` / ``800bit`` (also ``Mibit``) -> bytes/s."""
     match = re.fullmatch(r"([0-9.]+)([KMGT]?)(i?)bit", text)
     if not match:
         raise ValueError(f"not a rate: {text}")
     base = 1024 if match.group(3) else 1000
     power = " KMGT".index(match.group(2) or " ") if match.group(2) else 0
-    return round(float(match.group(1)) * base**power / 8)
+    scale: int = base**power
+    return round(float(match.group(1)) * scale / 8)
 
 
-def parse_size(text):
+def parse_size(text: str) -> int:
     """``1600b`` / ``15Kb`` / ``1600b/1`` -> bytes."""
-    text = text.split("/")[0]
+    text = text.split("/", maxsplit=1)[0]
     match = re.fullmatch(r"([0-9.]+)(b|Kb|Mb|Gb)?", text)
     if not match:
         raise ValueError(f"not a size: {text}")
     return round(float(match.group(1)) * SIZE_UNITS[match.group(2) or "b"])
 
 
-def normalise_qdiscs(entries):
+def normalise_qdiscs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for entry in entries:
         parent = "root" if entry.get("root") else entry.get("parent", "")
@@ -154,14 +198,14 @@ def normalise_qdiscs(entries):
     return out
 
 
-def parse_classes(text):
+def parse_classes(text: str) -> list[dict[str, Any]]:
     """``tc -d class show`` lines -> dicts (htb fields in bytes/s and bytes)."""
     out = []
     for line in text.splitlines():
         tokens = line.split()
         if len(tokens) < 3 or tokens[0] != "class":
             continue
-        item = {"kind": tokens[1], "classid": tokens[2], "raw": line.strip()}
+        item: dict[str, Any] = {"kind": tokens[1], "classid": tokens[2], "raw": line.strip()}
         rest = tokens[3:]
         i = 0
         while i < len(rest):
@@ -191,15 +235,17 @@ def parse_classes(text):
     return out
 
 
-def _field(line, name, pattern=r"(\S+)"):
+def _field(line: str, name: str, pattern: str = r"(\S+)") -> str | None:
     match = re.search(r"(?:^|\s)\*?" + name + r" " + pattern, line)
     return match.group(1) if match else None
 
 
-def parse_filters(text):
+def parse_filters(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
     """``tc filter show`` output -> u32 nodes (dicts with keys), u32 hash tables, other filters."""
-    nodes, tables, others = [], [], []
-    current = None
+    nodes: list[dict[str, Any]] = []
+    tables: list[dict[str, Any]] = []
+    others: list[str] = []
+    current: dict[str, Any] | None = None
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -240,7 +286,7 @@ def parse_filters(text):
     return nodes, tables, others
 
 
-def read_tree(tc, netns, dev):
+def read_tree(tc: str, netns: str, dev: str) -> dict[str, Any]:
     """The interface's egress tree: qdiscs, classes and filters, normalised."""
     pre = _prefix(tc, netns)
     proc = _run([*pre, "-j", "qdisc", "show", "dev", dev])
@@ -248,7 +294,9 @@ def read_tree(tc, netns, dev):
     classes = parse_classes(_run([*pre, "-d", "class", "show", "dev", dev]).stdout)
     parents = [q["handle"] for q in qdiscs if q["parent"] == "root" and q["handle"] != "0:"]
     parents += [c["classid"] for c in classes if c["kind"] == "htb"]
-    filters, tables, others = [], [], []
+    filters: list[dict[str, Any]] = []
+    tables: list[dict[str, Any]] = []
+    others: list[str] = []
     for parent in parents:
         text = _run([*pre, "filter", "show", "dev", dev, "parent", parent]).stdout
         nodes, tabs, rest = parse_filters(text)
@@ -266,7 +314,7 @@ def read_tree(tc, netns, dev):
     }
 
 
-def default_tree():
+def default_tree() -> dict[str, Any]:
     return {
         "qdiscs": [{"kind": "noqueue", "handle": "0:", "parent": "root", "options": {}}],
         "classes": [],
@@ -276,7 +324,7 @@ def default_tree():
     }
 
 
-def is_default(tree):
+def is_default(tree: dict[str, Any]) -> bool:
     roots = [q for q in tree["qdiscs"] if q["parent"] == "root"]
     return not roots or all(q["handle"] == "0:" for q in roots)
 
@@ -284,7 +332,7 @@ def is_default(tree):
 # -- comparing -------------------------------------------------------------------------------------
 
 
-def matches(expect, actual):
+def matches(expect: Any, actual: Any) -> bool:
     """``expect`` is a subset of ``actual`` (numbers within tolerance; None means absent)."""
     if expect is None:
         return actual is None
@@ -305,13 +353,13 @@ def matches(expect, actual):
             and all(matches(e, a) for e, a in zip(expect, actual, strict=False))
         )
     if isinstance(expect, bool) or isinstance(actual, bool):
-        return expect == actual
+        return bool(expect == actual)
     if isinstance(expect, (int, float)) and isinstance(actual, (int, float)):
-        return abs(expect - actual) <= max(ABS_TOL, REL_TOL * abs(expect))
-    return expect == actual
+        return bool(abs(expect - actual) <= max(ABS_TOL, REL_TOL * abs(expect)))
+    return bool(expect == actual)
 
 
-def _current_items(tree):
+def _current_items(tree: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
     items = {}
     for q in tree["qdiscs"]:
         items[("qdisc", q["handle"])] = q
@@ -323,7 +371,7 @@ def _current_items(tree):
     return items
 
 
-def compare(objects, tree):
+def compare(objects: list[dict[str, Any]], tree: dict[str, Any]) -> tuple[bool, list[dict[str, Any]], bool]:
     """``(present, differing, same_structure)`` of the desired ``objects`` against ``tree``."""
     items = _current_items(tree)
     wanted = {(o["type"], o["id"]) for o in objects}
@@ -344,7 +392,7 @@ def compare(objects, tree):
     return not differing and same_structure, differing, same_structure
 
 
-def describe(tree):
+def describe(tree: dict[str, Any]) -> str:
     lines = []
     for q in tree["qdiscs"]:
         lines.append(
@@ -364,15 +412,15 @@ def describe(tree):
 # -- restoring a prior tree ------------------------------------------------------------------------
 
 
-def _us(seconds):
+def _us(seconds: float) -> str:
     return f"{round(seconds * 1e6)}us"
 
 
-def _pct(fraction):
+def _pct(fraction: float) -> str:
     return f"{round(fraction * 100, 6):g}%"
 
 
-def render_qdisc_options(q):
+def render_qdisc_options(q: dict[str, Any]) -> list[str]:
     kind, opts = q["kind"], q["options"]
     if kind in ("pfifo", "bfifo"):
         return [kind, "limit", str(opts["limit"])] if "limit" in opts else [kind]
@@ -440,7 +488,7 @@ def render_qdisc_options(q):
     raise Unsupported(f"qdisc kind {kind}")
 
 
-def _tick_in_usec():
+def _tick_in_usec() -> float | None:
     try:
         with open("/proc/net/psched", encoding="ascii") as handle:
             t2us, us2t = (int(x, 16) for x in handle.read().split()[:2])
@@ -449,7 +497,7 @@ def _tick_in_usec():
         return None
 
 
-def exact_size(printed, rate, tick_in_usec):
+def exact_size(printed: int, rate: int, tick_in_usec: float | None) -> int:
     """A bucket size that tc stores so that it prints back as ``printed`` bytes at ``rate`` bytes/s.
 
     tc keeps a bucket as a transmission time in scheduler ticks, truncating twice on the way in
@@ -470,11 +518,11 @@ def exact_size(printed, rate, tick_in_usec):
     return printed
 
 
-def _major(handle):
-    return handle.split(":")[0] + ":"
+def _major(handle: str) -> str:
+    return handle.split(":", maxsplit=1)[0] + ":"
 
 
-def restore_argv(tree, tc, netns, dev):
+def restore_argv(tree: dict[str, Any], tc: str, netns: str, dev: str) -> list[list[str]]:
     """The argv that re-create ``tree`` after its root was deleted (empty for a default root)."""
     if is_default(tree):
         return []
@@ -567,15 +615,22 @@ def restore_argv(tree, tc, netns, dev):
     return ordered
 
 
-def undo_records(tree, tc, netns, dev, dry_run, log):
+def undo_records(
+    tree: dict[str, Any], tc: str, netns: str, dev: str, dry_run: bool, log: str | None
+) -> list[dict[str, Any]]:
     """Journal records (append order) whose newest-first replay restores ``tree``."""
     pre = _prefix(tc, netns)
     # Records restoring one prior tree are told apart from those restoring another (the journal
     # does not write a record identical to a pending one twice).
     digest = hashlib.sha256(json.dumps(tree, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
-    def record(argv, step, ignore=False):
-        undo = {"argv": argv, "dry_run": dry_run, "log": log or "", "restores": f"{dev} {digest} {step}"}
+    def record(argv: list[str], step: int, ignore: bool = False) -> dict[str, Any]:
+        undo: dict[str, Any] = {
+            "argv": argv,
+            "dry_run": dry_run,
+            "log": log or "",
+            "restores": f"{dev} {digest} {step}",
+        }
         if ignore:
             undo["ignore_errors"] = True
         return {"op": "command", "undo": undo}
@@ -591,11 +646,11 @@ def undo_records(tree, tc, netns, dev, dry_run, log):
 # -- interfaces never shaped -----------------------------------------------------------------------
 
 
-def default_route_interfaces(netns):
+def default_route_interfaces(netns: str) -> list[str]:
     ip = shutil.which("ip")
     if not ip:
         return []
-    devs = []
+    devs: list[str] = []
     for family in ("-4", "-6"):
         argv = [ip] + (["-n", netns] if netns else []) + [family, "-j", "route", "show", "default"]
         proc = _run(argv, check=False)
@@ -609,11 +664,11 @@ def default_route_interfaces(netns):
 # -- dry run ---------------------------------------------------------------------------------------
 
 
-def state_path(log, dev, netns):
+def state_path(log: str, dev: str, netns: str) -> str:
     return "{}.{}{}.state.json".format(log, netns + "." if netns else "", dev)
 
 
-def read_state(path):
+def read_state(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as handle:
             return handle.read()
@@ -621,9 +676,15 @@ def read_state(path):
         return None
 
 
-def simulated_tree(objects):
+def simulated_tree(objects: list[dict[str, Any]]) -> dict[str, Any]:
     """The tree the kernel would report after ``objects`` (their expectations are what it reports)."""
-    tree = {"qdiscs": [], "classes": [], "filters": [], "tables": [], "other_filters": []}
+    tree: dict[str, list[Any]] = {
+        "qdiscs": [],
+        "classes": [],
+        "filters": [],
+        "tables": [],
+        "other_filters": [],
+    }
     for obj in objects:
         item = json.loads(json.dumps(obj["expect"]))
         if obj["type"] == "qdisc":
@@ -639,21 +700,21 @@ def simulated_tree(objects):
     return tree
 
 
-def append_log(path, argv, **extra):
-    record = {"argv": argv, "t_mono_ns": time.monotonic_ns()}
+def append_log(path: str, argv: list[str], **extra: Any) -> None:
+    record: dict[str, Any] = {"argv": argv, "t_mono_ns": time.monotonic_ns()}
     record.update(extra)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def _check_argv(argv, tc, dev):
+def _check_argv(argv: list[str], tc: str, dev: str) -> None:
     if not argv or os.path.basename(argv[0]) != os.path.basename(tc) or "dev" not in argv:
         raise TcError(f"refusing argv that is not a tc command on {dev}: {argv}")
     if argv[argv.index("dev") + 1] != dev:
         raise TcError(f"argv targets another interface than {dev}: {argv}")
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "dev": {"type": "str", "required": True},
@@ -734,7 +795,7 @@ def main():
                 append_log(p["log"], argv, source="dit_tc")
             else:
                 _run(argv)
-        if dry_run and commands:
+        if state_file is not None and commands:  # dry run
             with open(state_file + ".tmp", "w", encoding="utf-8") as handle:
                 json.dump(simulated_tree(objects), handle, sort_keys=True)
             os.replace(state_file + ".tmp", state_file)

@@ -10,23 +10,69 @@ module: dit_timed_profile
 short_description: Profile a model and run partitioned inference from a common start instant
 description:
   - Writes the device agent's configuration, starts the agent as a tagged session leader and waits
-    for it. The agent sleeps until the wall clock reaches O(start_at_ns), captures the origin pair
-    C((time_ns, monotonic_ns)), profiles the model stage by stage and then runs partitioned
-    inference against the edge service. All durations are integer nanoseconds.
+    for it. The agent sleeps until the wall clock reaches C(start_at_ns) of O(config), captures the
+    origin pair C((time_ns, monotonic_ns)), profiles the model stage by stage and then runs
+    partitioned inference against the edge service. All durations are integer nanoseconds.
   - The whole timing-critical sequence runs inside one process on the node; Ansible only starts it.
   - If the module (or the driver) dies, the agent keeps its session and run-id tag, so teardown or
     C(dit cleanup) reaps it.
 options:
-  run_id: {description: The run id., type: str, required: true}
-  host: {description: The inventory name of this node., type: str, required: true}
-  node_root: {description: The node's run root (holds the agent and the results)., type: path, required: true}
-  python: {description: Interpreter that runs the agent., type: str, required: true}
-  config: {description: The agent configuration (start_at_ns, model, repetitions, inference ...)., type: dict, required: true}
-  env: {description: Extra environment (thread counts, seeds)., type: dict, default: {}}
-  timeout_s: {description: Give up (and kill the agent) after this many seconds., type: float, default: 3600}
-  cgroup: {description: A cgroup directory (v1 or v2) the process joins before it executes., type: path}
-  cpus: {description: CPU numbers the process and its children are confined to., type: list, elements: int}
-author: dit developers
+  run_id:
+    description: The run id.
+    type: str
+    required: true
+  host:
+    description: The inventory name of this node.
+    type: str
+    required: true
+  node_root:
+    description: The node's run root (holds the agent and the results).
+    type: path
+    required: true
+  python:
+    description: Interpreter that runs the agent.
+    type: str
+    required: true
+  config:
+    description: The agent configuration (start_at_ns, model, repetitions, inference ...).
+    type: dict
+    required: true
+  env:
+    description: Extra environment (thread counts, seeds).
+    type: dict
+    default: {}
+  timeout_s:
+    description: Give up (and kill the agent) after this many seconds.
+    type: float
+    default: 3600.0
+  cgroup:
+    description: A cgroup directory (v1 or v2) the process joins before it executes.
+    type: path
+  cpus:
+    description: CPU numbers the process and its children are confined to.
+    type: list
+    elements: int
+  _dit_plan:
+    description:
+      - Set by the C(dit_timed_profile) action plugin, never by a playbook. The module reads the node's current
+        state and returns the C(journal) records (with the prior values needed to undo) without changing
+        anything; the plugin appends them to the run's journal before it runs the module for real.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: Profiling is an action, not a state; check mode reports a change and starts nothing.
+  diff_mode:
+    support: none
+    details: The agent writes new result files; there is no prior state to compare.
+  platform:
+    support: full
+    platforms: posix
+    details: Linux nodes (reads C(/proc) and sysfs).
+author: dit developers (!UNKNOWN)
 """
 
 EXAMPLES = r"""
@@ -61,7 +107,7 @@ from ansible.module_utils.dit_procs import read_json, spawn, tagged_env
 TAG = "profile"
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},

@@ -14,6 +14,10 @@ import fcntl
 import json
 import os
 import tempfile
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the node's Python needs nothing beyond the stdlib
+    from collections.abc import Iterator
 
 LEASE_FILE = "lease.json"
 MAX_BYTES = 65536
@@ -23,7 +27,7 @@ class LeaseError(ValueError):
     """The lease cannot be taken or released as asked."""
 
 
-def read_text(path):
+def read_text(path: str) -> str | None:
     """The lease file's content, or None when there is none."""
     try:
         with open(path, "rb") as handle:
@@ -32,7 +36,7 @@ def read_text(path):
         return None
 
 
-def run_id_of(text):
+def run_id_of(text: str) -> str | None:
     """The run id a lease file's content names, or None."""
     try:
         data = json.loads(text)
@@ -42,7 +46,7 @@ def run_id_of(text):
 
 
 @contextlib.contextmanager
-def _locked(directory):
+def _locked(directory: str) -> Iterator[None]:
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -52,12 +56,12 @@ def _locked(directory):
         os.close(fd)
 
 
-def _check_path(path):
+def _check_path(path: str) -> None:
     if os.path.basename(path) != LEASE_FILE:
         raise LeaseError(f"{path}: a lease file is named {LEASE_FILE}")
 
 
-def take(path, lease, replaces=None):
+def take(path: str, lease: dict[str, Any], replaces: str | None = None) -> bool:
     """Write ``lease`` (a dict with ``run_id``) to ``path`` when the node is free or already ours.
 
     ``replaces`` is the exact content of another run's lease the controller decided to break; any
@@ -90,7 +94,7 @@ def take(path, lease, replaces=None):
     return True
 
 
-def release(path, run_id, check=False):
+def release(path: str, run_id: str, check: bool = False) -> bool:
     """Remove the lease at ``path`` if it is held by ``run_id``; another run's is left alone.
 
     Returns True when it was (or, in check mode, would be) removed.

@@ -14,6 +14,11 @@ import contextlib
 import os
 import signal
 import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # annotations only: the lazy import below keeps a module's start-up small
+    import subprocess
+    from collections.abc import Mapping
 
 RUN_ENV = "DIT_RUN_ID"
 HOST_ENV = "DIT_HOST"
@@ -25,13 +30,13 @@ STATUS_SUFFIX = ".status.json"
 STDERR_TAIL_LINES = 10
 
 
-def _environ(pid):
+def _environ(pid: int) -> dict[str, str] | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as handle:
             raw = handle.read()
     except OSError:
         return None
-    env = {}
+    env: dict[str, str] = {}
     for item in raw.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep:
@@ -39,7 +44,7 @@ def _environ(pid):
     return env
 
 
-def _is_zombie(pid):
+def _is_zombie(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
@@ -49,9 +54,9 @@ def _is_zombie(pid):
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
-def find_tagged(run_id, host=None, tag=None):
+def find_tagged(run_id: str, host: str | None = None, tag: str | None = None) -> list[dict[str, Any]]:
     """Live processes of ``run_id`` (optionally of one host / one tag): list of dicts."""
-    found = []
+    found: list[dict[str, Any]] = []
     me = os.getpid()
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -76,7 +81,9 @@ def find_tagged(run_id, host=None, tag=None):
     return found
 
 
-def reap(run_id, host=None, tag=None, grace_s=5.0):
+def reap(
+    run_id: str, host: str | None = None, tag: str | None = None, grace_s: float = 5.0
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """SIGTERM every process group of the run, wait ``grace_s``, SIGKILL what is left.
 
     Returns ``(killed, survivors)``: the processes found at first, and those still alive at the end.
@@ -99,7 +106,15 @@ def reap(run_id, host=None, tag=None, grace_s=5.0):
     return procs, find_tagged(run_id, host, tag)
 
 
-def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
+def spawn(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    stdout_path: str,
+    stderr_path: str,
+    cgroup: str | None = None,
+    cpus: list[int] | None = None,
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session with ``env``; returns the Popen object.
 
     With ``cgroup`` (a cgroup directory, v1 or v2) the child joins it before it executes, so the
@@ -113,7 +128,7 @@ def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
         raise OSError(f"cgroup {cgroup} has no cgroup.procs")
     affinity = {int(c) for c in cpus} if cpus else None
 
-    def before_exec():
+    def before_exec() -> None:
         if procs_file:
             with open(procs_file, "w", encoding="ascii") as handle:
                 handle.write(str(os.getpid()))
@@ -134,20 +149,20 @@ def spawn(argv, env, cwd, stdout_path, stderr_path, cgroup=None, cpus=None):
         )
 
 
-def status_path(logs_dir, tag):
+def status_path(logs_dir: str, tag: str) -> str:
     """Where the process tagged ``tag`` keeps its status record."""
     return os.path.join(logs_dir, tag + STATUS_SUFFIX)
 
 
-def _alive_as(pid, run_id, tag):
+def _alive_as(pid: object, run_id: str, tag: str) -> bool:
     """``pid`` is alive and is still the tagged process (not a reused pid)."""
     if not isinstance(pid, int) or pid <= 0 or _is_zombie(pid):
         return False
     env = _environ(pid)
-    return bool(env) and env.get(RUN_ENV) == run_id and env.get(TAG_ENV) == tag
+    return env is not None and env.get(RUN_ENV) == run_id and env.get(TAG_ENV) == tag
 
 
-def stderr_tail(path, lines=STDERR_TAIL_LINES, limit=8192):
+def stderr_tail(path: str, lines: int = STDERR_TAIL_LINES, limit: int = 8192) -> list[str]:
     """The last ``lines`` non-empty lines of a log file (at most its last ``limit`` bytes)."""
     try:
         with open(path, "rb") as handle:
@@ -159,7 +174,7 @@ def stderr_tail(path, lines=STDERR_TAIL_LINES, limit=8192):
     return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
-def process_states(logs_dir, run_id):
+def process_states(logs_dir: str, run_id: str) -> list[dict[str, Any]]:
     """What became of every process of this node that keeps a status record, sorted by tag.
 
     Each entry: ``tag``, ``command``, ``pid``, ``state`` (``running``: still alive; ``exited``: it
@@ -167,7 +182,7 @@ def process_states(logs_dir, run_id):
     killed by a signal), ``exit_code``, ``error``, ``failed`` (exited non-zero or vanished) and, when
     failed, ``stderr_tail`` (the last lines of ``logs/<tag>.err``).
     """
-    out = []
+    out: list[dict[str, Any]] = []
     try:
         names = sorted(n for n in os.listdir(logs_dir) if n.endswith(STATUS_SUFFIX))
     except OSError:
@@ -178,7 +193,7 @@ def process_states(logs_dir, run_id):
         if not isinstance(record, dict):
             record = {"state": "unreadable"}
         state = record.get("state")
-        entry = {
+        entry: dict[str, Any] = {
             "tag": tag,
             "command": record.get("command"),
             "pid": record.get("pid"),
@@ -201,7 +216,7 @@ def process_states(logs_dir, run_id):
     return out
 
 
-def read_json(path):
+def read_json(path: str) -> Any:
     """The JSON document in ``path``, or None when it is missing or not (yet) complete."""
     import json
 
@@ -212,7 +227,9 @@ def read_json(path):
         return None
 
 
-def tagged_env(base, run_id, host, tag, extra=None):
+def tagged_env(
+    base: Mapping[str, str], run_id: str, host: str, tag: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     env = dict(base)
     env.update(extra or {})
     env[RUN_ENV] = run_id

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
+from typing import Any
 
 LEASE_FILE = "lease.json"  # the node lease dit_lease takes at preflight (released by a "lease" record)
 CPU_SYSFS = "devices/system/cpu"  # the only sysfs subtree dit's modules write (dit_sysfs roles)
@@ -71,13 +73,13 @@ class Refused(Exception):
     """The record reaches outside what the run could have changed on this node."""
 
 
-def _real(path, what):
+def _real(path: object, what: str) -> str:
     if not isinstance(path, str) or not os.path.isabs(path):
         raise Refused(f"{what} {path!r} is not an absolute path")
     return os.path.realpath(path)
 
 
-def _within(real, root):
+def _within(real: str, root: str) -> bool:
     return real == root or real.startswith(root.rstrip("/") + "/")
 
 
@@ -85,9 +87,15 @@ class Scope:
     """What one node's undo may touch: from the inventory and the run's metadata, never the journal."""
 
     def __init__(
-        self, run_id, host, node_root=None, sysfs_root="/sys", cgroup_root="/sys/fs/cgroup", interfaces=(),
-        lease_dir=None,
-    ):  # fmt: skip
+        self,
+        run_id: str,
+        host: str,
+        node_root: str | None = None,
+        sysfs_root: str | None = "/sys",
+        cgroup_root: str | None = "/sys/fs/cgroup",
+        interfaces: Iterable[dict[str, Any]] = (),
+        lease_dir: str | None = None,
+    ) -> None:
         self.run_id = run_id
         self.host = host
         self.node_root = os.path.realpath(node_root) if node_root else None
@@ -100,14 +108,16 @@ class Scope:
         self.cpu_sysfs = os.path.join("/sys" if sysfs == "/" else sysfs, CPU_SYSFS)
         self.cgroup_root = os.path.realpath(cgroup_root or "/sys/fs/cgroup")
         self.cgroup_name = f"dit-{run_id}-{host}"
-        self.interfaces = {}  # (dev, netns) -> the real path of its dry-run log ("" for none)
+        self.interfaces: dict[
+            tuple[str, str], str
+        ] = {}  # (dev, netns) -> the real path of its dry-run log ("" for none)
         for item in interfaces or ():
             log = item.get("log") or ""
             key = (str(item.get("dev") or ""), str(item.get("netns") or ""))
             self.interfaces[key] = os.path.realpath(log) if log else ""
 
     # -- areas ---------------------------------------------------------------------------------
-    def in_node_area(self, real):
+    def in_node_area(self, real: str) -> bool:
         """Under the run directory, or a file beside it named after the run (``<node_root>.*``)."""
         if self.node_root is None:
             return False
@@ -116,7 +126,7 @@ class Scope:
         parent, name = os.path.split(self.node_root)
         return os.path.dirname(real) == parent and os.path.basename(real).startswith(name + ".")
 
-    def is_tc_state(self, real):
+    def is_tc_state(self, real: str) -> bool:
         """dit_tc's dry-run state file beside a declared log: ``<log>.[<netns>.]<dev>.state.json``."""
         return any(
             log
@@ -126,29 +136,30 @@ class Scope:
             for log in self.interfaces.values()
         )
 
-    def is_run_cgroup(self, real):
+    def is_run_cgroup(self, real: str) -> bool:
         return (
             _within(real, self.cgroup_root)
             and real != self.cgroup_root
             and os.path.basename(real) == self.cgroup_name
         )
 
-    def where(self):
+    def where(self) -> str:
         """The areas, for a refusal message (short: one message per refused record)."""
         node = "the run's node directory" if self.node_root else "(no node directory declared)"
         return f"{node}, <sysfs>/{CPU_SYSFS} and the run's cgroup {self.cgroup_name}"
 
     # -- records -------------------------------------------------------------------------------
-    def check(self, op, undo):
+    def check(self, op: object, undo: object) -> dict[str, Any]:
         """The undo data with resolved paths, or :class:`Refused` saying why not."""
         if not isinstance(undo, dict):
             raise Refused("its undo data is not an object")
         check = getattr(self, "_check_" + str(op), None)
         if check is None:
             raise Refused(f"unknown journal op {op!r}")
-        return check(undo)
+        result: dict[str, Any] = check(undo)
+        return result
 
-    def _check_process(self, undo):
+    def _check_process(self, undo: dict[str, Any]) -> dict[str, Any]:
         if undo.get("run_id") != self.run_id or undo.get("host") != self.host:
             raise Refused(
                 "it names processes of run {!r} on {!r}, not of run {} on {}".format(
@@ -157,13 +168,13 @@ class Scope:
             )
         return undo
 
-    def _check_mkdir(self, undo):
+    def _check_mkdir(self, undo: dict[str, Any]) -> dict[str, Any]:
         real = _real(undo.get("path"), "directory")
         if self.node_root is None or real != self.node_root or undo.get("run_id") != self.run_id:
             raise Refused(f"{real} is not this run's node directory ({self.node_root})")
         return {**undo, "path": real}
 
-    def _check_file(self, undo):
+    def _check_file(self, undo: dict[str, Any]) -> dict[str, Any]:
         real = _real(undo.get("path"), "file")
         prior = undo.get("prior")
         if prior is not None and not isinstance(prior, str):
@@ -175,19 +186,19 @@ class Scope:
             return {**undo, "path": real}
         raise Refused(f"{'deleting ' if prior is None else ''}{real} is outside {self.where()}")
 
-    def _check_rmdir(self, undo):
+    def _check_rmdir(self, undo: dict[str, Any]) -> dict[str, Any]:
         real = _real(undo.get("path"), "directory")
         if (self.in_node_area(real) and real != self.node_root) or self.is_run_cgroup(real):
             return {**undo, "path": real}
         raise Refused(f"{real} is outside {self.where()}")
 
-    def _check_cgroup(self, undo):
+    def _check_cgroup(self, undo: dict[str, Any]) -> dict[str, Any]:
         real = _real(undo.get("path"), "cgroup")
         if not self.is_run_cgroup(real):
             raise Refused(f"{real} is not this run's cgroup {self.cgroup_root}/.../{self.cgroup_name}")
         return {**undo, "path": real}
 
-    def _check_lease(self, undo):
+    def _check_lease(self, undo: dict[str, Any]) -> dict[str, Any]:
         real = _real(undo.get("path"), "lease")
         if (
             self.lease_dir is None or os.path.dirname(real) != self.lease_dir
@@ -196,7 +207,7 @@ class Scope:
             raise Refused(f"{real} is not this node's lease ({self.lease_dir}/{LEASE_FILE}) of this run")
         return {**undo, "path": real}
 
-    def _check_command(self, undo):
+    def _check_command(self, undo: dict[str, Any]) -> dict[str, Any]:
         argv = undo.get("argv")
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise Refused("its argv is not a list of strings")
@@ -217,10 +228,10 @@ class Scope:
         return undo
 
 
-def tc_target(argv):
+def tc_target(argv: list[str]) -> tuple[str, str]:
     """``(dev, netns)`` of an argv of the shapes dit_tc journals; :class:`Refused` for any other."""
 
-    def bad(why):
+    def bad(why: str) -> Refused:
         return Refused(f"argv {argv} is not a tc undo dit_tc journals: {why}")
 
     if not argv or argv[0] not in TC_PROGRAMS:
@@ -280,7 +291,7 @@ def tc_target(argv):
     return dev, netns
 
 
-def _parent(tail, bad, root_allowed):
+def _parent(tail: list[str], bad: Callable[[str], Refused], root_allowed: bool) -> tuple[str, list[str]]:
     if root_allowed and tail[:1] == ["root"]:
         return "root", tail[1:]
     if len(tail) >= 2 and tail[0] == "parent" and HANDLE.match(tail[1]):
@@ -288,7 +299,7 @@ def _parent(tail, bad, root_allowed):
     raise bad("expected {}parent <handle>".format("root or " if root_allowed else ""))
 
 
-def _options(words, bad):
+def _options(words: list[str], bad: Callable[[str], Refused]) -> None:
     for word in words:
         if word not in OPTION_WORDS and not VALUE.match(word):
             raise bad(f"option {word!r}")

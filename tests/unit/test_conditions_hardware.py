@@ -7,9 +7,7 @@ the fake sysfs tree of local mode and hand-made cgroup directories in a temporar
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import jinja2.nativetypes
@@ -19,6 +17,7 @@ import yaml
 from dit.conditions import HostContext, build_conditions, cpufreq, edge_frequency, memory, process_settings
 from dit.localmode import make_fake_sysfs
 from dit.scenario import Scenario, loads
+from tests.ansible_modules import library_module, module_util
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,16 +34,9 @@ hardware:
 """
 
 
-def _module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"test_{name}", REPO / "library" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sysfs = _module("dit_sysfs")
-cgroup = _module("dit_cgroup")
+sysfs = library_module("dit_sysfs")
+cgroup = library_module("dit_cgroup")
+files = module_util("dit_files")
 
 
 def scenario(text: str = SCENARIO) -> Scenario:
@@ -251,6 +243,29 @@ def test_without_intel_pstate_the_edge_uses_cpuinfo_max_freq_and_cpufreq_boost(t
     assert problems == []
     assert changes[-1] == ("devices/system/cpu/cpufreq/boost", "1\n", "0")
     assert {c[2] for c in changes[:-1]} == {"3200000"}
+
+
+# -- the file helpers both kernel-file modules share (module_utils/dit_files.py) --------------
+
+
+def test_sysfs_and_cgroup_read_and_compare_files_with_the_one_shared_helper() -> None:
+    for module in (sysfs, cgroup):
+        assert module.read is files.read
+        assert module.same is files.same
+    assert sysfs.as_int is files.as_int
+
+
+def test_a_file_holds_its_target_when_both_are_the_same_integer_or_the_same_text(tmp_path: Path) -> None:
+    (tmp_path / "max").write_text("1200000\n")
+    assert files.read(str(tmp_path / "max")) == "1200000\n"
+    assert files.read(str(tmp_path / "missing")) is None
+    assert files.same("1200000\n", 1200000)
+    assert files.same("0100\n", "100")  # numerically equal
+    assert files.same("performance\n", "performance")
+    assert not files.same("powersave\n", "performance")
+    assert not files.same(None, "0")  # an unreadable file never holds anything
+    assert files.as_int(" 42\n") == 42
+    assert files.as_int("max") is None
 
 
 # -- memory cgroups: v1 / v2 file choice, preflight advice ------------------------------------

@@ -1,0 +1,47 @@
+"""Load dit's Ansible modules (library/*.py) and module utilities (module_utils/*.py) in-process.
+
+Modules import their shared code as Ansible ships it to a node, ``from ansible.module_utils.dit_x
+import ...``. Ansible resolves those names from its configured module_utils paths when it packs a
+module; here the checkout's ``module_utils/`` joins the search path of the real
+``ansible.module_utils`` package, so the modules import unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import ansible.module_utils
+
+REPO = Path(__file__).resolve().parent.parent
+LIBRARY = REPO / "library"
+MODULE_UTILS = REPO / "module_utils"
+
+
+def _add_module_utils() -> None:
+    paths = ansible.module_utils.__path__
+    if str(MODULE_UTILS) not in paths:
+        paths.append(str(MODULE_UTILS))
+
+
+def module_util(name: str) -> ModuleType:
+    """``module_utils/<name>.py`` as ``ansible.module_utils.<name>`` (the object the modules use)."""
+    _add_module_utils()
+    return importlib.import_module(f"ansible.module_utils.{name}")
+
+
+def library_module(name: str, as_name: str | None = None) -> ModuleType:
+    """``library/<name>.py`` loaded by file path, its ``ansible.module_utils.dit_*`` imports resolved."""
+    _add_module_utils()
+    spec = importlib.util.spec_from_file_location(as_name or f"test_{name}", LIBRARY / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def library_names() -> list[str]:
+    """Every module in library/ (a new module is covered without touching a test)."""
+    return sorted(p.stem for p in LIBRARY.glob("*.py") if not p.name.startswith("_"))
