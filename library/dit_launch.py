@@ -108,13 +108,15 @@ processes:
 import contextlib
 import os
 import signal
+import subprocess
 import time
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_procs import read_json, spawn, tagged_env
 
 
-def _tail(path, limit=4000):
+def _tail(path: str, limit: int = 4000) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -124,7 +126,7 @@ def _tail(path, limit=4000):
         return ""
 
 
-def _inside(root, rel):
+def _inside(root: str, rel: str) -> str:
     """``rel`` under ``root``; a path that would leave it is refused."""
     path = os.path.normpath(os.path.join(root, rel))
     if os.path.isabs(rel) or not path.startswith(os.path.normpath(root) + os.sep):
@@ -132,7 +134,7 @@ def _inside(root, rel):
     return path
 
 
-def _kill_all(started):
+def _kill_all(started: dict[str, subprocess.Popen[bytes]]) -> None:
     for proc in started.values():
         if proc.poll() is None:
             with contextlib.suppress(OSError):
@@ -140,7 +142,7 @@ def _kill_all(started):
             proc.wait()
 
 
-def main():
+def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},
@@ -174,8 +176,8 @@ def main():
     base_env = {str(k): str(v) for k, v in p["env"].items()}
     if p["start_at_ns"] is not None:
         base_env["DIT_START_AT_NS"] = str(p["start_at_ns"])
-    started = {}
-    info = {}
+    started: dict[str, subprocess.Popen[bytes]] = {}
+    info: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + p["timeout_s"]
     try:
         for spec in p["processes"]:
