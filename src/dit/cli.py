@@ -226,15 +226,35 @@ def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver die
     if not (run_dir / DRIVER).exists():
         raise _fail(f"{run_dir} is not a dit run directory")
     run = RunDir(run_dir)
-    pid = int(read_json(run_dir / DRIVER).get("pid", 0))
-    if pid and pid != os.getpid() and pid_alive(pid) and run.status().get("state") == "running":
+    try:
+        info = read_json(run_dir / DRIVER)
+        pid = int(info.get("pid", 0))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise _fail(f"{run_dir / DRIVER}: unreadable ({exc}); it names the run's driver") from None
+    if pid and pid != os.getpid() and pid_alive(pid) and _state_of(run) == "running":
         raise _fail(f"the driver of {run_dir} (pid {pid}) is still running: use 'dit stop {run_dir}'")
-    error, _ns = teardown(run, inventory_of(run), None)
+    try:
+        inventory = inventory_of(run)
+    except Exception as exc:  # any corrupt file behind it: one line, never a traceback
+        raise _fail(
+            f"{run_dir}: cannot tell which nodes the run used from driver.json, scenario.yaml and "
+            f"inventory.json: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        ) from None
+    error, _ns = teardown(run, inventory, None)
     if error:
         raise _fail(f"cleanup of {run_dir} incomplete: {error}")
-    if run.status().get("state") == "running":
+    if _state_of(run) in ("running", None):
         run.set_status(state="failed", error="driver died; cleaned up by dit cleanup")
     out.print(f"{run_dir}: journal replayed, no process of run {run.run_id} left")
+
+
+def _state_of(run: RunDir) -> str | None:
+    """The run's state, or None when its status.json cannot be read (it is rewritten then)."""
+    try:
+        state = run.status().get("state")
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return str(state) if state is not None else None
 
 
 @app.command("ls")

@@ -78,7 +78,14 @@ class RunDir:
         return dict(read_json(path)) if path.exists() else {}
 
     def set_status(self, **fields: Any) -> None:
-        status = self.status()
+        try:
+            status = self.status()
+        except (OSError, ValueError, TypeError):  # a torn or hand-edited file: kept aside, written anew
+            broken = self.path / STATUS
+            broken.replace(broken.with_name(STATUS + ".unreadable"))
+            status = {}
+        if not isinstance(status, dict):
+            status = {}
         status.update(fields)
         status["updated_wall_ns"] = time.time_ns()
         write_json(self.path / STATUS, status)

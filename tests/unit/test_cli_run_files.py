@@ -109,3 +109,37 @@ def test_a_nan_cumulative_latency_is_reported_as_nan(small: Path) -> None:
     assert result.exit_code != 0
     assert "is empty" not in result.output
     assert "cum_latency_ns is NaN" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [
+        ("driver.json", "{not json"),
+        ("driver.json", "[1]"),
+        ("scenario.yaml", "devices: [\n"),
+        ("inventory.json", "{}"),
+    ],
+)
+def test_cleanup_with_a_corrupted_run_file_names_it(tmp_path: Path, name: str, text: str) -> None:
+    run = fake_run(tmp_path, state="running")
+    write_json(run / DRIVER, {"pid": 0, "host": "elsewhere", "local": True})  # no driver to ask about
+    (run / "scenario.yaml").write_text("name: s\ndevices: [device1]\n", encoding="utf-8")
+    write_json(
+        run / "inventory.json", {"all": {"children": {"edge": {"hosts": {}}, "devices": {"hosts": {}}}}}
+    )
+    (run / name).write_text(text, encoding="utf-8")
+    result = invoke("cleanup", str(run))
+    assert result.exit_code != 0
+    (line,) = error_lines(result)
+    assert name in line or str(run) in line
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_a_status_json_that_cannot_be_read_is_kept_aside_and_written_anew(tmp_path: Path, text: str) -> None:
+    from dit.rundir import RunDir
+
+    run = fake_run(tmp_path)
+    (run / STATUS).write_text(text, encoding="utf-8")
+    RunDir(run).set_status(state="failed", error="cleaned up")
+    assert RunDir(run).status()["state"] == "failed"
+    assert (run / (STATUS + ".unreadable")).read_text(encoding="utf-8") == text
