@@ -96,7 +96,14 @@ def test_a_field_of_another_runtime_is_refused(echo: Any) -> None:
 
 def test_an_unknown_runtime_lists_the_installed_ones(echo: Any) -> None:
     assert messages(doc(runtime={"name": "ecko"})) == ["runtime.name: 'ecko' is not one of echo, layers"]
-    assert messages(doc(runtime={})) == ["runtime.name: is required"]
+
+
+def test_a_block_without_a_name_is_the_default_runtimes(echo: Any) -> None:
+    # NNPM's form sends the block untouched as {}: that is the layers runtime, as no block is
+    assert messages(doc(runtime={})) == []
+    assert expand(doc(runtime={}))[0].runtime == {"name": "layers"}
+    # and another runtime's field without its name is refused, naming the field
+    assert messages(doc(runtime={"rounds": 3})) == ["runtime.rounds: unknown field (allowed: name)"]
 
 
 def test_sweeps_sweep_runtime_fields(echo: Any) -> None:

@@ -98,6 +98,8 @@ def block_property() -> dict[str, Any]:
         block.setdefault("type", "object")
         block["properties"] = {"name": {"const": name}, **dict(block.get("properties", {}))}
         rules.append({"if": {"properties": {"name": {"const": name}}, "required": ["name"]}, "then": block})
+        if name == DEFAULT:  # a block without a name is the default runtime's (the form sends {} untouched)
+            rules.append({"if": {"not": {"required": ["name"]}}, "then": block})
     return {
         "title": "Runtime",
         "description": (
@@ -106,11 +108,11 @@ def block_property() -> dict[str, Any]:
             "runtime's own."
         ),
         "type": "object",
-        "required": ["name"],
         "properties": {
             "name": {
                 "description": "The runtime: one of the installed runtimes (`dit runtimes` lists them).",
                 "enum": list(runtimes),
+                "default": DEFAULT,
             }
         },
         "allOf": rules,
