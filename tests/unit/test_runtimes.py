@@ -420,3 +420,8 @@ def test_the_minimal_runtime_of_the_docs_works(monkeypatch: pytest.MonkeyPatch, 
     finally:
         monkeypatch.undo()
         registry.reset()
+
+
+def test_a_block_without_a_name_may_optimise_partitions(echo: Any) -> None:
+    # the optimisers need the layers runtime; a nameless block is that runtime
+    assert messages(doc(runtime={}, optimisation={"enabled": True})) == []

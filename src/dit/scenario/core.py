@@ -86,7 +86,7 @@ def resolve(doc: Mapping[str, Any]) -> dict[str, Any]:
     written = doc.get("optimisation")
     if (
         isinstance(runtime, dict)
-        and runtime.get("name") != DEFAULT_RUNTIME
+        and runtime.get("name", DEFAULT_RUNTIME) != DEFAULT_RUNTIME
         and isinstance(opt, dict)
         and not (isinstance(written, Mapping) and "enabled" in written)
     ):
@@ -184,7 +184,7 @@ def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldE
                 f"(registered under dit.optimisers: {', '.join(known)})",
             )
     runtime = d.get("runtime")
-    runtime_name = runtime.get("name") if isinstance(runtime, dict) else DEFAULT_RUNTIME
+    runtime_name = runtime.get("name", DEFAULT_RUNTIME) if isinstance(runtime, dict) else DEFAULT_RUNTIME
     if isinstance(opt, dict) and opt.get("enabled") is True and runtime_name != DEFAULT_RUNTIME:
         # the optimisers search partition vectors over the layer profile only this runtime measures
         err(
