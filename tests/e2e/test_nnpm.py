@@ -55,7 +55,9 @@ def test_map_add_and_drag_nodes(page: Any, server: Server) -> None:
     add_node(page, 650, 180, "device1", "127.0.0.2", board="Raspberry Pi 4 Model B")
     add_node(page, 300, 380, "device2", "127.0.0.3", board="Raspberry Pi 4 Model B")
     # the probes answer on loopback: every marker turns green (all three answered)
-    page.wait_for_function("document.querySelectorAll('.leaflet-marker-icon[data-probe=ok]').length === 3")
+    page.wait_for_function(
+        "() => document.querySelectorAll('.leaflet-marker-icon[data-probe=ok]').length === 3"
+    )
     inventory = server.inventory.read_text(encoding="utf-8")
     assert "device1" in inventory and "dit_lat" in inventory
     before = link_latency_text(page, "device1", "edge")
@@ -69,7 +71,8 @@ def test_map_add_and_drag_nodes(page: Any, server: Server) -> None:
         page.mouse.move(x + 20 * step, y + 8 * step)
     page.mouse.up()
     page.wait_for_function(
-        f"document.querySelector(\"#link-table tr[data-link='device1-edge'] td.latency\").textContent !== '{before}'"
+        "() => document.querySelector(\"#link-table tr[data-link='device1-edge'] td.latency\")"
+        f".textContent !== '{before}'"
     )
     nodes = {n["name"]: n for n in api(page, "/api/nodes")["nodes"]}
     km = haversine_km(
@@ -162,9 +165,9 @@ def test_run_local_terminal_filter_and_optimise(page: Any, server: Server) -> No
     # a dropped connection resumes from the last offset: no line lost, none twice
     page.evaluate("window.nnpm.terminal.dropConnection()")
     page.wait_for_function(
-        "document.getElementById('active-state').textContent === 'completed'", timeout=RUN_TIMEOUT_MS
+        "() => document.getElementById('active-state').textContent === 'completed'", timeout=RUN_TIMEOUT_MS
     )
-    page.wait_for_function("document.getElementById('term-status').textContent === 'finished'")
+    page.wait_for_function("() => document.getElementById('term-status').textContent === 'finished'")
     log_lines = run.log.read_text(encoding="utf-8").splitlines()
     shown = page.locator(".term .l").count()
     assert shown == len(log_lines)
@@ -182,7 +185,7 @@ def test_run_local_terminal_filter_and_optimise(page: Any, server: Server) -> No
     page.wait_for_selector("[data-testid=run-version]")
     assert page.locator("[data-testid=run-version]").inner_text() == digest
     page.wait_for_function(
-        "(document.querySelector('#run-plots img[data-plot=layers]') || {}).naturalWidth > 0"
+        "() => (document.querySelector('#run-plots img[data-plot=layers]') || {}).naturalWidth > 0"
     )
     shot(page, "07-run-page")
 
@@ -192,7 +195,7 @@ def test_run_local_terminal_filter_and_optimise(page: Any, server: Server) -> No
     page.select_option("#optimise-form select[name=policy]", "RR")
     page.click("#optimise-run")
     page.wait_for_selector(".optimise-table[data-file='exhaustive-variance-RR.json']")
-    page.wait_for_function("(document.getElementById('validation-png') || {}).naturalWidth > 0")
+    page.wait_for_function("() => (document.getElementById('validation-png') || {}).naturalWidth > 0")
     assert (run.path / "optimise" / "exhaustive-variance-RR.json").is_file()
     page.locator(".optimise-table[data-file='exhaustive-variance-RR.json']").scroll_into_view_if_needed()
     shot(page, "08-optimise")
@@ -207,17 +210,18 @@ def test_stop_during_a_run_tears_down(page: Any, server: Server) -> None:
     fill(page, "inference.repetitions", "200")
     previous = page.locator("#version-hash").inner_text()
     page.click("#save-button")
-    page.wait_for_function(f"document.getElementById('version-hash').textContent !== '{previous}'")
+    page.wait_for_function(f"() => document.getElementById('version-hash').textContent !== '{previous}'")
     before = page.evaluate("window.nnpm.state.run.key")
     page.click("#run-button")
     run = _run_of_active(page, server, before)
     page.wait_for_function(
-        "document.getElementById('active-state').textContent.includes('profile')", timeout=RUN_TIMEOUT_MS
+        "() => document.getElementById('active-state').textContent.includes('profile')",
+        timeout=RUN_TIMEOUT_MS,
     )
     shot(page, "09-slow-run-profiling")
     page.click("#stop-button")
     page.wait_for_function(
-        "document.getElementById('active-state').textContent === 'stopped'", timeout=RUN_TIMEOUT_MS
+        "() => document.getElementById('active-state').textContent === 'stopped'", timeout=RUN_TIMEOUT_MS
     )
     status = run.status()
     assert status["state"] == "stopped"
@@ -231,3 +235,85 @@ def test_artifacts_written() -> None:
     names = sorted(p.name for p in Path(ARTIFACTS).glob("*.png"))
     assert len(names) >= 10, names
     assert time.time() - max(p.stat().st_mtime for p in Path(ARTIFACTS).glob("*.png")) < 3600
+
+
+XSS_PAYLOADS = ("<img src=x onerror=window.__xss=1>", '"><script>window.__xss=1</script>')
+
+
+def test_stored_xss_payloads_stay_text(browser_context: Any, server: Server) -> None:
+    """Every free-text field NNPM shows holds a script payload; no view runs it (issue 16, item 1)."""
+    img, script = XSS_PAYLOADS
+    # a run recorded with payloads in its label, stage, error and log: the runs list, run page, terminal
+    run = server.runs / "xss_probe" / "20261201-000000-xss"
+    run.mkdir(parents=True)
+    now = time.time_ns()
+    status = {"state": "failed", "label": f"label {img}", "stage": script, "error": f"error {img}",
+              "started_wall_ns": now, "finished_wall_ns": now + 10**9}  # fmt: skip
+    (run / "status.json").write_text(json.dumps(status), encoding="utf-8")
+    (run / "run.log").write_text(
+        f"2026-12-01T00:00:00.000000Z device1 stdout {img}\n"
+        f"2026-12-01T00:00:00.100000Z {script} stderr {script}\n",
+        encoding="utf-8",
+    )
+    page = browser_context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    refused: list[str] = []  # the page itself must live within its Content-Security-Policy
+    page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(server.url)
+    page.wait_for_selector("body[data-ready='1']")
+    fired = "() => window.__xss === undefined"
+
+    # node fields: the name is validated (letters, digits, _ and -); the board model is free text
+    add_node(page, 560, 460, "xssimg", "127.0.0.4", board=img)
+    add_node(page, 220, 140, "xssscript", "127.0.0.5", board=script)
+    assert img in server.inventory.read_text(encoding="utf-8")  # stored as text, shown as text
+    page.click("#node-table tr[data-node=xssimg]")
+    page.wait_for_selector(".leaflet-popup-content")
+    page.wait_for_timeout(500)  # an injected <img src=x> fails to load within this
+    assert page.evaluate(fired), "the map popup ran a board model"
+    assert img in page.locator(".leaflet-popup-content").inner_text()
+    page.click("#node-table tr[data-node=xssscript]")
+    page.wait_for_selector(f".leaflet-popup-content:has-text('{script[:8]}')")
+    assert page.evaluate(fired), "the map popup ran a board model"
+    shot(page, "11-xss-map-popup")
+
+    # the scenario description: two versions, the stored list, the history and the diff
+    page.click("#tab-scenarios")
+    page.click("#new-scenario")
+    fill(page, "name", "xss_probe")
+    fill(page, "devices", "device1, device2")
+    fill(page, "model.params", '{"profile": "tiny"}')
+    page.select_option("#scenario-form [name='runtime.name']", "layers")
+    fill(page, "description", img)
+    page.click("#save-button")
+    page.wait_for_selector("#version-hash")
+    first = page.locator("#version-hash").inner_text()
+    fill(page, "description", script)
+    page.click("#save-button")
+    page.wait_for_function(f"() => document.getElementById('version-hash').textContent !== '{first}'")
+    page.click("#stored-list li[data-name=xss_probe]")
+    page.wait_for_selector("#history-list input")
+    for box in page.locator("#history-list input").all()[:2]:
+        box.check()
+    page.click("#diff-button")
+    page.wait_for_selector("#diff-output:not([hidden])")
+    assert "onerror" in page.locator("#diff-output").inner_text()
+    assert page.evaluate(fired), "the scenario views ran a description"
+
+    # the runs list, the run page and its terminal
+    page.click("#tab-runs")
+    row = page.locator("#runs-table tr[data-key='xss_probe/20261201-000000-xss']")
+    assert img in row.inner_text()
+    row.click()
+    page.wait_for_selector("#run-title:has-text('label')")
+    page.wait_for_selector(".term .l[data-stream=stderr]")
+    assert script in page.locator(".term").inner_text()
+    shot(page, "12-xss-run-terminal")
+    assert page.evaluate(fired), "the run views ran a label, stage, error or log line"
+    assert dialogs == []
+    assert refused == []
+    assert errors == []
+    page.close()

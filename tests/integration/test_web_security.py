@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -117,3 +118,60 @@ def test_tokenless_websocket_is_closed_with_4401_on_a_real_server(exposed_server
     with connect(f"{url}?token={token}", open_timeout=10) as ws, pytest.raises(ConnectionClosed) as past:
         ws.recv(timeout=10)
     assert past.value.rcvd is not None and past.value.rcvd.code == 4404
+
+
+def _policy(response: object) -> dict[str, str]:
+    header = response.headers.get("content-security-policy", "")  # type: ignore[attr-defined]
+    return {d.split(" ", 1)[0]: d.split(" ", 1)[1] for d in header.split("; ") if " " in d}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers"),
+    [
+        ("GET", "/", LOOPBACK),
+        ("GET", "/static/app.js", LOOPBACK),
+        ("GET", "/vendor/leaflet/leaflet.js", LOOPBACK),
+        ("GET", "/api/nodes", LOOPBACK),
+        ("GET", "/api/no-such-thing", LOOPBACK),  # a 404
+        ("GET", "/", {"host": "evil.example"}),  # refused by the guard: 403
+        ("POST", "/api/nodes", {**LOOPBACK, "origin": "https://evil.example"}),  # 403
+        ("POST", "/api/nodes", LOOPBACK),  # an empty body: 422
+    ],
+)
+def test_every_answer_carries_the_content_security_policy(
+    loopback: TestClient, method: str, path: str, headers: dict[str, str]
+) -> None:
+    response = loopback.request(method, path, headers=headers)
+    policy = _policy(response)
+    assert policy.get("script-src") == "'self'", (response.status_code, policy)  # no inline script
+    assert policy.get("object-src") == "'none'"
+    assert policy.get("base-uri") == "'none'"
+    assert policy.get("frame-ancestors") == "'none'"
+    assert "unsafe-inline" not in response.headers["content-security-policy"]
+    assert policy["img-src"].split()[:2] == ["'self'", "data:"]
+    assert response.headers.get("x-content-type-options") == "nosniff"
+
+
+def test_the_policy_admits_the_configured_tile_host(tmp_path: Path) -> None:
+    config = WebConfig(
+        inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off",
+        tiles="https://{s}.tiles.example.org/{z}/{x}/{y}.png",
+    )  # fmt: skip
+    with TestClient(create_app(config), base_url="http://127.0.0.1:8765") as client:
+        assert (
+            _policy(client.get("/", headers=LOOPBACK))["img-src"]
+            == "'self' data: https://*.tiles.example.org"
+        )
+    default = WebConfig(inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off")
+    with TestClient(create_app(default), base_url="http://127.0.0.1:8765") as client:
+        assert (
+            _policy(client.get("/", headers=LOOPBACK))["img-src"]
+            == "'self' data: https://tile.openstreetmap.org"
+        )
+
+
+def test_the_page_has_no_inline_script_or_handler(loopback: TestClient) -> None:
+    html = loopback.get("/", headers=LOOPBACK).text
+    assert re.findall(r"<script(?![^>]*\bsrc=)[^>]*>", html) == []
+    assert re.findall(r"\son[a-z]+\s*=", html) == []
+    assert re.findall(r"\sstyle\s*=", html) == []

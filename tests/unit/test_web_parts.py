@@ -166,3 +166,19 @@ def test_check_node_names_the_field(data: dict[str, object], field: str) -> None
     with pytest.raises(NodeError) as exc:
         check_node(data)
     assert exc.value.field == field
+
+
+@pytest.mark.parametrize("model", ["Pi 4\nModel B", "Pi\x1b[31m4", "Pi\x00", "Pi\u2028 4", "x" * 101, "   "])
+def test_board_model_refuses_control_characters_and_bounds(model: str) -> None:
+    with pytest.raises(NodeError) as exc:
+        check_node({"name": "ok", "address": "a", "lat": 0, "lon": 0, "board": {"model": model}})
+    assert exc.value.field == "board.model"
+
+
+@pytest.mark.parametrize(
+    "model", ["Pi 4 <8GB>", 'Jetson "Orin" & co', "<img src=x onerror=alert(1)>", "Ärger 4"]
+)
+def test_board_model_keeps_legitimate_text(model: str) -> None:
+    # markup characters are text: every view escapes them, so refusing them would only lose data
+    node = check_node({"name": "ok", "address": "a", "lat": 0, "lon": 0, "board": {"model": f" {model} "}})
+    assert node["board"]["model"] == model

@@ -110,7 +110,7 @@ def create_app(config: WebConfig) -> FastAPI:
 
     app = FastAPI(title="NNPM", lifespan=lifespan, docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.ctx = ctx
-    app.add_middleware(Guard, token=token)
+    app.add_middleware(Guard, token=token, tiles=config.tiles)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.mount("/vendor/leaflet", StaticFiles(directory=leaflet_dir()), name="leaflet")
     app.add_exception_handler(NodeError, node_error)  # type: ignore[arg-type]

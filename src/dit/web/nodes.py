@@ -15,6 +15,7 @@ import math
 import os
 import re
 import threading
+import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,24 @@ class Node:
         return Point(self.name, self.role, self.lat, self.lon)
 
 
+def board_text(key: str, value: Any) -> str:
+    """A free-text board fact: one line of 1..100 printable characters, outer blanks stripped.
+
+    Markup characters (``<``, ``>``, ``&``, quotes) are kept: ``Pi 4 <8GB>`` is a real model name and
+    every NNPM view shows values as text. Control and line-separator characters are refused: they
+    would break the inventory's one-line value, the tables and the terminal.
+    """
+    if not isinstance(value, str):
+        raise NodeError(f"board.{key}", "text (at most 100 characters)")
+    text = value.strip()
+    if not text or len(text) > 100:
+        raise NodeError(f"board.{key}", "text of 1 to 100 characters")
+    bad = next((c for c in text if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")), None)
+    if bad is not None:
+        raise NodeError(f"board.{key}", f"no control characters (found U+{ord(bad):04X})")
+    return text
+
+
 def check_node(data: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
     """A node from the API (``name`` fixed by the URL when given); :class:`NodeError` when invalid."""
     out: dict[str, Any] = {}
@@ -113,9 +132,9 @@ def check_node(data: Mapping[str, Any], name: str | None = None) -> dict[str, An
         if kind is int:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise NodeError(f"board.{key}", "a positive integer")
-        elif not isinstance(value, str) or len(value) > 100:
-            raise NodeError(f"board.{key}", "text (at most 100 characters)")
-        board[key] = value
+            board[key] = value
+        else:
+            board[key] = board_text(key, value)
     out["board"] = board
     return out
 

@@ -13,6 +13,13 @@
   state-changing request whose ``Origin`` is not NNPM's own (``http(s)://`` + the ``Host`` it was
   addressed to) is refused with 403. Clients that are not browsers send no ``Origin`` and pass.
 
+- **Headers**, on every HTTP answer (refusals too): a ``Content-Security-Policy`` that allows script
+  only from NNPM's own files (no inline script, no ``eval``, no handler attributes, no plugins, no
+  framing, no ``<base>``), images from NNPM, ``data:`` and the configured tile host, and no inline
+  style attributes (Leaflet positions its elements through ``element.style``, which the policy does not
+  govern); and ``X-Content-Type-Options: nosniff``. The page builds every view from DOM nodes and
+  text; the policy is the second line if a value ever reaches markup (stored XSS, issue 16).
+
 A refused WebSocket is accepted and then closed with code ``4000 + status`` (4401, 4403): a
 WebSocket refused at the handshake reaches the page only as code 1006, with no reason to show.
 """
@@ -31,6 +38,15 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 TOKEN_HEADER = "x-nnpm-token"  # noqa: S105 - a header name, not a secret
 TOKEN_COOKIE = "nnpm_token"  # noqa: S105 - a cookie name
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
+CSP_BASE = (
+    "default-src 'self'",
+    "script-src 'self'",
+    "style-src 'self'",
+    "connect-src 'self'",
+    "object-src 'none'",
+    "base-uri 'none'",
+    "frame-ancestors 'none'",
+)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -59,6 +75,26 @@ def same_origin(origin: str, host: str) -> bool:
     return parts.netloc.lower() == host.strip().lower()
 
 
+def tile_source(template: str | None) -> str | None:
+    """The CSP source of a tile URL template (``https://{s}.tile.example.org/…`` → ``https://*.tile.example.org``)."""
+    if not template:
+        return None
+    parts = urlsplit(template.replace("{s}", "*"))
+    if parts.scheme not in ("http", "https") or not parts.netloc or any(c in parts.netloc for c in "{} ;,'"):
+        return None  # a template CSP cannot name: tiles stay blocked rather than the policy widened
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def security_headers(tiles: str | None = None) -> list[tuple[bytes, bytes]]:
+    """The headers every HTTP answer carries: the Content-Security-Policy and ``nosniff``."""
+    images = " ".join(s for s in ("'self'", "data:", tile_source(tiles)) if s)
+    policy = "; ".join((*CSP_BASE, f"img-src {images}"))
+    return [
+        (b"content-security-policy", policy.encode("latin-1")),
+        (b"x-content-type-options", b"nosniff"),
+    ]
+
+
 def presented_token(headers: dict[str, str], query: dict[str, list[str]]) -> tuple[str, bool]:
     """The token a request carries, and whether it came in the query (then set as a cookie)."""
     presented = headers.get(TOKEN_HEADER) or ""
@@ -79,9 +115,10 @@ def presented_token(headers: dict[str, str], query: dict[str, list[str]]) -> tup
 class Guard:
     """ASGI middleware: the token when exposed; loopback Host and JSON bodies when not; Origin always."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, tiles: str | None = None) -> None:
         self.app = app
         self.token = token
+        self.headers = security_headers(tiles)
 
     def problem(
         self, scope: Scope, headers: dict[str, str], query: dict[str, list[str]]
@@ -107,25 +144,29 @@ class Guard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        if scope["type"] == "http":
+            send = self._with_headers(send, self.headers)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         refused = self.problem(scope, headers, query)
         if refused is not None:
             await self._refuse(scope, receive, send, *refused)
             return
-        set_cookie = self.token is not None and scope["type"] == "http" and presented_token(headers, query)[1]
-        if not set_cookie:
-            await self.app(scope, receive, send)
-            return
-        token = self.token or ""
+        if self.token is not None and scope["type"] == "http" and presented_token(headers, query)[1]:
+            cookie = f"{TOKEN_COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+            send = self._with_headers(send, [(b"set-cookie", cookie.encode("latin-1"))])
+        await self.app(scope, receive, send)
 
-        async def send_with_cookie(message: Message) -> None:
+    @staticmethod
+    def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+        """``send`` that adds ``extra`` to the response's headers."""
+
+        async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
-                value = f"{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"
-                message["headers"] = [*message.get("headers", []), (b"set-cookie", value.encode("latin-1"))]
+                message["headers"] = [*message.get("headers", []), *extra]
             await send(message)
 
-        await self.app(scope, receive, send_with_cookie)
+        return sending
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:

@@ -260,7 +260,7 @@ export class SchemaForm {
     const entries = [];
     const add = (key, v) => {
       const keyInput = el("input", { type: "text", value: key || "", placeholder: "key", size: 14, class: "map-key" });
-      const holder = el("div", { style: "flex:1" });
+      const holder = el("div", { class: "grow" });  // a class, not a style attribute: CSP allows no inline style
       let body = this.objectBody(sub, v || {}, [...path, key || "?"]);
       holder.append(...body.nodes);
       keyInput.addEventListener("change", () => {

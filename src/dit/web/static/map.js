@@ -66,7 +66,7 @@ export class NodeMap {
     } catch (err) {
       const errors = err.errors.length ? err.errors : [{ path: "name", message: err.message }];
       for (const e of errors) {
-        const slot = this.form.querySelector(`.err[data-for="${e.path}"]`) || this.form.querySelector('.err[data-for="name"]');
+        const slot = this.form.querySelector(`.err[data-for="${CSS.escape(e.path)}"]`) || this.form.querySelector('.err[data-for="name"]');
         slot.textContent = e.message;
       }
     }
@@ -74,15 +74,21 @@ export class NodeMap {
 
   icon(node) {
     const state = !node.probe ? "" : node.probe.ok ? "ok" : "bad";
-    return L.divIcon({ className: `node-icon ${state} ${node.role}`, html: `<div></div><span>${node.name}</span>`, iconSize: [20, 20], iconAnchor: [10, 10] });
+    // DOM nodes, never an HTML string of data: Leaflet appends an HTMLElement as it is (stored XSS, issue 16)
+    const html = el("div", {}, el("div"), el("span", {}, node.name));
+    return L.divIcon({ className: `node-icon ${state} ${node.role}`, html, iconSize: [20, 20], iconAnchor: [10, 10] });
   }
 
   popup(node) {
+    // an element with text nodes: board facts and probe details are data, never markup
     const p = node.probe;
     const board = Object.entries(node.board || {}).map(([k, v]) => `${k}: ${v}`).join(", ");
     const probe = !p ? "not probed yet" : `${p.answered}/${p.sent} answered (${p.method})` + (p.ok ? ` · ${p.rtt_ms.map((r) => r.toFixed(2)).join(" / ")} ms` : ` · last: ${p.detail}`);
-    return `<b>${node.name}</b> <small>${node.role}</small><br>${node.address}${node.inference_address ? ` · inference ${node.inference_address}` : ""}` +
-      (board ? `<br><small>${board}</small>` : "") + `<br><span class="probe-text">${probe}</span>`;
+    return el("div", { class: "node-popup" },
+      el("b", {}, node.name), " ", el("small", {}, node.role), el("br"),
+      node.address, node.inference_address ? ` · inference ${node.inference_address}` : "",
+      board ? [el("br"), el("small", {}, board)] : null,
+      el("br"), el("span", { class: "probe-text" }, probe));
   }
 
   async refresh() {
