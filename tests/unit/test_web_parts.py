@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -182,3 +184,33 @@ def test_board_model_keeps_legitimate_text(model: str) -> None:
     # markup characters are text: every view escapes them, so refusing them would only lose data
     node = check_node({"name": "ok", "address": "a", "lat": 0, "lon": 0, "board": {"model": f" {model} "}})
     assert node["board"]["model"] == model
+
+
+def test_runtime_actions_hand_ansible_runner_the_inventory_as_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 16: `dit web` started with the default relative --inventory failed every readiness check,
+    # because ansible-runner took the relative path for inventory content
+    import ansible_runner
+
+    from dit.web.runtimes import ACTIONS, Actions
+
+    seen: dict[str, Any] = {}
+
+    class Result:
+        rc, status = 0, "successful"
+
+    def run(**kwargs: Any) -> Result:
+        seen.update(kwargs)
+        return Result()
+
+    monkeypatch.setattr(ansible_runner, "run", run)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "inventories").mkdir()
+    (tmp_path / "inventories" / "nnpm.yml").write_text("all: {}\n", encoding="utf-8")
+    actions = Actions(tmp_path / "base", lambda: Path("inventories/nnpm.yml"))
+    action = actions.maintenance(next(iter(ACTIONS)), ["device1"])
+    deadline = time.monotonic() + 30
+    while action.finished_ns is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seen["inventory"] == str(tmp_path / "inventories" / "nnpm.yml")

@@ -195,7 +195,9 @@ class Actions:
                 runner = ansible_runner.run(
                     private_data_dir=str(private),
                     playbook=str(playbook),
-                    inventory=str(inventory),
+                    # a path: ansible-runner takes a string that names no file, such as a path relative
+                    # to the server's directory seen from its private_data_dir, as inventory *content*
+                    inventory=str(Path(inventory).resolve()),
                     limit=":".join(action.hosts),
                     extravars=extravars,
                     envvars=ansible_env(),
