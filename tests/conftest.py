@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,3 +74,20 @@ def dit_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("DIT_RUN_ID", None)
     return env
+
+
+def install_fixture_package(name: str, work: Path) -> Path:
+    """pip-install ``tests/fixtures/<name>`` offline into a throwaway target; the directory to import from.
+
+    The package is built from a copy: the build writes into its source tree.
+    """
+    source = work / name
+    shutil.copytree(REPO / "tests" / "fixtures" / name, source)
+    site = work / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--target", str(site), str(source)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return site

@@ -16,21 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import install_fixture_package
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture(scope="module")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("plugin")
-    source = work / "plugin_pkg"
-    shutil.copytree(FIXTURES / "plugin_pkg", source)  # the build writes into the source tree
-    site = work / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(site), str(source)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    site = install_fixture_package("plugin_pkg", tmp_path_factory.mktemp("plugin"))
     assert (site / "dit_optimiser_fixture-0.1.0.dist-info" / "entry_points.txt").is_file()
     return site
 

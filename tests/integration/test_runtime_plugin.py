@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,23 +22,12 @@ import pytest
 from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
-from tests.conftest import DIT, REPO, dit_env
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+from tests.conftest import DIT, REPO, dit_env, install_fixture_package
 
 
 @pytest.fixture(scope="module")
 def runtime_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("runtime")
-    source = work / "runtime_pkg"
-    shutil.copytree(FIXTURES / "runtime_pkg", source)  # the build writes into the source tree
-    site = work / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(site), str(source)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    site = install_fixture_package("runtime_pkg", tmp_path_factory.mktemp("runtime"))
     assert (site / "dit_echo_runtime-0.1.0.dist-info" / "entry_points.txt").is_file()
     return site
 
