@@ -20,7 +20,7 @@ description:
     records without changing anything. A cgroup it creates is journaled as C(cgroup) (removed at
     teardown, its limit files with it; C(dit_restore) moves any process left in it to the parent
     first); a limit written on an existing cgroup as C(file) with the prior content.
-  - Processes join the cgroup when they start (C(dit_proc), C(dit_timed_profile) option C(cgroup)).
+  - Processes join the cgroup when they start (C(dit_proc), C(dit_launch) option C(cgroup)).
 options:
   path:
     description: The cgroup directory, for example C(/sys/fs/cgroup/dit-<run id>-<host>).

@@ -44,7 +44,6 @@ KINDS = {
     "dit_tc": "tc",
     "dit_cgroup": "cgroup",
     "dit_proc": "process",
-    "dit_timed_profile": "process",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ansible.errors import AnsibleActionFail
 
@@ -14,7 +14,7 @@ from dit.journal import Journal
 
 
 class ProcessAction(JournaledAction):
-    """``dit_proc`` / ``dit_timed_profile``: the record is the process tag it will start.
+    """``dit_proc``: the record is the process tag it will start.
 
     A process found running with the tag is this run's own only when this run's journal already
     records starting it (the same task applied twice, as molecule's idempotence step does); then
@@ -22,15 +22,12 @@ class ProcessAction(JournaledAction):
     ``dit_proc`` refuses to start beside it or to report it as started.
     """
 
-    TAGS: ClassVar[dict[str, str]] = {"dit_timed_profile": "profile"}
-
     def intent(self, args: dict[str, Any], task_vars: dict[str, Any]) -> list[dict[str, Any]] | None:
-        action = self._task.action.rsplit(".", 1)[-1]
-        tag = args.get("tag") or self.TAGS.get(action)
+        tag = args.get("tag")
         if not tag:
             return None
         record = {"op": "process", "undo": {"run_id": args["run_id"], "host": args["host"], "tag": tag}}
-        if action == "dit_proc" and self._recorded(record, task_vars):
+        if self._recorded(record, task_vars):
             args["_dit_adopt"] = True
         return [record]
 
