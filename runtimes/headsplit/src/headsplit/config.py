@@ -31,7 +31,9 @@ class ModelConfig:
         if self.hidden % self.n_heads:
             raise ValueError(f"{self.name}: hidden {self.hidden} is not a multiple of n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"{self.name}: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+            raise ValueError(
+                f"{self.name}: n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}"
+            )
         for field in ("n_layers", "n_heads", "n_kv_heads", "hidden", "ffn_hidden", "vocab", "max_positions"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{self.name}: {field} must be >= 1")
