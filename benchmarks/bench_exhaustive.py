@@ -1,5 +1,7 @@
 """Exhaustive search over 5,000,000 vectors: wall time, and the speed-up over per-vector Python.
 
+Every objective: total_delay, variance, energy and edp (the instance carries synthetic power models).
+
     .venv/bin/python benchmarks/bench_exhaustive.py [--sample 20000] [--seed 1]
 
 The instance (:func:`dit.analysis.delay.synthetic_model`) has 6 devices and 24 stages with feasible ranges
@@ -18,13 +20,17 @@ import time
 import numpy as np
 
 from dit.analysis.delay import (
+    ENERGY_OBJECTIVES,
     OBJECTIVES,
     POLICIES,
+    DelayModel,
+    DevicePower,
     batch_delays,
     batch_objective,
+    build_energy_tables,
     build_tables,
     evaluate,
-    objective_value,
+    objective_of,
     synthetic_model,
 )
 from dit.optimise import Problem
@@ -42,7 +48,8 @@ def gather_pass(problem: Problem, chunk: int = 1 << 16) -> tuple[tuple[int, ...]
     best_value, best_index = np.inf, -1
     for first in range(0, total, chunk):
         vectors = decode(np.arange(first, min(total, first + chunk), dtype=np.int64), problem.bounds)
-        values = batch_objective(batch_delays(tables, vectors), problem.objective)
+        energy = build_energy_tables(problem.model) if problem.objective in ENERGY_OBJECTIVES else None
+        values = batch_objective(batch_delays(tables, vectors), problem.objective, energy, vectors)
         k = int(np.argmin(values))
         if values[k] < best_value:
             best_value, best_index = float(values[k]), first + k
@@ -58,7 +65,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
-    model = synthetic_model(rng, len(BOUNDS), STAGES, BOUNDS)
+    base = synthetic_model(rng, len(BOUNDS), STAGES, BOUNDS)
+    # Raspberry-Pi-like power models (W): idle 2.7-3.0, computing +2-4, transmitting +0.5-1.5
+    idle = rng.uniform(2.7, 3.0, len(BOUNDS))
+    powers = tuple(
+        DevicePower(float(i), float(i + c), float(i + x))
+        for i, c, x in zip(
+            idle, rng.uniform(2, 4, len(BOUNDS)), rng.uniform(0.5, 1.5, len(BOUNDS)), strict=True
+        )
+    )
+    model = DelayModel(**{**base.__dict__, "power": powers})
     total = vector_count(BOUNDS)
     ranges = [b + 1 for b in BOUNDS]
     print(f"instance: {len(BOUNDS)} devices, {STAGES} stages, ranges {ranges} = {total:,} vectors")
@@ -72,9 +88,7 @@ def main() -> None:
             wall = time.perf_counter() - start
 
             start = time.perf_counter()
-            reference = np.array(
-                [objective_value(evaluate(model, v, policy).delay_ns, objective) for v in sample]
-            )
+            reference = np.array([objective_of(model, evaluate(model, v, policy), objective) for v in sample])
             per_vector = (time.perf_counter() - start) / args.sample
             python_total = per_vector * total
 

@@ -362,7 +362,7 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
 def optimise(
     run_dir: Annotated[Path, typer.Argument(help="A finished run (or a directory with the three files).")],
     algorithm: Annotated[str | None, typer.Option(help="Registered optimiser (dit.optimisers).")] = None,
-    objective: Annotated[str | None, typer.Option(help="total_delay or variance.")] = None,
+    objective: Annotated[str | None, typer.Option(help="total_delay, variance, energy or edp.")] = None,
     policy: Annotated[str | None, typer.Option(help="RR or SJF.")] = None,
     vector: Annotated[str | None, typer.Option(help="Evaluate this vector, e.g. 2,4,8,11.")] = None,
     max_vectors: Annotated[

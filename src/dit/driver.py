@@ -607,9 +607,14 @@ class Driver:
 
     def _aggregate(self) -> None:
         from dit.analysis.monitors import aggregate_monitors
+        from dit.analysis.power_model import write_power_models
         from dit.runtimes.base import write_summary
 
         def work() -> None:
+            # The traces first: energy.csv and the power model are inputs of the runtime's results
+            # (the layers runtime's model validation compares predicted with measured energy).
+            aggregate_monitors(self.analysed)
+            write_power_models(self.analysed)
             results = self.runtime.parse_results(self.analysed)
             write_summary(self.analysed.aggregate_dir, self.runtime.name, results)
             for value in results.summary:
@@ -619,7 +624,6 @@ class Driver:
                 )
             for _condition, step in aggregate_hooks():
                 step(self.analysed)
-            aggregate_monitors(self.analysed)
 
         self._timed("aggregate", work)
 

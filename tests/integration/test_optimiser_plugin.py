@@ -84,3 +84,33 @@ def test_plugin_runs_through_the_cli(plugin_site: Path, run_dir: Path) -> None:
     assert result["algorithm"] == "max_local"
     assert result["vector"] == [2, 1]
     assert (run_dir / "optimise" / "max_local-total_delay-RR.json").is_file()
+
+
+def test_plugin_optimises_energy_through_the_cli(plugin_site: Path, run_dir: Path) -> None:
+    """The energy objective reaches a plug-in through Problem.evaluate, with the run's power model."""
+    dit = Path(sys.executable).with_name("dit")
+    argv = [str(dit)] if dit.is_file() else [sys.executable, "-m", "dit"]
+    subprocess.run([*argv, "optimise", str(run_dir)], capture_output=True, check=True)  # aggregates first
+    (run_dir / "aggregate" / "power_model.csv").write_text(
+        "device,idle_w,compute_w,transmit_w,method,requests,idle_windows,rmse_j\n"
+        "device1,2.0,5.0,3.0,3-term,10,2,0.001\n"
+        "device2,1.0,4.0,2.0,3-term,10,2,0.001\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [*argv, "optimise", str(run_dir), "--algorithm", "max_local", "--objective", "energy", "--json"],
+        env=env_with(plugin_site),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert (result["algorithm"], result["objective"], result["objective_unit"]) == (
+        "max_local",
+        "energy",
+        "J",
+    )
+    # vector (2, 1) under SJF: device1 L 3.2, T 5.5, R 1.5 ms; device2 L 2.2, T 6.5, R 4.0 ms
+    expected = (5.0 * 3.2 + 3.0 * 5.5 + 2.0 * 1.5 + 4.0 * 2.2 + 2.0 * 6.5 + 1.0 * 4.0) * 1e-3
+    assert result["objective_value"] == pytest.approx(expected)
+    assert (run_dir / "optimise" / "max_local-energy-SJF.json").is_file()

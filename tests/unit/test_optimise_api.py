@@ -102,7 +102,9 @@ def test_unknown_names(small: Path) -> None:
         OptimiseError, match="unknown optimiser 'annealing'; available: exhaustive, greedy, trend"
     ):
         optimise_run(small, "annealing", None, None, None)
-    with pytest.raises(OptimiseError, match="unknown objective 'energy'"):
+    with pytest.raises(OptimiseError, match="unknown objective 'latency'"):
+        optimise_run(small, None, "latency", None, None)
+    with pytest.raises(OptimiseError, match=r"objective energy: .*need a power model for every device"):
         optimise_run(small, None, "energy", None, None)
     with pytest.raises(OptimiseError, match="unknown policy 'FIFO'"):
         optimise_run(small, None, None, "FIFO", None)

@@ -41,6 +41,7 @@ from dit.analysis.inputs import (
 from dit.analysis.layers import LAYERS_COLUMNS, aggregate_layers, edge_rows_from_requests
 from dit.analysis.links import LINKS_COLUMNS, link_rate, ping_rows
 from dit.analysis.phases import phases_summary
+from dit.analysis.power_model import read_power_models
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
 
 
@@ -243,6 +244,7 @@ def read_model_inputs(run: LoadedRun | Path) -> DelayModel:
             rate_bps=tuple(rates),
             rtt_ns=tuple(rtts),
             max_partition_point=tuple(bounds),
+            power=read_power_models(agg, devices),
         )
     except DelayModelError as exc:
         raise AggregateError(f"{agg}: {exc}") from exc

@@ -19,6 +19,10 @@ stages p_i+1..N. The edge server's per-stage latencies are ``s_1..s_N``.
   ``R_i = 0`` when ``n_i = 0`` (p_i = N: nothing is offloaded).
 - device delay ``D_i = L_i + T_i + R_i``; objectives ``total_delay = sum D_i`` (ns) and ``variance`` =
   population variance of the ``D_i`` (ns^2, fairness).
+- energy (when the model carries each device's power model ``P_idle``, ``P_comp``, ``P_tx`` in W,
+  :mod:`dit.analysis.power_model`): ``E_i = P_comp,i * L_i + P_tx,i * T_i + P_idle,i * R_i`` (the device
+  computes, transmits, then waits at idle for the result); objectives ``energy = sum E_i`` (J) and
+  ``edp = energy * total_delay`` (J*s, the delay in seconds).
 
 :func:`evaluate` is the reference implementation, written literally from the formulas above.
 :class:`Tables` and :func:`batch_delays` are the same model rearranged for numpy: both policies reduce to
@@ -31,16 +35,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, cast
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 Policy = Literal["RR", "SJF"]
-Objective = Literal["total_delay", "variance"]
+Objective = Literal["total_delay", "variance", "energy", "edp"]
 
 POLICIES: Final[tuple[Policy, ...]] = ("RR", "SJF")
-OBJECTIVES: Final[tuple[Objective, ...]] = ("total_delay", "variance")
+OBJECTIVES: Final[tuple[Objective, ...]] = ("total_delay", "variance", "energy", "edp")
+DELAY_OBJECTIVES: Final[tuple[Objective, ...]] = ("total_delay", "variance")
+ENERGY_OBJECTIVES: Final[tuple[Objective, ...]] = ("energy", "edp")
+OBJECTIVE_UNITS: Final[dict[str, str]] = {
+    "total_delay": "ns",
+    "variance": "ns^2",
+    "energy": "J",
+    "edp": "J*s",
+}
+J_PER_W_NS: Final = 1e-9
 
 NS_PER_S: Final = 1_000_000_000
 
@@ -67,12 +80,28 @@ def check_objective(objective: str) -> Objective:
 
 
 @dataclass(frozen=True)
+class DevicePower:
+    """A device's power model (W): idle, while computing, while transmitting."""
+
+    idle_w: float
+    compute_w: float
+    transmit_w: float
+
+    def __post_init__(self) -> None:
+        for name in ("idle_w", "compute_w", "transmit_w"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise DelayModelError(f"power model: {name} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
 class DelayModel:
     """Everything the model needs, in nanoseconds, bytes and bits per second.
 
     ``cum_latency_ns[i][p]`` and ``cut_bytes[i][p]`` are indexed by partition point p = 0..N;
     ``cum_latency_ns[i][0]`` must be 0 and ``cut_bytes[i][N]`` is never used (nothing is sent at p = N).
     ``max_partition_point[i]`` is device i's feasible maximum (defaults to N for every device).
+    ``power[i]`` is device i's power model, needed only by the ``energy`` and ``edp`` objectives.
     """
 
     devices: tuple[str, ...]
@@ -82,9 +111,12 @@ class DelayModel:
     rate_bps: tuple[float, ...]
     rtt_ns: tuple[float, ...]
     max_partition_point: tuple[int, ...] | None = None
+    power: tuple[DevicePower, ...] | None = None
 
     def __post_init__(self) -> None:
         n, big_n = len(self.devices), len(self.edge_stage_ns)
+        if self.power is not None and len(self.power) != n:
+            raise DelayModelError(f"power has {len(self.power)} entries for {n} devices")
         if n == 0:
             raise DelayModelError("the delay model needs at least one device")
         if big_n == 0:
@@ -173,13 +205,51 @@ class DelayBreakdown:
 
 
 def objective_value(delays: Sequence[float], objective: Objective) -> float:
-    """``total_delay``: the sum; ``variance``: the population variance (divide by n)."""
+    """``total_delay``: the sum; ``variance``: the population variance (divide by n).
+
+    The energy objectives need the per-device terms and the power model: :func:`objective_of`.
+    """
     if objective == "total_delay":
         return float(sum(delays))
     if objective == "variance":
         mean = sum(delays) / len(delays)
         return float(sum((d - mean) ** 2 for d in delays) / len(delays))
+    if objective in ENERGY_OBJECTIVES:
+        raise DelayModelError(f"objective {objective!r} needs the power model: use objective_of")
     raise DelayModelError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+
+
+def require_power(model: DelayModel) -> tuple[DevicePower, ...]:
+    """The model's power models, or an error saying where they come from."""
+    if model.power is None:
+        raise DelayModelError(
+            "the energy objectives need a power model for every device (aggregate/power_model.csv, fitted "
+            "from the run's power trace: give the devices a `power` monitor)"
+        )
+    return model.power
+
+
+def energy_j(model: DelayModel, breakdown: DelayBreakdown) -> tuple[float, ...]:
+    """E_i in J: computing for L_i, transmitting for T_i, idle while waiting R_i for the result."""
+    power = require_power(model)
+    return tuple(
+        (pw.compute_w * loc + pw.transmit_w * tx + pw.idle_w * rem) * J_PER_W_NS
+        for pw, loc, tx, rem in zip(
+            power, breakdown.local_ns, breakdown.transmission_ns, breakdown.remote_ns, strict=True
+        )
+    )
+
+
+def objective_of(model: DelayModel, breakdown: DelayBreakdown, objective: Objective) -> float:
+    """Any objective of one evaluated vector: ns, ns^2, J (``energy``) or J*s (``edp``)."""
+    if objective in DELAY_OBJECTIVES:
+        return objective_value(breakdown.delay_ns, objective)
+    if objective not in ENERGY_OBJECTIVES:
+        raise DelayModelError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    energy = float(sum(energy_j(model, breakdown)))
+    if objective == "energy":
+        return energy
+    return energy * float(sum(breakdown.delay_ns)) / NS_PER_S
 
 
 def local_ns(model: DelayModel, device: int, p: int) -> float:
@@ -323,13 +393,84 @@ def batch_delays(tables: Tables, vectors: IntArray) -> FloatArray:
     return out
 
 
-def batch_objective(delays: FloatArray, objective: Objective) -> FloatArray:
-    """The objective per row of a (M, n) delay matrix."""
+@dataclass(frozen=True)
+class EnergyTables:
+    """The energy model as tables: ``E_i = idle[i] * D_i + extra[i, p_i]`` (J, with D_i in ns).
+
+    From ``E_i = P_comp L_i + P_tx T_i + P_idle R_i`` and ``R_i = D_i - L_i - T_i``:
+    ``idle[i] = P_idle,i * 1e-9`` and
+    ``extra[i, p] = ((P_comp,i - P_idle,i) L_i(p) + (P_tx,i - P_idle,i) T_i(p)) * 1e-9``.
+    """
+
+    idle: FloatArray
+    extra: FloatArray
+
+
+def build_energy_tables(model: DelayModel) -> EnergyTables:
+    """Tabulate the energy model for :func:`batch_objective` and the exhaustive search."""
+    power = require_power(model)
+    big_n = model.num_stages
+    idle = np.array([pw.idle_w * J_PER_W_NS for pw in power], dtype=np.float64)
+    extra = np.zeros((model.num_devices, big_n + 1), dtype=np.float64)
+    for i, pw in enumerate(power):
+        for p in range(big_n + 1):
+            extra[i, p] = (
+                (pw.compute_w - pw.idle_w) * local_ns(model, i, p)
+                + (pw.transmit_w - pw.idle_w) * transmission_ns(model, i, p)
+            ) * J_PER_W_NS
+    return EnergyTables(idle=idle, extra=extra)
+
+
+def combine_objective(
+    delays: Sequence[FloatArray], energies: Sequence[FloatArray] | None, objective: Objective
+) -> FloatArray:
+    """An objective from per-device arrays of delays (ns) and, for the energy objectives, energies (J)."""
+    total = np.array(delays[0], dtype=np.float64, copy=True)
+    for d in delays[1:]:
+        total += d
     if objective == "total_delay":
-        return cast(FloatArray, delays.sum(axis=1))
+        return total
     if objective == "variance":
-        return cast(FloatArray, delays.var(axis=1))
-    raise DelayModelError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+        mean = total / len(delays)
+        spread = np.zeros_like(mean)
+        for d in delays:
+            spread += (d - mean) ** 2
+        return spread / len(delays)
+    if objective not in ENERGY_OBJECTIVES:
+        raise DelayModelError(f"unknown objective {objective!r}; valid: {', '.join(OBJECTIVES)}")
+    if energies is None:
+        raise DelayModelError(f"objective {objective!r} needs the energy tables (build_energy_tables)")
+    energy = np.array(energies[0], dtype=np.float64, copy=True)
+    for e in energies[1:]:
+        energy += e
+    if objective == "energy":
+        return energy
+    return energy * total / NS_PER_S
+
+
+def batch_energies(energy: EnergyTables, vectors: IntArray, delays: FloatArray) -> FloatArray:
+    """E for many vectors at once: (M, n) in J, from the (M, n) delays of :func:`batch_delays`."""
+    out = np.empty_like(delays)
+    for i in range(vectors.shape[1]):
+        out[:, i] = energy.idle[i] * delays[:, i] + energy.extra[i].take(vectors[:, i])
+    return out
+
+
+def batch_objective(
+    delays: FloatArray,
+    objective: Objective,
+    energy: EnergyTables | None = None,
+    vectors: IntArray | None = None,
+) -> FloatArray:
+    """The objective per row of a (M, n) delay matrix (the energy objectives also need the vectors)."""
+    columns = [delays[:, i] for i in range(delays.shape[1])]
+    energies: list[FloatArray] | None = None
+    if objective in ENERGY_OBJECTIVES:
+        if energy is None or vectors is None:
+            raise DelayModelError(f"objective {objective!r} needs the energy tables and the vectors")
+        matrix = batch_energies(energy, vectors, delays)
+        energies = [matrix[:, i] for i in range(matrix.shape[1])]
+    return combine_objective(columns, energies, objective)
 
 
 # --------------------------------------------------------------------------- synthetic instances

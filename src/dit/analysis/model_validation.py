@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 from rich.table import Table
 
 from dit.analysis.aggregate import aggregate_run, read_model_inputs
-from dit.analysis.delay import DelayModel, check_policy, evaluate
+from dit.analysis.delay import J_PER_W_NS, DelayModel, check_policy, energy_j, evaluate
 from dit.analysis.inputs import EDGE_HOST
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
 
@@ -54,6 +54,9 @@ VALIDATION_COLUMNS: Final = (
     "predicted_delay_ns",
     "ape_pct",
     "predicted_remote_inrun_ns",
+    "measured_energy_j",
+    "predicted_energy_j",
+    "energy_ape_pct",
 )
 COMPONENTS: Final = ("local", "transmission", "remote")
 MARKERS: Final = {"RR": "o", "SJF": "s"}
@@ -74,6 +77,9 @@ class ValidationSummary:
     component_mape_pct: Mapping[str, float]
     remote_mape_inrun_pct: float | None
     notes: tuple[str, ...]
+    energy_mape_pct: float | None = (
+        None  # predicted vs measured energy per inference, when a power model exists
+    )
 
     def render_table(self) -> Table:
         table = Table(title=f"Model validation — MAPE {self.mape_pct:.2f} % over {self.points} points")
@@ -87,6 +93,8 @@ class ValidationSummary:
             table.add_row(f"term {component}", f"{value:.2f}")
         if self.remote_mape_inrun_pct is not None:
             table.add_row("term remote, in-run edge stage times", f"{self.remote_mape_inrun_pct:.2f}")
+        if self.energy_mape_pct is not None:
+            table.add_row("energy per inference", f"{self.energy_mape_pct:.2f}")
         return table
 
 
@@ -99,7 +107,10 @@ def _measured_rounds(phases: pd.DataFrame) -> dict[int, dict[str, dict[str, floa
     out: dict[int, dict[str, dict[str, float]]] = defaultdict(dict)
     if phases.empty:
         return out
-    frame = phases.assign(remote_total=phases["queue_ns"] + phases["remote_ns"])
+    frame = phases.assign(
+        remote_total=phases["queue_ns"] + phases["remote_ns"],
+        outside=phases["barrier_ns"] + phases["return_ns"],
+    )
     for key, rows in frame.groupby(["round", "host"], sort=True):
         rnd, host = int(cast(int, key[0])), str(key[1])
         points = {int(p) for p in rows["partition_point"]}
@@ -111,6 +122,7 @@ def _measured_rounds(phases: pd.DataFrame) -> dict[int, dict[str, dict[str, floa
             "local": float(rows["local_ns"].mean()),
             "transmission": float(rows["transmission_ns"].mean()),
             "remote": float(rows["remote_total"].mean()),
+            "outside": float(rows["outside"].mean()),
         }
     return out
 
@@ -132,6 +144,21 @@ def in_run_stage_ns(run_dir: Path, num_stages: int) -> tuple[float, ...] | None:
     return tuple(float(means[k]) for k in range(1, num_stages + 1))
 
 
+def measured_energy(agg: Path) -> dict[tuple[int, str], float]:
+    """Mean ``energy_j`` per (round, device) from ``energy.csv`` (empty without one)."""
+    path = agg / "energy.csv"
+    if not path.is_file():
+        return {}
+    frame = pd.read_csv(path)
+    if frame.empty or not {"round", "device", "energy_j"} <= set(frame.columns):
+        return {}
+    frame = frame.dropna(subset=["round", "energy_j"])
+    out: dict[tuple[int, str], float] = {}
+    for key, rows in frame.groupby(["round", "device"], sort=True):
+        out[int(cast(int, key[0])), str(key[1])] = float(rows["energy_j"].mean())
+    return out
+
+
 def compare_run(run: LoadedRun | Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Validation rows of one run (aggregating first when needed) and notes on what was skipped."""
     loaded = LoadedRun.of(run)
@@ -147,6 +174,7 @@ def compare_run(run: LoadedRun | Path) -> tuple[list[dict[str, Any]], list[str]]
     planned = loaded.round_vectors()
     in_run = in_run_stage_ns(run_dir, model.num_stages)
     in_run_model = None if in_run is None else replace(model, edge_stage_ns=in_run)
+    energy_measured = measured_energy(agg) if model.power is not None else {}
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     for rnd, measured in sorted(_measured_rounds(phases).items()):
@@ -160,6 +188,7 @@ def compare_run(run: LoadedRun | Path) -> tuple[list[dict[str, Any]], list[str]]
         full = [int(p) for p in vector if p is not None]
         predicted = evaluate(model, full, policy)
         diagnostic = None if in_run_model is None else evaluate(in_run_model, full, policy)
+        energies = energy_j(model, predicted) if model.power is not None else None
         for i, device in enumerate(model.devices):
             if device not in measured:
                 continue
@@ -167,6 +196,13 @@ def compare_run(run: LoadedRun | Path) -> tuple[list[dict[str, Any]], list[str]]
             measured_delay = m["local"] + m["transmission"] + m["remote"]
             error = abs(predicted.delay_ns[i] - measured_delay)
             ape = error / measured_delay * 100 if measured_delay else None
+            e_measured = energy_measured.get((rnd, device))
+            e_predicted: float | None = None
+            e_ape: float | None = None
+            if energies is not None and e_measured is not None and model.power is not None:
+                # the request's barrier wait and return trip, outside the delay model, at idle power
+                e_predicted = energies[i] + model.power[i].idle_w * m["outside"] * J_PER_W_NS
+                e_ape = abs(e_predicted - e_measured) / e_measured * 100 if e_measured else None
             rows.append(
                 {
                     "run": run_dir.name,
@@ -188,6 +224,9 @@ def compare_run(run: LoadedRun | Path) -> tuple[list[dict[str, Any]], list[str]]
                     "predicted_remote_inrun_ns": None
                     if diagnostic is None
                     else round(diagnostic.remote_ns[i]),
+                    "measured_energy_j": e_measured if e_predicted is not None else None,
+                    "predicted_energy_j": e_predicted,
+                    "energy_ape_pct": e_ape,
                 }
             )
     return rows, notes
@@ -199,10 +238,20 @@ def _mape(pairs: Iterable[tuple[float, float]]) -> float:
     return sum(errors) / len(errors) if errors else float("nan")
 
 
-def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
-    """Predicted vs measured delay (ms), a colour per device and a marker per policy, with y = x."""
-    figure = Figure(figsize=(6.4, 5.6))
-    ax = figure.subplots()
+def plot(frame: pd.DataFrame, path: Path, title: str, energy_title: str | None = None) -> None:
+    """Predicted vs measured delay (ms), a colour per device and a marker per policy, with y = x.
+
+    With ``energy_title``, a second panel: predicted vs measured energy per inference (mJ).
+    """
+    if energy_title is None:
+        figure = Figure(figsize=(6.4, 5.6))
+        ax = figure.subplots()
+    else:
+        figure = Figure(figsize=(12.4, 5.6))
+        ax, energy_ax = figure.subplots(1, 2)
+        _energy_panel(
+            energy_ax, frame.dropna(subset=["predicted_energy_j", "measured_energy_j"]), energy_title
+        )
     colours = {d: f"C{k % 10}" for k, d in enumerate(dict.fromkeys(frame["device"]))}
     for (device, policy), rows in frame.groupby(["device", "policy"], sort=False):
         ax.scatter(
@@ -224,6 +273,28 @@ def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
     ax.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+
+
+def _energy_panel(ax: Any, frame: pd.DataFrame, title: str) -> None:
+    colours = {d: f"C{k % 10}" for k, d in enumerate(dict.fromkeys(frame["device"]))}
+    for (device, policy), rows in frame.groupby(["device", "policy"], sort=False):
+        ax.scatter(
+            rows["measured_energy_j"] * 1e3,
+            rows["predicted_energy_j"] * 1e3,
+            c=colours[str(device)],
+            marker=MARKERS.get(str(policy), "^"),
+            s=SIZES.get(str(policy), 40),
+            label=f"{device} · {policy}",
+            alpha=0.85,
+        )
+    top = float(max(frame["measured_energy_j"].max(), frame["predicted_energy_j"].max())) * 1e3 * 1.05
+    ax.plot([0, top], [0, top], color="0.5", linestyle="--", linewidth=1, label="predicted = measured")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("measured energy per inference (mJ)")
+    ax.set_ylabel("predicted energy P_comp L + P_tx T + P_idle (R + wait) (mJ)")
+    ax.set_title(title)
+    ax.legend(fontsize="small")
 
 
 def validate_runs(runs: Sequence[LoadedRun | Path], out_dir: Path) -> ValidationSummary:
@@ -267,7 +338,18 @@ def validate_runs(runs: Sequence[LoadedRun | Path], out_dir: Path) -> Validation
         if len(diagnostic) == len(frame)
         else None
     )
-    plot(frame, png_path, f"Delay model vs measurement — MAPE {mape:.1f} %")
+    energy_rows = frame.dropna(subset=["predicted_energy_j", "measured_energy_j"])
+    energy_mape = (
+        _mape(zip(energy_rows["predicted_energy_j"], energy_rows["measured_energy_j"], strict=True))
+        if not energy_rows.empty
+        else None
+    )
+    plot(
+        frame,
+        png_path,
+        f"Delay model vs measurement — MAPE {mape:.1f} %",
+        None if energy_mape is None else f"Energy model vs measurement — MAPE {energy_mape:.1f} %",
+    )
     return ValidationSummary(
         run_dirs=tuple(Path(d) for d in run_dirs),
         csv_path=csv_path,
@@ -279,6 +361,7 @@ def validate_runs(runs: Sequence[LoadedRun | Path], out_dir: Path) -> Validation
         component_mape_pct=components,
         remote_mape_inrun_pct=inrun,
         notes=tuple(notes),
+        energy_mape_pct=energy_mape,
     )
 
 

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from dit.analysis.delay import (
+    ENERGY_OBJECTIVES,
     DelayBreakdown,
     DelayModel,
+    DelayModelError,
     Objective,
     Policy,
     evaluate,
     local_ns,
-    objective_value,
+    objective_of,
+    require_power,
     transmission_ns,
 )
 
@@ -51,6 +54,13 @@ class Problem:
     max_vectors: int = DEFAULT_MAX_VECTORS
     start: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.objective in ENERGY_OBJECTIVES:
+            try:
+                require_power(self.model)
+            except DelayModelError as exc:
+                raise OptimiseError(f"objective {self.objective}: {exc}") from exc
+
     @property
     def bounds(self) -> tuple[int, ...]:
         """Each device's feasible maximum partition point (the range is 0..bound)."""
@@ -60,8 +70,8 @@ class Problem:
         return evaluate(self.model, vector, self.policy)
 
     def evaluate(self, vector: Sequence[int]) -> float:
-        """The objective value of ``vector`` (ns for total_delay, ns^2 for variance)."""
-        return objective_value(self.breakdown(vector).delay_ns, self.objective)
+        """The objective value of ``vector`` (ns for total_delay, ns^2 for variance, J, J*s for edp)."""
+        return objective_of(self.model, self.breakdown(vector), self.objective)
 
     def neighbours(self, vector: Sequence[int]) -> list[tuple[tuple[int, int], tuple[int, ...]]]:
         """Every feasible one-step move ``((device, step), new_vector)``, step in (-1, +1).

@@ -19,13 +19,17 @@ from rich.table import Table
 
 from dit.analysis.aggregate import aggregate_run, read_model_inputs
 from dit.analysis.delay import (
+    OBJECTIVE_UNITS,
+    DelayBreakdown,
     DelayModel,
+    DelayModelError,
     Objective,
     Policy,
     check_objective,
     check_policy,
+    energy_j,
     evaluate,
-    objective_value,
+    objective_of,
 )
 from dit.analysis.run import LoadedRun
 from dit.optimise import DEFAULT_MAX_VECTORS, OptimiseError, Problem, SearchResult, registry
@@ -51,6 +55,7 @@ class OptimiseResult:
     transmission_ns: tuple[int, ...]
     remote_ns: tuple[int, ...]
     delay_ns: tuple[int, ...]
+    energy_j: tuple[float, ...] | None  # per device, when the run has a power model
     objective_value: float
     vectors_evaluated: int
     search_wall_ns: int
@@ -60,7 +65,7 @@ class OptimiseResult:
 
     @property
     def objective_unit(self) -> str:
-        return "ns" if self.objective == "total_delay" else "ns^2"
+        return OBJECTIVE_UNITS[self.objective]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,8 +87,9 @@ class OptimiseResult:
                     "R_ns": rem,
                     "D_ns": delay,
                     "max_partition_point": bound,
+                    **({} if self.energy_j is None else {"E_j": self.energy_j[index]}),
                 }
-                for d, p, loc, tx, rem, delay, bound in self._per_device()
+                for index, (d, p, loc, tx, rem, delay, bound) in enumerate(self._per_device())
             ],
             "vectors_evaluated": self.vectors_evaluated,
             "search_wall_ns": self.search_wall_ns,
@@ -119,16 +125,26 @@ class OptimiseResult:
             ),
         )
         table.add_column("device")
-        for header in ("p", "max p", "L (ms)", "T (ms)", "R (ms)", "D (ms)"):
+        headers = ["p", "max p", "L (ms)", "T (ms)", "R (ms)", "D (ms)"]
+        if self.energy_j is not None:
+            headers.append("E (mJ)")
+        for header in headers:
             table.add_column(header, justify="right")
-        for d, p, loc, tx, rem, delay, bound in self._per_device():
-            table.add_row(d, str(p), str(bound), *(f"{v / 1e6:.3f}" for v in (loc, tx, rem, delay)))
+        for index, (d, p, loc, tx, rem, delay, bound) in enumerate(self._per_device()):
+            cells = [f"{v / 1e6:.3f}" for v in (loc, tx, rem, delay)]
+            if self.energy_j is not None:
+                cells.append(f"{self.energy_j[index] * 1e3:.3f}")
+            table.add_row(d, str(p), str(bound), *cells)
         return table
 
 
 def _format_objective(objective: str, value: float) -> str:
     if objective == "total_delay":
         return f"{value / 1e6:.3f} ms"
+    if objective == "energy":
+        return f"{value * 1e3:.3f} mJ"
+    if objective == "edp":
+        return f"{value * 1e3:.4g} mJ·s"
     return f"{value / 1e12:.3f} ms²"
 
 
@@ -237,7 +253,8 @@ def optimise_run(
         transmission_ns=tuple(round(v) for v in breakdown.transmission_ns),
         remote_ns=tuple(round(v) for v in breakdown.remote_ns),
         delay_ns=tuple(round(v) for v in breakdown.delay_ns),
-        objective_value=objective_value(breakdown.delay_ns, chosen_objective),
+        energy_j=None if model.power is None else energy_j(model, breakdown),
+        objective_value=_objective(model, breakdown, chosen_objective),
         vectors_evaluated=evaluated,
         search_wall_ns=wall,
         max_partition_points=model.bounds,
@@ -247,6 +264,13 @@ def optimise_run(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(outcome.to_json(), encoding="utf-8")
     return outcome
+
+
+def _objective(model: DelayModel, breakdown: DelayBreakdown, objective: Objective) -> float:
+    try:
+        return objective_of(model, breakdown, objective)
+    except DelayModelError as exc:
+        raise OptimiseError(f"objective {objective}: {exc}") from exc
 
 
 def parse_vector(text: str) -> list[int]:

@@ -9,7 +9,17 @@ from typing import Final
 
 import numpy as np
 
-from dit.analysis.delay import FloatArray, IntArray, Objective, Tables, build_tables
+from dit.analysis.delay import (
+    ENERGY_OBJECTIVES,
+    EnergyTables,
+    FloatArray,
+    IntArray,
+    Objective,
+    Tables,
+    build_energy_tables,
+    build_tables,
+    combine_objective,
+)
 from dit.optimise import Problem, SearchResult, TooManyVectorsError
 
 BLOCK: Final = 1 << 16
@@ -99,26 +109,38 @@ def block_delays(tables: Tables, bounds: Sequence[int], prefix: Sequence[int]) -
     return delays
 
 
-def block_objective(delays: list[FloatArray], objective: Objective) -> FloatArray:
-    """The objective over a block from its per-device delay arrays."""
-    total = delays[0].copy()
-    for d in delays[1:]:
-        total += d
-    if objective == "total_delay":
-        return total
-    mean = total / len(delays)
-    spread = np.zeros_like(mean)
-    for d in delays:
-        spread += (d - mean) ** 2
-    return spread / len(delays)
+def block_energies(
+    energy: EnergyTables, bounds: Sequence[int], prefix: Sequence[int], delays: list[FloatArray]
+) -> list[FloatArray]:
+    """E_i over the same sub-grid as :func:`block_delays`: ``idle_i * D_i + extra_i[p_i]`` (J)."""
+    k, ndim = len(prefix), len(bounds) - len(prefix)
+    out: list[FloatArray] = []
+    for i, d in enumerate(delays):
+        if i < k:
+            out.append(energy.idle[i] * d + energy.extra[i, prefix[i]])
+        else:
+            dims = [1] * ndim
+            dims[i - k] = bounds[i] + 1
+            out.append(energy.idle[i] * d + energy.extra[i, : bounds[i] + 1].reshape(dims))
+    return out
+
+
+def block_objective(
+    delays: list[FloatArray], objective: Objective, energies: list[FloatArray] | None = None
+) -> FloatArray:
+    """The objective over a block from its per-device delay (and, for energy/edp, energy) arrays."""
+    return combine_objective(delays, energies, objective)
 
 
 def blocks(problem: Problem, tables: Tables) -> Iterator[tuple[tuple[int, ...], FloatArray]]:
     """``(prefix, objective values over the sub-grid)`` for every prefix, in lexicographic order."""
     bounds = problem.bounds
     k = split_point(bounds)
+    energy = build_energy_tables(problem.model) if problem.objective in ENERGY_OBJECTIVES else None
     for prefix in itertools.product(*(range(b + 1) for b in bounds[:k])):
-        yield prefix, block_objective(block_delays(tables, bounds, prefix), problem.objective)
+        delays = block_delays(tables, bounds, prefix)
+        energies = None if energy is None else block_energies(energy, bounds, prefix, delays)
+        yield prefix, block_objective(delays, problem.objective, energies)
 
 
 def exhaustive(problem: Problem) -> SearchResult:

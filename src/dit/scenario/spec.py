@@ -85,7 +85,7 @@ class InferenceSpec:
 class OptimisationSpec:
     enabled: bool
     algorithm: str
-    objective: str  # total_delay | variance
+    objective: str  # total_delay | variance | energy | edp
     policy: str  # RR | SJF, resolved (edge_server.policy unless given)
 
 

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from dit.analysis.delay import OBJECTIVES
 from dit.web import runs as runs_mod
 from dit.web.nodes import Inventory, NodeError
 from dit.web.probe import ProbeLoop, Target
@@ -150,7 +151,7 @@ def get_config(ctx: Ctx) -> dict[str, Any]:
         "runs_dir": str(ctx.runs_root),
         "scenarios_dir": str(config.scenarios_dir),
         "algorithms": sorted(available()),
-        "objectives": ["total_delay", "variance"],
+        "objectives": list(OBJECTIVES),
         "policies": ["RR", "SJF"],
         "token_required": ctx.token is not None,
     }
