@@ -16,6 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from dit.rack.cli import rack_app
+from dit.report import units
+from dit.reporter import STAGES as STAGE_ORDER
 from dit.rundir import DRIVER, FINISHED_STATES, STATUS, STOP, RunDir, find_runs, read_json
 
 if TYPE_CHECKING:
@@ -326,8 +328,9 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("wall time", justify="right")
-    for stage, ns in _ns_field(status, "stage_ns", run.path / STATUS).items():
-        stages.add_row(stage, f"{ns / 1e9:.3f} s")
+    stage_ns = _ns_field(status, "stage_ns", run.path / STATUS)
+    for stage in [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]:
+        stages.add_row(stage, units.duration(stage_ns[stage]))
     out.print(stages)
     lateness = _ns_field(status, "lateness_ns", run.path / STATUS)
     if lateness:
@@ -335,7 +338,7 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
         late.add_column("device")
         late.add_column("lateness", justify="right")
         for device, ns in lateness.items():
-            late.add_row(device, f"{ns / 1e6:.3f} ms")
+            late.add_row(device, units.duration(ns))
         out.print(late)
     summary = run_dir / "aggregate" / "phases_summary.csv"
     if summary.exists():
@@ -345,17 +348,52 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
             frame = pd.read_csv(summary)
         except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
             raise _fail(f"{summary}: not a readable CSV ({exc})") from None
-        table = Table(title="phases (mean ns)")
+        table = Table(title="phases (mean over repetitions)")
         for column in frame.columns:
-            table.add_column(str(column))
+            name = str(column)
+            table.add_column(name.removesuffix("_ns"), justify="left" if name == "host" else "right")
         for row in frame.itertuples(index=False):
-            table.add_row(*(f"{v:.0f}" if isinstance(v, float) else str(v) for v in row))
+            table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
     for result in sorted((run_dir / "optimise").glob("*.json")):
         data = _read_run_json(result)
-        out.print(
-            f"optimise {result.stem}: vector {data.get('vector')} objective {data.get('objective_value')}"
-        )
+        value = data.get("objective_value")
+        unit = str(data.get("objective_unit", ""))
+        shown = units.with_unit(value, unit) if isinstance(value, (int, float)) else str(value)
+        out.print(f"optimise {result.stem}: vector {data.get('vector')} objective {shown}")
+
+
+def _phase_cell(column: str, value: Any) -> str:
+    if isinstance(value, (int, float)) and column.endswith("_ns"):
+        return units.duration(value)
+    if isinstance(value, (int, float)) and column.endswith("_bytes"):
+        return units.size(value)
+    if isinstance(value, float):
+        return units.MISSING if value != value else f"{value:.3g}"  # NaN: no value
+    return str(value)
+
+
+@app.command()
+def report(
+    path: Annotated[Path, typer.Argument(help="A run directory, or a directory of runs (a sweep).")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="HTML file (default: PATH/report.html).")
+    ] = None,
+    round_: Annotated[
+        int | None,
+        typer.Option("--round", help="Inference round of the phase timeline (default: the first)."),
+    ] = None,
+) -> None:
+    """One self-contained HTML report of a run, or of a sweep's runs (docs/report.md)."""
+    from dit.report.build import ReportError, write_report
+
+    try:
+        target = write_report(path, output, round_)
+    except ReportError as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"cannot write the report: {exc.strerror or exc}") from None
+    out.print(f"report: {target}")
 
 
 @app.command()

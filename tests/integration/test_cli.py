@@ -75,6 +75,15 @@ def test_ch4_validation_sweep_runs_both_policies_with_a_summary(tmp_path: Path) 
     assert policies == {"RR", "SJF"}
     listed = dit("ls", "--runs-dir", str(runs))
     assert listed.returncode == 0 and listed.stdout.count("completed") == 2
+    # the sweep's report: one row per policy, and each run's own report
+    report = dit("report", str(runs / "ch4_validation"), "-o", str(tmp_path / "sweep.html"))
+    assert report.returncode == 0, report.stderr
+    sweep = (tmp_path / "sweep.html").read_text()
+    assert "edge_server.policy" in sweep and sweep.count("<td>completed</td>") == 2
+    single = dit("report", str(dirs[0]))
+    assert single.returncode == 0, single.stderr
+    html = (dirs[0] / "report.html").read_text()
+    assert '<section id="validation">' in html and "Delay model MAPE" in html
 
 
 @pytest.mark.parametrize("bad_vector", ["1,x", "99,99,99,99"])

@@ -390,3 +390,15 @@ def test_token_required_when_exposed(tmp_path: Path) -> None:
         ):
             ws.receive_json()
         assert missing.value.code == 4404  # past the guard: there is no such run
+
+
+def test_run_report_downloads_as_one_self_contained_file(env: Any) -> None:
+    client, _, run = env
+    got = client.get(f"/api/runs/{key(run)}/report")
+    assert got.status_code == 200
+    assert got.headers["content-type"].startswith("text/html")
+    assert got.headers["content-disposition"] == (
+        f'attachment; filename="fixture_small-{run.path.name}-report.html"'
+    )
+    assert '<section id="phases">' in got.text and "fixture_small" in got.text
+    assert client.get("/api/runs/fixture_small/nope/report").status_code == 404

@@ -182,6 +182,27 @@ async def plot(ctx: Ctx, scenario: str, run: str, plot: str) -> Response:
     return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
 
 
+@router.get("/runs/{scenario}/{run}/report")
+async def report(ctx: Ctx, scenario: str, run: str) -> Response:
+    """The run's report (``dit report``) as a download: a self-contained file to keep or send.
+
+    A download, not a page of NNPM: the report carries its own styles, which NNPM's policy forbids inline.
+    """
+    from dit.report.build import ReportError, build_report
+
+    rundir = run_or_404(ctx, scenario, run)
+    try:
+        html = await asyncio.to_thread(build_report, rundir.path)
+    except ReportError as exc:
+        raise HTTPException(409, str(exc)) from None
+    filename = f"{scenario}-{rundir.path.name}-report.html"
+    return Response(
+        html,
+        media_type="text/html; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"', "Cache-Control": "no-store"},
+    )
+
+
 @router.get("/runs/{scenario}/{run}/optimise")
 def get_optimise(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
     folder = run_or_404(ctx, scenario, run).path / "optimise"

@@ -262,6 +262,8 @@ function renderRun(d) {
   $("run-state").className = `state ${d.state}`;
   $("run-stop").hidden = !["running", "starting"].includes(d.state);
   $("open-optimise").hidden = !(d.finished && d.aggregated);
+  $("run-report").hidden = !d.finished;
+  $("run-report").href = `/api/runs/${d.key}/report`;
   const started = d.started_wall_ns ? new Date(d.started_wall_ns / 1e6).toISOString() : "";
   $("run-meta").replaceChildren(...kvRows([
     ["scenario version", el("code", { "data-testid": "run-version" }, d.version || "unknown")], ["variant hash", el("code", {}, short(d.variant_hash))],

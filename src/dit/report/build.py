@@ -1,0 +1,524 @@
+"""``dit report``: one self-contained HTML file for a run or a sweep, readable offline and printable.
+
+Everything is read from the run directory (docs/interchange.md, docs/raw-results.md): no network, no
+CDN, images inlined as PNG data URIs, styles in the page. Every number carries a unit at a readable
+scale (:mod:`dit.report.units`). A section whose inputs the run does not have says so instead of
+disappearing, so two reports read alike. docs/report.md lists the sections and their sources.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import pandas as pd
+from jinja2 import Environment, PackageLoader, select_autoescape
+from matplotlib.figure import Figure
+
+from dit.report import units
+from dit.report.units import MISSING
+from dit.reporter import STAGES as STAGE_ORDER
+
+PHASES: Final = ("local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns")
+PHASE_COLOURS: Final = ("#4878d0", "#ee854a", "#bbbbbb", "#d65f5f", "#6acc64", "#956cb4")
+MONITOR_METRICS: Final = (
+    (r"cpu_pct", "CPU (%)"),
+    (r"mem_used_pct", "memory used (%)"),
+    (r"thermal_zone\d+_temp_c", "temperature (°C)"),
+    (r"cpu\d+_freq_khz", "frequency (MHz)"),
+    (r"throttled", "throttled (0/1)"),
+)
+"""(metric pattern, axis label) of the monitor panels, each metric matched whole."""
+
+
+class ReportError(Exception):
+    """The path is not a run directory, nor a directory of runs."""
+
+
+@dataclass
+class Section:
+    """One section of a report: a title, an optional note, tables and figures (in that order)."""
+
+    title: str
+    anchor: str
+    note: str = ""
+    tables: list[dict[str, Any]] = field(default_factory=list)  # {"caption", "columns", "rows"}
+    figures: list[dict[str, str]] = field(default_factory=list)  # {"caption", "src"}
+
+    def table(self, caption: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+        self.tables.append({"caption": caption, "columns": list(columns), "rows": [list(r) for r in rows]})
+
+    def figure(self, caption: str, figure: Figure) -> None:
+        self.figures.append({"caption": caption, "src": png_data_uri(figure)})
+
+
+def png_data_uri(figure: Figure) -> str:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=110)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _csv(path: Path) -> pd.DataFrame | None:
+    if not path.is_file():
+        return None
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError):
+        return None
+    return frame
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "status.json").is_file() and (path / "scenario.yaml").is_file()
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def _facts(run_dir: Path, status: Mapping[str, Any], meta: Mapping[str, Any]) -> Section:
+    section = Section("Facts", "facts")
+    scenario = meta.get("scenario") or {}
+    dit_meta = meta.get("dit") or {}
+    git = dit_meta.get("git") or {}
+    rows = [
+        ("run", run_dir.name),
+        ("scenario", str(scenario.get("label") or status.get("label") or "")),
+        ("scenario version (sha256)", str(scenario.get("hash") or MISSING)),
+        ("state", str(status.get("state", MISSING))),
+        ("mode", str(meta.get("mode", MISSING))),
+        ("dit", f"{dit_meta.get('version', MISSING)} ({str(git.get('commit', ''))[:12] or 'no git'}"
+                + (", modified)" if git.get("dirty") else ")")),
+        ("runtime", str((meta.get("runtime") or {}).get("name", "layers"))),
+    ]  # fmt: skip
+    if status.get("error"):
+        rows.append(("error", str(status["error"])))
+    section.table("", ("", ""), rows)
+    nodes = meta.get("nodes") or {}
+    if isinstance(nodes, Mapping) and nodes:
+        node_rows = []
+        for name, node_facts in nodes.items():
+            facts = node_facts if isinstance(node_facts, Mapping) else {}
+            ntp = facts.get("ntp") if isinstance(facts.get("ntp"), Mapping) else {}
+            node_rows.append(
+                (
+                    name,
+                    str(facts.get("board_model") or facts.get("cpu_model") or MISSING),
+                    str(facts.get("cpu_count", MISSING)),
+                    units.size(facts.get("mem_total_bytes")),
+                    str(facts.get("kernel", MISSING)),
+                    str(facts.get("python", MISSING)),
+                    f"{ntp.get('source', MISSING)}, offset {ntp.get('offset_ms', MISSING)} ms"
+                    if ntp
+                    else MISSING,
+                )
+            )
+        section.table(
+            "nodes", ("node", "board / CPU", "cores", "memory", "kernel", "python", "clock"), node_rows
+        )
+    versions = meta.get("versions") or {}
+    if isinstance(versions, Mapping) and versions:
+        section.table(
+            "versions", ("package", "version"), [(k, str(v or "not installed")) for k, v in versions.items()]
+        )
+    return section
+
+
+def _stages(status: Mapping[str, Any]) -> Section:
+    section = Section("Stages", "stages")
+    stage_ns = status.get("stage_ns") or {}
+    order = [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]
+    section.table("wall time per stage, in run order", ("stage", "wall time"),
+                  [(s, units.duration(stage_ns[s])) for s in order])  # fmt: skip
+    lateness = status.get("lateness_ns") or {}
+    if lateness:
+        section.table("start lateness (after the common instant)", ("device", "lateness"),
+                      [(d, units.duration(v)) for d, v in lateness.items()])  # fmt: skip
+    return section
+
+
+def _phases(agg: Path, round_: int | None) -> Section:
+    section = Section("Phases per device", "phases")
+    phases = _csv(agg / "phases.csv")
+    if phases is None or phases.empty or not set(PHASES) <= set(phases.columns):
+        section.note = "No inference ran in this run (no aggregate/phases.csv)."
+        return section
+    rounds = sorted(int(r) for r in phases["round"].unique())
+    chosen = round_ if round_ is not None and round_ in rounds else rounds[0]
+    rows = phases[phases["round"] == chosen]
+    means = rows.groupby("host", sort=True)[list(PHASES)].mean()
+    points = {str(h): int(p) for h, p in rows.groupby("host", sort=True)["partition_point"].first().items()}
+    section.note = (
+        f"Round {chosen} of {len(rounds)} (mean over its repetitions); times from the device's clock."
+    )
+    figure = Figure(figsize=(8.0, 0.6 + 0.55 * len(means)))
+    ax = figure.subplots()
+    for y, (_host, row) in enumerate(means.iterrows()):
+        left = 0.0
+        for phase, colour in zip(PHASES, PHASE_COLOURS, strict=True):
+            width = float(row[phase]) / 1e6
+            ax.barh(y, width, left=left, color=colour, label=phase[:-3] if y == 0 else None)
+            left += width
+    ax.set_yticks(range(len(means)), [f"{h} (p={points[str(h)]})" for h in means.index])
+    ax.invert_yaxis()
+    ax.set_xlabel("time since the request started (ms)")
+    ax.legend(
+        ncol=6, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(means) < 3 else -0.18)
+    )
+    section.figure(f"phase timeline, round {chosen}", figure)
+    section.table(
+        f"phases, round {chosen}",
+        ("device", "p", *(p[:-3] for p in PHASES), "total"),
+        [
+            (host, points[str(host)], *(units.duration(row[p]) for p in PHASES),
+             units.duration(sum(float(row[p]) for p in PHASES)))
+            for host, row in means.iterrows()
+        ],
+    )  # fmt: skip
+    return section
+
+
+def _layers(agg: Path) -> Section:
+    section = Section("Per-layer profile", "layers")
+    layers = _csv(agg / "layers.csv")
+    if layers is None or layers.empty:
+        section.note = "No profile (aggregate/layers.csv)."
+        return section
+    body = layers[layers["stage"] >= 1]
+    figure = Figure(figsize=(8.0, 5.0))
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    hosts = list(dict.fromkeys(body["host"].astype(str)))
+    width = 0.8 / max(1, len(hosts))
+    for k, host in enumerate(hosts):
+        rows = body[body["host"].astype(str) == host]
+        x = rows["stage"].to_numpy(dtype=float) - 0.4 + width * (k + 0.5)
+        top.bar(x, rows["latency_ns"] / 1e6, width=width, label=host)
+        bottom.bar(x, rows["output_bytes"] / 1e3, width=width, label=host)
+    top.set_ylabel("latency (ms)")
+    bottom.set_ylabel("output size (kB)")
+    bottom.set_xlabel("stage (partition point)")
+    top.legend(fontsize="small")
+    section.figure("per-stage latency and output size", figure)
+    return section
+
+
+def _feasibility(agg: Path) -> Section:
+    section = Section("Feasibility", "feasibility")
+    feas = _csv(agg / "feasibility.csv")
+    if feas is None or feas.empty:
+        section.note = "No feasibility.csv."
+        return section
+    section.table(
+        "the largest partition point each device can run, and what binds it",
+        ("device", "max p", "binding", "memory limit", "peak memory at max", "CPU budget", "peak CPU at max"),
+        [
+            (r["device"], int(r["max_partition_point"]), r["binding_constraint"],
+             units.size(_num(r.get("memory_limit_bytes"))), units.size(_num(r.get("peak_mem_bytes_at_max"))),
+             units.percent(_num(r.get("cpu_budget_pct"))), units.percent(_num(r.get("peak_cpu_pct_at_max"))))
+            for _, r in feas.iterrows()
+        ],
+    )  # fmt: skip
+    return section
+
+
+def _num(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _monitors(agg: Path) -> Section:
+    section = Section("Monitors", "monitors")
+    frame = _csv(agg / "monitors.csv")
+    if frame is None or frame.empty:
+        section.note = "No monitor traces."
+        return section
+    metrics = frame["metric"].astype(str)
+    panels = []
+    for prefix, label in MONITOR_METRICS:  # prefix: a regular expression
+        chosen = frame[metrics.str.fullmatch(prefix)]
+        if not chosen.empty:
+            panels.append((label, chosen))
+    if not panels:
+        section.note = "The monitor traces hold no CPU, memory, temperature, frequency or throttling metric."
+        return section
+    figure = Figure(figsize=(8.0, 1.9 * len(panels)))
+    axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (label, chosen) in zip(axes, panels, strict=True):
+        for (node, metric), rows in chosen.groupby(["node", "metric"], sort=True):
+            value = rows["value"] / 1000.0 if str(metric).endswith("_khz") else rows["value"]
+            ax.plot(rows["t_ns"] / 1e9, value, label=f"{node} {metric}", linewidth=1)
+        ax.set_ylabel(label)
+        ax.legend(fontsize="x-small", ncol=3)
+    axes[-1].set_xlabel("time from the run's common origin (s)")
+    section.figure("monitor traces on one time axis", figure)
+    return section
+
+
+def _power(agg: Path) -> Section:
+    section = Section("Power and energy", "power")
+    frame = _csv(agg / "monitors.csv")
+    power = None if frame is None else frame[frame["metric"].astype(str) == "power_w"]
+    energy = _csv(agg / "energy.csv")
+    model = _csv(agg / "power_model.csv")
+    if (power is None or power.empty) and (energy is None or energy.empty):
+        section.note = "No power trace (give a device a `power` monitor)."
+        return section
+    if power is not None and not power.empty:
+        figure = Figure(figsize=(8.0, 2.6))
+        ax = figure.subplots()
+        for node, rows in power.groupby("node", sort=True):
+            ax.plot(rows["t_ns"] / 1e9, rows["value"], label=str(node), linewidth=1)
+        ax.set_xlabel("time from the run's common origin (s)")
+        ax.set_ylabel("power (W)")
+        ax.legend(fontsize="small")
+        section.figure("power trace", figure)
+    if energy is not None and not energy.empty:
+        grouped = energy.dropna(subset=["energy_j"]).groupby(["device", "round"], sort=True)
+        section.table(
+            "energy per inference (mean over repetitions)",
+            ("device", "round", "p", "energy", "mean power", "delay", "EDP"),
+            [
+                (device, int(str(rnd)), int(rows["partition_point"].iloc[0]), units.energy(rows["energy_j"].mean()),
+                 units.power(rows["mean_power_w"].mean()), units.duration(rows["total_ns"].mean()),
+                 f"{rows['edp_js'].mean() * 1e3:.3g} mJ·s")
+                for (device, rnd), rows in grouped
+            ],
+        )  # fmt: skip
+    if model is not None and not model.empty:
+        section.table(
+            "power model (least squares over the requests' phases, docs/optimisers.md)",
+            ("device", "idle", "computing", "transmitting", "method", "requests", "residual"),
+            [
+                (r["device"], units.power(r["idle_w"]), units.power(r["compute_w"]), units.power(r["transmit_w"]),
+                 r["method"], int(r["requests"]), units.energy(r["rmse_j"]))
+                for _, r in model.iterrows()
+            ],
+        )  # fmt: skip
+    return section
+
+
+def _validation(agg: Path) -> Section:
+    section = Section("Model validation", "validation")
+    frame = _csv(agg / "validation.csv")
+    png = agg / "validation.png"
+    if frame is None or frame.empty:
+        section.note = "No model validation (no inference rounds)."
+        return section
+    errors = frame["ape_pct"].dropna()
+    note = f"Delay model MAPE {errors.mean():.2f} % over {len(errors)} (round, device) points"
+    if "energy_ape_pct" in frame.columns and frame["energy_ape_pct"].notna().any():
+        note += f"; energy model MAPE {frame['energy_ape_pct'].dropna().mean():.2f} %"
+    section.note = note + "."
+    if png.is_file():
+        src = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+        section.figures.append({"caption": "predicted vs measured", "src": src})
+    section.table(
+        "per round and device",
+        ("round", "vector", "device", "measured delay", "predicted delay", "error"),
+        [
+            (int(r["round"]), r["vector"], r["device"], units.duration(r["measured_delay_ns"]),
+             units.duration(r["predicted_delay_ns"]), units.percent(_num(r["ape_pct"])))
+            for _, r in frame.iterrows()
+        ],
+    )  # fmt: skip
+    return section
+
+
+def _optimise(run_dir: Path) -> Section:
+    section = Section("Optimiser results", "optimise")
+    results = sorted((run_dir / "optimise").glob("*.json"))
+    if not results:
+        section.note = "The optimiser did not run."
+        return section
+    for path in results:
+        data = _json(path)
+        if not data:
+            continue
+        objective, value = str(data.get("objective")), _num(data.get("objective_value"))
+        shown = {
+            "total_delay": units.duration(value),
+            "variance": MISSING if value is None else f"{value / 1e12:.4g} ms²",
+            "energy": units.energy(value),
+            "edp": MISSING if value is None else f"{value * 1e3:.4g} mJ·s",
+        }.get(objective, str(value))
+        rows = [
+            (d.get("device"), d.get("partition_point"), d.get("max_partition_point"),
+             units.duration(d.get("L_ns")), units.duration(d.get("T_ns")), units.duration(d.get("R_ns")),
+             units.duration(d.get("D_ns")))
+            for d in data.get("per_device") or []
+        ]  # fmt: skip
+        section.table(
+            f"{data.get('algorithm')} · {objective} · {data.get('policy')}: vector {data.get('vector')}, "
+            f"{objective} = {shown}, {data.get('vectors_evaluated')} vectors in "
+            f"{units.duration(data.get('search_wall_ns'))}",
+            ("device", "p", "max p", "local L", "transmission T", "remote R", "delay D"),
+            rows,
+        )
+    return section
+
+
+def _netem(agg: Path) -> Section:
+    section = Section("Network self-check", "netem")
+    frame = _csv(agg / "netem_check.csv")
+    if frame is None or frame.empty:
+        section.note = "No shaped link in this run."
+        return section
+    columns = [c for c in frame.columns if c != "address"]
+    rows = [[(MISSING if pd.isna(v) else v) for v in row] for row in frame[columns].itertuples(index=False)]
+    section.table("intended vs measured per link (ms)", columns, rows)
+    return section
+
+
+def _runtime(agg: Path) -> Section:
+    section = Section("Runtime summary", "runtime")
+    summary = _json(agg / "summary.json")
+    values = summary.get("values") or []
+    if not values:
+        section.note = "The runtime wrote no summary."
+        return section
+    section.note = f"Runtime {summary.get('runtime', MISSING)}."
+    section.table(
+        "summary values",
+        ("name", "value", "description"),
+        [(v.get("name"), units.with_unit(v.get("value"), str(v.get("unit", ""))), v.get("description", ""))
+         for v in values],
+    )  # fmt: skip
+    return section
+
+
+def run_sections(run_dir: Path, round_: int | None = None) -> tuple[str, list[Section]]:
+    if not is_run_dir(run_dir):
+        raise ReportError(f"{run_dir} is not a dit run directory (no status.json / scenario.yaml)")
+    status = _json(run_dir / "status.json")
+    meta = _json(run_dir / "metadata.json")
+    agg = run_dir / "aggregate"
+    title = str((meta.get("scenario") or {}).get("label") or status.get("label") or run_dir.name)
+    sections = [
+        _facts(run_dir, status, meta),
+        _stages(status),
+        _runtime(agg),
+        _phases(agg, round_),
+        _layers(agg),
+        _feasibility(agg),
+        _monitors(agg),
+        _power(agg),
+        _validation(agg),
+        _optimise(run_dir),
+        _netem(agg),
+    ]
+    return title, sections
+
+
+# --------------------------------------------------------------------------- a sweep
+
+
+def sweep_sections(runs_dir: Path) -> tuple[str, list[Section]]:
+    runs = sorted(p for p in runs_dir.iterdir() if p.is_dir() and is_run_dir(p))
+    if not runs:
+        raise ReportError(f"{runs_dir} holds no run directories")
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        status, meta = _json(run / "status.json"), _json(run / "metadata.json")
+        scenario = meta.get("scenario") or {}
+        point = {str(p): v for p, v in scenario.get("sweep_point") or []}
+        validation = _csv(run / "aggregate" / "validation.csv")
+        mape = (
+            None if validation is None or validation.empty else float(validation["ape_pct"].dropna().mean())
+        )
+        summary = _json(run / "aggregate" / "summary.json")
+        rows.append({
+            "run": run.name, "label": scenario.get("label") or status.get("label"), "state": status.get("state"),
+            "point": point, "mape": mape,
+            "policy": ((scenario.get("document") or {}).get("edge_server") or {}).get("policy"),
+            "values": {v.get("name"): v for v in summary.get("values") or []},
+        })  # fmt: skip
+    axes = list(dict.fromkeys(k for r in rows for k in r["point"]))
+    names = list(dict.fromkeys(n for r in rows for n in r["values"]))
+    overview = Section("Variants", "variants", note=f"{len(rows)} run(s) in {runs_dir}.")
+    overview.table(
+        "one row per run",
+        ("run", "state", *axes, "policy", "model MAPE", *names),
+        [
+            (r["run"], r["state"], *(str(r["point"].get(a, MISSING)) for a in axes), r["policy"] or MISSING,
+             units.percent(r["mape"]),
+             *(units.with_unit(r["values"][n].get("value"), str(r["values"][n].get("unit", "")))
+               if n in r["values"] else MISSING for n in names))
+            for r in rows
+        ],
+    )  # fmt: skip
+    sections = [overview]
+    numeric_axes = [a for a in axes if all(isinstance(r["point"].get(a), (int, float)) for r in rows)]
+    plots = Section("Along the sweep", "along")
+    x_axis = numeric_axes[0] if numeric_axes else None
+    series: list[tuple[str, str, list[tuple[Any, float]]]] = []
+    mapes = [(_x(r, x_axis, i), float(r["mape"])) for i, r in enumerate(rows) if r["mape"] is not None]
+    if mapes:
+        series.append(("model MAPE", "%", mapes))
+    for name in names:
+        clean: list[tuple[Any, float]] = []
+        for i, r in enumerate(rows):
+            y = _num(r["values"][name].get("value")) if name in r["values"] else None
+            if y is not None:
+                clean.append((_x(r, x_axis, i), y))
+        unit = next(str(r["values"][name].get("unit", "")) for r in rows if name in r["values"])
+        if len(clean) > 1:
+            series.append((name, unit, clean))
+    for name, unit, curve in series[:8]:
+        figure = Figure(figsize=(6.0, 2.6))
+        ax = figure.subplots()
+        ax.plot([p[0] for p in curve], [p[1] for p in curve], marker="o")
+        ax.set_xlabel(x_axis or "variant")
+        ax.set_ylabel(f"{name} ({unit})" if unit else name)
+        plots.figure(f"{name} along {x_axis or 'the variants'}", figure)
+    if not plots.figures:
+        plots.note = "Nothing numeric varies across the variants."
+    sections.append(plots)
+    title = str(rows[0]["label"] or runs_dir.name).split("[")[0] + " — sweep"
+    return title, sections
+
+
+def _x(row: Mapping[str, Any], axis: str | None, index: int) -> Any:
+    return row["point"].get(axis) if axis else index
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def render(title: str, sections: Sequence[Section], source: Path) -> str:
+    env = Environment(loader=PackageLoader("dit.report", "."), autoescape=select_autoescape(["html", "j2"]))
+    template = env.get_template("report.html.j2")
+    return template.render(title=title, sections=sections, source=str(source))
+
+
+def build_report(path: Path, round_: int | None = None) -> str:
+    """The HTML of a run's report, or of a sweep's when ``path`` is a directory of runs."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ReportError(f"{path} is not a directory")
+    title, sections = run_sections(path, round_) if is_run_dir(path) else sweep_sections(path)
+    return render(title, sections, path)
+
+
+def write_report(path: Path, out: Path | None = None, round_: int | None = None) -> Path:
+    """Write the report; by default ``<run>/report.html`` or ``<runs dir>/report.html``."""
+    html = build_report(path, round_)
+    target = Path(out) if out is not None else Path(path) / "report.html"
+    target.write_text(html, encoding="utf-8")
+    return target
