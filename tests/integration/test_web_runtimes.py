@@ -164,3 +164,21 @@ def test_a_maintenance_action_streams_its_ansible_output_to_the_terminal(client:
     said = [x for x in lines if x["n"] == "device1" and x["s"] == "stdout" and x["x"] == "hello-nnpm"]
     assert len(said) == 2, lines
     assert any(x["n"] == "device1" and x["x"].startswith("ok: Say it") for x in lines)
+
+
+def test_the_run_detail_carries_the_runtimes_summary_values_with_units(
+    client: TestClient, tmp_path: Path
+) -> None:
+    from dit.runtimes.base import Results, SummaryValue, write_summary
+    from tests.integration.test_web_api import finished_run
+
+    run = finished_run(tmp_path / "runs")
+    key = f"{run.path.parent.name}/{run.path.name}"
+    assert client.get(f"/api/runs/{key}").json()["summary"] is None  # no summary.json: nothing shown
+    values = (
+        SummaryValue("tokens", 8, "", "int", "tokens generated"),
+        SummaryValue("token_latency_mean", 1234567.0, "ns", "float", "mean per-token latency"),
+    )
+    write_summary(run.path / "aggregate", "layers", Results(summary=values))
+    summary = client.get(f"/api/runs/{key}").json()["summary"]
+    assert summary == {"runtime": "layers", "values": [v.to_json() for v in values]}

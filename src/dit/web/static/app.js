@@ -1,5 +1,5 @@
 // NNPM page: views (map, scenarios, runs, runtimes), the terminal, and the active run with its Stop button.
-import { api, el, fmtMs, short } from "./api.js";
+import { api, el, fmtMs, fmtQuantity, short } from "./api.js";
 import { SchemaForm } from "./form.js";
 import { NodeMap } from "./map.js";
 import { Terminal } from "./terminal.js";
@@ -272,6 +272,7 @@ function renderRun(d) {
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", {}, "wall time")),
     ...Object.entries(d.stage_ns).map(([s, ns]) => el("tr", {}, el("td", {}, s), el("td", {}, `${(ns / 1e9).toFixed(2)} s`))));
+  renderSummary(d.summary);
   const phases = d.phases;
   $("run-phases").replaceChildren(...(phases ? [el("tr", {}, ...phases.columns.map((c) => el("th", {}, c))), ...phases.rows.map((r) => el("tr", {}, ...r.map((v) => el("td", {}, v))))] : [el("tr", {}, el("td", {}, "no phases yet"))]));
   const plots = $("run-plots");
@@ -281,6 +282,16 @@ function renderRun(d) {
     state.plotsFor = d.key;
     plots.replaceChildren(...want.flatMap(([k, title]) => [el("h3", {}, title), el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: title, dataset: { plot: k } })]));
   }
+}
+
+// the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning
+function renderSummary(summary) {
+  $("run-summary-box").hidden = !summary || !summary.values.length;
+  if (!summary) { $("run-summary").replaceChildren(); return; }
+  $("run-summary-runtime").textContent = summary.runtime;
+  $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "value"), el("th", {}, ""), el("th", {}, "meaning")),
+    ...summary.values.map((v) => el("tr", { dataset: { name: v.name } }, el("td", {}, v.name),
+      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit)), el("td", { class: "small" }, v.description || ""))));
 }
 
 function renderOptimise(results, detail) {
