@@ -154,8 +154,13 @@ def test_a_maintenance_action_streams_its_ansible_output_to_the_terminal(client:
     assert client.post("/api/runtimes/actions", json={"runtime": "echo", "action": "nope"}).status_code == 422
     started = client.post(
         "/api/runtimes/actions",
-        json={"runtime": "echo", "action": "say", "inputs": {"message": "hello-nnpm", "count": 2}, "hosts": ["device1"]},
-    )  # fmt: skip
+        json={
+            "runtime": "echo",
+            "action": "say",
+            "inputs": {"message": "hello-nnpm", "count": 2},
+            "hosts": ["device1"],
+        },
+    )
     assert started.status_code == 202
     # the terminal follows the log while the action runs, and ends when it finishes
     lines = terminal_lines(client, started.json()["id"])

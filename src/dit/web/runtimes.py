@@ -38,7 +38,8 @@ class Action:
     hosts: list[str]
     state: str = "running"  # running | done | failed
     rc: int | None = None
-    checks: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # host -> check -> result, live
+    # host -> check -> result, as the check's tasks report (the live table)
+    checks: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     nodes: list[dict[str, Any]] = field(default_factory=list)  # the verdicts (NodeReadiness) when finished
     started_ns: int = field(default_factory=time.time_ns)
     finished_ns: int | None = None

@@ -9,10 +9,10 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
-from dit.web.routes.common import Context, Ctx, close_websocket, context, json_body, unprocessable
 from dit.runtimes import ops, registry
 from dit.runtimes.base import Runtime
 from dit.scenario.spec import DEFAULT_RUNTIME
+from dit.web.routes.common import Context, Ctx, close_websocket, context, json_body, unprocessable
 from dit.web.terminal import tail
 
 router = APIRouter(prefix="/api")
