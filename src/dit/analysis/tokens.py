@@ -33,10 +33,10 @@ from dit.analysis.run import AggregateError, LoadedRun, raw_file
 from dit.models.decoder_profile import HEAD_COLUMNS, TOKEN_COLUMNS
 
 HEADS_AGGREGATE = ("host", *HEAD_COLUMNS)
-#: The documented tolerance of ``headwise_attention_ratio``: within a factor 3 of 1 (docs/raw-results.md).
-#: The per-head recomputation runs every head on its own small kernels, so it is of the order of the
-#: fused attention's time, not equal to it.
-HEADWISE_TOLERANCE = 3.0
+#: The documented tolerance of ``headwise_attention_ratio``: within a factor 5 of 1 (docs/raw-results.md).
+#: The per-head recomputation runs every head on its own small kernels, each paying the framework's
+#: per-operation dispatch, so it is of the order of the fused attention's time, not equal to it.
+HEADWISE_TOLERANCE = 5.0
 TOKENS_AGGREGATE = ("host", "token", "latency_ns", "kv_len")
 
 
