@@ -289,7 +289,7 @@ function renderSummary(summary) {
   $("run-summary-box").hidden = !summary || !summary.values.length;
   if (!summary) { $("run-summary").replaceChildren(); return; }
   $("run-summary-runtime").textContent = summary.runtime;
-  $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "value"), el("th", {}, ""), el("th", {}, "meaning")),
+  $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "name"), el("th", {}, "value"), el("th", {}, "meaning")),
     ...summary.values.map((v) => el("tr", { dataset: { name: v.name } }, el("td", {}, v.name),
       el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit)), el("td", { class: "small" }, v.description || ""))));
 }
@@ -353,6 +353,7 @@ async function loadRuntimes() {
   if (current) $("maintenance-action").value = current;
   showActionInputs();
   $("runtime-problems").replaceChildren(...Object.entries(rt.problems).map(([name, why]) => el("li", {}, `${name} did not load: ${why}`)));
+  $("runtime-problems").hidden = !Object.keys(rt.problems).length;
   renderReadiness(rt.readiness, {});
 }
 
