@@ -171,6 +171,8 @@ def test_profile_command_writes_every_file(tmp_path: Path, monkeypatch: pytest.M
             "inference.edge: is required",
         ),
         ({"repetitions": -1}, "repetitions: -1 is less than 0"),
+        ({"tokens": 8}, "tokens: 8 tokens need a decoder model"),  # the fake model generates nothing
+        ({"tokens": -1}, "tokens: -1 is less than 0"),
     ],
 )
 def test_config_errors_exit_2_and_name_the_field(

@@ -90,7 +90,7 @@ def test_errors_in_a_runtime_block_name_the_path(echo: Any) -> None:
 
 def test_a_field_of_another_runtime_is_refused(echo: Any) -> None:
     assert messages(doc(runtime={"name": "layers", "rounds": 2})) == [
-        "runtime.rounds: unknown field (allowed: name)"
+        "runtime.rounds: unknown field (allowed: name, tokens)"
     ]
 
 
@@ -103,7 +103,7 @@ def test_a_block_without_a_name_is_the_default_runtimes(echo: Any) -> None:
     assert messages(doc(runtime={})) == []
     assert expand(doc(runtime={}))[0].runtime == {"name": "layers"}
     # and another runtime's field without its name is refused, naming the field
-    assert messages(doc(runtime={"rounds": 3})) == ["runtime.rounds: unknown field (allowed: name)"]
+    assert messages(doc(runtime={"rounds": 3})) == ["runtime.rounds: unknown field (allowed: name, tokens)"]
 
 
 def test_sweeps_sweep_runtime_fields(echo: Any) -> None:

@@ -193,7 +193,8 @@ def test_runtime_actions_hand_ansible_runner_the_inventory_as_an_absolute_path(
     # because ansible-runner took the relative path for inventory content
     import ansible_runner
 
-    from dit.web.runtimes import ACTIONS, Actions
+    from dit.runtimes import registry
+    from dit.web.runtimes import Actions
 
     seen: dict[str, Any] = {}
 
@@ -209,7 +210,8 @@ def test_runtime_actions_hand_ansible_runner_the_inventory_as_an_absolute_path(
     (tmp_path / "inventories").mkdir()
     (tmp_path / "inventories" / "nnpm.yml").write_text("all: {}\n", encoding="utf-8")
     actions = Actions(tmp_path / "base", lambda: Path("inventories/nnpm.yml"))
-    action = actions.maintenance(next(iter(ACTIONS)), ["device1"])
+    layers = registry.get("layers")
+    action = actions.maintenance(layers, layers.actions()[0], {}, ["device1"])
     deadline = time.monotonic() + 30
     while action.finished_ns is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -31,6 +31,11 @@
     points strictly inside. A request outside the trace gets empty energy. ``tokens`` comes from an
     inference ``tokens`` column where a runtime writes one (then ``energy_per_token_j``), else empty.
     ``edp_js`` = energy * delay (``total_ns`` in seconds), the energy-delay product in J·s.
+    Token generation (``runtime: {tokens: N}``, a decoder model) adds one row per generation
+    repetition of a device (its ``tokens.csv``): ``round`` and ``partition_point`` empty (the whole model
+    runs on the device), ``repetition`` the generation's, ``start_ns`` its first token's start,
+    ``total_ns`` to the end of its last token, ``tokens`` = N and ``energy_per_token_j`` = energy / N.
+    Runs without token generation have no such rows.
 
 ``power_summary.csv`` — one row per node with a power trace: ``node,sensor,samples,duration_ns,energy_j,``
     ``mean_power_w`` over the whole trace.
@@ -316,6 +321,46 @@ def energy_rows(run_dir: Path, device: str) -> pd.DataFrame | None:
     return out[list(ENERGY_COLUMNS)]
 
 
+def generation_energy_rows(run_dir: Path, device: str) -> pd.DataFrame | None:
+    """Energy of every token-generation repetition of ``device`` (raw ``tokens.csv``), as energy.csv rows."""
+    power = _csv(raw_file(run_dir, device, "power.csv"), ("t_mono_ns", "power_w"))
+    tokens = _csv(raw_file(run_dir, device, "tokens.csv"), ("rep", "token", "start_ns", "latency_ns"))
+    origin = _pair(_json(raw_file(run_dir, device, "origin.json")))
+    if power is None or tokens is None or origin is None or tokens.empty:
+        return None
+    t_mono, watts = _power_trace(power)
+    t_rel = t_mono - np.int64(origin[1])
+    ends = tokens["start_ns"] + tokens["latency_ns"]
+    reps = (
+        tokens.assign(end_ns=ends)
+        .groupby("rep", sort=True)
+        .agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), tokens=("token", "nunique"))
+    )
+    start = reps["start_ns"].to_numpy(dtype=np.int64)
+    total = (reps["end_ns"] - reps["start_ns"]).to_numpy(dtype=np.int64)
+    energy = energy_between(t_rel, watts, start, start + total)
+    seconds = total.astype(np.float64) / 1e9
+    count = reps["tokens"].to_numpy(dtype=np.float64)
+    inside = np.array([int(((t_rel > s) & (t_rel < s + d)).sum()) for s, d in zip(start, total, strict=True)])
+    out = pd.DataFrame(
+        {
+            "device": device,
+            "round": None,
+            "repetition": reps.index.to_numpy(),
+            "partition_point": None,
+            "start_ns": start,
+            "total_ns": total,
+            "energy_j": energy,
+            "mean_power_w": np.where(seconds > 0, energy / np.where(seconds > 0, seconds, 1.0), np.nan),
+            "samples": inside,
+            "tokens": reps["tokens"].to_numpy(),
+            "energy_per_token_j": np.where(count > 0, energy / np.where(count > 0, count, 1.0), np.nan),
+            "edp_js": energy * seconds,
+        }
+    )
+    return out[list(ENERGY_COLUMNS)]
+
+
 def power_summary_row(run_dir: Path, node: str) -> dict[str, Any] | None:
     power = _csv(raw_file(run_dir, node, "power.csv"), ("t_mono_ns", "power_w"))
     if power is None:
@@ -358,6 +403,9 @@ def aggregate_monitors(run: LoadedRun | Path) -> None:
         rows = energy_rows(run_dir, node)
         if rows is not None:
             energy.append(rows)
+        generation = generation_energy_rows(run_dir, node)
+        if generation is not None:
+            energy.append(generation)
         power = power_summary_row(run_dir, node)
         if power is not None:
             summary.append(power)

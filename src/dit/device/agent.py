@@ -149,6 +149,36 @@ def _on_record(
         say(f"round {rec.round + 1}/{len(vectors)} vector {vector} done ({reps} inferences)")
 
 
+def generate_tokens(
+    model: Any, tokens: int, repetitions: int, warmup: int, origin_mono_ns: int, results: Path
+) -> dict[str, Any]:
+    """A decoder's token generation (``tokens`` > 0): ``tokens.csv`` from a generation without hooks
+    (per-token latency, start times for the energy), then ``heads.csv`` from the per-head profile."""
+    from dit.models.decoder_profile import (
+        profile_decoder,
+        time_generation,
+        write_heads_csv,
+        write_tokens_csv,
+    )
+
+    say(f"generating {tokens} tokens, {repetitions} repetitions after {warmup} warm-up")
+    timed = time_generation(
+        model, tokens=tokens, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin_mono_ns
+    )
+    write_tokens_csv(results / "tokens.csv", timed)
+    say("per-head profile of the generation")
+    prof = profile_decoder(model, tokens=tokens, repetitions=repetitions, warmup=warmup)
+    write_heads_csv(results / "heads.csv", prof)
+    summary = prof.summary()
+    return {
+        "tokens": tokens,
+        "records": len(prof.records),
+        "headwise_max_abs_diff": summary["headwise_max_abs_diff"],
+        "heads": summary["heads"],
+        "layers": summary["layers"],
+    }
+
+
 def run_profile(cfg: Mapping[str, Any]) -> int:
     """The ``profile`` command (see ``docs/protocol.md`` for the config and the files written)."""
     run_id = str(require(cfg, "run_id", str))
@@ -170,6 +200,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
         raise ConfigError(f"threads: {threads!r} is not a positive integer or null")
     inf: Mapping[str, Any] = cfg.get("inference") or {"enabled": False}
     inf_enabled = bool(inf.get("enabled", False))
+    tokens = _int(cfg, "tokens", "", default=0)
 
     results.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault(RUN_ENV, run_id)
@@ -179,6 +210,10 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
     model = build_model(spec)
     n = model.num_stages
+    if tokens and not (hasattr(model, "generate") and hasattr(model, "family")):
+        raise ConfigError(
+            f"tokens: {tokens} tokens need a decoder model (gpt2, tinyllama, hf_decoder), not {model.name}"
+        )
 
     vectors: list[list[int]] = []
     device_index = 0
@@ -273,6 +308,10 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
             }
         )
 
+    generation: dict[str, Any] = {}
+    if tokens:
+        generation = generate_tokens(model, tokens, repetitions, warmup, origin.mono_ns, results)
+
     write_json(
         results / "done.json",
         {
@@ -291,6 +330,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
                 "forward_mean_ns": prof_summary["forward_mean_ns"],
             },
             "inference": inference_summary,
+            **({"generation": generation} if tokens else {}),
             "finished_wall_ns": time.time_ns(),
             "elapsed_ns": time.monotonic_ns() - origin.mono_ns,
         },

@@ -23,6 +23,10 @@ recorded, and counted in the summary.
 
 ``heads.csv`` columns: :data:`HEAD_COLUMNS`. Stage rows of a prefill profile keep the stdlib
 profiler's ``layers.csv`` format (:func:`dit.device.profiler.profile_model`).
+
+:func:`time_generation` times the same generation *without* hooks (what a user of the model waits
+for): per token the sum of its stage times and its start on the monotonic clock, for ``tokens.csv``
+(columns :data:`TOKEN_COLUMNS`) and the energy per token.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import numpy as np
 from dit.models.hf_decoder import HFDecoderModel, head_outputs, headwise_sum
 
 HEAD_COLUMNS = ("rep", "token", "layer", "unit", "head", "latency_ns", "ops", "kv_len")
+TOKEN_COLUMNS = ("rep", "token", "start_ns", "latency_ns", "kv_len")
 
 
 @dataclass(frozen=True)
@@ -247,5 +252,69 @@ def write_heads_csv(path: Path, prof: DecoderProfile) -> None:
         writer = csv.DictWriter(fh, fieldnames=HEAD_COLUMNS)
         writer.writeheader()
         for r in prof.records:
+            writer.writerow(asdict(r))
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """One generated token: ``start_ns`` relative to the origin, ``latency_ns`` the sum of its stages."""
+
+    rep: int
+    token: int
+    start_ns: int
+    latency_ns: int
+    kv_len: int
+
+
+def time_generation(
+    model: HFDecoderModel,
+    *,
+    tokens: int,
+    repetitions: int = 1,
+    warmup: int = 1,
+    origin_mono_ns: int = 0,
+    prompt: Any = None,
+    clock: Callable[[], int] = time.monotonic_ns,
+) -> list[TokenRecord]:
+    """Generate ``tokens`` tokens ``warmup + repetitions`` times without hooks; the last ``repetitions``.
+
+    Token ``t`` attends over ``prompt_len + t`` positions (token 0 is the prefill of the prompt).
+    """
+    if tokens < 1 or repetitions < 0 or warmup < 0:
+        raise ValueError(
+            f"tokens ({tokens}) must be >= 1, repetitions ({repetitions}) and warmup ({warmup}) >= 0"
+        )
+    x = model.make_input() if prompt is None else np.asarray(prompt)
+    prompt_len = int(np.asarray(x).reshape(-1).shape[0])
+    out: list[TokenRecord] = []
+    start: dict[int, int] = {}
+    spent: dict[int, int] = {}
+
+    for run in range(warmup + repetitions):
+        start.clear()
+        spent.clear()
+
+        def on_stage(token: int, stage: int, ns: int) -> None:
+            if stage == 1:
+                start[token] = clock() - ns
+            spent[token] = spent.get(token, 0) + ns
+
+        model.generate(x, tokens, stage_hook=on_stage)
+        if run >= warmup:
+            out.extend(
+                TokenRecord(run - warmup, t, start[t] - origin_mono_ns, spent[t], prompt_len + t)
+                for t in range(tokens)
+            )
+    return out
+
+
+def write_tokens_csv(path: Path, records: list[TokenRecord]) -> None:
+    """Write ``tokens.csv`` (columns :data:`TOKEN_COLUMNS`) atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=TOKEN_COLUMNS)
+        writer.writeheader()
+        for r in records:
             writer.writerow(asdict(r))
     os.replace(tmp, path)

@@ -128,8 +128,24 @@ class LayersRuntime:
         return dit.__version__
 
     def block_schema(self) -> Mapping[str, Any]:
-        # Its settings are the scenario's own blocks (model, inference, edge_server ...): none here.
-        return {"type": "object", "additionalProperties": False, "properties": {}}
+        # Its other settings are the scenario's own blocks (model, inference, edge_server ...). No
+        # "default" for tokens: a scenario without it resolves (and hashes) exactly as before.
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "tokens": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": 4096,
+                    "description": (
+                        "Decoder models (gpt2, tinyllama, hf_decoder): tokens generated after the prompt, "
+                        "with per-token latency (aggregate/tokens.csv), per-head / projection / FFN times "
+                        "(aggregate/heads.csv) and energy per token (energy.csv). Absent or 0: no generation."
+                    ),
+                }
+            },
+        }
 
     def readiness(self, scenario: Mapping[str, Any] | None, workdir: Path) -> ReadinessPlan:
         model = scenario.get("model") if scenario else None
@@ -198,6 +214,8 @@ class LayersRuntime:
                 "host": device,
                 "results_dir": f"{root}/results",
             }
+            if int(ctx.block.get("tokens") or 0) > 0:  # absent: profile.json exactly as before
+                config["tokens"] = int(ctx.block["tokens"])
             specs.append(
                 LaunchSpec(
                     host=device,
@@ -247,4 +265,42 @@ class LayersRuntime:
                         "model_mape", float(mape), "%", "float", "model validation: mean absolute % error"
                     )
                 )
-        return Results(tables=tuple(tables), summary=tuple(values))
+        tables_, generation = token_results(run)
+        return Results(tables=tuple(tables) + tables_, summary=tuple(values) + generation)
+
+
+def token_results(run: LoadedRun) -> tuple[tuple[Path, ...], tuple[SummaryValue, ...]]:
+    """Token generation (``tokens`` > 0, decoder models): aggregate/heads.csv and tokens.csv, and the
+    summary values of :mod:`dit.analysis.tokens`; nothing when no device generated tokens."""
+    from dit.analysis.tokens import aggregate_tokens, energy_per_token_j
+
+    found = aggregate_tokens(run)
+    if found is None:
+        return (), ()
+    values = [
+        SummaryValue("tokens", found.tokens, "", "int", "tokens generated after the prompt"),
+        SummaryValue(
+            "token_latency_mean",
+            found.token_latency_mean_ns,
+            "ns",
+            "float",
+            "mean per-token latency of the generation (token 0 = the prompt's prefill)",
+        ),
+        SummaryValue("tokens_per_s", found.tokens_per_s, "tokens/s", "float", "1 / mean per-token latency"),
+    ]
+    if found.headwise_ratio is not None:
+        values.append(
+            SummaryValue(
+                "headwise_attention_ratio",
+                found.headwise_ratio,
+                "",
+                "float",
+                "decode tokens: (per-head rows + output projection) / fused attention time",
+            )
+        )
+    energy = energy_per_token_j(run)
+    if energy is not None:
+        values.append(
+            SummaryValue("energy_per_token", energy, "J", "float", "mean energy per generated token")
+        )
+    return found.tables, tuple(values)

@@ -59,7 +59,7 @@ def _write_plays(plays: Sequence[Mapping[str, Any]] | Path, dest: Path) -> Path:
     return dest
 
 
-def _detail(event: HostEvent) -> str:
+def check_detail(event: HostEvent) -> str:
     res = event.result
     stdout = str(res.get("stdout") or "").strip()
     if event.status in ("ok", "changed"):
@@ -84,7 +84,7 @@ def readiness_of(plan: ReadinessPlan, outcome: StageOutcome, hosts: Sequence[str
         for event in events:
             if event.task.startswith(CHECK_PREFIX) and event.status != "skipped":
                 name = event.task.removeprefix(CHECK_PREFIX)
-                checks[name] = CheckResult(name, event.status in ("ok", "changed"), _detail(event))
+                checks[name] = CheckResult(name, event.status in ("ok", "changed"), check_detail(event))
         results = tuple(checks.values())
         if unreachable:
             reason = str(unreachable[0].result.get("msg") or "unreachable").strip()
@@ -96,7 +96,10 @@ def readiness_of(plan: ReadinessPlan, outcome: StageOutcome, hosts: Sequence[str
         if failed:
             out.append(NodeReadiness(host, "failed", f"{failed[0].name}: {failed[0].detail}", results))
         elif other:
-            out.append(NodeReadiness(host, "failed", f"{other[0].task}: {_detail(other[0])}", results))
+            out.append(NodeReadiness(host, "failed", f"{other[0].task}: {check_detail(other[0])}", results))
+        elif missing and not events and not outcome.ok:
+            reason = f"no result from Ansible ({outcome.status}, rc {outcome.rc})"
+            out.append(NodeReadiness(host, "failed", reason, results))
         elif missing:
             out.append(NodeReadiness(host, "failed", f"{missing[0]}: did not run", results))
         else:
@@ -112,8 +115,20 @@ def check(
     on_event: EventSink = lambda _e: None,
 ) -> list[NodeReadiness]:
     """Run ``runtime``'s readiness plays on every node of ``inventory``; one verdict per node."""
+    return check_hosts(runtime, inventory.source, inventory.hosts, workdir, scenario, on_event)
+
+
+def check_hosts(
+    runtime: Runtime,
+    source: str,
+    hosts: Sequence[str],
+    workdir: Path,
+    scenario: Mapping[str, Any] | None = None,
+    on_event: EventSink = lambda _e: None,
+) -> list[NodeReadiness]:
+    """Run ``runtime``'s readiness plays on ``hosts`` of the inventory ``source`` (a path to a file)."""
     plan = runtime.readiness(scenario, workdir / "files")
-    hosts = list(inventory.hosts)
+    hosts = list(hosts)
     if not plan.plays:
         return [NodeReadiness(h, "ok", "", ()) for h in hosts]
     if plan.prepare is not None:
@@ -123,8 +138,8 @@ def check(
         f"readiness of {runtime.name}",
         playbook,
         workdir / "ansible",
-        inventory.source,
-        inventory.limit,
+        source,
+        ":".join(hosts),
         dict(plan.extravars),
         on_event,
         forks=max(5, len(hosts)),
@@ -186,18 +201,31 @@ def act(
     on_event: EventSink = lambda _e: None,
 ) -> StageOutcome:
     """Run one maintenance action (its inputs already validated) on every node of ``inventory``."""
+    return act_on_hosts(runtime, action, inputs, inventory.source, inventory.hosts, workdir, on_event)
+
+
+def act_on_hosts(
+    runtime: Runtime,
+    action: Action,
+    inputs: Mapping[str, Any],
+    source: str,
+    hosts: Sequence[str],
+    workdir: Path,
+    on_event: EventSink = lambda _e: None,
+) -> StageOutcome:
+    """Run one maintenance action (its inputs already validated) on ``hosts`` of the inventory ``source``."""
     plan = action.plan(inputs)
     playbook = _write_plays(plan.plays, workdir / "project" / f"{action.name}.yml")
     return run_playbook(
         f"{runtime.name} {action.name}",
         playbook,
         workdir / "ansible",
-        inventory.source,
-        inventory.limit,
+        source,
+        ":".join(hosts),
         {**dict(plan.extravars), "dit_action_inputs": dict(inputs)},
         on_event,
         tags=plan.tags,
-        forks=max(5, len(inventory.hosts)),
+        forks=max(5, len(hosts)),
     )
 
 

@@ -191,7 +191,23 @@ def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldE
             ["optimisation", "enabled"],
             f"partition optimisation needs the {DEFAULT_RUNTIME} runtime, not {runtime_name!r}",
         )
+    tokens = runtime.get("tokens") if isinstance(runtime, dict) else None
+    model_name = model.get("name") if isinstance(model, dict) else None
+    if (
+        runtime_name == DEFAULT_RUNTIME
+        and isinstance(tokens, int)
+        and tokens > 0
+        and model_name not in DECODERS
+    ):
+        err(
+            ["runtime", "tokens"],
+            f"token generation needs a decoder model ({', '.join(DECODERS)}), not {model_name!r}",
+        )
     return errors
+
+
+#: The models that generate tokens (``runtime.tokens`` of the built-in runtime).
+DECODERS = ("gpt2", "tinyllama", "hf_decoder")
 
 
 def _n(count: int, noun: str) -> str:

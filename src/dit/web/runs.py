@@ -245,6 +245,7 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         },
         "devices": list((metadata.get("scenario") or {}).get("document", {}).get("devices", [])),
         "phases": phases,
+        "summary": runtime_summary(agg),
         "plots": {
             "layers": (agg / "layers.csv").is_file(),
             "monitors": (agg / "monitors.csv").is_file(),
@@ -254,6 +255,19 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "finished": summary["state"] in STATES_DONE,
         "aggregated": (agg / "layers.csv").is_file() and (agg / "links.csv").is_file(),
     }
+
+
+def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
+    """The runtime's ``aggregate/summary.json`` (runtime, tables, named values with units), if written."""
+    doc = _read(aggregate / "summary.json")
+    if not doc or not isinstance(doc.get("values"), list):
+        return None
+    values = [
+        {k: v.get(k) for k in ("name", "value", "unit", "type", "description")}
+        for v in doc["values"]
+        if isinstance(v, dict) and isinstance(v.get("name"), str)
+    ]
+    return {"runtime": str(doc.get("runtime", "")), "values": values}
 
 
 def _csv_rows(path: Path, limit: int = 500) -> dict[str, Any] | None:

@@ -1,16 +1,11 @@
-"""Runtimes: each device's readiness for an inference runtime, and maintenance actions.
+"""Runtimes: each node's readiness for every installed runtime, and the runtimes' maintenance actions.
 
-Both run Ansible against the NNPM inventory through ansible-runner (the driver's own environment,
-:func:`dit.ansible_exec.ansible_env`), in a thread; every task event is appended to the action's log
-in ``run.log``'s format (``<UTC time> <node> <stream> <text>``), which the terminal streams.
-
-- **Readiness of the built-in runtime** (its plays: :func:`dit.runtimes.layers.check_playbook`): the node's
-  Python (``dit_python``, else ``/usr/bin/python3``) is 3.11 or newer; ``dit-device.pyz`` (built
-  here, copied to a temporary directory on the node and removed after) runs; the framework of the
-  chosen model (from the model catalogue: none, tensorflow or torch) imports, with its version.
-- **Maintenance**: ``playbooks/provision.yml`` with a tag (``runtime``: install the runtime from the
-  mirror; ``weights``: distribute the catalogue's checkpoints with checksums), limited to the chosen
-  nodes.
+Both run through :mod:`dit.runtimes.ops` (the code ``dit runtimes check|act`` runs: ansible-runner
+against the NNPM inventory, with the driver's own environment), in a thread. Every task result is
+appended to the action's log in ``run.log``'s format (``<UTC time> <node> <stream> <text>``), which the
+terminal streams live. A node's readiness is only ever the check's verdict
+(:func:`dit.runtimes.ops.readiness_of`): ``ok`` when every check of the runtime ran on it and passed,
+``failed`` or ``unreachable`` with the reason otherwise — including when the check could not run at all.
 """
 
 from __future__ import annotations
@@ -24,39 +19,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
+from dit.ansible_exec import HostEvent
+from dit.runtimes.base import CHECK_PREFIX, NodeReadiness, Runtime
+from dit.runtimes.base import Action as RuntimeAction
 
-from dit.paths import content_root
-from dit.runtimes.layers import CHECKS, check_playbook, framework_of
-
-__all__ = ["ACTIONS", "CHECKS", "Action", "Actions", "MaintenanceAction"]
-
-
-@dataclass(frozen=True)
-class MaintenanceAction:
-    id: str
-    title: str
-    playbook: str  # relative to the content root
-    tags: tuple[str, ...]
-    description: str
-
-
-ACTIONS: Mapping[str, MaintenanceAction] = {
-    "install-runtime": MaintenanceAction(
-        "install-runtime",
-        "Install the runtime from the mirror",
-        "playbooks/provision.yml",
-        ("runtime",),
-        "provision.yml --tags runtime: the runtime venv from the mirror (no index, hashes required)",
-    ),
-    "distribute-weights": MaintenanceAction(
-        "distribute-weights",
-        "Distribute the checkpoints",
-        "playbooks/provision.yml",
-        ("weights",),
-        "provision.yml --tags weights: the catalogue's model weights, verified by checksum",
-    ),
-}
+__all__ = ["Action", "Actions"]
 
 
 @dataclass
@@ -65,12 +32,15 @@ class Action:
 
     id: str
     kind: str  # check | maintenance
+    runtime: str
     title: str
     log: Path
     hosts: list[str]
     state: str = "running"  # running | done | failed
     rc: int | None = None
-    checks: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # host -> check -> result
+    # host -> check -> result, as the check's tasks report (the live table)
+    checks: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # the verdicts (NodeReadiness) when finished
     started_ns: int = field(default_factory=time.time_ns)
     finished_ns: int | None = None
     error: str | None = None
@@ -90,61 +60,35 @@ class Action:
         return {
             "id": self.id,
             "kind": self.kind,
+            "runtime": self.runtime,
             "title": self.title,
             "hosts": self.hosts,
             "state": self.state,
             "rc": self.rc,
             "checks": self.checks,
+            "nodes": self.nodes,
             "started_ns": self.started_ns,
             "finished_ns": self.finished_ns,
             "error": self.error,
         }
 
 
-def _event_line(action: Action, event: Mapping[str, Any]) -> None:
-    kind = str(event.get("event", ""))
-    data = event.get("event_data", {}) or {}
-    host = str(data.get("host") or "")
-    task = str(data.get("task") or "")
-    res = data.get("res") or {}
-    status = {
-        "runner_on_ok": "ok",
-        "runner_on_failed": "failed",
-        "runner_on_unreachable": "unreachable",
-        "runner_on_skipped": "skipped",
-    }.get(kind)
-    if kind == "playbook_on_task_start":
-        action.line("ansible", "ansible", f"TASK {task}")
-        return
-    if status is None or not host:
-        return
-    if status == "ok" and res.get("changed"):
-        status = "changed"
-    if status == "failed" and data.get("ignore_errors"):
-        status = "failed (ignored)"
-    text = f"{status}: {task}"
-    message = res.get("msg") or ""
-    stdout = str(res.get("stdout") or "").strip()
-    stderr = str(res.get("stderr") or "").strip()
-    if message and status != "ok":
-        text += f" - {message}"
-    action.line(host, "ansible", text)
-    if stdout:
-        action.line(host, "stdout", stdout[:4000])
-    if stderr:
-        action.line(host, "stderr", stderr[:4000])
-    if task.startswith("check: "):
-        check = task.removeprefix("check: ")
-        if status == "skipped" and check in action.checks.get(host, {}):
-            return  # decided before the playbook ran (a model that needs no framework)
-        ok = status in ("ok", "changed")
-        detail = stdout.splitlines()[-1] if ok and stdout else (stderr or str(message) or status)
-        if check == "dit-device.pyz" and ok:
-            detail = "runs (usage printed)"
-        action.checks.setdefault(host, {})[check] = {
-            "ok": ok,
-            "skipped": status == "skipped",
-            "detail": str(detail)[:500],
+def event_line(action: Action, event: HostEvent) -> None:
+    """One task result into the action's log (and, for a readiness check, its live per-check table)."""
+    action.line(event.host, "ansible", event.message())
+    for stream in ("stdout", "stderr"):
+        text = str(event.result.get(stream) or "").strip()
+        if text:
+            action.line(event.host, stream, text[-4000:])
+    for item in event.result.get("results") or []:
+        if isinstance(item, dict) and str(item.get("stdout") or "").strip():
+            action.line(event.host, "stdout", str(item["stdout"]).strip()[-4000:])
+    if action.kind == "check" and event.task.startswith(CHECK_PREFIX) and event.status != "skipped":
+        from dit.runtimes.ops import check_detail
+
+        action.checks.setdefault(event.host, {})[event.task.removeprefix(CHECK_PREFIX)] = {
+            "ok": event.status in ("ok", "changed"),
+            "detail": check_detail(event),
         }
 
 
@@ -156,106 +100,90 @@ class Actions:
         self.inventory = inventory
         self.items: dict[str, Action] = {}
 
-    def _new(self, kind: str, title: str, hosts: Sequence[str]) -> Action:
+    def _new(self, kind: str, runtime: str, title: str, hosts: Sequence[str]) -> Action:
         (self.base / "actions").mkdir(parents=True, exist_ok=True)
         action_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-        action = Action(action_id, kind, title, self.base / "actions" / f"{action_id}.log", list(hosts))
+        log = self.base / "actions" / f"{action_id}.log"
+        action = Action(action_id, kind, runtime, title, log, list(hosts))
         action.log.touch()
         self.items[action_id] = action
         return action
 
-    def _run(
-        self,
-        action: Action,
-        playbook: Path,
-        extravars: dict[str, Any],
-        tags: Sequence[str] = (),
-        prepare: Callable[[], None] | None = None,
-    ) -> None:
-        import ansible_runner
+    def _start(self, action: Action, work: Callable[[str, Path], None]) -> None:
+        """Run ``work(inventory path, private directory)`` in a thread; its failure fails the action."""
 
-        from dit.ansible_exec import ansible_env
-
-        inventory = self.inventory()
-        if inventory is None:
-            action.state, action.error = "failed", "no inventory"
-            return
-
-        def handler(event: Mapping[str, Any]) -> bool:
-            _event_line(action, event)
-            return True
-
-        def work() -> None:
+        def run() -> None:
             try:
-                if prepare is not None:
-                    prepare()
+                inventory = self.inventory()
+                if inventory is None:
+                    raise RuntimeError("no inventory")
                 private = self.base / "ansible" / action.id
                 private.mkdir(parents=True, exist_ok=True)
                 action.line("nnpm", "info", f"{action.title}: {', '.join(action.hosts)}")
-                runner = ansible_runner.run(
-                    private_data_dir=str(private),
-                    playbook=str(playbook),
-                    # a path: ansible-runner takes a string that names no file, such as a path relative
-                    # to the server's directory seen from its private_data_dir, as inventory *content*
-                    inventory=str(Path(inventory).resolve()),
-                    limit=":".join(action.hosts),
-                    extravars=extravars,
-                    envvars=ansible_env(),
-                    event_handler=handler,
-                    quiet=True,
-                    tags=",".join(tags) if tags else None,
-                    rotate_artifacts=5,
-                )
-                action.rc = int(runner.rc if runner.rc is not None else -1)
-                action.state = "done" if runner.status == "successful" else "failed"
-                if action.state == "failed":
-                    action.error = f"ansible {runner.status} (rc {action.rc})"
+                # an absolute path: ansible-runner takes a string that names no file from its private
+                # directory (a path relative to the server's directory) for inventory *content*
+                work(str(Path(inventory).resolve()), private)
             except Exception as exc:
-                action.state, action.error = "failed", str(exc)
+                action.state, action.error = "failed", f"{type(exc).__name__}: {exc}"
             finally:
+                if action.state == "running":
+                    action.state = "done"
                 action.finished_ns = time.time_ns()
                 action.line(
                     "nnpm",
-                    "info",
+                    "info" if action.state == "done" else "error",
                     f"{action.title}: {action.state}" + (f" ({action.error})" if action.error else ""),
                 )
 
-        threading.Thread(target=work, name=f"nnpm-action-{action.id}", daemon=True).start()
+        threading.Thread(target=run, name=f"nnpm-action-{action.id}", daemon=True).start()
 
-    def check(self, hosts: Sequence[str], model: str) -> Action:
-        framework = framework_of(model)
-        action = self._new("check", f"readiness of the built-in runtime for {model} ({framework})", hosts)
-        playbook = self.base / "ansible" / "runtime_check.yml"
-        pyz = self.base / "runtime" / "dit-device.pyz"
+    def check(self, runtime: Runtime, hosts: Sequence[str], scenario: Mapping[str, Any] | None) -> Action:
+        """Readiness of ``hosts`` for ``runtime`` (for ``scenario``, e.g. ``{"model": {"name": ...}}``)."""
+        from dit.runtimes import ops
 
-        def prepare() -> None:
-            from dit.device.build import build_zipapp
+        action = self._new("check", runtime.name, f"readiness for the runtime {runtime.name}", hosts)
 
-            playbook.parent.mkdir(parents=True, exist_ok=True)
-            playbook.write_text(yaml.safe_dump(check_playbook(), sort_keys=False), encoding="utf-8")
-            pyz.parent.mkdir(parents=True, exist_ok=True)
-            build_zipapp(pyz)
-            for host in hosts:
-                if framework == "none":
-                    action.checks.setdefault(host, {})["framework"] = {
-                        "ok": True,
-                        "skipped": False,
-                        "detail": f"{model} needs no framework (stdlib only)",
-                    }
+        def work(inventory: str, private: Path) -> None:
+            try:
+                verdicts = ops.check_hosts(
+                    runtime, inventory, action.hosts, private, scenario, lambda e: event_line(action, e)
+                )
+            except Exception as exc:  # the check could not run: no node is ready, and the reason says why
+                reason = f"the check did not run: {type(exc).__name__}: {exc}"
+                verdicts = [NodeReadiness(h, "failed", reason, ()) for h in action.hosts]
+                action.state, action.error = "failed", reason
+            action.nodes = [v.to_json() for v in verdicts]
+            for verdict in verdicts:
+                text = verdict.state + (f" - {verdict.reason}" if verdict.reason else "")
+                action.line(verdict.host, "info" if verdict.ok else "error", f"readiness: {text}")
 
-        self._run(
-            action, playbook, {"dit_check_pyz": str(pyz), "dit_check_framework": framework}, prepare=prepare
-        )
+        self._start(action, work)
         return action
 
-    def maintenance(self, action_id: str, hosts: Sequence[str]) -> Action:
-        spec = ACTIONS[action_id]
-        action = self._new("maintenance", spec.title, hosts)
-        playbook = content_root() / spec.playbook
-        if not playbook.is_file():
-            action.state, action.error = "failed", f"{spec.playbook} does not exist"
-            action.finished_ns = time.time_ns()
-            action.line("nnpm", "error", action.error)
-            return action
-        self._run(action, playbook, {}, tags=spec.tags)
+    def maintenance(
+        self, runtime: Runtime, spec: RuntimeAction, inputs: Mapping[str, Any], hosts: Sequence[str]
+    ) -> Action:
+        """Run ``spec`` (its inputs validated, defaults applied) on ``hosts``."""
+        from dit.runtimes import ops
+
+        action = self._new("maintenance", runtime.name, f"{runtime.name}: {spec.title}", hosts)
+
+        def work(inventory: str, private: Path) -> None:
+            outcome = ops.act_on_hosts(
+                runtime, spec, inputs, inventory, action.hosts, private, lambda e: event_line(action, e)
+            )
+            action.rc = outcome.rc
+            if not outcome.ok or outcome.failures():
+                action.state, action.error = "failed", f"ansible {outcome.status} (rc {outcome.rc})"
+
+        self._start(action, work)
         return action
+
+    def readiness(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The latest verdict per runtime and node (from the finished checks of this server)."""
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for action in sorted(self.items.values(), key=lambda a: a.started_ns):
+            if action.kind == "check" and action.finished:
+                for verdict in action.nodes:
+                    out.setdefault(action.runtime, {})[str(verdict["host"])] = verdict
+        return out

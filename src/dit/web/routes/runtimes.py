@@ -2,32 +2,50 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
+from dit.runtimes import ops, registry
+from dit.runtimes.base import Runtime
+from dit.scenario.spec import DEFAULT_RUNTIME
 from dit.web.routes.common import Context, Ctx, close_websocket, context, json_body, unprocessable
-from dit.web.runtimes import ACTIONS, CHECKS
 from dit.web.terminal import tail
 
 router = APIRouter(prefix="/api")
 
 
+def _runtime_json(runtime: Runtime) -> dict[str, Any]:
+    plan_checks: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="nnpm-runtime-") as tmp:
+            plan_checks = list(runtime.readiness(None, Path(tmp)).checks)
+    except Exception:  # a plug-in whose readiness cannot be described without a scenario
+        plan_checks = []
+    return {
+        "name": runtime.name,
+        "version": runtime.version,
+        "title": runtime.title,
+        "checks": plan_checks,
+        "block": dict(runtime.block_schema()),
+        "actions": [
+            {"name": a.name, "title": a.title, "description": a.description, "inputs": dict(a.inputs)}
+            for a in runtime.actions()
+        ],
+    }
+
+
 @router.get("/runtimes")
 def get_runtimes(ctx: Ctx) -> dict[str, Any]:
+    """Every installed runtime (the registry: built-ins and entry-point plug-ins), the latest verdict
+    per runtime and node, the plug-ins that did not load and the history of actions."""
     return {
-        "runtimes": [
-            {
-                "id": "builtin",
-                "title": "built-in (layer-by-layer profile + partitioned inference)",
-                "checks": list(CHECKS),
-            }
-        ],
-        "actions": [
-            {"id": a.id, "title": a.title, "description": a.description, "tags": list(a.tags)}
-            for a in ACTIONS.values()
-        ],
+        "runtimes": [_runtime_json(r) for r in registry.installed().values()],
+        "problems": registry.problems(),
+        "readiness": ctx.actions.readiness(),
         "history": [a.to_json() for a in sorted(ctx.actions.items.values(), key=lambda a: -a.started_ns)],
     }
 
@@ -45,27 +63,53 @@ def chosen_hosts(ctx: Context, body: dict[str, Any]) -> list[str] | JSONResponse
     return [str(h) for h in hosts]
 
 
+def chosen_runtime(body: dict[str, Any]) -> Runtime | JSONResponse:
+    name = body.get("runtime") or DEFAULT_RUNTIME
+    try:
+        return registry.get(str(name))
+    except registry.UnknownRuntime as exc:
+        return unprocessable([{"path": "runtime", "message": str(exc)}])
+
+
 @router.post("/runtimes/check", status_code=202, response_model=None)
 async def runtime_check(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    """Body: ``runtime`` (default layers), ``hosts`` (default: the devices), ``model`` (for layers)."""
     body = await json_body(request)
+    runtime = chosen_runtime(body)
+    if isinstance(runtime, JSONResponse):
+        return runtime
     hosts = chosen_hosts(ctx, body)
     if isinstance(hosts, JSONResponse):
         return hosts
     model = body.get("model") or "fake"
     if not isinstance(model, str):
         return unprocessable([{"path": "model", "message": "a model name"}])
-    return ctx.actions.check(hosts, model).to_json()
+    return ctx.actions.check(runtime, hosts, {"model": {"name": model}}).to_json()
 
 
 @router.post("/runtimes/actions", status_code=202, response_model=None)
 async def runtime_action(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    """Body: ``runtime`` (default layers), ``action``, ``inputs`` (validated by its schema), ``hosts``."""
     body = await json_body(request)
-    if body.get("action") not in ACTIONS:
-        return unprocessable([{"path": "action", "message": f"one of {', '.join(ACTIONS)}"}])
+    runtime = chosen_runtime(body)
+    if isinstance(runtime, JSONResponse):
+        return runtime
+    try:
+        spec = ops.action_of(runtime, str(body.get("action")))
+    except ops.UnknownAction as exc:
+        return unprocessable([{"path": "action", "message": str(exc)}])
+    raw = body.get("inputs") or {}
+    if not isinstance(raw, dict):
+        return unprocessable([{"path": "inputs", "message": "an object of the action's inputs"}])
+    try:
+        inputs = ops.validate_inputs(spec, raw)
+    except ops.InputError as exc:
+        return unprocessable([{"path": f"inputs.{e.path}" if e.path else "inputs", "message": e.message}
+                              for e in exc.errors])  # fmt: skip
     hosts = chosen_hosts(ctx, body)
     if isinstance(hosts, JSONResponse):
         return hosts
-    return ctx.actions.maintenance(str(body["action"]), hosts).to_json()
+    return ctx.actions.maintenance(runtime, spec, inputs, hosts).to_json()
 
 
 @router.get("/actions/{action_id}")

@@ -51,3 +51,33 @@ export function el(tag, attrs = {}, ...children) {
 
 export const fmtMs = (ms) => (ms === null || ms === undefined ? "" : `${Number(ms).toFixed(ms < 10 ? 2 : 1)} ms`);
 export const short = (hash) => (hash ? hash.slice(0, 12) : "");
+
+// A number with its unit, readable: durations (ns, µs, ms, s), energy (J, mJ, µJ) and sizes (B, kB, MB, GB)
+// are scaled to the largest unit in which they are at least 1 (1234567 ns -> "1.23 ms"); other units
+// are kept. Integers without a unit stay as they are.
+const FAMILIES = [
+  { ns: 1, us: 1e3, "µs": 1e3, ms: 1e6, s: 1e9, order: ["s", "ms", "µs", "ns"] },
+  { J: 1, mJ: 1e-3, uJ: 1e-6, "µJ": 1e-6, order: ["J", "mJ", "µJ"] },
+  { B: 1, kB: 1e3, MB: 1e6, GB: 1e9, order: ["GB", "MB", "kB", "B"] },
+];
+
+export function fmtNumber(x) {
+  if (Number.isInteger(x) && Math.abs(x) < 1e15) return String(x);
+  const a = Math.abs(x);
+  if (a >= 1e6 || (a > 0 && a < 1e-3)) return x.toExponential(2);
+  return x.toFixed(a >= 100 ? 1 : a >= 10 ? 2 : 3).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+}
+
+export function fmtQuantity(value, unit = "") {
+  if (value === null || value === undefined) return "–";
+  if (typeof value !== "number" || !Number.isFinite(value)) return unit ? `${value} ${unit}` : String(value);
+  const family = FAMILIES.find((f) => unit in f && unit !== "order");
+  if (family) {
+    const base = value * family[unit];
+    const target = family.order.find((u) => Math.abs(base) >= family[u]) || family.order[family.order.length - 1];
+    const scaled = base / family[target];
+    return `${fmtNumber(Number.isInteger(scaled) ? scaled : Number(scaled.toPrecision(4)))} ${target}`;
+  }
+  if (unit === "%") return `${fmtNumber(value)} %`;
+  return unit ? `${fmtNumber(value)} ${unit}` : fmtNumber(value);
+}

@@ -1,5 +1,5 @@
 // NNPM page: views (map, scenarios, runs, runtimes), the terminal, and the active run with its Stop button.
-import { api, el, fmtMs, short } from "./api.js";
+import { api, el, fmtMs, fmtQuantity, short } from "./api.js";
 import { SchemaForm } from "./form.js";
 import { NodeMap } from "./map.js";
 import { Terminal } from "./terminal.js";
@@ -274,6 +274,7 @@ function renderRun(d) {
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", {}, "wall time")),
     ...Object.entries(d.stage_ns).map(([s, ns]) => el("tr", {}, el("td", {}, s), el("td", {}, `${(ns / 1e9).toFixed(2)} s`))));
+  renderSummary(d.summary);
   const phases = d.phases;
   $("run-phases").replaceChildren(...(phases ? [el("tr", {}, ...phases.columns.map((c) => el("th", {}, c))), ...phases.rows.map((r) => el("tr", {}, ...r.map((v) => el("td", {}, v))))] : [el("tr", {}, el("td", {}, "no phases yet"))]));
   const plots = $("run-plots");
@@ -283,6 +284,16 @@ function renderRun(d) {
     state.plotsFor = d.key;
     plots.replaceChildren(...want.flatMap(([k, title]) => [el("h3", {}, title), el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: title, dataset: { plot: k } })]));
   }
+}
+
+// the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning
+function renderSummary(summary) {
+  $("run-summary-box").hidden = !summary || !summary.values.length;
+  if (!summary) { $("run-summary").replaceChildren(); return; }
+  $("run-summary-runtime").textContent = summary.runtime;
+  $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "name"), el("th", {}, "value"), el("th", {}, "meaning")),
+    ...summary.values.map((v) => el("tr", { dataset: { name: v.name } }, el("td", {}, v.name),
+      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit)), el("td", { class: "small" }, v.description || ""))));
 }
 
 function renderOptimise(results, detail) {
@@ -325,15 +336,51 @@ $("optimise-form").addEventListener("submit", async (event) => {
   }
 });
 
-// -- runtimes --------------------------------------------------------------------------------------
+// -- runtimes: every installed runtime × every node, readiness only from the real check -------------
+const VERDICT = { ok: "ready", failed: "failed", unreachable: "unreachable" };
+
 async function loadRuntimes() {
   const [rt, nodes] = await Promise.all([api("/api/runtimes"), api("/api/nodes")]);
+  state.runtimes = rt;
+  state.nodes = nodes.nodes;
+  const checked = new Set(chosenHosts());
   $("runtime-hosts").replaceChildren(...nodes.nodes.map((n) => el("label", { class: "inline" },
-    el("input", { type: "checkbox", value: n.name, checked: n.role === "device" }), n.name)));
-  $("maintenance-action").replaceChildren(...rt.actions.map((a) => el("option", { value: a.id, title: a.description }, a.title)));
+    el("input", { type: "checkbox", value: n.name, checked: checked.size ? checked.has(n.name) : n.role === "device" }), n.name)));
+  const which = $("runtime-which").value;
+  $("runtime-which").replaceChildren(el("option", { value: "" }, "all installed"), ...rt.runtimes.map((r) => el("option", { value: r.name }, r.name)));
+  $("runtime-which").value = which;
+  const current = $("maintenance-action").value;
+  $("maintenance-action").replaceChildren(...rt.runtimes.flatMap((r) => r.actions.map((a) =>
+    el("option", { value: `${r.name}/${a.name}`, title: a.description }, `${r.name}: ${a.title}`))));
+  if (current) $("maintenance-action").value = current;
+  showActionInputs();
+  $("runtime-problems").replaceChildren(...Object.entries(rt.problems).map(([name, why]) => el("li", {}, `${name} did not load: ${why}`)));
+  $("runtime-problems").hidden = !Object.keys(rt.problems).length;
+  renderReadiness(rt.readiness, {});
 }
 
 function chosenHosts() { return [...$("runtime-hosts").querySelectorAll("input:checked")].map((i) => i.value); }
+
+// one cell per runtime and node: the latest verdict (green only for "ok"), the check running, or none yet
+function readinessCell(runtime, host, verdict, running) {
+  const attrs = { dataset: { runtime, host, state: verdict ? verdict.state : running ? "running" : "none" } };
+  if (!verdict) return el("td", { ...attrs, class: "small" }, running ? "checking…" : "not checked");
+  const checks = verdict.checks.map((c) => `${c.ok ? "✓" : "✗"} ${c.name}: ${c.detail}`).join("\n");
+  return el("td", { ...attrs, title: checks || verdict.reason },
+    el("span", { class: `dot ${verdict.state === "ok" ? "ok" : "bad"}` }), " ",
+    el("strong", { class: verdict.state === "ok" ? "" : "bad-text" }, VERDICT[verdict.state] || verdict.state),
+    verdict.reason ? el("div", { class: "small reason" }, verdict.reason) : null,
+    verdict.checks.length ? el("div", { class: "small" }, verdict.checks.map((c) => `${c.ok ? "✓" : "✗"} ${c.name}`).join(" · ")) : null);
+}
+
+function renderReadiness(latest, running) {
+  const runtimes = state.runtimes ? state.runtimes.runtimes : [];
+  const hosts = (state.nodes || []).map((n) => n.name);
+  $("runtime-results").replaceChildren(
+    el("tr", {}, el("th", {}, "node"), ...runtimes.map((r) => el("th", { title: r.title }, r.name, el("div", { class: "small" }, `v${r.version} · ${r.checks.join(", ") || "no checks"}`)))),
+    ...hosts.map((h) => el("tr", { dataset: { host: h } }, el("td", {}, h),
+      ...runtimes.map((r) => readinessCell(r.name, h, (latest[r.name] || {})[h], (running[r.name] || []).includes(h))))));
+}
 
 async function watchAction(action, render) {
   terminal.attach(`/api/actions/${action.id}/terminal`, action.title);
@@ -345,29 +392,56 @@ async function watchAction(action, render) {
   }
 }
 
-function renderChecks(a) {
-  const hosts = Object.keys(a.checks).length ? Object.keys(a.checks) : a.hosts;
-  const checks = ["python", "dit-device.pyz", "framework"];
-  $("runtime-results").replaceChildren(el("tr", {}, el("th", {}, "node"), ...checks.map((c) => el("th", {}, c))),
-    ...hosts.map((h) => el("tr", { dataset: { host: h } }, el("td", {}, h), ...checks.map((c) => {
-      const r = (a.checks[h] || {})[c];
-      if (!r) return el("td", { class: "small" }, a.state === "running" ? "…" : "–");
-      return el("td", { title: r.detail }, el("span", { class: `dot ${r.ok ? "ok" : "bad"}` }), " ", r.detail);
-    }))));
-}
-
 $("runtime-check").addEventListener("click", async () => {
+  const hosts = chosenHosts();
+  const runtimes = $("runtime-which").value ? [$("runtime-which").value] : state.runtimes.runtimes.map((r) => r.name);
+  $("runtime-check").disabled = true;
   try {
-    const a = await api("/api/runtimes/check", { method: "POST", body: { hosts: chosenHosts(), model: $("runtime-model").value } });
-    await watchAction(a, renderChecks);
+    for (const name of runtimes) {
+      const a = await api("/api/runtimes/check", { method: "POST", body: { runtime: name, hosts, model: $("runtime-model").value } });
+      await watchAction(a, (x) => { if (x.state === "running") renderReadiness(state.runtimes.readiness, { [name]: hosts }); });
+      state.runtimes = await api("/api/runtimes");
+      renderReadiness(state.runtimes.readiness, {});
+    }
   } catch (err) { alert(err.errors.map((e) => e.message).join("\n") || err.message); }
+  finally { $("runtime-check").disabled = false; }
 });
 
+function chosenAction() {
+  const [runtime, name] = ($("maintenance-action").value || "/").split("/");
+  const r = (state.runtimes ? state.runtimes.runtimes : []).find((x) => x.name === runtime);
+  return { runtime, name, spec: r && r.actions.find((a) => a.name === name) };
+}
+
+function showActionInputs() {
+  const { spec } = chosenAction();
+  const hasInputs = spec && Object.keys(spec.inputs.properties || {}).length;
+  $("maintenance-inputs").hidden = !hasInputs;
+  state.actionForm = hasInputs ? new SchemaForm($("maintenance-inputs"), spec.inputs) : null;
+  if (state.actionForm) state.actionForm.render({});
+  else $("maintenance-inputs").replaceChildren();
+}
+$("maintenance-action").addEventListener("change", showActionInputs);
+
 $("maintenance-run").addEventListener("click", async () => {
+  const { runtime, name } = chosenAction();
+  let inputs = {};
+  if (state.actionForm) {
+    const read = state.actionForm.read();
+    if (read.errors.length) { state.actionForm.showErrors(read.errors); return; }
+    inputs = read.value;
+  }
   try {
-    const a = await api("/api/runtimes/actions", { method: "POST", body: { action: $("maintenance-action").value, hosts: chosenHosts() } });
-    await watchAction(a, (x) => { $("maintenance-state").textContent = `${x.title}: ${x.state}${x.error ? ` (${x.error})` : ""}`; });
-  } catch (err) { alert(err.errors.map((e) => e.message).join("\n") || err.message); }
+    const a = await api("/api/runtimes/actions", { method: "POST", body: { runtime, action: name, inputs, hosts: chosenHosts() } });
+    await watchAction(a, (x) => {
+      $("maintenance-state").textContent = `${x.title}: ${x.state}${x.error ? ` (${x.error})` : ""}`;
+      $("maintenance-state").className = `state ${x.state === "done" ? "completed" : x.state}`;
+    });
+  } catch (err) {
+    if (err.status === 422 && state.actionForm) state.actionForm.showErrors(err.errors.map((e) => ({ ...e, path: e.path.replace(/^inputs\.?/, "") })));
+    $("maintenance-state").textContent = err.errors.map((e) => `${e.path}: ${e.message}`).join("; ") || err.message;
+    $("maintenance-state").className = "state failed";
+  }
 });
 
 // -- start -----------------------------------------------------------------------------------------

@@ -73,6 +73,8 @@ export class SchemaForm {
       nodes.push(built.node);
       readers.push([key, built.read]);
     }
+    const chosen = this.variantBlock(schema, value, path, nodes, readers);
+    if (chosen) { nodes.push(chosen.node); readers.push([null, chosen.read]); }
     if (schema.patternProperties) {
       const [pattern, raw] = Object.entries(schema.patternProperties)[0];
       const built = this.perDevice(this.deref(raw), value, path, new RegExp(pattern));
@@ -93,6 +95,34 @@ export class SchemaForm {
       return out;
     };
     return { nodes, read };
+  }
+
+  // A block whose fields depend on its `name` (the runtime block: `allOf` of `if name = X then X's block`):
+  // the chosen name's fields, rendered again from that branch's schema whenever the name changes.
+  variantBlock(schema, value, path, nodes, readers) {
+    const props = schema.properties || {};
+    const branches = (schema.allOf || []).map((rule) => {
+      const name = rule.if && rule.if.properties && rule.if.properties.name && rule.if.properties.name.const;
+      return name !== undefined && rule.then ? [name, this.deref(rule.then)] : null;
+    }).filter(Boolean);
+    const at = readers.findIndex(([key]) => key === "name");
+    if (!branches.length || !props.name || at < 0) return null;
+    const readName = readers[at][1];
+    const fallback = this.deref(props.name).default;
+    const box = el("div", { class: "variant", dataset: { variantOf: renderPath(path) } });
+    let body = { read: () => ({}) };
+    const show = (name, v) => {
+      const branch = branches.find(([n]) => n === name);
+      box.dataset.variant = name || "";
+      if (!branch) { box.replaceChildren(); body = { read: () => ({}) }; return; }
+      const own = Object.fromEntries(Object.entries(branch[1].properties || {}).filter(([k]) => k !== "name"));
+      body = this.objectBody({ ...branch[1], properties: own, allOf: undefined }, v || {}, path);
+      box.replaceChildren(...(body.nodes.length ? body.nodes : [el("p", { class: "small" }, `${name} has no fields of its own`)]));
+    };
+    show((value && value.name) || fallback, value);
+    const select = nodes[at].querySelector("select, input");
+    if (select) select.addEventListener("change", () => show(readName() ?? fallback, {}));
+    return { node: box, read: () => body.read() };
   }
 
   isBlock(sub) {
