@@ -210,6 +210,9 @@ def render_reference(schema: SchemaNode) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        sys.stderr.write("usage: python -m dit.schemadoc [OUT.md]  (without OUT.md: to stdout)\n")
+        return 0 if args[0] in ("-h", "--help") else 2
     text = render_reference(load_schema())
     if args:
         Path(args[0]).write_text(text, encoding="utf-8")

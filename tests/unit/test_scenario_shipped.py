@@ -202,3 +202,16 @@ def test_schema_json_is_stable_text() -> None:
         return dict(pairs)
 
     json.loads(schema_path().read_text(encoding="utf-8"), object_pairs_hook=no_dupes)
+
+
+def test_schemadoc_takes_an_option_for_an_option_not_for_a_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m dit.schemadoc --help` once wrote the reference into a file named --help."""
+    from dit.schemadoc import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--help"]) == 0
+    assert main(["--out", "x.md"]) == 2
+    assert list(tmp_path.iterdir()) == []
+    assert main(["ref.md"]) == 0 and (tmp_path / "ref.md").read_text().startswith("#")
