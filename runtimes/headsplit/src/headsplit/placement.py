@@ -85,6 +85,7 @@ no KV slice), then the one with most headroom; single heads next; projections an
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -594,31 +595,46 @@ def _relieve(
                 best = key
         return best
 
+    def group_option(group: tuple[int, int], members: list[Unit]) -> tuple[float, int, float, str] | None:
+        """(moved / freed, moved, -room, receiver) for moving the group's heads off ``src``, or None."""
+        weights = len(members) * sizes["head"]
+        found = land(group, weights, weights)
+        if found is None:
+            return None
+        return (found[0] / (weights + copy_h), found[0], found[1], found[2].spec.name)
+
     for src in over:
+        # Whole groups first, best option first. Receivers only fill up, so an option can only get
+        # worse: re-rate the top of the heap and take it if it is still no worse than the next one.
+        heap: list[tuple[tuple[float, int, float, tuple[str | int, ...]], tuple[int, int], str]] = []
+        for group, members in sorted(src.groups.items()):
+            option = group_option(group, members)
+            if option is not None:
+                heap.append(((*option[:3], _name_key(option[3])), group, option[3]))
+        heapq.heapify(heap)
+        while src.bytes > src.target and heap:
+            rated, group, _ = heapq.heappop(heap)
+            members = src.groups[group]
+            option = group_option(group, members)
+            if option is None:
+                continue
+            fresh = ((*option[:3], _name_key(option[3])), group, option[3])
+            if fresh[0] != rated and heap and fresh > heap[0]:
+                heapq.heappush(heap, fresh)
+                continue
+            for u in list(members):
+                _move(cfg, sizes, copy_h, src, hold[option[3]], u)
+                new[u] = option[3]
         while src.bytes > src.target:
-            # (moved/freed, moved, -room, group or unit, heads, receiver)
+            # What is left: (moved/freed, moved, -room, unit, units, receiver)
             options: list[tuple[float, int, float, Unit, list[Unit], _Holding]] = []
+            # No whole group fits anywhere: single heads (the last of its group frees the KV copy too).
             for group, members in sorted(src.groups.items()):
-                weights = len(members) * sizes["head"]
-                found = land(group, weights, weights)
+                u = members[-1]
+                found = land(group, sizes["head"], sizes["head"])
                 if found:
-                    options.append(
-                        (
-                            found[0] / (weights + copy_h),
-                            found[0],
-                            found[1],
-                            members[0],
-                            list(members),
-                            found[2],
-                        )
-                    )
-            if not options:  # no whole group fits anywhere: single heads (the last of a group frees its copy)
-                for group, members in sorted(src.groups.items()):
-                    u = members[-1]
-                    found = land(group, sizes["head"], sizes["head"])
-                    if found:
-                        freed = sizes["head"] + (copy_h if len(members) == 1 else 0)
-                        options.append((found[0] / freed, found[0], found[1], u, [u], found[2]))
+                    freed = sizes["head"] + (copy_h if len(members) == 1 else 0)
+                    options.append((found[0] / freed, found[0], found[1], u, [u], found[2]))
             if not options:
                 # Heads exhausted: the smallest projection/FFN that covers the excess, else the largest.
                 excess = src.bytes - src.target
