@@ -138,6 +138,7 @@ def _mb(n_bytes: float) -> str:
     return f"{n_bytes / 1e6:.1f} MB"
 
 
+@lru_cache(maxsize=4096)
 def _name_key(name: str) -> tuple[str | int, ...]:
     # re.split with a capture group alternates text (even index) and digits (odd index), so two keys
     # compare position by position between values of the same type.
@@ -391,8 +392,9 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
     avg_fill = demand / sum(limit)
     cap_fraction = min(1.0, avg_fill + (1.0 - avg_fill) / 2)
     cap = [cap_fraction * lim for lim in limit]
-    busy = [0.0] * n
+    busy = [0.0] * n  # per-token time given to each worker by the serial units (FFN, projection)
     chosen: Placement = {}
+    names = [w.name for w in ws]
     layers = _layer_slices(cfg)
     ffn_at = [-1] * nl
     proj_at = [-1] * nl
@@ -410,7 +412,7 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
         if best < 0:
             raise fill.fail("greedy", unit)
         used[best] += extra
-        chosen[unit] = ws[best].name
+        chosen[unit] = names[best]
         order.append(unit)
         return best
 
@@ -445,29 +447,33 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
         # Step time of a head on worker i when its KV group is already there / is new there.
         step_has = [head_flops * inv_f[i] + (head_out_s if i != p else 0.0) for i in workers]
         step_new = [step_has[i] + kvf * inv_f[i] for i in workers]
-        attention = [0.0] * n
-        for h, unit in enumerate(layers[layer][0]):
-            g = layer * nkv + h // group_size
-            best, best_tier, best_finish, best_step, best_extra = -1, 2, 0.0, 0.0, 0
-            for i in workers:  # inlined pick(): this loop is the placement's hot path
-                has = has_group[i][g]
-                extra = head_bytes if has else head_copy_bytes
-                after = used[i] + extra
-                if after > limit[i]:
+        # Layer l's attention-stage time on worker i so far, starting from the communication its first
+        # head will add, so that a head's finish time is attention[i] + its step time.
+        attention = first
+        lim_room = [limit[i] - used[i] for i in workers]
+        cap_room = [cap[i] - used[i] for i in workers]
+        group_row = layer * nkv
+        for h, unit in enumerate(layers[layer][0]):  # the hot path: pick() inlined
+            g = group_row + h // group_size
+            best, best_tier, best_finish, best_extra = -1, 2, 0.0, 0
+            for i in workers:
+                if has_group[i][g]:
+                    extra, finish = head_bytes, attention[i] + step_has[i]
+                else:
+                    extra, finish = head_copy_bytes, attention[i] + step_new[i]
+                if extra > lim_room[i]:
                     continue
-                tier = 0 if after <= cap[i] else 1
-                # attention[i] == 0.0: no head of this layer on i yet (a head's step is > 0)
-                t = (step_has[i] if has else step_new[i]) + (first[i] if attention[i] == 0.0 else 0.0)
-                finish = attention[i] + t
+                tier = 0 if extra <= cap_room[i] else 1
                 if tier < best_tier or (tier == best_tier and finish < best_finish):
-                    best, best_tier, best_finish, best_step, best_extra = i, tier, finish, t, extra
+                    best, best_tier, best_finish, best_extra = i, tier, finish, extra
             if best < 0:
                 raise fill.fail("greedy", unit)
             used[best] += best_extra
+            lim_room[best] -= best_extra
+            cap_room[best] -= best_extra
             has_group[best][g] = 1
-            attention[best] += best_step
-            busy[best] += best_step
-            chosen[unit] = ws[best].name
+            attention[best] = best_finish
+            chosen[unit] = names[best]
             order.append(unit)
     return chosen
 
