@@ -20,6 +20,8 @@ from headsplit.placement import (
     migration_bytes,
     moves,
     place,
+    placement_from_json,
+    placement_to_json,
     replace,
     unit_flops,
     worker_bytes,
@@ -273,6 +275,21 @@ def test_replace_moves_units_off_the_full_worker_only_and_fits(strategy: Strateg
     ) + kv_copy_bytes(cfg, horizon)
 
 
+def test_replace_relieves_two_full_workers_at_once() -> None:
+    cfg = preset("tinyllama")
+    ws = workers(4)
+    current = place(cfg, ws, "roundrobin", context_tokens=128)
+    tight = ws
+    for name in ("worker1", "worker3"):
+        tight = shrink(tight, name, int(worker_bytes(cfg, current, name, 1024) / 0.9))
+    new = replace(cfg, tight, current, tokens_so_far=128, tokens_ahead=896)
+    moved = moves(current, new)
+    assert {src for _, src, _ in moved} == {"worker1", "worker3"}
+    assert {dst for _, _, dst in moved} <= {"worker2", "worker4"}
+    after = bytes_by_worker(cfg, new, 1024)
+    assert all(after[w.name] <= 0.85 * w.memory_bytes for w in tight)
+
+
 def test_replace_keeps_a_placement_that_fits() -> None:
     cfg = preset("tinyllama")
     ws = workers(4)
@@ -361,3 +378,21 @@ def test_moves_and_migration_bytes_by_hand() -> None:
     ) + 7 * kv_cache_bytes_per_token(cfg)
     with pytest.raises(ValueError, match="differ in their units"):
         moves(old, {u: w for u, w in new.items() if u.kind != "ffn"})
+
+
+def test_placement_json_round_trip() -> None:
+    cfg = preset("llama-tiny")
+    placement = place(cfg, workers(3), "greedy", context_tokens=32)
+    doc = placement_to_json(placement)
+    assert doc["L0.head0"] == placement[Unit(0, "head", 0)] and doc["L3.ffn"] == placement[Unit(3, "ffn")]
+    assert placement_from_json(cfg, doc, ["worker1", "worker2", "worker3"]) == placement
+    with pytest.raises(ValueError, match=r"placement.units\['L0.head0'\]: 'worker9' is not one of"):
+        placement_from_json(cfg, {**doc, "L0.head0": "worker9"}, ["worker1", "worker2", "worker3"])
+    with pytest.raises(ValueError, match=r"placement.units\['L9.ffn'\]: llama-tiny has no such unit"):
+        placement_from_json(cfg, {**doc, "L9.ffn": "worker1"}, ["worker1", "worker2", "worker3"])
+    with pytest.raises(ValueError, match=r"placement.units\['head0'\]: not a unit key like"):
+        placement_from_json(cfg, {**doc, "head0": "worker1"}, ["worker1", "worker2", "worker3"])
+    with pytest.raises(ValueError, match=r"placement.units: L2.proj is not placed"):
+        placement_from_json(
+            cfg, {k: v for k, v in doc.items() if k != "L2.proj"}, ["worker1", "worker2", "worker3"]
+        )

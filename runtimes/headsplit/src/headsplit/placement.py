@@ -478,6 +478,33 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
     return chosen
 
 
+def placement_to_json(placement: Mapping[Unit, str]) -> dict[str, str]:
+    """The results file's ``placement.units``: ``{"L0.head0": "worker1", ...}`` in unit order."""
+    return {u.key(): placement[u] for u in sorted(placement)}
+
+
+def placement_from_json(cfg: ModelConfig, doc: Mapping[str, str], workers: Sequence[str]) -> Placement:
+    """Read ``placement_to_json``'s form back, checking it places every unit of ``cfg`` on a known worker."""
+    known = set(workers)
+    placement: Placement = {}
+    for key, worker in doc.items():
+        try:
+            unit = Unit.parse(key)
+        except ValueError:
+            raise ValueError(
+                f"placement.units[{key!r}]: not a unit key like L0.head3, L0.proj, L0.ffn"
+            ) from None
+        if not (0 <= unit.layer < cfg.n_layers and (unit.kind != "head" or 0 <= unit.head < cfg.n_heads)):
+            raise ValueError(f"placement.units[{key!r}]: {cfg.name} has no such unit")
+        if worker not in known:
+            raise ValueError(f"placement.units[{key!r}]: {worker!r} is not one of {', '.join(sorted(known))}")
+        placement[unit] = worker
+    absent = next((u for u in _units(cfg) if u not in placement), None)
+    if absent is not None:
+        raise ValueError(f"placement.units: {absent.key()} is not placed")
+    return {u: placement[u] for u in _units(cfg)}
+
+
 def moves(old: Mapping[Unit, str], new: Mapping[Unit, str]) -> list[tuple[Unit, str, str]]:
     """``(unit, from, to)`` for every unit whose worker differs, in unit order."""
     if old.keys() != new.keys():
