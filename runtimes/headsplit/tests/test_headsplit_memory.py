@@ -6,6 +6,7 @@ Pure Python (no torch): runs in CI's default phase.
 from __future__ import annotations
 
 import pytest
+
 from headsplit.config import preset
 from headsplit.memory import MemoryTracker, crossing_token, predict
 from headsplit.placement import WorkerSpec, place, worker_bytes

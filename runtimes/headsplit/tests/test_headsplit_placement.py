@@ -9,6 +9,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from headsplit.config import PRESETS, ModelConfig, preset
 from headsplit.placement import (
     STRATEGIES,
