@@ -17,7 +17,9 @@ from headsplit.placement import (
     Strategy,
     WorkerSpec,
     bytes_by_worker,
+    estimate_token_s,
     kv_copy_bytes,
+    kv_flops,
     migration_bytes,
     moves,
     place,
@@ -397,3 +399,34 @@ def test_placement_json_round_trip() -> None:
         placement_from_json(
             cfg, {k: v for k, v in doc.items() if k != "L2.proj"}, ["worker1", "worker2", "worker3"]
         )
+
+
+def test_estimate_token_s_by_hand_on_one_worker() -> None:
+    cfg = preset("llama-tiny")
+    ws = [WorkerSpec("worker1", 10**9, 1e9, 2_000_000)]
+    placement = place(cfg, ws, "greedy", context_tokens=10)
+    per_layer = (
+        cfg.n_heads * unit_flops(cfg, Unit(0, "head", 0), 10)
+        + cfg.n_kv_heads * kv_flops(cfg)
+        + unit_flops(cfg, Unit(0, "proj"), 10)
+        + unit_flops(cfg, Unit(0, "ffn"), 10)
+    ) / 1e9
+    # X from the controller into layer 0 and the last layer's output back: one round trip (+15 %) and
+    # 4 * hidden bytes at 12.5 MB/s each; everything else stays on the worker
+    edges = 2 * (1.15 * 0.002 + 4 * cfg.hidden / 12.5e6)
+    assert estimate_token_s(cfg, ws, placement, context_tokens=10) == pytest.approx(
+        cfg.n_layers * per_layer + edges
+    )
+
+
+@pytest.mark.parametrize("rtt_ms", [0, 10, 25])
+def test_greedy_is_no_slower_than_roundrobin_in_its_cost_model(rtt_ms: int) -> None:
+    cfg = preset("tinyllama")
+    ws = workers(4, rtt_ns=rtt_ms * 1_000_000)
+    cost = {
+        s: estimate_token_s(cfg, ws, place(cfg, ws, s, context_tokens=256), context_tokens=256)
+        for s in STRATEGIES
+    }
+    assert cost["greedy"] <= cost["roundrobin"] * 1.001, cost
+    if rtt_ms == 0:  # with free links, spreading the heads beats keeping each layer on one worker
+        assert cost["greedy"] < cost["layerwise"], cost

@@ -61,16 +61,21 @@ A message of ``b`` bytes crossing from worker ``a`` to worker ``w`` costs one RP
 Messages per token: the layer input X (``4*d`` bytes) from ffn(l-1)'s worker (the controller for
 layer 0) to each worker holding a head of layer ``l``; each head's output (``4*h`` bytes) to proj(l)'s
 worker; Z (``4*d`` bytes) from proj(l) to ffn(l); the last FFN's output to the controller.
-The finish time that greedy minimises is
+The finish time that greedy minimises is, in placement order::
 
-    FFN and projection (serial units):  E(u, w) = busy_w + c(u, w) + sum m(edges to placed units)
-    head of layer l (parallel units):   E(u, w) = A_{l,w} + c(u, w) + m_new(u, w)
+    FFN of layer l:          E(u, w) = busy_w + c(u, w) + m(4d, ffn(l-1), w) [+ m(4d, w, ctl) if last]
+    projection of layer l:   E(u, w) = c(u, w) + m(4d, w, ffn(l))
+    head of layer l:         E(u, w) = A_{l,w} + c(u, w) + m_new(u, w)
 
-where ``busy_w`` is the per-token time already given to ``w`` (list scheduling, so a worker twice as
-fast takes about twice the FFNs), ``A_{l,w}`` the time of layer ``l``'s attention stage on ``w`` so far
-(its heads run in parallel with the other workers'), and ``m_new`` the communication the head adds: the
-broadcast of X and the round trip to the projection only for the first head of the layer on ``w``,
-``4*h / B`` for each further one (the gathered message grows).
+``busy_w`` is the FFN time already given to ``w`` (list scheduling: a worker twice as fast takes about
+twice the FFNs, and memory spreads with them); the X edge from ffn(l-1) stands for the layer's
+crossing, since heads cluster near their inputs when links are slow. The projection sits on the
+token's serial path just before its FFN, so no busy term: it joins its FFN unless memory says
+otherwise. ``A_{l,w}`` is the time of layer ``l``'s attention stage on ``w`` so far (its heads run in
+parallel with the other workers'), and ``m_new`` the communication a head adds: the broadcast of X
+and the round trip to the projection only for the first head of the layer on ``w``, ``4*h / B`` for
+each further one (the gathered message grows). :func:`estimate_token_s` evaluates the same model
+for a whole placement (per-token seconds, no speculation), to compare strategies by.
 
 Assumed constants: the RTT margin 1.15 (the article's "add 15 percent"); the bandwidth ``B`` =
 :data:`DEFAULT_BANDWIDTH_BYTES_PER_S` (12.5 MB/s, about 100 Mbit/s, what 802.11ac gives two boards
@@ -395,7 +400,7 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
     avg_fill = demand / sum(limit)
     cap_fraction = min(1.0, avg_fill + (1.0 - avg_fill) / 2)
     cap = [cap_fraction * lim for lim in limit]
-    busy = [0.0] * n  # per-token time given to each worker by the serial units (FFN, projection)
+    busy = [0.0] * n  # per-token time given to each worker by the FFNs (list scheduling)
     chosen: Placement = {}
     names = [w.name for w in ws]
     layers = _layer_slices(cfg)
@@ -422,7 +427,15 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
     ffn_flops = unit_flops(cfg, layers[0][2], tokens)
     for layer in range(nl):
         out = [ctl[i] + hidden_s for i in range(n)] if layer == nl - 1 else [0.0] * n
-        step = [ffn_flops * inv_f[i] + out[i] for i in range(n)]
+        # X leaves ffn(l-1) for layer l, whose projection will sit with ffn(l) (below): one crossing
+        # unless both FFNs share a worker.
+        prev = ffn_at[layer - 1] if layer else -1
+        step = [
+            ffn_flops * inv_f[i]
+            + out[i]
+            + (0.0 if i == prev else (ctl[i] if prev < 0 else rpc[prev][i]) + hidden_s)
+            for i in range(n)
+        ]
         i = pick(layers[layer][2], [busy[j] + step[j] for j in range(n)], sizes["ffn"])
         busy[i] += step[i]
         ffn_at[layer] = i
@@ -431,8 +444,9 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
     for layer in range(nl):
         f = ffn_at[layer]
         step = [proj_flops * inv_f[i] + (rpc[i][f] + hidden_s if i != f else 0.0) for i in range(n)]
-        i = pick(layers[layer][1], [busy[j] + step[j] for j in range(n)], sizes["proj"])
-        busy[i] += step[i]
+        # On the token's serial path right before its FFN: latency, not busy time, decides, so the
+        # projection joins its FFN unless memory says otherwise.
+        i = pick(layers[layer][1], step, sizes["proj"])
         proj_at[layer] = i
 
     head_flops = unit_flops(cfg, layers[0][0][0], tokens)
@@ -479,6 +493,56 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
             chosen[unit] = names[best]
             order.append(unit)
     return chosen
+
+
+def estimate_token_s(
+    cfg: ModelConfig,
+    workers: Sequence[WorkerSpec],
+    placement: Mapping[Unit, str],
+    *,
+    context_tokens: int,
+    bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH_BYTES_PER_S,
+) -> float:
+    """Seconds per generated token that greedy's cost model predicts for ``placement``, without
+    speculation: per layer, the slowest worker's attention stage (X in, its heads and KV copies, its
+    gathered outputs to the projection), then the projection, Z to the FFN and the FFN; the last FFN's
+    output back to the controller. A model to compare placements by, not a measurement."""
+    _check_tokens("context_tokens", context_tokens)
+    ws = _check_workers(workers)
+    spec = {w.name: w for w in ws}
+    bw = bandwidth_bytes_per_s
+
+    def rpc(a: str | None, b: str) -> float:
+        if a == b:
+            return 0.0
+        if a is None:
+            return RTT_MARGIN * spec[b].rtt_ns * 1e-9
+        return RTT_MARGIN * (spec[a].rtt_ns + spec[b].rtt_ns) * 1e-9 / 2
+
+    head_flops = unit_flops(cfg, Unit(0, "head", 0), context_tokens)
+    hidden_s, head_out_s = DTYPE_BYTES * cfg.hidden / bw, DTYPE_BYTES * cfg.head_dim / bw
+    total, src = 0.0, None
+    for heads, proj, ffn in _layer_slices(cfg):
+        p, f = placement[proj], placement[ffn]
+        count: dict[str, int] = {}
+        groups: dict[str, set[int]] = {}
+        for u in heads:
+            w = placement[u]
+            count[w] = count.get(w, 0) + 1
+            groups.setdefault(w, set()).add(cfg.kv_head_of(u.head))
+        stage = 0.0
+        for w, n_heads in count.items():
+            flops = n_heads * head_flops + len(groups[w]) * kv_flops(cfg)
+            x_in = 0.0 if w == src else rpc(src, w) + hidden_s
+            out = 0.0 if w == p else rpc(w, p) + n_heads * head_out_s
+            stage = max(stage, x_in + flops / spec[w].flops_per_s + out)
+        total += stage + unit_flops(cfg, proj, context_tokens) / spec[p].flops_per_s
+        total += (0.0 if p == f else rpc(p, f) + hidden_s) + unit_flops(cfg, ffn, context_tokens) / spec[
+            f
+        ].flops_per_s
+        src = f
+    assert src is not None
+    return total + rpc(None, src) + hidden_s
 
 
 def placement_to_json(placement: Mapping[Unit, str]) -> dict[str, str]:
