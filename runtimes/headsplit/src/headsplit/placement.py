@@ -253,16 +253,19 @@ def place(
         raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {bandwidth_bytes_per_s}")
     ordered = _check_workers(workers)
     order: list[Unit] = trace if trace is not None else []
+    # Each strategy returns the index (into ``ordered``) of every unit's worker, in all_units order:
+    # the dict is built once at the end (hashing Unit dataclasses is a good part of the time budget).
     if strategy == "layerwise":
-        chosen = _layerwise(cfg, ordered, context_tokens, order)
+        at = _layerwise(cfg, ordered, context_tokens, order)
     elif strategy == "roundrobin":
-        chosen = _roundrobin(cfg, ordered, context_tokens, order)
+        at = _roundrobin(cfg, ordered, context_tokens, order)
     else:
-        chosen = _greedy(cfg, ordered, context_tokens, bandwidth_bytes_per_s, order)
-    return {u: chosen[u] for u in _units(cfg)}
+        at = _greedy(cfg, ordered, context_tokens, bandwidth_bytes_per_s, order)
+    names = [w.name for w in ordered]
+    return dict(zip(_units(cfg), [names[i] for i in at], strict=True))
 
 
-def _layerwise(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list[Unit]) -> Placement:
+def _layerwise(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list[Unit]) -> list[int]:
     sizes = _kind_bytes(cfg)
     layer_bytes = (
         cfg.n_heads * sizes["head"]
@@ -295,15 +298,11 @@ def _layerwise(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list[
             key=lambda i: ((counts[i] + 1) * layer_flops / ws[i].flops_per_s, i),
         )
         counts[best] += 1
-    chosen: Placement = {}
-    layers = iter(_layer_slices(cfg))
-    for w, count in zip(ws, counts, strict=True):
-        for _ in range(count):
-            heads, proj, ffn = next(layers)
-            for u in (*heads, proj, ffn):
-                chosen[u] = w.name
-                order.append(u)
-    return chosen
+    at: list[int] = []
+    for i, count in enumerate(counts):  # contiguous blocks in name order
+        at.extend([i] * (count * (cfg.n_heads + 2)))
+    order.extend(_units(cfg))
+    return at
 
 
 class _Fill:
@@ -357,33 +356,42 @@ def _layer_slices(cfg: ModelConfig) -> list[tuple[Sequence[Unit], Unit, Unit]]:
     ]
 
 
-def _roundrobin(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list[Unit]) -> Placement:
-    n = len(ws)
+def _roundrobin(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list[Unit]) -> list[int]:
+    n, nkv, group_size = len(ws), cfg.n_kv_heads, cfg.group_size
     fill = _Fill(cfg, ws, tokens)
-    chosen: Placement = {}
-
-    def deal(unit: Unit, turn: int) -> None:
-        for step in range(n):
-            i = (turn + step) % n
-            extra = fill.cost(unit, i)
-            if fill.used[i] + extra <= ws[i].memory_bytes:
-                fill.add(unit, i, extra)
-                chosen[unit] = ws[i].name
-                order.append(unit)
-                return
-        raise fill.fail("roundrobin", unit)
-
+    used, has_group, limit = fill.used, fill.has_group, [w.memory_bytes for w in ws]
+    head_bytes, head_copy_bytes = fill.sizes["head"], fill.sizes["head"] + fill.copy
+    at: list[int] = []
     turn = 0
     for layer, (heads, proj, ffn) in enumerate(_layer_slices(cfg)):
-        for head in heads:
-            deal(head, turn)
+        for h, unit in enumerate(heads):
+            g = layer * nkv + h // group_size
+            for step in range(n):  # this head's turn, or the next worker in the rotation with room
+                i = (turn + step) % n
+                extra = head_bytes if has_group[i][g] else head_copy_bytes
+                if used[i] + extra <= limit[i]:
+                    break
+            else:
+                raise fill.fail("roundrobin", unit)
+            used[i] += extra
+            has_group[i][g] = 1
+            at.append(i)
             turn += 1
-        deal(proj, layer)
-        deal(ffn, layer)
-    return chosen
+        for unit in (proj, ffn):  # together on worker layer mod n, or the next with room
+            extra = fill.sizes[unit.kind]
+            for step in range(n):
+                i = (layer + step) % n
+                if used[i] + extra <= limit[i]:
+                    break
+            else:
+                raise fill.fail("roundrobin", unit)
+            used[i] += extra
+            at.append(i)
+    order.extend(_units(cfg))
+    return at
 
 
-def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, order: list[Unit]) -> Placement:
+def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, order: list[Unit]) -> list[int]:
     n, nl, nkv, group_size = len(ws), cfg.n_layers, cfg.n_kv_heads, cfg.group_size
     inv_f = [1.0 / w.flops_per_s for w in ws]
     limit = [w.memory_bytes for w in ws]
@@ -401,13 +409,13 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
     cap_fraction = min(1.0, avg_fill + (1.0 - avg_fill) / 2)
     cap = [cap_fraction * lim for lim in limit]
     busy = [0.0] * n  # per-token time given to each worker by the FFNs (list scheduling)
-    chosen: Placement = {}
-    names = [w.name for w in ws]
+    per_layer = cfg.n_heads + 2  # units of one layer in all_units order: heads, proj, ffn
+    at = [0] * (nl * per_layer)
     layers = _layer_slices(cfg)
     ffn_at = [-1] * nl
     proj_at = [-1] * nl
 
-    def pick(unit: Unit, finish: list[float], extra: int) -> int:
+    def pick(unit: Unit, finish: list[float], extra: int, position: int) -> int:
         # Tier 0: workers that stay under their balanced cap; tier 1: under their limit. Ties: name order.
         best, best_tier, best_finish = -1, 2, 0.0
         for i in range(n):
@@ -420,7 +428,7 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
         if best < 0:
             raise fill.fail("greedy", unit)
         used[best] += extra
-        chosen[unit] = names[best]
+        at[position] = best
         order.append(unit)
         return best
 
@@ -436,7 +444,9 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
             + (0.0 if i == prev else (ctl[i] if prev < 0 else rpc[prev][i]) + hidden_s)
             for i in range(n)
         ]
-        i = pick(layers[layer][2], [busy[j] + step[j] for j in range(n)], sizes["ffn"])
+        i = pick(
+            layers[layer][2], [busy[j] + step[j] for j in range(n)], sizes["ffn"], (layer + 1) * per_layer - 1
+        )
         busy[i] += step[i]
         ffn_at[layer] = i
 
@@ -446,7 +456,7 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
         step = [proj_flops * inv_f[i] + (rpc[i][f] + hidden_s if i != f else 0.0) for i in range(n)]
         # On the token's serial path right before its FFN: latency, not busy time, decides, so the
         # projection joins its FFN unless memory says otherwise.
-        i = pick(layers[layer][1], step, sizes["proj"])
+        i = pick(layers[layer][1], step, sizes["proj"], (layer + 1) * per_layer - 2)
         proj_at[layer] = i
 
     head_flops = unit_flops(cfg, layers[0][0][0], tokens)
@@ -490,9 +500,9 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
             cap_room[best] -= best_extra
             has_group[best][g] = 1
             attention[best] = best_finish
-            chosen[unit] = names[best]
+            at[layer * per_layer + h] = best
             order.append(unit)
-    return chosen
+    return at
 
 
 def estimate_token_s(
