@@ -304,20 +304,25 @@ def test_distribute_checkpoint_verifies_the_hash_here_and_on_every_node(
     with pytest.raises(InputError, match="sha256: 'xyz' is not a SHA-256"):
         validate_inputs(action, {"path": "w.safetensors", "sha256": "xyz"})
     plan = action.plan(validate_inputs(action, {"path": str(tmp_path / "w.safetensors"), "sha256": "c" * 64}))
-    local, nodes = plan.plays
-    assert local["hosts"] == "localhost" and nodes["hosts"] == "all"
+    (nodes,) = plan.plays
+    assert nodes["hosts"] == "all"
     names = [next(k for k in t if k.startswith("ansible.")) for t in nodes["tasks"]]
     assert names == [
+        "ansible.builtin.stat",
+        "ansible.builtin.assert",
         "ansible.builtin.file",
         "ansible.builtin.copy",
         "ansible.builtin.stat",
         "ansible.builtin.assert",
     ]
-    stat = nodes["tasks"][2]["ansible.builtin.stat"]
+    here = nodes["tasks"][0]
+    assert (here["delegate_to"], here["run_once"]) == ("localhost", True)
+    assert here["ansible.builtin.stat"]["path"] == str(tmp_path / "w.safetensors")
+    stat = nodes["tasks"][4]["ansible.builtin.stat"]
     assert stat["checksum_algorithm"] == "sha256" and stat["path"].endswith(
         "/headsplit/files/{{ dit_action_inputs.sha256 }}/w.safetensors"
     )
-    check = nodes["tasks"][3]["ansible.builtin.assert"]
+    check = nodes["tasks"][5]["ansible.builtin.assert"]
     assert "hs_copied.stat.checksum" in check["fail_msg"] and "dit_action_inputs.sha256" in check["fail_msg"]
 
 

@@ -495,40 +495,39 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
     """Check the file here, copy it to every node under its dit directory, verify it there."""
     path = os.path.abspath(str(inputs["path"]))
     name = posixpath.basename(path)
-    local = {
-        "name": "headsplit: the checkpoint on this machine",
-        "hosts": "localhost",
-        "connection": "local",
-        "gather_facts": False,
-        "tasks": [
-            {
-                "name": "SHA-256 of the checkpoint here",
-                "ansible.builtin.stat": {"path": path, "get_checksum": True, "checksum_algorithm": "sha256"},
-                "register": "hs_local",
+    # Checked here first, once (a play on localhost would not run: dit limits the plays to the nodes)
+    local = [
+        {
+            "name": "SHA-256 of the checkpoint on this machine",
+            "ansible.builtin.stat": {"path": path, "get_checksum": True, "checksum_algorithm": "sha256"},
+            "delegate_to": "localhost",
+            "run_once": True,
+            "register": "hs_local",
+        },
+        {
+            "name": "The checkpoint on this machine is the pinned one",
+            "ansible.builtin.assert": {
+                "that": ["hs_local.stat.exists", "hs_local.stat.checksum == dit_action_inputs.sha256"],
+                "fail_msg": (
+                    f"{path}: SHA-256 {{{{ hs_local.stat.checksum | default('(no such file)') }}}}, "
+                    "expected {{ dit_action_inputs.sha256 }}"
+                ),
+                "quiet": True,
             },
-            {
-                "name": "The checkpoint is here and is the pinned one",
-                "ansible.builtin.assert": {
-                    "that": ["hs_local.stat.exists", "hs_local.stat.checksum == dit_action_inputs.sha256"],
-                    "fail_msg": (
-                        f"{path}: SHA-256 {{{{ hs_local.stat.checksum | default('(no such file)') }}}}, "
-                        "expected {{ dit_action_inputs.sha256 }}"
-                    ),
-                    "quiet": True,
-                },
-            },
-        ],
-    }
+            "delegate_to": "localhost",
+            "run_once": True,
+        },
+    ]
     nodes = {
         "name": "headsplit: distribute the checkpoint",
         "hosts": "all",
         "gather_facts": False,
-        "tasks": _verified_copy_tasks(
+        "tasks": local + _verified_copy_tasks(
             path, f"{BASE}/{FILES_DIR}/{{{{ dit_action_inputs.sha256 }}}}", name,
             "dit_action_inputs.sha256", "checkpoint",
         ),
     }  # fmt: skip
-    return ActionPlan(plays=[local, nodes])
+    return ActionPlan(plays=[nodes])
 
 
 def profile_name(model: str, tau: float) -> str:
