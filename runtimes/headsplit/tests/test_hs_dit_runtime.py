@@ -304,6 +304,7 @@ def test_distribute_checkpoint_verifies_the_hash_here_and_on_every_node(
     with pytest.raises(InputError, match="sha256: 'xyz' is not a SHA-256"):
         validate_inputs(action, {"path": "w.safetensors", "sha256": "xyz"})
     plan = action.plan(validate_inputs(action, {"path": str(tmp_path / "w.safetensors"), "sha256": "c" * 64}))
+    assert not isinstance(plan.plays, Path)  # plays, not a playbook file
     (nodes,) = plan.plays
     assert nodes["hosts"] == "all"
     names = [next(k for k in t if k.startswith("ansible.")) for t in nodes["tasks"]]
@@ -330,7 +331,9 @@ def test_build_speculation_profile_runs_on_the_edge_then_distributes(headsplit: 
     action = action_of(headsplit, "build-speculation-profile")
     inputs = validate_inputs(action, {"tau": 0.1, "corpus": "/data/corpus.txt", "out": str(tmp_path)})
     assert inputs["model"] == "gpt2-tiny"
-    build, distribute = action.plan(inputs).plays
+    plays = action.plan(inputs).plays
+    assert not isinstance(plays, Path)
+    build, distribute = plays
     assert build["hosts"] == "edge" and distribute["hosts"] == "devices"
     argv = build["tasks"][1]["ansible.builtin.command"]["argv"]
     assert argv[1:7] == ["-m", "headsplit.speculation", "--model", "gpt2-tiny", "--tau", "0.1"]

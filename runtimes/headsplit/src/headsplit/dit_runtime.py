@@ -519,7 +519,7 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
         },
     ]
     nodes = {
-        "name": "headsplit: distribute the checkpoint",
+        "name": "HeadSplit: distribute the checkpoint",
         "hosts": "all",
         "gather_facts": False,
         "tasks": local + _verified_copy_tasks(
@@ -544,7 +544,7 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
     if inputs.get("corpus"):
         argv += ["--corpus", str(inputs["corpus"])]
     build = {
-        "name": "headsplit: build the speculation profile on the edge server",
+        "name": "HeadSplit: build the speculation profile on the edge server",
         "hosts": "edge",
         "gather_facts": False,
         "tasks": [
@@ -572,7 +572,7 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
     }  # fmt: skip
     sha = "hostvars[groups['edge'][0]].hs_profile_sha256"
     distribute = {
-        "name": "headsplit: distribute the speculation profile",
+        "name": "HeadSplit: distribute the speculation profile",
         "hosts": "devices",
         "gather_facts": False,
         "tasks": _verified_copy_tasks(f"{out_dir}/{name}", f"{BASE}/{PROFILES_DIR}", name, sha, "profile"),
