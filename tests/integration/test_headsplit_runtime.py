@@ -152,6 +152,6 @@ def test_a_local_headsplit_run_through_all_stages(site: Path, tmp_path: Path) ->
     assert values["reexecutions"]["value"] >= 0 and values["bytes_total"]["value"] > 0
     for rank, device in ((1, "device1"), (2, "device2")):
         assert (run_dir / "raw" / device / f"{device}_worker{rank}.json").is_file()
-    log = (run_dir / "run.log").read_text(encoding="utf-8")
-    assert "[hs-controller]" in log
+    logs = {p.name for p in run_dir.glob("raw/*/logs/*_hs-*.out")}  # the testbed's tagged processes
+    assert logs == {"edge_hs-controller.out", "device1_hs-worker1.out", "device2_hs-worker2.out"}
     assert run_processes(RunDir(run_dir).run_id) == []
