@@ -6,7 +6,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,13 +78,16 @@ def dit_env() -> dict[str, str]:
     return env
 
 
-def install_fixture_package(name: str, work: Path) -> Path:
-    """pip-install ``tests/fixtures/<name>`` offline into a throwaway target; the directory to import from.
-
-    The package is built from a copy: the build writes into its source tree.
+def install_fixture_package(name: str, work: Path, source_dir: Path | None = None) -> Path:
+    """pip-install ``tests/fixtures/<name>`` (or ``source_dir``) offline into a throwaway target; the
+    directory to import from. The package is built from a copy: the build writes into its source tree.
     """
     source = work / name
-    shutil.copytree(REPO / "tests" / "fixtures" / name, source)
+    shutil.copytree(
+        source_dir or REPO / "tests" / "fixtures" / name,
+        source,
+        ignore=shutil.ignore_patterns("tests", "__pycache__", "*.egg-info", "build"),
+    )
     site = work / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
@@ -91,3 +96,44 @@ def install_fixture_package(name: str, work: Path) -> Path:
         capture_output=True,
     )  # fmt: skip
     return site
+
+
+def scenario_runtime(path: Path) -> str:
+    """The runtime a scenario file names (``layers`` without a ``runtime`` block)."""
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    block = doc.get("runtime") if isinstance(doc, dict) else None
+    return str(block.get("name", "layers")) if isinstance(block, dict) else "layers"
+
+
+@contextmanager
+def shipped_runtime(path: Path) -> Iterator[str]:
+    """The runtime the scenario ``path`` names, usable in this process for the block's duration.
+
+    Installed (the venv's entry points), or else registered from this repository's own distribution
+    ``runtimes/<name>/`` (its ``dit.runtimes`` entry point, its ``src`` on ``sys.path``) as the test
+    of a shipped scenario needs it; the test is skipped when neither gives it (e.g. CI without it).
+    """
+    from dit.runtimes import registry
+
+    name = scenario_runtime(path)
+    if name in registry.installed():
+        yield name
+        return
+    project = REPO / "runtimes" / name / "pyproject.toml"
+    if not project.is_file():
+        pytest.skip(f"{path.name}: runtime {name} is not installed and not in runtimes/")
+    entry = tomllib.loads(project.read_text(encoding="utf-8"))["project"]["entry-points"]["dit.runtimes"][
+        name
+    ]
+    saved_builtin, saved_path = registry.BUILTIN, list(sys.path)
+    sys.path.insert(0, str(project.parent / "src"))
+    registry.BUILTIN = {**saved_builtin, name: entry}
+    registry.reset()
+    try:
+        if name not in registry.installed():
+            pytest.skip(f"{path.name}: runtime {name} does not load: {registry.problems().get(name)}")
+        yield name
+    finally:
+        registry.BUILTIN = saved_builtin
+        sys.path[:] = saved_path
+        registry.reset()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ from dit.localmode import make_fake_sysfs
 from dit.procs import run_processes
 from dit.rundir import find_runs
 from dit.scenario import load
-from tests.conftest import REPO
+from tests.conftest import REPO, shipped_runtime
 
 SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
 
@@ -119,24 +120,34 @@ def test_rack_example_dry_runs_every_shipped_scenario(rack: Path, scenario: Path
     options = RunOptions(
         runs_root=tmp_path / "runs", inventory=str(rack), console=Console(file=io.StringIO(), width=200)
     )
-    for variant in load(scenario):
-        result = dry_run(variant, options)
-        assert result.ok, result.render()
-        assert result.mode == "inventory"
-        assert set(result.hosts) == {"edgeserver", *variant.devices}
-        for host in result.hosts:
-            kinds = [c.kind for c in result.changes.get(host, [])]
-            assert "directory" in kinds, f"{host}: {kinds}"  # its run directory, at least
-        edge = result.changes["edgeserver"]
-        assert any(c.kind == "process" and "start 'edge'" in c.details[0] for c in edge)
-        for device, block in variant.network.items():  # the rack's interface, from its group_vars
-            tc = [d for c in result.changes[device] if c.kind == "tc" for d in c.details]
-            assert any(f"dev wlan0 root handle 1: netem delay {block['delay_ms']:g}ms" in d for d in tc), tc
-        for device in variant.load:
-            assert any("start 'load'" in d for c in result.changes[device] for d in c.details)
-        if variant.edge.nominal_frequency:
-            sysfs = [d for c in edge if c.kind == "sysfs" for d in c.details]
-            assert any(d.endswith("no_turbo: 0 -> 1") for d in sysfs), sysfs
-        assert result.run_id is not None and run_processes(result.run_id) == []
+    with shipped_runtime(scenario):
+        variants = load(scenario)
+        # A dry run stops before the profile stage, so variants that differ only in their runtime block
+        # (a strategy sweep) dry-run alike: one of each is enough.
+        distinct = {
+            json.dumps({k: v for k, v in s.to_dict().items() if k != "runtime"}, sort_keys=True): s
+            for s in variants
+        }
+        for variant in distinct.values():
+            result = dry_run(variant, options)
+            assert result.ok, result.render()
+            assert result.mode == "inventory"
+            assert set(result.hosts) == {"edgeserver", *variant.devices}
+            for host in result.hosts:
+                kinds = [c.kind for c in result.changes.get(host, [])]
+                assert "directory" in kinds, f"{host}: {kinds}"  # its run directory, at least
+            edge = result.changes["edgeserver"]
+            assert any(c.kind == "process" and "start 'edge'" in c.details[0] for c in edge)
+            for device, block in variant.network.items():  # the rack's interface, from its group_vars
+                tc = [d for c in result.changes[device] if c.kind == "tc" for d in c.details]
+                assert any(
+                    f"dev wlan0 root handle 1: netem delay {block['delay_ms']:g}ms" in d for d in tc
+                ), tc
+            for device in variant.load:
+                assert any("start 'load'" in d for c in result.changes[device] for d in c.details)
+            if variant.edge.nominal_frequency:
+                sysfs = [d for c in edge if c.kind == "sysfs" for d in c.details]
+                assert any(d.endswith("no_turbo: 0 -> 1") for d in sysfs), sysfs
+            assert result.run_id is not None and run_processes(result.run_id) == []
     assert snapshot(nodes) == before  # no node directory, no sysfs value changed
     assert find_runs(tmp_path / "runs") == []

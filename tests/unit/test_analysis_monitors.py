@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dit.analysis.monitors import aggregate_monitors, energy_between
+from dit.analysis.monitors import aggregate_monitors, energy_between, energy_between_wall
 
 S = 1_000_000_000
 START = 1_700_000_000 * S  # the common start instant (wall ns)
@@ -201,6 +201,19 @@ def test_energy_between_a_step_trace() -> None:
     assert got[0] == pytest.approx(1.0 + 2.0 + 3.0)
     assert got[1] == pytest.approx(0.5 + 2.0)
     assert math.isnan(got[2])
+
+
+def test_energy_over_a_wall_clock_interval_uses_the_traces_own_origin(tmp_path: Path) -> None:
+    # power 1 W for the first second of the trace, 3 W after; the trace's monotonic 0 is START - 10 s
+    frame = pd.DataFrame({"t_mono_ns": [0, S, 2 * S, 3 * S], "power_w": [1.0, 1.0, 3.0, 3.0]})
+    put(tmp_path, "board", "power.csv", frame)
+    put(tmp_path, "board", "power.json", {"origin_wall_ns": START, "origin_mono_ns": 10 * S})
+    assert energy_between_wall(tmp_path, "board", START - 10 * S, START - 7 * S) == pytest.approx(6.0)
+    assert energy_between_wall(tmp_path, "board", START - 10 * S + S // 2, START - 8 * S) == pytest.approx(
+        2.5
+    )
+    assert math.isnan(energy_between_wall(tmp_path, "board", START, START + S) or 0.0)  # after the trace
+    assert energy_between_wall(tmp_path, "nowhere", START, START + S) is None
 
 
 def test_a_run_without_traces_writes_empty_tables(tmp_path: Path) -> None:

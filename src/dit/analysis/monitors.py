@@ -361,6 +361,26 @@ def generation_energy_rows(run_dir: Path, device: str) -> pd.DataFrame | None:
     return out[list(ENERGY_COLUMNS)]
 
 
+def energy_between_wall(run_dir: Path, node: str, a_wall_ns: int, b_wall_ns: int) -> float | None:
+    """Energy (J) of ``node``'s power trace over the wall-clock interval ``[a, b]`` (``time.time_ns()``).
+
+    For a runtime that records its own wall-clock span (e.g. a generation) rather than ``inference.csv``.
+    The trace's monotonic times are mapped with the trace's own origin pair (``power.json``), else the
+    node's ``origin.json``. None without a trace or an origin pair; NaN when the interval leaves the trace.
+    """
+    power = _csv(raw_file(run_dir, node, "power.csv"), ("t_mono_ns", "power_w"))
+    pair = _pair(_json(raw_file(run_dir, node, "power.json"))) or _pair(
+        _json(raw_file(run_dir, node, "origin.json"))
+    )
+    if power is None or pair is None:
+        return None
+    t_mono, watts = _power_trace(power)
+    wall, mono = pair
+    a = np.array([a_wall_ns - wall + mono], dtype=np.int64)
+    b = np.array([b_wall_ns - wall + mono], dtype=np.int64)
+    return float(energy_between(t_mono, watts, a, b)[0])
+
+
 def power_summary_row(run_dir: Path, node: str) -> dict[str, Any] | None:
     power = _csv(raw_file(run_dir, node, "power.csv"), ("t_mono_ns", "power_w"))
     if power is None:

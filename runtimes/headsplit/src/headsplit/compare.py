@@ -1,0 +1,174 @@
+"""Speedup over ``layerwise`` across the variants of a sweep: ``python -m headsplit.compare RUN_DIR...``.
+
+dit runs each sweep variant into its own run directory and its results parser sees one run at a time
+(no hook across variants), so the comparison reads the finished runs: ``metadata.json`` (the sweep
+point and the runtime block) and ``aggregate/summary.json`` (``tokens_per_s``). Variants are grouped
+by their sweep point without the strategy and speculation (a swept whole ``runtime`` block counts
+with those two fields left out); in each group the ``layerwise`` run without speculation is the
+baseline and every run's speedup is its tokens/s over the baseline's. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BASELINE = "layerwise"
+_CHOICE = ("strategy", "speculation")
+
+
+@dataclass(frozen=True)
+class Variant:
+    path: Path
+    label: str
+    strategy: str
+    speculation: bool
+    others: str  # the sweep point without strategy/speculation, as canonical JSON (the group key)
+    tokens_per_s: float | None
+    oom_token: int | None
+    speedup: float | None = None
+
+
+class CompareError(ValueError):
+    """A run directory that cannot be compared; the message names the file and the field."""
+
+
+def _read(path: Path) -> Mapping[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CompareError(f"{path}: cannot be read ({exc.strerror})") from exc
+    except json.JSONDecodeError as exc:
+        raise CompareError(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(doc, Mapping):
+        raise CompareError(f"{path}: the top level is not a mapping")
+    return doc
+
+
+def _others(point: Iterable[Any]) -> str:
+    kept: list[list[Any]] = []
+    for entry in point:
+        path, value = entry
+        if path in {f"runtime.{c}" for c in _CHOICE}:
+            continue
+        if path == "runtime" and isinstance(value, Mapping):
+            value = {k: v for k, v in value.items() if k not in _CHOICE}
+        kept.append([path, value])
+    return json.dumps(kept, sort_keys=True)
+
+
+def load_variant(run: Path) -> Variant:
+    meta = _read(run / "metadata.json")
+    scenario = meta.get("scenario")
+    runtime = meta.get("runtime")
+    if not isinstance(scenario, Mapping) or not isinstance(runtime, Mapping):
+        raise CompareError(f"{run / 'metadata.json'}: scenario or runtime: missing")
+    block = runtime.get("block")
+    if runtime.get("name") != "headsplit" or not isinstance(block, Mapping):
+        raise CompareError(f"{run / 'metadata.json'}: runtime.name: {runtime.get('name')!r} is not headsplit")
+    point = scenario.get("sweep_point") or []
+    if not isinstance(point, list) or not all(isinstance(p, list) and len(p) == 2 for p in point):
+        raise CompareError(f"{run / 'metadata.json'}: scenario.sweep_point: not a list of [path, value]")
+    values = {
+        v.get("name"): v.get("value")
+        for v in _read(run / "aggregate" / "summary.json").get("values", [])
+        if isinstance(v, Mapping)
+    }
+    rate = values.get("tokens_per_s")
+    oom = values.get("oom_token")
+    return Variant(
+        path=run,
+        label=str(scenario.get("label", run.name)),
+        strategy=str(block.get("strategy", "greedy")),
+        speculation=bool(block.get("speculation", False)),
+        others=_others(point),
+        tokens_per_s=float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None,
+        oom_token=int(oom) if isinstance(oom, int) and not isinstance(oom, bool) else None,
+    )
+
+
+def run_dirs(paths: Sequence[Path]) -> list[Path]:
+    """Run directories (with ``metadata.json``) given directly or found below the given directories."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / "metadata.json").is_file():
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(p.parent for p in path.glob("**/metadata.json")))
+        else:
+            raise CompareError(f"{path}: not a directory")
+    return list(dict.fromkeys(found))
+
+
+def compare(variants: Sequence[Variant]) -> list[Variant]:
+    """Every variant with its speedup over the ``layerwise`` variant of the same other sweep values."""
+    baselines: dict[str, float] = {}
+    for v in variants:
+        if v.strategy == BASELINE and not v.speculation and v.tokens_per_s and v.oom_token is None:
+            baselines.setdefault(v.others, v.tokens_per_s)
+    out = []
+    for v in variants:
+        base = baselines.get(v.others)
+        speedup = (
+            v.tokens_per_s / base if base and v.tokens_per_s is not None and v.oom_token is None else None
+        )
+        out.append(Variant(**{**v.__dict__, "speedup": speedup}))
+    return out
+
+
+def render(rows: Sequence[Variant]) -> str:
+    header = ("variant", "strategy", "speculation", "tokens/s", "speedup")
+    body = [
+        (
+            r.label,
+            r.strategy,
+            "yes" if r.speculation else "no",
+            "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.2f}",
+            (f"oom at token {r.oom_token}" if r.oom_token is not None else "-")
+            if r.speedup is None
+            else f"{r.speedup:.2f}x",
+        )
+        for r in rows
+    ]
+    widths = [max(len(str(row[i])) for row in (header, *body)) for i in range(len(header))]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)) for row in (header, *body)
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m headsplit.compare",
+        description="Speedup of every variant of a HeadSplit sweep over its layerwise variant.",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories, or directories holding them")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        rows = compare([load_variant(run) for run in run_dirs(args.runs)])
+    except CompareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("error: no run directories found", file=sys.stderr)
+        return 2
+    if args.json:
+        doc = [
+            {"run": str(r.path), "label": r.label, "strategy": r.strategy, "speculation": r.speculation,
+             "tokens_per_s": r.tokens_per_s, "oom_token": r.oom_token, "speedup": r.speedup}
+            for r in rows
+        ]  # fmt: skip
+        print(json.dumps(doc, indent=2))
+    else:
+        print(render(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,910 @@
+"""HeadSplit as a dit runtime: the scenario block, launch, readiness, actions and results parser.
+
+The only headsplit module that imports the testbed (docs/runtimes.md is the interface, docs/headsplit.md
+the user's guide). It must import without torch: the testbed loads it in the controller's own venv to
+validate scenarios, so it imports nothing of headsplit but the torch-free ``headsplit.config``.
+
+The processes it describes (HEADSPLIT.md, the contract with hs-core): one ``headsplit.worker`` per
+worker device (background: torch RPC's rendezvous blocks until every rank joined, so there is no ready
+file) and one ``headsplit.controller`` (main, rank 0) on the controller node; all of them read
+``headsplit.json`` from their run directory and the controller writes ``results/headsplit.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import posixpath
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dit.analysis.run import AggregateError, LoadedRun, raw_file
+from dit.runtimes import (
+    Action,
+    ActionPlan,
+    LaunchContext,
+    LaunchSpec,
+    ReadinessPlan,
+    Results,
+    RuntimeBase,
+    SummaryValue,
+)
+from headsplit import __version__
+from headsplit.config import PRESETS
+
+CONFIG_FILE = "headsplit.json"
+RESULT_FILE = "results/headsplit.json"
+RESULT_NAME = "headsplit.json"  # collected as raw/<controller>/<controller>_headsplit.json
+CONTROLLER_TAG = "hs-controller"
+WORKER_TAG = "hs-worker{rank}"
+EDGE = "edge"  # the scenario's name for the edge server (the controller's default node)
+STRATEGIES = ("layerwise", "roundrobin", "greedy")
+DEFAULT_PORT = 29500
+MIB = 1024 * 1024
+NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
+SHA256 = "^[0-9a-f]{64}$"
+SHA256_TEXT = "is not a SHA-256 (64 lower-case hexadecimal digits)"
+# Where the actions put files on a node (below its dit_remote_base) and where the launch finds them.
+FILES_DIR = "headsplit/files"
+PROFILES_DIR = "headsplit/profiles"
+# The readiness plays' interpreter: the block's ``python`` (passed as an extra var), else the node's
+# headsplit venv (``dit_headsplit_python``, see _runtime_python), else the node's dit Python.
+PY = (
+    "{{ dit_headsplit_check_python | default(dit_headsplit_python) | default(dit_python)"
+    " | default(ansible_python_interpreter) | default('/usr/bin/python3') }}"
+)
+VERSIONS_CHECK = (
+    "import importlib, sys; m = importlib.import_module(sys.argv[1]); "
+    "print(sys.argv[1], getattr(m, '__version__', 'imported'))"
+)
+PORT_CHECK = (
+    "import socket, sys\n"
+    "if sys.argv[2] != 'controller':\n"
+    "    print('not the controller'); sys.exit(0)\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "try:\n"
+    "    s.bind(('', int(sys.argv[1])))\n"
+    "except OSError as exc:\n"
+    "    sys.exit(f'port {sys.argv[1]} is in use: {exc}')\n"
+    "print(f'port {sys.argv[1]} is free')\n"
+)
+CHECKS = ("python", "torch", "headsplit", "rpc-port")
+
+
+class HeadSplitLaunchError(ValueError):
+    """A runtime block the launch cannot turn into processes; the message names the field."""
+
+
+class HeadSplitResultsError(AggregateError):
+    """A results file that is not what the contract says; the message names the file and the field."""
+
+
+def block_schema() -> dict[str, Any]:
+    """The JSON Schema of the scenario's ``runtime`` block (``name: headsplit`` added by dit)."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "model": {
+                "title": "Model",
+                "description": "The decoder, a preset of headsplit.config: `gpt2-small` and `tinyllama` at "
+                "full size, `gpt2-tiny`, `llama-tiny` and `tinyllama-half` reduced (laptops, CI). Weights are "
+                "seeded unless `checkpoint` is given.",
+                "enum": sorted(PRESETS),
+                "default": "gpt2-tiny",
+            },
+            "checkpoint": {
+                "title": "Checkpoint",
+                "description": "A real checkpoint (safetensors file) on the machine running dit, with its "
+                "SHA-256; the `distribute-checkpoint` action puts it on every node, the processes verify it.",
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["path", "sha256"],
+                "properties": {
+                    "path": {"description": "Path of the checkpoint file.", "type": "string", "minLength": 1},
+                    "sha256": {
+                        "description": "Its SHA-256, 64 lower-case hexadecimal digits.",
+                        "type": "string",
+                        "pattern": SHA256,
+                        "x-pattern-text": SHA256_TEXT,
+                    },
+                },
+            },
+            "controller": {
+                "title": "Controller node",
+                "description": "Where the controller (rank 0: embedding, LM head, placement) runs: `edge` (the "
+                "edge server, the default; the article's controller is its own board) or a device that is "
+                "not a worker.",
+                "type": "string",
+                "pattern": NODE_NAME,
+                "default": EDGE,
+            },
+            "workers": {
+                "title": "Workers",
+                "description": "The devices that run a worker (rank 1, 2, ... in this order); every device "
+                "of the scenario when absent. The article uses 4.",
+                "type": "array",
+                "minItems": 1,
+                "uniqueItems": True,
+                "items": {"type": "string", "pattern": NODE_NAME},
+            },
+            "strategy": {
+                "title": "Placement strategy",
+                "description": "`layerwise`: contiguous layers per worker (EdgeShard-style baseline); "
+                "`roundrobin`: heads dealt in turn; `greedy`: FFN and projection first, then heads, "
+                "balancing memory, costed with the measured RTT + 15 %.",
+                "enum": list(STRATEGIES),
+                "default": "greedy",
+            },
+            "speculation": {
+                "title": "Cross-layer speculation",
+                "description": "Start the next layer's attention on Z while the FFN runs; keep it when "
+                "||FFN(Z)|| / ||Z|| < tau, else re-execute.",
+                "type": "boolean",
+                "default": False,
+            },
+            "tau": {
+                "title": "Tolerance",
+                "description": "The speculation tolerance on ||FFN(Z)|| / ||Z||; 0 makes speculation exact.",
+                "type": "number",
+                "minimum": 0,
+                "default": 0.05,
+            },
+            "speculation_profile": {
+                "title": "Speculation profile",
+                "description": "The offline profile (which layer transitions speculate), a path on the machine "
+                "running dit as `build-speculation-profile` fetched it; without one every transition "
+                "speculates.",
+                "type": "string",
+                "minLength": 1,
+            },
+            "tokens": {
+                "title": "Tokens",
+                "description": "Tokens to generate after the prompt.",
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 4096,
+                "default": 16,
+            },
+            "prompt": {
+                "title": "Prompt",
+                "description": "The prompt (byte-level tokens: id = byte % vocab).",
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 8192,
+                "default": "Heads expose the parallelism that layers hide.",
+            },
+            "memory_threshold": {
+                "title": "Re-placement threshold",
+                "description": "Re-run the placement when a worker's memory passes this fraction of its limit.",
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 1,
+                "default": 0.85,
+            },
+            "rpc_timeout_s": {
+                "title": "RPC timeout",
+                "description": "Seconds after which a stalled RPC is retried.",
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 3600,
+                "default": 30,
+            },
+            "rpc_retries": {
+                "title": "RPC retries",
+                "description": "Retries of a stalled RPC before the run fails.",
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 10,
+                "default": 3,
+            },
+            "port": {
+                "title": "Rendezvous port",
+                "description": "TCP port of torch RPC's rendezvous on the controller.",
+                "type": "integer",
+                "minimum": 1024,
+                "maximum": 65535,
+                "default": DEFAULT_PORT,
+            },
+            "threads": {
+                "title": "Threads",
+                "description": "torch threads of every process.",
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 256,
+                "default": 1,
+            },
+            "python": {
+                "title": "Runtime interpreter",
+                "description": "The interpreter of headsplit's venv on every node (absolute path); without it "
+                "the node's `dit_headsplit_python`, else its dit Python.",
+                "type": "string",
+                "pattern": "^/",
+                "x-pattern-text": "is not an absolute path",
+            },
+        },
+    }
+
+
+# -- launch -------------------------------------------------------------------------------------
+
+
+def _runtime_python(ctx: LaunchContext, host: str) -> str:
+    """The interpreter of headsplit on ``host``: the one place the lead wires per-node runtime venvs.
+
+    The block's ``python``, else a per-node runtime interpreter if the testbed's LaunchContext carries
+    one (``runtime_pythons``, being built for dit: an ``install`` into ``/opt/dit/runtimes/...``), else
+    the node's dit Python. The readiness plays use the same order with the host var
+    ``dit_headsplit_python`` in the middle (a LaunchContext cannot see host vars today).
+    """
+    explicit = ctx.block.get("python")
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    per_node = getattr(ctx, "runtime_pythons", None)
+    if isinstance(per_node, Mapping) and per_node.get(host):
+        return str(per_node[host])
+    return ctx.pythons[host]
+
+
+def _node_base(ctx: LaunchContext, host: str) -> str:
+    """The node's dit directory (``dit_remote_base``): the parent of its run directory."""
+    return posixpath.dirname(ctx.node_roots[host].rstrip("/"))
+
+
+def checkpoint_on_node(ctx: LaunchContext, host: str, path: str, sha256: str) -> str:
+    """Where ``distribute-checkpoint`` put the checkpoint on ``host`` (local mode: the path itself)."""
+    if ctx.local:
+        return os.path.abspath(path)
+    return f"{_node_base(ctx, host)}/{FILES_DIR}/{sha256}/{posixpath.basename(path)}"
+
+
+def profile_on_node(ctx: LaunchContext, host: str, path: str) -> str:
+    """Where ``build-speculation-profile`` put the profile on ``host`` (local mode: the path itself)."""
+    if ctx.local:
+        return os.path.abspath(path)
+    return f"{_node_base(ctx, host)}/{PROFILES_DIR}/{posixpath.basename(path)}"
+
+
+def controller_host(ctx: LaunchContext) -> str:
+    name = str(ctx.block.get("controller", EDGE))
+    if name in (EDGE, ctx.edge_host):
+        return ctx.edge_host
+    if name not in ctx.devices:
+        raise HeadSplitLaunchError(
+            f"runtime.controller: {name!r} is neither the edge server nor a device of the scenario "
+            f"(devices: {', '.join(ctx.devices)})"
+        )
+    return name
+
+
+def worker_hosts(ctx: LaunchContext, controller: str) -> list[str]:
+    listed = ctx.block.get("workers")
+    workers = [str(w) for w in listed] if isinstance(listed, list) else list(ctx.devices)
+    if not workers:
+        raise HeadSplitLaunchError("runtime.workers: needs at least 1 worker")
+    for index, worker in enumerate(workers):
+        if worker not in ctx.devices:
+            raise HeadSplitLaunchError(
+                f"runtime.workers[{index}]: {worker!r} is not a device of the scenario "
+                f"(devices: {', '.join(ctx.devices)})"
+            )
+    if controller in workers:
+        raise HeadSplitLaunchError(
+            f"runtime.workers: {controller!r} is the controller's node; it cannot also run a worker"
+        )
+    if len(set(workers)) != len(workers):
+        raise HeadSplitLaunchError("runtime.workers: a device is listed twice")
+    return workers
+
+
+def memory_limit_bytes(scenario: Mapping[str, Any], device: str) -> int:
+    """The device's cgroup limit (``hardware.<device>.memory_limit_mb``, MiB) in bytes; 0 = the node's RAM."""
+    hardware = scenario.get("hardware")
+    conf = hardware.get(device) if isinstance(hardware, Mapping) else None
+    limit = conf.get("memory_limit_mb") if isinstance(conf, Mapping) else None
+    return int(limit) * MIB if isinstance(limit, int) and not isinstance(limit, bool) else 0
+
+
+def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
+    """``headsplit.json`` as ``host`` reads it (paths of distributed files are the node's own)."""
+    block = ctx.block
+    controller = controller_host(ctx)
+    workers = worker_hosts(ctx, controller)
+    checkpoint = block.get("checkpoint")
+    profile = block.get("speculation_profile")
+    return {
+        "model": {"preset": str(block.get("model", "gpt2-tiny"))},
+        "checkpoint": (
+            {
+                "path": checkpoint_on_node(ctx, host, str(checkpoint["path"]), str(checkpoint["sha256"])),
+                "sha256": str(checkpoint["sha256"]),
+            }
+            if isinstance(checkpoint, Mapping)
+            else None
+        ),
+        "controller": {
+            "host": controller,
+            "address": ctx.addresses[controller],
+            "port": int(block.get("port", DEFAULT_PORT)),
+        },
+        "workers": [
+            {
+                "rank": rank,
+                "name": f"worker{rank}",
+                "host": device,
+                "address": ctx.addresses[device],
+                "memory_limit_bytes": memory_limit_bytes(ctx.scenario, device),
+            }
+            for rank, device in enumerate(workers, start=1)
+        ],
+        "strategy": str(block.get("strategy", "greedy")),
+        "speculation": bool(block.get("speculation", False)),
+        "tau": float(block.get("tau", 0.05)),
+        "speculation_profile": profile_on_node(ctx, host, str(profile)) if isinstance(profile, str) else None,
+        "tokens": int(block.get("tokens", 16)),
+        "prompt": str(block.get("prompt", "")),
+        "memory_threshold": float(block.get("memory_threshold", 0.85)),
+        "rpc_timeout_s": float(block.get("rpc_timeout_s", 30)),
+        "rpc_retries": int(block.get("rpc_retries", 3)),
+        "threads": int(block.get("threads", 1)),
+        "result": RESULT_FILE,
+    }
+
+
+def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
+    """Workers first (background, no ready file), then the controller (main, with the result file)."""
+    controller = controller_host(ctx)
+    workers = worker_hosts(ctx, controller)
+    specs: list[LaunchSpec] = []
+    for rank, device in enumerate(workers, start=1):
+        specs.append(
+            LaunchSpec(
+                host=device,
+                name=WORKER_TAG.format(rank=rank),
+                argv=(_runtime_python(ctx, device), "-m", "headsplit.worker", "--config", CONFIG_FILE,
+                      "--rank", str(rank)),
+                files={CONFIG_FILE: json.dumps(run_config(ctx, device), indent=2)},
+                main=False,  # torch RPC's rendezvous blocks until every rank joined: no ready file
+            )
+        )  # fmt: skip
+    specs.append(
+        LaunchSpec(
+            host=controller,
+            name=CONTROLLER_TAG,
+            argv=(_runtime_python(ctx, controller), "-m", "headsplit.controller", "--config", CONFIG_FILE),
+            files={CONFIG_FILE: json.dumps(run_config(ctx, controller), indent=2)},
+            result_files=(RESULT_FILE,),
+        )
+    )
+    return specs
+
+
+# -- readiness and actions ----------------------------------------------------------------------
+
+
+def _block_of(scenario: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    block = scenario.get("runtime") if scenario else None
+    return block if isinstance(block, Mapping) else {}
+
+
+def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per node: the runtime interpreter runs, imports torch and headsplit (versions printed); on the
+    controller's node the rendezvous port is free (elsewhere that check says so and passes)."""
+    controller = str(block.get("controller", EDGE))
+    role = (
+        "{{ 'controller' if 'edge' in group_names else 'worker' }}"
+        if controller == EDGE
+        else f"{{{{ 'controller' if inventory_hostname == {json.dumps(controller)} else 'worker' }}}}"
+    )
+    port = str(int(block.get("port", DEFAULT_PORT)))
+
+    def check(name: str, argv: list[str]) -> dict[str, Any]:
+        return {
+            "name": f"check: {name}",
+            "ansible.builtin.command": {"argv": argv},
+            "changed_when": False,
+            "ignore_errors": True,
+        }
+
+    return [
+        {
+            "name": "Readiness of the headsplit runtime",
+            "hosts": "all",
+            "gather_facts": False,
+            "tasks": [
+                check("python", [PY, "-c", "import sys; print(sys.version.split()[0])"]),
+                check("torch", [PY, "-c", VERSIONS_CHECK, "torch"]),
+                check("headsplit", [PY, "-c", VERSIONS_CHECK, "headsplit"]),
+                check("rpc-port", [PY, "-c", PORT_CHECK, port, role]),
+            ],
+        }
+    ]
+
+
+CHECKPOINT_INPUTS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["path", "sha256"],
+    "properties": {
+        "path": {"description": "The checkpoint file on this machine.", "type": "string", "minLength": 1},
+        "sha256": {
+            "description": "Its SHA-256.",
+            "type": "string",
+            "pattern": SHA256,
+            "x-pattern-text": SHA256_TEXT,
+        },
+    },
+}
+
+PROFILE_INPUTS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "model": {"description": "The model preset.", "enum": sorted(PRESETS), "default": "gpt2-tiny"},
+        "tau": {"description": "The tolerance the profile is built for.", "type": "number", "minimum": 0,
+                "default": 0.05},
+        "corpus": {"description": "A text corpus on the edge server (default: headsplit's own).",
+                   "type": "string", "minLength": 1},
+        "out": {"description": "Directory on this machine the profile is fetched into.", "type": "string",
+                "minLength": 1, "default": "headsplit-profiles"},
+    },
+}  # fmt: skip
+
+
+def _verified_copy_tasks(
+    src: str, dest_dir: str, name: str, sha_expr: str, what: str
+) -> list[dict[str, Any]]:
+    """Copy ``src`` to ``dest_dir/name`` on the node and check its SHA-256 there (both hashes on failure)."""
+    dest = f"{dest_dir}/{name}"
+    return [
+        {
+            "name": f"The {what}'s directory",
+            "ansible.builtin.file": {"path": dest_dir, "state": "directory", "mode": "0755"},
+        },
+        {
+            "name": f"Copy the {what}",
+            "ansible.builtin.copy": {"src": src, "dest": dest, "mode": "0644"},
+        },
+        {
+            "name": f"SHA-256 of the {what} on the node",
+            "ansible.builtin.stat": {"path": dest, "get_checksum": True, "checksum_algorithm": "sha256"},
+            "register": "hs_copied",
+        },
+        {
+            "name": f"The {what}'s SHA-256 on the node is the expected one",
+            "ansible.builtin.assert": {
+                "that": [f"hs_copied.stat.checksum == {sha_expr}"],
+                "fail_msg": (
+                    f"{{{{ inventory_hostname }}}}: {dest}: SHA-256 {{{{ hs_copied.stat.checksum }}}}, "
+                    f"expected {{{{ {sha_expr} }}}}"
+                ),
+                "quiet": True,
+            },
+        },
+    ]
+
+
+BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
+
+
+def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
+    """Check the file here, copy it to every node under its dit directory, verify it there."""
+    path = os.path.abspath(str(inputs["path"]))
+    name = posixpath.basename(path)
+    # Checked here first, once (a play on localhost would not run: dit limits the plays to the nodes)
+    local = [
+        {
+            "name": "SHA-256 of the checkpoint on this machine",
+            "ansible.builtin.stat": {"path": path, "get_checksum": True, "checksum_algorithm": "sha256"},
+            "delegate_to": "localhost",
+            "run_once": True,
+            "register": "hs_local",
+        },
+        {
+            "name": "The checkpoint on this machine is the pinned one",
+            "ansible.builtin.assert": {
+                "that": ["hs_local.stat.exists", "hs_local.stat.checksum == dit_action_inputs.sha256"],
+                "fail_msg": (
+                    f"{path}: SHA-256 {{{{ hs_local.stat.checksum | default('(no such file)') }}}}, "
+                    "expected {{ dit_action_inputs.sha256 }}"
+                ),
+                "quiet": True,
+            },
+            "delegate_to": "localhost",
+            "run_once": True,
+        },
+    ]
+    nodes = {
+        "name": "HeadSplit: distribute the checkpoint",
+        "hosts": "all",
+        "gather_facts": False,
+        "tasks": local + _verified_copy_tasks(
+            path, f"{BASE}/{FILES_DIR}/{{{{ dit_action_inputs.sha256 }}}}", name,
+            "dit_action_inputs.sha256", "checkpoint",
+        ),
+    }  # fmt: skip
+    return ActionPlan(plays=[nodes])
+
+
+def profile_name(model: str, tau: float) -> str:
+    return f"speculation-{model}-tau{tau:g}.json"
+
+
+def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
+    """Run ``python -m headsplit.speculation`` on the edge server, fetch the profile, distribute it."""
+    model, tau = str(inputs.get("model", "gpt2-tiny")), float(inputs.get("tau", 0.05))
+    name = profile_name(model, tau)
+    out_dir = os.path.abspath(str(inputs.get("out", "headsplit-profiles")))
+    on_edge = f"{BASE}/{PROFILES_DIR}/{name}"
+    argv = [PY, "-m", "headsplit.speculation", "--model", model, "--tau", f"{tau:g}", "--out", on_edge]
+    if inputs.get("corpus"):
+        argv += ["--corpus", str(inputs["corpus"])]
+    build = {
+        "name": "HeadSplit: build the speculation profile on the edge server",
+        "hosts": "edge",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "The profiles directory",
+                "ansible.builtin.file": {"path": f"{BASE}/{PROFILES_DIR}", "state": "directory", "mode": "0755"},
+            },
+            {"name": "Build the profile", "ansible.builtin.command": {"argv": argv}, "changed_when": True},
+            {
+                "name": "SHA-256 of the profile",
+                "ansible.builtin.stat": {"path": on_edge, "get_checksum": True, "checksum_algorithm": "sha256"},
+                "register": "hs_profile",
+            },
+            {
+                "name": "Fetch the profile",
+                "ansible.builtin.fetch": {"src": on_edge, "dest": f"{out_dir}/{name}", "flat": True},
+            },
+            {
+                "name": "The profile's SHA-256",
+                "ansible.builtin.set_fact": {"hs_profile_sha256": "{{ hs_profile.stat.checksum }}"},
+            },
+            {"name": "Say where it is", "ansible.builtin.debug": {
+                "msg": f"{out_dir}/{name} sha256 {{{{ hs_profile_sha256 }}}}"}},
+        ],
+    }  # fmt: skip
+    sha = "hostvars[groups['edge'][0]].hs_profile_sha256"
+    distribute = {
+        "name": "HeadSplit: distribute the speculation profile",
+        "hosts": "devices",
+        "gather_facts": False,
+        "tasks": _verified_copy_tasks(f"{out_dir}/{name}", f"{BASE}/{PROFILES_DIR}", name, sha, "profile"),
+    }
+    return ActionPlan(plays=[build, distribute])
+
+
+# -- results ------------------------------------------------------------------------------------
+
+TOKEN_TIMINGS = (
+    "total_ns",
+    "attention_ns",
+    "projection_ns",
+    "ffn_ns",
+    "gather_ns",
+    "broadcast_ns",
+    "reexec_ns",
+)
+
+
+def _where(file: Path, field: str, problem: str) -> HeadSplitResultsError:
+    return HeadSplitResultsError(f"{file}: {field}: {problem}")
+
+
+def _int(file: Path, doc: Mapping[str, Any], key: str, where: str) -> int:
+    value = doc.get(key)
+    if key not in doc:
+        raise _where(file, f"{where}{key}", "is missing")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _where(file, f"{where}{key}", f"{value!r} is not an integer")
+    return value
+
+
+def _list(file: Path, doc: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> list[Any]:
+    value = doc.get(key)
+    if value is None and (optional or key in doc):
+        return []
+    if key not in doc:
+        raise _where(file, f"{where}{key}", "is missing")
+    if not isinstance(value, list):
+        raise _where(file, f"{where}{key}", f"{value!r} is not a list")
+    return value
+
+
+def _records(file: Path, doc: Mapping[str, Any], key: str, ints: Iterable[str]) -> list[Mapping[str, Any]]:
+    rows: list[Mapping[str, Any]] = []
+    for i, row in enumerate(_list(file, doc, key, "", optional=True)):
+        if not isinstance(row, Mapping):
+            raise _where(file, f"{key}[{i}]", f"{row!r} is not a mapping")
+        for name in ints:
+            _int(file, row, name, f"{key}[{i}].")
+        rows.append(row)
+    return rows
+
+
+def read_results(file: Path) -> dict[str, Any]:
+    """The controller's results file, checked field by field against the contract (HEADSPLIT.md)."""
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise HeadSplitResultsError(f"{file}: cannot be read ({exc.strerror})") from exc
+    except json.JSONDecodeError as exc:
+        raise HeadSplitResultsError(f"{file}: not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise HeadSplitResultsError(f"{file}: the top level is not a mapping")
+    for key in ("tokens_generated", "start_ns", "end_ns"):
+        _int(file, doc, key, "")
+    rate = doc.get("tokens_per_s")
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate):
+        raise _where(
+            file, "tokens_per_s", f"{rate!r} is not a number" if "tokens_per_s" in doc else "is missing"
+        )
+    for i, token in enumerate(_list(file, doc, "tokens", "")):
+        where = f"tokens[{i}]."
+        if not isinstance(token, Mapping):
+            raise _where(file, f"tokens[{i}]", f"{token!r} is not a mapping")
+        for key in ("index", *TOKEN_TIMINGS):
+            _int(file, token, key, where)
+        for key in ("speculated", "accepted", "rejected"):
+            for j, layer in enumerate(_list(file, token, key, where)):
+                if not isinstance(layer, int) or isinstance(layer, bool):
+                    raise _where(file, f"{where}{key}[{j}]", f"{layer!r} is not a layer index")
+        links = token.get("bytes")
+        if not isinstance(links, Mapping):
+            raise _where(
+                file, f"{where}bytes", "is missing" if "bytes" not in token else f"{links!r} is not a mapping"
+            )
+        for link, count in links.items():
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise _where(file, f"{where}bytes[{link!r}]", f"{count!r} is not a byte count")
+    _records(file, doc, "memory", ("token", "bytes"))
+    _records(file, doc, "replacements", ("token", "planning_ns", "migration_ns", "moved_units"))
+    _records(file, doc, "retries", ("time_ns", "attempt"))
+    for i, worker in enumerate(_list(file, doc, "workers", "")):
+        if not isinstance(worker, Mapping) or not isinstance(worker.get("name"), str):
+            raise _where(file, f"workers[{i}].name", "is missing")
+        for j, rtt in enumerate(_list(file, worker, "rtt_ns", f"workers[{i}].", optional=True)):
+            if not isinstance(rtt, int) or isinstance(rtt, bool):
+                raise _where(file, f"workers[{i}].rtt_ns[{j}]", f"{rtt!r} is not an integer")
+    oom = doc.get("oom")
+    if oom is not None:
+        if not isinstance(oom, Mapping):
+            raise _where(file, "oom", f"{oom!r} is neither null nor a mapping")
+        _int(file, oom, "token", "oom.")
+        if not isinstance(oom.get("worker"), str):
+            raise _where(file, "oom.worker", "is missing")
+    return doc
+
+
+def find_results(run: LoadedRun) -> tuple[str, Path]:
+    """The controller's host and its results file ``raw/<host>/<host>_headsplit.json``."""
+    raw = run.path / "raw"
+    found = [
+        (d.name, raw_file(run.path, d.name, RESULT_NAME))
+        for d in (sorted(raw.iterdir()) if raw.is_dir() else [])
+        if raw_file(run.path, d.name, RESULT_NAME).is_file()
+    ]
+    if len(found) != 1:
+        where = ", ".join(str(p) for _, p in found) or f"no raw/<host>/<host>_{RESULT_NAME}"
+        raise HeadSplitResultsError(f"{run.path}: expected the controller's results file once, found {where}")
+    return found[0]
+
+
+def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def _percentile(ordered: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of sorted values."""
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def energy_of(run: LoadedRun, hosts: Sequence[str], start_ns: int, end_ns: int) -> float | None:
+    """Energy (J) of every host with a power trace over the generation (wall clock); None without any."""
+    from dit.analysis.monitors import energy_between_wall
+
+    total = 0.0
+    traced = 0
+    for host in hosts:
+        joules = energy_between_wall(run.path, host, start_ns, end_ns)
+        if joules is None:
+            continue
+        if not math.isfinite(joules):
+            return None  # the generation is not inside that trace: no honest total
+        total += joules
+        traced += 1
+    return total if traced else None
+
+
+def parse(run: LoadedRun) -> Results:
+    """``raw/<controller>/<controller>_headsplit.json`` -> ``aggregate/hs_*.csv`` and summary values."""
+    controller, file = find_results(run)
+    doc = read_results(file)
+    out = run.aggregate_dir
+    tokens = list(doc["tokens"])
+    extra = sorted({k for t in tokens for k in t if k.endswith("_ns") and k not in TOKEN_TIMINGS})
+    timings = [*TOKEN_TIMINGS, *extra]
+    bytes_per_token = [sum(int(v) for v in t["bytes"].values()) for t in tokens]
+    tables = [
+        _write(
+            out / "hs_tokens.csv",
+            ["token", "token_id", *timings, "speculated", "accepted", "rejected", "bytes"],
+            (
+                [
+                    t["index"],
+                    t.get("token_id", ""),
+                    *(t.get(k, "") for k in timings),
+                    len(t["speculated"]),
+                    len(t["accepted"]),
+                    len(t["rejected"]),
+                    total,
+                ]
+                for t, total in zip(tokens, bytes_per_token, strict=True)
+            ),
+        ),
+        _write(
+            out / "hs_layers.csv",
+            ["token", "layer", "speculated", "accepted"],
+            (
+                [t["index"], layer, int(layer in t["speculated"]), int(layer in t["accepted"])]
+                for t in tokens
+                for layer in sorted({*t["speculated"], *t["accepted"], *t["rejected"]})
+            ),
+        ),
+        _write(
+            out / "hs_links.csv",
+            ["token", "link", "bytes"],
+            ([t["index"], link, count] for t in tokens for link, count in sorted(t["bytes"].items())),
+        ),
+        _write(
+            out / "hs_memory.csv",
+            ["token", "worker", "bytes"],
+            ([m["token"], m.get("worker", ""), m["bytes"]] for m in doc.get("memory") or []),
+        ),
+        _write(
+            out / "hs_replacements.csv",
+            ["token", "worker", "planning_ns", "migration_ns", "moved_units"],
+            (
+                [r["token"], r.get("worker", ""), r["planning_ns"], r["migration_ns"], r["moved_units"]]
+                for r in doc.get("replacements") or []
+            ),
+        ),
+        _write(
+            out / "hs_retries.csv",
+            ["time_ns", "worker", "call", "attempt", "error"],
+            (
+                [r["time_ns"], r.get("worker", ""), r.get("call", ""), r["attempt"], r.get("error", "")]
+                for r in doc.get("retries") or []
+            ),
+        ),
+        _write(
+            out / "hs_rtt.csv",
+            ["worker", "host", "sample", "rtt_ns"],
+            (
+                [w["name"], w.get("host", ""), i, rtt]
+                for w in doc.get("workers") or []
+                for i, rtt in enumerate(w.get("rtt_ns") or [])
+            ),
+        ),
+    ]
+
+    values = [
+        SummaryValue("tokens_generated", int(doc["tokens_generated"]), "", "int", "tokens generated"),
+        SummaryValue("tokens_per_s", float(doc["tokens_per_s"]), "1/s", "float", "generation rate"),
+    ]
+    # token 0 is the prefill of the prompt: the latency of generation is that of the tokens after it
+    decode = sorted(int(t["total_ns"]) for t in tokens if t["index"] > 0) or sorted(
+        int(t["total_ns"]) for t in tokens
+    )
+    if decode:
+        values += [
+            SummaryValue("token_latency_mean", round(statistics.fmean(decode)), "ns", "int",
+                         "mean latency of a generated token (prefill excluded)"),
+            SummaryValue("token_latency_p50", _percentile(decode, 50), "ns", "int", "median token latency"),
+            SummaryValue("token_latency_p99", _percentile(decode, 99), "ns", "int", "99th percentile token latency"),
+        ]  # fmt: skip
+    prefill = [int(t["total_ns"]) for t in tokens if t["index"] == 0]
+    if prefill:
+        values.append(
+            SummaryValue("prefill_latency", prefill[0], "ns", "int", "token 0: the prompt's prefill")
+        )
+    total = sum(int(t["total_ns"]) for t in tokens)
+    for part in ("attention", "projection", "ffn"):
+        share = 100.0 * sum(int(t[f"{part}_ns"]) for t in tokens) / total if total else None
+        values.append(SummaryValue(f"{part}_share", share, "%", "float", f"{part} time / token time"))
+    speculated = sum(len(t["speculated"]) for t in tokens)
+    accepted = sum(len(t["accepted"]) for t in tokens)
+    rejected = sum(len(t["rejected"]) for t in tokens)
+    values += [
+        SummaryValue("speculation_acceptance", 100.0 * accepted / speculated if speculated else None, "%", "float",
+                     "speculated layer transitions whose attention was kept"),
+        SummaryValue("reexecutions", rejected, "", "int", "speculative attentions re-executed on the exact input"),
+        SummaryValue("replacements", len(doc.get("replacements") or []), "", "int", "placement re-runs (memory)"),
+        SummaryValue("retries", len(doc.get("retries") or []), "", "int", "RPC retries after a stall"),
+        SummaryValue("bytes_total", sum(bytes_per_token), "B", "int", "bytes moved between processes"),
+        SummaryValue("bytes_per_token", statistics.fmean(bytes_per_token) if tokens else None, "B", "float",
+                     "mean bytes moved per token"),
+    ]  # fmt: skip
+    placement = doc.get("placement")
+    if isinstance(placement, Mapping) and isinstance(placement.get("planning_ns"), int):
+        values.append(
+            SummaryValue("placement_planning", placement["planning_ns"], "ns", "int", "initial placement")
+        )
+    oom = doc.get("oom")
+    if isinstance(oom, Mapping):
+        values += [
+            SummaryValue(
+                "oom_token", int(oom["token"]), "", "int", "token at which a worker ran out of memory"
+            ),
+            SummaryValue("oom_worker", str(oom["worker"]), "", "str", "the worker that ran out of memory"),
+        ]
+    start, end = int(doc["start_ns"]), int(doc["end_ns"])
+    hosts = [
+        controller,
+        *(str(w["host"]) for w in doc.get("workers") or [] if isinstance(w.get("host"), str)),
+    ]
+    energy = energy_of(run, list(dict.fromkeys(hosts)), start, end) if end > start else None
+    generated = int(doc["tokens_generated"])
+    if energy is not None:
+        seconds = (end - start) / 1e9
+        values += [
+            SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
+            SummaryValue("energy_per_token", energy / generated if generated else None, "J", "float",
+                         "energy / tokens generated"),
+            SummaryValue("edp", energy * seconds, "J*s", "float", "energy-delay product of the generation"),
+        ]  # fmt: skip
+    return Results(tables=tuple(tables), summary=tuple(values))
+
+
+class HeadSplitRuntime(RuntimeBase):
+    """Attention heads placed across workers over torch RPC, with cross-layer speculation."""
+
+    name = "headsplit"
+    version = __version__
+    title = "HeadSplit: attention heads across workers over torch RPC, cross-layer speculation"
+
+    def block_schema(self) -> Mapping[str, Any]:
+        return block_schema()
+
+    def readiness(self, scenario: Mapping[str, Any] | None, workdir: Path) -> ReadinessPlan:
+        block = _block_of(scenario)
+        extravars = {"dit_headsplit_check_python": block["python"]} if block.get("python") else {}
+        return ReadinessPlan(plays=readiness_plays(block), checks=CHECKS, extravars=extravars)
+
+    def actions(self) -> Sequence[Action]:
+        return (
+            Action(
+                "distribute-checkpoint",
+                "Distribute a checkpoint",
+                "Copies a checkpoint file to every node (<dit_remote_base>/headsplit/files/<sha256>/) and "
+                "verifies its SHA-256 there.",
+                CHECKPOINT_INPUTS,
+                distribute_checkpoint,
+            ),
+            Action(
+                "build-speculation-profile",
+                "Build the speculation profile",
+                "Runs python -m headsplit.speculation on the edge server, fetches the profile and copies it "
+                "to every device (<dit_remote_base>/headsplit/profiles/), SHA-256 verified.",
+                PROFILE_INPUTS,
+                build_speculation_profile,
+            ),
+        )
+
+    def launch(self, ctx: LaunchContext) -> Sequence[LaunchSpec]:
+        return launch_specs(ctx)
+
+    def parse_results(self, run: LoadedRun) -> Results:
+        return parse(run)

@@ -1,0 +1,82 @@
+"""``python -m headsplit.compare``: speedup over the layerwise variant with the same other sweep values."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def fake_run(
+    root: Path, name: str, block: dict[str, Any], point: list[Any], rate: float, oom: int | None = None
+) -> None:
+    run = root / "ch6" / name
+    (run / "aggregate").mkdir(parents=True)
+    meta = {
+        "scenario": {"label": f"ch6[{name}]", "sweep_point": point},
+        "runtime": {"name": "headsplit", "version": "0.1.0", "block": {"name": "headsplit", **block}},
+    }
+    (run / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
+    values = [{"name": "tokens_per_s", "value": rate, "unit": "1/s", "type": "float"}]
+    if oom is not None:
+        values.append({"name": "oom_token", "value": oom, "unit": "", "type": "int"})
+    (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}), encoding="utf-8")
+
+
+def sweep(root: Path) -> None:
+    net0: dict[str, Any] = {}
+    net5 = {"device1": {"delay_ms": 2.5}}
+    for rtt, net, rates in (("0", net0, (4.0, 5.0, 6.0)), ("5", net5, (2.0, 2.5, None))):
+        for strategy, speculation, rate in zip(
+            ("layerwise", "roundrobin", "greedy"), (False, False, True), rates, strict=True
+        ):
+            block = {"strategy": strategy, "speculation": speculation, "model": "gpt2-tiny"}
+            point = [["runtime", {"name": "headsplit", **block}], ["network", net]]
+            if rate is None:
+                fake_run(root, f"{strategy}-{rtt}", block, point, 0.5, oom=7)
+            else:
+                fake_run(root, f"{strategy}-{rtt}", block, point, rate)
+
+
+def run_compare(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "headsplit.compare", *args],
+        env={"PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_speedups_are_over_the_layerwise_run_of_the_same_rtt(tmp_path: Path) -> None:
+    sweep(tmp_path)
+    done = run_compare("--json", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    got = {Path(r["run"]).name: (r["speedup"], r["oom_token"]) for r in json.loads(done.stdout)}
+    assert got == {
+        "layerwise-0": (1.0, None),
+        "roundrobin-0": (1.25, None),
+        "greedy-0": (1.5, None),
+        "layerwise-5": (1.0, None),
+        "roundrobin-5": (1.25, None),
+        "greedy-5": (None, 7),  # out of memory: no speedup
+    }
+    table = run_compare(str(tmp_path / "ch6" / "greedy-0"), str(tmp_path / "ch6" / "layerwise-0")).stdout
+    assert table.splitlines()[0].split() == ["variant", "strategy", "speculation", "tokens/s", "speedup"]
+    assert [line.split() for line in table.splitlines()[1:]] == [
+        ["ch6[greedy-0]", "greedy", "yes", "6.00", "1.50x"],
+        ["ch6[layerwise-0]", "layerwise", "no", "4.00", "1.00x"],
+    ]
+
+
+def test_a_sweep_without_layerwise_has_no_speedup_and_bad_input_is_named(tmp_path: Path) -> None:
+    fake_run(tmp_path, "tau0", {"strategy": "greedy", "tau": 0}, [["runtime.tau", 0]], 3.0)
+    done = run_compare("--json", str(tmp_path))
+    assert json.loads(done.stdout)[0]["speedup"] is None
+    (tmp_path / "ch6" / "tau0" / "metadata.json").write_text("{", encoding="utf-8")
+    broken = run_compare(str(tmp_path))
+    assert broken.returncode == 2 and "metadata.json: not JSON" in broken.stderr

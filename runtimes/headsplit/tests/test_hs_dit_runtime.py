@@ -1,0 +1,343 @@
+"""HeadSplit's dit runtime: the block merged into dit's schema, launch, readiness plays, actions.
+
+No torch: the plug-in is loaded by dit in the controller's venv, which need not have it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+from headsplit.config import PRESETS  # noqa: E402
+from headsplit.dit_runtime import HeadSplitLaunchError  # noqa: E402
+
+from dit.runtimes import LaunchContext, registry  # noqa: E402
+from dit.runtimes.launch import launch_vars  # noqa: E402
+from dit.runtimes.ops import InputError, action_of, validate_inputs  # noqa: E402
+from dit.scenario import expand, resolve, validate  # noqa: E402
+
+BASE: dict[str, Any] = {
+    "name": "hs",
+    "model": {"name": "fake", "params": {"profile": "tiny"}},
+    "devices": ["device1", "device2", "device3"],
+    "inference": {"enabled": False},
+}
+HOSTS = ("edgeserver", "device1", "device2", "device3")
+
+
+@pytest.fixture
+def headsplit(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The runtime registered in this process (the integration test installs it with pip)."""
+    monkeypatch.setattr(
+        registry, "BUILTIN", {**registry.BUILTIN, "headsplit": "headsplit.dit_runtime:HeadSplitRuntime"}
+    )
+    registry.reset()
+    yield registry.get("headsplit")
+    monkeypatch.undo()
+    registry.reset()
+
+
+def doc(**overrides: Any) -> dict[str, Any]:
+    out = copy.deepcopy(BASE)
+    out.update(overrides)
+    return out
+
+
+def messages(raw: dict[str, Any]) -> list[str]:
+    return [str(e) for e in validate(raw)]
+
+
+def test_the_module_imports_without_torch() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # `import torch` now raises ImportError
+        "import headsplit.dit_runtime as m; print(m.HeadSplitRuntime().name)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": f"{SRC}:{Path(__file__).resolve().parents[3] / 'src'}"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "headsplit"
+
+
+def test_the_block_is_merged_with_its_defaults(headsplit: Any) -> None:
+    assert messages(doc(runtime={"name": "headsplit"})) == []
+    block = resolve(doc(runtime={"name": "headsplit", "workers": ["device1", "device2"]}))["runtime"]
+    assert block == {
+        "name": "headsplit",
+        "workers": ["device1", "device2"],
+        "model": "gpt2-tiny",
+        "controller": "edge",
+        "strategy": "greedy",
+        "speculation": False,
+        "tau": 0.05,
+        "tokens": 16,
+        "prompt": "Heads expose the parallelism that layers hide.",
+        "memory_threshold": 0.85,
+        "rpc_timeout_s": 30,
+        "rpc_retries": 3,
+        "port": 29500,
+        "threads": 1,
+    }
+    assert headsplit.block_schema()["properties"]["model"]["enum"] == sorted(PRESETS)
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        ({"strategy": "gredy"}, "runtime.strategy: 'gredy' is not one of layerwise, roundrobin, greedy"),
+        ({"model": "gpt3"}, "runtime.model: 'gpt3' is not one of"),
+        ({"tau": -0.1}, "runtime.tau: -0.1 is less than 0"),
+        ({"tokens": 5000}, "runtime.tokens: 5000 is greater than 4096"),
+        ({"rpc_retries": 11}, "runtime.rpc_retries: 11 is greater than 10"),
+        ({"memory_threshold": 0}, "runtime.memory_threshold: 0 must be greater than 0"),
+        ({"workers": []}, "runtime.workers:"),
+        (
+            {"checkpoint": {"path": "w.safetensors", "sha256": "abc"}},
+            "runtime.checkpoint.sha256: 'abc' is not a SHA-256",
+        ),
+        ({"checkpoint": {"path": "w.safetensors"}}, "runtime.checkpoint.sha256: is required"),
+        ({"stratgy": "greedy"}, "runtime.stratgy: unknown field; did you mean 'strategy'?"),
+    ],
+)
+def test_errors_in_the_block_name_the_path(headsplit: Any, block: dict[str, Any], message: str) -> None:
+    (got,) = messages(doc(runtime={"name": "headsplit", **block}))
+    assert got.startswith(message), got
+
+
+def test_a_sweep_of_whole_blocks_and_of_fields(headsplit: Any) -> None:
+    raw = doc(
+        runtime={"name": "headsplit"},
+        sweep=[
+            {"path": "runtime", "values": [{"name": "headsplit", "strategy": "layerwise"},
+                                           {"name": "headsplit", "strategy": "greedy", "speculation": True}]},
+            {"path": "runtime.tau", "values": [0, 0.1]},
+        ],
+    )  # fmt: skip
+    with pytest.raises(Exception, match="overlaps"):
+        expand(raw)
+    variants = expand(doc(runtime={"name": "headsplit"}, sweep={"path": "runtime.tau", "values": [0, 0.02]}))
+    assert [v.runtime["tau"] for v in variants] == [0, 0.02]
+
+
+def context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
+    scenario = resolve(doc(runtime=block, hardware={"device2": {"memory_limit_mb": 512}}))
+    values: dict[str, Any] = {
+        "run_id": "r1",
+        "block": scenario["runtime"],
+        "scenario": scenario,
+        "edge_host": "edgeserver",
+        "devices": ("device1", "device2", "device3"),
+        "addresses": {"edgeserver": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12", "device3": "10.0.0.13"},
+        "node_roots": {h: "/var/tmp/dit/r1" for h in HOSTS},
+        "pythons": dict.fromkeys(HOSTS, "/usr/bin/python3"),
+        "local": False,
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "edge_port": 5000,
+    }  # fmt: skip
+    values.update(overrides)
+    return LaunchContext(**values)
+
+
+def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: Any) -> None:
+    block = {
+        "name": "headsplit",
+        "workers": ["device2", "device1"],
+        "strategy": "roundrobin",
+        "speculation": True,
+        "tau": 0.02,
+        "tokens": 8,
+        "port": 29600,
+        "checkpoint": {"path": "/models/gpt2.safetensors", "sha256": "a" * 64},
+        "speculation_profile": "profiles/speculation-gpt2-tiny-tau0.02.json",
+    }
+    specs = launch_vars(headsplit, context(block), HOSTS)
+    assert set(specs) == {"edgeserver", "device1", "device2"}  # device3 is not a worker
+    (w1,) = specs["device2"]["background"]
+    assert w1["name"] == "hs-worker1" and w1["ready_file"] is None
+    assert w1["argv"] == [
+        "/usr/bin/python3",
+        "-m",
+        "headsplit.worker",
+        "--config",
+        "headsplit.json",
+        "--rank",
+        "1",
+    ]
+    assert specs["device1"]["background"][0]["argv"][-1] == "2"
+    (controller,) = specs["edgeserver"]["main"]
+    assert controller["name"] == "hs-controller" and specs["edgeserver"]["background"] == []
+    assert controller["argv"] == [
+        "/usr/bin/python3",
+        "-m",
+        "headsplit.controller",
+        "--config",
+        "headsplit.json",
+    ]
+    assert controller["result_files"] == ["results/headsplit.json"]
+    config = json.loads(controller["files"]["headsplit.json"])
+    assert config == {
+        "model": {"preset": "gpt2-tiny"},
+        "checkpoint": {"path": f"/var/tmp/dit/headsplit/files/{'a' * 64}/gpt2.safetensors", "sha256": "a" * 64},
+        "controller": {"host": "edgeserver", "address": "10.0.0.1", "port": 29600},
+        "workers": [
+            {"rank": 1, "name": "worker1", "host": "device2", "address": "10.0.0.12",
+             "memory_limit_bytes": 512 * 1024 * 1024},
+            {"rank": 2, "name": "worker2", "host": "device1", "address": "10.0.0.11", "memory_limit_bytes": 0},
+        ],
+        "strategy": "roundrobin",
+        "speculation": True,
+        "tau": 0.02,
+        "speculation_profile": "/var/tmp/dit/headsplit/profiles/speculation-gpt2-tiny-tau0.02.json",
+        "tokens": 8,
+        "prompt": "Heads expose the parallelism that layers hide.",
+        "memory_threshold": 0.85,
+        "rpc_timeout_s": 30.0,
+        "rpc_retries": 3,
+        "threads": 1,
+        "result": "results/headsplit.json",
+    }  # fmt: skip
+    assert json.loads(w1["files"]["headsplit.json"])["workers"] == config["workers"]
+
+
+def test_local_mode_reads_files_where_they_are_and_the_block_may_name_the_interpreter(headsplit: Any) -> None:
+    block = {"name": "headsplit", "python": "/opt/dit/runtimes/headsplit/bin/python",
+             "checkpoint": {"path": "/models/gpt2.safetensors", "sha256": "b" * 64}}  # fmt: skip
+    specs = launch_vars(headsplit, context(block, local=True), HOSTS)
+    assert {h: len(s["background"]) for h, s in specs.items()} == {
+        "edgeserver": 0,
+        "device1": 1,
+        "device2": 1,
+        "device3": 1,
+    }
+    (controller,) = specs["edgeserver"]["main"]
+    assert controller["argv"][0] == "/opt/dit/runtimes/headsplit/bin/python"
+    assert (
+        json.loads(controller["files"]["headsplit.json"])["checkpoint"]["path"] == "/models/gpt2.safetensors"
+    )
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        (
+            {"workers": ["device1", "device9"]},
+            "runtime.workers[1]: 'device9' is not a device of the scenario",
+        ),
+        (
+            {"controller": "device1", "workers": ["device1", "device2"]},
+            "runtime.workers: 'device1' is the controller's node",
+        ),
+        ({"controller": "board7"}, "runtime.controller: 'board7' is neither the edge server nor a device"),
+    ],
+)
+def test_launch_refuses_workers_that_are_not_devices(
+    headsplit: Any, block: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(HeadSplitLaunchError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        headsplit.launch(context({"name": "headsplit", **block}))
+
+
+def test_a_device_may_be_the_controller(headsplit: Any) -> None:
+    block = {"name": "headsplit", "controller": "device3", "workers": ["device1", "device2"]}
+    specs = launch_vars(headsplit, context(block), HOSTS)
+    assert specs["device3"]["main"][0]["name"] == "hs-controller" and "edgeserver" not in specs
+
+
+def test_readiness_checks_the_interpreter_torch_headsplit_and_the_port(
+    headsplit: Any, tmp_path: Path
+) -> None:
+    plan = headsplit.readiness(resolve(doc(runtime={"name": "headsplit", "port": 29700})), tmp_path)
+    assert plan.checks == ("python", "torch", "headsplit", "rpc-port")
+    tasks = plan.plays[0]["tasks"]
+    assert [t["name"] for t in tasks] == [
+        "check: python",
+        "check: torch",
+        "check: headsplit",
+        "check: rpc-port",
+    ]
+    assert all(t["ignore_errors"] for t in tasks)
+    port = tasks[3]["ansible.builtin.command"]["argv"]
+    assert port[3:] == ["29700", "{{ 'controller' if 'edge' in group_names else 'worker' }}"]
+    assert "dit_headsplit_python" in port[0]
+    # the check programs themselves, run here
+    free = subprocess.run(
+        [sys.executable, "-c", port[2], "0", "controller"], capture_output=True, text=True, check=False
+    )
+    assert free.returncode == 0 and free.stdout.strip() == "port 0 is free"
+    skip = subprocess.run(
+        [sys.executable, "-c", port[2], "1", "worker"], capture_output=True, text=True, check=False
+    )
+    assert skip.returncode == 0 and skip.stdout.strip() == "not the controller"
+    versions = tasks[1]["ansible.builtin.command"]["argv"]
+    found = subprocess.run(
+        [sys.executable, "-c", versions[2], "json"], capture_output=True, text=True, check=False
+    )
+    assert found.stdout.startswith("json ")
+    named = headsplit.readiness(
+        {"runtime": {"controller": "device2", "python": "/venv/bin/python"}}, tmp_path
+    )
+    assert (
+        'inventory_hostname == "device2"' in named.plays[0]["tasks"][3]["ansible.builtin.command"]["argv"][4]
+    )
+    assert named.extravars == {"dit_headsplit_check_python": "/venv/bin/python"}
+
+
+def test_distribute_checkpoint_verifies_the_hash_here_and_on_every_node(
+    headsplit: Any, tmp_path: Path
+) -> None:
+    action = action_of(headsplit, "distribute-checkpoint")
+    with pytest.raises(InputError, match="sha256: 'xyz' is not a SHA-256"):
+        validate_inputs(action, {"path": "w.safetensors", "sha256": "xyz"})
+    plan = action.plan(validate_inputs(action, {"path": str(tmp_path / "w.safetensors"), "sha256": "c" * 64}))
+    assert not isinstance(plan.plays, Path)  # plays, not a playbook file
+    (nodes,) = plan.plays
+    assert nodes["hosts"] == "all"
+    names = [next(k for k in t if k.startswith("ansible.")) for t in nodes["tasks"]]
+    assert names == [
+        "ansible.builtin.stat",
+        "ansible.builtin.assert",
+        "ansible.builtin.file",
+        "ansible.builtin.copy",
+        "ansible.builtin.stat",
+        "ansible.builtin.assert",
+    ]
+    here = nodes["tasks"][0]
+    assert (here["delegate_to"], here["run_once"]) == ("localhost", True)
+    assert here["ansible.builtin.stat"]["path"] == str(tmp_path / "w.safetensors")
+    stat = nodes["tasks"][4]["ansible.builtin.stat"]
+    assert stat["checksum_algorithm"] == "sha256" and stat["path"].endswith(
+        "/headsplit/files/{{ dit_action_inputs.sha256 }}/w.safetensors"
+    )
+    check = nodes["tasks"][5]["ansible.builtin.assert"]
+    assert "hs_copied.stat.checksum" in check["fail_msg"] and "dit_action_inputs.sha256" in check["fail_msg"]
+
+
+def test_build_speculation_profile_runs_on_the_edge_then_distributes(headsplit: Any, tmp_path: Path) -> None:
+    action = action_of(headsplit, "build-speculation-profile")
+    inputs = validate_inputs(action, {"tau": 0.1, "corpus": "/data/corpus.txt", "out": str(tmp_path)})
+    assert inputs["model"] == "gpt2-tiny"
+    plays = action.plan(inputs).plays
+    assert not isinstance(plays, Path)
+    build, distribute = plays
+    assert build["hosts"] == "edge" and distribute["hosts"] == "devices"
+    argv = build["tasks"][1]["ansible.builtin.command"]["argv"]
+    assert argv[1:7] == ["-m", "headsplit.speculation", "--model", "gpt2-tiny", "--tau", "0.1"]
+    assert argv[-2:] == ["--corpus", "/data/corpus.txt"]
+    fetch = build["tasks"][3]["ansible.builtin.fetch"]
+    assert fetch["dest"] == f"{tmp_path}/speculation-gpt2-tiny-tau0.1.json" and fetch["flat"] is True
+    assert distribute["tasks"][1]["ansible.builtin.copy"]["src"] == fetch["dest"]

@@ -1,0 +1,218 @@
+"""The results parser: a hand-written results file -> aggregate/hs_*.csv and typed summary values.
+
+No torch: the parser runs in the controller's dit venv. The files under data/ follow HEADSPLIT.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+from headsplit.dit_runtime import HeadSplitResultsError, HeadSplitRuntime  # noqa: E402
+
+from dit.analysis.run import LoadedRun  # noqa: E402
+from dit.runtimes.base import write_summary  # noqa: E402
+
+DATA = Path(__file__).resolve().parent / "data"
+START = 1_700_000_000_000_000_000
+END = 1_700_000_000_078_000_000
+
+
+def make_run(tmp_path: Path, results: str | dict[str, Any], controller: str = "edge") -> LoadedRun:
+    run = tmp_path / "run"
+    (run / "raw" / controller).mkdir(parents=True)
+    (run / "scenario.yaml").write_text("name: hs\ndevices: [device1, device2]\n", encoding="utf-8")
+    target = run / "raw" / controller / f"{controller}_headsplit.json"
+    if isinstance(results, str):
+        shutil.copy(DATA / results, target)
+    else:
+        target.write_text(json.dumps(results), encoding="utf-8")
+    return LoadedRun(run)
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def values(results: Any) -> dict[str, tuple[Any, str, str]]:
+    return {v.name: (v.value, v.unit, v.type) for v in results.summary}
+
+
+def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "results_ok.json")
+    results = HeadSplitRuntime().parse_results(run)
+    names = [p.name for p in results.tables]
+    assert names == [
+        "hs_tokens.csv",
+        "hs_layers.csv",
+        "hs_links.csv",
+        "hs_memory.csv",
+        "hs_replacements.csv",
+        "hs_retries.csv",
+        "hs_rtt.csv",
+    ]
+    tokens = rows(run.aggregate_dir / "hs_tokens.csv")
+    assert [t["token"] for t in tokens] == ["0", "1", "2", "3"]
+    assert list(tokens[0]) == [
+        "token", "token_id", "total_ns", "attention_ns", "projection_ns", "ffn_ns", "gather_ns",
+        "broadcast_ns", "reexec_ns", "speculated", "accepted", "rejected", "bytes",
+    ]  # fmt: skip
+    assert (tokens[1]["total_ns"], tokens[1]["reexec_ns"]) == ("10000000", "400000")
+    assert [(t["speculated"], t["accepted"], t["rejected"]) for t in tokens] == [
+        ("0", "0", "0"),
+        ("3", "2", "1"),
+        ("3", "3", "0"),
+        ("3", "2", "1"),
+    ]
+    assert [t["bytes"] for t in tokens] == ["2816", "3328", "3840", "4352"]
+    layers = rows(run.aggregate_dir / "hs_layers.csv")
+    assert [(r["token"], r["layer"], r["speculated"], r["accepted"]) for r in layers[:3]] == [
+        ("1", "1", "1", "1"),
+        ("1", "2", "1", "1"),
+        ("1", "3", "1", "0"),
+    ]
+    assert len(layers) == 9
+    links = rows(run.aggregate_dir / "hs_links.csv")
+    assert len(links) == 16 and {"token": "3", "link": "worker1>worker2", "bytes": "2048"} in links
+    memory = rows(run.aggregate_dir / "hs_memory.csv")
+    assert memory[-1] == {"token": "3", "worker": "worker2", "bytes": "1003005"}
+    assert rows(run.aggregate_dir / "hs_replacements.csv") == [
+        {
+            "token": "2",
+            "worker": "worker2",
+            "planning_ns": "800000",
+            "migration_ns": "3000000",
+            "moved_units": "4",
+        }
+    ]
+    (retry,) = rows(run.aggregate_dir / "hs_retries.csv")
+    assert (retry["worker"], retry["call"], retry["attempt"]) == ("worker1", "heads", "1")
+    rtt = rows(run.aggregate_dir / "hs_rtt.csv")
+    assert len(rtt) == 20 and rtt[10] == {
+        "worker": "worker2",
+        "host": "device2",
+        "sample": "0",
+        "rtt_ns": "200000",
+    }
+
+    got = values(results)
+    assert got["tokens_generated"] == (4, "", "int")
+    assert got["tokens_per_s"] == (51.28, "1/s", "float")
+    # decode tokens only (token 0 is the prefill): 10, 12, 14 ms
+    assert got["token_latency_mean"] == (12_000_000, "ns", "int")
+    assert got["token_latency_p50"] == (12_000_000, "ns", "int")
+    assert got["token_latency_p99"] == (14_000_000, "ns", "int")
+    assert got["prefill_latency"] == (40_000_000, "ns", "int")
+    assert got["attention_share"][0] == pytest.approx(100 * 35 / 76)
+    assert got["projection_share"][0] == pytest.approx(100 * 7 / 76)
+    assert got["ffn_share"][:2] == (pytest.approx(100 * 24 / 76), "%")
+    assert got["speculation_acceptance"][:2] == (pytest.approx(100 * 7 / 9), "%")
+    assert (got["reexecutions"][0], got["replacements"][0], got["retries"][0]) == (2, 1, 1)
+    assert got["bytes_total"] == (14336, "B", "int")
+    assert got["bytes_per_token"] == (3584.0, "B", "float")
+    assert got["placement_planning"] == (1234567, "ns", "int")
+    assert "oom_token" not in got and "energy_per_token" not in got  # no power trace in this run
+    summary = json.loads(write_summary(run.aggregate_dir, "headsplit", results).read_text(encoding="utf-8"))
+    assert summary["tables"][0] == "hs_tokens.csv"
+
+
+def test_an_out_of_memory_run_is_a_result(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "results_oom.json")
+    got = values(HeadSplitRuntime().parse_results(run))
+    assert got["oom_token"] == (2, "", "int")
+    assert got["oom_worker"] == ("worker2", "", "str")
+    assert got["tokens_generated"] == (2, "", "int")
+    assert (got["replacements"][0], got["retries"][0]) == (0, 0)
+    assert len(rows(run.aggregate_dir / "hs_tokens.csv")) == 2
+
+
+def power_trace(
+    run: LoadedRun, host: str, watts: float, origin_wall: int, origin_mono: int, shift_ns: int = 0
+) -> None:
+    folder = run.path / "raw" / host
+    folder.mkdir(parents=True, exist_ok=True)
+    # samples every 10 ms from 20 ms before the generation to 20 ms after, on the node's monotonic clock
+    first = START - origin_wall + origin_mono - 20_000_000 + shift_ns
+    lines = ["t_mono_ns,current_a,voltage_v,power_w"]
+    lines += [f"{first + k * 10_000_000},1,5,{watts}" for k in range(13)]
+    (folder / f"{host}_power.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / f"{host}_power.json").write_text(
+        json.dumps({"origin_wall_ns": origin_wall, "origin_mono_ns": origin_mono, "sensor": "fake"}),
+        encoding="utf-8",
+    )
+
+
+def test_energy_per_token_and_edp_from_the_power_traces(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "results_ok.json")
+    power_trace(run, "edge", 2.0, START - 5_000_000_000, 1_000)  # clocks of the nodes differ
+    power_trace(run, "device1", 4.0, START - 1_000_000_000, 7_000_000)
+    got = values(HeadSplitRuntime().parse_results(run))
+    energy = 0.078 * (2.0 + 4.0)  # device2 has no trace
+    assert got["energy"] == (pytest.approx(energy), "J", "float")
+    assert got["energy_per_token"] == (pytest.approx(energy / 4), "J", "float")
+    assert got["edp"] == (pytest.approx(energy * 0.078), "J*s", "float")
+
+
+def test_a_generation_outside_a_power_trace_gets_no_energy(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "results_ok.json")
+    power_trace(run, "device1", 4.0, START, 0, shift_ns=10_000_000_000)  # the trace starts 10 s later
+    assert "energy" not in values(HeadSplitRuntime().parse_results(run))
+
+
+def broken(change: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((DATA / "results_ok.json").read_text(encoding="utf-8"))
+    if change == "missing":
+        del doc["tokens"][2]["ffn_ns"]
+    elif change == "float":
+        doc["tokens"][1]["gather_ns"] = 1.5
+    elif change == "links":
+        doc["tokens"][0]["bytes"] = [1, 2]
+    elif change == "oom":
+        doc["oom"] = {"token": 3}
+    elif change == "rate":
+        del doc["tokens_per_s"]
+    elif change == "memory":
+        doc["memory"][1]["bytes"] = "many"
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("missing", "tokens[2].ffn_ns: is missing"),
+        ("float", "tokens[1].gather_ns: 1.5 is not an integer"),
+        ("links", "tokens[0].bytes: [1, 2] is not a mapping"),
+        ("oom", "oom.worker: is missing"),
+        ("rate", "tokens_per_s: is missing"),
+        ("memory", "memory[1].bytes: 'many' is not an integer"),
+    ],
+)
+def test_a_malformed_results_file_is_refused_naming_the_field(
+    change: str, message: str, tmp_path: Path
+) -> None:
+    run = make_run(tmp_path, broken(change))
+    with pytest.raises(HeadSplitResultsError) as info:
+        HeadSplitRuntime().parse_results(run)
+    assert str(info.value).endswith(message)
+    assert "edge_headsplit.json" in str(info.value)
+
+
+def test_no_results_file_says_where_it_looked(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "results_ok.json", controller="device3")
+    (run.path / "raw" / "device3" / "device3_headsplit.json").unlink()
+    with pytest.raises(HeadSplitResultsError, match=r"no raw/<host>/<host>_headsplit.json"):
+        HeadSplitRuntime().parse_results(run)
+    (run.path / "raw" / "device3" / "device3_headsplit.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(HeadSplitResultsError, match="not JSON"):
+        HeadSplitRuntime().parse_results(run)
