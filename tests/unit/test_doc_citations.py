@@ -240,10 +240,10 @@ def problems_in(text: str) -> list[str]:
             problem = check_command(span)
         elif span.split("/")[0] in TOP_DIRS and "/" in span:
             problem = check_path(span)
-        elif PYNAME.match(span):
-            problem = check_pyname(span)
         elif OUTPUT_FILE.match(span) or COLUMN.match(span):
             problem = check_output_name(span)
+        elif PYNAME.match(span):
+            problem = check_pyname(span)
         elif FIELD.match(span) and span.split(".")[0] in top_fields:
             problem = check_field(span)
         if problem:
