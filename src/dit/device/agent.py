@@ -40,6 +40,7 @@ from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.seeding import seed_from_env
+from dit.device.threads import effective as effective_threads
 from dit.device.tags import (  # set by dit_proc on every tagged process
     HOST_ENV,
     RUN_ENV,
@@ -58,6 +59,7 @@ THREAD_ENV = (
     "OPENBLAS_NUM_THREADS",
     "MKL_NUM_THREADS",
     "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
 )
 
 
@@ -168,6 +170,9 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     threads = cfg.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads: {threads!r} is not a positive integer or null")
+    sample_ms = cfg.get("cpu_sample_interval_ms", 2.0)
+    if isinstance(sample_ms, bool) or not isinstance(sample_ms, int | float) or not 0 <= sample_ms <= 1000:
+        raise ConfigError(f"cpu_sample_interval_ms: {sample_ms!r} is not a number in 0..1000")
     inf: Mapping[str, Any] = cfg.get("inference") or {"enabled": False}
     inf_enabled = bool(inf.get("enabled", False))
 
@@ -232,7 +237,13 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
     say(f"profiling {model.name}: {n} stages, {repetitions} repetitions after {warmup} warm-up")
     announced = cast(StageModel, _Announced(model, warmup, repetitions))
-    prof = profile_model(announced, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin.mono_ns)
+    prof = profile_model(
+        announced,
+        repetitions=repetitions,
+        warmup=warmup,
+        origin_mono_ns=origin.mono_ns,
+        cpu_sample_interval_ns=round(sample_ms * 1e6),
+    )
     say(f"profiling done: {len(prof.records)} stage records")
     write_layers_csv(results / "layers.csv", prof)
     prof_summary = prof.summary()
@@ -282,6 +293,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
             "pid": os.getpid(),
             "python": sys.version.split()[0],
             "threads": threads,
+            "threads_effective": effective_threads(),
             "origin": origin_doc,
             "model": {"name": model.name, "stages": n},
             "profile": {
