@@ -40,10 +40,10 @@ from dit.analysis.inputs import (
     read_raw_inference,
     read_raw_layers,
 )
-from dit.analysis.points import POINTS_COLUMNS, points_rows
 from dit.analysis.layers import REQUIRED_LAYERS_COLUMNS, aggregate_layers, edge_rows_from_requests
 from dit.analysis.links import LINKS_COLUMNS, link_rate, ping_rows
 from dit.analysis.phases import phases_summary
+from dit.analysis.points import POINTS_COLUMNS, points_rows
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
 
 

@@ -40,13 +40,13 @@ from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.seeding import seed_from_env
-from dit.device.threads import effective as effective_threads
 from dit.device.tags import (  # set by dit_proc on every tagged process
     HOST_ENV,
     RUN_ENV,
     START_AT_ENV,
     TAG_ENV,
 )
+from dit.device.threads import effective as effective_threads
 
 STATUS_ENV = "DIT_STATUS_FILE"  # where the process keeps its status record (see StatusFile)
 
