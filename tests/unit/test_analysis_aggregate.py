@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -277,7 +278,7 @@ def test_points_from_hand_built_stage_timings() -> None:
     assert got["remote_peak_mem_bytes"].tolist() == [300 * MIB, 200 * MIB, 100 * MIB, 0]
     assert got["remote_peak_cpu_pct"].tolist() == [380.0, 380.0, 200.0, 0.0]
     # edge peaks not measured (estimated from requests): remote peaks empty, except p = N (nothing remote)
-    unmeasured = edge.assign(peak_mem_bytes=pd.NA, peak_cpu_pct=pd.NA)
+    unmeasured = edge.assign(peak_mem_bytes=np.full(4, np.nan), peak_cpu_pct=np.full(4, np.nan))
     est = points_rows("d", device, unmeasured)
     assert est["remote_peak_mem_bytes"].isna().tolist() == [True, True, True, False]
     assert est["remote_latency_ns"].tolist() == [800_000, 700_000, 500_000, 0]
