@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from dit.device.fakemodel import FakeModel, build
-from dit.device.profiler import LAYERS_COLUMNS, PeakMemory, peak_pct, profile_model, write_layers_csv
+from dit.device.profiler import (
+    LAYERS_COLUMNS,
+    CpuSampler,
+    PeakMemory,
+    peak_pct,
+    profile_model,
+    write_layers_csv,
+)
 
 
 class CountingModel(FakeModel):
@@ -135,11 +142,13 @@ class BurstModel:
 
 def test_a_burst_shows_a_peak_above_its_mean(tmp_path: Path) -> None:
     result = profile_model(BurstModel(), repetitions=2)
+    assert result.cpu_peak_method == "helper_process"  # Linux: sampled from outside, no GIL taken
     stage = [r for r in result.records if r.stage == 1]
     for r in stage:
         assert r.cpu_pct < 75.0  # idle half
-        assert r.cpu_peak_pct > r.cpu_pct + 20.0  # the busy half, sampled every 2 ms
-        assert r.cpu_peak_pct >= 70.0
+        # the busy half, sampled every 2 ms: at least 1.5 x the mean (about 2 x on an idle machine;
+        # relative, because on a crowded machine the spin gets only part of a core)
+        assert r.cpu_peak_pct >= 1.5 * r.cpu_pct and r.cpu_peak_pct > r.cpu_pct
     path = tmp_path / "layers.csv"
     write_layers_csv(path, result)
     with open(path, newline="") as fh:
@@ -157,7 +166,23 @@ def test_peak_over_hand_built_samples() -> None:
     assert peak_pct([(0, 0), (4 * ms, ms)], 2 * ms, 60.0) == 60.0  # never below the mean
 
 
+def test_the_thread_sampler_sees_the_burst_too() -> None:
+    """The fallback where the helper process cannot run (not Linux): a sampling thread."""
+    sampler = CpuSampler(2_000_000)
+    try:
+        sampler.begin()
+        c0, t0 = time.process_time_ns(), time.monotonic_ns()
+        BurstModel().run_stage(1, b"x")
+        c1, t1 = time.process_time_ns(), time.monotonic_ns()
+        mean = 100.0 * (c1 - c0) / (t1 - t0)
+        peak = sampler.end_window(t0, t1, mean)
+    finally:
+        sampler.close()
+    assert peak >= 1.5 * mean and peak > mean
+
+
 def test_sampling_can_be_disabled() -> None:
     result = profile_model(BurstModel(), repetitions=1, cpu_sample_interval_ns=0)
     assert all(r.cpu_peak_pct == r.cpu_pct for r in result.records if r.stage == 1)
     assert result.summary()["cpu_sample_interval_ns"] == 0
+    assert result.summary()["cpu_peak_method"] == "off"

@@ -9,9 +9,10 @@ Per stage and measured pass it records
 * ``cpu_pct``: the stage's *mean* CPU use, 100 x process CPU time (``time.process_time_ns``, all
   threads) / wall time of the stage. It exceeds 100 when the stage computes on several threads (e.g. a
   BLAS pool);
-* ``cpu_peak_pct``: the stage's *peak* CPU use. A sampling thread (:class:`CpuSampler`) reads the
-  process CPU time every ``cpu_sample_interval_ns`` (2 ms by default) while a stage runs, minus its own
-  thread's CPU time (``time.thread_time_ns``), so the sampler does not count itself. The peak is the
+* ``cpu_peak_pct``: the stage's *peak* CPU use, from samples of the process CPU time every
+  ``cpu_sample_interval_ns`` (2 ms by default) while a stage runs: on Linux by a helper process
+  (:class:`HelperCpuSampler`, no GIL taken in the profiled process), else by a sampling thread
+  (:class:`CpuSampler`, minus its own thread CPU time). The peak is the
   largest 100 x delta-CPU / delta-wall over consecutive samples inside the stage (windows shorter than
   half the interval are merged into the next), and never less than ``cpu_pct`` (the whole stage is a
   window too: a stage shorter than two intervals has peak = mean);
@@ -29,9 +30,13 @@ cpu 0, peak memory as read before the pass).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import resource
+import select
+import struct
+import subprocess
 import sys
 import threading
 import time
@@ -117,6 +122,10 @@ class CpuSampler:
         self._samples = []
         self._active.set()
 
+    def end_window(self, t0: int, t1: int, mean_pct: float) -> float:
+        """:meth:`end` (the thread's samples are this stage's by construction: no filter)."""
+        return self.end(mean_pct)
+
     def end(self, mean_pct: float) -> float:
         """Stop sampling; the peak over this stage's samples (at least ``mean_pct``)."""
         self._active.clear()
@@ -127,6 +136,95 @@ class CpuSampler:
         self._active.set()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+
+
+# The helper process: samples the profiled process's CPU clock (clock_gettime on the pid-encoded
+# process CPU clock, Linux) between a "b" (begin) and an "e" (end) on its stdin, and answers each "e"
+# with a count and (monotonic ns, CPU ns) pairs. It shares no GIL with the profiled process.
+_HELPER = r"""
+import os, select, struct, sys, time
+pid, interval = int(sys.argv[1]), int(sys.argv[2]) / 1e9
+clock = ((~pid) << 3) | 2
+time.clock_gettime_ns(clock)
+os.write(1, b"r")
+samples, active = [], False
+while True:
+    ready, _, _ = select.select([0], [], [], interval if active else None)
+    if not ready:
+        samples.append((time.monotonic_ns(), time.clock_gettime_ns(clock)))
+        continue
+    data = os.read(0, 64)
+    if not data:
+        break
+    for c in data:
+        samples.append((time.monotonic_ns(), time.clock_gettime_ns(clock)))
+        if c == 98:
+            samples, active = samples[-1:], True
+        elif c == 101:
+            active = False
+            out = struct.pack("<q", len(samples)) + b"".join(struct.pack("<qq", t, u) for t, u in samples)
+            os.write(1, out)
+            samples = []
+"""
+
+
+class HelperCpuSampler:
+    """Samples this process's CPU clock from a helper process (Linux), so the sampler takes no GIL.
+
+    Same interface as :class:`CpuSampler`; ``end`` also needs the stage's ``t0``/``t1`` (monotonic ns:
+    the helper's samples are filtered to the stage, since it wakes a little after ``begin``). Raises
+    ``OSError`` when the helper cannot start or cannot read the clock (then use :class:`CpuSampler`).
+    """
+
+    def __init__(self, interval_ns: int = DEFAULT_CPU_SAMPLE_INTERVAL_NS) -> None:
+        if not sys.platform.startswith("linux") or not sys.executable:
+            raise OSError("the helper sampler needs Linux and a Python executable")
+        self.interval_ns = interval_ns
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _HELPER, str(os.getpid()), str(interval_ns)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._in = self._proc.stdin.fileno()
+        self._out = self._proc.stdout.fileno()
+        if self._read_exact(1, timeout_s=30.0) != b"r":
+            self.close()
+            raise OSError("the CPU sampler helper did not start")
+
+    def _read_exact(self, n: int, timeout_s: float = 10.0) -> bytes:
+        data = b""
+        while len(data) < n:
+            ready, _, _ = select.select([self._out], [], [], timeout_s)
+            chunk = os.read(self._out, n - len(data)) if ready else b""
+            if not chunk:
+                raise OSError("the CPU sampler helper stopped answering")
+            data += chunk
+        return data
+
+    def begin(self) -> None:
+        os.write(self._in, b"b")
+
+    def end_window(self, t0: int, t1: int, mean_pct: float) -> float:
+        os.write(self._in, b"e")
+        (count,) = struct.unpack("<q", self._read_exact(8))
+        raw = self._read_exact(16 * count)
+        samples = [struct.unpack_from("<qq", raw, 16 * i) for i in range(count)]
+        inside = [(t, c) for t, c in samples if t0 <= t <= t1]
+        return peak_pct(inside, self.interval_ns, mean_pct)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def peak_pct(samples: list[tuple[int, int]], interval_ns: int, mean_pct: float) -> float:
@@ -207,6 +305,7 @@ class ProfileResult:
     peak_mem_method: str
     records: list[StageRecord]
     cpu_sample_interval_ns: int = DEFAULT_CPU_SAMPLE_INTERVAL_NS
+    cpu_peak_method: str = "thread"
 
     def mean_latency_ns(self) -> list[float]:
         """Mean latency per stage, index 0..N (index 0 is always 0.0)."""
@@ -245,6 +344,7 @@ class ProfileResult:
             "repetitions": self.repetitions,
             "peak_mem_method": self.peak_mem_method,
             "cpu_sample_interval_ns": self.cpu_sample_interval_ns,
+            "cpu_peak_method": self.cpu_peak_method,
             "forward_mean_ns": sum(means),
             "per_stage": per_stage,
         }
@@ -265,7 +365,7 @@ def profile_model(
         raise ValueError(f"repetitions ({repetitions}) and warmup ({warmup}) must be >= 0")
     origin = clock() if origin_mono_ns is None else origin_mono_ns
     mem = peak_memory or PeakMemory()
-    sampler = CpuSampler(cpu_sample_interval_ns)
+    sampler = make_sampler(cpu_sample_interval_ns, clock is time.monotonic_ns)
     try:
         records = _passes(model, repetitions, warmup, origin, mem, clock, sampler)
     finally:
@@ -278,7 +378,27 @@ def profile_model(
         peak_mem_method=mem.method,
         records=records,
         cpu_sample_interval_ns=cpu_sample_interval_ns,
+        cpu_peak_method=sampler_method(sampler),
     )
+
+
+Sampler = CpuSampler | HelperCpuSampler
+
+
+def make_sampler(interval_ns: int, monotonic: bool = True) -> Sampler:
+    """The helper-process sampler where it works (Linux, the real monotonic clock), else the thread."""
+    if interval_ns > 0 and monotonic:
+        try:
+            return HelperCpuSampler(interval_ns)
+        except OSError:
+            pass
+    return CpuSampler(interval_ns)
+
+
+def sampler_method(sampler: Sampler) -> str:
+    if isinstance(sampler, HelperCpuSampler):
+        return "helper_process"
+    return "thread" if sampler.interval_ns > 0 else "off"
 
 
 def _passes(
@@ -288,7 +408,7 @@ def _passes(
     origin: int,
     mem: PeakMemory,
     clock: Callable[[], int],
-    sampler: CpuSampler,
+    sampler: Sampler,
 ) -> list[StageRecord]:
     n = model.num_stages
     records: list[StageRecord] = []
@@ -309,7 +429,7 @@ def _passes(
             c1 = time.process_time_ns()
             wall = t1 - t0
             cpu = 100.0 * (c1 - c0) / wall if wall > 0 else 0.0
-            peak = sampler.end(round(cpu, 2))
+            peak = sampler.end_window(t0, t1, round(cpu, 2))
             if rep < 0:
                 continue
             records.append(
