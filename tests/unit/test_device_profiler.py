@@ -186,3 +186,18 @@ def test_sampling_can_be_disabled() -> None:
     assert all(r.cpu_peak_pct == r.cpu_pct for r in result.records if r.stage == 1)
     assert result.summary()["cpu_sample_interval_ns"] == 0
     assert result.summary()["cpu_peak_method"] == "off"
+
+
+def test_the_profile_command_names_a_bad_sampling_interval(tmp_path: Path) -> None:
+    from dit.device.agent import run_profile
+    from dit.device.common import ConfigError
+
+    cfg = {
+        "run_id": "r",
+        "host": "device1",
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "results_dir": str(tmp_path),
+        "cpu_sample_interval_ms": -1,
+    }
+    with pytest.raises(ConfigError, match="cpu_sample_interval_ms: -1"):
+        run_profile(cfg)
