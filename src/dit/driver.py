@@ -55,6 +55,7 @@ from dit.runtimes import LaunchContext, Runtime
 from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
 from dit.scenario import Scenario
+from dit.settle import settle_messages, settle_records
 
 EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
@@ -515,6 +516,14 @@ class Driver:
             raise StageFailed("apply: the edge service did not report its port")
         self.edge_port = int(ready["port"])
         self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
+        settled = settle_records(outcome, self.scenario.devices)
+        if settled:
+            self.run.set_status(settle=settled)
+            infos, warnings = settle_messages(settled)
+            for line in infos:
+                self.reporter_info(line)
+            for line in warnings:
+                self.reporter_warn(line)
         settle = float(self.scenario.timing.settle_s)
         if settle > 0:
             self.reporter_info(f"settling for {settle} s")

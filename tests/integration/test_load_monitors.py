@@ -122,6 +122,13 @@ def test_load_monitors_and_power_run_during_profile_and_leave_nothing(
     d2 = pd.read_csv(run_dir / "raw" / "device2" / "device2_load.csv")
     assert d2["event"].iloc[0] == "start" and d2["processes"].iloc[0] == 1
 
+    # Apply waited for every load to settle (timing.settle defaults) and recorded how long per device.
+    settle = json.loads((run_dir / "status.json").read_text())["settle"]
+    assert set(settle) == set(DEVICES)
+    assert settle["device1"]["window_s"] == 1.0 and settle["device1"]["elapsed_s"] >= 1.0
+    assert settle["device1"]["reason"] in ("steady", "timeout")
+    assert settle["device2"] == settle["device2"] | {"steady": True, "reason": "no duty cycle"}
+
     # What aggregate makes of them.
     aggregate_monitors(run_dir)
     energy = pd.read_csv(run_dir / "aggregate" / "energy.csv")

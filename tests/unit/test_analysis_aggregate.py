@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -237,3 +238,57 @@ def test_ping_list_of_targets(small: Path) -> None:
         ("device2", "device1", "2000000"),
     ]
     assert read_model_inputs(small).rtt_ns == (3 * MS, 5 * MS)
+
+
+def test_points_from_hand_built_stage_timings() -> None:
+    from dit.analysis.points import POINTS_COLUMNS, points_rows
+
+    device = pd.DataFrame(
+        {
+            "host": "d",
+            "stage": [0, 1, 2, 3],
+            "latency_ns": [0, 1 * MS, 2 * MS, 4 * MS],
+            "output_bytes": [1000, 800, 600, 10],
+            "ops": [0, 10, 20, 40],
+            "peak_mem_bytes": [5 * MIB, 30 * MIB, 20 * MIB, 40 * MIB],
+            "peak_cpu_pct": [0.0, 90.0, 120.0, 100.0],
+        }
+    )
+    edge = pd.DataFrame(
+        {
+            "host": "edge",
+            "stage": [0, 1, 2, 3],
+            "latency_ns": [0, MS // 10, MS // 5, MS // 2],
+            "output_bytes": [1000, 800, 600, 10],
+            "ops": [0, 10, 20, 40],
+            "peak_mem_bytes": [0, 300 * MIB, 200 * MIB, 100 * MIB],
+            "peak_cpu_pct": [0.0, 350.0, 380.0, 200.0],
+        }
+    )
+    got = points_rows("d", device, edge)
+    assert tuple(got.columns) == POINTS_COLUMNS
+    assert got["point"].tolist() == [0, 1, 2, 3]
+    assert got["local_latency_ns"].tolist() == [0, 1 * MS, 3 * MS, 7 * MS]
+    assert got["local_ops"].tolist() == [0, 10, 30, 70]
+    assert got["local_peak_mem_bytes"].tolist() == [0, 30 * MIB, 30 * MIB, 40 * MIB]
+    assert got["local_peak_cpu_pct"].tolist() == [0.0, 90.0, 120.0, 120.0]
+    assert got["cut_bytes"].tolist() == [1000, 800, 600, 0]
+    assert got["remote_latency_ns"].tolist() == [800_000, 700_000, 500_000, 0]
+    assert got["remote_ops"].tolist() == [70, 60, 40, 0]
+    assert got["remote_peak_mem_bytes"].tolist() == [300 * MIB, 200 * MIB, 100 * MIB, 0]
+    assert got["remote_peak_cpu_pct"].tolist() == [380.0, 380.0, 200.0, 0.0]
+    # edge peaks not measured (estimated from requests): remote peaks empty, except p = N (nothing remote)
+    unmeasured = edge.assign(peak_mem_bytes=np.full(4, np.nan), peak_cpu_pct=np.full(4, np.nan))
+    est = points_rows("d", device, unmeasured)
+    assert est["remote_peak_mem_bytes"].isna().tolist() == [True, True, True, False]
+    assert est["remote_latency_ns"].tolist() == [800_000, 700_000, 500_000, 0]
+
+
+def test_points_file_in_the_aggregate(small: Path) -> None:
+    aggregate_run(small)
+    frame = pd.read_csv(small / "aggregate" / "points.csv")
+    d1 = frame[frame["device"] == "device1"]
+    assert d1["local_latency_ns"].tolist() == [0, 1_100_000, 3_200_000, 6_200_000]
+    assert d1["cut_bytes"].tolist() == [12000, 8000, 4000, 0]
+    assert d1["remote_latency_ns"].tolist() == [3_000_000, 2_500_000, 1_500_000, 0]
+    assert frame["device"].tolist() == ["device1"] * 4 + ["device2"] * 4

@@ -49,6 +49,7 @@ def test_load_variables_per_mode() -> None:
         "load_processes": None,
         "load_interval_s": None,
         "load_seed": 11,
+        "load_settle": {"timeout_s": 10.0, "tolerance_pct": 5.0, "window_s": 1.0},
     }
     assert b["device2"]["load"] == {
         "load_mode": "continuous",
@@ -58,10 +59,20 @@ def test_load_variables_per_mode() -> None:
         "load_processes": None,
         "load_interval_s": 2.0,
         "load_seed": 11,
+        "load_settle": {"timeout_s": 10.0, "tolerance_pct": 5.0, "window_s": 1.0},
     }
     assert b["device3"]["load"]["load_processes"] == 3
     assert b["device3"]["load"]["load_regime"] is None
     assert "load" not in b["device4"] and "load" not in b["edge"]
+
+
+def test_settle_follows_timing_settle() -> None:
+    text = SCENARIO + "timing: {settle: {timeout_s: 5, tolerance_pct: 2.5, window_s: 0.5}}\n"
+    (scenario,) = loads(text)
+    b = build_conditions(scenario, contexts())
+    assert b["device1"]["load"]["load_settle"] == {"timeout_s": 5.0, "tolerance_pct": 2.5, "window_s": 0.5}
+    (off,) = loads(SCENARIO + "timing: {settle: {steady: false}}\n")
+    assert build_conditions(off, contexts())["device1"]["load"]["load_settle"] is None
 
 
 def test_continuous_defaults_come_from_the_schema() -> None:

@@ -310,3 +310,97 @@ def test_busy_processes_die_when_the_load_process_is_killed_alone(tmp_path: Path
     while alive(kid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert not alive(kid)
+
+
+class FakeLoadClocks:
+    """Wall and thread-CPU clocks of a duty cycle: each period adds 100 ms of wall time and the CPU time
+    the scheduler granted it (from ``grants``, in ms, the last one repeating)."""
+
+    def __init__(self, grants: list[int]) -> None:
+        self.wall = 5 * S
+        self.cpu = 0
+        self.grants = grants
+        self.periods = 0
+
+    def period(self) -> None:
+        grant = self.grants[min(self.periods, len(self.grants) - 1)]
+        self.periods += 1
+        self.wall += 100_000_000
+        self.cpu += grant * 1_000_000
+
+
+SETTLE = load.SettleConfig(timeout_s=3.0, tolerance_pct=2.0, window_s=0.5)
+
+
+def test_the_settle_wait_ends_when_the_load_reaches_its_target() -> None:
+    # the first 5 periods get 20 ms of CPU (a busy core), then the target's 40 ms
+    clocks = FakeLoadClocks([20] * 5 + [40])
+    watch = load.SettleWatch(40.0, SETTLE, clocks.wall)
+    result = load.settle(
+        clocks.period, watch, lambda: False, clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu
+    )
+    # steady once a whole 0.5 s window lies in the 40 % part: after period 10, 1.0 s after the start
+    assert (result.steady, result.reason, result.elapsed_s, result.achieved_pct) == (
+        True,
+        "steady",
+        1.0,
+        40.0,
+    )
+    assert clocks.periods == 10
+    assert result.as_dict()["target_pct"] == 40.0
+
+
+def test_the_settle_timeout_is_reported_not_silent() -> None:
+    clocks = FakeLoadClocks([20])  # never more than 20 % of a core
+    watch = load.SettleWatch(40.0, SETTLE, clocks.wall)
+    result = load.settle(
+        clocks.period, watch, lambda: False, clock=lambda: clocks.wall, cpu_clock=lambda: clocks.cpu
+    )
+    assert (result.steady, result.reason, result.elapsed_s, result.achieved_pct) == (
+        False,
+        "timeout",
+        3.0,
+        20.0,
+    )
+    assert clocks.periods == 30
+
+
+def test_a_stop_ends_the_settle_wait() -> None:
+    clocks = FakeLoadClocks([0])
+    watch = load.SettleWatch(40.0, SETTLE, clocks.wall)
+    result = load.settle(
+        clocks.period,
+        watch,
+        lambda: clocks.periods >= 2,
+        clock=lambda: clocks.wall,
+        cpu_clock=lambda: clocks.cpu,
+    )
+    assert (result.steady, result.reason, result.achieved_pct) == (False, "stopped", None)
+
+
+def test_settle_config_defaults_and_errors() -> None:
+    base = {"host": "device1", "results_dir": "/tmp/x", "seed": 1, "mode": "light"}
+    assert load.parse_config(base).settle is None
+    assert load.parse_config({**base, "settle": {}}).settle == load.SettleConfig(60.0, 5.0, 1.0)
+    with pytest.raises(ConfigError, match=r"settle\.tolerance_pct: -1"):
+        load.parse_config({**base, "settle": {"tolerance_pct": -1}})
+    with pytest.raises(ConfigError, match="settle: 5 is not a mapping"):
+        load.parse_config({**base, "settle": 5})
+
+
+def test_a_settling_load_reports_ready_with_its_settle_record(tmp_path: Path) -> None:
+    ready = tmp_path / "load.ready"
+    settle = {"timeout_s": 20, "tolerance_pct": 10, "window_s": 0.3}
+    proc, _ = start(tmp_path, mode="light", cpu_pct=30, mem_pct=0.01, ready_file=str(ready), settle=settle)
+    try:
+        wait_for(ready)
+        record = json.loads(ready.read_text())["settle"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    assert record["target_pct"] == 30.0 and record["window_s"] == 0.3
+    assert record["elapsed_s"] >= 0.3  # at least one window of the duty cycle before ready
+    if record["steady"]:
+        assert abs(record["achieved_pct"] - 30.0) <= 10.0
+    else:  # a machine too busy to give 30 % of a core: the timeout is in the record
+        assert record["reason"] == "timeout" and record["elapsed_s"] >= 20.0

@@ -22,6 +22,8 @@ REFUSED = [
     ("timing: {start_lead_s: 1e12}", "timing.start_lead_s: 1000000000000 is greater than 600"),
     ("monitors: {interval_s: 1e-300}", "monitors.interval_s: 1e-300 is less than 0.1"),
     ("timing: {settle_s: 1e9}", "timing.settle_s: 1000000000 is greater than 3600"),
+    ("timing: {settle: {timeout_s: 1e9}}", "timing.settle.timeout_s: 1000000000 is greater than 3600"),
+    ("timing: {settle: {window_s: 0.001}}", "timing.settle.window_s: 0.001 is less than 0.05"),
     ("repetitions: 1e30", "repetitions: 1e+30 is greater than 10000"),
     (
         "hardware: {device1: {memory_limit_mb: 1000000000000000}}",

@@ -4,6 +4,8 @@ Reads ``scenario.yaml`` and ``raw/<host>/<host>_*`` of a run directory and write
 one module per file and concern:
 
 - ``layers.csv``       one row per (host, stage) for every device and the edge server (:mod:`.layers`);
+- ``points.csv``       one row per (device, partition point): cumulative latency, ops and peaks of the
+  device part 1..p and the edge part p+1..N, and the bytes the cut sends (:mod:`.points`);
 - ``feasibility.csv``  one row per device: the largest feasible partition point and what binds
   (:mod:`.feasibility`);
 - ``links.csv``        one row per (device, target): RTT statistics and the link rate, with its source
@@ -38,9 +40,10 @@ from dit.analysis.inputs import (
     read_raw_inference,
     read_raw_layers,
 )
-from dit.analysis.layers import LAYERS_COLUMNS, aggregate_layers, edge_rows_from_requests
+from dit.analysis.layers import REQUIRED_LAYERS_COLUMNS, aggregate_layers, edge_rows_from_requests
 from dit.analysis.links import LINKS_COLUMNS, link_rate, ping_rows
 from dit.analysis.phases import phases_summary
+from dit.analysis.points import POINTS_COLUMNS, points_rows
 from dit.analysis.power_model import read_power_models
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
 
@@ -138,6 +141,9 @@ def aggregate_run(run: LoadedRun | Path) -> AggregateSummary:
     out.mkdir(parents=True, exist_ok=True)
     files = {
         "layers.csv": layers,
+        "points.csv": pd.concat(
+            [points_rows(d, device_layers[d], edge_layers) for d in devices], ignore_index=True
+        ).reindex(columns=list(POINTS_COLUMNS)),
         "feasibility.csv": pd.DataFrame([vars(feas[d]) for d in devices], columns=list(FEASIBILITY_COLUMNS)),
         "links.csv": pd.DataFrame(link_rows, columns=list(LINKS_COLUMNS)),
         "phases.csv": phases,
@@ -182,7 +188,7 @@ def read_model_inputs(run: LoadedRun | Path) -> DelayModel:
     loaded = LoadedRun.of(run)
     devices = loaded.devices
     agg = loaded.aggregate_dir
-    layers = read_csv(agg / "layers.csv", LAYERS_COLUMNS) if (agg / "layers.csv").is_file() else None
+    layers = read_csv(agg / "layers.csv", REQUIRED_LAYERS_COLUMNS) if (agg / "layers.csv").is_file() else None
     links = read_csv(agg / "links.csv", LINKS_COLUMNS[:7]) if (agg / "links.csv").is_file() else None
     if layers is None or links is None:
         raise AggregateError(f"{agg} lacks layers.csv or links.csv; run the aggregate stage first")

@@ -21,7 +21,8 @@ from dit.device.profiler import LAYERS_COLUMNS as RAW_LAYERS_COLUMNS
 
 EDGE_HOST: Final = "edge"
 OPTIONAL_INFERENCE_COLUMNS: Final = ("ack_overlap_ns",)
-LAYERS_RAW_COLUMNS: Final = RAW_LAYERS_COLUMNS
+OPTIONAL_LAYERS_COLUMNS: Final = ("cpu_peak_pct",)  # absent from raw files of older agents
+LAYERS_RAW_COLUMNS: Final = tuple(c for c in RAW_LAYERS_COLUMNS if c not in OPTIONAL_LAYERS_COLUMNS)
 INFERENCE_COLUMNS: Final = tuple(c for c in RAW_INFERENCE_COLUMNS if c not in OPTIONAL_INFERENCE_COLUMNS)
 EDGE_REQUEST_COLUMNS: Final = RAW_EDGE_REQUEST_COLUMNS
 

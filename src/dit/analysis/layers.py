@@ -21,14 +21,19 @@ LAYERS_COLUMNS: Final = (
     "peak_cpu_pct",
     "peak_mem_bytes",
     "ops",
+    "mean_cpu_pct",
 )
+#: What a hand-assembled ``aggregate/layers.csv`` must have (``mean_cpu_pct`` is informative only).
+REQUIRED_LAYERS_COLUMNS: Final = LAYERS_COLUMNS[:-1]
 
 
 def aggregate_layers(raw: pd.DataFrame, host: str, source: Path | str = "") -> pd.DataFrame:
     """Per-stage rows of one host: means over repetitions (peaks: maxima), cumulative latency.
 
     ``latency_ns``, ``output_bytes`` and ``ops`` are means rounded to integers; ``peak_cpu_pct`` and
-    ``peak_mem_bytes`` are the maxima over repetitions (an averaged peak would no longer bound anything);
+    ``peak_mem_bytes`` are the maxima over repetitions (an averaged peak would no longer bound anything)
+    of the sampled per-stage peak ``cpu_peak_pct`` (``cpu_pct``, the stage mean, in raw files of agents
+    that did not sample) and of the peak RSS; ``mean_cpu_pct`` is the mean of ``cpu_pct``;
     ``cum_latency_ns`` is the running sum of ``latency_ns`` over stages 1..stage (0 at stage 0).
     """
     if raw.empty:
@@ -39,8 +44,9 @@ def aggregate_layers(raw: pd.DataFrame, host: str, source: Path | str = "") -> p
     expected = list(range(0 if 0 in stages else 1, big_n + 1))
     if stages != expected:
         raise AggregateError(f"{source or host}: stages {stages} are not contiguous up to {big_n}")
-    means = grouped[["latency_ns", "output_bytes", "ops"]].mean().to_dict()
-    peaks = grouped[["cpu_pct", "peak_mem_bytes"]].max().to_dict()
+    means = grouped[["latency_ns", "output_bytes", "ops", "cpu_pct"]].mean().to_dict()
+    peak_cpu = "cpu_peak_pct" if "cpu_peak_pct" in raw.columns else "cpu_pct"
+    peaks = grouped[[peak_cpu, "peak_mem_bytes"]].max().to_dict()
     rows: list[dict[str, Any]] = []
     cumulative = 0
     for stage in stages:
@@ -53,9 +59,10 @@ def aggregate_layers(raw: pd.DataFrame, host: str, source: Path | str = "") -> p
                 "latency_ns": latency,
                 "cum_latency_ns": cumulative,
                 "output_bytes": round(float(means["output_bytes"][stage])),
-                "peak_cpu_pct": round(float(peaks["cpu_pct"][stage]), 3),
+                "peak_cpu_pct": round(float(peaks[peak_cpu][stage]), 3),
                 "peak_mem_bytes": round(float(peaks["peak_mem_bytes"][stage])),
                 "ops": round(float(means["ops"][stage])),
+                "mean_cpu_pct": round(float(means["cpu_pct"][stage]), 3),
             }
         )
     return pd.DataFrame(rows, columns=list(LAYERS_COLUMNS))
@@ -110,6 +117,7 @@ def edge_rows_from_requests(
                 "peak_cpu_pct": pd.NA,
                 "peak_mem_bytes": pd.NA,
                 "ops": round(float(per_stage["ops"][stage])) if known else pd.NA,
+                "mean_cpu_pct": pd.NA,
             }
         )
     return pd.DataFrame(rows, columns=list(LAYERS_COLUMNS)), source

@@ -46,6 +46,7 @@ from dit.device.tags import (  # set by dit_proc on every tagged process
     START_AT_ENV,
     TAG_ENV,
 )
+from dit.device.threads import effective as effective_threads
 
 STATUS_ENV = "DIT_STATUS_FILE"  # where the process keeps its status record (see StatusFile)
 
@@ -58,6 +59,7 @@ THREAD_ENV = (
     "OPENBLAS_NUM_THREADS",
     "MKL_NUM_THREADS",
     "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
 )
 
 
@@ -198,6 +200,9 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     threads = cfg.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads: {threads!r} is not a positive integer or null")
+    sample_ms = cfg.get("cpu_sample_interval_ms", 2.0)
+    if isinstance(sample_ms, bool) or not isinstance(sample_ms, int | float) or not 0 <= sample_ms <= 1000:
+        raise ConfigError(f"cpu_sample_interval_ms: {sample_ms!r} is not a number in 0..1000")
     inf: Mapping[str, Any] = cfg.get("inference") or {"enabled": False}
     inf_enabled = bool(inf.get("enabled", False))
     tokens = _int(cfg, "tokens", "", default=0)
@@ -267,7 +272,13 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
     say(f"profiling {model.name}: {n} stages, {repetitions} repetitions after {warmup} warm-up")
     announced = cast(StageModel, _Announced(model, warmup, repetitions))
-    prof = profile_model(announced, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin.mono_ns)
+    prof = profile_model(
+        announced,
+        repetitions=repetitions,
+        warmup=warmup,
+        origin_mono_ns=origin.mono_ns,
+        cpu_sample_interval_ns=round(sample_ms * 1e6),
+    )
     say(f"profiling done: {len(prof.records)} stage records")
     write_layers_csv(results / "layers.csv", prof)
     prof_summary = prof.summary()
@@ -321,6 +332,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
             "pid": os.getpid(),
             "python": sys.version.split()[0],
             "threads": threads,
+            "threads_effective": effective_threads(),
             "origin": origin_doc,
             "model": {"name": model.name, "stages": n},
             "profile": {

@@ -38,6 +38,17 @@ For the host's safety an allocation is clamped to MemAvailable - 64 MiB at the t
 while it lasts (hundreds of MB take a fraction of a second on a Pi): the row of a target change is
 written once its memory is in place.
 
+**Settling.** With a ``settle`` config (``timing.settle`` of the scenario, ``steady: true``) the generator
+does not report ready at once: it runs its duty cycle and measures the CPU share it actually got (its
+thread CPU time over wall time, ``time.thread_time_ns``) over a sliding window of ``window_s``; once that
+share is within ``tolerance_pct`` percentage points of the CPU target it is *steady*, and the ready file
+(which the apply stage waits for) carries ``settle``: ``{"steady", "reason", "elapsed_s", "achieved_pct",
+"target_pct", "tolerance_pct", "window_s", "timeout_s"}``. After ``timeout_s`` without a steady window it
+reports ready anyway with ``steady: false, reason: "timeout"`` (the controller warns and records it: see
+:mod:`dit.settle`). The first target holds while settling (continuous mode redraws after it). Mode
+``processes`` has no duty cycle: it reports ``steady: true, reason: "no duty cycle"`` once its processes
+run.
+
 Every target change is one row of ``load.csv`` (``results_dir``) with its ``time.monotonic_ns()``;
 ``load.json`` holds the origin pair and how targets were chosen. SIGTERM stops the generator at once in
 the idle part of a period, else at the end of the busy part (≤ one period, 100 ms by default); it writes a
@@ -56,8 +67,9 @@ import os
 import random
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -317,6 +329,99 @@ class DutyCycle:
             self.next_start = self.clock()  # far behind (suspended, starved): restart the schedule
 
 
+# --------------------------------------------------------------------------- settling
+
+
+@dataclass(frozen=True)
+class SettleConfig:
+    """When the generator counts as steady (the ``settle`` config; scenario ``timing.settle``)."""
+
+    timeout_s: float
+    tolerance_pct: float
+    window_s: float
+
+
+@dataclass(frozen=True)
+class SettleResult:
+    """How settling ended, as the ready file and the controller report it."""
+
+    steady: bool
+    reason: str  # steady | timeout | stopped | no duty cycle
+    elapsed_s: float
+    achieved_pct: float | None  # CPU share over the last full window (None: no full window yet)
+    target_pct: float | None
+    tolerance_pct: float
+    window_s: float
+    timeout_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SettleWatch:
+    """Decides, from ``(wall_ns, cpu_ns)`` observations of the duty-cycle thread, when the load is steady.
+
+    The achieved share is ``100 * delta-CPU / delta-wall`` between the newest observation and the latest
+    one at least ``window`` before it. Steady: a full window and ``|achieved - target| <= tolerance``.
+    Timeout: ``timeout`` after ``start_ns`` without that (the last achieved share is reported).
+    """
+
+    def __init__(self, target_pct: float, cfg: SettleConfig, start_ns: int) -> None:
+        self.target_pct = target_pct
+        self.cfg = cfg
+        self.start_ns = start_ns
+        self.window_ns = round(cfg.window_s * 1e9)
+        self.timeout_ns = round(cfg.timeout_s * 1e9)
+        self.achieved: float | None = None
+        self._samples: deque[tuple[int, int]] = deque()
+
+    def _result(self, steady: bool, reason: str, now_ns: int) -> SettleResult:
+        return SettleResult(
+            steady=steady,
+            reason=reason,
+            elapsed_s=round((now_ns - self.start_ns) / 1e9, 3),
+            achieved_pct=None if self.achieved is None else round(self.achieved, 2),
+            target_pct=self.target_pct,
+            tolerance_pct=self.cfg.tolerance_pct,
+            window_s=self.cfg.window_s,
+            timeout_s=self.cfg.timeout_s,
+        )
+
+    def observe(self, wall_ns: int, cpu_ns: int) -> SettleResult | None:
+        """One observation; the result once steady or timed out, else None."""
+        self._samples.append((wall_ns, cpu_ns))
+        while len(self._samples) >= 2 and self._samples[1][0] <= wall_ns - self.window_ns:
+            self._samples.popleft()
+        base_wall, base_cpu = self._samples[0]
+        if wall_ns - base_wall >= self.window_ns > 0:
+            self.achieved = 100.0 * (cpu_ns - base_cpu) / (wall_ns - base_wall)
+            if abs(self.achieved - self.target_pct) <= self.cfg.tolerance_pct:
+                return self._result(True, "steady", wall_ns)
+        if wall_ns - self.start_ns >= self.timeout_ns:
+            return self._result(False, "timeout", wall_ns)
+        return None
+
+    def stopped(self, now_ns: int) -> SettleResult:
+        return self._result(False, "stopped", now_ns)
+
+
+def settle(
+    period: Callable[[], None],
+    watch: SettleWatch,
+    stopped: Callable[[], bool],
+    clock: Callable[[], int] = time.monotonic_ns,
+    cpu_clock: Callable[[], int] = time.thread_time_ns,
+) -> SettleResult:
+    """Run duty-cycle periods until ``watch`` says steady or timed out (or a stop is requested)."""
+    while True:
+        result = watch.observe(clock(), cpu_clock())
+        if result is not None:
+            return result
+        if stopped():
+            return watch.stopped(clock())
+        period()
+
+
 # --------------------------------------------------------------------------- busy processes
 
 
@@ -392,6 +497,7 @@ class LoadConfig:
     duration_s: float | None
     ready_file: Path | None
     compensate: bool
+    settle: SettleConfig | None = None
 
 
 def _number(cfg: Mapping[str, Any], key: str, lo: float, hi: float | None = None) -> float | None:
@@ -431,6 +537,7 @@ def parse_config(cfg: Mapping[str, Any]) -> LoadConfig:
     period_ms = _number(cfg, "period_ms", 1.0, 10_000.0)
     ready = cfg.get("ready_file")
     return LoadConfig(
+        settle=_settle_config(cfg.get("settle")),
         host=str(require(cfg, "host", str)),
         run_id=str(cfg.get("run_id", "")),
         results_dir=Path(require(cfg, "results_dir", str)),
@@ -447,6 +554,24 @@ def parse_config(cfg: Mapping[str, Any]) -> LoadConfig:
         ready_file=Path(str(ready)) if ready else None,
         compensate=bool(cfg.get("compensate", True)),
     )
+
+
+def _settle_config(raw: Any) -> SettleConfig | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"settle: {raw!r} is not a mapping or null")
+    values: dict[str, float] = {}
+    for key, lo, hi, default in (
+        ("timeout_s", 0.0, 3600.0, 60.0),
+        ("tolerance_pct", 0.0, 100.0, 5.0),
+        ("window_s", 0.01, 60.0, 1.0),
+    ):
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not lo < value <= hi:
+            raise ConfigError(f"settle.{key}: {value!r} is not a number in ({lo}, {hi}]")
+        values[key] = float(value)
+    return SettleConfig(**values)
 
 
 class LoadLog:
@@ -537,7 +662,13 @@ def _load(cfg: LoadConfig, stop: StopSignal) -> int:
         if cfg.mode == "processes":
             pids = start_busy_processes(cfg.processes)
             log.row("start", cfg, 100.0, None, 0, False, None)
-            _ready(cfg, {"pid": os.getpid(), "children": pids})
+            steady: dict[str, Any] | None = None
+            if cfg.settle is not None:
+                s = cfg.settle
+                steady = SettleResult(
+                    True, "no duty cycle", 0.0, None, None, s.tolerance_pct, s.window_s, s.timeout_s
+                ).as_dict()
+            _ready(cfg, {"pid": os.getpid(), "children": pids, "settle": steady})
             try:
                 while not stop.wait(0.05) and (end is None or time.monotonic_ns() < end):
                     pass
@@ -575,10 +706,16 @@ def _run_duty(
     cpu, mem = targets()
     clamped = _apply_memory(memory, mem, basis)
     log.row("start", cfg, cpu, mem, memory.size, clamped, core)
-    _ready(cfg, {"pid": os.getpid(), "cpu_pct": cpu, "mem_pct": mem, "mem_bytes": memory.size})
-    interval_ns = round(cfg.interval_s * 1e9)
     # The idle part of a period is a wait for the stop signal: a stop ends it at once.
     duty = DutyCycle(cfg.period_ns, sleep=stop.wait, compensate=cfg.compensate)
+    steady: dict[str, Any] | None = None
+    if cfg.settle is not None:
+        watch = SettleWatch(cpu, cfg.settle, time.monotonic_ns())
+        steady = settle(lambda: duty.period(cpu), watch, stop.poll).as_dict()
+    _ready(
+        cfg, {"pid": os.getpid(), "cpu_pct": cpu, "mem_pct": mem, "mem_bytes": memory.size, "settle": steady}
+    )
+    interval_ns = round(cfg.interval_s * 1e9)
     next_draw = duty.next_start + interval_ns
     while not stop.poll() and (end is None or time.monotonic_ns() < end):
         if cfg.mode == "continuous" and time.monotonic_ns() >= next_draw:

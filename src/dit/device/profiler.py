@@ -6,8 +6,16 @@ PyTorch adapters alike: it only calls ``make_input``, ``run_stage``, ``output_by
 Per stage and measured pass it records
 
 * ``latency_ns``: ``time.monotonic_ns()`` immediately before and after ``run_stage``;
-* ``cpu_pct``: 100 x process CPU time (``time.process_time_ns``, all threads) / wall time of the
-  stage. It exceeds 100 when the stage computes on several threads (e.g. a BLAS pool);
+* ``cpu_pct``: the stage's *mean* CPU use, 100 x process CPU time (``time.process_time_ns``, all
+  threads) / wall time of the stage. It exceeds 100 when the stage computes on several threads (e.g. a
+  BLAS pool);
+* ``cpu_peak_pct``: the stage's *peak* CPU use, from samples of the process CPU time every
+  ``cpu_sample_interval_ns`` (2 ms by default) while a stage runs: on Linux by a helper process
+  (:class:`HelperCpuSampler`, no GIL taken in the profiled process), else by a sampling thread
+  (:class:`CpuSampler`, minus its own thread CPU time). The peak is the
+  largest 100 x delta-CPU / delta-wall over consecutive samples inside the stage (windows shorter than
+  half the interval are merged into the next), and never less than ``cpu_pct`` (the whole stage is a
+  window too: a stage shorter than two intervals has peak = mean);
 * ``peak_mem_bytes``: the process peak RSS during the stage. Method ``clear_refs``: the kernel's
   high-water mark VmHWM is reset to the current RSS by writing ``5`` to ``/proc/self/clear_refs``
   just before the stage and read from ``/proc/self/status`` just after (both outside the timed
@@ -22,10 +30,15 @@ cpu 0, peak memory as read before the pass).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import resource
+import select
+import struct
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -43,7 +56,9 @@ LAYERS_COLUMNS = (
     "cpu_pct",
     "peak_mem_bytes",
     "start_ns",
+    "cpu_peak_pct",
 )
+DEFAULT_CPU_SAMPLE_INTERVAL_NS = 2_000_000
 
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
@@ -59,6 +74,176 @@ class StageRecord:
     cpu_pct: float
     peak_mem_bytes: int
     start_ns: int
+    cpu_peak_pct: float = 0.0
+
+
+class CpuSampler:
+    """Samples the process's CPU time at a fixed interval while a stage runs (a daemon thread).
+
+    ``begin()`` before a stage, ``end(mean_pct)`` after it returns the stage's peak CPU in percent of one
+    core. Each sample is ``(clock, process CPU - sampler thread CPU)``, in a list of its own per stage
+    (``begin`` swaps in a new one, ``end`` takes a copy: a sample in flight across a boundary is at most a
+    few microseconds off the stage). Between stages the thread waits on an event and costs nothing.
+    ``interval_ns`` 0 disables sampling (peak = mean).
+    """
+
+    def __init__(
+        self,
+        interval_ns: int = DEFAULT_CPU_SAMPLE_INTERVAL_NS,
+        clock: Callable[[], int] = time.monotonic_ns,
+        cpu: Callable[[], int] = time.process_time_ns,
+        own_cpu: Callable[[], int] = time.thread_time_ns,
+    ) -> None:
+        if interval_ns < 0:
+            raise ValueError(f"cpu_sample_interval_ns: {interval_ns} is negative")
+        self.interval_ns = interval_ns
+        self._clock = clock
+        self._cpu = cpu
+        self._own_cpu = own_cpu
+        self._samples: list[tuple[int, int]] = []
+        self._active = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if interval_ns > 0:
+            self._thread = threading.Thread(target=self._run, name="dit-cpu-sampler", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        interval_s = self.interval_ns / 1e9
+        while True:
+            self._active.wait()
+            if self._closed:
+                return
+            samples = self._samples  # a list of this stage (begin() swaps in a new one)
+            samples.append((self._clock(), self._cpu() - self._own_cpu()))
+            time.sleep(interval_s)
+
+    def begin(self) -> None:
+        self._samples = []
+        self._active.set()
+
+    def end_window(self, t0: int, t1: int, mean_pct: float) -> float:
+        """:meth:`end` (the thread's samples are this stage's by construction: no filter)."""
+        return self.end(mean_pct)
+
+    def end(self, mean_pct: float) -> float:
+        """Stop sampling; the peak over this stage's samples (at least ``mean_pct``)."""
+        self._active.clear()
+        return peak_pct(list(self._samples), self.interval_ns, mean_pct)
+
+    def close(self) -> None:
+        self._closed = True
+        self._active.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+
+# The helper process: samples the profiled process's CPU clock (clock_gettime on the pid-encoded
+# process CPU clock, Linux) between a "b" (begin) and an "e" (end) on its stdin, and answers each "e"
+# with a count and (monotonic ns, CPU ns) pairs. It shares no GIL with the profiled process.
+_HELPER = r"""
+import os, select, struct, sys, time
+pid, interval = int(sys.argv[1]), int(sys.argv[2]) / 1e9
+clock = ((~pid) << 3) | 2
+time.clock_gettime_ns(clock)
+os.write(1, b"r")
+samples, active = [], False
+while True:
+    ready, _, _ = select.select([0], [], [], interval if active else None)
+    if not ready:
+        samples.append((time.monotonic_ns(), time.clock_gettime_ns(clock)))
+        continue
+    data = os.read(0, 64)
+    if not data:
+        break
+    for c in data:
+        samples.append((time.monotonic_ns(), time.clock_gettime_ns(clock)))
+        if c == 98:
+            samples, active = samples[-1:], True
+        elif c == 101:
+            active = False
+            out = struct.pack("<q", len(samples)) + b"".join(struct.pack("<qq", t, u) for t, u in samples)
+            os.write(1, out)
+            samples = []
+"""
+
+
+class HelperCpuSampler:
+    """Samples this process's CPU clock from a helper process (Linux), so the sampler takes no GIL.
+
+    Same interface as :class:`CpuSampler`; ``end`` also needs the stage's ``t0``/``t1`` (monotonic ns:
+    the helper's samples are filtered to the stage, since it wakes a little after ``begin``). Raises
+    ``OSError`` when the helper cannot start or cannot read the clock (then use :class:`CpuSampler`).
+    """
+
+    def __init__(self, interval_ns: int = DEFAULT_CPU_SAMPLE_INTERVAL_NS) -> None:
+        if not sys.platform.startswith("linux") or not sys.executable:
+            raise OSError("the helper sampler needs Linux and a Python executable")
+        self.interval_ns = interval_ns
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _HELPER, str(os.getpid()), str(interval_ns)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._in = self._proc.stdin.fileno()
+        self._out = self._proc.stdout.fileno()
+        if self._read_exact(1, timeout_s=30.0) != b"r":
+            self.close()
+            raise OSError("the CPU sampler helper did not start")
+
+    def _read_exact(self, n: int, timeout_s: float = 10.0) -> bytes:
+        data = b""
+        while len(data) < n:
+            ready, _, _ = select.select([self._out], [], [], timeout_s)
+            chunk = os.read(self._out, n - len(data)) if ready else b""
+            if not chunk:
+                raise OSError("the CPU sampler helper stopped answering")
+            data += chunk
+        return data
+
+    def begin(self) -> None:
+        os.write(self._in, b"b")
+
+    def end_window(self, t0: int, t1: int, mean_pct: float) -> float:
+        os.write(self._in, b"e")
+        (count,) = struct.unpack("<q", self._read_exact(8))
+        raw = self._read_exact(16 * count)
+        samples = [struct.unpack_from("<qq", raw, 16 * i) for i in range(count)]
+        inside = [(t, c) for t, c in samples if t0 <= t <= t1]
+        return peak_pct(inside, self.interval_ns, mean_pct)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self._proc.stdin is not None:
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+def peak_pct(samples: list[tuple[int, int]], interval_ns: int, mean_pct: float) -> float:
+    """Largest 100 x delta-CPU / delta-wall over consecutive ``(wall_ns, cpu_ns)`` samples, >= ``mean_pct``.
+
+    A window shorter than half ``interval_ns`` (a late wake-up right after another sample) is merged into
+    the following one, so a short window does not turn clock granularity into a spurious peak.
+    """
+    peak = mean_pct
+    if len(samples) < 2:
+        return round(peak, 2)
+    start_t, start_c = samples[0]
+    for t, c in samples[1:]:
+        wall = t - start_t
+        if wall < interval_ns // 2:
+            continue
+        peak = max(peak, 100.0 * (c - start_c) / wall)
+        start_t, start_c = t, c
+    return round(peak, 2)
 
 
 class PeakMemory:
@@ -119,6 +304,8 @@ class ProfileResult:
     repetitions: int
     peak_mem_method: str
     records: list[StageRecord]
+    cpu_sample_interval_ns: int = DEFAULT_CPU_SAMPLE_INTERVAL_NS
+    cpu_peak_method: str = "thread"
 
     def mean_latency_ns(self) -> list[float]:
         """Mean latency per stage, index 0..N (index 0 is always 0.0)."""
@@ -146,6 +333,7 @@ class ProfileResult:
                     "output_bytes": rows[0].output_bytes,
                     "ops": rows[0].ops,
                     "mean_cpu_pct": sum(r.cpu_pct for r in rows) / len(rows),
+                    "max_cpu_peak_pct": max(r.cpu_peak_pct for r in rows),
                     "max_peak_mem_bytes": max(r.peak_mem_bytes for r in rows),
                 }
             )
@@ -155,6 +343,8 @@ class ProfileResult:
             "warmup": self.warmup,
             "repetitions": self.repetitions,
             "peak_mem_method": self.peak_mem_method,
+            "cpu_sample_interval_ns": self.cpu_sample_interval_ns,
+            "cpu_peak_method": self.cpu_peak_method,
             "forward_mean_ns": sum(means),
             "per_stage": per_stage,
         }
@@ -168,12 +358,58 @@ def profile_model(
     origin_mono_ns: int | None = None,
     peak_memory: PeakMemory | None = None,
     clock: Callable[[], int] = time.monotonic_ns,
+    cpu_sample_interval_ns: int = DEFAULT_CPU_SAMPLE_INTERVAL_NS,
 ) -> ProfileResult:
     """Run ``warmup`` unrecorded passes then ``repetitions`` measured passes, stage by stage."""
     if repetitions < 0 or warmup < 0:
         raise ValueError(f"repetitions ({repetitions}) and warmup ({warmup}) must be >= 0")
     origin = clock() if origin_mono_ns is None else origin_mono_ns
     mem = peak_memory or PeakMemory()
+    sampler = make_sampler(cpu_sample_interval_ns, clock is time.monotonic_ns)
+    try:
+        records = _passes(model, repetitions, warmup, origin, mem, clock, sampler)
+    finally:
+        sampler.close()
+    return ProfileResult(
+        model=model.name,
+        num_stages=model.num_stages,
+        warmup=warmup,
+        repetitions=repetitions,
+        peak_mem_method=mem.method,
+        records=records,
+        cpu_sample_interval_ns=cpu_sample_interval_ns,
+        cpu_peak_method=sampler_method(sampler),
+    )
+
+
+Sampler = CpuSampler | HelperCpuSampler
+
+
+def make_sampler(interval_ns: int, monotonic: bool = True) -> Sampler:
+    """The helper-process sampler where it works (Linux, the real monotonic clock), else the thread."""
+    if interval_ns > 0 and monotonic:
+        try:
+            return HelperCpuSampler(interval_ns)
+        except OSError:
+            pass
+    return CpuSampler(interval_ns)
+
+
+def sampler_method(sampler: Sampler) -> str:
+    if isinstance(sampler, HelperCpuSampler):
+        return "helper_process"
+    return "thread" if sampler.interval_ns > 0 else "off"
+
+
+def _passes(
+    model: StageModel,
+    repetitions: int,
+    warmup: int,
+    origin: int,
+    mem: PeakMemory,
+    clock: Callable[[], int],
+    sampler: Sampler,
+) -> list[StageRecord]:
     n = model.num_stages
     records: list[StageRecord] = []
     for pass_no in range(warmup + repetitions):
@@ -185,15 +421,17 @@ def profile_model(
             )
         for stage in range(1, n + 1):
             mem.reset()
+            sampler.begin()
             c0 = time.process_time_ns()
             t0 = clock()
             x = model.run_stage(stage, x)
             t1 = clock()
             c1 = time.process_time_ns()
-            if rep < 0:
-                continue
             wall = t1 - t0
             cpu = 100.0 * (c1 - c0) / wall if wall > 0 else 0.0
+            peak = sampler.end_window(t0, t1, round(cpu, 2))
+            if rep < 0:
+                continue
             records.append(
                 StageRecord(
                     rep=rep,
@@ -204,16 +442,10 @@ def profile_model(
                     cpu_pct=round(cpu, 2),
                     peak_mem_bytes=mem.read(),
                     start_ns=t0 - origin,
+                    cpu_peak_pct=peak,
                 )
             )
-    return ProfileResult(
-        model=model.name,
-        num_stages=n,
-        warmup=warmup,
-        repetitions=repetitions,
-        peak_mem_method=mem.method,
-        records=records,
-    )
+    return records
 
 
 def write_layers_csv(path: Path, result: ProfileResult) -> None:

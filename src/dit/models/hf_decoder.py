@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from dit.device.threads import configure_torch
 from dit.models.catalogue import entry, expected_sha256
 from dit.models.common import (
     ArraySpec,
@@ -143,6 +144,7 @@ def import_torch() -> Any:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
 
+    configure_torch(torch)  # hardware.<device>.threads: intra- and inter-op pools
     return torch
 
 

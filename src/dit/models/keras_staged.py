@@ -31,15 +31,19 @@ from typing import Any
 
 import numpy as np
 
+from dit.device.threads import configure_tensorflow
 from dit.models.catalogue import entry, expected_sha256
 from dit.models.common import ArraySpec, ArrayStageModel, make_array_input
 from dit.models.weights import TensorSpec, WeightsRecord, ensure_weights, weights_dir
 
 
 def import_keras() -> Any:
-    """Import keras on the TensorFlow backend, quietly."""
+    """Import keras on the TensorFlow backend, quietly, with ``DIT_THREADS`` applied to TensorFlow."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import tensorflow as tf
+
+    configure_tensorflow(tf)  # hardware.<device>.threads, before TensorFlow initialises
     import keras
 
     return keras

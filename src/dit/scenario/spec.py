@@ -94,6 +94,17 @@ class TimingSpec:
     start_lead_s: float
     max_clock_offset_ms: float
     settle_s: float
+    settle: SettleSpec
+
+
+@dataclass(frozen=True)
+class SettleSpec:
+    """``timing.settle``: wait until the load generators are at their CPU target (``dit.device.load``)."""
+
+    steady: bool
+    timeout_s: float
+    tolerance_pct: float
+    window_s: float
 
 
 @dataclass(frozen=True)
@@ -197,6 +208,12 @@ def build(resolved: Mapping[str, Any], sweep_point: tuple[tuple[str, Any], ...])
             start_lead_s=float(timing["start_lead_s"]),
             max_clock_offset_ms=float(timing["max_clock_offset_ms"]),
             settle_s=float(timing["settle_s"]),
+            settle=SettleSpec(
+                steady=bool(timing["settle"]["steady"]),
+                timeout_s=float(timing["settle"]["timeout_s"]),
+                tolerance_pct=float(timing["settle"]["tolerance_pct"]),
+                window_s=float(timing["settle"]["window_s"]),
+            ),
         ),
         load=data["load"],
         network=data["network"],

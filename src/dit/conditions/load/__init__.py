@@ -5,7 +5,9 @@ started (order 70, after the monitors and the power trace, so both see its onset
 cgroup when the memory condition sets one. Targets are drawn on the device from a generator seeded
 with the scenario seed and the device name (``load_seed`` is the scenario seed; see
 :func:`dit.device.load.load_rng`), so they are logged in ``load.csv`` with their monotonic time.
-The edge server never gets a load.
+The edge server never gets a load. With ``timing.settle.steady`` (the default) the generator reports
+ready only once its CPU share is at its target (or the settle timeout passed), so the apply stage ends
+with the loads steady; the controller records each device's settle record (:mod:`dit.settle`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ CONDITION = Condition(
         "load_processes",
         "load_interval_s",
         "load_seed",
+        "load_settle",
     ),
 )
 
@@ -55,4 +58,13 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
         "load_processes": int(conf["processes"]) if mode == "processes" else None,
         "load_interval_s": float(conf.get("interval_s", 10)) if mode == "continuous" else None,
         "load_seed": int(scenario.seed),
+        "load_settle": settle_config(scenario),
     }
+
+
+def settle_config(scenario: Scenario) -> dict[str, float] | None:
+    """The generator's ``settle`` config from ``timing.settle`` (None: report ready at once)."""
+    settle = scenario.timing.settle
+    if not settle.steady:
+        return None
+    return {"timeout_s": settle.timeout_s, "tolerance_pct": settle.tolerance_pct, "window_s": settle.window_s}

@@ -1,9 +1,11 @@
 """Thread count of the inference runtime (``hardware.<device>.threads``).
 
 Nothing on the node changes: the count reaches the run's device processes through their
-environment (OpenMP, MKL, OpenBLAS, TensorFlow intra/inter-op, and ``DIT_THREADS``, which the
-PyTorch adapters pass to ``torch.set_num_threads``) and the profile configuration; the run's
-metadata records it with the other process settings.
+environment (OpenMP, MKL, OpenBLAS, TensorFlow intra/inter-op, and ``DIT_THREADS``) and the profile
+configuration; the run's metadata records it with the other process settings. The model adapters apply
+``DIT_THREADS`` through the frameworks' own APIs when they import them (:mod:`dit.device.threads`:
+``torch.set_num_threads`` / ``set_num_interop_threads``, ``tf.config.threading`` intra/inter-op) and the
+profile command records the values read back from the framework in ``done.json`` (``threads_effective``).
 """
 
 from __future__ import annotations
