@@ -230,14 +230,14 @@ class InProcessTransport:
 
 # ----------------------------------------------------------------------------------------- engine
 
-MemoryCheck = Callable[[str, int, int], bool]  # (worker, bytes, limit) -> re-placement needed
+MemoryCheck = Callable[[int, str, int, int], bool]  # (token, worker, bytes, limit) -> re-place?
 Replan = Callable[[Placement, int], Placement]  # (current, tokens so far) -> new placement
 
 
 def threshold_check(threshold: float = 0.85) -> MemoryCheck:
     """The default re-placement trigger: a worker above ``threshold`` of its limit (0 = no limit)."""
 
-    def check(worker: str, used: int, limit: int) -> bool:
+    def check(token: int, worker: str, used: int, limit: int) -> bool:
         return limit > 0 and used > threshold * limit
 
     return check
@@ -259,6 +259,7 @@ class EngineResult:
     memory: list[dict[str, Any]] = field(default_factory=list)
     replacements: list[dict[str, Any]] = field(default_factory=list)
     oom: dict[str, Any] | None = None
+    replacement_errors: list[dict[str, Any]] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)
 
@@ -454,16 +455,20 @@ class Engine:
         for w, n in samples.items():
             if limits.get(w, 0) and n > limits[w]:
                 return w, n, limits[w]
-        for w, n in samples.items():
-            if self.options.replan is not None and self.options.memory_check(w, n, limits.get(w, 0)):
-                t0 = time.perf_counter_ns()
+        due = [w for w, n in samples.items() if self.options.memory_check(index, w, n, limits.get(w, 0))]
+        if due and self.options.replan is not None:
+            t0 = time.perf_counter_ns()
+            try:
                 new = self.options.replan(self.placement, index + 1)
-                planning = time.perf_counter_ns() - t0
+            except ValueError as exc:  # no feasible placement: keep this one (an OOM may follow)
+                self.result.replacement_errors.append({"token": index, "worker": due[0], "error": str(exc)})
+                return None
+            planning = time.perf_counter_ns() - t0
+            if new != self.placement:
                 info = self.migrate(new)
                 self.result.replacements.append(
-                    {"token": index, "worker": w, "planning_ns": planning, **info}
+                    {"token": index, "worker": due[0], "planning_ns": planning, **info}
                 )
-                break
         return None
 
     # -- the loop

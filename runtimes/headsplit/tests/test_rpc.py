@@ -1,0 +1,156 @@
+"""Controller + workers as real processes over torch RPC (TensorPipe) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from headsplit import model  # noqa: E402
+from headsplit.config import preset  # noqa: E402
+from headsplit.controller import ConfigError, parse_config  # noqa: E402
+from headsplit.units import all_units  # noqa: E402
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TOKEN_FIELDS = {
+    "index", "token_id", "total_ns", "attention_ns", "projection_ns", "ffn_ns", "gather_ns",
+    "broadcast_ns", "reexec_ns", "speculated", "accepted", "rejected", "bytes",
+}  # fmt: skip
+TOP_FIELDS = {
+    "model", "strategy", "speculation", "tau", "threads", "workers", "placement", "tokens", "memory",
+    "replacements", "retries", "oom", "generated", "tokens_generated", "tokens_per_s", "start_ns", "end_ns",
+}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_config(tmp: Path, **over: Any) -> dict[str, Any]:
+    cfg = preset("gpt2-tiny")
+    # heads split over both workers, projection on worker1, FFN on worker2
+    units = {
+        u.key(): ("worker1" if (u.head % 2 == 0 if u.kind == "head" else u.kind == "proj") else "worker2")
+        for u in all_units(cfg)
+    }
+    doc: dict[str, Any] = {
+        "model": {"preset": "gpt2-tiny"},
+        "checkpoint": None,
+        "controller": {"host": "edge", "address": "127.0.0.1", "port": free_port()},
+        "workers": [
+            {
+                "rank": r,
+                "name": f"worker{r}",
+                "host": f"device{r}",
+                "address": "127.0.0.1",
+                "memory_limit_bytes": 0,
+            }
+            for r in (1, 2)
+        ],
+        "strategy": "greedy",
+        "speculation": True,
+        "tau": 0.0,
+        "speculation_profile": None,
+        "tokens": 8,
+        "prompt": "The heads",
+        "memory_threshold": 0.85,
+        "rpc_timeout_s": 3,
+        "rpc_retries": 2,
+        "threads": 1,
+        "result": "results/headsplit.json",
+        "placement": units,
+    }
+    doc.update(over)
+    (tmp / "headsplit.json").write_text(json.dumps(doc))
+    return doc
+
+
+def launch(tmp: Path, stall: dict[int, str] | None = None) -> list[subprocess.CompletedProcess[str]]:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    procs = []
+    for r in (1, 2):
+        wenv = dict(env)
+        if stall and r in stall:
+            wenv.update(HEADSPLIT_STALL_ONCE=stall[r], HEADSPLIT_STALL_S="5")
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "headsplit.worker", "--config", "headsplit.json", "--rank", str(r)],
+                cwd=tmp,
+                env=wenv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    ctl = subprocess.run(
+        [sys.executable, "-m", "headsplit.controller", "--config", "headsplit.json"],
+        check=False,
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    done = [ctl]
+    for p in procs:
+        out, err = p.communicate(timeout=60)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    return done
+
+
+@pytest.mark.slow
+def test_two_workers_tau_zero_exact_with_a_stalled_call_retried(tmp_path: Path) -> None:
+    run_config(tmp_path)
+    procs = launch(tmp_path, stall={2: "heads"})
+    for p in procs:
+        assert p.returncode == 0, p.stderr
+    doc = json.loads((tmp_path / "results/headsplit.json").read_text())
+    cfg = preset("gpt2-tiny")
+    torch.set_num_threads(1)
+    ref_ids, _ = model.generate(cfg, model.seeded_weights(cfg), model.tokenize("The heads", cfg), 8)
+    assert doc["generated"] == ref_ids
+    assert set(doc) >= TOP_FIELDS
+    assert doc["tokens_generated"] == 8 and doc["oom"] is None and doc["error"] is None
+    for t in doc["tokens"]:
+        assert set(t) >= TOKEN_FIELDS
+        assert t["rejected"] == [0, 1, 2]
+        assert t["bytes"]["worker2>worker1"] > 0
+    for w in doc["workers"]:
+        assert len(w["rtt_ns"]) == 10 and all(x > 0 for x in w["rtt_ns"]) and w["flops_per_s"] > 0
+    assert doc["placement"]["units"]["L0.proj"] == "worker1"
+    assert {m["worker"] for m in doc["memory"]} == {"worker1", "worker2"}
+    # the stalled heads call on worker2 timed out once and was retried
+    assert len(doc["retries"]) == 1
+    r = doc["retries"][0]
+    assert (
+        r["worker"] == "worker2"
+        and r["call"] == "heads"
+        and r["attempt"] == 1
+        and r["time_ns"] > doc["start_ns"]
+    )
+    w2 = json.loads((tmp_path / "results/worker2.json").read_text())
+    assert w2["stalls"][0]["call"] == "heads" and len(w2["memory"]) == 8
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    doc = run_config(tmp_path)
+    parse_config(doc)
+    for key, value, match in (
+        ("strategy", "best", "strategy: one of"),
+        ("tau", -1, "tau: expected"),
+        ("tokens", 0, "tokens: must be"),
+        ("workers", [{"rank": 2, "address": "x"}], r"workers\[0\]\.rank"),
+        ("placement", {"L0.head0": "worker9"}, r"placement\.L0\.head0: unknown worker"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            parse_config({**doc, key: value})
