@@ -206,9 +206,9 @@ def wait_start() -> None:
 def _speculate_layers(rc: RunConfig) -> frozenset[int] | None:
     if not rc.speculation or rc.speculation_profile is None:
         return None
-    from headsplit import speculation
+    from headsplit.speculation import load_profile
 
-    return frozenset(speculation.load_profile(rc.speculation_profile)["speculate_layers"])
+    return frozenset(load_profile(rc.speculation_profile)["speculate_layers"])
 
 
 def _memory_check(limits: dict[str, int], threshold: float) -> engine.MemoryCheck:
