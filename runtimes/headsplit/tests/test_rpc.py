@@ -64,7 +64,7 @@ def run_config(tmp: Path, **over: Any) -> dict[str, Any]:
         "tokens": 8,
         "prompt": "The heads",
         "memory_threshold": 0.85,
-        "rpc_timeout_s": 3,
+        "rpc_timeout_s": 5,
         "rpc_retries": 2,
         "threads": 1,
         "result": "results/headsplit.json",
@@ -81,7 +81,7 @@ def launch(tmp: Path, stall: dict[int, str] | None = None) -> list[subprocess.Co
     for r in (1, 2):
         wenv = dict(env)
         if stall and r in stall:
-            wenv.update(HEADSPLIT_STALL_ONCE=stall[r], HEADSPLIT_STALL_S="5")
+            wenv.update(HEADSPLIT_STALL_ONCE=stall[r], HEADSPLIT_STALL_S="8")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "headsplit.worker", "--config", "headsplit.json", "--rank", str(r)],
@@ -130,14 +130,10 @@ def test_two_workers_tau_zero_exact_with_a_stalled_call_retried(tmp_path: Path) 
     assert doc["placement"]["units"]["L0.proj"] == "worker1"
     assert {m["worker"] for m in doc["memory"]} == {"worker1", "worker2"}
     # the stalled heads call on worker2 timed out once and was retried
-    assert len(doc["retries"]) == 1
-    r = doc["retries"][0]
-    assert (
-        r["worker"] == "worker2"
-        and r["call"] == "heads"
-        and r["attempt"] == 1
-        and r["time_ns"] > doc["start_ns"]
-    )
+    # (a loaded machine may add genuine retries: the stalled one must be there, attempt 1)
+    stalled = [r for r in doc["retries"] if r["worker"] == "worker2" and r["call"] == "heads"]
+    assert stalled and stalled[0]["attempt"] == 1 and stalled[0]["time_ns"] > doc["start_ns"]
+    assert "timeout" in stalled[0]["error"].lower() or "ran for more than" in stalled[0]["error"]
     w2 = json.loads((tmp_path / "results/worker2.json").read_text())
     assert w2["stalls"][0]["call"] == "heads" and len(w2["memory"]) == 8
 

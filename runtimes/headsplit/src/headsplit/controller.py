@@ -365,16 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         doc = run(rc)
         if doc["error"]:
-            print(f"headsplit controller: {doc['error']}", file=sys.stderr)
             code = 1
-    except (ValueError, model.CheckpointError) as exc:
-        print(f"headsplit controller: {exc}", file=sys.stderr)
-        doc, code = {"error": str(exc)}, 1
-    finally:
-        rpc.shutdown()
+    except Exception as exc:  # a failed run is a result file with its error, not a traceback
+        doc, code = {"error": f"{type(exc).__name__}: {exc}"}, 1
+    if code:
+        print(f"headsplit controller: {doc['error']}", file=sys.stderr)
+    # the result first: a shutdown after a failure may wait on a worker that is gone
     out = Path(rc.result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
+    rpc.shutdown(graceful=code == 0)
     return code
 
 

@@ -74,9 +74,10 @@ def bind_interface(address: str) -> None:
             os.environ["TP_SOCKET_IFNAME"] = name
 
 
-def shutdown() -> None:
-    """Graceful: blocks until every member of the group has reached shutdown."""
-    trpc.shutdown(graceful=True)
+def shutdown(graceful: bool = True) -> None:
+    """Graceful: blocks until every member of the group has reached shutdown (and its outstanding
+    calls are done). Not graceful: this process leaves at once (after a failed run)."""
+    trpc.shutdown(graceful=graceful)
 
 
 # ------------------------------------------------------------------------------- worker-side state
