@@ -2,17 +2,20 @@
 cross-layer speculation; migration of units and KV slices; memory per worker per token.
 
 The engine talks to workers only through a ``Transport``: ``call(worker, method, *args)`` returns a
-``Pending`` whose ``result()`` is ``(value, compute_ns)`` -- the value of ``WorkerState.<method>`` and
-the time the worker spent computing it. ``InProcessTransport`` holds ``WorkerState`` objects in this
-process; ``headsplit.rpc.RpcTransport`` reaches the same class in worker processes.
+``Pending`` whose ``result()`` is the value of ``WorkerState.<method>`` (with the worker's compute
+time, and for heads/proj/ffn the time it spent pulling its inputs). ``InProcessTransport`` holds
+``WorkerState`` objects in this process; ``headsplit.rpc.RpcTransport`` reaches the same class in
+worker processes.
 
-Data path. The controller drives every call, so on the wire tensors go controller <-> worker (a star,
-as every frame crosses the access point on the article's WiFi anyway). The per-link byte counts are
-the *logical* ones of the article's execution: X from the layer's input holder to every head worker
-and the projection worker; head outputs head worker -> projection worker (the gather); Z projection
-worker -> FFN worker (and -> the next layer's head workers when speculating); X FFN worker -> next
-layer's workers (the broadcast); the last X FFN worker -> controller. Transfers within a worker count
-nothing, so a layer-wise placement moves bytes only at its layer boundaries.
+Data path. The controller sends only control messages (which unit, which step, where the input is);
+activations go producer -> consumer directly: every worker keeps what it produced in its store under
+``<step>:<name>`` and its consumers pull it (``Ref`` = (owner, key)). Per layer: the head workers
+pull X from its holder (the broadcast: the controller's embedding for layer 0, else the previous
+FFN worker), the projection worker pulls the head outputs and X (the gather) and keeps Z, the FFN
+worker pulls Z and keeps X = Z + FFN(Z); speculating, the next layer's head workers pull Z from the
+projection worker at once. The controller pulls the last X for the LM head. Bytes per link count
+these pulls (``src>dst``, src the producer); transfers within a worker count nothing, so a
+layer-wise placement moves bytes only at its layer boundaries.
 
 Speculation on transition l -> l+1 (layer l's Z forwarded to layer l+1's heads while layer l's FFN
 runs): accepted when ||FFN(Z)|| / ||Z|| < tau (strictly: tau = 0 never accepts, so the output is
@@ -35,7 +38,18 @@ from headsplit.units import Unit, all_units
 
 Placement = dict[Unit, str]
 SlotKey = tuple[int, int]  # (layer, kv head)
+Ref = tuple[str, str]  # (owner: worker or controller, key) of an activation held in the owner's store
+Fetch = Callable[[str, str], torch.Tensor]  # (owner, key) -> tensor, pulled from the owner
 CONTROLLER = "controller"
+
+
+def store_put(store: dict[str, torch.Tensor], key: str, t: torch.Tensor) -> None:
+    """Keys are ``<step>:<name>``; a key of a new step drops the older steps' entries (nothing of a
+    finished step is read again: every step starts from a fresh embedding)."""
+    step = int(key.split(":", 1)[0])
+    for k in [k for k in store if int(k.split(":", 1)[0]) < step]:
+        del store[k]
+    store[key] = t
 
 
 class Pending(Protocol):
@@ -49,6 +63,12 @@ class Pending(Protocol):
 
 class Transport(Protocol):
     def call(self, worker: str, method: str, *args: Any) -> Pending: ...
+
+    def publish(self, key: str, t: torch.Tensor) -> None:
+        """Put a controller-produced activation (the embedding) where workers can pull it."""
+
+    def fetch(self, owner: str, key: str) -> torch.Tensor:
+        """Pull an activation from its owner to the controller (the last X)."""
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -72,11 +92,32 @@ class WorkerState:
     """What one worker holds -- its units' weights and its KV slots (weights + cache) -- and the calls
     the engine makes on it. Every call returns ``(value, compute_ns)``."""
 
-    def __init__(self, name: str, cfg: ModelConfig) -> None:
+    def __init__(
+        self,
+        name: str,
+        cfg: ModelConfig,
+        fetch: Fetch | None = None,
+        store: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         self.name = name
         self.cfg = cfg
         self.units: dict[str, model.Weights] = {}
         self.slots: dict[SlotKey, model.KVSlot] = {}
+        # activations this worker produced this step, pulled by the workers that consume them
+        self.store: dict[str, torch.Tensor] = {} if store is None else store
+        self.fetch = fetch
+
+    def _get(self, ref: Ref) -> torch.Tensor:
+        owner, key = ref
+        if owner == self.name:
+            return self.store[key]
+        if self.fetch is None:
+            raise RuntimeError(f"{self.name}: no way to fetch {key} from {owner}")
+        return self.fetch(owner, key)
+
+    def get(self, key: str) -> torch.Tensor:
+        """Serve one stored activation to a consumer (not through the call lock: never blocks)."""
+        return self.store[key]
 
     def load(
         self,
@@ -112,27 +153,49 @@ class WorkerState:
         return len(gone) + len(gone_s), time.perf_counter_ns() - t0
 
     def heads(
-        self, layer: int, heads: list[int], x: torch.Tensor, start_pos: int
-    ) -> tuple[dict[int, torch.Tensor], int]:
+        self, layer: int, heads: list[int], x_ref: Ref, start_pos: int, out: str
+    ) -> tuple[None, int, int]:
+        """This worker's heads of ``layer`` on X (pulled from its holder); the outputs, concatenated
+        in head order, are stored as ``out``. Returns (None, compute_ns, fetch_ns)."""
         t0 = time.perf_counter_ns()
+        x = self._get(x_ref)
+        t1 = time.perf_counter_ns()
         with torch.no_grad():
             hw = {h: self.units[Unit(layer, "head", h).key()] for h in heads}
             slots = {kvh: self.slots[(layer, kvh)] for kvh in {self.cfg.kv_head_of(h) for h in heads}}
-            out = model.heads_forward(self.cfg, hw, slots, x, start_pos)
-        return out, time.perf_counter_ns() - t0
+            outs = model.heads_forward(self.cfg, hw, slots, x, start_pos)
+            store_put(self.store, out, torch.cat([outs[h] for h in sorted(heads)], dim=-1))
+        return None, time.perf_counter_ns() - t1, t1 - t0
 
-    def proj(self, layer: int, concat: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Z = X + proj(concat heads)."""
+    def proj(
+        self, layer: int, parts: list[tuple[Ref, list[int]]], x_ref: Ref, out: str
+    ) -> tuple[None, int, int]:
+        """The gather: pull every head worker's outputs and X, then Z = X + proj(heads in order),
+        stored as ``out``."""
         t0 = time.perf_counter_ns()
+        pulled = [(self._get(ref), hs) for ref, hs in parts]
+        x = self._get(x_ref)
+        t1 = time.perf_counter_ns()
         with torch.no_grad():
-            z = x + model.proj(self.cfg, self.units[Unit(layer, "proj").key()], concat)
-        return z, time.perf_counter_ns() - t0
+            by_head: dict[int, torch.Tensor] = {}
+            for t, hs in pulled:
+                by_head.update(zip(sorted(hs), torch.split(t, self.cfg.head_dim, dim=-1), strict=True))
+            concat = torch.cat([by_head[h] for h in range(self.cfg.n_heads)], dim=-1)
+            store_put(
+                self.store, out, x + model.proj(self.cfg, self.units[Unit(layer, "proj").key()], concat)
+            )
+        return None, time.perf_counter_ns() - t1, t1 - t0
 
-    def ffn(self, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def ffn(self, layer: int, z_ref: Ref, out: str) -> tuple[float, int, int]:
+        """X = Z + FFN(Z), stored as ``out``; returns ||FFN(Z)|| / ||Z|| for the speculation test."""
         t0 = time.perf_counter_ns()
+        z = self._get(z_ref)
+        t1 = time.perf_counter_ns()
         with torch.no_grad():
             d = model.ffn(self.cfg, self.units[Unit(layer, "ffn").key()], z)
-        return d, time.perf_counter_ns() - t0
+            store_put(self.store, out, z + d)
+            ratio = model.ffn_ratio(d, z)
+        return ratio, time.perf_counter_ns() - t1, t1 - t0
 
     def nbytes(self) -> tuple[int, int]:
         """Bytes held: unit weights + KV copies (weights and cache)."""
@@ -210,6 +273,15 @@ class InProcessTransport:
 
     def __init__(self, states: Mapping[str, WorkerState]) -> None:
         self.states = dict(states)
+        self.store: dict[str, torch.Tensor] = {}
+        for st in self.states.values():
+            st.fetch = self.fetch
+
+    def publish(self, key: str, t: torch.Tensor) -> None:
+        store_put(self.store, key, t)
+
+    def fetch(self, owner: str, key: str) -> torch.Tensor:
+        return self.store[key] if owner == CONTROLLER else self.states[owner].store[key]
 
     @classmethod
     def from_weights(
@@ -277,7 +349,8 @@ class _Token:
                 "broadcast_ns",
                 "reexec_ns",
                 "speculative_ns",
-                "ffn_comm_ns",
+                "zforward_ns",
+                "control_ns",
             ),
             0,
         )
@@ -311,6 +384,7 @@ class Engine:
         self.placement = dict(placement)
         self.result = EngineResult()
         self.migration_bytes: dict[str, int] = {}
+        self._step = 0  # forward passes so far: the prefix of activation keys
 
     # -- placement lookups
     def _head_workers(self, layer: int) -> dict[str, list[int]]:
@@ -326,89 +400,104 @@ class Engine:
         return o.speculate_layers is None or layer in o.speculate_layers
 
     # -- one layer's attention
-    def _issue_heads(self, layer: int, x: torch.Tensor, start: int) -> list[tuple[str, Pending]]:
-        return [
-            (w, self.transport.call(w, "heads", layer, hs, x, start))
-            for w, hs in self._head_workers(layer).items()
-        ]
+    def _issue_heads(
+        self, layer: int, x_ref: Ref, start: int, name: str
+    ) -> list[tuple[Ref, list[int], Pending]]:
+        out = []
+        for w, hs in self._head_workers(layer).items():
+            key = f"{self._step}:{name}@{w}"
+            out.append(((w, key), hs, self.transport.call(w, "heads", layer, hs, x_ref, start, key)))
+        return out
 
     def _collect_heads(
-        self, pend: list[tuple[str, Pending]], tok: _Token, compute_field: str
-    ) -> dict[int, torch.Tensor]:
-        outs: dict[int, torch.Tensor] = {}
-        slowest, comm = 0, 0
-        for _, p in pend:
-            value, ns = p.result()
-            outs.update(value)
-            slowest = max(slowest, ns)
-            comm = max(comm, p.done_ns - p.issued_ns - ns)
+        self, pend: list[tuple[Ref, list[int], Pending]], tok: _Token, compute_field: str
+    ) -> tuple[list[tuple[Ref, list[int]]], int]:
+        """Wait for a layer's head calls: the slowest worker's compute goes to ``compute_field``, the
+        slowest pull of X to broadcast_ns; returns the parts for the gather and that compute."""
+        slowest = fetch = control = 0
+        for _, _, p in pend:
+            _, ns, fns = p.result()
+            slowest, fetch = max(slowest, ns), max(fetch, fns)
+            control = max(control, p.done_ns - p.issued_ns - ns - fns)
         tok.t[compute_field] += slowest
-        tok.t["broadcast_ns"] += max(comm, 0)
-        return outs
+        tok.t["broadcast_ns"] += fetch
+        tok.t["control_ns"] += max(control, 0)
+        return [(ref, hs) for ref, hs, _ in pend], slowest
 
-    def _send_x(self, tok: _Token, src: str, layer: int, x: torch.Tensor, heads_too: bool) -> None:
-        """Account X going from its holder to layer ``layer``'s projection worker (and head workers)."""
-        n = _nbytes(x)
+    def _send_x(self, tok: _Token, src: str, layer: int, n: int, heads_too: bool) -> None:
+        """Account X (``n`` bytes) going from its holder to layer ``layer``'s projection worker (and
+        head workers)."""
         dsts = {self.placement[Unit(layer, "proj")]}
         if heads_too:
             dsts |= set(self._head_workers(layer))
         for d in dsts:
             tok.send(src, d, n)
 
+    def _timed(self, p: Pending, tok: _Token, compute_field: str, fetch_field: str) -> Any:
+        value, ns, fns = p.result()
+        tok.t[compute_field] += ns
+        tok.t[fetch_field] += fns
+        tok.t["control_ns"] += max(p.done_ns - p.issued_ns - ns - fns, 0)
+        return value
+
     def step(self, ids: list[int], start: int) -> tuple[torch.Tensor, _Token]:
         """One forward pass over ``ids`` at positions start.. (the prefill, or one new token)."""
         cfg, tok = self.cfg, _Token()
+        self._step += 1
+        key = f"{self._step}:x-1"
         with torch.no_grad():
-            x = model.embed(cfg, self.w, ids, start)
-        holder = CONTROLLER
-        self._send_x(tok, holder, 0, x, heads_too=True)
-        outs: dict[int, torch.Tensor] | None = None
+            self.transport.publish(key, model.embed(cfg, self.w, ids, start))
+        x_ref: Ref = (CONTROLLER, key)
+        row_bytes = len(ids) * cfg.hidden * 4  # X and Z: [tokens of this step, hidden] float32
+        head_bytes = len(ids) * cfg.head_dim * 4
+        self._send_x(tok, CONTROLLER, 0, row_bytes, heads_too=True)
+        parts: list[tuple[Ref, list[int]]] | None = None
         for layer in range(cfg.n_layers):
             pw = self.placement[Unit(layer, "proj")]
             fw = self.placement[Unit(layer, "ffn")]
-            if outs is None:
-                outs = self._collect_heads(self._issue_heads(layer, x, start), tok, "attention_ns")
-            for w, hs in self._head_workers(layer).items():
-                tok.send(w, pw, sum(_nbytes(outs[h]) for h in hs))
-            concat = torch.cat([outs[h] for h in range(cfg.n_heads)], dim=-1)
-            pp = self.transport.call(pw, "proj", layer, concat, x)
-            z, ns = pp.result()
-            tok.t["projection_ns"] += ns
-            tok.t["gather_ns"] += max(pp.done_ns - pp.issued_ns - ns, 0)
-            tok.send(pw, fw, _nbytes(z))
+            if parts is None:
+                parts, _ = self._collect_heads(
+                    self._issue_heads(layer, x_ref, start, f"h{layer}"), tok, "attention_ns"
+                )
+            for (w, _), hs in parts:
+                tok.send(w, pw, len(hs) * head_bytes)
+            z_ref: Ref = (pw, f"{self._step}:z{layer}")
+            self._timed(
+                self.transport.call(pw, "proj", layer, parts, x_ref, z_ref[1]),
+                tok,
+                "projection_ns",
+                "gather_ns",
+            )
+            tok.send(pw, fw, row_bytes)
             spec = self._speculates(layer)
-            fp = self.transport.call(fw, "ffn", layer, z)
-            spec_pend: list[tuple[str, Pending]] = []
+            fp = self.transport.call(fw, "ffn", layer, z_ref, f"{self._step}:x{layer}")
+            spec_pend: list[tuple[Ref, list[int], Pending]] = []
             if spec:
-                spec_pend = self._issue_heads(layer + 1, z, start)
+                spec_pend = self._issue_heads(layer + 1, z_ref, start, f"s{layer + 1}")
                 for w in self._head_workers(layer + 1):
-                    tok.send(pw, w, _nbytes(z))
-            delta, ns = fp.result()
-            tok.t["ffn_ns"] += ns
-            tok.t["ffn_comm_ns"] += max(fp.done_ns - fp.issued_ns - ns, 0)
-            x = z + delta
-            holder = fw
-            outs = None
+                    tok.send(pw, w, row_bytes)
+            ratio = float(self._timed(fp, tok, "ffn_ns", "zforward_ns"))
+            x_ref = (fw, f"{self._step}:x{layer}")
+            parts = None
             if spec:
-                ratio = model.ffn_ratio(delta, z)
                 tok.speculated.append(layer)
                 tok.ratios[str(layer)] = ratio
-                before = tok.t["attention_ns"]
-                spec_outs = self._collect_heads(spec_pend, tok, "attention_ns")
-                spec_ns = tok.t["attention_ns"] - before
-                tok.t["speculative_ns"] += spec_ns
+                spec_parts, spec_ns = self._collect_heads(spec_pend, tok, "speculative_ns")
                 if ratio < self.options.tau:
                     tok.accepted.append(layer)
-                    outs = spec_outs
-                    self._send_x(tok, holder, layer + 1, x, heads_too=False)
+                    tok.t["attention_ns"] += spec_ns
+                    parts = spec_parts
+                    self._send_x(tok, fw, layer + 1, row_bytes, heads_too=False)
                 else:
                     tok.rejected.append(layer)
-                    tok.t["attention_ns"] -= spec_ns  # wasted: counted in speculative_ns only
-                    self._send_x(tok, holder, layer + 1, x, heads_too=True)
-                    outs = self._collect_heads(self._issue_heads(layer + 1, x, start), tok, "reexec_ns")
+                    self._send_x(tok, fw, layer + 1, row_bytes, heads_too=True)
+                    parts, _ = self._collect_heads(
+                        self._issue_heads(layer + 1, x_ref, start, f"h{layer + 1}"), tok, "reexec_ns"
+                    )
             elif layer + 1 < cfg.n_layers:
-                self._send_x(tok, holder, layer + 1, x, heads_too=True)
-        tok.send(holder, CONTROLLER, _nbytes(x[-1]))
+                self._send_x(tok, fw, layer + 1, row_bytes, heads_too=True)
+        x = self.transport.fetch(*x_ref)
+        tok.send(x_ref[0], CONTROLLER, row_bytes)
         with torch.no_grad():
             logits = model.lm_logits(cfg, self.w, x[-1])
         return logits, tok

@@ -94,6 +94,19 @@ class _Worker:
 
 
 _W = _Worker(stall_pending=os.environ.get("HEADSPLIT_STALL_ONCE") or None)
+# this process's activations (a worker's outputs, or the controller's embedding), pulled by their
+# consumers with remote_get: the data goes producer -> consumer, never through the controller
+STORE: dict[str, torch.Tensor] = {}
+
+
+def remote_get(key: str) -> torch.Tensor:
+    return STORE[key]
+
+
+def _pull(owner: str, key: str) -> torch.Tensor:
+    """A worker pulling an activation from its producer (timeout: the group's rpc_timeout_s; a
+    stalled pull fails the worker's call, which the controller retries)."""
+    return trpc.rpc_sync(owner, remote_get, args=(key,))  # type: ignore[no-any-return]
 
 
 def worker_report() -> dict[str, Any]:
@@ -137,7 +150,7 @@ def remote_setup(
     else:
         w = model.seeded_weights(cfg, sorted(names))
     with _W.lock:
-        st = engine.WorkerState(trpc.get_worker_info().name, cfg)
+        st = engine.WorkerState(trpc.get_worker_info().name, cfg, fetch=_pull, store=STORE)
         st.load(*engine.build_share(cfg, w, units))
         _W.state = st
         n, _ = st.nbytes()
@@ -269,6 +282,12 @@ class RpcTransport:
                     raise RpcCallFailed(
                         f"{worker}.{fn.__name__}: failed {attempt} times, last error: {msg}"
                     ) from exc
+
+    def publish(self, key: str, t: torch.Tensor) -> None:
+        engine.store_put(STORE, key, t)
+
+    def fetch(self, owner: str, key: str) -> torch.Tensor:
+        return self._sync(owner, remote_get, key)  # type: ignore[no-any-return]
 
     def rtt_ns(self, worker: str, samples: int = RTT_SAMPLES) -> list[int]:
         out = []
