@@ -150,3 +150,26 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     ):
         with pytest.raises(ConfigError, match=match):
             parse_config({**doc, key: value})
+
+
+def test_controller_waits_for_dit_start_at_ns(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from headsplit.controller import wait_start
+
+    t0 = time.time_ns()
+    monkeypatch.setenv("DIT_START_AT_NS", str(t0 + 300_000_000))
+    wait_start()
+    assert time.time_ns() - t0 >= 300_000_000
+
+
+def test_controller_bad_config_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from headsplit.controller import main
+
+    doc = run_config(tmp_path)
+    doc["rpc_retries"] = -1
+    (tmp_path / "headsplit.json").write_text(json.dumps(doc))
+    assert main(["--config", str(tmp_path / "headsplit.json")]) == 2
+    assert "rpc_retries: expected an integer >= 0" in capsys.readouterr().err
