@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from headsplit import model  # noqa: E402
 from headsplit.config import preset  # noqa: E402
 from headsplit.controller import ConfigError, parse_config  # noqa: E402
-from headsplit.units import all_units  # noqa: E402
+from headsplit.units import Unit, all_units  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TOKEN_FIELDS = {
@@ -173,3 +173,83 @@ def test_controller_bad_config_exits_2_naming_the_field(
     (tmp_path / "headsplit.json").write_text(json.dumps(doc))
     assert main(["--config", str(tmp_path / "headsplit.json")]) == 2
     assert "rpc_retries: expected an integer >= 0" in capsys.readouterr().err
+
+
+def launch_n(tmp: Path, n: int) -> int:
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", SRC)}
+    argv = [sys.executable, "-m", "headsplit.worker", "--config", "headsplit.json", "--rank"]
+    procs = [
+        subprocess.Popen(
+            [*argv, str(r)], cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for r in range(1, n + 1)
+    ]
+    ctl = [sys.executable, "-m", "headsplit.controller", "--config", "headsplit.json"]
+    code = subprocess.run(ctl, cwd=tmp, env=env, check=False, timeout=300).returncode
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+    return code
+
+
+def free_run_memory(doc: dict[str, Any], workers: list[str], tokens: int) -> dict[tuple[str, int], int]:
+    """Per (worker, token) bytes of the run config's explicit placement, from the in-process engine
+    (the same tensors the worker processes hold)."""
+    from headsplit import engine
+
+    cfg = preset("gpt2-tiny")
+    torch.set_num_threads(1)
+    w = model.seeded_weights(cfg)
+    placement = {Unit.parse(k): v for k, v in doc["placement"].items()}
+    tr = engine.InProcessTransport.from_weights(cfg, w, placement, workers)
+    eng = engine.Engine(cfg, tr, placement, w, engine.EngineOptions(memory_limits=dict.fromkeys(workers, 0)))
+    res = eng.generate(model.tokenize(doc["prompt"], cfg), tokens)
+    return {(m["worker"], m["token"]): m["bytes"] for m in res.memory}
+
+
+@pytest.mark.slow
+def test_replacement_with_hs_place_over_rpc_stays_exact(tmp_path: Path) -> None:
+    """hs-place's replace() (skipped without placement.py): worker2 crosses 85 % of its limit at
+    token 10, units and KV slices move to the idle worker3, tau = 0 stays exact."""
+    pytest.importorskip("headsplit.placement")
+    doc = run_config(tmp_path)
+    mem = free_run_memory(doc, ["worker1", "worker2", "worker3"], 40)
+    limit2 = int(mem[("worker2", 10)] / 0.85)  # crossed at token 10 (not before: the cache grows)
+    doc.update(
+        workers=[
+            {"rank": r, "address": "127.0.0.1", "memory_limit_bytes": limit2 if r == 2 else 50_000_000}
+            for r in (1, 2, 3)
+        ],
+        tokens=40,
+        rpc_timeout_s=30,
+    )
+    (tmp_path / "headsplit.json").write_text(json.dumps(doc))
+    assert launch_n(tmp_path, 3) == 0
+    res = json.loads((tmp_path / "results/headsplit.json").read_text())
+    cfg = preset("gpt2-tiny")
+    ref, _ = model.generate(cfg, model.seeded_weights(cfg), model.tokenize(doc["prompt"], cfg), 40)
+    assert res["generated"] == ref and res["oom"] is None
+    rep = res["replacements"]
+    assert rep and rep[0]["token"] == 10 and rep[0]["worker"] == "worker2" and rep[0]["moved_units"] > 0
+    assert any(m["worker"] == "worker3" and m["bytes"] > 0 for m in res["memory"])
+
+
+@pytest.mark.slow
+def test_static_placement_out_of_memory_over_rpc(tmp_path: Path) -> None:
+    """An explicit (static) placement and a limit worker1 passes at token 6: an oom outcome, exit 0."""
+    from headsplit import engine
+
+    doc = run_config(tmp_path)
+    cfg = preset("gpt2-tiny")
+    torch.set_num_threads(1)
+    w = model.seeded_weights(cfg)
+    placement = {Unit.parse(k): v for k, v in doc["placement"].items()}
+    tr = engine.InProcessTransport.from_weights(cfg, w, placement, ["worker1", "worker2"])
+    free = engine.Engine(cfg, tr, placement, w).generate(model.tokenize("The heads", cfg), 8)
+    at5 = next(m["bytes"] for m in free.memory if m["worker"] == "worker1" and m["token"] == 5)
+    doc["workers"][0]["memory_limit_bytes"] = at5
+    doc["replacement"] = False  # static: no re-placement even when placement.py is installed
+    (tmp_path / "headsplit.json").write_text(json.dumps(doc))
+    assert launch_n(tmp_path, 2) == 0
+    res = json.loads((tmp_path / "results/headsplit.json").read_text())
+    assert res["oom"] == {"token": 6, "worker": "worker1", "bytes": res["oom"]["bytes"], "limit_bytes": at5}
+    assert res["generated"] == free.generated[:6] and res["tokens_generated"] == 6
