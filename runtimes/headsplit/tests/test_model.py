@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_per_unit_decomposition_equals_reference_bit_for_bit(name: str) -> None:
         for _ in range(6):
             x = model.embed(cfg, w, step, start)
             for i in range(cfg.n_layers):
-                outs: dict[int, torch.Tensor] = {}
+                outs: dict[int, Any] = {}
                 for share, sl in ((share_b, slots[i][1]), (share_a, slots[i][0])):
                     outs.update(
                         model.heads_forward(
