@@ -1,0 +1,111 @@
+"""HeadSplit over torch RPC on this machine: per-token time split into compute and communication.
+
+    PYTHONPATH=runtimes/headsplit/src .venv/bin/python benchmarks/bench_headsplit_rpc.py \\
+        [--model gpt2-tiny] [--tokens 16] [--workers 2] [--threads 1]
+
+Starts one controller and ``--workers`` workers on 127.0.0.1 (a free port), twice: a layer-wise
+placement (contiguous layers per worker) and a head-split one (heads dealt round-robin, projection
+and FFN of a layer on different workers), no speculation. Prints, per decode token (medians over
+tokens 1..N-1, the prefill left out), the compute (attention + projection + FFN), the pulls of
+activations between processes (broadcast + gather + Z forward), the remaining RPC control overhead,
+the total, and the bytes moved, with the RTT measured at start. Everything runs on one host, so the
+"network" is loopback: the figures are the RPC stack's own overhead, not WiFi's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from headsplit.config import preset
+from headsplit.units import all_units
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def placement(name: str, mode: str, workers: list[str]) -> dict[str, str]:
+    cfg = preset(name)
+    n = len(workers)
+    if mode == "layerwise":
+        per = -(-cfg.n_layers // n)
+        return {u.key(): workers[u.layer // per] for u in all_units(cfg)}
+    out = {}
+    for u in all_units(cfg):
+        i = u.head if u.kind == "head" else u.layer if u.kind == "proj" else u.layer + 1
+        out[u.key()] = workers[i % n]
+    return out
+
+
+def run(name: str, mode: str, tokens: int, n_workers: int, threads: int) -> dict[str, Any]:
+    workers = [f"worker{r}" for r in range(1, n_workers + 1)]
+    with tempfile.TemporaryDirectory(prefix="hs-bench-") as tmp:
+        doc = {
+            "model": {"preset": name},
+            "controller": {"host": "edge", "address": "127.0.0.1", "port": free_port()},
+            "workers": [{"rank": r, "address": "127.0.0.1"} for r in range(1, n_workers + 1)],
+            "speculation": False,
+            "tokens": tokens,
+            "prompt": "Heads expose the parallelism inside a layer.",
+            "rpc_timeout_s": 60,
+            "threads": threads,
+            "result": "results/headsplit.json",
+            "placement": placement(name, mode, workers),
+        }
+        Path(tmp, "headsplit.json").write_text(json.dumps(doc))
+        env = {**os.environ}
+        argv = [sys.executable, "-m", "headsplit.worker", "--config", "headsplit.json", "--rank"]
+        procs = [subprocess.Popen([*argv, str(r)], cwd=tmp, env=env) for r in range(1, n_workers + 1)]
+        ctl = [sys.executable, "-m", "headsplit.controller", "--config", "headsplit.json"]
+        subprocess.run(ctl, cwd=tmp, env=env, check=True)
+        for p in procs:
+            p.wait(timeout=120)
+        return json.loads(Path(tmp, "results/headsplit.json").read_text())  # type: ignore[no-any-return]
+
+
+def ms(ns: float) -> str:
+    return f"{ns / 1e6:8.2f} ms"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="gpt2-tiny")
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    a = ap.parse_args()
+    print(f"model {a.model}, {a.workers} workers on 127.0.0.1, {a.tokens} tokens, {a.threads} thread(s), "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    for mode in ("layerwise", "headsplit"):
+        d = run(a.model, mode, a.tokens, a.workers, a.threads)
+        dec = d["tokens"][1:]
+
+        def med(*keys: str, rows: list[dict[str, Any]] = dec) -> float:
+            return float(statistics.median(sum(t[k] for k in keys) for t in rows))
+
+        rtt = statistics.median(x for w in d["workers"] for x in w["rtt_ns"])
+        layers = d["model"]["n_layers"]
+        print(f"\n{mode}: {d['tokens_per_s']:.1f} tokens/s, RTT median {ms(rtt)}")
+        print(f"  per token: total {ms(med('total_ns'))}")
+        print(f"    compute (attention+projection+FFN) {ms(med('attention_ns', 'projection_ns', 'ffn_ns'))}")
+        print(f"    pulls (broadcast+gather+Z forward) {ms(med('broadcast_ns', 'gather_ns', 'zforward_ns'))}")
+        print(f"    RPC control overhead               {ms(med('control_ns'))}")
+        per_layer = med("broadcast_ns", "gather_ns", "zforward_ns", "control_ns") / layers
+        print(f"  communication per layer per token {ms(per_layer)}, "
+              f"compute per layer {ms(med('attention_ns', 'projection_ns', 'ffn_ns') / layers)}")  # fmt: skip
+        print(f"  bytes per decode token {statistics.median(sum(t['bytes'].values()) for t in dec):.0f} B")
+
+
+if __name__ == "__main__":
+    main()

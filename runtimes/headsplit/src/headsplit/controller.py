@@ -1,0 +1,389 @@
+"""The controller process: ``python -m headsplit.controller --config headsplit.json``.
+
+Rank 0 of the RPC group (it hosts the rendezvous), it measures every worker (10 RTT samples, a matmul
+FLOP/s benchmark, its memory limit), places the units, has each worker materialise its share, runs
+the engine, writes the results file and shuts the group down. Exit 0 also for an out-of-memory
+outcome; 1 when generation failed (the results file then has ``error``); 2 for a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headsplit import engine, model
+from headsplit.config import ModelConfig, preset
+from headsplit.units import Unit
+
+STRATEGIES = ("layerwise", "roundrobin", "greedy")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class WorkerEntry:
+    rank: int
+    name: str
+    host: str
+    address: str
+    memory_limit_bytes: int
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    checkpoint: dict[str, str] | None
+    controller_host: str
+    address: str
+    port: int
+    workers: tuple[WorkerEntry, ...]
+    strategy: str
+    speculation: bool
+    tau: float
+    speculation_profile: str | None
+    tokens: int
+    prompt: str
+    memory_threshold: float
+    rpc_timeout_s: float
+    rpc_retries: int
+    threads: int
+    result: str
+    placement: dict[str, str] | None  # explicit unit key -> worker (overrides strategy)
+    replacement: bool  # False: a static placement (no re-placement when memory runs short)
+    plan_tokens: int | None  # context the first placement must fit (None: prompt + tokens)
+
+
+def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
+    if key not in doc:
+        raise ConfigError(f"{where}{key}: missing")
+    value = doc[key]
+    if not isinstance(value, kind) or (
+        isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+    ):
+        raise ConfigError(f"{where}{key}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def parse_config(doc: dict[str, Any]) -> RunConfig:
+    """Validate ``headsplit.json`` (the contract's run config); errors name the offending field."""
+    m = _get(doc, "model", dict)
+    try:
+        if "preset" in m:
+            cfg = preset(_get(m, "preset", str, "model."))
+        elif "config" in m:
+            cfg = ModelConfig.from_json(_get(m, "config", dict, "model."))
+        else:
+            raise ConfigError("model: needs preset or config")
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model: {exc}") from None
+    ck = doc.get("checkpoint")
+    if ck is not None:
+        if (
+            not isinstance(ck, dict)
+            or not isinstance(ck.get("path"), str)
+            or not isinstance(ck.get("sha256"), str)
+        ):
+            raise ConfigError("checkpoint: expected null or {path: str, sha256: str}")
+        ck = {"path": ck["path"], "sha256": ck["sha256"]}
+    c = _get(doc, "controller", dict)
+    ws = _get(doc, "workers", list)
+    if not ws:
+        raise ConfigError("workers: at least one worker is needed")
+    workers = []
+    for i, w in enumerate(ws):
+        where = f"workers[{i}]."
+        if not isinstance(w, dict):
+            raise ConfigError(f"workers[{i}]: expected an object")
+        rank = _get(w, "rank", int, where)
+        if rank != i + 1:
+            raise ConfigError(f"{where}rank: expected {i + 1} (ranks are 1..N in order), got {rank}")
+        name = w.get("name", f"worker{rank}")
+        if name != f"worker{rank}":
+            raise ConfigError(
+                f"{where}name: must be worker{rank} (the RPC name of rank {rank}), got {name!r}"
+            )
+        limit = w.get("memory_limit_bytes", 0)
+        if not isinstance(limit, int) or limit < 0:
+            raise ConfigError(f"{where}memory_limit_bytes: expected an integer >= 0, got {limit!r}")
+        workers.append(
+            WorkerEntry(rank, name, str(w.get("host", name)), _get(w, "address", str, where), limit)
+        )
+    strategy = doc.get("strategy", "greedy")
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"strategy: one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    tau = doc.get("tau", 0.05)
+    if not isinstance(tau, int | float) or isinstance(tau, bool) or tau < 0:
+        raise ConfigError(f"tau: expected a number >= 0, got {tau!r}")
+    tokens = _get(doc, "tokens", int)
+    if tokens < 1:
+        raise ConfigError(f"tokens: must be >= 1, got {tokens}")
+    threshold = doc.get("memory_threshold", 0.85)
+    if not isinstance(threshold, int | float) or not 0 < threshold <= 1:
+        raise ConfigError(f"memory_threshold: expected a number in (0, 1], got {threshold!r}")
+    timeout = doc.get("rpc_timeout_s", 30)
+    if not isinstance(timeout, int | float) or timeout <= 0:
+        raise ConfigError(f"rpc_timeout_s: expected a number > 0, got {timeout!r}")
+    retries = doc.get("rpc_retries", 3)
+    if not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"rpc_retries: expected an integer >= 0, got {retries!r}")
+    threads = doc.get("threads", 1)
+    if not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads: expected an integer >= 1, got {threads!r}")
+    placement = doc.get("placement")
+    if placement is not None:
+        names = {w.name for w in workers}
+        if not isinstance(placement, dict):
+            raise ConfigError("placement: expected null or {unit key: worker name}")
+        for k, v in placement.items():
+            try:
+                Unit.parse(k)
+            except ValueError:
+                raise ConfigError(
+                    f"placement.{k}: not a unit key (L<layer>.head<h>, L<layer>.proj, L<layer>.ffn)"
+                ) from None
+            if v not in names:
+                raise ConfigError(f"placement.{k}: unknown worker {v!r}")
+    plan_tokens = doc.get("plan_tokens")
+    if plan_tokens is not None and (not isinstance(plan_tokens, int) or plan_tokens < 1):
+        raise ConfigError(f"plan_tokens: expected null or an integer >= 1, got {plan_tokens!r}")
+    prof = doc.get("speculation_profile")
+    if prof is not None and not isinstance(prof, str):
+        raise ConfigError(f"speculation_profile: expected null or a path, got {prof!r}")
+    return RunConfig(
+        model=cfg,
+        checkpoint=ck,
+        controller_host=str(c.get("host", "controller")),
+        address=_get(c, "address", str, "controller."),
+        port=_get(c, "port", int, "controller."),
+        workers=tuple(workers),
+        strategy=strategy,
+        speculation=bool(doc.get("speculation", False)),
+        tau=float(tau),
+        speculation_profile=prof,
+        tokens=tokens,
+        prompt=str(doc.get("prompt", "")) or "Hello",
+        memory_threshold=float(threshold),
+        rpc_timeout_s=float(timeout),
+        rpc_retries=retries,
+        threads=threads,
+        result=str(doc.get("result", "results/headsplit.json")),
+        placement=placement,
+        replacement=bool(doc.get("replacement", True)),
+        plan_tokens=plan_tokens,
+    )
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{p}: expected a JSON object")
+    try:
+        return parse_config(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def wait_start() -> None:
+    """Honour ``DIT_START_AT_NS``: the testbed starts every node's workload at one instant."""
+    raw = os.environ.get("DIT_START_AT_NS")
+    if raw:
+        delay = (int(raw) - time.time_ns()) / 1e9
+        if delay > 0:
+            time.sleep(delay)
+
+
+def _speculate_layers(rc: RunConfig) -> frozenset[int] | None:
+    if not rc.speculation or rc.speculation_profile is None:
+        return None
+    from headsplit.speculation import load_profile
+
+    return frozenset(load_profile(rc.speculation_profile)["speculate_layers"])
+
+
+def _memory_check(limits: dict[str, int], threshold: float) -> engine.MemoryCheck:
+    """hs-place's MemoryTracker when it is installed, else the engine's own threshold check."""
+    try:
+        # looked up at run time: memory.py is hs-place's module (absent until that branch is merged)
+        mem = importlib.import_module("headsplit.memory")
+    except ImportError:
+        return engine.threshold_check(threshold)
+    tracker = mem.MemoryTracker(limits, threshold)
+
+    def check(token: int, worker: str, used: int, limit: int) -> bool:
+        tracker.record(token, worker, used)
+        return bool(tracker.needs_replacement(worker))
+
+    return check
+
+
+def run(rc: RunConfig) -> dict[str, Any]:
+    """Everything after the RPC group is up; returns the results document."""
+    from headsplit import rpc
+
+    cfg = rc.model
+    tr = rpc.RpcTransport(rc.rpc_timeout_s, rc.rpc_retries)
+    workers_doc: list[dict[str, Any]] = []
+    limits: dict[str, int] = {}
+    for w in rc.workers:
+        rtt = tr.rtt_ns(w.name)
+        flops = tr.flops_per_s(w.name)
+        limits[w.name] = w.memory_limit_bytes or tr.node_memory(w.name)
+        workers_doc.append(
+            {
+                "name": w.name,
+                "host": w.host,
+                "rtt_ns": rtt,
+                "flops_per_s": flops,
+                "memory_limit_bytes": w.memory_limit_bytes,
+                "memory_bytes": limits[w.name],
+            }
+        )
+    prompt_ids = model.tokenize(rc.prompt, cfg)
+    model.check_positions(cfg, len(prompt_ids), rc.tokens)
+    context = len(prompt_ids) + rc.tokens
+    replan: Callable[[engine.Placement, int], engine.Placement] | None = None
+    # hs-place's module, imported before the clock starts: planning_ns times the planning alone.
+    # An explicit placement runs without it, but re-places with it when it is installed.
+    hp: Any = None
+    try:
+        hp = importlib.import_module("headsplit.placement")
+    except ImportError:
+        if rc.placement is None:
+            raise
+    t0 = time.perf_counter_ns()
+    specs = []
+    if hp is not None:
+        specs = [
+            hp.WorkerSpec(d["name"], limits[d["name"]], d["flops_per_s"], int(statistics.median(d["rtt_ns"])))
+            for d in workers_doc
+        ]
+    if rc.placement is not None:
+        placement = {Unit.parse(k): v for k, v in rc.placement.items()}
+    else:
+        planned = rc.plan_tokens or context  # smaller: the KV growth is left to re-placement
+        placement = dict(hp.place(cfg, specs, rc.strategy, context_tokens=planned))
+    if hp is not None and rc.replacement:
+
+        def replan_fn(current: engine.Placement, tokens: int) -> engine.Placement:
+            # tokens: generated so far; the KV caches hold the prompt and those
+            so_far = len(prompt_ids) + tokens
+            ahead = max(context - so_far, 1)
+            return dict(hp.replace(cfg, specs, current, tokens_so_far=so_far, tokens_ahead=ahead))
+
+        replan = replan_fn
+    planning_ns = time.perf_counter_ns() - t0
+    names = [w.name for w in rc.workers]
+    engine.check_placement(cfg, placement, names)
+    if rc.checkpoint:
+        cw = model.load_checkpoint(
+            cfg, rc.checkpoint["path"], rc.checkpoint["sha256"], names=model.controller_tensor_names(cfg)
+        )
+    else:
+        cw = model.seeded_weights(cfg, model.controller_tensor_names(cfg))
+    t_setup = time.perf_counter_ns()
+    for n in names:
+        tr.setup(n, cfg, rc.checkpoint, engine.units_of(placement, n))
+    setup_ns = time.perf_counter_ns() - t_setup
+    opts = engine.EngineOptions(
+        speculation=rc.speculation,
+        tau=rc.tau,
+        speculate_layers=_speculate_layers(rc),
+        memory_limits=limits,
+        memory_check=_memory_check(limits, rc.memory_threshold),
+        replan=replan,
+    )
+    eng = engine.Engine(cfg, tr, placement, cw, opts)
+    doc: dict[str, Any] = {
+        "model": cfg.to_json(),
+        "checkpoint": rc.checkpoint,
+        "strategy": "explicit" if rc.placement is not None else rc.strategy,
+        "speculation": rc.speculation,
+        "tau": rc.tau,
+        "speculate_layers": sorted(opts.speculate_layers) if opts.speculate_layers is not None else None,
+        "threads": rc.threads,
+        "workers": workers_doc,
+        "placement": {
+            "planning_ns": planning_ns,
+            "units": {u.key(): w for u, w in sorted(placement.items())},
+        },
+        "prompt_tokens": len(prompt_ids),
+        "setup_ns": setup_ns,
+    }
+    start_ns = time.time_ns()
+    error = None
+    try:
+        res = eng.generate(prompt_ids, rc.tokens)
+    except rpc.RpcCallFailed as exc:
+        error = str(exc)
+        res = eng.result
+    end_ns = time.time_ns()
+    secs = max(end_ns - start_ns, 1) / 1e9
+    doc.update(
+        tokens=res.tokens,
+        memory=res.memory,
+        replacements=res.replacements,
+        replacement_errors=res.replacement_errors,
+        migration_bytes=eng.migration_bytes,
+        retries=tr.retries,
+        oom=res.oom,
+        generated=res.generated,
+        tokens_generated=len(res.generated),
+        tokens_per_s=len(res.generated) / secs,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        error=error,
+    )
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m headsplit.controller")
+    ap.add_argument("--config", required=True)
+    args = ap.parse_args(argv)
+    try:
+        rc = load_run_config(args.config)
+    except ConfigError as exc:
+        print(f"headsplit controller: {exc}", file=sys.stderr)
+        return 2
+    wait_start()
+    torch.set_num_threads(rc.threads)
+    from headsplit import rpc
+
+    rpc.bind_interface(rc.address)
+    rpc.init(rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s)
+    code = 0
+    try:
+        doc = run(rc)
+        if doc["error"]:
+            code = 1
+    except Exception as exc:  # a failed run is a result file with its error, not a traceback
+        doc, code = {"error": f"{type(exc).__name__}: {exc}"}, 1
+    if code:
+        print(f"headsplit controller: {doc['error']}", file=sys.stderr)
+    # the result first: a shutdown after a failure may wait on a worker that is gone
+    out = Path(rc.result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    rpc.shutdown(graceful=code == 0)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

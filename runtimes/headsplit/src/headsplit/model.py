@@ -1,0 +1,602 @@
+"""The decoder: seeded or checkpoint weights, per-unit compute functions, a single-process reference.
+
+Weights live in one flat ``dict[str, Tensor]`` with this package's own names (``L3.q.weight``, ...,
+``nn.Linear`` layout: ``[out, in]``). Placement units never see whole layers: ``unit_weights`` cuts the
+tensors a unit owns (a query head's Wq rows, its norm copy; a projection; an FFN) as contiguous
+copies, and ``kv_weights`` cuts one KV head. The reference ``generate`` runs exactly these per-unit
+functions on exactly these cuts, in one process, so that the distributed engine -- which runs the same
+functions on the same cuts on other workers -- reproduces it bit for bit (a matmul on a slice may round
+differently from the slice of a full matmul; using the same cuts everywhere takes that off the table).
+``batched_generate`` is the textbook all-heads-at-once formulation, kept to check the decomposition
+against (agreement within float32 rounding, not bit-identity).
+
+Seeded weights: every tensor has its own ``torch.Generator`` seeded from ``cfg.seed`` and the tensor's
+name (CRC32), so a worker materialises only the tensors its units need, in any order, and gets the same
+values as every other process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from headsplit.config import ModelConfig
+from headsplit.units import Unit
+
+Weights = dict[str, torch.Tensor]
+
+INIT_STD = 0.02  # GPT-2's initialiser
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: wrong hash, missing tensor, wrong shape (named in the message)."""
+
+
+# --------------------------------------------------------------------------------------------- names
+
+
+def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the model in this package's layout, name -> shape."""
+    d, f, hd = cfg.hidden, cfg.ffn_hidden, cfg.head_dim
+    kv = cfg.n_kv_heads * hd
+    gpt2 = cfg.family == "gpt2"
+    shapes: dict[str, tuple[int, ...]] = {"embed.weight": (cfg.vocab, d)}
+    if gpt2:
+        shapes["pos.weight"] = (cfg.max_positions, d)
+    for i in range(cfg.n_layers):
+        p = f"L{i}."
+        for norm in ("attn_norm", "ffn_norm"):
+            shapes[p + norm + ".weight"] = (d,)
+            if gpt2:
+                shapes[p + norm + ".bias"] = (d,)
+        for name, rows in (("q", d), ("k", kv), ("v", kv), ("o", d)):
+            shapes[p + name + ".weight"] = (rows, d)
+            if gpt2:
+                shapes[p + name + ".bias"] = (rows,)
+        if gpt2:
+            shapes.update(
+                {p + "fc.weight": (f, d), p + "fc.bias": (f,), p + "fc2.weight": (d, f), p + "fc2.bias": (d,)}
+            )
+        else:
+            shapes.update({p + "gate.weight": (f, d), p + "up.weight": (f, d), p + "down.weight": (d, f)})
+    shapes["final_norm.weight"] = (d,)
+    if gpt2:
+        shapes["final_norm.bias"] = (d,)
+    else:
+        shapes["lm_head.weight"] = (cfg.vocab, d)  # TinyLlama does not tie; GPT-2 ties to embed
+    return shapes
+
+
+def _seeded(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if name.endswith("norm.weight"):
+        return torch.ones(shape)
+    if "norm" in name:
+        return torch.zeros(shape)
+    gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    std = INIT_STD
+    if name.endswith(("o.weight", "fc2.weight", "down.weight")):
+        std = INIT_STD / math.sqrt(2 * cfg.n_layers)  # GPT-2's scaling of residual projections
+    elif name == "pos.weight":
+        std = INIT_STD / 2
+    return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+
+def seeded_weights(cfg: ModelConfig, names: Iterable[str] | None = None) -> Weights:
+    """Deterministic weights from ``cfg.seed``; only ``names`` if given (a worker's share)."""
+    shapes = tensor_shapes(cfg)
+    wanted = list(shapes) if names is None else list(names)
+    return {n: _seeded(cfg, n, shapes[n]) for n in wanted}
+
+
+def unit_tensor_names(cfg: ModelConfig, unit: Unit) -> list[str]:
+    """The full tensors a unit is cut from (a worker needs only these)."""
+    p = f"L{unit.layer}."
+    shapes = tensor_shapes(cfg)
+    if unit.kind == "head":
+        stems = ["attn_norm", "q"]
+    elif unit.kind == "proj":
+        stems = ["o"]
+    else:
+        stems = ["ffn_norm", "fc", "fc2"] if cfg.family == "gpt2" else ["ffn_norm", "gate", "up", "down"]
+    return [n for s in stems for n in (p + s + ".weight", p + s + ".bias") if n in shapes]
+
+
+def kv_tensor_names(cfg: ModelConfig, layer: int) -> list[str]:
+    p = f"L{layer}."
+    shapes = tensor_shapes(cfg)
+    return [n for s in ("k", "v") for n in (p + s + ".weight", p + s + ".bias") if n in shapes]
+
+
+def controller_tensor_names(cfg: ModelConfig) -> list[str]:
+    """Embedding, positions, final norm, LM head: they stay on the controller."""
+    return [n for n in tensor_shapes(cfg) if not n.startswith("L")]
+
+
+def unit_weights(cfg: ModelConfig, w: Weights, unit: Unit) -> Weights:
+    """The tensors a unit owns, cut from full weights as contiguous copies (short keys)."""
+    p = f"L{unit.layer}."
+    if unit.kind == "head":
+        hd = cfg.head_dim
+        rows = slice(unit.head * hd, (unit.head + 1) * hd)
+        out = {"norm.weight": w[p + "attn_norm.weight"].clone(), "q.weight": w[p + "q.weight"][rows].clone()}
+        if cfg.family == "gpt2":
+            out["norm.bias"] = w[p + "attn_norm.bias"].clone()
+            out["q.bias"] = w[p + "q.bias"][rows].clone()
+        return out
+    names = unit_tensor_names(cfg, unit)
+    return {n[len(p) :]: w[n].clone() for n in names}
+
+
+def kv_weights(cfg: ModelConfig, w: Weights, layer: int, kv_head: int) -> Weights:
+    """One KV head's Wk/Wv rows (and biases), contiguous copies."""
+    p = f"L{layer}."
+    hd = cfg.head_dim
+    rows = slice(kv_head * hd, (kv_head + 1) * hd)
+    return {n[len(p) :]: w[n][rows].clone() for n in kv_tensor_names(cfg, layer)}
+
+
+# ---------------------------------------------------------------------------------------- checkpoint
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files a checkpoint path stands for (a file, or every ``*.safetensors`` of a dir)."""
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if files:
+            return files
+        raise CheckpointError(
+            f"checkpoint.path {path}: no *.safetensors file in the directory (only safetensors is read)"
+        )
+    raise CheckpointError(f"checkpoint.path {path}: no such file or directory")
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """The pinned hash: a file's SHA-256; for a directory, the SHA-256 of its ``sha256sum``-style manifest
+    (``<sha256>  <name>\\n`` per safetensors file, names sorted), so one pin covers sharded checkpoints."""
+    files = checkpoint_files(path)
+    if path.is_file():
+        return sha256_file(files[0])
+    manifest = "".join(f"{sha256_file(f)}  {f.name}\n" for f in files)
+    return hashlib.sha256(manifest.encode()).hexdigest()
+
+
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def read_safetensors(path: Path, names: set[str] | None = None) -> Weights:
+    """Read (some of) a safetensors file with the standard library: 8-byte header size, JSON header,
+    raw little-endian data. Only the wanted tensors are read. Everything comes back as float32."""
+    out: Weights = {}
+    with path.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+        base = 8 + n
+        for name, meta in header.items():
+            if name == "__metadata__" or (names is not None and name not in names):
+                continue
+            dtype = _ST_DTYPES.get(meta["dtype"])
+            if dtype is None:
+                raise CheckpointError(
+                    f"{path}: tensor {name} has dtype {meta['dtype']}; readable: {', '.join(_ST_DTYPES)}"
+                )
+            start, end = meta["data_offsets"]
+            fh.seek(base + start)
+            raw = bytearray(fh.read(end - start))
+            t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+            out[name] = t.reshape(meta["shape"]).to(torch.float32)
+    return out
+
+
+def write_safetensors(path: Path, tensors: Weights) -> None:
+    """Write float32 tensors as a safetensors file (tests, and exporting seeded weights)."""
+    header: dict[str, object] = {}
+    blobs: list[bytes] = []
+    offset = 0
+    for name, t in tensors.items():
+        data = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with path.open("wb") as fh:
+        fh.write(struct.pack("<Q", len(head)))
+        fh.write(head)
+        for b in blobs:
+            fh.write(b)
+
+
+def _hf_names(cfg: ModelConfig) -> dict[str, str]:
+    """This package's name -> the Hugging Face name, for the two families (GPT2LMHeadModel without
+    its ``transformer.`` prefix, which is stripped on reading; LlamaForCausalLM)."""
+    m: dict[str, str] = {}
+    if cfg.family == "gpt2":
+        m.update({"embed.weight": "wte.weight", "pos.weight": "wpe.weight"})
+        m.update({"final_norm.weight": "ln_f.weight", "final_norm.bias": "ln_f.bias"})
+        for i in range(cfg.n_layers):
+            p, h = f"L{i}.", f"h.{i}."
+            for ours, theirs in (
+                ("attn_norm", "ln_1"),
+                ("ffn_norm", "ln_2"),
+                ("o", "attn.c_proj"),
+                ("fc", "mlp.c_fc"),
+                ("fc2", "mlp.c_proj"),
+            ):
+                m[p + ours + ".weight"] = h + theirs + ".weight"
+                m[p + ours + ".bias"] = h + theirs + ".bias"
+            # q, k, v come fused in attn.c_attn: handled in _from_hf
+        return m
+    m.update(
+        {
+            "embed.weight": "model.embed_tokens.weight",
+            "final_norm.weight": "model.norm.weight",
+            "lm_head.weight": "lm_head.weight",
+        }
+    )
+    for i in range(cfg.n_layers):
+        p, h = f"L{i}.", f"model.layers.{i}."
+        pairs = (
+            ("attn_norm", "input_layernorm"),
+            ("ffn_norm", "post_attention_layernorm"),
+            ("q", "self_attn.q_proj"),
+            ("k", "self_attn.k_proj"),
+            ("v", "self_attn.v_proj"),
+            ("o", "self_attn.o_proj"),
+            ("gate", "mlp.gate_proj"),
+            ("up", "mlp.up_proj"),
+            ("down", "mlp.down_proj"),
+        )
+        for ours, theirs in pairs:
+            m[p + ours + ".weight"] = h + theirs + ".weight"
+    return m
+
+
+def _from_hf(cfg: ModelConfig, raw: Weights) -> Weights:
+    raw = {k.removeprefix("transformer."): v for k, v in raw.items()}
+    out: Weights = {}
+    for ours, theirs in _hf_names(cfg).items():
+        if theirs in raw:
+            t = raw[theirs]
+            # GPT-2 stores Conv1D weights as [in, out]; this package uses nn.Linear's [out, in]
+            if cfg.family == "gpt2" and theirs.endswith(("c_proj.weight", "c_fc.weight")):
+                t = t.t().contiguous()
+            out[ours] = t
+    if cfg.family == "gpt2":
+        d = cfg.hidden
+        for i in range(cfg.n_layers):
+            w = raw.get(f"h.{i}.attn.c_attn.weight")
+            b = raw.get(f"h.{i}.attn.c_attn.bias")
+            if w is not None:
+                for j, s in enumerate("qkv"):
+                    out[f"L{i}.{s}.weight"] = w[:, j * d : (j + 1) * d].t().contiguous()
+            if b is not None:
+                for j, s in enumerate("qkv"):
+                    out[f"L{i}.{s}.bias"] = b[j * d : (j + 1) * d].clone()
+    elif "lm_head.weight" not in out and "embed.weight" in out:
+        out["lm_head.weight"] = out["embed.weight"]  # tied llama checkpoints
+    return out
+
+
+def load_checkpoint(
+    cfg: ModelConfig, path: str | Path, sha256: str, names: Iterable[str] | None = None
+) -> Weights:
+    """Verify the checkpoint's SHA-256 (``checkpoint_sha256``), then read it.
+
+    Accepted layouts: this package's own names (``tensor_shapes``), or Hugging Face names of
+    GPT2LMHeadModel / GPT2Model (with or without ``transformer.``) and LlamaForCausalLM. safetensors only
+    (no pickled ``.bin``). ``names``: only these of this package's tensors are kept (a worker's share).
+    """
+    p = Path(path)
+    actual = checkpoint_sha256(p)
+    if actual != sha256.lower():
+        raise CheckpointError(f"checkpoint.sha256 mismatch for {p}: pinned {sha256}, file has {actual}")
+    raw: Weights = {}
+    for f in checkpoint_files(p):
+        raw.update(read_safetensors(f))
+    shapes = tensor_shapes(cfg)
+    w = dict(raw) if "embed.weight" in raw else _from_hf(cfg, raw)
+    wanted = list(shapes) if names is None else list(names)
+    out: Weights = {}
+    for n in wanted:
+        if n not in w:
+            raise CheckpointError(f"checkpoint {p}: tensor {n} (model {cfg.name}) is missing")
+        if tuple(w[n].shape) != shapes[n]:
+            raise CheckpointError(
+                f"checkpoint {p}: tensor {n} has shape {tuple(w[n].shape)}, model {cfg.name} needs {shapes[n]}"
+            )
+        out[n] = w[n].to(torch.float32).contiguous()
+    return out
+
+
+def to_hf(cfg: ModelConfig, w: Weights) -> Weights:
+    """This package's weights in Hugging Face layout (tests of the name mapping; exporting)."""
+    out: Weights = {}
+    for ours, theirs in _hf_names(cfg).items():
+        if ours in w:
+            t = w[ours]
+            if cfg.family == "gpt2" and theirs.endswith(("c_proj.weight", "c_fc.weight")):
+                t = t.t().contiguous()
+            out[theirs] = t
+    if cfg.family == "gpt2":
+        for i in range(cfg.n_layers):
+            out[f"h.{i}.attn.c_attn.weight"] = (
+                torch.cat([w[f"L{i}.{s}.weight"] for s in "qkv"]).t().contiguous()
+            )
+            out[f"h.{i}.attn.c_attn.bias"] = torch.cat([w[f"L{i}.{s}.bias"] for s in "qkv"])
+    return out
+
+
+# ------------------------------------------------------------------------------------------- compute
+
+
+def norm(cfg: ModelConfig, w: Weights, prefix: str, x: torch.Tensor) -> torch.Tensor:
+    if cfg.family == "gpt2":
+        return F.layer_norm(x, (cfg.hidden,), w[prefix + ".weight"], w[prefix + ".bias"], cfg.norm_eps)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * w[prefix + ".weight"]
+
+
+def _rotary(cfg: ModelConfig, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in the Hugging Face Llama convention (rotate_half)."""
+    hd = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    half = hd // 2
+    rotated = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+    return t * emb.cos() + rotated * emb.sin()
+
+
+def _linear(w: Weights, name: str, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w[name + ".weight"], w.get(name + ".bias"))
+
+
+@dataclass
+class KVSlot:
+    """One copy of one KV head of one layer on one worker: its Wk/Wv rows and its cache."""
+
+    weights: Weights
+    k: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    v: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+
+    @property
+    def length(self) -> int:
+        return int(self.k.shape[0]) if self.k.dim() == 2 else 0
+
+    def truncate(self, n: int) -> None:
+        if self.length > n:
+            self.k, self.v = self.k[:n].clone(), self.v[:n].clone()
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.weights.values(), self.k, self.v))
+
+
+def positions_for(start_pos: int, n: int) -> torch.Tensor:
+    return torch.arange(start_pos, start_pos + n)
+
+
+def kv_project(
+    cfg: ModelConfig, kvw: Weights, xn: torch.Tensor, start_pos: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of one KV head for the (normed) rows of ``xn`` at positions start_pos.. (rotary on K)."""
+    k = _linear(kvw, "k", xn)
+    v = _linear(kvw, "v", xn)
+    if cfg.family == "llama":
+        k = _rotary(cfg, k, positions_for(start_pos, xn.shape[0]))
+    return k, v
+
+
+def head_attend(
+    cfg: ModelConfig, hw: Weights, xn: torch.Tensor, start_pos: int, k: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """One query head: q from the normed rows, causal attention over the cache (K, V up to now)."""
+    q = _linear(hw, "q", xn)
+    n = xn.shape[0]
+    if cfg.family == "llama":
+        q = _rotary(cfg, q, positions_for(start_pos, n))
+    scores = (q @ k.t()) / math.sqrt(cfg.head_dim)
+    q_pos = positions_for(start_pos, n)[:, None]
+    k_pos = torch.arange(k.shape[0])[None, :]
+    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def heads_forward(
+    cfg: ModelConfig, head_ws: dict[int, Weights], slots: dict[int, KVSlot], x: torch.Tensor, start_pos: int
+) -> dict[int, torch.Tensor]:
+    """A worker's share of one layer's attention: the norm once, each needed KV head once (its cache is
+    cut back to ``start_pos`` first, which makes the call idempotent: a retry or a re-execution after a
+    rejected speculation replaces the entries instead of appending twice), then every query head."""
+    if not head_ws:
+        return {}
+    first = head_ws[min(head_ws)]
+    xn = norm(cfg, first, "norm", x)
+    for kvh in sorted({cfg.kv_head_of(h) for h in head_ws}):
+        slot = slots[kvh]
+        if slot.length < start_pos:
+            raise RuntimeError(
+                f"KV head {kvh}: cache holds {slot.length} positions, call starts at {start_pos}"
+            )
+        slot.truncate(start_pos)
+        k, v = kv_project(cfg, slot.weights, xn, start_pos)
+        if slot.length == 0:
+            slot.k, slot.v = k, v
+        else:
+            slot.k, slot.v = torch.cat((slot.k, k)), torch.cat((slot.v, v))
+    return {
+        h: head_attend(cfg, hw, xn, start_pos, slots[cfg.kv_head_of(h)].k, slots[cfg.kv_head_of(h)].v)
+        for h, hw in sorted(head_ws.items())
+    }
+
+
+def head(cfg: ModelConfig, hw: Weights, slot: KVSlot, x: torch.Tensor, start_pos: int) -> torch.Tensor:
+    """One query head on the residual stream ``x`` with its own KV slot (a single-head ``heads_forward``)."""
+    return heads_forward(cfg, {0: hw}, {0: slot}, x, start_pos)[0]
+
+
+def proj(cfg: ModelConfig, pw: Weights, concat: torch.Tensor) -> torch.Tensor:
+    """The layer's output projection of the concatenated head outputs (``[T, hidden]``)."""
+    return _linear(pw, "o", concat)
+
+
+def ffn(cfg: ModelConfig, fw: Weights, z: torch.Tensor) -> torch.Tensor:
+    """The FFN's additive term on the post-attention stream Z (X = Z + ffn(Z))."""
+    zn = norm(cfg, fw, "ffn_norm", z)
+    if cfg.family == "gpt2":
+        return _linear(fw, "fc2", F.gelu(_linear(fw, "fc", zn), approximate="tanh"))
+    return _linear(fw, "down", F.silu(_linear(fw, "gate", zn)) * _linear(fw, "up", zn))
+
+
+def embed(cfg: ModelConfig, w: Weights, ids: list[int], start_pos: int) -> torch.Tensor:
+    idx = torch.tensor(ids, dtype=torch.long)
+    x = F.embedding(idx, w["embed.weight"])
+    if cfg.family == "gpt2":
+        x = x + F.embedding(positions_for(start_pos, len(ids)), w["pos.weight"])
+    return x
+
+
+def lm_logits(cfg: ModelConfig, w: Weights, x_last: torch.Tensor) -> torch.Tensor:
+    """Final norm and LM head on the last position's residual stream (``[hidden]`` -> ``[vocab]``)."""
+    head_w = w.get("lm_head.weight", w["embed.weight"])
+    return F.linear(norm(cfg, w, "final_norm", x_last), head_w)
+
+
+def ffn_ratio(delta: torch.Tensor, z: torch.Tensor) -> float:
+    """||FFN(Z)|| / ||Z|| over the whole step (all rows), the speculation test."""
+    zn = float(torch.linalg.vector_norm(z))
+    dn = float(torch.linalg.vector_norm(delta))
+    if zn == 0.0:
+        return 0.0 if dn == 0.0 else math.inf
+    return dn / zn
+
+
+def check_positions(cfg: ModelConfig, n_prompt: int, n_tokens: int) -> None:
+    if n_prompt < 1:
+        raise ValueError("prompt: at least one token is needed")
+    if n_tokens < 1:
+        raise ValueError("tokens: must be >= 1")
+    if n_prompt + n_tokens - 1 > cfg.max_positions:
+        raise ValueError(
+            f"prompt ({n_prompt}) + tokens ({n_tokens}) exceed model {cfg.name}'s max_positions {cfg.max_positions}"
+        )
+
+
+@dataclass
+class Reference:
+    """Result of the single-process reference: generated ids, logits per step, and per step per layer
+    the FFN/Z norm ratio (what the speculation test would have seen)."""
+
+    ids: list[int]
+    logits: torch.Tensor  # [n_tokens, vocab]
+    ratios: list[list[float]]
+
+
+def generate_trace(cfg: ModelConfig, w: Weights, prompt_ids: list[int], n_tokens: int) -> Reference:
+    """Greedy generation with KV caches, one process, through the per-unit functions (exact path)."""
+    check_positions(cfg, len(prompt_ids), n_tokens)
+    heads = {
+        (u.layer, u.head): unit_weights(cfg, w, u)
+        for u in (Unit(i, "head", h) for i in range(cfg.n_layers) for h in range(cfg.n_heads))
+    }
+    projs = [unit_weights(cfg, w, Unit(i, "proj")) for i in range(cfg.n_layers)]
+    ffns = [unit_weights(cfg, w, Unit(i, "ffn")) for i in range(cfg.n_layers)]
+    slots = [
+        {kvh: KVSlot(kv_weights(cfg, w, i, kvh)) for kvh in range(cfg.n_kv_heads)}
+        for i in range(cfg.n_layers)
+    ]
+    ids: list[int] = []
+    logits: list[torch.Tensor] = []
+    ratios: list[list[float]] = []
+    step_ids, start = list(prompt_ids), 0
+    with torch.no_grad():
+        for _ in range(n_tokens):
+            x = embed(cfg, w, step_ids, start)
+            step_ratios: list[float] = []
+            for i in range(cfg.n_layers):
+                outs = heads_forward(cfg, {h: heads[(i, h)] for h in range(cfg.n_heads)}, slots[i], x, start)
+                z = x + proj(cfg, projs[i], torch.cat([outs[h] for h in range(cfg.n_heads)], dim=-1))
+                delta = ffn(cfg, ffns[i], z)
+                step_ratios.append(ffn_ratio(delta, z))
+                x = z + delta
+            lg = lm_logits(cfg, w, x[-1])
+            nxt = int(torch.argmax(lg))
+            ids.append(nxt)
+            logits.append(lg)
+            ratios.append(step_ratios)
+            start += len(step_ids)
+            step_ids = [nxt]
+    return Reference(ids, torch.stack(logits), ratios)
+
+
+def generate(
+    cfg: ModelConfig, w: Weights, prompt_ids: list[int], n_tokens: int
+) -> tuple[list[int], torch.Tensor]:
+    """The single-process reference: ``n_tokens`` greedy ids (the first from the prompt's prefill) and
+    their logits ``[n_tokens, vocab]``."""
+    ref = generate_trace(cfg, w, prompt_ids, n_tokens)
+    return ref.ids, ref.logits
+
+
+def batched_generate(
+    cfg: ModelConfig, w: Weights, prompt_ids: list[int], n_tokens: int
+) -> tuple[list[int], torch.Tensor]:
+    """The textbook formulation: all heads at once with full Q/K/V matrices, GQA by repeating KV heads.
+    Agrees with ``generate`` within float32 rounding; used only to check the decomposition."""
+    check_positions(cfg, len(prompt_ids), n_tokens)
+    nh, nkv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    caches: list[tuple[torch.Tensor, torch.Tensor]] = [
+        (torch.empty(nkv, 0, hd), torch.empty(nkv, 0, hd)) for _ in range(cfg.n_layers)
+    ]
+    ids: list[int] = []
+    logits: list[torch.Tensor] = []
+    step_ids, start = list(prompt_ids), 0
+    with torch.no_grad():
+        for _ in range(n_tokens):
+            x = embed(cfg, w, step_ids, start)
+            t = x.shape[0]
+            pos = positions_for(start, t)
+            for i in range(cfg.n_layers):
+                p = f"L{i}."
+                xn = norm(cfg, w, p + "attn_norm", x)
+                q = _linear(w, p + "q", xn).view(t, nh, hd).transpose(0, 1)
+                k = _linear(w, p + "k", xn).view(t, nkv, hd).transpose(0, 1)
+                v = _linear(w, p + "v", xn).view(t, nkv, hd).transpose(0, 1)
+                if cfg.family == "llama":
+                    q, k = _rotary(cfg, q, pos), _rotary(cfg, k, pos)
+                kc, vc = torch.cat((caches[i][0], k), 1), torch.cat((caches[i][1], v), 1)
+                caches[i] = (kc, vc)
+                kr, vr = kc.repeat_interleave(cfg.group_size, 0), vc.repeat_interleave(cfg.group_size, 0)
+                mask = torch.arange(kc.shape[1])[None, :] <= pos[:, None]
+                a = F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask)
+                z = x + _linear(w, p + "o", a.transpose(0, 1).reshape(t, cfg.hidden))
+                x = z + ffn(cfg, {k_[len(p) :]: v_ for k_, v_ in w.items() if k_.startswith(p)}, z)
+            lg = lm_logits(cfg, w, x[-1])
+            nxt = int(torch.argmax(lg))
+            ids.append(nxt)
+            logits.append(lg)
+            start += len(step_ids)
+            step_ids = [nxt]
+    return ids, torch.stack(logits)
+
+
+def tokenize(text: str, cfg: ModelConfig) -> list[int]:
+    """Byte-level tokenisation: token id = byte % vocab (the project has no tokenizer files)."""
+    return [b % cfg.vocab for b in text.encode("utf-8")]

@@ -1,0 +1,310 @@
+"""torch.distributed.rpc (TensorPipe) between the controller (rank 0, ``controller``) and the workers
+(rank R, ``worker<R>``): the worker-side call targets, the RPC transport with bounded retries, RTT and
+FLOP/s measurement.
+
+Retries are safe because every worker call is idempotent: ``heads`` cuts its KV caches back to the
+step's start position before writing, ``proj``/``ffn``/``nbytes``/``export`` are pure, ``load`` and
+``retain`` set state. Test hook: ``HEADSPLIT_STALL_ONCE=<method>`` in a worker's environment makes the
+first call of that method sleep ``HEADSPLIT_STALL_S`` seconds (default 3) and then drop the call
+without executing it -- a stalled link, as the controller sees it.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.rpc as trpc
+
+from headsplit import engine, model
+from headsplit.config import ModelConfig
+from headsplit.units import Unit
+
+CONTROLLER_NAME = "controller"
+RTT_SAMPLES = 10
+
+
+def worker_name(rank: int) -> str:
+    return f"worker{rank}"
+
+
+def init(name: str, rank: int, world_size: int, address: str, port: int, timeout_s: float) -> None:
+    """Join the RPC group; rank 0 hosts the rendezvous at address:port. Only the ``uv`` (TCP)
+    transport and the basic channel: the same path on one host as between boards, no shared memory."""
+    opts = trpc.TensorPipeRpcBackendOptions(
+        init_method=f"tcp://{address}:{port}",
+        rpc_timeout=timeout_s,
+        num_worker_threads=16,
+        _transports=["uv"],
+        _channels=["basic"],
+    )
+    trpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)  # type: ignore[no-untyped-call]
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface holding IPv4 ``address`` (Linux ioctl SIOCGIFADDR), or None."""
+    import fcntl
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None
+
+
+def bind_interface(address: str) -> None:
+    """Make TensorPipe listen on the interface of the configured (inference) address, unless
+    ``TP_SOCKET_IFNAME`` is set already: by default it takes the hostname's address, which on the
+    rack may be the management network."""
+    if "TP_SOCKET_IFNAME" not in os.environ:
+        name = interface_of(address)
+        if name:
+            os.environ["TP_SOCKET_IFNAME"] = name
+
+
+def shutdown(graceful: bool = True) -> None:
+    """Graceful: blocks until every member of the group has reached shutdown (and its outstanding
+    calls are done). Not graceful: this process leaves at once (after a failed run)."""
+    trpc.shutdown(graceful=graceful)
+
+
+# ------------------------------------------------------------------------------- worker-side state
+
+
+@dataclass
+class _Worker:
+    state: engine.WorkerState | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    memory: list[dict[str, int]] = field(default_factory=list)
+    stalls: list[dict[str, Any]] = field(default_factory=list)
+    calls: int = 0
+    stall_pending: str | None = None
+
+
+_W = _Worker(stall_pending=os.environ.get("HEADSPLIT_STALL_ONCE") or None)
+# this process's activations (a worker's outputs, or the controller's embedding), pulled by their
+# consumers with remote_get: the data goes producer -> consumer, never through the controller
+STORE: dict[str, torch.Tensor] = {}
+
+
+def remote_get(key: str) -> torch.Tensor:
+    return STORE[key]
+
+
+def _pull(owner: str, key: str) -> torch.Tensor:
+    """A worker pulling an activation from its producer (timeout: the group's rpc_timeout_s; a
+    stalled pull fails the worker's call, which the controller retries)."""
+    return trpc.rpc_sync(owner, remote_get, args=(key,))  # type: ignore[no-any-return]
+
+
+def worker_report() -> dict[str, Any]:
+    return {"memory": list(_W.memory), "stalls": list(_W.stalls), "calls": _W.calls}
+
+
+def rss_bytes() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def node_memory_bytes() -> int:
+    """The memory a worker may use when no limit is configured: its cgroup's memory.max, else RAM."""
+    try:
+        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if raw.isdigit():
+            return int(raw)
+    except OSError:
+        pass
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def remote_setup(
+    cfg_doc: dict[str, Any], checkpoint: dict[str, str] | None, unit_keys: list[str]
+) -> tuple[int, int]:
+    """Materialise this worker's units: seeded tensors, or the checkpoint verified here by SHA-256."""
+    t0 = time.perf_counter_ns()
+    cfg = ModelConfig.from_json(cfg_doc)
+    units = [Unit.parse(k) for k in unit_keys]
+    names = engine.share_tensor_names(cfg, units)
+    if checkpoint:
+        w = model.load_checkpoint(cfg, checkpoint["path"], checkpoint["sha256"], names=sorted(names))
+    else:
+        w = model.seeded_weights(cfg, sorted(names))
+    with _W.lock:
+        st = engine.WorkerState(trpc.get_worker_info().name, cfg, fetch=_pull, store=STORE)
+        st.load(*engine.build_share(cfg, w, units))
+        _W.state = st
+        n, _ = st.nbytes()
+    return n, time.perf_counter_ns() - t0
+
+
+def remote_call(method: str, args: tuple[Any, ...]) -> Any:
+    if _W.stall_pending == method:
+        _W.stall_pending = None
+        stall_s = float(os.environ.get("HEADSPLIT_STALL_S", "3"))
+        _W.stalls.append({"time_ns": time.time_ns(), "call": method, "seconds": stall_s})
+        time.sleep(stall_s)
+        raise RuntimeError(f"test hook: call {method} stalled {stall_s} s and was dropped")
+    with _W.lock:
+        if _W.state is None:
+            raise RuntimeError("worker not set up: call setup first")
+        _W.calls += 1
+        value = getattr(_W.state, method)(*args)
+        if method == "nbytes":
+            _W.memory.append({"time_ns": time.time_ns(), "bytes": int(value[0]), "rss_bytes": rss_bytes()})
+        return value
+
+
+def remote_ping() -> int:
+    return time.time_ns()
+
+
+def remote_flops(seconds: float = 0.2, n: int = 256) -> float:
+    """Matmul micro-benchmark: FLOP/s of ``n x n`` float32 products over about ``seconds``."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    iters, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        iters += 1
+    return 2.0 * n**3 * iters / (time.perf_counter() - t0)
+
+
+def remote_memory() -> int:
+    return node_memory_bytes()
+
+
+# ---------------------------------------------------------------------------------------- transport
+
+
+class RpcCallFailed(RuntimeError):
+    pass
+
+
+class RpcPending:
+    def __init__(self, transport: RpcTransport, worker: str, method: str, args: tuple[Any, ...]) -> None:
+        self.t, self.worker, self.method, self.args = transport, worker, method, args
+        self.issued_ns = 0
+        self._done_ns = 0
+        self._issue()
+
+    def _issue(self) -> None:
+        self.issued_ns = time.perf_counter_ns()
+        self._done_ns = 0
+        self.fut = trpc.rpc_async(
+            self.worker, remote_call, args=(self.method, self.args), timeout=self.t.timeout_s
+        )
+        self.fut.add_done_callback(self._mark)
+
+    def _mark(self, _: Any) -> None:
+        self._done_ns = time.perf_counter_ns()
+
+    @property
+    def done_ns(self) -> int:
+        return self._done_ns or time.perf_counter_ns()
+
+    def result(self) -> Any:
+        attempt = 0
+        while True:
+            try:
+                value = self.fut.wait()
+                if not self._done_ns:
+                    self._done_ns = time.perf_counter_ns()
+                return value
+            except Exception as exc:
+                attempt += 1
+                msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                self.t.retries.append(
+                    {
+                        "time_ns": time.time_ns(),
+                        "worker": self.worker,
+                        "call": self.method,
+                        "attempt": attempt,
+                        "error": msg,
+                    }
+                )
+                if attempt > self.t.max_retries:
+                    raise RpcCallFailed(
+                        f"{self.worker}.{self.method}: failed {attempt} times, last error: {msg}"
+                    ) from exc
+                self._issue()
+
+
+class RpcTransport:
+    """The engine's transport over torch RPC: each call with a timeout and at most ``max_retries``
+    retries, every retry logged in ``retries`` (wall-clock ``time_ns``)."""
+
+    def __init__(self, timeout_s: float, max_retries: int) -> None:
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.retries: list[dict[str, Any]] = []
+
+    def call(self, worker: str, method: str, *args: Any) -> engine.Pending:
+        return RpcPending(self, worker, method, args)
+
+    def _sync(self, worker: str, fn: Callable[..., Any], *args: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return trpc.rpc_sync(worker, fn, args=args, timeout=self.timeout_s)
+            except Exception as exc:
+                attempt += 1
+                msg = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                self.retries.append(
+                    {
+                        "time_ns": time.time_ns(),
+                        "worker": worker,
+                        "call": fn.__name__.removeprefix("remote_"),
+                        "attempt": attempt,
+                        "error": msg,
+                    }
+                )
+                if attempt > self.max_retries:
+                    raise RpcCallFailed(
+                        f"{worker}.{fn.__name__}: failed {attempt} times, last error: {msg}"
+                    ) from exc
+
+    def publish(self, key: str, t: torch.Tensor) -> None:
+        engine.store_put(STORE, key, t)
+
+    def fetch(self, owner: str, key: str) -> torch.Tensor:
+        return self._sync(owner, remote_get, key)  # type: ignore[no-any-return]
+
+    def rtt_ns(self, worker: str, samples: int = RTT_SAMPLES) -> list[int]:
+        out = []
+        for _ in range(samples):
+            t0 = time.perf_counter_ns()
+            self._sync(worker, remote_ping)
+            out.append(time.perf_counter_ns() - t0)
+        return out
+
+    def flops_per_s(self, worker: str) -> float:
+        return float(self._sync(worker, remote_flops))
+
+    def node_memory(self, worker: str) -> int:
+        return int(self._sync(worker, remote_memory))
+
+    def setup(
+        self, worker: str, cfg: ModelConfig, checkpoint: dict[str, str] | None, units: list[Unit]
+    ) -> int:
+        n, _ = self._sync(worker, remote_setup, cfg.to_json(), checkpoint, [u.key() for u in units])
+        return int(n)
