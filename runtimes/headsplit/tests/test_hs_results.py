@@ -18,10 +18,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-from headsplit.dit_runtime import HeadSplitResultsError, HeadSplitRuntime  # noqa: E402
-
 from dit.analysis.run import LoadedRun  # noqa: E402
 from dit.runtimes.base import write_summary  # noqa: E402
+from headsplit.dit_runtime import HeadSplitResultsError, HeadSplitRuntime  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 START = 1_700_000_000_000_000_000
