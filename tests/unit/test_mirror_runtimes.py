@@ -22,7 +22,7 @@ from dit.mirror.manifest import sha256_file
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "tests" / "fixtures" / "molecule"))
-import small_mirror  # noqa: E402
+import small_mirror
 
 FIXTURE = REPO / "tests" / "fixtures" / "runtime_pkg"
 
