@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -39,11 +41,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"site": site, "mirror": mirror, "runtimes": work / "runtimes", "work": work}
 
 
-def dit(world: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
+def dit(world: dict[str, Path], *args: str, runtimes: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = dit_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(world["site"]), env.get("PYTHONPATH", "")) if p)
     env["DIT_MIRROR_SOURCES"] = str(SOURCES)
-    env["DIT_RUNTIMES_DIR"] = str(world["runtimes"])
+    env["DIT_RUNTIMES_DIR"] = str(runtimes or world["runtimes"])
     return subprocess.run(
         [*DIT, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False
     )
@@ -59,6 +61,18 @@ def test_install_refuses_an_undeclared_runtime_or_a_mirror_without_its_pin(world
     assert missing.returncode == 2
     assert "run mirror/build --runtime echo" in " ".join(missing.stderr.split())
     assert not world["runtimes"].exists()
+
+    # a wheel whose SHA-256 is not the one mirror/build wrote into the requirements is refused by pip
+    tampered = world["work"] / "tampered-mirror"
+    shutil.copytree(world["mirror"], tampered)
+    [wheel] = tampered.glob("runtimes/echo-*/*.whl")
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr("echo_runtime/extra.py", "print('not what was built')\n")
+    elsewhere = world["work"] / "tampered-runtimes"
+    refused = dit(world, "runtimes", "install", "echo", "--mirror", str(tampered), runtimes=elsewhere)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stdout
+    assert not list(elsewhere.glob("echo-*/.dit-runtime"))  # nothing is recorded as installed
 
 
 def test_installed_runtime_runs_in_its_venv_and_preflight_records_it(
