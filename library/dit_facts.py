@@ -33,6 +33,23 @@ options:
         installed there is recorded (C(importlib.metadata), run isolated with C(-I)). Omitted, nothing is
         recorded.
     type: path
+  runtime_env:
+    description:
+      - The venv of the scenario's external runtime (C(<runtimes dir>/<name>-<pin12>), installed by the
+        C(runtime_env) role). Recorded as C(runtime_env) - whether it is installed, its interpreter, its
+        stamp (name, pin, requirements SHA-256) and every package in it. Omitted, nothing is recorded.
+    type: path
+  checkpoints:
+    description:
+      - Checkpoint files of the runtime's scenario block; each one's SHA-256 and size is recorded as
+        C(checkpoints) (or the error reading it). A relative path is relative to C(checkpoint_dir).
+    type: list
+    elements: str
+    default: []
+  checkpoint_dir:
+    description: The directory relative checkpoint paths are resolved against.
+    type: path
+    default: /opt/dit/checkpoints
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -64,11 +81,14 @@ dit_facts:
     hardware facts board_revision and board_serial (C(/proc/cpuinfo)), cpu_max_khz, kernel_build, sd_card
     (C(/sys/block/mmcblk0/device) name, serial, oemid, manfid, date, size_bytes, where readable), and
     runtime {python, prefix, packages {name: version}} of C(runtime_python);
+    runtime_env {venv, installed, python, stamp, packages [{name, version}]} of C(runtime_env);
+    checkpoints [{path, sha256, size} or {path, error}] of C(checkpoints);
     netem {available (true, false or null when nothing tells), source or reason} for the netem preflight gate.
   returned: always
   type: dict
 """
 
+import hashlib
 import json
 import os
 import platform
@@ -191,6 +211,35 @@ def _runtime(python: str) -> dict[str, Any]:
     return out
 
 
+def _runtime_env(venv: str) -> dict[str, Any]:
+    """An external runtime's venv: installed (its interpreter exists), its stamp and its packages."""
+    python = os.path.join(venv, "bin", "python")
+    out: dict[str, Any] = {"venv": venv, "installed": os.path.exists(python), "python": python}
+    if not out["installed"]:
+        return out
+    out["stamp"] = _read(os.path.join(venv, ".dit-runtime")) or None
+    found = _runtime(python)
+    if "error" in found:
+        out["error"] = found["error"]
+        return out
+    packages = found.get("packages") or {}
+    out["packages"] = [{"name": name, "version": version} for name, version in sorted(packages.items())]
+    return out
+
+
+def _checkpoint(path: str, base: str) -> dict[str, Any]:
+    full = path if os.path.isabs(path) else os.path.join(base, path)
+    digest = hashlib.sha256()
+    try:
+        with open(full, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        size = os.path.getsize(full)
+    except OSError as exc:
+        return {"path": full, "error": exc.strerror or str(exc)}
+    return {"path": full, "sha256": digest.hexdigest(), "size": size}
+
+
 def _memory_controller(base: str = "/sys/fs/cgroup") -> dict[str, Any]:
     """The memory cgroup controller: v2 (in the unified root), v1 (its own hierarchy) or disabled."""
     if "memory" in _read(os.path.join(base, "cgroup.controllers")).split():
@@ -254,6 +303,9 @@ def main() -> None:
             "shared_clock": {"type": "bool", "default": False},
             "sysfs_root": {"type": "path", "default": "/sys"},
             "runtime_python": {"type": "path", "default": None},
+            "runtime_env": {"type": "path", "default": None},
+            "checkpoints": {"type": "list", "elements": "str", "default": []},
+            "checkpoint_dir": {"type": "path", "default": "/opt/dit/checkpoints"},
         },
         supports_check_mode=True,
     )
@@ -289,6 +341,12 @@ def main() -> None:
     )
     if module.params["runtime_python"]:
         facts["runtime"] = _runtime(module.params["runtime_python"])
+    if module.params["runtime_env"]:
+        facts["runtime_env"] = _runtime_env(module.params["runtime_env"])
+    if module.params["checkpoints"]:
+        facts["checkpoints"] = [
+            _checkpoint(p, module.params["checkpoint_dir"]) for p in module.params["checkpoints"]
+        ]
     module.exit_json(changed=False, dit_facts=facts)
 
 

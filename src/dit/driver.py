@@ -52,6 +52,7 @@ from dit.procs import ProcessFailure, process_failures, process_identity, run_pr
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, write_json
 from dit.runtimes import LaunchContext, Runtime
+from dit.runtimes import envs as runtime_envs
 from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
 from dit.scenario import Scenario
@@ -160,6 +161,7 @@ class Driver:
         self.stage_ns: dict[str, int] = {}
         self.lateness_ns: dict[str, int] = {}
         self.edge_port: int | None = None
+        self.runtime_pythons: dict[str, str] = {}  # host -> the runtime's venv interpreter (preflight)
         self.model: ResolvedModel | None = None
         self.reporter: Reporter | None = None
         self.inventory: RunInventory | None = None
@@ -407,9 +409,17 @@ class Driver:
     # -- stages ------------------------------------------------------------------------------
     def _preflight(self) -> None:
         holder = controller_holder(self.run.run_id, self.run.path)
+        env = runtime_envs.expected_env(self.runtime.name)
         outcome = self._stage(
             "preflight",
-            {"dit_lease": holder.to_json(), "dit_break_stale_lease": self.options.break_stale_lease},
+            {
+                "dit_lease": holder.to_json(),
+                "dit_break_stale_lease": self.options.break_stale_lease,
+                "dit_runtime_env": env.dirname or "",
+                "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
+                    self.runtime.block_schema(), self.scenario.runtime
+                ),
+            },
         )
         nodes: dict[str, Any] = {}
         for host in self.inv.hosts:
@@ -419,6 +429,17 @@ class Driver:
             res = outcome.result_of(host, "dit_facts")
             nodes[host] = dict(res.get("dit_facts", {})) if res else {}
         assert self.model is not None
+        record = runtime_envs.runtime_record(
+            self.runtime.name,
+            self.runtime.version,
+            self.scenario.runtime,
+            env,
+            nodes,
+            runtime_envs.pythons_of(self.inv.hosts, self.inv.hostvars),
+        )
+        self.runtime_pythons = record.pythons
+        for warning in record.warnings:
+            self.reporter_warn(warning)
         metadata = {
             "run_id": self.run.run_id,
             "scenario": {
@@ -431,11 +452,7 @@ class Driver:
             "mode": "local" if self.local else "inventory",
             "inventory": self.inv.source,
             "model": {"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
-            "runtime": {
-                "name": self.runtime.name,
-                "version": self.runtime.version,
-                "block": self.scenario.runtime,
-            },
+            "runtime": record.metadata,
             "conditions": self.conditions,
             "processes": {
                 host: {"env": settings.env, "cgroup": settings.cgroup, "cpus": settings.cpus}
@@ -562,13 +579,13 @@ class Driver:
             devices=self.scenario.devices,
             addresses={host: ctx.addresses[host] for host, ctx in self.contexts.items()},
             node_roots={host: ctx.node_root for host, ctx in self.contexts.items()},
-            pythons={
-                host: str(ctx.hostvars.get("dit_python", "/usr/bin/python3"))
-                for host, ctx in self.contexts.items()
-            },
+            pythons=runtime_envs.pythons_of(
+                list(self.contexts), {h: c.hostvars for h, c in self.contexts.items()}
+            ),
             local=self.local,
             model=self.model.spec,
             edge_port=self.edge_port,
+            runtime_pythons=dict(self.runtime_pythons),
         )
 
     def _profile(self) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.lease import local_lease_dir
-from dit.localmode import make_fake_sysfs
+from dit.localmode import local_runtimes_dir, make_fake_sysfs
 from dit.rundir import DRIVER, RunDir, read_json
 
 EDGE = "edge"
@@ -88,6 +88,8 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
             # The nodes are this machine: one lease for all of them, shared by every local run. A host
             # variable, not a group one, so that RunInventory.hostvars (teardown's undo scope) has it.
             "dit_lease_dir": local_lease_dir(),
+            # one directory of external runtimes' venvs for every node on this machine (dit runtimes install)
+            "dit_runtimes_dir": local_runtimes_dir(),
         }
 
     edge_vars = host(EDGE, "edge") | {"dit_edge_bind": "127.0.0.1", "dit_inference_address": "127.0.0.1"}

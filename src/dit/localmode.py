@@ -9,11 +9,18 @@ an Intel desktop exposes (intel_pstate ``no_turbo``, a base frequency). Roles ad
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PI4_FREQS_KHZ = tuple(range(600_000, 1_800_001, 100_000))
 EDGE_BASE_KHZ = 3_600_000
 EDGE_MAX_KHZ = 4_900_000
+
+
+def local_runtimes_dir() -> str:
+    """One directory of external runtimes' venvs for every local-mode node on this machine
+    (``$DIT_RUNTIMES_DIR``, else ``~/.cache/dit/runtimes``): an install serves every later local run."""
+    return os.environ.get("DIT_RUNTIMES_DIR") or str(Path.home() / ".cache" / "dit" / "runtimes")
 
 
 def _write(path: Path, value: str) -> None:

@@ -57,6 +57,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         skip_debs=args.skip_debs,
         skip_sources=args.skip_sources,
         skip_weights=args.skip_weights,
+        skip_runtimes=args.skip_runtimes,
+        runtime_names=tuple(args.runtime),
         sources_file=args.sources,
         source_locations={"torch-cpu": args.torch_cpu_wheels},
         weights_from=args.weights_from,
@@ -115,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--skip-debs", action="store_true")
     b.add_argument("--skip-sources", action="store_true")
     b.add_argument("--skip-weights", action="store_true")
+    b.add_argument("--skip-runtimes", action="store_true")
+    b.add_argument("--runtime", action="append", default=[], help="only this external runtime (repeatable)")
     b.add_argument("--sources", type=Path, default=None, help="sources list (default: mirror/sources.yaml)")
     b.add_argument(
         "--torch-cpu-wheels",

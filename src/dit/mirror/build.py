@@ -7,6 +7,8 @@ Layout of the mirror directory (what ``roles/mirror_serve`` serves and ``roles/p
     wheels/<arch>/*.whl            x86_64 | aarch64, the wheels of every lock for that arch
     debs/<debian arch>/*.deb       amd64 | arm64, flat apt repository (Packages, Packages.gz, Release)
     sources/<name>.git/            bare clones of external runtimes at their pinned commit
+    runtimes/<name>-<pin12>/       an external runtime's wheel built at its pin, requirements-<arch>.txt
+                                   (its lock plus the wheel, every line hashed) and runtime.json
     weights/*.safetensors          the model catalogue's weights
 
 A build may cover a subset (``--arch``, ``--lock``, ``--skip-*``): what an earlier build put in
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dit.mirror import debs, locks, sources, weights, wheels
+from dit.mirror import debs, locks, runtimes, sources, weights, wheels
 from dit.mirror.manifest import MANIFEST, ManifestError, read_manifest, walk, write_manifest
 
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -46,6 +48,8 @@ class BuildOptions:
     skip_debs: bool = False
     skip_sources: bool = False
     skip_weights: bool = False
+    skip_runtimes: bool = False
+    runtime_names: tuple[str, ...] = ()  # empty: every runtime of the sources file
     sources_file: Path | None = None
     source_locations: Mapping[str, str] = field(default_factory=dict)
     weights_from: Path | None = None
@@ -176,19 +180,85 @@ def _build_sources(
             repo = sources.clone_source(src, root, log)
         except sources.SourcesError as exc:
             raise BuildError(str(exc)) from exc
-        prefix = repo.relative_to(options.out).as_posix() + "/"
+        count = _record_clone(options, repo, src, origins)
+        done.append(f"sources/{src.name}.git at {src.commit[:12]}: {count} files")
+    return done
+
+
+def _record_clone(
+    options: BuildOptions, repo: Path, src: sources.GitSource, origins: dict[str, dict[str, Any]]
+) -> int:
+    prefix = repo.relative_to(options.out).as_posix() + "/"
+    for rel in [r for r in origins if r.startswith(prefix)]:
+        del origins[rel]
+    count = 0
+    for rel in walk(repo):
+        origins[prefix + rel] = {"kind": "source", "source": src.name, "url": src.url, "commit": src.commit}
+        count += 1
+    return count
+
+
+def _build_runtimes(
+    options: BuildOptions,
+    declared: tuple[runtimes.RuntimeSource, ...],
+    origins: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+) -> list[str]:
+    wanted = set(options.runtime_names)
+    unknown = sorted(wanted - {r.name for r in declared})
+    if unknown:
+        raise BuildError(f"runtime(s) {', '.join(unknown)} not declared in the sources file")
+    archs = options.archs or tuple(locks.PLATFORMS)
+    done: list[str] = []
+    for src in declared:
+        if wanted and src.name not in wanted:
+            continue
+        git = sources.GitSource(src.name, src.git or "", src.commit or "")
+
+        def clone(git: sources.GitSource = git) -> Path:
+            repo = sources.clone_source(git, options.out / "sources", log)
+            _record_clone(options, repo, git, origins)
+            return repo
+
+        try:
+            built = runtimes.build_runtime(src, options.out, archs, log, clone if src.git else None)
+        except (runtimes.RuntimeSourceError, sources.SourcesError) as exc:
+            raise BuildError(str(exc)) from exc
+        prefix = built.directory.relative_to(options.out).as_posix() + "/"
         for rel in [r for r in origins if r.startswith(prefix)]:
             del origins[rel]
-        count = 0
-        for rel in walk(repo):
-            origins[prefix + rel] = {
-                "kind": "source",
-                "source": src.name,
-                "url": src.url,
-                "commit": src.commit,
-            }
-            count += 1
-        done.append(f"sources/{src.name}.git at {src.commit[:12]}: {count} files")
+        for rel in walk(built.directory):
+            origins[prefix + rel] = {"kind": "runtime", "runtime": src.name, "pin": built.pin}
+        origins[built.wheel.relative_to(options.out).as_posix()].update(
+            kind="runtime-wheel", package=built.distribution, version=built.version
+        )
+        wheel_count = 0
+        for arch, lock in built.locks.items():
+            if lock is None or not lock.pins:
+                continue
+            dest = options.out / "wheels" / arch
+            try:
+                files = wheels.download_lock(
+                    lock, locks.PLATFORMS[arch], dest, options.index_url, options.source_locations, log
+                )
+            except wheels.WheelError as exc:
+                raise BuildError(f"runtime {src.name}: {exc}") from exc
+            owner = f"runtime:{src.name}"
+            for wheel in files.values():
+                rel = wheel.path.relative_to(options.out).as_posix()
+                previous = origins.get(rel, {})
+                origins[rel] = {
+                    "kind": "wheel",
+                    "arch": arch,
+                    "package": wheel.name,
+                    "version": wheel.version,
+                    "locks": sorted({*previous.get("locks", []), owner}),
+                }
+            wheel_count += len(files)
+        done.append(
+            f"runtimes/{built.directory.name}: {built.wheel.name} (sha256 {built.wheel_sha256[:12]}), "
+            f"{wheel_count} requirement wheels for {', '.join(built.requirements) or 'no architecture'}"
+        )
     return done
 
 
@@ -228,6 +298,12 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
             srcs = sources.load_sources(sources_file)
         except sources.SourcesError as exc:
             raise BuildError(str(exc)) from exc
+    declared: tuple[runtimes.RuntimeSource, ...] = ()
+    if not options.skip_runtimes and sources_file.is_file():  # no sources file: no runtimes declared
+        try:
+            declared = runtimes.load_runtimes(sources_file)
+        except runtimes.RuntimeSourceError as exc:
+            raise BuildError(str(exc)) from exc
     parts: dict[str, list[str]] = {}
     seconds: dict[str, float] = {}
     steps: list[tuple[str, bool, Callable[[], list[str]]]] = [
@@ -238,6 +314,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
             options.skip_sources or srcs is None,
             lambda: _build_sources(options, _need(srcs), origins, log),
         ),
+        ("runtimes", options.skip_runtimes, lambda: _build_runtimes(options, declared, origins, log)),
         ("weights", options.skip_weights, lambda: _build_weights(options, origins, log)),
     ]
     for name, skip, step in steps:
@@ -258,6 +335,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
             "archs": list(options.archs),
             "locks": list(options.lock_names),
             "models": list(options.models),
+            "runtimes": list(options.runtime_names),
             "skipped": [
                 name
                 for name, skip in (
@@ -265,6 +343,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
                     ("debs", options.skip_debs),
                     ("sources", options.skip_sources),
                     ("weights", options.skip_weights),
+                    ("runtimes", options.skip_runtimes),
                 )
                 if skip
             ],

@@ -42,6 +42,13 @@ class LaunchContext:
     local: bool
     model: Mapping[str, Any]  # the model spec the testbed resolved (a stand-in recorded, if any)
     edge_port: int | None  # the edge inference service the apply stage started
+    # host -> the interpreter of the runtime's own venv on that node (<runtimes dir>/<name>-<pin12>/bin/python,
+    # installed by ``dit runtimes install``), else that node's ``dit_python``; empty when built by hand
+    runtime_pythons: Mapping[str, str] = field(default_factory=dict)
+
+    def runtime_python(self, host: str) -> str:
+        """The interpreter the runtime's processes on ``host`` run with: its venv's, else ``dit_python``."""
+        return self.runtime_pythons.get(host) or self.pythons[host]
 
 
 @dataclass(frozen=True)

@@ -160,3 +160,41 @@ def act(
     if not outcome.ok or outcome.failures():
         raise _fail(f"{runtime} {action}: {outcome.status}")
     out.print(f"{escape(runtime)} {escape(action)}: done", highlight=False)
+
+
+@app.command()
+def install(
+    runtime: Annotated[str, typer.Argument(help="An external runtime declared in mirror/sources.yaml.")],
+    inventory: Inventory = None,
+    mirror: Annotated[
+        Path | None,
+        typer.Option("--mirror", help="The mirror directory ($DIT_MIRROR_DIR, else /srv/dit-mirror)."),
+    ] = None,
+    mirror_url: Annotated[
+        str | None,
+        typer.Option(
+            "--mirror-url", help="The mirror as the nodes read it (default: dit_mirror_url, else --mirror)."
+        ),
+    ] = None,
+    sources: Annotated[
+        Path | None,
+        typer.Option("--sources", help="The sources file ($DIT_MIRROR_SOURCES, else mirror/sources.yaml)."),
+    ] = None,
+) -> None:
+    """Install a runtime at its pin into its own venv on every node, from the mirror, hashes required."""
+    import os
+
+    from dit.inventory import InventoryError
+    from dit.runtimes import ops
+
+    mirror_dir = (mirror or Path(os.environ.get("DIT_MIRROR_DIR", "/srv/dit-mirror"))).resolve()
+    try:
+        with ops.nodes(inventory, None) as (inv, work):
+            outcome = ops.install(runtime, inv, work, mirror_dir, mirror_url, sources, _print_event)
+    except ops.InstallError as exc:
+        raise _fail(str(exc), 2) from None
+    except InventoryError as exc:
+        raise _fail(str(exc), 2) from None
+    if not outcome.ok or outcome.failures():
+        raise _fail(f"{runtime} install: {outcome.status}")
+    out.print(f"{escape(runtime)} install: done", highlight=False)

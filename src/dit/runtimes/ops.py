@@ -233,3 +233,91 @@ def describe(runtime: Runtime) -> str:
     """One line: the block's fields (``name`` excluded), for ``dit runtimes``."""
     props = dict(runtime.block_schema().get("properties", {}))
     return ", ".join(shlex.quote(k) for k in props) or "(no fields)"
+
+
+class InstallError(ValueError):
+    """A runtime that cannot be installed: not declared, or not in the mirror at its pin."""
+
+
+def install_plays(
+    runtime: str,
+    mirror_dir: Path,
+    mirror_url: str | None,
+    local: bool,
+    sources_file: Path | None = None,
+) -> list[dict[str, Any]]:
+    """The plays of ``dit runtimes install``: ``roles/runtime_env`` with the runtime's declared pin.
+
+    Refused (:class:`InstallError`) when the sources file does not declare the runtime or the mirror
+    directory holds no build of it at that pin.
+    """
+    import sys
+
+    from dit.mirror.build import host_arch
+    from dit.mirror.runtimes import RUNTIME_JSON, RuntimeSourceError, default_sources_file
+    from dit.runtimes.envs import expected_env
+
+    where = sources_file or default_sources_file()
+    try:
+        env = expected_env(runtime, sources_file)
+    except RuntimeSourceError as exc:
+        raise InstallError(str(exc)) from None
+    if env.dirname is None or env.pin is None:
+        raise InstallError(
+            f"runtime {runtime} is not declared in {where} (runtimes:): only a declared external runtime "
+            "is installed into its own venv"
+        )
+    built = mirror_dir / "runtimes" / env.dirname / RUNTIME_JSON
+    if not built.is_file():
+        raise InstallError(
+            f"the mirror {mirror_dir} holds no build of {runtime} at pin {env.pin[:12]} ({built} is missing): "
+            f"run mirror/build --runtime {runtime}"
+        )
+    role_vars: dict[str, Any] = {
+        "runtime_env_name": runtime,
+        "runtime_env_pin": env.pin,
+        "runtime_env_mirror_dir": str(mirror_dir),
+    }
+    if mirror_url:
+        role_vars["runtime_env_mirror_url"] = mirror_url
+    if local:  # the nodes are this machine: its interpreter and architecture
+        role_vars |= {"runtime_env_python": sys.executable, "runtime_env_arch": host_arch()}
+    return [
+        {
+            "name": f"Install the runtime {runtime} at {env.pin[:12]} into its venv",
+            "hosts": "all",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Apply the runtime_env role",
+                    "ansible.builtin.include_role": {"name": "runtime_env"},
+                    "vars": role_vars,
+                }
+            ],
+        }
+    ]
+
+
+def install(
+    runtime: str,
+    inventory: RunInventory,
+    workdir: Path,
+    mirror_dir: Path,
+    mirror_url: str | None = None,
+    sources_file: Path | None = None,
+    on_event: EventSink = lambda _e: None,
+) -> StageOutcome:
+    """Install ``runtime`` at its declared pin into its venv on every node (local mode: once, on this
+    machine, whose nodes share one runtimes directory)."""
+    plays = install_plays(runtime, mirror_dir, mirror_url, inventory.local, sources_file)
+    playbook = _write_plays(plays, workdir / "project" / "install.yml")
+    return run_playbook(
+        f"{runtime} install",
+        playbook,
+        workdir / "ansible",
+        inventory.source,
+        inventory.edge_host if inventory.local else inventory.limit,
+        {},
+        on_event,
+        forks=max(5, len(inventory.hosts)),
+    )

@@ -234,20 +234,17 @@ def block_schema() -> dict[str, Any]:
 
 
 def _runtime_python(ctx: LaunchContext, host: str) -> str:
-    """The interpreter of headsplit on ``host``: the one place the lead wires per-node runtime venvs.
+    """The interpreter of headsplit on ``host``: the block's ``python``, else the testbed's choice.
 
-    The block's ``python``, else a per-node runtime interpreter if the testbed's LaunchContext carries
-    one (``runtime_pythons``, being built for dit: an ``install`` into ``/opt/dit/runtimes/...``), else
-    the node's dit Python. The readiness plays use the same order with the host var
-    ``dit_headsplit_python`` in the middle (a LaunchContext cannot see host vars today).
+    The testbed's choice (:meth:`LaunchContext.runtime_python`) is the node's runtime venv when
+    ``dit runtimes install headsplit`` made one at the mirror's pin (docs/runtimes.md, "Runtime
+    environments"), else the node's dit Python. The readiness plays use the same order with the host var
+    ``dit_headsplit_python`` in the middle.
     """
     explicit = ctx.block.get("python")
     if isinstance(explicit, str) and explicit:
         return explicit
-    per_node = getattr(ctx, "runtime_pythons", None)
-    if isinstance(per_node, Mapping) and per_node.get(host):
-        return str(per_node[host])
-    return ctx.pythons[host]
+    return ctx.runtime_python(host)
 
 
 def _node_base(ctx: LaunchContext, host: str) -> str:
