@@ -311,7 +311,7 @@ def main() -> None:
     )
     mem = _meminfo()
     uname = platform.uname()
-    facts = {
+    facts: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "kernel": uname.release,
         "os": _read("/etc/os-release").split("\n")[0] if os.path.exists("/etc/os-release") else uname.system,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import signal
@@ -369,7 +370,7 @@ def _phase_cell(column: str, value: Any) -> str:
     if isinstance(value, (int, float)) and column.endswith("_bytes"):
         return units.size(value)
     if isinstance(value, float):
-        return units.MISSING if value != value else f"{value:.3g}"  # NaN: no value
+        return units.MISSING if math.isnan(value) else f"{value:.3g}"
     return str(value)
 
 
