@@ -1,16 +1,18 @@
-"""The report of a run and of a two-variant sweep, opened from disk in Chromium: every section renders.
+"""The report of the quickstart and of a two-variant sweep, opened from disk in Chromium: every section renders.
 
 Screenshots go to tests/e2e/artifacts/report-*.png (docs/report.md shows them).
 """
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dit.report.build import write_report
+from tests.conftest import DIT, REPO, dit_env
 from tests.e2e.conftest import ARTIFACTS
 from tests.report_fixtures import report_run
 
@@ -29,8 +31,18 @@ def open_offline(browser_context: Any, html: Path) -> tuple[Any, list[str]]:
     return page, problems
 
 
-def test_run_report_renders_every_section(browser_context: Any, tmp_path: Path) -> None:
-    html = write_report(report_run(tmp_path / "run"))
+def test_quickstart_report_renders_every_section(browser_context: Any, tmp_path: Path) -> None:
+    """The README's quickstart, run for real in local mode, then its report opened from disk."""
+    runs = tmp_path / "runs"
+    done = subprocess.run(
+        [*DIT, "run", str(REPO / "scenarios" / "quickstart.yaml"), "--runs-dir", str(runs)],
+        env=dit_env(), capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run,) = runs.glob("quickstart/*")
+    html = write_report(run)
+    text = html.read_text()
+    assert "No power trace" not in text and "No monitor traces" not in text  # the quickstart has both
     page, problems = open_offline(browser_context, html)
     for anchor in SECTIONS:
         assert page.locator(f"section#{anchor} h2").is_visible(), anchor
