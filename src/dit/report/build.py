@@ -37,6 +37,10 @@ MONITOR_METRICS: Final = (
 """(metric pattern, axis label) of the monitor panels, each metric matched whole."""
 
 
+PLOT_SCALES: Final = {"ns": (1e6, "ms"), "B": (1e6, "MB"), "J": (1e-3, "mJ")}
+"""Summary values plotted along a sweep: (divisor, unit shown) for the units read better rescaled."""
+
+
 class ReportError(Exception):
     """The path is not a run directory, nor a directory of runs."""
 
@@ -480,10 +484,11 @@ def sweep_sections(runs_dir: Path) -> tuple[str, list[Section]]:
         unit = next(str(r["values"][name].get("unit", "")) for r in rows if name in r["values"])
         if len(clean) > 1:
             series.append((name, unit, clean))
-    for name, unit, curve in series[:8]:
+    for name, raw_unit, curve in series[:8]:
+        scale, unit = PLOT_SCALES.get(raw_unit, (1.0, raw_unit))
         figure = Figure(figsize=(6.0, 2.6))
         ax = figure.subplots()
-        ax.plot([p[0] for p in curve], [p[1] for p in curve], marker="o")
+        ax.plot([p[0] for p in curve], [p[1] / scale for p in curve], marker="o")
         ax.set_xlabel(x_axis or "variant")
         ax.set_ylabel(f"{name} ({unit})" if unit else name)
         plots.figure(f"{name} along {x_axis or 'the variants'}", figure)
