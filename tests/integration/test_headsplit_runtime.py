@@ -12,13 +12,16 @@ import csv
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, install_fixture_package
@@ -155,3 +158,72 @@ def test_a_local_headsplit_run_through_all_stages(site: Path, tmp_path: Path) ->
     logs = {p.name for p in run_dir.glob("raw/*/logs/*_hs-*.out")}  # the testbed's tagged processes
     assert logs == {"edge_hs-controller.out", "device1_hs-worker1.out", "device2_hs-worker2.out"}
     assert run_processes(RunDir(run_dir).run_id) == []
+
+
+def generating(pid: int) -> bool:
+    """The controller has printed its progress line (its stdout is the node's log file)."""
+    try:
+        log = Path(os.readlink(f"/proc/{pid}/fd/1"))
+        return "headsplit controller: generating" in log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_driver_mid_generation_then_cleanup_leaves_no_controller_or_worker(
+    site: Path, tmp_path: Path, _lease_dir: Path
+) -> None:
+    pytest.importorskip("torch")
+    python = python_wrapper(tmp_path, site)
+    doc = {
+        "name": "hs_kill",
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2"],
+        "repetitions": 1,
+        "inference": {"enabled": False},
+        "timing": {"start_lead_s": 1.0},
+        "runtime": {"name": "headsplit", "model": "tinyllama-half", "workers": ["device1", "device2"],
+                    "tokens": 64, "threads": 1, "strategy": "greedy", "tau": 0, "port": free_port(),
+                    "python": str(python), "rpc_timeout_s": 60},
+    }  # fmt: skip
+    scenario = tmp_path / "hs_kill.yaml"
+    scenario.write_text(json.dumps(doc), encoding="utf-8")
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [*DIT, "run", str(scenario), "--runs-dir", str(runs)],
+        cwd=REPO,
+        env=env_with(site),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 600
+    run: RunDir | None = None
+    while time.monotonic() < deadline:
+        found = list(runs.glob("*/*/status.json"))
+        if found:
+            run = RunDir(found[0].parent)
+            procs = {p.environ().get("DIT_TAG", ""): p for p in run_processes(run.run_id)}
+            started = {"hs-worker1", "hs-worker2", "hs-controller"} <= set(procs)
+            if started and generating(procs["hs-controller"].pid):
+                break
+        assert proc.poll() is None, "the run ended before the controller started generating"
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError("the controller never started generating")
+    assert run is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    controller = procs["hs-controller"]
+    assert controller.is_running()
+    assert not (Path(controller.cwd()) / "results" / "headsplit.json").exists()  # still generating
+    lease = _lease_dir / "lease.json"
+    assert run.run_id in lease.read_text(encoding="utf-8")  # the killed driver still holds the machine
+    time.sleep(0.5)
+    survivors = {p.environ().get("DIT_TAG") for p in run_processes(run.run_id)}
+    assert {"hs-controller", "hs-worker1", "hs-worker2"} <= survivors  # nothing reaped them yet
+    cleaned = dit(site, "cleanup", str(run.path))
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert run_processes(run.run_id) == []
+    assert Journal(run.journal).pending() == []
+    assert not lease.exists()  # released

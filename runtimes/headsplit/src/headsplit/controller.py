@@ -326,6 +326,8 @@ def run(rc: RunConfig) -> dict[str, Any]:
         "prompt_tokens": len(prompt_ids),
         "setup_ns": setup_ns,
     }
+    # the one progress line (the node's log): generation starts now
+    print(f"headsplit controller: generating {rc.tokens} tokens", flush=True)
     start_ns = time.time_ns()
     error = None
     try:
