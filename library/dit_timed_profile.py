@@ -46,8 +46,11 @@ options:
     type: float
     default: 3600.0
   cgroup:
-    description: A cgroup directory (v1 or v2) the process joins before it executes.
-    type: path
+    description:
+      - A cgroup directory (v1 or v2) the process joins before it executes, or a list of
+        them (on cgroup v1 one per hierarchy, e.g. the run's memory and cpu cgroups). A single path is
+        never split on commas.
+    type: raw
   cpus:
     description: CPU numbers the process and its children are confined to.
     type: list
@@ -102,7 +105,7 @@ import signal
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_procs import read_json, spawn, tagged_env
+from ansible.module_utils.dit_procs import cgroup_dirs, read_json, spawn, tagged_env
 
 TAG = "profile"
 
@@ -117,13 +120,17 @@ def main() -> None:
             "config": {"type": "dict", "required": True},
             "env": {"type": "dict", "default": {}},
             "timeout_s": {"type": "float", "default": 3600.0},
-            "cgroup": {"type": "path"},
+            "cgroup": {"type": "raw"},
             "cpus": {"type": "list", "elements": "int"},
             "_dit_plan": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
     p = module.params
+    try:  # one cgroup directory (the old form) or a list of them
+        p["cgroup"] = cgroup_dirs(p["cgroup"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
     if p["_dit_plan"] or module.check_mode:
         # Profiling is an action, not a state: every call runs it.
         module.exit_json(

@@ -45,7 +45,7 @@ from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal, JournalError, dropped_results, undo_scopes
 from dit.lease import controller_holder
-from dit.localmode import cgroup_memory_root
+from dit.localmode import cgroup_cpu_root, cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
 from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
@@ -322,6 +322,8 @@ class Driver:
             hostvars = inv.hostvars.get(host, {})
             if inv.local and "dit_cgroup_root" not in hostvars:  # memory limits apply for real here
                 hostvars = {**hostvars, "dit_cgroup_root": cgroup_memory_root()}
+            if inv.local and "dit_cpu_cgroup_root" not in hostvars:  # and CPU shares
+                hostvars = {**hostvars, "dit_cpu_cgroup_root": cgroup_cpu_root()}
             contexts[host] = HostContext(
                 host=host,
                 role="edge" if host == inv.edge_host else "device",
@@ -342,7 +344,7 @@ class Driver:
             "dit_journal_path": str(self.run.journal),
             "dit_process_env": {host: settings.env for host, settings in self.processes.items()},
             "dit_process_cgroup": {
-                host: settings.cgroup for host, settings in self.processes.items() if settings.cgroup
+                host: list(settings.cgroups) for host, settings in self.processes.items() if settings.cgroups
             },
             "dit_process_cpus": {
                 host: list(settings.cpus) for host, settings in self.processes.items() if settings.cpus
@@ -437,7 +439,7 @@ class Driver:
             },
             "conditions": self.conditions,
             "processes": {
-                host: {"env": settings.env, "cgroup": settings.cgroup, "cpus": settings.cpus}
+                host: {"env": settings.env, "cgroup": list(settings.cgroups) or None, "cpus": settings.cpus}
                 for host, settings in self.processes.items()
             },
             "dit": {"version": dit.__version__, "git": _git_commit()},

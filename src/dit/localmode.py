@@ -9,6 +9,7 @@ an Intel desktop exposes (intel_pstate ``no_turbo``, a base frequency). Roles ad
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PI4_FREQS_KHZ = tuple(range(600_000, 1_800_001, 100_000))
@@ -79,3 +80,38 @@ def cgroup_memory_root(base: Path = Path("/sys/fs/cgroup")) -> str:
     if (base / "memory" / "memory.limit_in_bytes").exists():
         return str(base / "memory")
     return str(base)
+
+
+def cgroup_cpu_root(base: Path = Path("/sys/fs/cgroup")) -> str:
+    """Where CPU cgroups are created on this machine: local mode's ``dit_cpu_cgroup_root``.
+
+    The cgroup v2 root when its ``cgroup.controllers`` lists ``cpu``, else the cgroup v1 cpu hierarchy
+    (``cpu``, or ``cpu,cpuacct`` where the two share one), else the v2 root (the role then refuses).
+    """
+    controllers = base / "cgroup.controllers"
+    if controllers.is_file() and "cpu" in controllers.read_text(encoding="utf-8").split():
+        return str(base)
+    for name in ("cpu", "cpu,cpuacct"):
+        if (base / name / "cpu.cfs_quota_us").exists():
+            return str(base / name)
+    return str(base)
+
+
+def cpu_quota_usable(base: Path = Path("/sys/fs/cgroup")) -> bool:
+    """This process can create CPU-capped cgroups here: root, and a cpu controller with CFS bandwidth
+    control that children may use (v2: ``cpu`` in the root's ``cgroup.subtree_control``)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return False
+    root = Path(cgroup_cpu_root(base))
+    if (root / "cgroup.controllers").is_file():
+        subtree = root / "cgroup.subtree_control"
+        return subtree.is_file() and "cpu" in subtree.read_text(encoding="utf-8").split()
+    return (root / "cpu.cfs_quota_us").exists()
+
+
+def default_cpu_share_pct(device_cpus: int, devices: int) -> int:
+    """Local mode's CPU share per device: the devices' CPUs split equally, in percent of one CPU
+    (two devices on one CPU: 50 each; four devices on three CPUs: 75 each)."""
+    if devices <= 0:
+        raise ValueError(f"devices: {devices} is not a device count")
+    return max(1, 100 * max(1, device_cpus) // devices)
