@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -51,7 +51,7 @@ from dit.paths import content_root
 from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, write_json
-from dit.runtimes import LaunchContext, Runtime
+from dit.runtimes import LaunchContext, LaunchOutcome, Runtime
 from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
 from dit.scenario import Scenario
@@ -121,6 +121,18 @@ def _git_commit() -> dict[str, Any]:
         return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "source": str(exc)}
+
+
+def start_waits(outcomes: Iterable[LaunchOutcome]) -> dict[str, dict[str, Any]]:
+    """How each host's main process waited for the start instant: the ``start_sched`` record of a
+    result file (the layers runtime's ``origin.json``: policy, absolute-clock sleep, final spin)."""
+    out: dict[str, dict[str, Any]] = {}
+    for outcome in outcomes:
+        for doc in outcome.results.values():
+            sched = doc.get("start_sched") if isinstance(doc, Mapping) else None
+            if isinstance(sched, Mapping):
+                out[outcome.host] = dict(sched)
+    return out
 
 
 def extract_collected(raw_dir: Path, host: str) -> list[str]:
@@ -568,7 +580,12 @@ class Driver:
         lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
         launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
         outcome = self._stage("profile", {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns})
-        self.lateness_ns.update(self.runtime.started(runtime_launch.outcomes(outcome, launched)))
+        outcomes = runtime_launch.outcomes(outcome, launched)
+        self.lateness_ns.update(self.runtime.started(outcomes))
+        start_wait = start_waits(outcomes)
+        if start_wait:  # how each agent waited for the start instant (absolute sleep, SCHED_FIFO, spin)
+            self.run.set_status(start_wait=start_wait)
+            self._add_metadata(start_wait=start_wait)
         if self.lateness_ns:
             worst = max(self.lateness_ns.items(), key=lambda item: item[1])
             self.reporter_info(
@@ -576,6 +593,16 @@ class Driver:
                 + ", ".join(f"{d} {ns / 1e6:.3f} ms" for d, ns in self.lateness_ns.items())
                 + f" (worst {worst[0]})"
             )
+
+    def _add_metadata(self, **fields: Any) -> None:
+        """Add fields to ``metadata.json`` (written at preflight) after the fact."""
+        path = self.run.path / "metadata.json"
+        try:
+            metadata = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(metadata, dict):
+            write_json(path, {**metadata, **fields})
 
     def _collect(self) -> None:
         raw = self.run.path / "raw"
