@@ -123,6 +123,19 @@ def _git_commit() -> dict[str, Any]:
         return {"commit": None, "source": str(exc)}
 
 
+def link_targets(
+    devices: Iterable[str], addresses: Mapping[str, str], edge_host: str
+) -> dict[str, list[dict[str, str]]]:
+    """``{device: [{"target", "address"}]}``: each device's link to the edge server (named ``edge``,
+    as the analysis names it), then to every other device, in scenario order."""
+    names = list(devices)
+    return {
+        device: [{"target": "edge", "address": addresses[edge_host]}]
+        + [{"target": other, "address": addresses[other]} for other in names if other != device]
+        for device in names
+    }
+
+
 def start_waits(outcomes: Iterable[LaunchOutcome]) -> dict[str, dict[str, Any]]:
     """How each host's main process waited for the start instant: the ``start_sched`` record of a
     result file (the layers runtime's ``origin.json``: policy, absolute-clock sleep, final spin)."""
@@ -422,13 +435,22 @@ class Driver:
         holder = controller_holder(self.run.run_id, self.run.path)
         outcome = self._stage(
             "preflight",
-            {"dit_lease": holder.to_json(), "dit_break_stale_lease": self.options.break_stale_lease},
+            {
+                "dit_lease": holder.to_json(),
+                "dit_break_stale_lease": self.options.break_stale_lease,
+                "dit_ping_targets": self._ping_targets(),
+            },
         )
         nodes: dict[str, Any] = {}
         for host in self.inv.hosts:
             broken = (outcome.result_of(host, "dit_lease") or {}).get("lease_broken")
             if broken and self.reporter is not None:
                 self.reporter.warn(str(broken))
+            baseline = (outcome.result_of(host, "dit_ping") or {}).get("pings")
+            if isinstance(baseline, list):  # unshaped: nothing is applied yet
+                target = self.run.path / "raw" / host / f"{host}_ping_baseline.json"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                write_json(target, baseline)
             res = outcome.result_of(host, "dit_facts")
             nodes[host] = dict(res.get("dit_facts", {})) if res else {}
         assert self.model is not None
@@ -594,6 +616,12 @@ class Driver:
                 + f" (worst {worst[0]})"
             )
 
+    def _ping_targets(self) -> dict[str, list[dict[str, str]]]:
+        """Every device's links: to the edge server, then to each other device of the scenario."""
+        return link_targets(
+            self.scenario.devices, {h: self.inv.address_of(h) for h in self.inv.hosts}, self.inv.edge_host
+        )
+
     def _add_metadata(self, **fields: Any) -> None:
         """Add fields to ``metadata.json`` (written at preflight) after the fact."""
         path = self.run.path / "metadata.json"
@@ -616,6 +644,7 @@ class Driver:
                 "dit_edge_address": self.inv.edge_address,
                 "dit_edge_port_actual": self.edge_port,
                 "dit_raw_dir": str(raw),
+                "dit_ping_targets": self._ping_targets(),
             },
         )
         for host in self.inv.hosts:
