@@ -19,7 +19,10 @@ description:
   - The CPU quota is C(cpu.max) (C(<quota> <period>)) on cgroup v2 (C(cpu) in the parent's
     C(cgroup.subtree_control)), and C(cpu.cfs_period_us) then C(cpu.cfs_quota_us) in a cgroup v1 cpu
     hierarchy (the parent has C(cpu.cfs_quota_us)), with the highest CPU weight (C(cpu.weight) 10000,
-    C(cpu.shares) 262144) so that the quota, not the node's other work, sets what the processes get.
+    C(cpu.shares) 262144) so that the quota, not the node's other work, sets what the processes get,
+    and on v1 with RT group scheduling a real-time budget of 10 ms per second (C(cpu.rt_runtime_us)),
+    without which a v1 cpu group refuses SCHED_FIFO (a warning, not a failure, when the parent has none
+    to give).
     cgroup v1 keeps memory and cpu in separate hierarchies (one call per hierarchy, each with its own
     O(path)).
   - Reads the current limits, compares and writes only what differs; nothing in check mode.
@@ -121,6 +124,9 @@ V1_CPU_SHARES = "cpu.shares"
 V2_CPU_WEIGHT = "cpu.weight"
 CPU_SHARES_MAX_V1 = 262144
 CPU_WEIGHT_MAX_V2 = 10000
+V1_RT_RUNTIME = "cpu.rt_runtime_us"
+RT_BUDGET_US = 10000  # per second: two 2 ms start spins with room (the root has 950000)
+OPTIONAL = (V1_RT_RUNTIME,)  # a budget the parent cannot give is a warning, not a failure
 MIN_QUOTA_US = 1000  # the kernel's smallest CFS quota and period
 MAX_PERIOD_US = 1_000_000
 
@@ -174,19 +180,26 @@ def limit_files(version: str, limit: int, swap: int, present: Callable[[str], bo
     return out
 
 
-def cpu_files(version: str, quota_us: int, period_us: int) -> list[tuple[str, str]]:
+def cpu_files(
+    version: str, quota_us: int, period_us: int, present: Callable[[str], bool] = lambda name: True
+) -> list[tuple[str, str]]:
     """The CPU quota files to write, ``[(name, value)]``: v2 ``cpu.max``; v1 the period, then the quota.
 
     The cgroup also gets the highest CPU weight, so that its quota and not the node's other work sets
     what its processes get (a 30 % share is 30 % on a busy node too); the quota caps what they take.
+    On v1 with RT group scheduling (``present`` tells) it gets a small real-time budget: a new v1 cpu
+    group has none, and the device agent's SCHED_FIFO wait for the start instant is refused without.
     """
     if version == "v2":
         return [(V2_CPU_MAX, f"{quota_us} {period_us}"), (V2_CPU_WEIGHT, str(CPU_WEIGHT_MAX_V2))]
-    return [
+    out = [
         (V1_CFS_PERIOD, str(period_us)),
         (V1_CFS_QUOTA, str(quota_us)),
         (V1_CPU_SHARES, str(CPU_SHARES_MAX_V1)),
     ]
+    if present(V1_RT_RUNTIME):
+        out.append((V1_RT_RUNTIME, str(RT_BUDGET_US)))
+    return out
 
 
 def main() -> None:
@@ -236,7 +249,7 @@ def main() -> None:
 
     def wanted_files(present: Callable[[str], bool]) -> list[tuple[str, str]]:
         out = limit_files(version, limit, swap, present) if memory else []
-        return out + (cpu_files(version, quota, period) if cpu else [])
+        return out + (cpu_files(version, quota, period, present) if cpu else [])
 
     def present(name: str) -> bool:
         return os.path.exists(os.path.join(path, name)) if exists else True
@@ -275,13 +288,21 @@ def main() -> None:
             differing = [item for item in differing if item[0] == V1_MEMSW] + [
                 item for item in differing if item[0] != V1_MEMSW
             ]
+    warnings: list[str] = []
     for name, value in differing:
         target = os.path.join(path, name)
         try:
             with open(target, "w", encoding="ascii") as handle:
                 handle.write(value)
         except OSError as exc:
+            if name in OPTIONAL:
+                warnings.append(
+                    f"{field}: writing {value} to {target} failed: {exc} (SCHED_FIFO unavailable)"
+                )
+                continue
             module.fail_json(msg=f"{field}: writing {value} to {target} failed: {exc}")
+    for warning in warnings:
+        module.warn(warning)
     module.exit_json(changed=True, version=version, limits=dict(files), diff=diff)
 
 

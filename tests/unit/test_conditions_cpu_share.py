@@ -128,7 +128,10 @@ def test_dit_cgroup_writes_cpu_max_on_v2_and_the_cfs_files_on_v1(tmp_path: Path)
         ("cpu.cfs_period_us", "100000"),
         ("cpu.cfs_quota_us", "30000"),
         ("cpu.shares", "262144"),
+        ("cpu.rt_runtime_us", "10000"),  # a v1 cpu group has no RT budget: SCHED_FIFO needs one
     ]
+    no_rt_groups = cgroup.cpu_files("v1", 30_000, 100_000, lambda name: name != "cpu.rt_runtime_us")
+    assert [name for name, _ in no_rt_groups] == ["cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.shares"]
     assert cgroup.detect(str(v1))[0] is None  # a cpu hierarchy is no memory hierarchy
 
 
