@@ -86,6 +86,8 @@ def test_the_coarse_wait_is_one_absolute_sleep_to_the_spin_then_a_spin() -> None
     now[0] = 0
     assert agent.sleep_until(5_000_000, clock=clock, absolute=lambda ns: False) == agent.RELATIVE_WAIT
     assert now[0] >= 5_000_000
+    # Reached late: nothing slept, and the record says so.
+    assert agent.sleep_until(0, clock=clock, absolute=absolute) == agent.NO_WAIT
 
 
 def test_the_real_wait_sleeps_on_the_wall_clock_with_clock_nanosleep() -> None:

@@ -64,6 +64,7 @@ THREAD_ENV = (
 CLOCK_REALTIME, TIMER_ABSTIME, EINTR = 0, 1, 4  # <time.h>, <errno.h> (Linux)
 ABSOLUTE_WAIT = "clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)"
 RELATIVE_WAIT = "time.sleep"
+NO_WAIT = "none (reached the instant late or within the spin)"
 
 
 def _absolute_sleeper() -> Callable[[int], bool] | None:
@@ -108,8 +109,9 @@ def sleep_until(
     sleeper = absolute if callable(absolute) else None
     if absolute is True and clock is time.time_ns:
         sleeper = _absolute_sleeper()
-    method = RELATIVE_WAIT
-    if sleeper is not None and start_at_ns - clock() > SPIN_NS and sleeper(start_at_ns - SPIN_NS):
+    ahead = start_at_ns - clock() > SPIN_NS
+    method = RELATIVE_WAIT if ahead else NO_WAIT  # reached within the spin or late: nothing to sleep
+    if sleeper is not None and ahead and sleeper(start_at_ns - SPIN_NS):
         method = ABSOLUTE_WAIT
     while True:  # the fallback, and a safety net if the absolute sleep came back early
         remaining = start_at_ns - clock()
