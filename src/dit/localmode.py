@@ -115,3 +115,22 @@ def default_cpu_share_pct(device_cpus: int, devices: int) -> int:
     if devices <= 0:
         raise ValueError(f"devices: {devices} is not a device count")
     return max(1, 100 * max(1, device_cpus) // devices)
+
+
+LOCAL_CPU_SHARE_ENV = "DIT_LOCAL_CPU_SHARE"
+
+
+def local_cpu_share(setting: str | None, usable: bool, device_cpus: int, devices: int) -> int | None:
+    """Local mode's default share per device from ``DIT_LOCAL_CPU_SHARE``: unset or ``auto`` is
+    :func:`default_cpu_share_pct` (where ``usable``), ``off`` none (no CPU cgroup unless the scenario
+    sets ``cpu_share_pct``), a number that percentage of one CPU."""
+    value = (setting or "auto").strip().lower()
+    if value == "off" or not usable or devices <= 0:
+        return None
+    if value == "auto":
+        return default_cpu_share_pct(device_cpus, devices)
+    if value.isdigit() and 1 <= int(value) <= 25600:
+        return int(value)
+    raise ValueError(
+        f"{LOCAL_CPU_SHARE_ENV}={setting!r}: expected auto, off or a percentage of one CPU (1-25600)"
+    )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dit.conditions import HostContext, ProcessSettings, build_conditions, cpu_share, process_settings
-from dit.localmode import cgroup_cpu_root, default_cpu_share_pct
+from dit.localmode import cgroup_cpu_root, default_cpu_share_pct, local_cpu_share
 from dit.scenario import ScenarioError, loads
 from tests.ansible_modules import library_module, module_util
 
@@ -171,3 +171,13 @@ def test_local_mode_default_share_is_an_equal_split_and_the_cpu_root_is_found(tm
     assert cgroup_cpu_root(tmp_path) == str(tmp_path / "cpu,cpuacct")
     (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
     assert cgroup_cpu_root(tmp_path) == str(tmp_path)
+
+
+def test_dit_local_cpu_share_turns_the_local_default_off_or_sets_it() -> None:
+    assert local_cpu_share(None, True, 1, 4) == 25
+    assert local_cpu_share("auto", True, 1, 4) == 25
+    assert local_cpu_share("off", True, 1, 4) is None
+    assert local_cpu_share("60", True, 1, 4) == 60
+    assert local_cpu_share("60", False, 1, 4) is None  # not root, or no cpu controller
+    with pytest.raises(ValueError, match="DIT_LOCAL_CPU_SHARE='half'"):
+        local_cpu_share("half", True, 1, 4)

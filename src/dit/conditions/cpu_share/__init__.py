@@ -19,7 +19,8 @@ the local inventory gives each device ``dit_cpu_share_default_pct``, an equal sp
 devices run on (the non-edge CPUs, see :mod:`dit.conditions.cpus`), so that a device's capacity
 while it profiles is its capacity during inference, and the load processes on it take from that
 capacity, not from the other devices'. The default is set only where this machine can apply it
-(root and a cpu controller with CFS bandwidth); the scenario's value always wins.
+(root and a cpu controller with CFS bandwidth); the scenario's value always wins, and
+``DIT_LOCAL_CPU_SHARE`` (``auto``, ``off`` or a percentage of one CPU) overrides the default.
 """
 
 from __future__ import annotations
