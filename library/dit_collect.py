@@ -12,6 +12,8 @@ description:
   - Sends O(ping_count) ICMP echo requests to O(ping_target) with C(ping) and records every RTT in
     integer nanoseconds (C(results/ping.json)); without a C(ping) binary, falls back to timing TCP
     connects to O(tcp_port) and records that method.
+  - With O(ping_targets) it pings every link of the device instead (the edge server and the other
+    devices, all at once) and C(results/ping.json) is a list of link records, one per target.
   - "Writes a system snapshot (C(results/snapshot.json)): load, memory, uptime, processes."
   - With O(run_id), writes what became of the run's device processes (C(results/processes.json)),
     read from their status records in C(logs/) before teardown reaps them. An entry with C(failed)
@@ -34,8 +36,14 @@ options:
   ping_target:
     description: Address to ping; none on the edge server.
     type: str
+  ping_targets:
+    description:
+      - Every link to characterise, each C(target) (the other node's inventory name) and C(address);
+        takes precedence over O(ping_target).
+    type: list
+    elements: dict
   ping_count:
-    description: Number of echo requests.
+    description: Number of echo requests (per target).
     type: int
     default: 10
   tcp_port:
@@ -76,9 +84,9 @@ archive:
   returned: always
   type: str
 ping:
-  description: The link record (target, method, sent, received, rtt_ns).
-  returned: when ping_target is set
-  type: dict
+  description: The link record (target, method, sent, received, rtt_ns), a list of them with ping_targets.
+  returned: when ping_target or ping_targets is set
+  type: raw
 processes:
   description: Per device process with a status record - tag, state, exit_code, error, failed, stderr_tail.
   returned: when run_id is set
@@ -88,42 +96,13 @@ processes:
 
 import json
 import os
-import re
-import shutil
-import socket
-import subprocess
 import tarfile
 import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_ping import ping, ping_all
 from ansible.module_utils.dit_procs import process_states
-
-RTT = re.compile(r"time[=<]([0-9.]+) ms")
-
-
-def _ping(target: str, count: int, tcp_port: int | None) -> dict[str, Any]:
-    record: dict[str, Any] = {"target": "edge", "address": target, "sent": count, "received": 0, "rtt_ns": []}
-    ping = shutil.which("ping")
-    if ping:
-        argv = [ping, "-n", "-c", str(count), "-i", "0.2", "-W", "1", target]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=count * 2 + 10, check=False)
-        rtts = [round(float(m.group(1)) * 1e6) for m in RTT.finditer(proc.stdout)]
-        record.update(method="icmp", argv=argv, received=len(rtts), rtt_ns=rtts)
-        if proc.returncode not in (0, 1):
-            record["error"] = (proc.stderr or proc.stdout).strip()[-500:]
-        return record
-    rtts = []
-    for _ in range(count):
-        start = time.monotonic_ns()
-        try:
-            with socket.create_connection((target, tcp_port), timeout=1.0):
-                rtts.append(time.monotonic_ns() - start)
-        except OSError:
-            pass
-        time.sleep(0.05)
-    record.update(method="tcp-connect", port=tcp_port, received=len(rtts), rtt_ns=rtts)
-    return record
 
 
 def _snapshot() -> dict[str, Any]:
@@ -164,6 +143,7 @@ def main() -> None:
             "node_root": {"type": "path", "required": True},
             "archive": {"type": "path", "required": True},
             "ping_target": {"type": "str"},
+            "ping_targets": {"type": "list", "elements": "dict"},
             "ping_count": {"type": "int", "default": 10},
             "tcp_port": {"type": "int"},
             "run_id": {"type": "str"},
@@ -177,8 +157,11 @@ def main() -> None:
     if not os.path.isdir(results):
         module.fail_json(msg="{} has no results directory; did apply run?".format(p["node_root"]))
     out = {"archive": p["archive"]}
-    if p["ping_target"]:
-        out["ping"] = _ping(p["ping_target"], p["ping_count"], p["tcp_port"])
+    if p["ping_targets"]:  # every link of the device: a list, the edge first
+        out["ping"] = ping_all(p["ping_targets"], p["ping_count"], p["tcp_port"])
+        _write_json(os.path.join(results, "ping.json"), out["ping"])
+    elif p["ping_target"]:
+        out["ping"] = ping("edge", p["ping_target"], p["ping_count"], p["tcp_port"])
         _write_json(os.path.join(results, "ping.json"), out["ping"])
     _write_json(os.path.join(results, "snapshot.json"), _snapshot())
     if p["run_id"]:

@@ -78,6 +78,7 @@ dit_facts:
   description: >-
     kernel, machine, cpu_model, cpu_count, mem_total_bytes, python, board_model, ntp {source, offset_ms},
     memory_controller (C(v2), C(v1) or C(disabled)) and memory_cgroup_root (where memory cgroups are created);
+    cpu_controller and cpu_cgroup_root (the same for CPU quotas: the cpu controller with CFS bandwidth);
     hardware facts board_revision and board_serial (C(/proc/cpuinfo)), cpu_max_khz, kernel_build, sd_card
     (C(/sys/block/mmcblk0/device) name, serial, oemid, manfid, date, size_bytes, where readable), and
     runtime {python, prefix, packages {name: version}} of C(runtime_python);
@@ -250,6 +251,17 @@ def _memory_controller(base: str = "/sys/fs/cgroup") -> dict[str, Any]:
     return {"memory_controller": "disabled", "memory_cgroup_root": None}
 
 
+def _cpu_controller(base: str = "/sys/fs/cgroup") -> dict[str, Any]:
+    """The cpu cgroup controller with CFS bandwidth (quota): v2 (unified root), v1 (its hierarchy) or disabled."""
+    if "cpu" in _read(os.path.join(base, "cgroup.controllers")).split():
+        return {"cpu_controller": "v2", "cpu_cgroup_root": base}
+    for name in ("cpu", "cpu,cpuacct"):
+        v1 = os.path.join(base, name)
+        if os.path.exists(os.path.join(v1, "cpu.cfs_quota_us")):
+            return {"cpu_controller": "v1", "cpu_cgroup_root": v1}
+    return {"cpu_controller": "disabled", "cpu_cgroup_root": None}
+
+
 def _kernel_config(release: str) -> str | None:
     """The kernel's build configuration (C(/proc/config.gz), else C(/boot/config-<release>)), or None."""
     try:
@@ -326,6 +338,7 @@ def main() -> None:
         "ntp": _ntp(module.params["local_mode"], module.params["shared_clock"]),
     }
     facts.update(_memory_controller())
+    facts.update(_cpu_controller())
     facts["netem"] = _netem(uname.release)
     sys_dir = _sys_dir(module.params["sysfs_root"])
     facts.update(

@@ -57,8 +57,11 @@ options:
     type: dict
     default: {}
   cgroup:
-    description: A cgroup directory (v1 or v2) every process joins before it executes.
-    type: path
+    description:
+      - A cgroup directory (v1 or v2) every process joins before it executes, or a list of
+        them (on cgroup v1 one per hierarchy, e.g. the run's memory and cpu cgroups). A single path is
+        never split on commas.
+    type: raw
   cpus:
     description: CPU numbers the processes and their children are confined to.
     type: list
@@ -113,7 +116,7 @@ import time
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_procs import read_json, spawn, tagged_env
+from ansible.module_utils.dit_procs import cgroup_dirs, read_json, spawn, tagged_env
 
 
 def _tail(path: str, limit: int = 4000) -> str:
@@ -153,13 +156,17 @@ def main() -> None:
             "wait": {"type": "bool", "default": False},
             "timeout_s": {"type": "float", "default": 3600.0},
             "env": {"type": "dict", "default": {}},
-            "cgroup": {"type": "path"},
+            "cgroup": {"type": "raw"},
             "cpus": {"type": "list", "elements": "int"},
             "_dit_plan": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
     p = module.params
+    try:  # one cgroup directory (the old form) or a list of them
+        p["cgroup"] = cgroup_dirs(p["cgroup"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
     names = [str(spec.get("name", "")) for spec in p["processes"]]
     if p["_dit_plan"] or module.check_mode:
         module.exit_json(

@@ -60,8 +60,11 @@ options:
     description: Where O(config) is written (atomically); required with O(config).
     type: path
   cgroup:
-    description: A cgroup directory (v1 or v2) the process joins before it executes.
-    type: path
+    description:
+      - A cgroup directory (v1 or v2) the process joins before it executes, or a list of
+        them (on cgroup v1 one per hierarchy, e.g. the run's memory and cpu cgroups). A single path is
+        never split on commas.
+    type: raw
   cpus:
     description: CPU numbers the process and its children are confined to.
     type: list
@@ -123,7 +126,15 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_procs import STATUS_ENV, find_tagged, read_json, spawn, status_path, tagged_env
+from ansible.module_utils.dit_procs import (
+    STATUS_ENV,
+    cgroup_dirs,
+    find_tagged,
+    read_json,
+    spawn,
+    status_path,
+    tagged_env,
+)
 
 
 def _tail(path: str, limit: int = 2000) -> str:
@@ -150,7 +161,7 @@ def main() -> None:
             "ready_timeout": {"type": "float", "default": 60.0},
             "config": {"type": "dict"},
             "config_path": {"type": "path"},
-            "cgroup": {"type": "path"},
+            "cgroup": {"type": "raw"},
             "cpus": {"type": "list", "elements": "int"},
             "_dit_plan": {"type": "bool", "default": False},
             "_dit_adopt": {"type": "bool", "default": False},
@@ -159,6 +170,10 @@ def main() -> None:
         supports_check_mode=True,
     )
     p = module.params
+    try:  # one cgroup directory (the old form) or a list of them
+        p["cgroup"] = cgroup_dirs(p["cgroup"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
     running = find_tagged(p["run_id"], p["host"], p["tag"])
     ready = read_json(p["ready_file"]) if p["ready_file"] else None
     if running and not p["_dit_adopt"]:

@@ -106,30 +106,49 @@ def reap(
     return procs, find_tagged(run_id, host, tag)
 
 
+def cgroup_dirs(value: object) -> list[str]:
+    """The cgroup directories of a module's ``cgroup`` option: one path (the old form), a list of
+    paths, or nothing. A path is never split on commas (v1 mounts ``cpu,cpuacct``)."""
+    if value is None or value == "":
+        return []
+    items = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if items is None or not all(isinstance(item, str) and item for item in items):
+        raise ValueError(f"cgroup: {value!r} is not a cgroup directory or a list of them")
+    out: list[str] = []
+    for item in items:
+        if not os.path.isabs(item):
+            raise ValueError(f"cgroup: {item!r} is not an absolute path")
+        if item not in out:
+            out.append(item)
+    return out
+
+
 def spawn(
     argv: list[str],
     env: dict[str, str],
     cwd: str,
     stdout_path: str,
     stderr_path: str,
-    cgroup: str | None = None,
+    cgroup: str | list[str] | None = None,
     cpus: list[int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session with ``env``; returns the Popen object.
 
-    With ``cgroup`` (a cgroup directory, v1 or v2) the child joins it before it executes, so the
-    process and everything it starts are under the cgroup's limits from their first instruction.
+    With ``cgroup`` (a cgroup directory, v1 or v2, or a list of them: cgroup v1 has one hierarchy
+    per controller, e.g. the memory and the cpu one) the child joins each before it executes, so the
+    process and everything it starts are under the cgroups' limits from their first instruction.
     With ``cpus`` (a list of CPU numbers) the child and its descendants run only on those CPUs.
     """
     import subprocess
 
-    procs_file = os.path.join(cgroup, "cgroup.procs") if cgroup else None
-    if procs_file and not os.path.exists(procs_file):
-        raise OSError(f"cgroup {cgroup} has no cgroup.procs")
+    procs_files = [os.path.join(d, "cgroup.procs") for d in cgroup_dirs(cgroup)]
+    for procs_file in procs_files:
+        if not os.path.exists(procs_file):
+            raise OSError(f"cgroup {os.path.dirname(procs_file)} has no cgroup.procs")
     affinity = {int(c) for c in cpus} if cpus else None
 
     def before_exec() -> None:
-        if procs_file:
+        for procs_file in procs_files:
             with open(procs_file, "w", encoding="ascii") as handle:
                 handle.write(str(os.getpid()))
         if affinity:
@@ -145,7 +164,7 @@ def spawn(
             stderr=err,
             start_new_session=True,
             close_fds=True,
-            preexec_fn=before_exec if (procs_file or affinity) else None,  # noqa: PLW1509 - no locks taken
+            preexec_fn=before_exec if (procs_files or affinity) else None,  # noqa: PLW1509 - no locks taken
         )
 
 

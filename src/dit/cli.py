@@ -309,9 +309,73 @@ def _ns_field(status: dict[str, Any], key: str, path: Path) -> dict[str, float]:
     return dict(values)
 
 
+def _show_dirs(paths: list[Path]) -> list[Path]:
+    """The run directories of ``dit show``'s arguments: a run directory as it is; a directory of runs
+    (a sweep: ``runs/<scenario>``, or ``runs`` itself) as the runs under it, oldest first."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / STATUS).is_file():
+            found.append(path)
+            continue
+        runs = sorted(p.parent for p in path.glob(f"*/{STATUS}")) or [
+            r.path for r in find_runs(path) if r.path not in found
+        ]
+        if not runs:
+            raise _fail(f"{path} is not a dit run directory and has none under it")
+        found += runs
+    return found
+
+
+def _show_sweep(run_dirs: list[Path]) -> None:
+    """Several runs: one line each, then the start lateness per device over them (p99, max)."""
+    from dit.analysis.lateness import lateness_over_runs
+
+    per_run: list[dict[str, float]] = []
+    runs = Table(title=f"{len(run_dirs)} runs")
+    for column in ("run", "state", "worst lateness"):
+        runs.add_column(column, justify="right" if column == "worst lateness" else "left")
+    for run_dir in run_dirs:
+        status = _read_run_json(run_dir / STATUS)
+        lateness = _ns_field(status, "lateness_ns", run_dir / STATUS)
+        per_run.append(lateness)
+        worst = units.duration(max(lateness.values())) if lateness else "-"
+        runs.add_row(escape(str(status.get("label", run_dir.name))), str(status.get("state")), worst)
+    out.print(runs)
+    stats = lateness_over_runs(per_run)
+    if not stats:
+        out.print("no start lateness recorded in these runs")
+        return
+    late = Table(title=f"start lateness over {len(run_dirs)} runs (p99: nearest rank)")
+    for column in ("device", "runs", "median", "p99", "max"):
+        late.add_column(column, justify="left" if column == "device" else "right")
+    for item in stats:
+        late.add_row(
+            escape(item.device),
+            str(item.runs),
+            units.duration(item.median_ns),
+            units.duration(item.p99_ns),
+            units.duration(item.max_ns),
+        )
+    out.print(late)
+
+
 @app.command()
-def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """Summarise one run: status, stage times, start lateness, phase means, optimum."""
+def show(
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A run directory; several, or a directory of runs (a sweep, runs/<scenario>): "
+            "per-device start lateness over them (p99 and max)."
+        ),
+    ],
+) -> None:
+    """Summarise one run (status, stage times, start lateness, phase means, optimum), or several:
+    the start lateness of every device over them."""
+    found = _show_dirs(run_dirs)
+    if len(found) > 1:
+        _show_sweep(found)
+        return
+    (run_dir,) = found
     run = RunDir(run_dir)
     status = _read_run_json(run.path / STATUS) if (run.path / STATUS).is_file() else {}
     if not status:
@@ -335,11 +399,17 @@ def show(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> N
     out.print(stages)
     lateness = _ns_field(status, "lateness_ns", run.path / STATUS)
     if lateness:
+        recorded = status.get("start_wait")
+        waits: dict[str, Any] = recorded if isinstance(recorded, dict) else {}
         late = Table(title="start lateness")
         late.add_column("device")
         late.add_column("lateness", justify="right")
+        late.add_column("wait")
         for device, ns in lateness.items():
-            late.add_row(device, units.duration(ns))
+            entry = waits.get(device)
+            wait: dict[str, Any] = entry if isinstance(entry, dict) else {}
+            how = " ".join(str(wait[k]) for k in ("policy", "wait") if wait.get(k))
+            late.add_row(device, units.duration(ns), escape(how))
         out.print(late)
     summary = run_dir / "aggregate" / "phases_summary.csv"
     if summary.exists():

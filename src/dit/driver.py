@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -45,13 +45,13 @@ from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
 from dit.journal import Journal, JournalError, dropped_results, undo_scopes
 from dit.lease import controller_holder
-from dit.localmode import cgroup_memory_root
+from dit.localmode import cgroup_cpu_root, cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
 from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, write_json
-from dit.runtimes import LaunchContext, Runtime
+from dit.runtimes import LaunchContext, LaunchOutcome, Runtime
 from dit.runtimes import envs as runtime_envs
 from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
@@ -123,6 +123,31 @@ def _git_commit() -> dict[str, Any]:
         return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
     except (OSError, subprocess.SubprocessError) as exc:
         return {"commit": None, "source": str(exc)}
+
+
+def link_targets(
+    devices: Iterable[str], addresses: Mapping[str, str], edge_host: str
+) -> dict[str, list[dict[str, str]]]:
+    """``{device: [{"target", "address"}]}``: each device's link to the edge server (named ``edge``,
+    as the analysis names it), then to every other device, in scenario order."""
+    names = list(devices)
+    return {
+        device: [{"target": "edge", "address": addresses[edge_host]}]
+        + [{"target": other, "address": addresses[other]} for other in names if other != device]
+        for device in names
+    }
+
+
+def start_waits(outcomes: Iterable[LaunchOutcome]) -> dict[str, dict[str, Any]]:
+    """How each host's main process waited for the start instant: the ``start_sched`` record of a
+    result file (the layers runtime's ``origin.json``: policy, absolute-clock sleep, final spin)."""
+    out: dict[str, dict[str, Any]] = {}
+    for outcome in outcomes:
+        for doc in outcome.results.values():
+            sched = doc.get("start_sched") if isinstance(doc, Mapping) else None
+            if isinstance(sched, Mapping):
+                out[outcome.host] = dict(sched)
+    return out
 
 
 def extract_collected(raw_dir: Path, host: str) -> list[str]:
@@ -325,6 +350,8 @@ class Driver:
             hostvars = inv.hostvars.get(host, {})
             if inv.local and "dit_cgroup_root" not in hostvars:  # memory limits apply for real here
                 hostvars = {**hostvars, "dit_cgroup_root": cgroup_memory_root()}
+            if inv.local and "dit_cpu_cgroup_root" not in hostvars:  # and CPU shares
+                hostvars = {**hostvars, "dit_cpu_cgroup_root": cgroup_cpu_root()}
             contexts[host] = HostContext(
                 host=host,
                 role="edge" if host == inv.edge_host else "device",
@@ -345,7 +372,7 @@ class Driver:
             "dit_journal_path": str(self.run.journal),
             "dit_process_env": {host: settings.env for host, settings in self.processes.items()},
             "dit_process_cgroup": {
-                host: settings.cgroup for host, settings in self.processes.items() if settings.cgroup
+                host: list(settings.cgroups) for host, settings in self.processes.items() if settings.cgroups
             },
             "dit_process_cpus": {
                 host: list(settings.cpus) for host, settings in self.processes.items() if settings.cpus
@@ -419,6 +446,7 @@ class Driver:
                 "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
                     self.runtime.block_schema(), self.scenario.runtime
                 ),
+                "dit_ping_targets": self._ping_targets(),
             },
         )
         nodes: dict[str, Any] = {}
@@ -426,6 +454,11 @@ class Driver:
             broken = (outcome.result_of(host, "dit_lease") or {}).get("lease_broken")
             if broken and self.reporter is not None:
                 self.reporter.warn(str(broken))
+            baseline = (outcome.result_of(host, "dit_ping") or {}).get("pings")
+            if isinstance(baseline, list):  # unshaped: nothing is applied yet
+                target = self.run.path / "raw" / host / f"{host}_ping_baseline.json"
+                target.parent.mkdir(parents=True, exist_ok=True)
+                write_json(target, baseline)
             res = outcome.result_of(host, "dit_facts")
             nodes[host] = dict(res.get("dit_facts", {})) if res else {}
         assert self.model is not None
@@ -455,7 +488,7 @@ class Driver:
             "runtime": record.metadata,
             "conditions": self.conditions,
             "processes": {
-                host: {"env": settings.env, "cgroup": settings.cgroup, "cpus": settings.cpus}
+                host: {"env": settings.env, "cgroup": list(settings.cgroups) or None, "cpus": settings.cpus}
                 for host, settings in self.processes.items()
             },
             "dit": {"version": dit.__version__, "git": _git_commit()},
@@ -592,7 +625,12 @@ class Driver:
         lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
         launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
         outcome = self._stage("profile", {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns})
-        self.lateness_ns.update(self.runtime.started(runtime_launch.outcomes(outcome, launched)))
+        outcomes = runtime_launch.outcomes(outcome, launched)
+        self.lateness_ns.update(self.runtime.started(outcomes))
+        start_wait = start_waits(outcomes)
+        if start_wait:  # how each agent waited for the start instant (absolute sleep, SCHED_FIFO, spin)
+            self.run.set_status(start_wait=start_wait)
+            self._add_metadata(start_wait=start_wait)
         if self.lateness_ns:
             worst = max(self.lateness_ns.items(), key=lambda item: item[1])
             self.reporter_info(
@@ -600,6 +638,22 @@ class Driver:
                 + ", ".join(f"{d} {ns / 1e6:.3f} ms" for d, ns in self.lateness_ns.items())
                 + f" (worst {worst[0]})"
             )
+
+    def _ping_targets(self) -> dict[str, list[dict[str, str]]]:
+        """Every device's links: to the edge server, then to each other device of the scenario."""
+        return link_targets(
+            self.scenario.devices, {h: self.inv.address_of(h) for h in self.inv.hosts}, self.inv.edge_host
+        )
+
+    def _add_metadata(self, **fields: Any) -> None:
+        """Add fields to ``metadata.json`` (written at preflight) after the fact."""
+        path = self.run.path / "metadata.json"
+        try:
+            metadata = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return
+        if isinstance(metadata, dict):
+            write_json(path, {**metadata, **fields})
 
     def _collect(self) -> None:
         raw = self.run.path / "raw"
@@ -613,6 +667,7 @@ class Driver:
                 "dit_edge_address": self.inv.edge_address,
                 "dit_edge_port_actual": self.edge_port,
                 "dit_raw_dir": str(raw),
+                "dit_ping_targets": self._ping_targets(),
             },
         )
         for host in self.inv.hosts:

@@ -173,7 +173,8 @@ def _details(kind: str, module: str, res: Mapping[str, Any]) -> list[str]:
         argv = " ".join(str(a) for a in args.get("argv") or [])
         details = [f"start '{args.get('tag', module)}': {argv}".rstrip()]
         if args.get("cgroup"):
-            details.append(f"in cgroup {args['cgroup']}")
+            cgroups = args["cgroup"]
+            details.append(f"in cgroup {', '.join(cgroups) if isinstance(cgroups, list) else cgroups}")
         if args.get("cpus"):
             details.append(f"on CPUs {', '.join(str(c) for c in args['cpus'])}")
         return details

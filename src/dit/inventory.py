@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from dit.lease import local_lease_dir
-from dit.localmode import local_runtimes_dir, make_fake_sysfs
+from dit.localmode import (
+    LOCAL_CPU_SHARE_ENV,
+    cpu_quota_usable,
+    local_cpu_share,
+    local_runtimes_dir,
+    make_fake_sysfs,
+)
 from dit.rundir import DRIVER, RunDir, read_json
 
 EDGE = "edge"
@@ -99,6 +105,17 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         edge_vars["dit_cpu_affinity"] = edge_cpus
         for name in devices:
             device_vars[name]["dit_cpu_affinity"] = device_cpus
+    # Each device its own CPU cgroup (dit.conditions.cpu_share) when DIT_LOCAL_CPU_SHARE asks for it
+    # (auto: an equal split of the devices' CPUs, or a percentage of one CPU); off by default.
+    share = local_cpu_share(
+        os.environ.get(LOCAL_CPU_SHARE_ENV),
+        bool(devices) and cpu_quota_usable(),
+        len(device_cpus) or 1,
+        len(devices),
+    )
+    if share is not None:
+        for name in devices:
+            device_vars[name]["dit_cpu_share_default_pct"] = share
     common: dict[str, Any] = {
         "ansible_connection": "local",
         "ansible_python_interpreter": python,

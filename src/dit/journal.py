@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import posixpath
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -200,8 +201,15 @@ def undo_scopes(run_id: str, inventory: RunInventory, metadata: Path) -> dict[st
         scopes[host] = {
             "node_root": inventory.node_root(host, run_id),
             "sysfs_root": str(hostvars.get("sysfs_root") or "/sys"),
-            # Local mode creates its cgroups under cgroup_memory_root(), inside this default.
-            "cgroup_root": str(hostvars.get("dit_cgroup_root") or DEFAULT_CGROUP_ROOT),
+            # Local mode creates its cgroups under cgroup_memory_root() and cgroup_cpu_root(), inside
+            # this default; on cgroup v1 the memory and cpu roots differ: the scope is their common parent
+            # (a run's cgroup is still only a directory named dit-<run id>-<host> under it).
+            "cgroup_root": posixpath.commonpath(
+                [
+                    str(hostvars.get("dit_cgroup_root") or DEFAULT_CGROUP_ROOT),
+                    str(hostvars.get("dit_cpu_cgroup_root") or DEFAULT_CGROUP_ROOT),
+                ]
+            ),
             "interfaces": interfaces,
         }
         if hostvars.get("dit_lease_dir"):  # the node lease moved out of the node's dit directory

@@ -82,8 +82,16 @@ def test_background_stream_recorded_shaping_and_link_test(
     # The link test: iperf3 JSON towards the edge, preferred by links.csv.
     doc = json.loads((raw / "device1" / "device1_iperf3.json").read_text())
     assert iperf3_rate_bps(doc) is not None
-    links = pd.read_csv(run_dir / "aggregate" / "links.csv")
-    assert links.set_index("device").loc["device1", "rate_source"] == "iperf3"
+    links = pd.read_csv(run_dir / "aggregate" / "links.csv").set_index(["device", "target"])
+    assert links.loc[("device1", "edge"), "rate_source"] == "iperf3"
+    # Every link was pinged: device -> edge and device -> device.
+    assert set(links.index) == {
+        ("device1", "edge"),
+        ("device1", "device2"),
+        ("device2", "edge"),
+        ("device2", "device1"),
+    }
+    assert links["rtt_ns_mean"].notna().all()
 
     # netem on device2 was recorded: the tree, the variation's changes, and the undo at teardown.
     log = [json.loads(line) for line in (run_dir / "nodes" / "device2" / f"{run.run_id}.tc.jsonl").open()]
@@ -107,10 +115,17 @@ def test_background_stream_recorded_shaping_and_link_test(
     assert (changes["t_ns"] == changes["t_mono_ns"] - origin["origin_mono_ns"]).all()
     assert list(changes["delay_ms"][:2]) == [10, 30]
     check = pd.read_csv(run_dir / "aggregate" / "netem_check.csv")
-    (row,) = check.to_dict("records")
-    assert row["device"] == "device2" and row["target"] == "edge" and row["shaping"] == "recorded"
-    assert row["intended_delay_ms"] == 40 and row["pings"] == 10
-    assert row["difference_ms"] == pytest.approx(row["measured_rtt_ms"] - 40)
+    # Every link of the shaped device: to the edge and to the other device, each against its
+    # unshaped baseline measured at preflight (recorded trees: no pass/fail).
+    rows = {r["target"]: r for r in check.to_dict("records")}
+    assert set(rows) == {"edge", "device1"} and set(check["device"]) == {"device2"}
+    row = rows["edge"]
+    assert row["shaping"] == "recorded" and row["intended_delay_ms"] == 40 and row["pings"] == 10
+    assert row["baseline_rtt_ms"] > 0 and pd.isna(row["pass"]) and row["tolerance_ms"] > 0
+    assert row["difference_ms"] == pytest.approx(row["measured_rtt_ms"] - row["baseline_rtt_ms"] - 40)
+    assert rows["device1"]["pings"] == 10 and rows["device1"]["baseline_rtt_ms"] > 0
+    baseline = json.loads((raw / "device2" / "device2_ping_baseline.json").read_text())
+    assert [b["target"] for b in baseline] == ["edge", "device1"]
 
     # Teardown: every record undone, both iperf3 processes and netem-vary reaped.
     assert Journal(run.journal).pending() == []

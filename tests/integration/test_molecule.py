@@ -15,7 +15,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted(REPO.glob("roles/*/molecule/default/molecule.yml"))
 # Roles whose scenario changes real kernel state (cgroups) and therefore needs root.
-NEEDS_ROOT = {"cgroup_memory"}
+NEEDS_ROOT = {"cgroup_memory", "cgroup_cpu"}
 
 
 def in_order(steps: list[str], sequence: list[str]) -> bool:

@@ -113,3 +113,103 @@ def test_the_gate_passes_devices_that_only_record() -> None:
     assert netem_gate(network, facts)
     assert netem_gate(network, facts, {"device1": {"dit_tc_dry_run": True}}) == []
     assert netem_gate(network, {"device1": {"netem": {"available": None}}}) == []
+
+
+def write_links_run(run: Path, dry_run: bool = False) -> None:
+    """Two shaped devices and an unshaped one, each pinging the edge and the other devices."""
+    scenario = {
+        "name": "links",
+        "devices": ["device1", "device2", "device3"],
+        "network": {
+            "device1": {"delay_ms": 10},
+            "device2": {"delay_ms": 4, "destinations": {"device1": {"delay_ms": 30}}},
+        },
+    }
+    (run / "scenario.yaml").write_text(yaml.safe_dump(scenario))
+    conditions = {d: {"netem": {"netem_dry_run": dry_run}} for d in ("device1", "device2")}
+    (run / "metadata.json").write_text(json.dumps({"mode": "inventory", "conditions": conditions}))
+    addresses = {"edge": "10.1.0.1", "device1": "10.1.0.11", "device2": "10.1.0.12", "device3": "10.1.0.13"}
+    measured = {  # mean RTTs in ms per link
+        ("device1", "edge"): 10.6,
+        ("device1", "device2"): 41.0,  # 10 out, 30 back (device2's destination profile for device1)
+        ("device1", "device3"): 10.4,
+        ("device2", "edge"): 4.5,
+        ("device2", "device1"): 52.0,  # 30 out + 10 back = 40 intended: fails
+        ("device2", "device3"): 4.5,
+    }
+    for device in scenario["devices"]:
+        raw = run / "raw" / device
+        raw.mkdir(parents=True)
+        pings, base = [], []
+        for target in ["edge", *(d for d in scenario["devices"] if d != device)]:
+            ms = measured.get((device, target), 0.5)
+            pings.append({"target": target, "address": addresses[target], "rtt_ns": [round(ms * 1e6)] * 10})
+            base.append({"target": target, "address": addresses[target], "rtt_ns": [500_000] * 10})
+        (raw / f"{device}_ping.json").write_text(json.dumps(pings))
+        (raw / f"{device}_ping_baseline.json").write_text(json.dumps(base))
+
+
+def test_every_link_is_checked_against_its_baseline_with_a_tolerance(tmp_path: Path) -> None:
+    write_links_run(tmp_path)
+    aggregate_network(tmp_path)
+    check = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv")
+    rows = {(r.device, r.target): r for r in check.itertuples(index=False)}
+    assert sorted(rows) == [
+        ("device1", "device2"),
+        ("device1", "device3"),
+        ("device1", "edge"),
+        ("device2", "device1"),
+        ("device2", "device3"),
+        ("device2", "edge"),
+    ]  # device3 has no network block: nothing intended to check
+    d1_d2 = rows[("device1", "device2")]
+    assert d1_d2.intended_delay_ms == 40 and d1_d2.baseline_rtt_ms == pytest.approx(0.5)
+    assert d1_d2.difference_ms == pytest.approx(41.0 - 0.5 - 40)
+    assert d1_d2.tolerance_ms == pytest.approx(4.0)
+    frame = check.set_index(["device", "target"])
+    assert frame.loc[("device1", "device2"), "pass"] == True  # noqa: E712 - a CSV boolean
+    assert frame.loc[("device1", "edge"), "tolerance_ms"] == pytest.approx(1.0)  # 10 % of 10 ms < 1 ms
+    assert frame.loc[("device1", "edge"), "pass"] == True  # noqa: E712
+    assert frame.loc[("device2", "device1"), "intended_delay_ms"] == 40
+    assert frame.loc[("device2", "device1"), "pass"] == False  # noqa: E712 - 11.5 ms off, tolerance 4 ms
+    assert frame.loc[("device2", "device3"), "intended_delay_ms"] == 4
+
+
+def test_a_recorded_tree_neither_passes_nor_fails(tmp_path: Path) -> None:
+    write_links_run(tmp_path, dry_run=True)
+    aggregate_network(tmp_path)
+    check = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv")
+    assert set(check["shaping"]) == {"recorded"} and check["pass"].isna().all()
+
+
+def test_the_tolerance_of_a_varying_delay_covers_half_its_range() -> None:
+    from dit.conditions.netem.check import tolerance_ms
+
+    assert tolerance_ms({}, 5.0) == 1.0
+    assert tolerance_ms({}, 50.0) == pytest.approx(5.0)
+    square = {"variation": {"kind": "square", "low_ms": 10, "high_ms": 30}}
+    assert tolerance_ms(square, 20.0) == pytest.approx(10.0)
+
+
+def test_link_targets_name_the_edge_then_the_other_devices() -> None:
+    from dit.driver import link_targets
+
+    addresses = {"edge": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12"}
+    assert link_targets(("device1", "device2"), addresses, "edge") == {
+        "device1": [{"target": "edge", "address": "10.0.0.1"}, {"target": "device2", "address": "10.0.0.12"}],
+        "device2": [{"target": "edge", "address": "10.0.0.1"}, {"target": "device1", "address": "10.0.0.11"}],
+    }
+
+
+def test_ping_all_pings_every_target_at_once_in_order() -> None:
+    from tests.ansible_modules import module_util
+
+    ping = module_util("dit_ping")
+    records = ping.ping_all(
+        [{"target": "edge", "address": "127.0.0.1"}, {"target": "device2", "address": "127.0.0.1"}], 2
+    )
+    assert [r["target"] for r in records] == ["edge", "device2"]
+    for record in records:
+        assert record["sent"] == 2 and record["address"] == "127.0.0.1"
+        if record["method"] == "icmp":
+            assert record["received"] == 2 and all(isinstance(v, int) and v > 0 for v in record["rtt_ns"])

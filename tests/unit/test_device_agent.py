@@ -65,6 +65,38 @@ def test_sleep_until_spins_only_at_the_end() -> None:
     agent.sleep_until(0)  # already past: returns at once
 
 
+def test_the_coarse_wait_is_one_absolute_sleep_to_the_spin_then_a_spin() -> None:
+    now = [0]
+    targets: list[int] = []
+
+    def clock() -> int:
+        now[0] += 100_000
+        return now[0]
+
+    def absolute(until_ns: int) -> bool:
+        targets.append(until_ns)
+        now[0] = until_ns  # the kernel wakes it at the absolute instant
+        return True
+
+    method = agent.sleep_until(1_000_000_000, clock=clock, absolute=absolute)
+    assert method == agent.ABSOLUTE_WAIT
+    assert targets == [1_000_000_000 - agent.SPIN_NS]  # one sleep, ending where the spin starts
+    assert now[0] >= 1_000_000_000
+    # An absolute sleep that fails falls back to relative sleeps (no sleeper at all likewise).
+    now[0] = 0
+    assert agent.sleep_until(5_000_000, clock=clock, absolute=lambda ns: False) == agent.RELATIVE_WAIT
+    assert now[0] >= 5_000_000
+    # Reached late: nothing slept, and the record says so.
+    assert agent.sleep_until(0, clock=clock, absolute=absolute) == agent.NO_WAIT
+
+
+def test_the_real_wait_sleeps_on_the_wall_clock_with_clock_nanosleep() -> None:
+    start_at = time.time_ns() + 20_000_000
+    method = agent.sleep_until(start_at)
+    assert time.time_ns() >= start_at
+    assert method == (agent.ABSOLUTE_WAIT if sys.platform.startswith("linux") else agent.RELATIVE_WAIT)
+
+
 class FakeSched:
     """os's scheduler calls, recorded; ``fail`` makes sched_setscheduler refuse like a v1 cpu
     cgroup without an RT budget does (EPERM)."""

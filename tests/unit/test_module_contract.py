@@ -126,8 +126,16 @@ def test_check_and_diff_mode_support_is_declared_and_matches_the_module(name: st
 def test_the_recorder_sees_every_option_of_a_known_module() -> None:
     """The capture itself: dit_cgroup's arguments, spelled out."""
     spec = module_kwargs("dit_cgroup")["argument_spec"]
-    assert sorted(spec) == ["_dit_plan", "field", "memory_limit_bytes", "path", "swap_limit_bytes"]
-    assert spec["memory_limit_bytes"] == {"type": "int", "required": True}
+    assert sorted(spec) == [
+        "_dit_plan",
+        "cpu_period_us",
+        "cpu_quota_us",
+        "field",
+        "memory_limit_bytes",
+        "path",
+        "swap_limit_bytes",
+    ]
+    assert spec["memory_limit_bytes"] == {"type": "int"}  # one of it and cpu_quota_us (required_one_of)
     assert mismatches({"x": {"description": "a: b", "type": "int"}}, {"x": {"type": "str"}}, "") == [
         "x.type: documented 'int', argument_spec 'str'"
     ]

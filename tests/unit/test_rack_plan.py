@@ -227,3 +227,13 @@ def test_v1_nodes_get_an_rt_budget_so_the_start_wait_may_use_sched_fifo() -> Non
     assert not any(
         w.path.name == "cpu.rt_runtime_us" for s in cgroup_steps(spec(), V2, "0") for w in s.writes
     )
+
+
+def test_on_cgroup_v1_a_run_s_cgroups_nest_in_its_device_node_s() -> None:
+    groups = inventory(spec(devices=1), layout=CgroupLayout(1))["all"]["children"]
+    device = groups["devices"]["hosts"]["device1"]
+    assert device["dit_cgroup_root"] == "/sys/fs/cgroup/memory/dit-rack/device1"
+    assert device["dit_cpu_cgroup_root"] == "/sys/fs/cgroup/cpu/dit-rack/device1"
+    assert "dit_cpu_cgroup_root" not in groups["edge"]["hosts"]["edge"]
+    v2 = inventory(spec(devices=1), layout=CgroupLayout(2))["all"]["children"]["devices"]["hosts"]["device1"]
+    assert "dit_cgroup_root" not in v2 and "dit_cpu_cgroup_root" not in v2

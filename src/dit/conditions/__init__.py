@@ -12,7 +12,8 @@ and may define three hooks, each called by the driver for every condition that h
 ``order``, without the driver naming the condition:
 
 - ``process(scenario, host, ctx) -> ProcessSettings | None`` (:data:`ProcessHook`): environment,
-  cgroup and CPUs of the run's device processes on the host (the memory limit, thread counts);
+  cgroup and CPUs of the run's device processes on the host (the memory limit, the CPU share, thread
+  counts); the cgroups of every hook are joined (one directory per cgroup v1 hierarchy);
 - ``preflight(facts) -> str | None`` (:data:`PreflightHook`): the preflight gate. ``facts`` is a
   :class:`PreflightFacts` (every node's ``dit_facts``, the built variables, the inventory); the hook
   returns why the run must not start (``"memory limit refused: ..."``, prefixed with ``preflight:``
@@ -77,8 +78,17 @@ class ProcessSettings:
     """How the run's device processes are started on a host."""
 
     env: dict[str, str]
-    cgroup: str | None  # a cgroup directory the processes join, or None
+    # The cgroup directory the processes join, or several (cgroup v1 keeps memory and cpu in separate
+    # hierarchies: the processes join one cgroup in each), or None.
+    cgroup: str | tuple[str, ...] | None
     cpus: tuple[int, ...] | None = None  # CPUs the processes are confined to, or None
+
+    @property
+    def cgroups(self) -> tuple[str, ...]:
+        """Every cgroup directory the processes join (empty: none)."""
+        if self.cgroup is None:
+            return ()
+        return (self.cgroup,) if isinstance(self.cgroup, str) else tuple(self.cgroup)
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,7 @@ def process_settings(scenario: Scenario, contexts: Mapping[str, HostContext]) ->
     out: dict[str, ProcessSettings] = {}
     for host, ctx in contexts.items():
         env = {"PYTHONHASHSEED": str(scenario.seed), "DIT_SEED": str(scenario.seed)}
-        cgroup: str | None = None
+        cgroups: list[str] = []
         cpus: tuple[int, ...] | None = None
         for module in _modules():
             hook = cast("ProcessHook | None", getattr(module, "process", None))
@@ -157,8 +167,11 @@ def process_settings(scenario: Scenario, contexts: Mapping[str, HostContext]) ->
             if settings is None:
                 continue
             env.update(settings.env)
-            cgroup = settings.cgroup or cgroup
+            cgroups += [c for c in settings.cgroups if c not in cgroups]  # v2: memory and cpu share one
             cpus = settings.cpus or cpus
+        cgroup: str | tuple[str, ...] | None = (
+            None if not cgroups else cgroups[0] if len(cgroups) == 1 else tuple(cgroups)
+        )
         out[host] = ProcessSettings(env, cgroup, cpus)
     return out
 

@@ -63,15 +63,66 @@ THREAD_ENV = (
 )
 
 
-def sleep_until(start_at_ns: int, clock: Callable[[], int] = time.time_ns) -> None:
-    """Sleep until the wall clock reaches ``start_at_ns``: coarse sleeps, then a short spin."""
-    while True:
+CLOCK_REALTIME, TIMER_ABSTIME, EINTR = 0, 1, 4  # <time.h>, <errno.h> (Linux)
+ABSOLUTE_WAIT = "clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)"
+RELATIVE_WAIT = "time.sleep"
+NO_WAIT = "none (reached the instant late or within the spin)"
+
+
+def _absolute_sleeper() -> Callable[[int], bool] | None:
+    """``sleep(until_wall_ns) -> bool``: one ``clock_nanosleep`` on the wall clock with ``TIMER_ABSTIME``
+    (libc through ctypes, stdlib only), so that no time passes between reading the clock and
+    sleeping; None where libc has no such call."""
+    try:
+        import ctypes
+
+        call = ctypes.CDLL(None, use_errno=True).clock_nanosleep
+    except (OSError, AttributeError, ImportError):
+        return None
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    call.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(Timespec), ctypes.c_void_p]
+    call.restype = ctypes.c_int
+
+    def sleep(until_ns: int) -> bool:
+        target = Timespec(until_ns // 1_000_000_000, until_ns % 1_000_000_000)
+        while True:
+            error = int(call(CLOCK_REALTIME, TIMER_ABSTIME, ctypes.byref(target), None))
+            if error != EINTR:  # clock_nanosleep returns the error number itself
+                return error == 0
+
+    return sleep
+
+
+def sleep_until(
+    start_at_ns: int,
+    clock: Callable[[], int] = time.time_ns,
+    absolute: Callable[[int], bool] | bool | None = True,
+) -> str:
+    """Sleep until the wall clock reaches ``start_at_ns``: an absolute-clock sleep to ``SPIN_NS``
+    before it, then a busy spin to the instant. Returns how it slept (recorded with the start).
+
+    ``absolute`` is a sleeper (tests), True for libc's ``clock_nanosleep`` on the real wall clock
+    (only with ``clock=time.time_ns``: its clock is the one slept on), or False; without one the
+    coarse part is relative ``time.sleep`` calls, re-read against the clock until the spin.
+    """
+    sleeper = absolute if callable(absolute) else None
+    if absolute is True and clock is time.time_ns:
+        sleeper = _absolute_sleeper()
+    ahead = start_at_ns - clock() > SPIN_NS
+    method = RELATIVE_WAIT if ahead else NO_WAIT  # reached within the spin or late: nothing to sleep
+    if sleeper is not None and ahead and sleeper(start_at_ns - SPIN_NS):
+        method = ABSOLUTE_WAIT
+    while True:  # the fallback, and a safety net if the absolute sleep came back early
         remaining = start_at_ns - clock()
         if remaining <= SPIN_NS:
             break
         time.sleep((remaining - SPIN_NS) / 1e9)
     while clock() < start_at_ns:
         pass
+    return method
 
 
 @contextlib.contextmanager
@@ -256,7 +307,8 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
     with start_priority() as start_sched:
         if start_at is not None:
-            sleep_until(start_at)
+            start_sched["wait"] = sleep_until(start_at)
+            start_sched["spin_ns"] = SPIN_NS
         origin = Origin.now()
     lateness = origin.wall_ns - start_at if start_at is not None else 0
     origin_doc = {

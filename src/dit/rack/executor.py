@@ -218,7 +218,8 @@ class Rack:
         for node in all_nodes:
             _wait_ssh(node.address)
         progress(f"sshd up on {len(all_nodes)} nodes")
-        (spec.state_dir / INVENTORY).write_text(inventory_yaml(spec, sys.executable, netem_dry_run=not netem))
+        inventory = inventory_yaml(spec, sys.executable, netem_dry_run=not netem, layout=layout)
+        (spec.state_dir / INVENTORY).write_text(inventory)
         state = {
             "spec": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()},
             "cgroup_version": layout.version,

@@ -343,7 +343,12 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
     return steps
 
 
-def inventory(spec: RackSpec, python: str = sys.executable, netem_dry_run: bool = False) -> dict[str, Any]:
+def inventory(
+    spec: RackSpec,
+    python: str = sys.executable,
+    netem_dry_run: bool = False,
+    layout: CgroupLayout | None = None,
+) -> dict[str, Any]:
     """The rack as an Ansible inventory with groups ``edge`` and ``devices`` (like rack.example).
 
     ``ansible_host`` and ``dit_inference_address`` are the same address: the controller sits on
@@ -352,6 +357,10 @@ def inventory(spec: RackSpec, python: str = sys.executable, netem_dry_run: bool 
     shared, so every node gets its own ``dit_remote_base`` and ``dit_shared_clock`` is set.
     ``netem_dry_run`` (a kernel without ``sch_netem``) makes every device record the tc trees that
     need netem instead of running them (``dit_tc_dry_run: netem``); rate-only trees stay real.
+    With a cgroup v1 ``layout`` every device's ``dit_cgroup_root`` and ``dit_cpu_cgroup_root`` are its
+    node's own cgroups in the memory and cpu hierarchies, so a run's memory limit and CPU share
+    (``hardware.<device>``) nest inside the node's and both apply (v2 forbids children of a cgroup
+    with processes, sshd's here, taking controllers: the run's cgroups then go to the default root).
     """
 
     def host(node: Node) -> dict[str, Any]:
@@ -369,6 +378,9 @@ def inventory(spec: RackSpec, python: str = sys.executable, netem_dry_run: bool 
         }
         if netem_dry_run and node.role == "device":
             out["dit_tc_dry_run"] = "netem"
+        if layout is not None and layout.version == 1 and node.role == "device":
+            out["dit_cgroup_root"] = str(layout.root / "memory" / node.cgroup)
+            out["dit_cpu_cgroup_root"] = str(layout.root / "cpu" / node.cgroup)
         return out
 
     all_nodes = nodes(spec)
@@ -392,8 +404,13 @@ def inventory(spec: RackSpec, python: str = sys.executable, netem_dry_run: bool 
     }
 
 
-def inventory_yaml(spec: RackSpec, python: str = sys.executable, netem_dry_run: bool = False) -> str:
+def inventory_yaml(
+    spec: RackSpec,
+    python: str = sys.executable,
+    netem_dry_run: bool = False,
+    layout: CgroupLayout | None = None,
+) -> str:
     header = (
         f"# The emulated rack in {spec.state_dir} (written by `dit rack up`; `dit rack down` removes it).\n"
     )
-    return header + yaml.safe_dump(inventory(spec, python, netem_dry_run), sort_keys=False)
+    return header + yaml.safe_dump(inventory(spec, python, netem_dry_run, layout), sort_keys=False)

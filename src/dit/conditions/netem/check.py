@@ -1,14 +1,20 @@
 """Network aggregates: the netem self-check and the netem change log aligned on each device's origin.
 
-``aggregate/netem_check.csv`` — one row per device and ping target: the delay netem was asked to
-add on that path (the scenario's main profile, or the destination profile whose address or CIDR
-holds the target, the most specific one; for a varying delay the mean of ``low_ms`` and
-``high_ms``), the RTT measured by collect's pings (``<device>_ping.json``), the baseline RTT when a
-``<device>_ping_baseline.json`` exists, and ``difference_ms = measured - baseline - intended``
-(baseline 0 when unknown, so the difference then includes the unshaped RTT). netem delays only
-the device's egress, so the intended *added RTT* is the delay itself. ``shaping`` says whether the
-tree was applied or only recorded (local mode: no ``sch_netem`` here), in which case the
-difference is expected to be about ``-intended``.
+``aggregate/netem_check.csv`` — one row per link of a device with a ``network`` block: its link
+to the edge server and to every other device of the scenario (collect pings each ten times,
+``<device>_ping.json``). ``intended_delay_ms`` is the RTT netem was asked to add on that path: the
+device's own delay towards the target (the scenario's main profile, or the destination profile
+whose address or CIDR holds the target, the most specific one; for a varying delay the mean of
+``low_ms`` and ``high_ms``) plus, towards another device, that device's delay back (netem delays
+egress only; the edge server is never shaped). ``baseline_rtt_ms`` is the same link measured
+unshaped at preflight (``<device>_ping_baseline.json``), and ``difference_ms = measured - baseline
+- intended`` (baseline 0 when unknown, so the difference then includes the unshaped RTT).
+
+``tolerance_ms`` is how far the difference may be from 0: ``max(1 ms, 10 % of the intended
+delay)``, and for a varying delay at least half its range (``(high_ms - low_ms) / 2``, pings sample
+it at random phases). ``pass`` is whether ``|difference_ms| <= tolerance_ms``; it is empty when the
+link was not measured or its tree was only recorded (``shaping`` = ``recorded``: local mode, or a
+kernel without ``sch_netem``; the difference is then about ``-intended``).
 
 ``aggregate/netem_changes.csv`` — every change of the ``netem-vary`` process
 (``<device>_netem_changes.csv``) with ``t_ns = t_mono_ns - origin_mono_ns`` from the device's
@@ -41,8 +47,12 @@ CHECK_COLUMNS = (
     "measured_rtt_min_ms",
     "baseline_rtt_ms",
     "difference_ms",
+    "tolerance_ms",
+    "pass",
     "pings",
 )
+TOLERANCE_MIN_MS = 1.0  # the smallest tolerance of the self-check
+TOLERANCE_FRACTION = 0.10  # of the intended delay
 CHANGE_COLUMNS = ("device", "step", "t_mono_ns", "t_ns", "delay_ms", "ok", "dry_run")
 
 
@@ -92,6 +102,25 @@ def _shaping(metadata: Mapping[str, Any], device: str) -> str:
     return "recorded" if metadata.get("mode") == "local" else "none"
 
 
+def tolerance_ms(block: Mapping[str, Any], intended_ms: float) -> float:
+    """How far ``difference_ms`` may be from 0 on a link with ``intended_ms`` (module docstring)."""
+    tolerance = max(TOLERANCE_MIN_MS, TOLERANCE_FRACTION * intended_ms)
+    variation = block.get("variation") or {}
+    if variation.get("kind", "constant") != "constant":
+        tolerance = max(tolerance, (float(variation["high_ms"]) - float(variation["low_ms"])) / 2)
+    return tolerance
+
+
+def _addresses(run_dir: Path, devices: tuple[str, ...]) -> dict[str, str]:
+    """Every node's address as the devices' pings name it (target -> address)."""
+    out: dict[str, str] = {}
+    for device in devices:
+        for entry in _entries(_read_json(raw_file(run_dir, device, "ping.json"))):
+            if entry.get("target") is not None and entry.get("address") is not None:
+                out.setdefault(str(entry["target"]), str(entry["address"]))
+    return out
+
+
 def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
     """The rows of ``netem_check.csv`` (see the module docstring)."""
     loaded = LoadedRun.of(run)
@@ -99,10 +128,12 @@ def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
     metadata = _read_json(run_dir / "metadata.json") or {}
     network = scenario.get("network") or {}
     rows: list[dict[str, Any]] = []
+    addresses = _addresses(run_dir, loaded.devices)
     for device in loaded.devices:
         block = network.get(device)
         if not isinstance(block, Mapping):
             continue
+        shaping = _shaping(metadata, device)
         baseline = {
             str(e.get("target", "edge")): _mean_ms(e.get("rtt_ns"))[0]
             for e in _entries(_read_json(raw_file(run_dir, device, "ping_baseline.json")))
@@ -112,20 +143,29 @@ def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
             address = entry.get("address")
             address = str(address) if address is not None else None
             intended = intended_delay_ms(block, address, _resolve(block, target, address))
+            back = network.get(target) if target in loaded.devices else None
+            own = addresses.get(device)
+            if isinstance(back, Mapping) and back:  # the other device delays its replies to this one
+                intended += intended_delay_ms(back, own, _resolve(back, device, own))
             measured, fastest = _mean_ms(entry.get("rtt_ns"))
             base = baseline.get(target)
+            difference = None if measured is None else measured - (base or 0.0) - intended
+            tolerance = tolerance_ms(block, intended)
+            verdict = None if difference is None or shaping == "recorded" else abs(difference) <= tolerance
             rows.append(
                 {
                     "device": device,
                     "target": target,
                     "address": address,
                     "variation": (block.get("variation") or {}).get("kind", "constant"),
-                    "shaping": _shaping(metadata, device),
+                    "shaping": shaping,
                     "intended_delay_ms": intended,
                     "measured_rtt_ms": measured,
                     "measured_rtt_min_ms": fastest,
                     "baseline_rtt_ms": base,
-                    "difference_ms": None if measured is None else measured - (base or 0.0) - intended,
+                    "difference_ms": difference,
+                    "tolerance_ms": tolerance,
+                    "pass": verdict,
                     "pings": len(entry.get("rtt_ns") or []),
                 }
             )

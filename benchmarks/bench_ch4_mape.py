@@ -1,0 +1,131 @@
+"""ch4_validation's delay-model MAPE per policy, and the start lateness p99 per device, in local mode or on a rack.
+
+    sudo .venv/bin/python benchmarks/bench_ch4_mape.py                       # local mode
+    sudo .venv/bin/python benchmarks/bench_ch4_mape.py -i /var/lib/dit/rack/inventory.yml
+    .venv/bin/python benchmarks/bench_ch4_mape.py --runs runs/ch4_validation  # figures of runs made before
+
+Runs ``dit run scenarios/ch4_validation.yaml`` (four devices, the RR and SJF sweep) once, with the
+fake model standing in for AlexNet (same stages and cut sizes: the catalogue's stand-in profile; on
+an inventory the scenario is copied with that model, since stand-ins are a local-mode fallback),
+then validates every run of the sweep (``dit.analysis.model_validation.validate_run``) and prints:
+
+- the MAPE of the delay model against the measured delays per policy (target: at most 10 % under
+  both), with the number of points;
+- per device, the start lateness over the sweep's runs: median, p99 (nearest rank) and max (targets:
+  p99 below 200 µs without load, below 1 ms under ch4's load — devices 2-4 carry load here);
+- how each device waited for the start (absolute-clock sleep, scheduling policy);
+- the 1-minute load average before and after, which every figure here depends on.
+
+A sweep takes minutes (two runs of about 5 x 50 inference rounds); do not run it more than once on a
+shared machine. ``--runs DIR`` prints the figures of runs made before, without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dit.analysis.lateness import lateness_over_runs
+from dit.analysis.model_validation import validate_run
+from dit.models.catalogue import BUILTIN
+from dit.rundir import STATUS, read_json
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIO = REPO / "scenarios" / "ch4_validation.yaml"
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+def with_stand_in(scenario: Path, out_dir: Path) -> Path:
+    """A copy of ``scenario`` whose model is its catalogue stand-in (the fake model, same stages)."""
+    doc: dict[str, Any] = yaml.safe_load(scenario.read_text(encoding="utf-8"))
+    model = doc["model"] if isinstance(doc["model"], str) else doc["model"]["name"]
+    entry = BUILTIN.get(model)
+    if entry is not None and entry.stand_in:
+        doc["model"] = {"name": "fake", "params": {"profile": entry.stand_in}}
+    path = out_dir / scenario.name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def run_sweep(scenario: Path, inventory: str | None, runs_dir: Path) -> float:
+    argv = [sys.executable, "-m", "dit", "run", str(scenario), "--runs-dir", str(runs_dir)]
+    if inventory:
+        argv += ["-i", inventory]
+    start = time.perf_counter()
+    result = subprocess.run(argv, check=False, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{result.stdout[-4000:]}{result.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def run_dirs(root: Path) -> list[Path]:
+    found = sorted(p.parent for p in root.glob(f"*/{STATUS}")) or sorted(
+        p.parent for p in root.glob(f"*/*/{STATUS}")
+    )
+    if not found:
+        raise SystemExit(f"no run directories under {root}")
+    return found
+
+
+def report(dirs: list[Path]) -> None:
+    print(f"{'policy':<8} {'MAPE %':>8} {'points':>7}  run")
+    lateness: list[dict[str, int]] = []
+    waits: dict[str, str] = {}
+    for run_dir in dirs:
+        status = read_json(run_dir / STATUS)
+        lateness.append({str(k): int(v) for k, v in (status.get("lateness_ns") or {}).items()})
+        for device, wait in (status.get("start_wait") or {}).items():
+            waits[str(device)] = f"{wait.get('policy', '?')} {wait.get('wait', '?')}"
+        if status.get("state") not in ("completed", "degraded"):
+            print(
+                f"{'-':<8} {'-':>8} {'-':>7}  {run_dir.name}: {status.get('state')} {status.get('error', '')}"
+            )
+            continue
+        summary = validate_run(run_dir)
+        for policy, mape in summary.mape_by_policy.items():
+            print(f"{policy:<8} {mape:>8.2f} {summary.points:>7}  {run_dir.name}")
+    print()
+    print(f"{'device':<9} {'runs':>4} {'median_us':>10} {'p99_us':>8} {'max_us':>8}  start wait")
+    for item in lateness_over_runs(lateness):
+        print(
+            f"{item.device:<9} {item.runs:>4} {item.median_ns / 1e3:>10.1f} {item.p99_ns / 1e3:>8.1f} "
+            f"{item.max_ns / 1e3:>8.1f}  {waits.get(item.device, '')}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "-i", "--inventory", help="A rack inventory (dit rack up writes one); local mode without."
+    )
+    parser.add_argument("--scenario", type=Path, default=SCENARIO)
+    parser.add_argument("--runs", type=Path, help="Print the figures of these runs; run nothing.")
+    args = parser.parse_args()
+    if args.runs:
+        report(run_dirs(args.runs))
+        return
+    before = load1()
+    with tempfile.TemporaryDirectory(prefix="dit-bench-ch4-") as tmp:
+        scenario = with_stand_in(args.scenario, Path(tmp)) if args.inventory else args.scenario
+        runs_dir = Path(tmp) / "runs"
+        wall = run_sweep(scenario, args.inventory, runs_dir)
+        print(
+            f"mode: {'inventory ' + args.inventory if args.inventory else 'local'}; sweep wall time {wall:.0f} s"
+        )
+        print(f"load average (1 min): {before:.2f} before, {load1():.2f} after")
+        report(run_dirs(runs_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Compute capacity of a device's run processes (``hardware.<device>.cpu_share_pct``), by cgroup CPU quota.
+
+The share is a percentage of **one CPU** (as ``dit rack up --cpu-share``): 30 is 30 ms of CPU time
+per 100 ms period, 100 a whole core, 250 two and a half cores; it may be at most 100 times the
+node's CPU count (preflight refuses more, naming the field). The ``cgroup_cpu`` role creates the
+cgroup ``<dit_cpu_cgroup_root>/dit-<run id>-<host>`` (``dit_cgroup``: cgroup v2 ``cpu.max``, or v1
+``cpu.cfs_period_us`` + ``cpu.cfs_quota_us``, detected on the node at run time, with the highest CPU
+weight so that the quota and not the node's other work sets the capacity) and :func:`process` makes
+the run's device processes (profile agent, load generators, the runtime's processes) join it when
+they start. The cgroup is journaled (removed at teardown, after the run's processes are gone).
+``dit_cpu_cgroup_root`` is a host variable: the cgroup v2 root ``/sys/fs/cgroup`` by default,
+``/sys/fs/cgroup/cpu`` on a cgroup v1 host (where the memory limit's cgroup is another directory, in
+the memory hierarchy: the processes join both).
+
+On a real board the board's own knob is the CPU frequency (``cpu_freq_mhz``); a CPU share caps the
+run's processes on top of it (a board with other work, or a faster board standing in for a slower
+one). In **local mode**, with ``DIT_LOCAL_CPU_SHARE=auto``, every device gets its own CPU cgroup even
+when the scenario sets no share: the local inventory gives each device ``dit_cpu_share_default_pct``,
+an equal split of the CPUs the
+devices run on (the non-edge CPUs, see :mod:`dit.conditions.cpus`), so that a device's capacity
+while it profiles is its capacity during inference, and the load processes on it take from that
+capacity, not from the other devices'. The default is set only where this machine can apply it
+(root and a cpu controller with CFS bandwidth); the scenario's value always wins, and
+``DIT_LOCAL_CPU_SHARE`` (``auto``, ``off`` — the default — or a percentage of one CPU) chooses. It is
+off by default because, measured with ch4_validation, busy loads inside a device's 25 % starved its
+agent (start 31-140 s late, MAPE doubled): see :func:`dit.localmode.local_cpu_share`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from dit.conditions import Condition, HostContext, PreflightFacts, ProcessSettings
+from dit.scenario import Scenario
+
+CONDITION = Condition(
+    name="cpu_share",
+    role="cgroup_cpu",
+    order=21,
+    variables=("cgroup_cpu_path", "cgroup_cpu_quota_us", "cgroup_cpu_period_us", "cgroup_cpu_field"),
+)
+
+DEFAULT_CPU_CGROUP_ROOT = "/sys/fs/cgroup"
+CFS_PERIOD_US = 100_000
+DEFAULT_HOSTVAR = "dit_cpu_share_default_pct"  # local mode's default share (dit.inventory.local_inventory)
+ADVICE = "a kernel with CONFIG_CFS_BANDWIDTH and the cpu cgroup controller"
+
+
+def cgroup_root(ctx: HostContext) -> str:
+    root = str(ctx.hostvars.get("dit_cpu_cgroup_root") or DEFAULT_CPU_CGROUP_ROOT)
+    return posixpath.normpath(root)
+
+
+def cgroup_path(ctx: HostContext) -> str:
+    """The run's CPU cgroup on ``ctx.host``, named like the memory one (run id and host)."""
+    return posixpath.join(cgroup_root(ctx), f"dit-{ctx.run_id}-{ctx.host}")
+
+
+def field_of(host: str) -> str:
+    return f"hardware.{host}.cpu_share_pct"
+
+
+def share_pct(scenario: Scenario, host: str, ctx: HostContext) -> int | None:
+    """The device's share in percent of one CPU: the scenario's, else local mode's default, else None."""
+    if host not in scenario.devices:
+        return None
+    value = scenario.hardware.get(host, {}).get("cpu_share_pct")
+    if value is None and ctx.local:
+        value = ctx.hostvars.get(DEFAULT_HOSTVAR)
+    return None if value is None else int(value)
+
+
+def quota_us(pct: int, period_us: int = CFS_PERIOD_US) -> int:
+    """CPU time per period for ``pct`` % of one CPU (1 % of a 100 ms period is the kernel's 1 ms minimum)."""
+    return pct * period_us // 100
+
+
+def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
+    pct = share_pct(scenario, host, ctx)
+    if pct is None:
+        return None
+    return {
+        "cgroup_cpu_path": cgroup_path(ctx),
+        "cgroup_cpu_quota_us": quota_us(pct),
+        "cgroup_cpu_period_us": CFS_PERIOD_US,
+        "cgroup_cpu_field": field_of(host),
+    }
+
+
+def process(scenario: Scenario, host: str, ctx: HostContext) -> ProcessSettings | None:
+    if share_pct(scenario, host, ctx) is None:
+        return None
+    return ProcessSettings(env={}, cgroup=cgroup_path(ctx))
+
+
+def preflight_problems(
+    nodes: Mapping[str, Mapping[str, Any]], built: Mapping[str, Mapping[str, Any]]
+) -> list[str]:
+    """Why a node cannot take its CPU share, from its preflight facts (``dit_facts``).
+
+    A share above 100 % times the node's CPUs cannot be given; a node without a cpu controller (with
+    CFS bandwidth) cannot cap; a ``dit_cpu_cgroup_root`` outside the node's cpu hierarchy gets the
+    root to use.
+    """
+    problems: list[str] = []
+    for host, per_host in built.items():
+        variables = per_host.get(CONDITION.name)
+        facts = nodes.get(host, {})
+        if variables is None:
+            continue
+        field = str(variables["cgroup_cpu_field"])
+        pct = int(variables["cgroup_cpu_quota_us"]) * 100 // int(variables["cgroup_cpu_period_us"])
+        cpus = facts.get("cpu_count")
+        if isinstance(cpus, int) and cpus > 0 and pct > 100 * cpus:
+            problems.append(
+                f"{host}: {field} is {pct}, but {host} has {cpus} CPU{'s' if cpus > 1 else ''}: "
+                f"at most {100 * cpus} (the share is a percentage of one CPU)"
+            )
+            continue
+        controller = facts.get("cpu_controller")
+        if controller is None:
+            continue  # facts of an older dit_facts: the role itself refuses what it cannot apply
+        if controller == "disabled":
+            problems.append(f"{host}: {field} needs a CPU quota, which {host} cannot give: it needs {ADVICE}")
+            continue
+        root = facts.get("cpu_cgroup_root")
+        parent = posixpath.dirname(str(variables["cgroup_cpu_path"]))
+        if root and not (parent == root or parent.startswith(str(root).rstrip("/") + "/")):
+            problems.append(
+                f"{host}: {field}: the cgroup {controller} cpu hierarchy of {host} is {root}, "
+                f"but dit_cpu_cgroup_root is {parent}: set dit_cpu_cgroup_root: {root} for {host} in the inventory"
+            )
+    return problems
+
+
+def preflight(facts: PreflightFacts) -> str | None:
+    """The CPU share gate (the condition's ``preflight`` hook): refuses what :func:`preflight_problems` finds."""
+    problems = preflight_problems(facts.nodes, facts.built)
+    return "cpu share refused: " + "; ".join(problems) if problems else None

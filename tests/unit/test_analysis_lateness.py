@@ -1,0 +1,89 @@
+"""Start lateness over a sweep: the nearest-rank p99 and max per device, ``dit show`` of several runs
+or of a directory of runs, and how each agent waited (recorded from its ``origin.json``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dit.analysis.lateness import Lateness, lateness_over_runs, percentile_nearest_rank
+from dit.cli import app
+from dit.driver import start_waits
+from dit.rundir import STATUS, write_json
+from dit.runtimes import LaunchOutcome
+
+
+def test_the_p99_is_the_nearest_rank_never_an_interpolation() -> None:
+    values = list(range(1, 101))  # 1..100
+    assert percentile_nearest_rank(values, 99) == 99
+    assert percentile_nearest_rank(values, 50) == 50
+    assert percentile_nearest_rank([7, 3, 5], 99) == 7  # fewer than 100 runs: the maximum
+    assert percentile_nearest_rank([4], 50) == 4
+    with pytest.raises(ValueError, match="no values"):
+        percentile_nearest_rank([], 99)
+    with pytest.raises(ValueError, match="percentile 0"):
+        percentile_nearest_rank([1], 0)
+
+
+def test_lateness_over_runs_is_per_device_over_the_runs_that_have_it() -> None:
+    runs = [{"device1": 100, "device2": 900}, {"device1": 300}, {"device1": 200, "device2": 50}]
+    assert lateness_over_runs(runs) == [
+        Lateness("device1", 3, 200, 300, 300),
+        Lateness("device2", 2, 50, 900, 900),
+    ]
+    assert lateness_over_runs([]) == []
+
+
+def fake_run(root: Path, name: str, lateness: dict[str, int], **extra: Any) -> Path:
+    run = root / "sweep" / name
+    run.mkdir(parents=True)
+    status = {"state": "completed", "label": f"sweep[{name}]", "stage_ns": {}, "lateness_ns": lateness}
+    write_json(run / STATUS, {**status, **extra})
+    return run
+
+
+def test_show_of_a_sweep_prints_p99_and_max_per_device(tmp_path: Path) -> None:
+    fake_run(tmp_path, "20260101T000000Z-aa", {"device1": 150_000, "device2": 2_500_000})
+    fake_run(tmp_path, "20260101T000001Z-bb", {"device1": 90_000, "device2": 400_000})
+    result = CliRunner().invoke(app, ["show", str(tmp_path / "sweep")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "start lateness over 2 runs" in result.output
+    rows = {line.split()[1]: line for line in result.output.splitlines() if "device" in line and "ms" in line}
+    # device, runs, median, p99, max
+    assert [c.strip() for c in rows["device1"].split("│")[2:6]] == ["2", "0.090 ms", "0.150 ms", "0.150 ms"]
+    assert [c.strip() for c in rows["device2"].split("│")[2:6]] == ["2", "0.400 ms", "2.500 ms", "2.500 ms"]
+    # several run directories given one by one: the same table
+    both = sorted(str(p) for p in (tmp_path / "sweep").iterdir())
+    again = CliRunner().invoke(app, ["show", *both], terminal_width=200)
+    assert again.exit_code == 0 and "start lateness over 2 runs" in again.output
+
+
+def test_show_of_one_run_says_how_each_device_waited(tmp_path: Path) -> None:
+    wait = {"policy": "SCHED_FIFO", "priority": 10, "wait": "clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)"}
+    run = fake_run(tmp_path, "20260101T000000Z-aa", {"device1": 120_000}, start_wait={"device1": wait})
+    result = CliRunner().invoke(app, ["show", str(run)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert (
+        "0.120 ms" in result.output
+        and "SCHED_FIFO clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)" in result.output
+    )
+
+
+def test_show_of_a_directory_without_runs_is_a_one_line_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["show", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "is not a dit run directory and has none under it" in result.output
+
+
+def test_the_start_wait_is_taken_from_a_result_file_with_start_sched() -> None:
+    sched = {"policy": "SCHED_OTHER", "priority": 0, "detail": "not root", "wait": "time.sleep"}
+    outcomes = [
+        LaunchOutcome(
+            "device1", "profile", 0, {"results/origin.json": {"lateness_ns": 5, "start_sched": sched}}
+        ),
+        LaunchOutcome("device2", "profile", 0, {"results/origin.json": None}),
+    ]
+    assert start_waits(outcomes) == {"device1": sched}
