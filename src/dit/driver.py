@@ -479,7 +479,7 @@ class Driver:
                 "name": self.scenario.name,
                 "label": self.scenario.label,
                 "hash": self.scenario.hash,
-                "sweep_point": [list(p) for p in self.scenario.sweep_point],
+                "sweep_point": self.scenario.sweep_point_json(),
                 "document": self.scenario.to_dict(),
             },
             "mode": "local" if self.local else "inventory",

@@ -261,3 +261,16 @@ def test_adapter_spec() -> None:
         "input": {"kind": "synthetic", "seed": 42},
         "seed": 42,
     }
+
+
+def test_a_sweep_point_with_a_mapping_value_is_recorded_as_json() -> None:
+    """metadata.json's scenario.sweep_point held 'FrozenDict({...})' strings for a swept block."""
+    doc = {
+        "name": "s",
+        "model": "fake",
+        "devices": ["device1"],
+        "sweep": {"path": "network", "values": [{}, {"device1": {"delay_ms": 5}}]},
+    }
+    second = expand(doc)[1]
+    recorded = json.loads(json.dumps(second.sweep_point_json()))
+    assert recorded == [["network", {"device1": {"delay_ms": 5}}]]

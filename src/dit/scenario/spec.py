@@ -138,6 +138,10 @@ class Scenario:
         point = ",".join(f"{path}={_label_value(value)}" for path, value in self.sweep_point)
         return f"{self.name}[{point}]"
 
+    def sweep_point_json(self) -> list[list[Any]]:
+        """The sweep point as plain JSON ``[[path, value], ...]`` (a mapping value stays a mapping)."""
+        return [[path, thaw(value)] for path, value in self.sweep_point]
+
     @property
     def runtime(self) -> dict[str, Any]:
         """The ``runtime`` block, ``name`` included (``{"name": "layers"}`` when the scenario has none)."""
