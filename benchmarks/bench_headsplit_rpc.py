@@ -1,6 +1,6 @@
 """HeadSplit over torch RPC on this machine: per-token time split into compute and communication.
 
-    PYTHONPATH=runtimes/headsplit/src .venv/bin/python benchmarks/bench_headsplit_rpc.py \\
+    .venv/bin/python benchmarks/bench_headsplit_rpc.py \\
         [--model gpt2-tiny] [--tokens 16] [--workers 2] [--threads 1]
 
 Starts one controller and ``--workers`` workers on 127.0.0.1 (a free port), twice: a layer-wise
@@ -15,6 +15,7 @@ the total, and the bytes moved, with the RTT measured at start. Everything runs 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -25,8 +26,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from headsplit.config import preset
-from headsplit.units import all_units
+SOURCE = Path(__file__).resolve().parents[1] / "runtimes" / "headsplit" / "src"
+if importlib.util.find_spec("headsplit") is None:  # a checkout whose venv lacks the runtime
+    sys.path.insert(0, str(SOURCE))
+
+from headsplit.config import preset  # noqa: E402 (after the source-tree fallback)
+from headsplit.units import all_units  # noqa: E402
 
 
 def free_port() -> int:
@@ -64,7 +69,12 @@ def run(name: str, mode: str, tokens: int, n_workers: int, threads: int) -> dict
             "placement": placement(name, mode, workers),
         }
         Path(tmp, "headsplit.json").write_text(json.dumps(doc))
-        env = {**os.environ}
+        # the processes import headsplit from its source tree when it is not installed (absolute: cwd=tmp)
+        source = str(Path(__file__).resolve().parents[1] / "runtimes" / "headsplit" / "src")
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p),
+        }
         argv = [sys.executable, "-m", "headsplit.worker", "--config", "headsplit.json", "--rank"]
         procs = [subprocess.Popen([*argv, str(r)], cwd=tmp, env=env) for r in range(1, n_workers + 1)]
         ctl = [sys.executable, "-m", "headsplit.controller", "--config", "headsplit.json"]

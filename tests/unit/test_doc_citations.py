@@ -83,7 +83,12 @@ def check_path(span: str) -> str | None:
         return None if span.endswith("/") else check_output_name(span.rsplit("/", 1)[-1])
     if "*" in span:
         return None if any(REPO.glob(span.rstrip("/"))) else f"no file matches {span}"
-    return None if (REPO / span.rstrip("/")).exists() else f"no such file or directory: {span}"
+    path, _, test = span.partition("::")  # a pytest node id: the file, then the test in it
+    if not (REPO / path.rstrip("/")).exists():
+        return f"no such file or directory: {path}"
+    if test and f"def {test.split('::')[-1].split('[')[0]}(" not in (REPO / path).read_text(encoding="utf-8"):
+        return f"{path} has no test {test}"
+    return None
 
 
 @functools.cache
@@ -263,6 +268,7 @@ def test_the_check_fails_on_a_doc_that_cites_a_missing_name() -> None:
     doc = "\n".join(
         [
             "See `src/dit/nowhere.py`, `roles/*/missing.yml` and `dit.analysis.delay.no_such_function`.",
+            "Tested by `tests/unit/test_report.py::test_nothing_of_the_kind`.",
             "Run `dit frobnicate` or `dit optimise RUN --objectiv energy`; set `timing.settle_seconds`.",
             "It writes `aggregate/nothing.csv` with a `phantom_latency_ns` column.",
             "```",
@@ -275,6 +281,7 @@ def test_the_check_fails_on_a_doc_that_cites_a_missing_name() -> None:
         "no such file or directory: src/dit/nowhere.py",
         "no file matches roles/*/missing.yml",
         "dit.analysis.delay.no_such_function: dit.analysis.delay defines no no_such_function",
+        "tests/unit/test_report.py has no test test_nothing_of_the_kind",
         "`dit frobnicate`: no command dit frobnicate",
         "`dit optimise RUN --objectiv energy`: dit optimise has no option --objectiv",
         "scenario field timing.settle_seconds: the schema has no 'settle_seconds' there",
@@ -285,7 +292,7 @@ def test_the_check_fails_on_a_doc_that_cites_a_missing_name() -> None:
 
 def test_what_exists_passes() -> None:
     doc = (
-        "`src/dit/cli.py`, `playbooks/*.yml.j2`, `dit.analysis.delay.DelayModel.bounds`, `dit.runtimes`, "
+        "`src/dit/cli.py`, `tests/unit/test_report.py::test_units`, `playbooks/*.yml.j2`, `dit.analysis.delay.DelayModel.bounds`, `dit.runtimes`, "
         "`dit optimise RUN --objective energy --max-vectors 5`, `hardware.<device>.threads`, "
         "`optimisation.objective`, `aggregate/power_model.csv`, `cum_latency_ns`, `dit rack up/status/down`"
     )
