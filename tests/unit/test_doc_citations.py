@@ -292,7 +292,8 @@ def test_the_check_fails_on_a_doc_that_cites_a_missing_name() -> None:
 
 def test_what_exists_passes() -> None:
     doc = (
-        "`src/dit/cli.py`, `tests/unit/test_report.py::test_units`, `playbooks/*.yml.j2`, `dit.analysis.delay.DelayModel.bounds`, `dit.runtimes`, "
+        "`src/dit/cli.py`, `tests/unit/test_report.py::test_units`, `playbooks/*.yml.j2`, "
+        "`dit.analysis.delay.DelayModel.bounds`, `dit.runtimes`, "
         "`dit optimise RUN --objective energy --max-vectors 5`, `hardware.<device>.threads`, "
         "`optimisation.objective`, `aggregate/power_model.csv`, `cum_latency_ns`, `dit rack up/status/down`"
     )
