@@ -72,7 +72,7 @@ class Transport(Protocol):
 
 
 def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    return int(t.numel() * t.element_size())
 
 
 def _tree_bytes(obj: Any) -> int:

@@ -45,7 +45,7 @@ def init(name: str, rank: int, world_size: int, address: str, port: int, timeout
         _transports=["uv"],
         _channels=["basic"],
     )
-    trpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)  # type: ignore[no-untyped-call]
+    trpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 def interface_of(address: str) -> str | None:
@@ -106,7 +106,7 @@ def remote_get(key: str) -> torch.Tensor:
 def _pull(owner: str, key: str) -> torch.Tensor:
     """A worker pulling an activation from its producer (timeout: the group's rpc_timeout_s; a
     stalled pull fails the worker's call, which the controller retries)."""
-    return trpc.rpc_sync(owner, remote_get, args=(key,))  # type: ignore[no-any-return]
+    return trpc.rpc_sync(owner, remote_get, args=(key,))  # type: ignore[no-any-return, unused-ignore]
 
 
 def worker_report() -> dict[str, Any]:
@@ -287,7 +287,7 @@ class RpcTransport:
         engine.store_put(STORE, key, t)
 
     def fetch(self, owner: str, key: str) -> torch.Tensor:
-        return self._sync(owner, remote_get, key)  # type: ignore[no-any-return]
+        return self._sync(owner, remote_get, key)  # type: ignore[no-any-return, unused-ignore]
 
     def rtt_ns(self, worker: str, samples: int = RTT_SAMPLES) -> list[int]:
         out = []
