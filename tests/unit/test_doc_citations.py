@@ -303,9 +303,3 @@ def test_what_exists_passes() -> None:
 def test_citation_cff_follows_the_project_version() -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert f'version: "{version}"' in (REPO / "CITATION.cff").read_text()
-
-
-def test_test_modules_have_unique_names() -> None:
-    """Test directories are not packages: two test files with one name break collection of the suite."""
-    names = [p.name for root in ("tests", "runtimes") for p in (REPO / root).rglob("test_*.py")]
-    assert sorted(n for n in set(names) if names.count(n) > 1) == []
