@@ -189,8 +189,10 @@ def test_the_quickstart_runs_over_ssh_on_the_rack(rack: RackHandle, tmp_path: Pa
     (run_dir,) = (runs / "quickstart").iterdir()
     metadata = json.loads((run_dir / "metadata.json").read_text())
     assert metadata["mode"] == "inventory"
-    ping = json.loads((run_dir / "raw" / "device1" / "device1_ping.json").read_text())
-    assert ping["address"] == rack.hosts["edge"]["dit_inference_address"]
+    pings = json.loads((run_dir / "raw" / "device1" / "device1_ping.json").read_text())
+    to_edge = next(p for p in pings if p["target"] == "edge")  # one record per link of the device
+    assert to_edge["address"] == rack.hosts["edge"]["dit_inference_address"]
+    assert {p["target"] for p in pings} == {"edge", "device2"}
     log = (run_dir / "run.log").read_text()
     # This kernel has no sch_netem: device1's 5 ms are recorded, and preflight says so.
     assert "device1: kernel" in log and "has no sch_netem" in log

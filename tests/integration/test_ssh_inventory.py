@@ -99,9 +99,10 @@ def test_stages_run_over_ssh_across_namespaces(
     assert {n["ntp"]["source"] for n in metadata["nodes"].values()} == {"shared"}
     # The devices pinged the edge server across the bridge, not loopback.
     for device in ("device1", "device2"):
-        ping = json.loads((run_dir / "raw" / device / f"{device}_ping.json").read_text())
-        assert ping["address"] == hosts["edge_address"]
-        assert ping["received"] == 10
+        pings = json.loads((run_dir / "raw" / device / f"{device}_ping.json").read_text())
+        to_edge = next(p for p in pings if p["target"] == "edge")  # one record per link of the device
+        assert to_edge["address"] == hosts["edge_address"]
+        assert to_edge["received"] == 10
     log = (run_dir / "run.log").read_text()
     assert f"edge service listening on {hosts['edge_address']}:" in log
     assert (run_dir / "aggregate" / "phases.csv").is_file()
