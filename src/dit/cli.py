@@ -135,7 +135,9 @@ def run(
             str(result.run_dir),
             f"{sum(result.stage_ns.values()) / 1e9:.1f} s",
             str(optimum.get("vector", "")),
-            f"{objective:.6g}" if isinstance(objective, (int, float)) else "",
+            units.with_unit(objective, str(optimum.get("objective_unit", "")))
+            if isinstance(objective, (int, float))
+            else "",
         )
     out.print(table)
     if any(r.state != "completed" for r in results):

@@ -87,6 +87,10 @@ def with_unit(value: object, unit: str) -> str:
         return power(float(value))
     if unit == "%":
         return percent(float(value))
+    if unit == "ns^2":  # a variance of delays
+        return f"{_number(float(value) / 1e12)} ms²"
+    if unit == "J*s":  # an energy-delay product
+        return f"{_number(float(value) * 1e3)} mJ·s"
     if isinstance(value, int):
         return f"{value:,} {unit}".strip()
     return f"{_number(float(value))} {unit}".strip()
