@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -76,6 +77,28 @@ def dit_env() -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("DIT_RUN_ID", None)
     return env
+
+
+def env_with_site(site: Path) -> dict[str, str]:
+    """:func:`dit_env` with ``site`` (a package installed by :func:`install_fixture_package`) importable."""
+    env = dit_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def dit_with_site(site: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``dit ARGS`` from the repository, with the plug-in package installed in ``site``."""
+    return subprocess.run(
+        [*DIT, *args], cwd=REPO, env=env_with_site(site), capture_output=True, text=True, timeout=timeout,
+        check=False,
+    )  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def install_fixture_package(name: str, work: Path, source_dir: Path | None = None) -> Path:

@@ -20,17 +20,11 @@ import pytest
 import yaml
 
 from dit.runtimes.base import Results, SummaryValue, write_summary
-from tests.conftest import REPO, dit_env, install_fixture_package
+from tests.conftest import REPO, dit_env, free_port, install_fixture_package
 from tests.e2e.conftest import Server, shot
 from tests.integration.test_web_api import finished_run
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

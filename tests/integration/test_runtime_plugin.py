@@ -11,7 +11,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,7 +21,9 @@ import pytest
 from dit.journal import Journal
 from dit.procs import run_processes
 from dit.rundir import RunDir
-from tests.conftest import DIT, REPO, dit_env, install_fixture_package
+from tests.conftest import DIT, REPO, free_port, install_fixture_package
+from tests.conftest import dit_with_site as dit
+from tests.conftest import env_with_site as env_with
 
 
 @pytest.fixture(scope="module")
@@ -30,30 +31,6 @@ def runtime_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = install_fixture_package("runtime_pkg", tmp_path_factory.mktemp("runtime"))
     assert (site / "dit_echo_runtime-0.1.0.dist-info" / "entry_points.txt").is_file()
     return site
-
-
-def env_with(site: Path) -> dict[str, str]:
-    env = dit_env()
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def dit(site: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*DIT, *args],
-        cwd=REPO,
-        env=env_with(site),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def echo_scenario(directory: Path, **block: object) -> Path:
