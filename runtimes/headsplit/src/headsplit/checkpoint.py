@@ -231,3 +231,35 @@ def directory_config(path: Path) -> ModelConfig | None:
     if not isinstance(doc, dict):
         raise CheckpointError(f"{cfg_file}: not a JSON object")
     return model_config(doc, f"hf-{path.resolve().name}", str(cfg_file))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m headsplit.checkpoint PATH [--sha256 PIN]``: print the pin, or verify against it."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m headsplit.checkpoint", description=main.__doc__)
+    ap.add_argument("path", help="a safetensors file or a Hugging Face-format directory")
+    ap.add_argument("--sha256", help="verify against this pin (exit 1 naming the file and both hashes)")
+    a = ap.parse_args(argv)
+    p = Path(a.path)
+    try:
+        if a.sha256:
+            verify(p, a.sha256)
+            print(f"{p}: sha256 {a.sha256.lower()} verified")
+        else:
+            print(f"{checkpoint_sha256(p)}  {p}")
+        cfg = directory_config(p)
+    except CheckpointError as exc:
+        print(f"headsplit checkpoint: {exc}", file=sys.stderr)
+        return 1
+    if cfg is not None:
+        print(
+            f"model: {cfg.family}, {cfg.n_layers} layers, {cfg.n_heads} heads ({cfg.n_kv_heads} KV), "
+            f"hidden {cfg.hidden}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
