@@ -340,3 +340,133 @@ def test_build_speculation_profile_runs_on_the_edge_then_distributes(headsplit: 
     fetch = build["tasks"][3]["ansible.builtin.fetch"]
     assert fetch["dest"] == f"{tmp_path}/speculation-gpt2-tiny-tau0.1.json" and fetch["flat"] is True
     assert distribute["tasks"][1]["ansible.builtin.copy"]["src"] == fetch["dest"]
+
+
+# -- real checkpoints: a Hugging Face directory, per-worker shards (issue 13, item 2) ----------------
+
+LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "num_hidden_layers": 2, "intermediate_size": 48, "vocab_size": 64,
+                "max_position_embeddings": 64, "hidden_act": "silu"}  # fmt: skip
+
+
+def _hf_dir(tmp_path: Path, **change: Any) -> Path:
+    d = tmp_path / "tiny-llama"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**LLAMA_CONFIG, **change}))
+    (d / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    return d
+
+
+def test_a_directory_checkpoint_gives_the_model_from_its_config_json(headsplit: Any, tmp_path: Path) -> None:
+    d = _hf_dir(tmp_path)
+    block = {
+        "name": "headsplit",
+        "workers": ["device1", "device2"],
+        "checkpoint": {"path": str(d), "sha256": "d" * 64},
+    }
+    config = json.loads(
+        launch_vars(headsplit, context(block), HOSTS)["edgeserver"]["main"][0]["files"]["headsplit.json"]
+    )
+    assert config["model"]["config"]["family"] == "llama" and config["model"]["config"]["n_kv_heads"] == 2
+    assert config["checkpoint"]["path"] == f"/var/tmp/dit/headsplit/files/{'d' * 64}/tiny-llama"
+    assert "placement" not in config
+
+
+def test_a_directory_config_headsplit_cannot_run_is_refused_at_launch(headsplit: Any, tmp_path: Path) -> None:
+    d = _hf_dir(tmp_path, rope_scaling={"type": "dynamic", "factor": 2.0})
+    block = {"name": "headsplit", "checkpoint": {"path": str(d), "sha256": "d" * 64}}
+    with pytest.raises(
+        HeadSplitLaunchError, match=r"runtime\.checkpoint\.path: .*config\.json: rope_scaling"
+    ):
+        launch_vars(headsplit, context(block), HOSTS)
+
+
+def _shards(tmp_path: Path, pin: str, workers: int = 2) -> Path:
+    out = tmp_path / "shards"
+    out.mkdir()
+    files = {"controller": {"file": "controller.safetensors", "sha256": "0" * 64, "units": []}}
+    for r in range(1, workers + 1):
+        files[f"worker{r}"] = {
+            "file": f"worker{r}.safetensors",
+            "sha256": f"{r}" * 64,
+            "units": [f"L0.head{r}"],
+        }
+    doc = {"checkpoint_sha256": pin, "model": {**PRESETS["gpt2-tiny"].to_json(), "name": "hf-x"},
+           "placement": {"L0.head1": "worker1", "L0.head2": "worker2"}, "files": files}  # fmt: skip
+    (out / "shards.json").write_text(json.dumps(doc))
+    return out
+
+
+def test_shards_give_each_worker_its_own_file_and_the_run_their_placement(
+    headsplit: Any, tmp_path: Path
+) -> None:
+    pin = "e" * 64
+    out = _shards(tmp_path, pin)
+    block = {"name": "headsplit", "workers": ["device2", "device1"],
+             "checkpoint": {"path": "/models/x", "sha256": pin, "shards": str(out)}}  # fmt: skip
+    specs = launch_vars(headsplit, context(block), HOSTS)
+    config = json.loads(specs["edgeserver"]["main"][0]["files"]["headsplit.json"])
+    base = f"/var/tmp/dit/headsplit/files/{pin}/shards"
+    assert config["checkpoint"] == {
+        "path": f"{base}/controller.safetensors", "sha256": "0" * 64,
+        "shards": {"worker1": {"path": f"{base}/worker1.safetensors", "sha256": "1" * 64},
+                   "worker2": {"path": f"{base}/worker2.safetensors", "sha256": "2" * 64}},
+    }  # fmt: skip
+    assert config["placement"] == {"L0.head1": "worker1", "L0.head2": "worker2"}
+    assert config["model"]["config"]["name"] == "hf-x"
+    # shards cut from another checkpoint, or for another number of workers, are refused naming the field
+    block["checkpoint"]["sha256"] = "f" * 64  # type: ignore[index]
+    with pytest.raises(
+        HeadSplitLaunchError, match=r"runtime\.checkpoint\.shards: .* was cut from checkpoint e"
+    ):
+        launch_vars(headsplit, context(block), HOSTS)
+    block["checkpoint"]["sha256"] = pin  # type: ignore[index]
+    block["workers"] = ["device1"]
+    with pytest.raises(HeadSplitLaunchError, match="holds shards for 2 workers, the run has 1"):
+        launch_vars(headsplit, context(block), HOSTS)
+    pytest.importorskip("torch")  # the controller's side: each worker is sent its own shard
+    from headsplit.controller import parse_config, worker_checkpoint
+
+    rc = parse_config(config)
+    assert worker_checkpoint(rc.checkpoint, "worker2") == {
+        "path": f"{base}/worker2.safetensors",
+        "sha256": "2" * 64,
+    }
+
+
+def test_distribute_checkpoint_placement_mode_cuts_here_and_verifies_each_shard_on_its_node(
+    headsplit: Any, tmp_path: Path
+) -> None:
+    action = action_of(headsplit, "distribute-checkpoint")
+    d = _hf_dir(tmp_path)
+    inputs = validate_inputs(action, {"path": str(d), "sha256": "a" * 64, "mode": "placement",
+                                      "workers": ["device2", "device1"], "strategy": "roundrobin",
+                                      "out": str(tmp_path / "out")})  # fmt: skip
+    (play,) = action.plan(inputs).plays  # type: ignore[misc]
+    here, cut, mkdir, copy_, verify = play["tasks"]
+    assert here["delegate_to"] == cut["delegate_to"] == "localhost"
+    assert here["ansible.builtin.command"]["argv"][1:] == ["-m", "headsplit.checkpoint", str(d), "--sha256",
+                                                           "{{ dit_action_inputs.sha256 }}"]  # fmt: skip
+    argv = cut["ansible.builtin.command"]["argv"]
+    assert argv[1:3] == ["-m", "headsplit.shard"] and argv[argv.index("--workers") + 1] == "2"
+    assert argv[argv.index("--strategy") + 1] == "roundrobin"
+    assert '["device2", "device1"].index(inventory_hostname) + 1' in copy_["ansible.builtin.copy"]["src"]
+    assert "shards.json" in copy_["ansible.builtin.copy"]["src"] and copy_["when"] == mkdir["when"]
+    node = verify["ansible.builtin.command"]["argv"]
+    assert node[1:3] == ["-m", "headsplit.checkpoint"] and ".sha256 }}" in node[-1]
+    with pytest.raises(HeadSplitLaunchError, match="workers: mode placement needs"):
+        action.plan(validate_inputs(action, {"path": str(d), "sha256": "a" * 64, "mode": "placement"}))
+
+
+def test_distribute_checkpoint_sends_a_directory_with_its_manifest(headsplit: Any, tmp_path: Path) -> None:
+    from headsplit import checkpoint
+
+    action = action_of(headsplit, "distribute-checkpoint")
+    d = _hf_dir(tmp_path)
+    (play,) = action.plan(validate_inputs(action, {"path": str(d), "sha256": "a" * 64})).plays  # type: ignore[misc]
+    sums = next(t for t in play["tasks"] if "SHA256SUMS" in t["name"])["ansible.builtin.copy"]
+    assert sums["content"] == checkpoint.manifest_text(checkpoint.manifest(d))
+    assert sums["dest"].endswith("/tiny-llama/SHA256SUMS")
+    assert play["tasks"][-1]["ansible.builtin.command"]["argv"][-3:-1] == [
+        "/var/tmp/dit/headsplit/files/{{ dit_action_inputs.sha256 }}/tiny-llama".replace(
+            "/var/tmp/dit", "{{ dit_remote_base | default('/var/tmp/dit') }}"), "--sha256"]  # fmt: skip

@@ -276,3 +276,45 @@ def test_full_depth_tinyllama_on_two_workers_over_rpc(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     ref, _ = model.generate(cfg, model.seeded_weights(cfg), model.tokenize(doc["prompt"], cfg), 2)
     assert res["generated"] == ref
+
+
+@pytest.mark.slow
+def test_per_worker_shards_of_a_hf_directory_over_rpc_stay_exact(tmp_path: Path) -> None:
+    """A Hugging Face-format Llama directory cut into per-worker shards: each worker process is sent
+    the path and SHA-256 of its own shard only, the run uses the shards' placement and is exact at
+    tau = 0 against the single-process reference on the whole checkpoint."""
+    from headsplit import checkpoint, shard
+
+    hf_config = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "num_hidden_layers": 2, "intermediate_size": 48, "vocab_size": 64,
+                 "max_position_embeddings": 64, "hidden_act": "silu"}  # fmt: skip
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(hf_config))
+    cfg = checkpoint.directory_config(d)
+    assert cfg is not None
+    model.write_safetensors(d / "model.safetensors", model.to_hf(cfg, model.seeded_weights(cfg)))
+    pin = checkpoint.checkpoint_sha256(d)
+    doc = shard.write_shards(
+        cfg, d, pin, shard.plan_for(cfg, 2, "roundrobin", 1 << 30, 64), tmp_path / "shards"
+    )
+    files = doc["files"]
+    run_config(
+        tmp_path,
+        model={"config": doc["model"]},
+        placement=doc["placement"],
+        checkpoint={
+            "path": str(tmp_path / "shards" / files["controller"]["file"]),
+            "sha256": files["controller"]["sha256"],
+            "shards": {w: {"path": str(tmp_path / "shards" / files[w]["file"]), "sha256": files[w]["sha256"]}
+                       for w in ("worker1", "worker2")},
+        },
+    )  # fmt: skip
+    procs = launch(tmp_path)
+    for p in procs:
+        assert p.returncode == 0, p.stderr
+    result = json.loads((tmp_path / "results/headsplit.json").read_text())
+    torch.set_num_threads(1)
+    ref_ids, _ = model.generate(cfg, model.load_checkpoint(cfg, d, pin), model.tokenize("The heads", cfg), 8)
+    assert result["generated"] == ref_ids
+    assert result["placement"]["units"] == doc["placement"]

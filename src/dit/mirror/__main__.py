@@ -58,6 +58,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         skip_sources=args.skip_sources,
         skip_weights=args.skip_weights,
         skip_runtimes=args.skip_runtimes,
+        skip_checkpoints=args.skip_checkpoints,
         runtime_names=tuple(args.runtime),
         sources_file=args.sources,
         source_locations={"torch-cpu": args.torch_cpu_wheels},
@@ -118,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--skip-sources", action="store_true")
     b.add_argument("--skip-weights", action="store_true")
     b.add_argument("--skip-runtimes", action="store_true")
+    b.add_argument(
+        "--skip-checkpoints", action="store_true", help="leave out the sources file's checkpoints:"
+    )
     b.add_argument("--runtime", action="append", default=[], help="only this external runtime (repeatable)")
     b.add_argument("--sources", type=Path, default=None, help="sources list (default: mirror/sources.yaml)")
     b.add_argument(

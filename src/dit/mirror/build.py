@@ -10,6 +10,8 @@ Layout of the mirror directory (what ``roles/mirror_serve`` serves and ``roles/p
     runtimes/<name>-<pin12>/       an external runtime's wheel built at its pin, requirements-<arch>.txt
                                    (its lock plus the wheel, every line hashed) and runtime.json
     weights/*.safetensors          the model catalogue's weights
+    checkpoints/<sha256>/<name>    real checkpoints pinned in the sources file (a file, or a Hugging Face
+                                   directory with its SHA256SUMS): dit.mirror.checkpoints
 
 A build may cover a subset (``--arch``, ``--lock``, ``--skip-*``): what an earlier build put in
 the directory stays, keeps its origin from the previous manifest, and is re-hashed into the new one.
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dit.mirror import debs, locks, runtimes, sources, weights, wheels
+from dit.mirror import checkpoints, debs, locks, runtimes, sources, weights, wheels
 from dit.mirror.manifest import MANIFEST, ManifestError, read_manifest, walk, write_manifest
 
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -49,6 +51,7 @@ class BuildOptions:
     skip_sources: bool = False
     skip_weights: bool = False
     skip_runtimes: bool = False
+    skip_checkpoints: bool = False
     runtime_names: tuple[str, ...] = ()  # empty: every runtime of the sources file
     sources_file: Path | None = None
     source_locations: Mapping[str, str] = field(default_factory=dict)
@@ -280,6 +283,28 @@ def _build_weights(
     return [f"{len(fetched)} files in weights/"]
 
 
+def _build_checkpoints(
+    options: BuildOptions, sources_file: Path, origins: dict[str, dict[str, Any]], log: Callable[[str], None]
+) -> list[str]:
+    if not sources_file.is_file():
+        return []
+    done: list[str] = []
+    try:
+        for src in checkpoints.load_checkpoints(sources_file):
+            files = checkpoints.copy_checkpoint(src, options.out, log)
+            for path in files:
+                origins[path.relative_to(options.out).as_posix()] = {
+                    "kind": "checkpoint",
+                    "checkpoint": src.name,
+                    "pin": src.sha256,
+                    "source": str(src.path),
+                }
+            done.append(f"checkpoints/{src.sha256[:12]}…/{src.path.name}: {src.name}, {len(files)} files")
+    except checkpoints.CheckpointMirrorError as exc:
+        raise BuildError(str(exc)) from exc
+    return done
+
+
 def _need(srcs: sources.Sources | None) -> sources.Sources:
     if srcs is None:  # pragma: no cover - guarded by the skip flags
         raise BuildError("no sources list loaded")
@@ -316,6 +341,11 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
         ),
         ("runtimes", options.skip_runtimes, lambda: _build_runtimes(options, declared, origins, log)),
         ("weights", options.skip_weights, lambda: _build_weights(options, origins, log)),
+        (
+            "checkpoints",
+            options.skip_checkpoints,
+            lambda: _build_checkpoints(options, sources_file, origins, log),
+        ),
     ]
     for name, skip, step in steps:
         if skip:
@@ -344,6 +374,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
                     ("sources", options.skip_sources),
                     ("weights", options.skip_weights),
                     ("runtimes", options.skip_runtimes),
+                    ("checkpoints", options.skip_checkpoints),
                 )
                 if skip
             ],

@@ -110,10 +110,24 @@ class LockSpec:
     add: tuple[str, ...] = ()
     constrain: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    #: An external runtime's lock: the directory (relative to the repository) holding its own
+    #: pyproject.toml, and the lock's file name there (its ``.in`` beside it). Empty: the project's
+    #: ``pyproject.toml`` and ``requirements/<name>.txt``.
+    directory: str = ""
+    output: str = ""
 
     @property
     def platform(self) -> Platform:
         return PLATFORMS[self.arch]
+
+    def lock_path(self, repo: Path) -> Path:
+        """Where the lock is written (``requirements/<name>.txt`` or the runtime's own file)."""
+        if self.directory:
+            return repo / self.directory / self.output
+        return repo / "requirements" / f"{self.name}.txt"
+
+    def pyproject_path(self, repo: Path) -> Path:
+        return repo / self.directory / "pyproject.toml"
 
 
 TF_AARCH64 = "tensorflow-cpu has no aarch64 wheel; tensorflow on aarch64 is the CPU build"
@@ -159,7 +173,34 @@ LOCKS: tuple[LockSpec, ...] = (
     ),
     LockSpec("docs", "x86_64", ("docs",), "the documentation site"),
 )
+#: Locks of the external runtimes this repository ships (runtimes/<name>/), one per architecture, each
+#: constrained by the project's lock of that architecture (same versions where they overlap) and with
+#: that lock's torch: the x86_64 CPU build (edge) and the aarch64 CPU-only 2.10.0 (device-llm).
+RUNTIME_LOCKS: tuple[LockSpec, ...] = (
+    LockSpec(
+        "headsplit-x86_64",
+        "x86_64",
+        ("project",),
+        "HeadSplit's own venv on an x86_64 node (the edge server as controller): torch CPU",
+        replace={"torch": ("torch==2.13.0+cpu", "the x86_64 torch on PyPI is the CUDA build")},
+        constrain=("edge",),
+        sources=("torch-cpu",),
+        directory="runtimes/headsplit",
+        output="requirements.txt",
+    ),
+    LockSpec(
+        "headsplit-aarch64",
+        "aarch64",
+        ("project",),
+        "HeadSplit's own venv on a Raspberry Pi 4 worker: torch CPU-only",
+        replace={"torch": ("torch==2.10.0", "the newest aarch64 torch on PyPI without CUDA dependencies")},
+        constrain=("device-llm",),
+        directory="runtimes/headsplit",
+        output="requirements-aarch64.txt",
+    ),
+)
 LOCKS_BY_NAME: dict[str, LockSpec] = {spec.name: spec for spec in LOCKS}
+ALL_LOCKS_BY_NAME: dict[str, LockSpec] = {spec.name: spec for spec in (*LOCKS, *RUNTIME_LOCKS)}
 
 
 def read_pyproject(path: Path) -> dict[str, list[str]]:
@@ -213,8 +254,10 @@ def input_requirements(spec: LockSpec, pyproject: Mapping[str, Sequence[str]]) -
 
 
 def input_text(spec: LockSpec, pyproject: Mapping[str, Sequence[str]]) -> str:
+    target = f"{spec.directory}/{spec.output}" if spec.directory else f"requirements/{spec.name}.txt"
+    source = f"{spec.directory}/pyproject.toml" if spec.directory else "pyproject.toml"
     head = [
-        f"# Input of requirements/{spec.name}.txt, generated from pyproject.toml by `{COMPILE_COMMAND}`.",
+        f"# Input of {target}, generated from {source} by `{COMPILE_COMMAND}`.",
         "# Do not edit: change pyproject.toml (or LOCKS in src/dit/mirror/locks.py) and regenerate.",
         f"# {spec.description}",
         f"# groups: {', '.join(spec.groups)}"
@@ -360,13 +403,14 @@ def compile_command(
 ) -> list[str]:
     """The ``uv pip compile`` argv for ``spec`` (paths relative to the repository root)."""
     rel = requirements_dir.name
+    out = f"{spec.directory}/{spec.output}" if spec.directory else f"{rel}/{spec.name}.txt"
     argv = [
         uv,
         "pip",
         "compile",
-        f"{rel}/{spec.name}.in",
+        out.removesuffix(".txt") + ".in",
         "--output-file",
-        f"{rel}/{spec.name}.txt",
+        out,
         "--generate-hashes",
         "--python-version",
         PYTHON_VERSION,
@@ -393,12 +437,13 @@ def compile_command(
 
 
 def order(names: Sequence[str]) -> list[LockSpec]:
-    """The specs named (all when empty) plus what they are constrained by, constraints first."""
-    wanted = list(names) or [s.name for s in LOCKS]
-    unknown = [n for n in wanted if n not in LOCKS_BY_NAME]
+    """The specs named (all, the runtimes' too, when empty), constraints first."""
+    every = (*LOCKS, *RUNTIME_LOCKS)
+    wanted = list(names) or [s.name for s in every]
+    unknown = [n for n in wanted if n not in ALL_LOCKS_BY_NAME]
     if unknown:
-        raise LockError(f"unknown lock(s) {', '.join(unknown)} (known: {', '.join(LOCKS_BY_NAME)})")
-    return [s for s in LOCKS if s.name in wanted]
+        raise LockError(f"unknown lock(s) {', '.join(unknown)} (known: {', '.join(ALL_LOCKS_BY_NAME)})")
+    return [s for s in every if s.name in wanted]
 
 
 def compile_lock(
@@ -412,8 +457,9 @@ def compile_lock(
     """Write ``requirements/<name>.in`` from pyproject.toml and compile ``requirements/<name>.txt``."""
     reqdir = repo / "requirements"
     reqdir.mkdir(exist_ok=True)
-    pyproject = read_pyproject(repo / "pyproject.toml")
-    (reqdir / f"{spec.name}.in").write_text(input_text(spec, pyproject), encoding="utf-8")
+    pyproject = read_pyproject(spec.pyproject_path(repo))
+    out = spec.lock_path(repo)
+    out.with_suffix(".in").write_text(input_text(spec, pyproject), encoding="utf-8")
     for other in spec.constrain:
         if not (reqdir / f"{other}.txt").is_file():
             raise LockError(f"lock {spec.name} is constrained by {other}, which is not generated yet")
@@ -422,7 +468,6 @@ def compile_lock(
     proc = subprocess.run(argv, cwd=repo, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise LockError(f"lock {spec.name}: uv pip compile failed:\n{proc.stderr.strip()}")
-    out = reqdir / f"{spec.name}.txt"
     lines = [ln for ln in out.read_text(encoding="utf-8").splitlines() if not ln.startswith(HEADER_PREFIX)]
     insert = next((i + 1 for i, ln in enumerate(lines) if ln.strip() == f"#    {COMPILE_COMMAND}"), 0)
     lines.insert(insert, header_line(spec, version))

@@ -45,7 +45,7 @@ class WorkerEntry:
 @dataclass(frozen=True)
 class RunConfig:
     model: ModelConfig
-    checkpoint: dict[str, str] | None
+    checkpoint: dict[str, Any] | None  # path, sha256; shards: {worker: {path, sha256}} (per-worker files)
     controller_host: str
     address: str
     port: int
@@ -97,7 +97,16 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
             or not isinstance(ck.get("sha256"), str)
         ):
             raise ConfigError("checkpoint: expected null or {path: str, sha256: str}")
-        ck = {"path": ck["path"], "sha256": ck["sha256"]}
+        shards = ck.get("shards")
+        if shards is not None and (
+            not isinstance(shards, dict)
+            or not all(
+                isinstance(v, dict) and isinstance(v.get("path"), str) and isinstance(v.get("sha256"), str)
+                for v in shards.values()
+            )
+        ):
+            raise ConfigError("checkpoint.shards: expected {worker name: {path: str, sha256: str}}")
+        ck = {"path": ck["path"], "sha256": ck["sha256"], **({"shards": shards} if shards else {})}
     c = _get(doc, "controller", dict)
     ws = _get(doc, "workers", list)
     if not ws:
@@ -233,6 +242,18 @@ def _memory_check(limits: dict[str, int], threshold: float) -> engine.MemoryChec
     return check
 
 
+def worker_checkpoint(ck: dict[str, Any] | None, worker: str) -> dict[str, str] | None:
+    """What ``worker`` reads: its own shard (verified there by its SHA-256) or the whole checkpoint."""
+    if ck is None:
+        return None
+    shards = ck.get("shards")
+    if shards:
+        if worker not in shards:
+            raise ConfigError(f"checkpoint.shards: no shard for {worker}")
+        return {"path": str(shards[worker]["path"]), "sha256": str(shards[worker]["sha256"])}
+    return {"path": str(ck["path"]), "sha256": str(ck["sha256"])}
+
+
 def run(rc: RunConfig) -> dict[str, Any]:
     """Everything after the RPC group is up; returns the results document."""
     from headsplit import rpc
@@ -299,7 +320,7 @@ def run(rc: RunConfig) -> dict[str, Any]:
         cw = model.seeded_weights(cfg, model.controller_tensor_names(cfg))
     t_setup = time.perf_counter_ns()
     for n in names:
-        tr.setup(n, cfg, rc.checkpoint, engine.units_of(placement, n))
+        tr.setup(n, cfg, worker_checkpoint(rc.checkpoint, n), engine.units_of(placement, n))
     setup_ns = time.perf_counter_ns() - t_setup
     opts = engine.EngineOptions(
         speculation=rc.speculation,

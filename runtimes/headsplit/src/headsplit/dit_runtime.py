@@ -34,6 +34,7 @@ from dit.runtimes import (
     SummaryValue,
 )
 from headsplit import __version__
+from headsplit import checkpoint as ckpt
 from headsplit.config import PRESETS
 
 CONFIG_FILE = "headsplit.json"
@@ -50,6 +51,8 @@ SHA256 = "^[0-9a-f]{64}$"
 SHA256_TEXT = "is not a SHA-256 (64 lower-case hexadecimal digits)"
 # Where the actions put files on a node (below its dit_remote_base) and where the launch finds them.
 FILES_DIR = "headsplit/files"
+SHARDS_DIR = "shards"  # below FILES_DIR/<pin>/: the per-worker shards of distribute-checkpoint
+SHARDS_JSON = "shards.json"
 PROFILES_DIR = "headsplit/profiles"
 # The readiness plays' interpreter: the block's ``python`` (passed as an extra var), else the node's
 # headsplit venv (``dit_headsplit_python``, see _runtime_python), else the node's dit Python.
@@ -99,18 +102,32 @@ def block_schema() -> dict[str, Any]:
             },
             "checkpoint": {
                 "title": "Checkpoint",
-                "description": "A real checkpoint (safetensors file) on the machine running dit, with its "
-                "SHA-256; the `distribute-checkpoint` action puts it on every node, the processes verify it.",
+                "description": "A real checkpoint on the machine running dit: a safetensors file (shapes from "
+                "`model`) or a Hugging Face-format directory (config.json + safetensors, maybe sharded; "
+                "the model comes from its config.json), with its pin; the `distribute-checkpoint` action "
+                "puts it (or per-worker shards of it) on the nodes, the processes verify it.",
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["path", "sha256"],
                 "properties": {
-                    "path": {"description": "Path of the checkpoint file.", "type": "string", "minLength": 1},
+                    "path": {
+                        "description": "The checkpoint file or directory.",
+                        "type": "string",
+                        "minLength": 1,
+                    },
                     "sha256": {
-                        "description": "Its SHA-256, 64 lower-case hexadecimal digits.",
+                        "description": "Its pin: a file's SHA-256; a directory's manifest hash "
+                        "(`python -m headsplit.checkpoint DIR` prints it; docs/headsplit.md).",
                         "type": "string",
                         "pattern": SHA256,
                         "x-pattern-text": SHA256_TEXT,
+                    },
+                    "shards": {
+                        "description": "The directory `distribute-checkpoint` (mode placement) wrote its "
+                        "per-worker shards into on this machine (with shards.json): every worker reads only "
+                        "its own shard and the run uses the placement they were cut for.",
+                        "type": "string",
+                        "minLength": 1,
                     },
                 },
             },
@@ -259,6 +276,79 @@ def checkpoint_on_node(ctx: LaunchContext, host: str, path: str, sha256: str) ->
     return f"{_node_base(ctx, host)}/{FILES_DIR}/{sha256}/{posixpath.basename(path)}"
 
 
+def shards_doc(block: Mapping[str, Any], n_workers: int) -> dict[str, Any] | None:
+    """``shards.json`` of ``checkpoint.shards`` (None without shards), checked against the block."""
+    ck = block.get("checkpoint")
+    if not isinstance(ck, Mapping) or not ck.get("shards"):
+        return None
+    file = Path(str(ck["shards"])) / SHARDS_JSON
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HeadSplitLaunchError(f"runtime.checkpoint.shards: {file} cannot be read ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("files"), dict):
+        raise HeadSplitLaunchError(f"runtime.checkpoint.shards: {file} is not a shards.json (no files)")
+    if doc.get("checkpoint_sha256") != ck.get("sha256"):
+        raise HeadSplitLaunchError(
+            f"runtime.checkpoint.shards: {file} was cut from checkpoint {doc.get('checkpoint_sha256')}, "
+            f"runtime.checkpoint.sha256 is {ck.get('sha256')}"
+        )
+    workers = sorted(k for k in doc["files"] if k != "controller")
+    if len(workers) != n_workers:
+        raise HeadSplitLaunchError(
+            f"runtime.checkpoint.shards: {file} holds shards for {len(workers)} workers, the run has {n_workers}"
+        )
+    return doc
+
+
+def _shard_on_node(ctx: LaunchContext, host: str, block: Mapping[str, Any], file: str) -> str:
+    ck = block["checkpoint"]
+    if ctx.local:
+        return os.path.abspath(os.path.join(str(ck["shards"]), file))
+    return f"{_node_base(ctx, host)}/{FILES_DIR}/{ck['sha256']}/{SHARDS_DIR}/{file}"
+
+
+def _checkpoint_config(ctx: LaunchContext, host: str, workers: Sequence[str]) -> dict[str, Any] | None:
+    ck = ctx.block.get("checkpoint")
+    if not isinstance(ck, Mapping):
+        return None
+    doc = shards_doc(ctx.block, len(workers))
+    if doc is None:
+        return {
+            "path": checkpoint_on_node(ctx, host, str(ck["path"]), str(ck["sha256"])),
+            "sha256": str(ck["sha256"]),
+        }
+    files = doc["files"]
+    return {
+        "path": _shard_on_node(ctx, host, ctx.block, str(files["controller"]["file"])),
+        "sha256": str(files["controller"]["sha256"]),
+        "shards": {
+            f"worker{rank}": {
+                "path": _shard_on_node(ctx, device, ctx.block, str(files[f"worker{rank}"]["file"])),
+                "sha256": str(files[f"worker{rank}"]["sha256"]),
+            }
+            for rank, device in enumerate(workers, start=1)
+        },
+    }
+
+
+def model_doc(block: Mapping[str, Any], n_workers: int) -> dict[str, Any]:
+    """``model`` of headsplit.json: the preset, or the checkpoint's own shape (its config.json, or the
+    shards' record of it); a config HeadSplit cannot run is refused here, naming its field."""
+    doc = shards_doc(block, n_workers)
+    if doc is not None and isinstance(doc.get("model"), dict):
+        return {"config": doc["model"]}
+    ck = block.get("checkpoint")
+    if isinstance(ck, Mapping):
+        try:
+            cfg = ckpt.directory_config(Path(str(ck["path"])))
+        except ckpt.CheckpointError as exc:
+            raise HeadSplitLaunchError(f"runtime.checkpoint.path: {exc}") from None
+        if cfg is not None:
+            return {"config": cfg.to_json()}
+    return {"preset": str(block.get("model", "gpt2-tiny"))}
+
+
 def profile_on_node(ctx: LaunchContext, host: str, path: str) -> str:
     """Where ``build-speculation-profile`` put the profile on ``host`` (local mode: the path itself)."""
     if ctx.local:
@@ -311,18 +401,12 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
     block = ctx.block
     controller = controller_host(ctx)
     workers = worker_hosts(ctx, controller)
-    checkpoint = block.get("checkpoint")
     profile = block.get("speculation_profile")
+    shards = shards_doc(block, len(workers))
     return {
-        "model": {"preset": str(block.get("model", "gpt2-tiny"))},
-        "checkpoint": (
-            {
-                "path": checkpoint_on_node(ctx, host, str(checkpoint["path"]), str(checkpoint["sha256"])),
-                "sha256": str(checkpoint["sha256"]),
-            }
-            if isinstance(checkpoint, Mapping)
-            else None
-        ),
+        "model": model_doc(block, len(workers)),
+        "checkpoint": _checkpoint_config(ctx, host, workers),
+        **({"placement": shards["placement"]} if shards is not None else {}),
         "controller": {
             "host": controller,
             "address": ctx.addresses[controller],
@@ -427,15 +511,30 @@ CHECKPOINT_INPUTS: dict[str, Any] = {
     "additionalProperties": False,
     "required": ["path", "sha256"],
     "properties": {
-        "path": {"description": "The checkpoint file on this machine.", "type": "string", "minLength": 1},
-        "sha256": {
-            "description": "Its SHA-256.",
-            "type": "string",
-            "pattern": SHA256,
-            "x-pattern-text": SHA256_TEXT,
-        },
+        "path": {"description": "The checkpoint file or Hugging Face directory on this machine.",
+                 "type": "string", "minLength": 1},
+        "sha256": {"description": "Its pin (a file's SHA-256, a directory's manifest hash).",
+                   "type": "string", "pattern": SHA256, "x-pattern-text": SHA256_TEXT},
+        "mode": {"description": "`whole`: every node receives the whole checkpoint; `placement`: each worker "
+                 "receives a safetensors file with the tensors of the units placed on it, the controller "
+                 "its own (embedding, LM head).", "enum": ["whole", "placement"], "default": "whole"},
+        "workers": {"description": "mode placement: the scenario's workers (runtime.workers), rank order.",
+                    "type": "array", "minItems": 1, "uniqueItems": True,
+                    "items": {"type": "string", "pattern": NODE_NAME}},
+        "controller": {"description": "mode placement: the controller's node (`edge`: the edge server).",
+                       "type": "string", "pattern": NODE_NAME, "default": EDGE},
+        "strategy": {"description": "mode placement: the placement the shards are cut for (greedy assumes "
+                     "equal workers: the run's measured RTTs are not known yet).",
+                     "enum": list(STRATEGIES), "default": "layerwise"},
+        "model": {"description": "mode placement, a single file: its preset (a directory has config.json).",
+                  "enum": sorted(PRESETS)},
+        "memory_mb": {"description": "mode placement: the memory per worker the placement must fit.",
+                      "type": "integer", "minimum": 1, "default": 1 << 20},
+        "out": {"description": "mode placement: the directory on this machine the shards are written to "
+                "(give it as the scenario's runtime.checkpoint.shards).", "type": "string", "minLength": 1,
+                "default": "headsplit-shards"},
     },
-}
+}  # fmt: skip
 
 PROFILE_INPUTS: dict[str, Any] = {
     "type": "object",
@@ -488,20 +587,33 @@ def _verified_copy_tasks(
 BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
 
 
-def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
-    """Check the file here, copy it to every node under its dit directory, verify it there."""
-    path = os.path.abspath(str(inputs["path"]))
-    name = posixpath.basename(path)
-    # Checked here first, once (a play on localhost would not run: dit limits the plays to the nodes)
+LOCAL_PY = "{{ ansible_playbook_python }}"  # this machine's dit interpreter (headsplit is installed in it)
+
+
+def _local(task: dict[str, Any]) -> dict[str, Any]:
+    return {**task, "delegate_to": "localhost", "run_once": True}
+
+
+def _node_verify(dest: str, sha: str, what: str) -> dict[str, Any]:
+    """Verify a checkpoint file or directory on the node with headsplit's own check (names the file and
+    both hashes; a directory is checked file by file against the SHA256SUMS sent with it)."""
+    return {
+        "name": f"The {what} on the node is the pinned one",
+        "ansible.builtin.command": {"argv": [PY, "-m", "headsplit.checkpoint", dest, "--sha256", sha]},
+        "changed_when": False,
+    }
+
+
+def _whole_file_play(path: str, name: str) -> dict[str, Any]:
+    """One safetensors file: checked here and on every node with Ansible's own SHA-256 (no headsplit
+    needed on this machine)."""
     local = [
-        {
+        _local({
             "name": "SHA-256 of the checkpoint on this machine",
             "ansible.builtin.stat": {"path": path, "get_checksum": True, "checksum_algorithm": "sha256"},
-            "delegate_to": "localhost",
-            "run_once": True,
             "register": "hs_local",
-        },
-        {
+        }),
+        _local({
             "name": "The checkpoint on this machine is the pinned one",
             "ansible.builtin.assert": {
                 "that": ["hs_local.stat.exists", "hs_local.stat.checksum == dit_action_inputs.sha256"],
@@ -511,11 +623,9 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
                 ),
                 "quiet": True,
             },
-            "delegate_to": "localhost",
-            "run_once": True,
-        },
-    ]
-    nodes = {
+        }),
+    ]  # fmt: skip
+    return {
         "name": "HeadSplit: distribute the checkpoint",
         "hosts": "all",
         "gather_facts": False,
@@ -524,7 +634,81 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
             "dit_action_inputs.sha256", "checkpoint",
         ),
     }  # fmt: skip
-    return ActionPlan(plays=[nodes])
+
+
+def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
+    """Verify the checkpoint here; copy it whole to every node, or cut it into per-worker shards here
+    and copy each worker its own; verify every copy on its node."""
+    path = os.path.abspath(str(inputs["path"]))
+    name = posixpath.basename(path.rstrip("/"))
+    sha = "{{ dit_action_inputs.sha256 }}"
+    here = _local({
+        "name": "The checkpoint on this machine is the pinned one",
+        "ansible.builtin.command": {"argv": [LOCAL_PY, "-m", "headsplit.checkpoint", path, "--sha256", sha]},
+        "changed_when": False,
+    })  # fmt: skip
+    dest_dir = f"{BASE}/{FILES_DIR}/{sha}"
+    if inputs.get("mode", "whole") == "whole" and not os.path.isdir(path):
+        return ActionPlan(plays=[_whole_file_play(path, name)])
+    if inputs.get("mode", "whole") == "whole":
+        is_dir = True
+        tasks: list[dict[str, Any]] = [
+            here,
+            {"name": "The checkpoint's directory", "ansible.builtin.file": {"path": dest_dir, "state": "directory",
+                                                                            "mode": "0755"}},
+            {"name": "Copy the checkpoint", "ansible.builtin.copy": {"src": path, "dest": f"{dest_dir}/",
+                                                                     "mode": "preserve" if is_dir else "0644"}},
+        ]  # fmt: skip
+        if is_dir:  # the manifest taken here goes with it: the node names a changed file
+            tasks.append(
+                {
+                    "name": "The manifest of the checkpoint (SHA256SUMS)",
+                    "ansible.builtin.copy": {
+                        "content": ckpt.manifest_text(ckpt.manifest(Path(path))),
+                        "dest": f"{dest_dir}/{name}/{ckpt.SUMS}",
+                        "mode": "0644",
+                    },
+                }
+            )
+        tasks.append(_node_verify(f"{dest_dir}/{name}", sha, "checkpoint"))
+        play = {"name": "HeadSplit: distribute the checkpoint", "hosts": "all", "gather_facts": False,
+                "tasks": tasks}  # fmt: skip
+        return ActionPlan(plays=[play])
+    workers = [str(w) for w in inputs.get("workers") or []]
+    if not workers:
+        raise HeadSplitLaunchError("workers: mode placement needs the scenario's workers (runtime.workers)")
+    out = os.path.abspath(str(inputs.get("out", "headsplit-shards")))
+    argv = [LOCAL_PY, "-m", "headsplit.shard", "--checkpoint", path, "--sha256", sha, "--workers",
+            str(len(workers)), "--strategy", str(inputs.get("strategy", "layerwise")), "--memory-mb",
+            str(int(inputs.get("memory_mb", 1 << 20))), "--out", out]  # fmt: skip
+    if inputs.get("model"):
+        argv += ["--model", str(inputs["model"])]
+    controller = str(inputs.get("controller", EDGE))
+    is_controller = (
+        "'edge' in group_names" if controller == EDGE else f"inventory_hostname == {json.dumps(controller)}"
+    )
+    owner = (
+        f"('controller' if {is_controller} else "
+        f"'worker' ~ ({json.dumps(workers)}.index(inventory_hostname) + 1))"
+    )
+    record = f"(lookup('file', {json.dumps(out + '/' + SHARDS_JSON)}) | from_json).files[{owner}]"
+    shard_dir = f"{dest_dir}/{SHARDS_DIR}"
+    when = f"({is_controller}) or inventory_hostname in {json.dumps(workers)}"
+    tasks = [
+        here,
+        _local({"name": "Cut the checkpoint into per-worker shards here", "ansible.builtin.command": {"argv": argv},
+                "changed_when": True}),
+        {"name": "The shards' directory", "ansible.builtin.file": {"path": shard_dir, "state": "directory",
+                                                                   "mode": "0755"}, "when": when},
+        {"name": "Copy this node's shard", "ansible.builtin.copy": {
+            "src": f"{out}/{{{{ {record}.file }}}}", "dest": f"{shard_dir}/{{{{ {record}.file }}}}",
+            "mode": "0644"}, "when": when},
+        {**_node_verify(f"{shard_dir}/{{{{ {record}.file }}}}", f"{{{{ {record}.sha256 }}}}", "shard"),
+         "when": when},
+    ]  # fmt: skip
+    play = {"name": "HeadSplit: distribute per-worker checkpoint shards", "hosts": "all", "gather_facts": False,
+            "tasks": tasks}  # fmt: skip
+    return ActionPlan(plays=[play])
 
 
 def profile_name(model: str, tau: float) -> str:
@@ -885,8 +1069,10 @@ class HeadSplitRuntime(RuntimeBase):
             Action(
                 "distribute-checkpoint",
                 "Distribute a checkpoint",
-                "Copies a checkpoint file to every node (<dit_remote_base>/headsplit/files/<sha256>/) and "
-                "verifies its SHA-256 there.",
+                "Copies a checkpoint (file or Hugging Face directory) to every node "
+                "(<dit_remote_base>/headsplit/files/<sha256>/), or with mode placement cuts it here into one "
+                "safetensors file per worker holding its units' tensors and copies each worker its own "
+                "(.../<sha256>/shards/); every copy is verified on its node by SHA-256.",
                 CHECKPOINT_INPUTS,
                 distribute_checkpoint,
             ),

@@ -17,7 +17,6 @@ values as every other process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import struct
@@ -29,16 +28,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from headsplit import checkpoint as ckpt
+from headsplit.checkpoint import CheckpointError, checkpoint_sha256, sha256_file
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
 Weights = dict[str, torch.Tensor]
+__all__ = ["CheckpointError", "checkpoint_sha256", "sha256_file"]  # re-exported from headsplit.checkpoint
 
 INIT_STD = 0.02  # GPT-2's initialiser
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used: wrong hash, missing tensor, wrong shape (named in the message)."""
 
 
 # --------------------------------------------------------------------------------------------- names
@@ -147,36 +145,9 @@ def kv_weights(cfg: ModelConfig, w: Weights, layer: int, kv_head: int) -> Weight
 # ---------------------------------------------------------------------------------------- checkpoint
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def checkpoint_files(path: Path) -> list[Path]:
-    """The safetensors files a checkpoint path stands for (a file, or every ``*.safetensors`` of a dir)."""
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        files = sorted(path.glob("*.safetensors"))
-        if files:
-            return files
-        raise CheckpointError(
-            f"checkpoint.path {path}: no *.safetensors file in the directory (only safetensors is read)"
-        )
-    raise CheckpointError(f"checkpoint.path {path}: no such file or directory")
-
-
-def checkpoint_sha256(path: Path) -> str:
-    """The pinned hash: a file's SHA-256; for a directory, the SHA-256 of its ``sha256sum``-style manifest
-    (``<sha256>  <name>\\n`` per safetensors file, names sorted), so one pin covers sharded checkpoints."""
-    files = checkpoint_files(path)
-    if path.is_file():
-        return sha256_file(files[0])
-    manifest = "".join(f"{sha256_file(f)}  {f.name}\n" for f in files)
-    return hashlib.sha256(manifest.encode()).hexdigest()
+    """The safetensors files a checkpoint path stands for (see ``headsplit.checkpoint``)."""
+    return ckpt.weight_files(path)
 
 
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
@@ -301,19 +272,21 @@ def load_checkpoint(
 ) -> Weights:
     """Verify the checkpoint's SHA-256 (``checkpoint_sha256``), then read it.
 
-    Accepted layouts: this package's own names (``tensor_shapes``), or Hugging Face names of
-    GPT2LMHeadModel / GPT2Model (with or without ``transformer.``) and LlamaForCausalLM. safetensors only
-    (no pickled ``.bin``). ``names``: only these of this package's tensors are kept (a worker's share).
+    ``path``: a safetensors file or a Hugging Face-format directory (``headsplit.checkpoint``: its pin,
+    its shards). Accepted layouts: this package's own names (``tensor_shapes``; per-worker shards), or
+    Hugging Face names of GPT2LMHeadModel / GPT2Model (with or without ``transformer.``) and
+    LlamaForCausalLM. safetensors only (no pickled ``.bin``). ``names``: only these of this package's
+    tensors are kept (a worker's share).
     """
     p = Path(path)
-    actual = checkpoint_sha256(p)
-    if actual != sha256.lower():
-        raise CheckpointError(f"checkpoint.sha256 mismatch for {p}: pinned {sha256}, file has {actual}")
+    ckpt.verify(p, sha256)
     raw: Weights = {}
     for f in checkpoint_files(p):
         raw.update(read_safetensors(f))
     shapes = tensor_shapes(cfg)
-    w = dict(raw) if "embed.weight" in raw else _from_hf(cfg, raw)
+    # this package's names (a per-worker shard has no embedding); lm_head.weight is also Llama's HF name
+    own = any(k in shapes and k != "lm_head.weight" for k in raw)
+    w = dict(raw) if own else _from_hf(cfg, raw)
     wanted = list(shapes) if names is None else list(names)
     out: Weights = {}
     for n in wanted:

@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.checkpoint:
             if not a.sha256:
                 raise ProfileError("--sha256: required with --checkpoint")
+            from headsplit.checkpoint import directory_config
+
+            cfg = directory_config(Path(a.checkpoint)) or cfg  # a HF directory: its config.json
             w = model.load_checkpoint(cfg, a.checkpoint, a.sha256)
         else:
             w = model.seeded_weights(cfg)
