@@ -283,7 +283,7 @@ function renderRun(d) {
   $("run-report").href = `/api/runs/${d.key}/report`;
   const started = d.started_wall_ns ? new Date(d.started_wall_ns / 1e6).toISOString() : "";
   $("run-meta").replaceChildren(...kvRows([
-    ["scenario version", el("code", { "data-testid": "run-version" }, d.version || `not stored (scenario hash ${d.variant_hash || "unknown"})`)], ["variant hash", el("code", {}, short(d.variant_hash))],
+    ["scenario version", el("code", { "data-testid": "run-version" }, d.version || (d.variant_hash ? `not stored (scenario ${short(d.variant_hash)})` : "unknown"))], ["variant hash", el("code", {}, short(d.variant_hash))],
     ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_s !== null ? `${d.duration_s} s` : ""],
     ["model", d.metadata.model ? JSON.stringify(d.metadata.model.spec && d.metadata.model.spec.name) + (d.metadata.model.stand_in_for ? ` (stand-in for ${d.metadata.model.stand_in_for})` : "") : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
