@@ -147,3 +147,15 @@ def test_ping_sends_exactly_three_echo_requests(monkeypatch: pytest.MonkeyPatch)
     assert argv[0] == "ping" and argv[argv.index("-c") + 1] == "3"
     assert "-w" not in argv and "-i" in argv and argv[-1] == "192.0.2.1"
     assert result.to_json()["sent"] == 3 and "3 packets transmitted" in result.detail
+
+
+def test_tiles_option_kinds_and_refusals(tmp_path: Path) -> None:
+    from dit.web.routes.nodes import check_tiles, page_tiles
+
+    assert check_tiles(None) is None and page_tiles(None) is None  # the floor plan
+    online = "https://tile.example.org/{z}/{x}/{y}.png"
+    assert check_tiles(online) is None and page_tiles(online) == online
+    assert "lacks {y}" in str(check_tiles("https://tile.example.org/{z}/{x}.png"))
+    assert check_tiles(str(tmp_path)) is None and page_tiles(str(tmp_path)) == "/tiles/{z}/{x}/{y}.png"
+    assert "no MBTiles file" in str(check_tiles(str(tmp_path / "lab.mbtiles")))
+    assert "tile directory" in str(check_tiles(str(tmp_path / "nowhere")))

@@ -32,7 +32,6 @@ from dit.web.security import Guard, is_loopback
 from dit.web.store import Store
 
 STATIC = Path(__file__).resolve().parent / "static"
-OSM_TILES = "https://tile.openstreetmap.org/{z}/{x}/{y}.png"  # an example for --tiles; never the default
 
 
 @dataclass
