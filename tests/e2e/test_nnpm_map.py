@@ -62,6 +62,8 @@ def plan_page(browser_context: Any, plan_server: Server) -> Iterator[Any]:
     errors: list[str] = []
     foreign: list[str] = []  # every request that leaves NNPM: none, offline
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # the plan (image overlay, scale line, markers) lives within the strict Content-Security-Policy
+    page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
     page.on("request", lambda r: r.url.startswith((plan_server.url, "data:")) or foreign.append(r.url))
     page.goto(plan_server.url)
     page.wait_for_selector("body[data-ready='1']")
