@@ -517,11 +517,15 @@ def web(
         "scenarios"
     ),
     tiles: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Map tile URL template ({z}/{x}/{y}); without tiles the map is a plain background."
+            help="A tile layer for a world map: an http(s) URL template ({z}/{x}/{y}), a local tile "
+            "directory (z/x/y.png) or an .mbtiles file, served by NNPM. Without it the map is a floor plan."
         ),
-    ] = "https://tile.openstreetmap.org/{z}/{x}/{y}.png",
+    ] = None,
+    tiles_attribution: Annotated[
+        str, typer.Option(help="The credit shown with the tiles.")
+    ] = "© OpenStreetMap contributors",
     probe: Annotated[str, typer.Option(help="Node probe: auto, ping, tcp (SSH port) or off.")] = "auto",
 ) -> None:
     """NNPM, the web manager: nodes on a map, scenario dialogs, runs, live terminal (FastAPI + uvicorn)."""
@@ -531,6 +535,11 @@ def web(
         raise _fail(f"dit web needs the web extra: pip install 'dit[web]' ({exc})") from None
     if probe not in ("auto", "ping", "tcp", "off"):
         raise _fail(f"--probe: {probe!r} is not one of auto, ping, tcp, off", 2)
+    from dit.web.routes.nodes import check_tiles
+
+    problem = check_tiles(tiles)
+    if problem:
+        raise _fail(f"--tiles: {problem}", 2)
     serve(
         WebConfig(
             host=host,
@@ -539,6 +548,7 @@ def web(
             runs_dir=runs_dir,
             scenarios_dir=scenarios_dir,
             tiles=tiles,
+            tiles_attribution=tiles_attribution,
             probe=probe,
         )
     )

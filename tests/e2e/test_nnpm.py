@@ -86,6 +86,20 @@ def test_map_add_and_drag_nodes(page: Any, server: Server) -> None:
     shot(page, "03-node-dragged-latency")
 
 
+def test_failing_tiles_show_a_notice_and_their_credit(page: Any, server: Server) -> None:
+    """A configured tile layer that cannot load (this server's --tiles points at a closed port) says
+    so on the map, rather than leaving a grey void; its credit is shown, since tiles are configured."""
+    page.click("#tab-map")
+    page.wait_for_selector("#view-map[data-map-mode=tiles]")
+    notice = page.locator("[data-testid=map-notice]")
+    notice.wait_for()
+    assert "Map tiles failed to load from 127.0.0.1:" in notice.inner_text()
+    assert "without --tiles to use a floor plan" in notice.inner_text()
+    assert "OpenStreetMap" in page.locator(".leaflet-control-attribution").inner_text()
+    assert page.locator("#plan-panel").is_hidden()
+    shot(page, "03b-tiles-failed-notice")
+
+
 def fill(page: Any, path: str, value: str) -> None:
     page.locator(f"#scenario-form [name='{path}']").fill(value)
     page.locator(f"#scenario-form [name='{path}']").dispatch_event("change")

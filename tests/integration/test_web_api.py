@@ -80,8 +80,9 @@ def env(tmp_path: Path) -> Iterator[tuple[TestClient, WebConfig, RunDir]]:
         "utf-8",
     )
     config = WebConfig(
-        inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios", probe="tcp"
-    )
+        inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios", probe="tcp",
+        tiles="https://tile.openstreetmap.org/{z}/{x}/{y}.png",  # a world map: nodes by lat/lon
+    )  # fmt: skip
     run = finished_run(tmp_path / "runs")
     with TestClient(create_app(config), base_url="http://127.0.0.1") as client:
         yield client, config, run

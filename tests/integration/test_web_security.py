@@ -60,7 +60,7 @@ def test_websocket_from_the_apps_own_origin_is_accepted(loopback: TestClient, or
 
 
 def test_state_changing_request_from_a_foreign_origin_is_refused(loopback: TestClient) -> None:
-    body = {"name": "n1", "role": "device", "address": "10.0.0.1", "lat": 1, "lon": 2}
+    body = {"name": "n1", "role": "device", "address": "10.0.0.1", "x": 1, "y": 2}  # on the floor plan
     foreign = loopback.post("/api/nodes", json=body, headers={**LOOPBACK, "origin": "https://evil.example"})
     assert foreign.status_code == 403 and "origin" in foreign.json()["detail"].lower()
     assert loopback.get("/api/nodes", headers=LOOPBACK).json()["nodes"] == []
@@ -162,12 +162,10 @@ def test_the_policy_admits_the_configured_tile_host(tmp_path: Path) -> None:
             _policy(client.get("/", headers=LOOPBACK))["img-src"]
             == "'self' data: https://*.tiles.example.org"
         )
+    # no tiles configured (the default): a floor plan, and no image host beyond NNPM itself
     default = WebConfig(inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off")
     with TestClient(create_app(default), base_url="http://127.0.0.1:8765") as client:
-        assert (
-            _policy(client.get("/", headers=LOOPBACK))["img-src"]
-            == "'self' data: https://tile.openstreetmap.org"
-        )
+        assert _policy(client.get("/", headers=LOOPBACK))["img-src"] == "'self' data:"
 
 
 def test_the_page_has_no_inline_script_or_handler(loopback: TestClient) -> None:

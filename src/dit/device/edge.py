@@ -274,6 +274,15 @@ async def _discard(reader: asyncio.StreamReader) -> None:
         pass
 
 
+PROGRESS_S = 2.0  # at most one progress line per this many seconds
+
+
+def say(text: str, error: bool = False) -> None:
+    """A line on stdout (stderr for ``error``), flushed: ``logs/edge.out|err``, which the run's terminal
+    follows live. Without these the service wrote only its CSV files and the terminal never showed it."""
+    print(f"edge: {text}", file=sys.stderr if error else sys.stdout, flush=True)
+
+
 class EdgeService:
     """The asyncio side: connections, ACKs, admission, results and the request log."""
 
@@ -298,6 +307,7 @@ class EdgeService:
         self._stage_csv: Any = None
         self.completed = 0
         self.skips = 0
+        self._said_ns = 0  # when the last progress line was printed
 
     # --- executor callbacks ------------------------------------------------------------------
 
@@ -342,6 +352,13 @@ class EdgeService:
 
     def _log_job(self, job: Job, barrier_ns: int, queue_ns: int) -> None:
         self.completed += 1
+        now = time.monotonic_ns()
+        if now - self._said_ns >= PROGRESS_S * 1e9 or self.completed == 1:
+            self._said_ns = now
+            say(
+                f"{self.completed} requests served (last: {job.device} round {job.round} repetition "
+                f"{job.repetition}, point {job.point}, {(job.done_ns - job.release_ns) / 1e6:.2f} ms)"
+            )
         if self._csv is None or self._log is None:
             return
         o = self.origin.mono_ns
@@ -410,6 +427,7 @@ class EdgeService:
                 if isinstance(msg, Request | Skip):
                     problem = self._check(msg.device, msg.round, msg.repetition, msg.partition_point, head[0])
                     if problem is not None:
+                        say(f"refused a {head[0].name} from {msg.device}: {problem}", error=True)
                         reply(Error(problem))
                         await writer.drain()
                         continue
@@ -439,6 +457,7 @@ class EdgeService:
                     await writer.drain()
                     break
         except ProtocolError as exc:
+            say(f"protocol error: {exc}", error=True)
             # Answer, half-close, and discard what the peer still sends (briefly), so that closing
             # with unread input does not reset the connection before the ERROR frame is read.
             with contextlib.suppress(ConnectionError, OSError, TimeoutError):
@@ -482,7 +501,12 @@ class EdgeService:
                 "admission": cfg.admission,
             }
             write_json(cfg.ready_file, ready)
+            say(
+                f"listening on {cfg.bind}:{port} · policy {cfg.policy} · admission {cfg.admission} · "
+                f"model {self.model.name} ({self.model.num_stages} stages) · devices {', '.join(cfg.devices)}"
+            )
             await stop.wait()
+            say("stopping")
         finally:
             if server is not None:
                 server.close()
@@ -511,6 +535,9 @@ class EdgeService:
                     "stopped_wall_ns": time.time_ns(),
                 },
             )
+            say(
+                f"stopped · {self.completed} requests served, {self.skips} skips, {len(self._rounds)} unfinished rounds"
+            )
 
 
 def run_edge(cfg_dict: Mapping[str, Any]) -> int:
@@ -532,6 +559,9 @@ def run_edge(cfg_dict: Mapping[str, Any]) -> int:
             origin_mono_ns=origin.mono_ns,
         )
         write_layers_csv(cfg.results_dir / "layers.csv", result)
+        say(
+            f"capacity profile of {model.name}: {model.num_stages} stages, {cfg.profile_repetitions} repetitions"
+        )
         profile_info = result.summary()
         write_json(cfg.results_dir / "profile_summary.json", profile_info)
         estimates = result.mean_latency_ns()

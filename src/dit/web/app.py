@@ -32,7 +32,6 @@ from dit.web.security import Guard, is_loopback
 from dit.web.store import Store
 
 STATIC = Path(__file__).resolve().parent / "static"
-DEFAULT_TILES = "https://tile.openstreetmap.org/{z}/{x}/{y}.png"
 
 
 @dataclass
@@ -42,7 +41,7 @@ class WebConfig:
     inventory: Path = Path("inventories/nnpm.yml")
     runs_dir: Path = Path("runs")
     scenarios_dir: Path = Path("scenarios")
-    tiles: str = DEFAULT_TILES
+    tiles: str | None = None  # None: the map is a floor plan; else a URL template, tile dir or .mbtiles
     tiles_attribution: str = "© OpenStreetMap contributors"
     probe: str = "auto"
     db: Path | None = None  # default: <runs_dir>/.nnpm/nnpm.sqlite
@@ -111,7 +110,7 @@ def create_app(config: WebConfig) -> FastAPI:
 
     app = FastAPI(title="NNPM", lifespan=lifespan, docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.ctx = ctx
-    app.add_middleware(Guard, token=token, tiles=config.tiles)
+    app.add_middleware(Guard, token=token, tiles=nodes_routes.page_tiles(config.tiles))
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.mount("/vendor/leaflet", StaticFiles(directory=leaflet_dir()), name="leaflet")
     app.add_exception_handler(NodeError, node_error)  # type: ignore[arg-type]
@@ -142,8 +141,8 @@ def get_config(ctx: Ctx) -> dict[str, Any]:
 
     config = ctx.config
     return {
-        "tiles": config.tiles,
-        "tiles_attribution": config.tiles_attribution,
+        "tiles": nodes_routes.page_tiles(config.tiles),  # None: the floor plan
+        "tiles_attribution": config.tiles_attribution if config.tiles else "",
         "map_center": list(config.map_center),
         "probe": {"requested": config.probe, "method": ctx.probe.method, "interval_s": ctx.probe.interval_s},
         "inventory": str(config.inventory),

@@ -2,7 +2,8 @@
 
 The file is an ordinary Ansible inventory (``dit run -i FILE`` uses it as is): the edge server in group
 ``edge``, the boards in group ``devices``, each host with ``ansible_host`` (its address), ``dit_lat`` /
-``dit_lon`` (its place on the map), optionally ``dit_inference_address`` and ``dit_board`` (board
+``dit_lon`` (its place on a world map) and/or ``dit_plan_x`` / ``dit_plan_y`` (its place on the floor
+plan, in image pixels; see :mod:`dit.web.floorplan`), optionally ``dit_inference_address`` and ``dit_board`` (board
 facts: ``model``, ``memory_mb``, ``cores``, ``max_mhz``). NNPM edits only those host entries; groups,
 variables and hosts it does not manage are kept as written. A directory inventory (e.g.
 ``inventories/rack.example/``) or any non-YAML source is read through ``ansible-inventory --list``
@@ -30,6 +31,7 @@ NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$")
 ROLES = ("edge", "device")
 GROUP_OF = {"edge": "edge", "device": "devices"}
+PLAN_RANGE = (("x", 0.0, 20_000.0), ("y", 0.0, 20_000.0))  # image pixels (floorplan.MAX_SIDE)
 BOARD_KEYS = {"model": str, "memory_mb": int, "cores": int, "max_mhz": int}
 HEADER = "# The NNPM-managed inventory (dit web): hosts placed on the map. dit run -i uses it as is.\n"
 
@@ -53,6 +55,8 @@ class Node:
     board: dict[str, Any] = field(default_factory=dict)
     inference_address: str | None = None
     hostvars: dict[str, Any] = field(default_factory=dict)  # every variable of the host, merged
+    x: float | None = None  # on the floor plan: image pixels from the left
+    y: float | None = None  # and from the top
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +65,8 @@ class Node:
             "address": self.address,
             "lat": self.lat,
             "lon": self.lon,
+            "x": self.x,
+            "y": self.y,
             "board": self.board,
             "inference_address": self.inference_address,
             "ssh_port": int(self.hostvars.get("ansible_port") or 22),
@@ -72,6 +78,12 @@ class Node:
         if self.lat is None or self.lon is None:
             return None
         return Point(self.name, self.role, self.lat, self.lon)
+
+    def plan_point(self, metres_per_px: float) -> Point | None:
+        """The node on the floor plan, in metres from its top-left corner (None when not placed)."""
+        if self.x is None or self.y is None:
+            return None
+        return Point(self.name, self.role, x_m=self.x * metres_per_px, y_m=self.y * metres_per_px)
 
 
 def board_text(key: str, value: Any) -> str:
@@ -92,8 +104,14 @@ def board_text(key: str, value: Any) -> str:
     return text
 
 
-def check_node(data: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
-    """A node from the API (``name`` fixed by the URL when given); :class:`NodeError` when invalid."""
+def check_node(
+    data: Mapping[str, Any], name: str | None = None, require: str | None = None
+) -> dict[str, Any]:
+    """A node from the API (``name`` fixed by the URL when given); :class:`NodeError` when invalid.
+
+    Its position is ``lat``/``lon`` (a world map), ``x``/``y`` (the floor plan, image pixels) or both;
+    ``require`` (``geo`` | ``plan``) names the pair that must be there.
+    """
     out: dict[str, Any] = {}
     name = name if name is not None else data.get("name")
     if not isinstance(name, str) or not NAME.match(name):
@@ -107,13 +125,20 @@ def check_node(data: Mapping[str, Any], name: str | None = None) -> dict[str, An
     if not isinstance(address, str) or not ADDRESS.match(address):
         raise NodeError("address", "a host name or an IP address")
     out["address"] = address
-    for key, low, high in (("lat", -90.0, 90.0), ("lon", -180.0, 180.0)):
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise NodeError(key, "a number")
-        if not low <= value <= high:
-            raise NodeError(key, f"must lie in {low:g}..{high:g}")
-        out[key] = round(float(value), 6)
+    pairs = {"geo": (("lat", -90.0, 90.0), ("lon", -180.0, 180.0)), "plan": PLAN_RANGE}
+    for view, pair in pairs.items():
+        given = any(data.get(key) is not None for key, _, _ in pair)
+        if not given and view != require:
+            continue
+        for key, low, high in pair:
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise NodeError(key, "a number")
+            if not low <= value <= high:
+                raise NodeError(key, f"must lie in {low:g}..{high:g}")
+            out[key] = round(float(value), 6 if view == "geo" else 2)
+    if "lat" not in out and "x" not in out:
+        raise NodeError("lat", "a position: lat and lon on the map, or x and y on the floor plan")
     inference = data.get("inference_address")
     if inference not in (None, ""):
         if not isinstance(inference, str) or not ADDRESS.match(inference):
@@ -221,6 +246,8 @@ class Inventory:
             board=dict(board) if isinstance(board, Mapping) else {},
             inference_address=str(hv["dit_inference_address"]) if hv.get("dit_inference_address") else None,
             hostvars=dict(hv),
+            x=num("dit_plan_x"),
+            y=num("dit_plan_y"),
         )
 
     def _nodes_from_ansible(self) -> list[Node]:
@@ -297,8 +324,14 @@ class Inventory:
             other = self._group(data, GROUP_OF["device" if node["role"] == "edge" else "edge"])
             other.pop(name, None)
             hv["ansible_host"] = node["address"]
-            hv["dit_lat"] = node["lat"]
-            hv["dit_lon"] = node["lon"]
+            for key, var in (
+                ("lat", "dit_lat"),
+                ("lon", "dit_lon"),
+                ("x", "dit_plan_x"),
+                ("y", "dit_plan_y"),
+            ):
+                if key in node:  # a position in one view keeps the node's place in the other
+                    hv[var] = node[key]
             if node.get("inference_address"):
                 hv["dit_inference_address"] = node["inference_address"]
             else:
@@ -320,6 +353,36 @@ class Inventory:
             raise NodeError("name", f"no node named {name}", 404)
         data = {**current.to_json(), "lat": lat, "lon": lon}
         return self.upsert(check_node(data, name), create=False)
+
+    def variables(self) -> dict[str, Any]:
+        """The variables of group ``all`` (where the floor plan's ``dit_floorplan`` lives)."""
+        with self._lock:
+            if not self.editable:
+                return {}
+            root = self._load().get("all")
+            found = root.get("vars") if isinstance(root, dict) else None
+            return dict(found) if isinstance(found, dict) else {}
+
+    def set_variable(self, key: str, value: Any) -> None:
+        """Set one variable of group ``all`` (atomic, other content kept)."""
+        with self._lock:
+            self._require_editable()
+            data = self._load()
+            root = data.setdefault("all", {})
+            if not isinstance(root, dict):
+                raise NodeError("inventory", "group 'all' is not a mapping", 500)
+            found = root.get("vars")
+            if not isinstance(found, dict):
+                found = root["vars"] = {}
+            found[key] = value
+            self._save(data)
+
+    def beside(self, suffix: str) -> Path:
+        """A file next to the inventory: ``inventories/nnpm.yml`` → ``inventories/nnpm<suffix>``."""
+        return self.path.with_name(self.path.stem + suffix)
+
+    def require_editable(self) -> None:
+        self._require_editable()
 
     def delete(self, name: str) -> None:
         with self._lock:

@@ -2,8 +2,10 @@
 
 Two methods, chosen once at start (``dit web --probe auto|ping|tcp|off``):
 
-- ``ping`` (the default when it works): one ``ping -n -c 3 -i 0.2 -W 1 -w 2 ADDRESS`` per node per
-  round, whose per-reply lines (``icmp_seq=N … time=X ms``) give the three results. ICMP is what the
+- ``ping`` (the default when it works): one ``ping -n -c 3 -i 0.2 -W 1 ADDRESS`` per node per round,
+  whose per-reply lines (``icmp_seq=N … time=X ms``) give the three results. It sends exactly three
+  echo requests (no ``-w`` deadline: with one, ping keeps sending until it has three replies or the
+  deadline passes, so an unreachable node got five or more while NNPM counted three). ICMP is what the
   article means by "three pings", and it needs nothing on the node.
 - ``tcp`` (the fallback): three TCP connections to the node's SSH port (``ansible_port``, else 22),
   one second each, with asyncio. ``ping`` needs a raw socket or an unprivileged ICMP socket
@@ -89,8 +91,6 @@ async def ping(target: Target) -> ProbeResult:
         "0.2",
         "-W",
         str(int(TIMEOUT_S)),
-        "-w",
-        "2",
         target.address,
     ]
     try:

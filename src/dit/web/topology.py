@@ -1,7 +1,9 @@
-"""A topology drawn on a map as a network: great-circle distance → synthetic link latency → netem.
+"""A topology drawn on a map as a network: distance → synthetic link latency → netem.
 
-The latency of a link between two nodes is ``5 ms + 1 ms per km`` of great-circle distance
-(haversine on a sphere of radius :data:`EARTH_RADIUS_KM`). A scenario carries it as per-destination
+The latency of a link between two nodes is ``5 ms + 1 ms per km`` of their distance: great-circle
+(haversine on a sphere of radius :data:`EARTH_RADIUS_KM`) between nodes on a world map, straight-line
+between nodes on a floor plan (metres from the plan's scale; across a room the rule gives 5 ms plus
+a few microseconds, i.e. the base latency of a link). A scenario carries it as per-destination
 netem profiles: ``network.<device>.destinations.<peer>.delay_ms``, the delay added to the device's
 traffic towards that peer (the edge server by its inventory name, or another device). Only devices
 shape their egress (the schema has no network block for the edge server), so a device↔edge link
@@ -26,8 +28,14 @@ class Point:
 
     name: str
     role: str
-    lat: float
-    lon: float
+    lat: float = 0.0
+    lon: float = 0.0
+    x_m: float | None = None  # on a floor plan: metres from its left edge
+    y_m: float | None = None  # and from its top edge
+
+    @property
+    def planar(self) -> bool:
+        return self.x_m is not None and self.y_m is not None
 
 
 def haversine_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
@@ -36,6 +44,13 @@ def haversine_km(lat1: float, lon1: float, lat2: float, lon2: float) -> float:
     dp, dl = p2 - p1, math.radians(lon2 - lon1)
     a = math.sin(dp / 2) ** 2 + math.cos(p1) * math.cos(p2) * math.sin(dl / 2) ** 2
     return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(a)))
+
+
+def distance_km(a: Point, b: Point) -> float:
+    """Straight-line distance of two points on a floor plan, great-circle distance on a world map."""
+    if a.planar and b.planar:
+        return math.hypot(float(a.x_m or 0) - float(b.x_m or 0), float(a.y_m or 0) - float(b.y_m or 0)) / 1000
+    return haversine_km(a.lat, a.lon, b.lat, b.lon)
 
 
 def link_latency_ms(distance_km: float) -> float:
@@ -49,8 +64,16 @@ def links(points: Iterable[Point]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, a in enumerate(ordered):
         for b in ordered[i + 1 :]:
-            km = haversine_km(a.lat, a.lon, b.lat, b.lon)
-            out.append({"a": a.name, "b": b.name, "km": round(km, 3), "delay_ms": link_latency_ms(km)})
+            km = distance_km(a, b)
+            out.append(
+                {
+                    "a": a.name,
+                    "b": b.name,
+                    "km": round(km, 6),
+                    "m": round(km * 1000, 2),
+                    "delay_ms": link_latency_ms(km),
+                }
+            )
     return out
 
 
@@ -60,7 +83,7 @@ def topology_delays(nodes: Iterable[Point]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for dev in sorted((p for p in points if p.role == "device"), key=lambda p: p.name):
         out[dev.name] = {
-            peer.name: link_latency_ms(haversine_km(dev.lat, dev.lon, peer.lat, peer.lon))
+            peer.name: link_latency_ms(distance_km(dev, peer))
             for peer in sorted(points, key=lambda p: p.name)
             if peer.name != dev.name
         }

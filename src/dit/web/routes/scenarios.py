@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from dit.scenario import ScenarioError, expand, load_schema, load_yaml, validate
 from dit.web.routes.common import Context, Ctx, field_errors, json_body, unprocessable
+from dit.web.routes.nodes import map_points
 from dit.web.store import Version, diff, version_hash
 from dit.web.topology import network_block, topology_delays
 
@@ -84,7 +85,7 @@ async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONRes
     if not isinstance(document, dict):
         return unprocessable([{"path": "", "message": "the scenario must be a mapping"}])
     devices = [d for d in document.get("devices") or [] if isinstance(d, str)]
-    valid = [p for p in (n.point for n in ctx.inventory.nodes()) if p is not None]
+    valid, _view = map_points(ctx)  # the floor plan's or the world map's positions, as the map shows
     edge = next((p.name for p in valid if p.role == "edge"), None)
     delays = topology_delays(valid)
     missing = [d for d in devices if d not in delays]

@@ -216,10 +216,19 @@ async function followLaunch(launchId) {
   pollActive();
 }
 
+// the header badge names the run being viewed: opening a run's page makes it the badge's run
+function watchRun(detail) {
+  if (state.run && state.run.key === detail.key) return;
+  state.run = { key: detail.key, label: detail.label, state: detail.state, stage: detail.stage };
+  showActive();
+  pollActive();
+}
+
 async function pollActive() {
   const run = state.run;
   if (!run || !run.key) return;
   const detail = await api(`/api/runs/${run.key}`);
+  if (state.run !== run) return; // another run took the badge meanwhile: its own poll goes on
   Object.assign(run, { state: detail.state, stage: detail.stage });
   showActive();
   if (!$("run-page").hidden && state.page === run.key) renderRun(detail);
@@ -239,15 +248,23 @@ async function loadRuns() {
   const data = await api("/api/runs");
   $("runs-table").tBodies[0].replaceChildren(...data.runs.map((r) => el("tr", { class: "clickable", dataset: { key: r.key }, onclick: () => openRun(r.key) },
     el("td", {}, r.label, el("div", { class: "small" }, r.key)), el("td", {}, el("span", { class: `state ${r.state}` }, r.state)),
-    el("td", {}, r.stage || ""), el("td", {}, el("code", {}, short(r.version) || "–")),
+    el("td", {}, r.stage || ""), el("td", {}, versionCell(r)),
     el("td", {}, r.duration_s !== null ? `${r.duration_s.toFixed(1)} s` : ""), el("td", {}, r.mode + (r.kind ? ` · ${r.kind}` : "")))));
 }
 $("refresh-runs").addEventListener("click", loadRuns);
+
+// a run's stored version; a run started from the CLI of a scenario never saved here: its scenario hash
+function versionCell(r) {
+  if (r.version) return el("code", { title: r.version, dataset: { version: r.version } }, short(r.version));
+  if (r.variant_hash) return el("code", { class: "small", title: `scenario hash ${r.variant_hash} (no stored version)`, dataset: { scenarioHash: r.variant_hash } }, `scenario ${short(r.variant_hash)}`);
+  return "–";
+}
 
 async function openRun(key) {
   state.page = key;
   const detail = await api(`/api/runs/${key}`);
   renderRun(detail);
+  watchRun(detail);
   terminal.attach(`/api/runs/${key}/terminal`, detail.label);
   const opt = await api(`/api/runs/${key}/optimise`);
   renderOptimise(opt.results, detail);
@@ -266,7 +283,7 @@ function renderRun(d) {
   $("run-report").href = `/api/runs/${d.key}/report`;
   const started = d.started_wall_ns ? new Date(d.started_wall_ns / 1e6).toISOString() : "";
   $("run-meta").replaceChildren(...kvRows([
-    ["scenario version", el("code", { "data-testid": "run-version" }, d.version || "unknown")], ["variant hash", el("code", {}, short(d.variant_hash))],
+    ["scenario version", el("code", { "data-testid": "run-version" }, d.version || (d.variant_hash ? `not stored (scenario ${short(d.variant_hash)})` : "unknown"))], ["variant hash", el("code", {}, short(d.variant_hash))],
     ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_s !== null ? `${d.duration_s} s` : ""],
     ["model", d.metadata.model ? JSON.stringify(d.metadata.model.spec && d.metadata.model.spec.name) + (d.metadata.model.stand_in_for ? ` (stand-in for ${d.metadata.model.stand_in_for})` : "") : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],

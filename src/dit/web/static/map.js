@@ -1,6 +1,13 @@
-// The map of nodes: markers at their inventory coordinates, coloured by the last probe (green only when
-// all three answered), draggable; a click in "add" mode opens the node dialog; every pair of nodes is
-// a link labelled with its synthetic latency (5 ms + 1 ms per km, computed by the server).
+// The map of nodes: markers coloured by the last probe (green only when all three answered), draggable;
+// a click in "add" mode opens the node dialog; every pair of nodes is a link labelled with its synthetic
+// latency (5 ms + 1 ms per km of distance, computed by the server).
+//
+// Two views (GET /api/config → tiles):
+// - a floor plan (the default, no tiles configured): the uploaded image (or a blank sheet) in Leaflet's
+//   simple CRS, in image pixels; its scale from two marked points and their distance in metres; node
+//   positions are x/y pixels (x right, y down from the top-left corner), shown at latlng [height - y, x];
+// - a world map with the configured tile layer: positions are lat/lon; a visible notice when tiles fail
+//   to load; the tiles' credit only here.
 import { api, el, fmtMs } from "./api.js";
 
 const L = window.L;
@@ -9,20 +16,31 @@ export class NodeMap {
   constructor(config, onChange) {
     this.config = config;
     this.onChange = onChange;
+    this.mode = config.tiles ? "tiles" : "plan";
     this.markers = new Map();
-    this.lines = [];
     this.adding = false;
     this.dragging = false;
-    this.map = L.map("map", { zoomControl: true, attributionControl: true }).setView(config.map_center, 12);
-    L.control.scale({ metric: true, imperial: false }).addTo(this.map);
-    if (config.tiles) {
+    this.scaling = null; // the points marked so far while setting the scale
+    this.tileErrors = 0;
+    document.getElementById("view-map").dataset.mapMode = this.mode;
+    for (const node of document.querySelectorAll("[data-map-only]")) node.hidden = node.dataset.mapOnly !== this.mode;
+    if (this.mode === "plan") {
+      this.map = L.map("map", { crs: L.CRS.Simple, minZoom: -5, maxZoom: 4, zoomSnap: 0.25, attributionControl: false });
+      this.planLayer = L.layerGroup().addTo(this.map);
+      this.scaleLayer = L.layerGroup().addTo(this.map);
+      this.planKey = null;
+      this.setupPlanPanel();
+    } else {
+      this.map = L.map("map", { zoomControl: true, attributionControl: true }).setView(config.map_center, 12);
+      L.control.scale({ metric: true, imperial: false }).addTo(this.map);
       const layer = L.tileLayer(config.tiles, { maxZoom: 19, attribution: config.tiles_attribution });
-      // no tiles reachable: the map keeps working on its plain background (with the scale bar)
-      layer.on("tileerror", () => document.getElementById("map").classList.add("no-tiles"));
+      layer.on("tileerror", () => this.tileFailed());
+      layer.on("tileload", () => { this.tilesLoaded = true; });
       layer.addTo(this.map);
     }
+    new ResizeObserver(() => this.map.invalidateSize()).observe(document.getElementById("map")); // the terminal grows
     this.linkLayer = L.layerGroup().addTo(this.map);
-    this.map.on("click", (e) => this.adding && this.openDialog(e.latlng));
+    this.map.on("click", (e) => this.clicked(e.latlng));
     this.toggle = document.getElementById("add-node-toggle");
     this.toggle.addEventListener("click", () => this.setAdding(!this.adding));
     this.dialog = document.getElementById("node-dialog");
@@ -31,18 +49,154 @@ export class NodeMap {
     this.fitted = false;
   }
 
+  // -- the notice over the map: tiles that fail, a plan without scale ---------------------------------
+  notice(text) {
+    const box = document.getElementById("map-notice");
+    box.hidden = !text;
+    box.textContent = text || "";
+  }
+
+  tileFailed() {
+    this.tileErrors += 1;
+    document.getElementById("map").classList.add("no-tiles");
+    let host = this.config.tiles;
+    try { host = new URL(this.config.tiles.replaceAll(/[{}]/g, ""), location.href).host; } catch { /* a template URL() cannot read */ }
+    this.notice(`Map tiles failed to load from ${host} (${this.tileErrors} tile errors): the map has no background. `
+      + "Check --tiles (an online URL, a local tile directory or an .mbtiles file), or start dit web without --tiles to use a floor plan.");
+  }
+
+  // -- positions: plan pixels or lat/lon <-> Leaflet latlng -------------------------------------------
+  latLngOf(node) {
+    if (this.mode === "plan") return node.x === null || node.y === null ? null : L.latLng(this.plan.height_px - node.y, node.x);
+    return node.lat === null || node.lon === null ? null : L.latLng(node.lat, node.lon);
+  }
+
+  positionOf(latlng) {
+    if (this.mode !== "plan") return { lat: latlng.lat, lon: latlng.lng };
+    const clamp = (v, hi) => Math.round(Math.min(hi, Math.max(0, v)) * 100) / 100;
+    return { x: clamp(latlng.lng, this.plan.width_px), y: clamp(this.plan.height_px - latlng.lat, this.plan.height_px) };
+  }
+
+  // -- the floor plan ---------------------------------------------------------------------------------
+  setupPlanPanel() {
+    const file = document.getElementById("plan-file");
+    file.addEventListener("change", () => file.files[0] && this.upload(file.files[0]));
+    document.getElementById("plan-scale").addEventListener("click", () => this.startScale());
+    document.getElementById("scale-form").addEventListener("submit", (e) => this.saveScale(e));
+    document.getElementById("scale-cancel").addEventListener("click", () => this.endScale());
+  }
+
+  planError(err) {
+    const box = document.getElementById("plan-error");
+    box.hidden = !err;
+    if (!err) { box.replaceChildren(); return; }
+    const errors = err.errors && err.errors.length ? err.errors : [{ path: "", message: err.message }];
+    box.replaceChildren(...errors.map((e) => el("li", { dataset: { field: e.path } }, e.path ? `${e.path}: ${e.message}` : e.message)));
+  }
+
+  async upload(file) {
+    this.planError(null);
+    const data = await new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(reader.error);
+      reader.readAsDataURL(file);
+    });
+    try {
+      await api("/api/floorplan/image", { method: "PUT", body: { content_type: file.type, name: file.name, data } });
+      await this.refresh();
+      this.onChange && this.onChange();
+    } catch (err) { this.planError(err); }
+    document.getElementById("plan-file").value = "";
+  }
+
+  startScale() {
+    this.setAdding(false);
+    this.scaling = [];
+    this.scaleLayer.clearLayers();
+    document.getElementById("scale-form").hidden = true;
+    document.getElementById("plan-hint").textContent = "click the first of two points whose distance you know";
+    document.getElementById("plan-hint").hidden = false;
+    document.getElementById("map").classList.add("picking");
+  }
+
+  markScalePoint(latlng) {
+    const pos = this.positionOf(latlng);
+    this.scaling.push([pos.x, pos.y]);
+    L.circleMarker(latlng, { radius: 5, color: "#d1352b", weight: 2, fillOpacity: 1 }).addTo(this.scaleLayer);
+    const hint = document.getElementById("plan-hint");
+    if (this.scaling.length === 1) { hint.textContent = "click the second point"; return; }
+    const [a, b] = this.scaling;
+    L.polyline([this.latLngOf({ x: a[0], y: a[1] }), latlng], { color: "#d1352b", weight: 2, dashArray: "6 4" }).addTo(this.scaleLayer);
+    hint.hidden = true;
+    document.getElementById("map").classList.remove("picking");
+    document.getElementById("scale-px").textContent = `${Math.hypot(b[0] - a[0], b[1] - a[1]).toFixed(1)} px apart`;
+    document.getElementById("scale-form").hidden = false;
+    document.getElementById("scale-distance").focus();
+  }
+
+  async saveScale(event) {
+    event.preventDefault();
+    const [a, b] = this.scaling || [];
+    const raw = document.getElementById("scale-distance").value.trim();
+    try {
+      await api("/api/floorplan/scale", { method: "PUT", body: { a, b, distance_m: raw === "" ? null : Number(raw) } });
+      this.planError(null);
+      this.endScale();
+      await this.refresh();
+      this.onChange && this.onChange();
+    } catch (err) { this.planError(err); }
+  }
+
+  endScale() {
+    this.scaling = null;
+    this.scaleLayer.clearLayers();
+    document.getElementById("scale-form").hidden = true;
+    document.getElementById("plan-hint").hidden = true;
+    document.getElementById("map").classList.remove("picking");
+  }
+
+  drawPlan(plan) {
+    this.plan = plan;
+    const key = `${plan.image_url}|${plan.width_px}x${plan.height_px}`;
+    const bounds = L.latLngBounds([0, 0], [plan.height_px, plan.width_px]);
+    if (key !== this.planKey) {
+      this.planKey = key;
+      this.planLayer.clearLayers();
+      if (plan.image_url) L.imageOverlay(plan.image_url, bounds, { className: "plan-image" }).addTo(this.planLayer);
+      else L.rectangle(bounds, { color: "#9aa3af", weight: 1, fillColor: "#ffffff", fillOpacity: 1, interactive: false, className: "plan-sheet" }).addTo(this.planLayer);
+      this.map.setMaxBounds(bounds.pad(0.5));
+      this.map.fitBounds(bounds);
+      for (const marker of this.markers.values()) marker.remove();
+      this.markers.clear(); // positions depend on the plan's height
+    }
+    const scale = plan.metres_per_px;
+    const cm = scale ? scale * 100 : null;
+    document.getElementById("plan-info").textContent = (plan.image ? `${plan.image}, ` : "blank sheet (no image yet), ")
+      + `${plan.width_px}×${plan.height_px} px · `
+      + (scale ? `scale 1 px = ${cm >= 100 ? `${(cm / 100).toPrecision(3)} m` : `${cm.toPrecision(3)} cm`} (${plan.scale.distance_m} m marked)` : "scale not set");
+    document.getElementById("view-map").dataset.scaled = scale ? "1" : "0";
+    this.notice(scale ? null : "No scale yet: distances and link delays need one. Set scale, click two points on the plan and enter their distance in metres.");
+  }
+
+  // -- adding nodes -------------------------------------------------------------------------------------
   setAdding(on) {
     this.adding = on;
     this.toggle.classList.toggle("toggled", on);
     document.getElementById("add-hint").hidden = !on;
-    document.getElementById("map").style.cursor = on ? "crosshair" : "";
+    document.getElementById("map").classList.toggle("picking", on);
+  }
+
+  clicked(latlng) {
+    if (this.scaling) this.markScalePoint(latlng);
+    else if (this.adding) this.openDialog(latlng);
   }
 
   openDialog(latlng) {
     this.form.reset();
     for (const e of this.form.querySelectorAll(".err")) e.textContent = "";
-    this.form.elements.lat.value = latlng.lat.toFixed(6);
-    this.form.elements.lon.value = latlng.lng.toFixed(6);
+    const pos = this.positionOf(latlng);
+    for (const [k, v] of Object.entries(pos)) this.form.elements[k].value = this.mode === "plan" ? v.toFixed(2) : v.toFixed(6);
     this.dialog.showModal();
   }
 
@@ -55,7 +209,9 @@ export class NodeMap {
       const v = f[`board.${key}`].value.trim();
       if (v) board[key] = key === "model" ? v : Number(v);
     }
-    const body = { name: f.name.value.trim(), address: f.address.value.trim(), role: f.role.value, lat: Number(f.lat.value), lon: Number(f.lon.value), board };
+    const keys = this.mode === "plan" ? ["x", "y"] : ["lat", "lon"];
+    const body = { name: f.name.value.trim(), address: f.address.value.trim(), role: f.role.value, board };
+    for (const k of keys) body[k] = Number(f[k].value);
     for (const e of this.form.querySelectorAll(".err")) e.textContent = "";
     try {
       await api("/api/nodes", { method: "POST", body });
@@ -95,27 +251,27 @@ export class NodeMap {
     if (this.dragging) return;
     const data = await api("/api/nodes");
     this.data = data;
+    if (this.mode === "plan") this.drawPlan(data.map.plan);
     const seen = new Set();
     for (const node of data.nodes) {
-      if (node.lat === null || node.lon === null) continue;
+      const at = this.latLngOf(node);
+      if (!at) continue;
       seen.add(node.name);
       let marker = this.markers.get(node.name);
       if (!marker) {
-        marker = L.marker([node.lat, node.lon], { draggable: data.editable, icon: this.icon(node), title: node.name, riseOnHover: true });
+        marker = L.marker(at, { draggable: data.editable, icon: this.icon(node), title: node.name, riseOnHover: true });
         marker.on("dragstart", () => { this.dragging = true; });
         marker.on("dragend", async () => {
-          const pos = marker.getLatLng();
-          try { await api(`/api/nodes/${encodeURIComponent(node.name)}/position`, { method: "PATCH", body: { lat: pos.lat, lng: pos.lng, lon: pos.lng } }); }
+          try { await api(`/api/nodes/${encodeURIComponent(node.name)}/position`, { method: "PATCH", body: this.positionOf(marker.getLatLng()) }); }
           finally { this.dragging = false; }
           await this.refresh();
           this.onChange && this.onChange();
         });
         marker.bindPopup("");
         marker.addTo(this.map);
-        marker.getElement().dataset.node = node.name;
         this.markers.set(node.name, marker);
       } else {
-        marker.setLatLng([node.lat, node.lon]);
+        marker.setLatLng(at);
       }
       marker.setIcon(this.icon(node));
       marker.getElement().dataset.node = node.name;
@@ -125,7 +281,7 @@ export class NodeMap {
     for (const [name, marker] of this.markers) if (!seen.has(name)) { marker.remove(); this.markers.delete(name); }
     this.drawLinks(data);
     this.fillTables(data);
-    if (!this.fitted && seen.size) {
+    if (!this.fitted && seen.size && this.mode !== "plan") {
       this.fitted = true;
       const group = L.featureGroup([...this.markers.values()]);
       this.map.fitBounds(group.getBounds().pad(0.4), { maxZoom: 13 });
@@ -134,7 +290,7 @@ export class NodeMap {
 
   drawLinks(data) {
     this.linkLayer.clearLayers();
-    const pos = Object.fromEntries(data.nodes.filter((n) => n.lat !== null).map((n) => [n.name, [n.lat, n.lon]]));
+    const pos = Object.fromEntries(data.nodes.map((n) => [n.name, this.latLngOf(n)]).filter(([, p]) => p));
     const role = Object.fromEntries(data.nodes.map((n) => [n.name, n.role]));
     for (const link of data.links) {
       const edgeLink = role[link.a] === "edge" || role[link.b] === "edge";
@@ -145,6 +301,7 @@ export class NodeMap {
   }
 
   fillTables(data) {
+    const plan = this.mode === "plan";
     document.getElementById("inventory-info").textContent = `${data.editable ? "inventory" : "read-only inventory"} · probe: ${data.probe_method}`;
     const tbody = document.querySelector("#node-table tbody");
     tbody.replaceChildren(...data.nodes.map((n) => el("tr", { class: "clickable", dataset: { node: n.name }, onclick: () => {
@@ -153,8 +310,9 @@ export class NodeMap {
       el("td", {}, el("span", { class: `dot ${!n.probe ? "" : n.probe.ok ? "ok" : "bad"}` })),
       el("td", {}, n.name), el("td", {}, n.role), el("td", {}, n.address),
       el("td", { class: "small" }, n.probe ? `${n.probe.answered}/${n.probe.sent}` : "–"))));
+    document.getElementById("link-distance-unit").textContent = plan ? "m" : "km";
     const links = document.querySelector("#link-table tbody");
     links.replaceChildren(...data.links.map((l) => el("tr", { dataset: { link: `${l.a}-${l.b}` } },
-      el("td", {}, `${l.a} ↔ ${l.b}`), el("td", {}, l.km.toFixed(2)), el("td", { class: "latency" }, fmtMs(l.delay_ms)))));
+      el("td", {}, `${l.a} ↔ ${l.b}`), el("td", { class: "distance" }, plan ? l.m.toFixed(2) : l.km.toFixed(2)), el("td", { class: "latency" }, fmtMs(l.delay_ms)))));
   }
 }

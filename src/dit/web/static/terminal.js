@@ -14,9 +14,14 @@ export class Terminal {
     this.follow = document.getElementById("term-follow");
     this.nodes = new Set();
     this.ws = null;
+    this.footer = document.getElementById("terminal");
     this.filter.addEventListener("change", () => this.applyFilter());
-    document.getElementById("term-clear").addEventListener("click", () => this.box.replaceChildren());
+    document.getElementById("term-clear").addEventListener("click", () => { this.box.replaceChildren(); this.sized(); });
+    this.sized();
   }
+
+  // an empty terminal collapses to its toolbar; it takes its share of the height once a line arrives
+  sized() { this.footer.classList.toggle("empty", this.box.childElementCount === 0); }
 
   attach(path, label) {
     if (this.path === path && this.ws && this.ws.readyState <= 1) return;
@@ -26,6 +31,7 @@ export class Terminal {
     this.ended = false;
     this.retry = 0;
     this.box.replaceChildren();
+    this.sized();
     this.nodes.clear();
     for (const opt of [...this.filter.options].slice(1)) opt.remove();
     this.source.textContent = label || path;
@@ -83,6 +89,7 @@ export class Terminal {
       el("span", { class: "x" }, line.x));
     this.box.append(row);
     while (this.box.childElementCount > MAX_LINES) this.box.firstElementChild.remove();
+    if (this.footer.classList.contains("empty")) this.sized();
     if (this.follow.checked) this.box.scrollTop = this.box.scrollHeight;
   }
 

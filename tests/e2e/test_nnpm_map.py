@@ -1,0 +1,256 @@
+"""NNPM offline: the floor plan is the map when no tile layer is configured (issue 16, item 3), and the
+small things of item 8 — the header badge follows the run being viewed, a run started from the CLI
+shows its scenario hash (and its version once stored), an empty terminal takes no room.
+
+One ``dit web`` without ``--tiles`` for the module; no ``dit run``: the runs are written as the
+driver writes them (status.json, driver.json, run.log). Screenshots go to tests/e2e/artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from dit.scenario import expand
+from tests.conftest import REPO, dit_env
+from tests.e2e.conftest import Server, _free_port, shot
+
+pytestmark = pytest.mark.e2e
+
+PLAN_W, PLAN_H = 800, 500
+
+
+@pytest.fixture(scope="module")
+def plan_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``dit web`` as a first-time user starts it offline: no --tiles."""
+    import socket
+
+    root = tmp_path_factory.mktemp("nnpm-plan")
+    port = _free_port()
+    log = (root / "server.log").open("wb")
+    argv = [
+        sys.executable, "-m", "dit", "web", "--port", str(port), "--probe", "off",
+        "--inventory", str(root / "inventory.yml"), "--runs-dir", str(root / "runs"),
+        "--scenarios-dir", str(REPO / "scenarios"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=root, env=dit_env(), stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            assert proc.poll() is None, (root / "server.log").read_text()
+            time.sleep(0.2)
+    yield Server(f"http://127.0.0.1:{port}/", root, root / "runs", root / "inventory.yml", proc)
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def plan_page(browser_context: Any, plan_server: Server) -> Iterator[Any]:
+    page = browser_context.new_page()
+    errors: list[str] = []
+    foreign: list[str] = []  # every request that leaves NNPM: none, offline
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # the plan (image overlay, scale line, markers) lives within the strict Content-Security-Policy
+    page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
+    page.on("request", lambda r: r.url.startswith((plan_server.url, "data:")) or foreign.append(r.url))
+    page.goto(plan_server.url)
+    page.wait_for_selector("body[data-ready='1']")
+    yield page
+    assert errors == [] and foreign == [], (errors, foreign)
+
+
+def floor_plan_png() -> bytes:
+    """A drawn floor plan: walls (dark lines) on white, PLAN_W x PLAN_H pixels, as a real PNG."""
+    import struct
+    import zlib
+
+    rows = []
+    for y in range(PLAN_H):
+        row = bytearray(b"\xff" * PLAN_W)
+        for x in range(PLAN_W):
+            wall = x < 6 or x >= PLAN_W - 6 or y < 6 or y >= PLAN_H - 6
+            wall |= 395 <= x < 401 and not 200 <= y < 260  # an inner wall with a door
+            wall |= 300 <= y < 304 and x >= 400
+            if wall:
+                row[x] = 0x40
+        rows.append(b"\x00" + bytes(row))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", PLAN_W, PLAN_H, 8, 0, 0, 0, 0)
+    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
+def click_plan(page: Any, x: float, y: float) -> None:
+    """Click the map at plan pixel (x, y) (from the top-left corner of the image)."""
+    at = page.evaluate(
+        "([x, y]) => { const m = window.nnpm.state.map;"
+        " const p = m.map.latLngToContainerPoint([m.plan.height_px - y, x]); return [p.x, p.y]; }",
+        [x, y],
+    )
+    box = page.locator("#map").bounding_box()
+    page.mouse.click(box["x"] + at[0], box["y"] + at[1])
+
+
+def api_get(page: Any, server: Server, path: str) -> Any:
+    response = page.request.get(server.url.rstrip("/") + path)
+    assert response.ok, response.text()
+    return response.json()
+
+
+def test_floor_plan_is_the_default_without_tiles(plan_page: Any, plan_server: Server) -> None:
+    page = plan_page
+    page.wait_for_selector("#view-map[data-map-mode=plan]")
+    assert page.locator("#plan-panel").is_visible()
+    assert page.locator(".leaflet-tile").count() == 0  # no tile layer, no grey void of failed tiles
+    assert page.locator(".leaflet-control-attribution").count() == 0  # no credit without tiles
+    assert page.locator("path.plan-sheet").count() == 1  # a blank sheet until an image is uploaded
+    assert "No scale yet" in page.locator("#map-notice").inner_text()
+    assert "blank sheet" in page.locator("#plan-info").inner_text()
+    # nothing in the terminal: it is its toolbar only, not 28 % of the window
+    terminal = page.locator("#terminal")
+    assert "empty" in (terminal.get_attribute("class") or "")
+    assert terminal.bounding_box()["height"] < 60
+    shot(page, "30-floorplan-default-empty-terminal")
+
+
+def test_upload_scale_and_place_nodes_on_the_plan(plan_page: Any, plan_server: Server) -> None:
+    page = plan_page
+    # a file that is not an image is refused by the server, naming the field
+    page.set_input_files(
+        "#plan-file", files=[{"name": "plan.png", "mimeType": "image/png", "buffer": b"<svg/>"}]
+    )
+    page.wait_for_selector("#plan-error li[data-field=data]")
+    assert "not a PNG or JPEG" in page.locator("#plan-error").inner_text()
+    page.set_input_files(
+        "#plan-file", files=[{"name": "lab.png", "mimeType": "image/png", "buffer": floor_plan_png()}]
+    )
+    page.wait_for_function("() => (document.querySelector('img.plan-image') || {}).naturalWidth === 800")
+    assert page.locator("#plan-error").is_hidden()
+    stored = plan_server.root / "inventory.floorplan.png"
+    assert stored.read_bytes() == floor_plan_png()  # beside the inventory
+
+    page.click("#plan-scale")
+    click_plan(page, 100, 400)
+    click_plan(page, 700, 400)
+    page.wait_for_selector("#scale-form:not([hidden])")
+    page.fill("#scale-distance", "12")
+    page.click("#scale-save")
+    page.wait_for_function("() => document.getElementById('plan-info').textContent.includes('scale 1 px')")
+    plan = yaml.safe_load(plan_server.inventory.read_text(encoding="utf-8"))["all"]["vars"]["dit_floorplan"]
+    assert plan["image"] == "inventory.floorplan.png" and (plan["width_px"], plan["height_px"]) == (800, 500)
+    assert plan["scale"]["distance_m"] == 12 and plan["scale"]["metres_per_px"] == pytest.approx(
+        0.02, rel=0.01
+    )
+    assert page.locator("#map-notice").is_hidden()
+
+    for name, role, x, y in (("edge", "edge", 100, 100), ("device1", "device", 400, 500 - 20)):
+        page.click("#add-node-toggle")
+        click_plan(page, x, y)
+        page.wait_for_selector("#node-dialog[open]")
+        assert page.locator("#node-form input[name=lat]").is_hidden()
+        page.fill("#node-form input[name=name]", name)
+        page.fill("#node-form input[name=address]", "127.0.0.1")
+        page.select_option("#node-form select[name=role]", role)
+        page.click("#node-save")
+        page.wait_for_selector(f".leaflet-marker-icon[data-node={name}]")
+    nodes = {n["name"]: n for n in api_get(page, plan_server, "/api/nodes")["nodes"]}
+    assert nodes["device1"]["x"] == pytest.approx(400, abs=2) and nodes["device1"]["y"] == pytest.approx(
+        480, abs=2
+    )
+    (link,) = api_get(page, plan_server, "/api/nodes")["links"]
+    metres = ((nodes["device1"]["x"] - 100) ** 2 + (nodes["device1"]["y"] - 100) ** 2) ** 0.5 * plan["scale"][
+        "metres_per_px"
+    ]
+    assert link["m"] == pytest.approx(metres, abs=0.01) and 9 < metres < 10.5  # 300, 380 px at 2 cm/px
+    assert page.locator("#link-distance-unit").inner_text() == "m"
+    assert (
+        page.locator("#link-table tr[data-link='device1-edge'] td.distance").inner_text()
+        == f"{link['m']:.2f}"
+    )
+    assert page.locator("#link-table tr[data-link='device1-edge'] td.latency").inner_text() == "5.01 ms"
+    assert page.locator(".leaflet-tooltip.link-label", has_text="5.01 ms").count() == 1
+    shot(page, "31-floorplan-scaled-with-nodes")
+
+
+def write_run(root: Any, scenario: str, name: str, label: str, state: str, driver: dict[str, Any]) -> str:
+    run = root / scenario / name
+    run.mkdir(parents=True)
+    now = time.time_ns()
+    status: dict[str, Any] = {"state": state, "label": label, "started_wall_ns": now - 5 * 10**9}
+    if state != "running":
+        status["finished_wall_ns"] = now
+    (run / "status.json").write_text(json.dumps(status), encoding="utf-8")
+    (run / "driver.json").write_text(json.dumps(driver), encoding="utf-8")
+    (run / "run.log").write_text(
+        "".join(f"2026-12-01T00:00:0{i}.000Z edge stdout edge: line {i}\n" for i in range(6)),
+        encoding="utf-8",
+    )
+    return f"{scenario}/{name}"
+
+
+def test_badge_cli_hash_and_terminal(browser_context: Any, plan_server: Server) -> None:
+    document = yaml.safe_load((REPO / "scenarios" / "quickstart.yaml").read_text(encoding="utf-8"))
+    (variant,) = expand(document)
+    host = os.uname().nodename
+    live = write_run(plan_server.runs, "live", "20261201T000000Z-aaaaaaaa-live", "live run", "running",
+                     {"pid": os.getpid(), "host": host, "local": True, "scenario_hash": "f" * 64})  # fmt: skip
+    cli = write_run(plan_server.runs, "quickstart", "20261201T000001Z-e80c629d-cli", "cli run", "completed",
+                    {"pid": 1, "host": host, "local": True, "scenario_hash": variant.hash})  # fmt: skip
+    page = browser_context.new_page()
+    page.goto(plan_server.url, wait_until="domcontentloaded")
+    page.wait_for_selector("body[data-ready='1']", timeout=120_000)
+    # the run going on becomes the badge's run
+    page.wait_for_function("() => document.getElementById('active-label').textContent === 'live run'")
+
+    page.click("#tab-runs")
+    row = page.locator(f"#runs-table tr[data-key='{cli}']")
+    row.wait_for()
+    # never saved here: its scenario hash, not a dash
+    assert (
+        row.locator(f"code[data-scenario-hash='{variant.hash}']").inner_text()
+        == f"scenario {variant.hash[:12]}"
+    )
+    row.click()
+    page.wait_for_selector("#run-title:has-text('cli run')")
+    # the badge names the run being viewed, not the last launched or going on
+    page.wait_for_function("() => document.getElementById('active-label').textContent === 'cli run'")
+    assert page.locator("#active-state").inner_text() == "completed"
+    assert page.locator("#stop-button").is_hidden()
+    assert (
+        page.locator("[data-testid=run-version]").inner_text() == f"not stored (scenario {variant.hash[:12]})"
+    )
+    # the terminal has lines now: it takes its share of the height
+    page.wait_for_selector(".term .l[data-node=edge]")
+    assert "empty" not in (page.locator("#terminal").get_attribute("class") or "")
+    assert page.locator("#terminal").bounding_box()["height"] > 150
+    shot(page, "32-badge-follows-viewed-cli-run")
+
+    # once the scenario is stored, the CLI run is matched to its version
+    saved = page.request.post(plan_server.url + "api/scenarios", data={"document": document})
+    assert saved.ok, saved.text()
+    digest = saved.json()["version"]["hash"]
+    page.click("#refresh-runs")
+    page.wait_for_selector(f"#runs-table tr[data-key='{cli}'] code[data-version='{digest}']")
+    page.locator(f"#runs-table tr[data-key='{live}']").click()
+    page.wait_for_function("() => document.getElementById('active-label').textContent === 'live run'")
+    assert page.locator("#stop-button").is_visible()
+    page.close()
+    # the live run ends, so its terminal's tail ends too (an idle tail does not notice a closed page, and
+    # uvicorn would wait for it at shutdown)
+    status = plan_server.runs / live / "status.json"
+    status.write_text(json.dumps({**json.loads(status.read_text()), "state": "stopped"}), encoding="utf-8")

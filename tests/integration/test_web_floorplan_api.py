@@ -1,0 +1,112 @@
+"""The floor plan over NNPM's API: the default view without tiles, upload checks, scale, positions, tiles."""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from dit.web.app import WebConfig, create_app
+from tests.unit.test_web_floorplan import jpeg_header, png
+
+
+def client_for(tmp_path: Path, tiles: str | None = None) -> TestClient:
+    config = WebConfig(inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off", tiles=tiles)
+    return TestClient(create_app(config), base_url="http://127.0.0.1")
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    with client_for(tmp_path) as c:
+        yield c
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def test_without_tiles_the_map_is_a_floor_plan(client: TestClient) -> None:
+    config = client.get("/api/config").json()
+    assert config["tiles"] is None and config["tiles_attribution"] == ""  # no tiles, no credit
+    view = client.get("/api/nodes").json()["map"]
+    assert view["mode"] == "plan" and view["plan"]["image"] is None and view["plan"]["metres_per_px"] is None
+
+
+def test_upload_scale_place_and_delays(client: TestClient, tmp_path: Path) -> None:
+    image = png(800, 500)
+    put = client.put("/api/floorplan/image", json={"content_type": "image/png", "data": b64(image)})
+    assert put.status_code == 200, put.text
+    assert (put.json()["image"], put.json()["width_px"], put.json()["height_px"]) == (
+        "inv.floorplan.png",
+        800,
+        500,
+    )
+    assert (tmp_path / "inv.floorplan.png").read_bytes() == image  # beside the inventory
+    got = client.get(put.json()["image_url"])
+    assert got.status_code == 200 and got.headers["content-type"] == "image/png" and got.content == image
+    node = {"name": "edge", "role": "edge", "address": "127.0.0.1", "x": 100, "y": 100}
+    assert client.post("/api/nodes", json=node).status_code == 201
+    assert (
+        client.post(
+            "/api/nodes", json={**node, "name": "d1", "role": "device", "x": 400, "y": 500}
+        ).status_code
+        == 201
+    )
+    outside = client.post("/api/nodes", json={**node, "name": "d2", "role": "device", "x": 801})
+    assert outside.status_code == 422 and outside.json()["errors"][0]["path"] == "x"
+    no_position = client.post("/api/nodes", json={"name": "d3", "address": "127.0.0.3", "lat": 1, "lon": 2})
+    assert no_position.status_code == 422 and no_position.json()["errors"][0]["path"] == "x"
+    assert client.get("/api/nodes").json()["links"] == []  # no scale yet: no distances
+    scale = client.put("/api/floorplan/scale", json={"a": [0, 0], "b": [400, 0], "distance_m": 20})
+    assert scale.status_code == 200 and scale.json()["metres_per_px"] == pytest.approx(0.05)
+    (link,) = client.get("/api/nodes").json()["links"]
+    assert link["m"] == pytest.approx(25.0) and link["delay_ms"] == pytest.approx(5.025)  # 300-400-500 px
+    moved = client.patch("/api/nodes/d1/position", json={"x": 100, "y": 400})
+    assert moved.status_code == 200 and moved.json()["y"] == 400
+    assert client.get("/api/topology").json()["delays"] == {"d1": {"edge": pytest.approx(5.015)}}
+    saved = yaml.safe_load((tmp_path / "inv.yml").read_text("utf-8"))
+    assert saved["all"]["vars"]["dit_floorplan"]["scale"]["distance_m"] == 20
+    assert saved["all"]["children"]["devices"]["hosts"]["d1"]["dit_plan_y"] == 400
+    bad = client.put("/api/floorplan/scale", json={"a": [0, 0], "b": [400, 0], "distance_m": -3})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "distance_m"
+    # a new image resets the scale and replaces the file
+    jpeg = jpeg_header(300, 200)
+    again = client.put("/api/floorplan/image", json={"content_type": "image/jpeg", "data": b64(jpeg)})
+    assert again.json()["image"] == "inv.floorplan.jpg" and again.json()["metres_per_px"] is None
+    assert not (tmp_path / "inv.floorplan.png").exists()
+
+
+def test_upload_refusals_name_the_field_and_store_nothing(client: TestClient, tmp_path: Path) -> None:
+    cases = [
+        ({"content_type": "image/svg+xml", "data": b64(b"<svg/>")}, 415, "content_type"),
+        ({"content_type": "image/png", "data": b64(b"<svg onload=alert(1)>")}, 422, "data"),
+        ({"content_type": "image/png", "data": "A" * (12 * 1024 * 1024)}, 413, "data"),
+    ]
+    for body, status, field in cases:
+        answer = client.put("/api/floorplan/image", json=body)
+        assert answer.status_code == status and answer.json()["errors"][0]["path"] == field
+    assert not (tmp_path / "inv.yml").exists() and list(tmp_path.glob("inv.floorplan.*")) == []
+    assert client.get("/api/floorplan/image").status_code == 404
+
+
+def test_local_tiles_are_served_by_nnpm(tmp_path: Path) -> None:
+    tiles = tmp_path / "tiles"
+    (tiles / "3" / "4").mkdir(parents=True)
+    (tiles / "3" / "4" / "2.png").write_bytes(png(2, 2))
+    with client_for(tmp_path, str(tiles)) as client:
+        assert client.get("/api/config").json()["tiles"] == "/tiles/{z}/{x}/{y}.png"
+        assert client.get("/api/nodes").json()["map"]["mode"] == "tiles"
+        assert client.get("/tiles/3/4/2.png").content == png(2, 2)
+        assert client.get("/tiles/3/4/3.png").status_code == 404
+    mbtiles = tmp_path / "t.mbtiles"
+    with sqlite3.connect(mbtiles) as db:
+        db.execute("CREATE TABLE tiles (zoom_level INT, tile_column INT, tile_row INT, tile_data BLOB)")
+        db.execute("INSERT INTO tiles VALUES (3, 4, 5, ?)", (png(3, 3),))  # TMS row 5 = XYZ row 7 - 5 = 2
+    with client_for(tmp_path, str(mbtiles)) as client:
+        assert client.get("/tiles/3/4/2.png").content == png(3, 3)
+        assert client.get("/tiles/3/4/5.png").status_code == 404
