@@ -216,3 +216,35 @@ def test_runtime_actions_hand_ansible_runner_the_inventory_as_an_absolute_path(
     while action.finished_ns is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert seen["inventory"] == str(tmp_path / "inventories" / "nnpm.yml")
+
+
+class _ClosingSocket:
+    """A WebSocket whose page says hello, then goes away: the client closes without a word."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def accept(self) -> None:
+        return None
+
+    async def send_json(self, data: dict[str, Any]) -> None:
+        self.sent.append(data)
+
+    async def receive(self) -> dict[str, Any]:
+        await asyncio.sleep(0.05)
+        return {"type": "websocket.disconnect", "code": 1001}
+
+    async def close(self) -> None:
+        return None
+
+
+def test_an_idle_terminal_tail_ends_when_its_page_closes(tmp_path: Path) -> None:
+    # A run that is not finished and writes nothing: before, the tail slept and polled forever, so
+    # a closed page kept its task alive and uvicorn's shutdown hung on it.
+    from dit.web.terminal import tail
+
+    log = tmp_path / "run.log"
+    log.write_text("")
+    ws = _ClosingSocket()
+    asyncio.run(asyncio.wait_for(tail(ws, log, None, lambda: False), timeout=5))  # type: ignore[arg-type]
+    assert ws.sent[0]["type"] == "hello"

@@ -93,6 +93,7 @@ async def tail(
 ) -> None:
     """Send ``path``'s lines from ``offset`` until ``finished()`` and the file is read to its end."""
     await ws.accept()
+    closed = asyncio.ensure_future(_until_closed(ws))
     try:
         size = path.stat().st_size if path.exists() else 0
         position, skipped = start_offset(size, offset)
@@ -108,6 +109,21 @@ async def tail(
                 await ws.send_json({"type": "end", "offset": position})
                 await ws.close()
                 return
-            await asyncio.sleep(POLL_S)
+            # Wait for the next poll, but end at once when the page goes away: an idle tail that
+            # never reads would not notice, and would hold the server's shutdown.
+            await asyncio.wait({closed}, timeout=POLL_S)
+            if closed.done():
+                return
+    except (WebSocketDisconnect, RuntimeError, ConnectionError):
+        return
+    finally:
+        closed.cancel()
+
+
+async def _until_closed(ws: WebSocket) -> None:
+    """Return when the client closes ``ws`` (pages send nothing, so any other message is ignored)."""
+    try:
+        while (await ws.receive()).get("type") != "websocket.disconnect":
+            pass
     except (WebSocketDisconnect, RuntimeError, ConnectionError):
         return
