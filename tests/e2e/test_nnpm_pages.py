@@ -111,6 +111,9 @@ def test_the_run_page_reads_like_the_cli(page: Any, runs: dict[str, Path]) -> No
         "() => (document.querySelector('#run-plots img[data-plot=monitors]') || {}).naturalWidth > 0"
     )
     assert "common origin (s)" in page.locator("#run-plots img[data-plot=monitors]").get_attribute("alt")
+    page.wait_for_function(
+        "() => document.querySelector('#run-plots img[data-plot=layers]').naturalWidth > 0"
+    )
     shot(page, "31-run-page-units")
     page.locator("#run-plots img[data-plot=monitors]").scroll_into_view_if_needed()
     shot(page, "31b-run-page-monitors")
