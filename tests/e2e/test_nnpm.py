@@ -316,6 +316,7 @@ def test_stored_xss_payloads_stay_text(browser_context: Any, server: Server) -> 
     page.wait_for_selector("#diff-output:not([hidden])")
     assert "onerror" in page.locator("#diff-output").inner_text()
     assert page.evaluate(fired), "the scenario views ran a description"
+    page.click("#diff-dialog button[value=close]")
 
     # the runs list, the run page and its terminal
     page.click("#tab-runs")

@@ -125,7 +125,7 @@ def test_floor_plan_is_the_default_without_tiles(plan_page: Any, plan_server: Se
     terminal = page.locator("#terminal")
     assert "empty" in (terminal.get_attribute("class") or "")
     assert terminal.bounding_box()["height"] < 60
-    shot(page, "30-floorplan-default-empty-terminal")
+    shot(page, "40-floorplan-default-empty-terminal")
 
 
 def test_upload_scale_and_place_nodes_on_the_plan(plan_page: Any, plan_server: Server) -> None:
@@ -184,7 +184,7 @@ def test_upload_scale_and_place_nodes_on_the_plan(plan_page: Any, plan_server: S
     )
     assert page.locator("#link-table tr[data-link='device1-edge'] td.latency").inner_text() == "5.01 ms"
     assert page.locator(".leaflet-tooltip.link-label", has_text="5.01 ms").count() == 1
-    shot(page, "31-floorplan-scaled-with-nodes")
+    shot(page, "41-floorplan-scaled-with-nodes")
 
 
 def write_run(root: Any, scenario: str, name: str, label: str, state: str, driver: dict[str, Any]) -> str:
@@ -238,7 +238,7 @@ def test_badge_cli_hash_and_terminal(browser_context: Any, plan_server: Server) 
     page.wait_for_selector(".term .l[data-node=edge]")
     assert "empty" not in (page.locator("#terminal").get_attribute("class") or "")
     assert page.locator("#terminal").bounding_box()["height"] > 150
-    shot(page, "32-badge-follows-viewed-cli-run")
+    shot(page, "42-badge-follows-viewed-cli-run")
 
     # once the scenario is stored, the CLI run is matched to its version
     saved = page.request.post(plan_server.url + "api/scenarios", data={"document": document})

@@ -222,7 +222,9 @@ def test_finished_run_page_plots_terminal_and_optimise(env: Any) -> None:
     listed = client.get(f"/api/runs/{key(run)}/optimise").json()["results"]
     assert [r["file"] for r in listed if r["algorithm"] == "exhaustive"] == ["exhaustive-variance-RR.json"]
     detail = client.get(f"/api/runs/{key(run)}").json()
-    assert detail["phases"]["columns"][0] == "host" and detail["plots"]["layers"] and detail["aggregated"]
+    assert (
+        detail["phases"]["columns"][0]["key"] == "host" and detail["plots"]["layers"] and detail["aggregated"]
+    )
     png = client.get(f"/api/runs/{key(run)}/plots/layers.png")
     assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
     assert client.get(f"/api/runs/{key(run)}/plots/monitors.png").status_code in (200, 404)

@@ -40,15 +40,56 @@ def layers_png(csv_path: Path) -> bytes:
             ax2.plot(stages, [sub["cum_latency_ns"].get(s, 0) / 1e6 for s in stages], marker="o", label=host)
         ax1.set_title("latency per stage")
         ax1.set_xlabel("stage")
-        ax1.set_ylabel("ms")
+        ax1.set_ylabel("latency (ms)")
         ax2.set_title("cumulative latency (partition point)")
-        ax2.set_xlabel("partition point")
-        ax2.set_ylabel("ms")
+        ax2.set_xlabel("partition point p (stages 1..p on the device)")
+        ax2.set_ylabel("cumulative latency (ms)")
         for ax in (ax1, ax2):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()
         return _png(fig)
+
+
+TIME_AXIS = "time from the run's common origin (s)"
+"""The monitor plot's x axis: ``t_ns`` of ``monitors.csv`` counts from the run's common start instant."""
+
+_NAMED = {
+    "cpu_pct": "CPU",
+    "mem_used_pct": "memory used",
+    "mem_pct": "memory",
+    "power_w": "power",
+    "load_cpu_target_pct": "load: CPU target",
+    "load_mem_target_pct": "load: memory target",
+    "throttled": "throttled",
+}
+_SUFFIXES = (  # metric suffix -> (unit shown, divisor of the recorded value)
+    ("_pct", "%", 1.0),
+    ("_temp_c", "°C", 1.0),
+    ("_freq_khz", "MHz", 1000.0),
+    ("_w", "W", 1.0),
+    ("_a", "A", 1.0),
+    ("_v", "V", 1.0),
+    ("_bytes", "MB", 1e6),
+)
+
+
+def monitor_axis(metric: str) -> tuple[str, float]:
+    """The y-axis label of a monitor metric with its unit, and the divisor of its recorded value.
+
+    ``cpu_pct`` -> ``("CPU (%)", 1)``, ``cpu0_freq_khz`` -> ``("cpu0 frequency (MHz)", 1000)``.
+    """
+    for suffix, unit, divisor in _SUFFIXES:
+        if metric.endswith(suffix):
+            stem = metric.removesuffix(suffix)
+            name = _NAMED.get(metric) or {
+                "_temp_c": f"{stem} temperature",
+                "_freq_khz": f"{stem} frequency",
+            }.get(suffix, stem.replace("_", " "))
+            return f"{name} ({unit})", divisor
+    if metric == "throttled":
+        return "throttled (flags)", 1.0
+    return metric.replace("_", " "), 1.0
 
 
 def monitor_metrics(frame: pd.DataFrame) -> list[str]:
@@ -64,28 +105,34 @@ def monitor_metrics(frame: pd.DataFrame) -> list[str]:
     return wanted[:4] or sorted(present)[:4]
 
 
+def monitors_figure(frame: pd.DataFrame) -> object:
+    """One panel per metric on a shared time axis from the common origin, each y axis with its unit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = monitor_metrics(frame) if not frame.empty else []
+    fig, axes = plt.subplots(
+        max(1, len(metrics)), 1, figsize=(10, 2.2 * max(1, len(metrics))), squeeze=False, sharex=True
+    )
+    if not metrics:
+        axes[0][0].text(0.5, 0.5, "no monitor samples", ha="center", va="center")
+    for ax, metric in zip((row[0] for row in axes), metrics, strict=False):
+        label, divisor = monitor_axis(metric)
+        sub = frame[frame["metric"] == metric]
+        for node, rows in sub.groupby("node"):
+            ax.plot(rows["t_ns"] / 1e9, rows["value"] / divisor, label=str(node), linewidth=1)
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1][0].set_xlabel(TIME_AXIS)
+    fig.tight_layout()
+    return fig
+
+
 def monitors_png(csv_path: Path) -> bytes:
     """The monitor traces of ``aggregate/monitors.csv`` (tidy: node, t_ns, metric, value)."""
     frame = pd.read_csv(csv_path)
     with _LOCK:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        metrics = monitor_metrics(frame) if not frame.empty else []
-        fig, axes = plt.subplots(
-            max(1, len(metrics)), 1, figsize=(10, 2.2 * max(1, len(metrics))), squeeze=False
-        )
-        if not metrics:
-            axes[0][0].text(0.5, 0.5, "no monitor samples", ha="center", va="center")
-        for ax, metric in zip((row[0] for row in axes), metrics, strict=False):
-            sub = frame[frame["metric"] == metric]
-            for node, rows in sub.groupby("node"):
-                ax.plot(rows["t_ns"] / 1e9, rows["value"], label=str(node), linewidth=1)
-            ax.set_ylabel(metric, fontsize=8)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7, loc="upper right")
-        axes[-1][0].set_xlabel("seconds since the common start instant")
-        fig.tight_layout()
-        return _png(fig)
+        return _png(monitors_figure(frame))

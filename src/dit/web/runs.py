@@ -25,7 +25,9 @@ from typing import Any
 
 from dit.device.tags import RUN_ENV
 from dit.procs import pid_alive
+from dit.report import units
 from dit.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
+from dit.web import runpage
 from dit.web.store import Store, Version
 
 NNPM_FILE = "nnpm.json"
@@ -224,7 +226,8 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
     status = run.status() if (run.path / STATUS).exists() else {}
     metadata = _read(run.path / "metadata.json")
     agg = run.path / "aggregate"
-    phases = _csv_rows(agg / "phases_summary.csv")
+    phases = runpage.phase_table(agg / "phases_summary.csv")
+    settings = runpage.run_settings(read_scenario(run.path))
     optimise = (
         sorted(p.name for p in (run.path / "optimise").glob("*.json"))
         if (run.path / "optimise").is_dir()
@@ -233,6 +236,11 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
     return {
         **summary,
         "stage_ns": status.get("stage_ns", {}),
+        "stages": runpage.stage_rows(status.get("stage_ns") or {}),  # in run order, with units
+        "duration_text": units.duration(summary["duration_s"] * 1e9) if summary["duration_s"] else "",
+        "model": runpage.model_view(metadata.get("model")),
+        "settings": settings,  # the run's own optimisation settings and the policy it measured
+        "inference_ran": bool(phases and phases["rows"]),
         "lateness_ns": status.get("lateness_ns", {}),
         "teardown": status.get("teardown"),
         "metadata": {
@@ -257,6 +265,16 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
     }
 
 
+def read_scenario(path: Path) -> dict[str, Any]:
+    """The run's ``scenario.yaml`` (resolved by the driver); empty when missing or unreadable."""
+    from dit.scenario import ScenarioError, load_yaml
+
+    try:
+        return load_yaml(path / "scenario.yaml")
+    except (ScenarioError, OSError):
+        return {}
+
+
 def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
     """The runtime's ``aggregate/summary.json`` (runtime, tables, named values with units), if written."""
     doc = _read(aggregate / "summary.json")
@@ -268,15 +286,3 @@ def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
         if isinstance(v, dict) and isinstance(v.get("name"), str)
     ]
     return {"runtime": str(doc.get("runtime", "")), "values": values}
-
-
-def _csv_rows(path: Path, limit: int = 500) -> dict[str, Any] | None:
-    import csv
-
-    if not path.is_file():
-        return None
-    with path.open(encoding="utf-8", newline="") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, [])
-        rows = [row for _, row in zip(range(limit), reader, strict=False)]
-    return {"columns": header, "rows": rows}

@@ -18,7 +18,9 @@ from dit.device.tags import RUN_ENV
 from dit.procs import pid_alive
 from dit.rundir import RunDir
 from dit.scenario import expand, validate
+from dit.web import runpage
 from dit.web import runs as runs_mod
+from dit.web.benchmark import PROFILING_FIELDS, benchmark_document, profiling_schema
 from dit.web.routes.common import (
     Context,
     Ctx,
@@ -65,11 +67,11 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
         return unprocessable(errors)
     chosen = version
     if kind == "benchmark":
-        # the profiling-only pipeline: the same scenario without inference and optimisation
-        document = json.loads(json.dumps(version.document))
-        document.setdefault("inference", {})["enabled"] = False
-        document.setdefault("optimisation", {})["enabled"] = False
-        document["inference"].pop("partition_points", None)
+        # the profiling-only pipeline: the same scenario without inference and optimisation, with the
+        # dialog's profiling options (dit.web.benchmark.PROFILING_FIELDS)
+        document, wrong = benchmark_document(version.document, body.get("profiling"))
+        if wrong:
+            return unprocessable(wrong)
         problems = validate(document)
         if problems:
             return unprocessable(field_errors(problems))
@@ -203,14 +205,27 @@ async def report(ctx: Ctx, scenario: str, run: str) -> Response:
     )
 
 
+@router.get("/benchmark")
+def get_benchmark() -> dict[str, Any]:
+    """The options a benchmark run accepts: their paths and the part of the scenario schema they are."""
+    from dit.scenario import load_schema
+
+    return {"fields": list(PROFILING_FIELDS), "schema": profiling_schema(load_schema())}
+
+
 @router.get("/runs/{scenario}/{run}/optimise")
 def get_optimise(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
-    folder = run_or_404(ctx, scenario, run).path / "optimise"
+    """The run's optimiser results, values written with units, each marked measured or predicted."""
+    rundir = run_or_404(ctx, scenario, run)
+    settings = runpage.run_settings(runs_mod.read_scenario(rundir.path))
+    folder = rundir.path / "optimise"
     results = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         with contextlib.suppress(ValueError, OSError):
-            results.append({"file": path.name, **json.loads(path.read_text(encoding="utf-8"))})
-    return {"results": results}
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                results.append({"file": path.name, **runpage.optimise_view(data, settings)})
+    return {"results": results, "settings": settings, "terms": runpage.TERMS}
 
 
 @router.post("/runs/{scenario}/{run}/optimise", response_model=None)
@@ -236,7 +251,8 @@ async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[
         )
     except (OptimiseError, AggregateError) as exc:
         return unprocessable([{"path": "", "message": str(exc)}])
-    data: dict[str, Any] = json.loads(result.to_json())
+    settings_of_run = runpage.run_settings(runs_mod.read_scenario(rundir.path))
+    data: dict[str, Any] = runpage.optimise_view(json.loads(result.to_json()), settings_of_run)
     data["file"] = result.output_path.name
     data["validation_png"] = (rundir.path / "aggregate" / "validation.png").is_file()
     return data

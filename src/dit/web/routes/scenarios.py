@@ -122,4 +122,8 @@ def get_version_yaml(ctx: Ctx, digest: str) -> str:
 
 @router.get("/diff")
 def get_diff(ctx: Ctx, a: str, b: str) -> dict[str, Any]:
-    return diff(version_or_404(ctx, a), version_or_404(ctx, b))
+    """Always from the older version to the newer, whichever order they are named in: additions are ``+``."""
+    first, second = version_or_404(ctx, a), version_or_404(ctx, b)
+    if (second.created_ns, second.hash) < (first.created_ns, first.hash):
+        first, second = second, first
+    return diff(first, second)

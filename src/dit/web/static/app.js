@@ -1,5 +1,5 @@
 // NNPM page: views (map, scenarios, runs, runtimes), the terminal, and the active run with its Stop button.
-import { api, el, fmtMs, fmtQuantity, short } from "./api.js";
+import { api, el, fmtQuantity, short } from "./api.js";
 import { SchemaForm } from "./form.js";
 import { NodeMap } from "./map.js";
 import { Terminal } from "./terminal.js";
@@ -33,19 +33,34 @@ function editScenario(document_) {
   $("bench-button").disabled = true;
   $("dry-button").disabled = true;
   $("save-result").hidden = true;
-  $("form-errors").hidden = true;
+  clearFormErrors();
 }
 
-function showFormErrors(errors) {
-  const unplaced = state.form.showErrors(errors);
-  const list = $("form-errors");
-  list.replaceChildren(...unplaced.map((e) => el("li", {}, e.path ? `${e.path}: ${e.message}` : e.message)));
-  list.hidden = unplaced.length === 0;
+// Problems are red, never in the green notice, always the current ones: every error at its field and all of
+// them listed, with their count, at the top of the editor, each a link to its field (nothing jumps away).
+function showFormErrors(errors, what = "the scenario is not saved") {
+  const placed = state.form.showErrors(errors);
+  const box = $("form-errors");
+  if (!errors.length) { box.hidden = true; $("error-list").replaceChildren(); return; }
+  $("save-result").hidden = true;
+  $("error-count").textContent = `${errors.length} problem${errors.length === 1 ? "" : "s"}: ${what}`;
+  $("error-list").replaceChildren(...placed.map(({ error, target }) => el("li", { dataset: { path: error.path || "" } },
+    target ? el("a", { href: "#", onclick: (e) => { e.preventDefault(); state.form.reveal(target); } }, error.path || "(document)")
+      : el("strong", {}, error.path || "(document)"),
+    `: ${error.message}`)));
+  box.hidden = false;
+  $("scenario-editor").scrollTop = 0;
+}
+
+function clearFormErrors() {
+  state.form.clearErrors();
+  $("form-errors").hidden = true;
+  $("error-list").replaceChildren();
 }
 
 function readForm() {
   const { value, errors } = state.form.read();
-  if (errors.length) { showFormErrors(errors); return null; }
+  if (errors.length) { showFormErrors(errors, "fix these before validating or saving"); return null; }
   return value;
 }
 
@@ -65,7 +80,6 @@ async function openStored(name) {
   state.selected = [];
   $("history").hidden = false;
   $("history-name").textContent = name;
-  $("diff-output").hidden = true;
   $("history-list").replaceChildren(...data.versions.map((v) => el("li", {},
     el("input", { type: "checkbox", onchange: (e) => {
       state.selected = e.target.checked ? [...state.selected, v.hash].slice(-2) : state.selected.filter((h) => h !== v.hash);
@@ -81,12 +95,22 @@ async function openStored(name) {
   }
 }
 
+// Always older → newer (whatever order the boxes were ticked in; the server orders them too), so an
+// addition is a `+` line; shown in a dialog as wide as the page, lines never wrapped or cut.
 $("diff-button").addEventListener("click", async () => {
-  const [a, b] = state.selected;
+  const when = (h) => (state.history.find((v) => v.hash === h) || {}).created_ns || 0;
+  const [a, b] = [...state.selected].sort((x, y) => when(x) - when(y));
   const d = await api(`/api/diff?a=${a}&b=${b}`);
-  const out = $("diff-output");
-  out.hidden = false;
-  out.textContent = d.changes.map((c) => `${c.path}: ${JSON.stringify(c.a)} → ${JSON.stringify(c.b)}`).join("\n") + "\n\n" + d.unified;
+  const stamp = (v) => `${short(v.hash)} (${new Date(v.created_ns / 1e6).toLocaleString()})`;
+  $("diff-title").textContent = `${d.a.name}: ${stamp(d.a)} → ${stamp(d.b)}`;
+  $("diff-changes").replaceChildren(...d.changes.map((c) => el("tr", { dataset: { path: c.path } },
+    el("td", {}, el("code", {}, c.path)), el("td", { class: "old" }, c.added ? "(not set)" : JSON.stringify(c.a)),
+    el("td", {}, "→"), el("td", { class: "new" }, c.removed ? "(not set)" : JSON.stringify(c.b)))));
+  const lineClass = (line) => (line.startsWith("+++") || line.startsWith("---") ? "file"
+    : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : line.startsWith("@@") ? "hunk" : "");
+  $("diff-output").replaceChildren(...d.unified.split("\n").filter((l, i, all) => l || i < all.length - 1)
+    .map((line) => el("div", { class: `line ${lineClass(line)}` }, line || " ")));
+  $("diff-dialog").showModal();
 });
 
 function markSaved(version, created) {
@@ -107,22 +131,29 @@ $("validate-button").addEventListener("click", async () => {
   const doc = readForm();
   if (!doc) return;
   const res = await api("/api/scenarios/validate", { method: "POST", body: { document: doc } });
-  showFormErrors(res.errors);
+  if (!res.valid) { showFormErrors(res.errors, "the scenario is not valid"); return; }
+  clearFormErrors();
   const box = $("save-result");
   box.hidden = false;
-  box.textContent = res.valid ? `valid · ${res.variants.length} run(s) · hash ${short(res.hash)}` : `${res.errors.length} problem(s)`;
+  box.textContent = `valid · ${res.variants.length} run(s) · hash ${short(res.hash)}`;
 });
+
+// a failed save leaves no green box and no Run of an older version behind: only the current problems
+function unsaved() {
+  state.saved = null;
+  for (const id of ["run-button", "bench-button", "dry-button"]) $(id).disabled = true;
+}
 
 $("save-button").addEventListener("click", async () => {
   const doc = readForm();
-  if (!doc) return;
+  if (!doc) { unsaved(); return; }
   try {
     const res = await api("/api/scenarios", { method: "POST", body: { document: doc } });
-    state.form.clearErrors();
-    $("form-errors").hidden = true;
+    clearFormErrors();
     markSaved(res.version, res.created);
     loadScenarioLists();
   } catch (err) {
+    unsaved();
     if (err.status === 422) showFormErrors(err.errors);
     else alert(err.message);
   }
@@ -186,7 +217,53 @@ async function dryRun() {
   }
 }
 $("dry-button").addEventListener("click", dryRun);
-$("bench-button").addEventListener("click", () => startRun("benchmark"));
+
+// -- benchmarking: the profiling-only pipeline, with the profiling options the scenario schema defines ---
+async function openBenchmark() {
+  if (!state.saved) return;
+  if (!state.benchmark) state.benchmark = await api("/api/benchmark");
+  const full = await api(`/api/versions/${state.saved.hash}`);
+  state.benchForm = new SchemaForm($("bench-fields"), state.benchmark.schema);
+  state.benchForm.render(full.document);
+  $("bench-version").textContent = `${full.name} · ${short(full.hash)}`;
+  $("bench-mode").value = $("run-mode").value;
+  $("bench-errors").replaceChildren();
+  $("bench-dialog").showModal();
+}
+$("bench-button").addEventListener("click", openBenchmark);
+
+// every option the dialog offers, as a nested object; an emptied field is null (back to the default)
+function benchProfiling() {
+  const { value } = state.benchForm.read();
+  const out = {};
+  for (const path of state.benchmark.fields) {
+    const parts = path.split(".");
+    let src = value;
+    for (const p of parts) src = src && typeof src === "object" ? src[p] : undefined;
+    let dst = out;
+    for (const p of parts.slice(0, -1)) dst = dst[p] = dst[p] || {};
+    dst[parts[parts.length - 1]] = src === undefined ? null : src;
+  }
+  return out;
+}
+
+$("bench-form").addEventListener("submit", async (event) => {
+  if (event.submitter && event.submitter.value === "cancel") return;
+  event.preventDefault();
+  const body = { version: state.saved.hash, kind: "benchmark", mode: $("bench-mode").value, profiling: benchProfiling() };
+  try {
+    const res = await api("/api/runs", { method: "POST", body });
+    $("bench-dialog").close();
+    state.run = { launch: res.launch, key: null, label: `${res.version.name} (benchmark)` };
+    showActive();
+    followLaunch(res.launch);
+  } catch (err) {
+    const errors = err.errors.map((e) => ({ ...e, path: (e.path || "").replace(/^profiling\.?/, "") }));
+    state.benchForm.showErrors(errors);
+    $("bench-errors").replaceChildren(...(errors.length ? errors : [{ path: "", message: err.message }])
+      .map((e) => el("li", { dataset: { path: e.path } }, e.path ? `${e.path}: ${e.message}` : e.message)));
+  }
+});
 
 // -- the active run --------------------------------------------------------------------------------
 function showActive() {
@@ -267,7 +344,31 @@ async function openRun(key) {
   watchRun(detail);
   terminal.attach(`/api/runs/${key}/terminal`, detail.label);
   const opt = await api(`/api/runs/${key}/optimise`);
-  renderOptimise(opt.results, detail);
+  renderOptimise(opt, detail);
+}
+
+// the model as plain text: its name, what it stands in for, its parameters (never JSON-quoted)
+function modelText(m) {
+  if (!m || !m.name) return "";
+  const params = m.params ? Object.entries(m.params).map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(", ") : "";
+  return m.name + (m.stand_in_for ? ` (stand-in for ${m.stand_in_for})` : "") + (params ? ` · ${params}` : "");
+}
+
+// the phases table: every duration in its unit (the server writes them with dit.report.units), the
+// raw value as the cell's tooltip, what each phase measures as its header's tooltip; the first column
+// stays put when the table scrolls sideways
+function renderPhases(d) {
+  const phases = d.phases;
+  $("run-phases-box").hidden = !d.inference_ran;
+  $("run-no-inference").hidden = d.inference_ran || !d.finished;
+  if (!d.inference_ran) { $("run-phases").replaceChildren(); return; }
+  $("run-phases").replaceChildren(
+    el("thead", {}, el("tr", {}, ...phases.columns.map((c) => el("th", { title: c.description, dataset: { column: c.key }, class: c.unit ? "num" : "" },
+      c.label, c.unit === "ns" ? el("div", { class: "small" }, "mean") : null)))),
+    el("tbody", {}, ...phases.rows.map((r) => el("tr", {}, ...r.map((v, i) => el("td", {
+      class: phases.columns[i] && phases.columns[i].unit ? "num" : "",
+      title: v.value !== null && phases.columns[i] && phases.columns[i].unit ? `${v.value} ${phases.columns[i].unit}` : null,
+    }, v.text))))));
 }
 
 function kvRows(rows) { return rows.filter(([, v]) => v !== undefined && v !== null && v !== "").map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", {}, v))); }
@@ -278,28 +379,30 @@ function renderRun(d) {
   $("run-state").textContent = d.stage && d.state === "running" ? `${d.state} · ${d.stage}` : d.state;
   $("run-state").className = `state ${d.state}`;
   $("run-stop").hidden = !["running", "starting"].includes(d.state);
-  $("open-optimise").hidden = !(d.finished && d.aggregated);
+  $("open-optimise").hidden = !(d.finished && d.aggregated && d.inference_ran);  // nothing measured: nothing to optimise
+  state.detail = d;
   $("run-report").hidden = !d.finished;
   $("run-report").href = `/api/runs/${d.key}/report`;
   const started = d.started_wall_ns ? new Date(d.started_wall_ns / 1e6).toISOString() : "";
   $("run-meta").replaceChildren(...kvRows([
     ["scenario version", el("code", { "data-testid": "run-version" }, d.version || (d.variant_hash ? `not stored (scenario ${short(d.variant_hash)})` : "unknown"))], ["variant hash", el("code", {}, short(d.variant_hash))],
-    ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_s !== null ? `${d.duration_s} s` : ""],
-    ["model", d.metadata.model ? JSON.stringify(d.metadata.model.spec && d.metadata.model.spec.name) + (d.metadata.model.stand_in_for ? ` (stand-in for ${d.metadata.model.stand_in_for})` : "") : ""],
+    ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_text],
+    ["model", d.model && d.model.name ? el("span", { "data-testid": "run-model" }, modelText(d.model)) : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
     ["error", d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
   ]));
-  $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", {}, "wall time")),
-    ...Object.entries(d.stage_ns).map(([s, ns]) => el("tr", {}, el("td", {}, s), el("td", {}, `${(ns / 1e9).toFixed(2)} s`))));
+  $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", { class: "num" }, "wall time")),
+    ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage } }, el("td", {}, s.stage), el("td", { class: "num", title: s.ns !== null ? `${s.ns} ns` : null }, s.text))));
   renderSummary(d.summary);
-  const phases = d.phases;
-  $("run-phases").replaceChildren(...(phases ? [el("tr", {}, ...phases.columns.map((c) => el("th", {}, c))), ...phases.rows.map((r) => el("tr", {}, ...r.map((v) => el("td", {}, v))))] : [el("tr", {}, el("td", {}, "no phases yet"))]));
+  renderPhases(d);
   const plots = $("run-plots");
-  const want = [["layers", "Per-layer latency"], ["monitors", "Monitors"]].filter(([k]) => d.plots[k]);
+  const want = [["layers", "Per-layer latency", "latency (ms) per stage and cumulative up to each partition point"],
+    ["monitors", "Monitors", "each metric in its unit against the time from the run's common origin (s)"]].filter(([k]) => d.plots[k]);
   const current = [...plots.querySelectorAll("img")].map((i) => i.dataset.plot).join();
   if (current !== want.map(([k]) => k).join() || state.plotsFor !== d.key) {
     state.plotsFor = d.key;
-    plots.replaceChildren(...want.flatMap(([k, title]) => [el("h3", {}, title), el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: title, dataset: { plot: k } })]));
+    plots.replaceChildren(...want.flatMap(([k, title, axes]) => [el("h3", {}, title),
+      el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: `${title}: ${axes}`, dataset: { plot: k } })]));
   }
 }
 
@@ -313,28 +416,57 @@ function renderSummary(summary) {
       el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit)), el("td", { class: "small" }, v.description || ""))));
 }
 
-function renderOptimise(results, detail) {
+// Optimiser results: the objective and every term in a readable unit (dit.report.units, as the CLI), the
+// delay model's terms named and explained, and a result under a policy the run did not measure marked as
+// a prediction.
+function renderOptimise(opt, detail) {
   const box = $("optimise-results");
   box.replaceChildren();
+  const results = opt.results;
   if (!results.length) return;
+  const terms = opt.terms;
   box.append(el("h3", {}, "Optimiser results"));
   for (const r of results) {
-    box.append(el("table", { class: "grid optimise-table", dataset: { file: r.file } },
-      el("caption", { class: "small" }, `${r.algorithm} · ${r.objective} · ${r.policy} → vector [${r.vector.join(", ")}] · objective ${r.objective_value.toExponential(3)} ${r.objective_unit} · ${r.vectors_evaluated} vectors`),
-      el("tr", {}, ...["device", "p", "max p", "L", "T", "R", "D"].map((h) => el("th", {}, h))),
-      ...r.per_device.map((p) => el("tr", {}, el("td", {}, p.device), el("td", {}, p.partition_point), el("td", {}, p.max_partition_point),
-        ...[p.L_ns, p.T_ns, p.R_ns, p.D_ns].map((ns) => el("td", {}, fmtMs(ns / 1e6)))))));
+    const energy = r.per_device.some((p) => p.E_text !== undefined);
+    const keys = ["L", "T", "R", "D", ...(energy ? ["E"] : [])];
+    box.append(el("table", { class: `grid optimise-table${r.measured ? "" : " prediction"}`, dataset: { file: r.file, measured: r.measured ? "1" : "0" } },
+      el("caption", {},
+        el("strong", {}, `${r.algorithm} · ${r.objective} · ${r.policy}`), ` → vector [${r.vector.join(", ")}] · `,
+        el("span", { class: "objective", title: `${r.objective_value} ${r.objective_unit}` }, `${r.objective} ${r.objective_text}`),
+        el("span", { class: "small" }, ` · ${r.vectors_evaluated} vectors in ${r.search_text}`),
+        r.measured ? el("span", { class: "badge measured", title: `the edge server ran ${r.policy} during the run` }, "measured policy")
+          : el("span", { class: "badge prediction", title: r.prediction_reason }, "prediction"),
+        r.measured ? null : el("div", { class: "small prediction-reason" }, r.prediction_reason)),
+      el("tr", {}, el("th", {}, "device"), el("th", { title: "partition point: stages 1..p on the device" }, "p"),
+        el("th", { title: "the largest feasible partition point of the device" }, "max p"),
+        ...keys.map((k) => el("th", { class: "num", title: `${terms[k][0]} ${k}: ${terms[k][1]}`, dataset: { term: k } }, `${terms[k][0]} ${k}`))),
+      ...r.per_device.map((p) => el("tr", { dataset: { device: p.device } }, el("td", {}, p.device), el("td", {}, p.partition_point), el("td", {}, p.max_partition_point),
+        ...keys.map((k) => el("td", { class: "num", title: k === "E" ? `${p.E_j} J` : `${p[`${k}_ns`]} ns` }, p[`${k}_text`]))))));
   }
+  box.append(el("dl", { class: "legend small", id: "optimise-legend" },
+    ...Object.entries(terms).filter(([k]) => k !== "E" || results.some((r) => r.per_device.some((p) => p.E_text !== undefined)))
+      .flatMap(([k, [name, meaning]]) => [el("dt", {}, `${k} · ${name}`), el("dd", {}, meaning)])));
   if (detail.plots.validation) box.append(el("h3", {}, "Predicted vs measured"), el("img", { src: `/api/runs/${detail.key}/plots/validation.png`, alt: "predicted vs measured", id: "validation-png" }));
 }
 
+// the dialog opens on the run's own algorithm, objective and policy; the policy the edge server ran is
+// marked measured, any other one predicted
 const optDialog = $("optimise-dialog");
 $("open-optimise").addEventListener("click", () => {
   const f = $("optimise-form").elements;
-  const fill = (select, values) => select.replaceChildren(...values.map((v) => el("option", { value: v }, v)));
-  fill(f.algorithm, state.config.algorithms);
-  fill(f.objective, state.config.objectives);
-  fill(f.policy, state.config.policies);
+  const own = (state.detail && state.detail.settings) || {};
+  const fill = (select, values, chosen, label = (v) => v) => {
+    const all = chosen && !values.includes(chosen) ? [...values, chosen] : values;
+    select.replaceChildren(...all.map((v) => el("option", { value: v, selected: v === chosen }, label(v))));
+    if (chosen) select.value = chosen;
+  };
+  const measured = own.measured_policy;
+  fill(f.algorithm, state.config.algorithms, own.algorithm);
+  fill(f.objective, state.config.objectives, own.objective);
+  fill(f.policy, state.config.policies, own.policy, (p) => (measured ? `${p} (${p === measured ? "measured" : "prediction"})` : p));
+  $("optimise-note").textContent = measured
+    ? `The edge server ran ${measured} during this run: results under another policy are predictions the run does not confirm.`
+    : "This run measured no inference: every result is a prediction.";
   $("optimise-form").querySelector(".err").textContent = "";
   optDialog.showModal();
 });
@@ -347,7 +479,7 @@ $("optimise-form").addEventListener("submit", async (event) => {
     optDialog.close();
     const detail = await api(`/api/runs/${state.page}`);
     const opt = await api(`/api/runs/${state.page}/optimise`);
-    renderOptimise(opt.results, detail);
+    renderOptimise(opt, detail);
   } catch (err) {
     $("optimise-form").querySelector(".err").textContent = err.errors.map((e) => e.message).join("; ") || err.message;
   }

@@ -20,6 +20,22 @@ export function renderPath(parts) {
   return out;
 }
 
+// The unit of a number field, shown beside its input: the schema's own `x-unit` if it has one, else the
+// unit its key ends in (`delay_ms`, `interval_s`, `loss_pct`, `cpu_freq_mhz`, `rate_mbit`, `memory_limit_mb`),
+// as its description states it (MiB where the description says so).
+const SUFFIX_UNITS = [[/_ms$/, "ms"], [/_s$/, "s"], [/_pct$/, "%"], [/_mhz$/, "MHz"], [/_khz$/, "kHz"],
+  [/_mbit$/, "Mbit/s"], [/_bytes$/, "B"], [/_w$/, "W"], [/_c$/, "°C"]];
+
+export function unitOf(key, sub, raw) {
+  const explicit = (raw && raw["x-unit"]) || (sub && sub["x-unit"]);
+  if (explicit) return explicit;
+  if (typeof key !== "string") return "";
+  const desc = (raw && raw.description) || (sub && sub.description) || "";
+  if (/_mb$/.test(key)) return /MiB/.test(desc) ? "MiB" : "MB";
+  const hit = SUFFIX_UNITS.find(([re]) => re.test(key));
+  return hit ? hit[1] : "";
+}
+
 const isEmpty = (v) =>
   v === undefined || (typeof v === "object" && v !== null && !Array.isArray(v) && Object.keys(v).length === 0);
 
@@ -217,7 +233,9 @@ export class SchemaForm {
       const n = Number(input.value);
       return Number.isNaN(n) ? input.value : n;
     };
-    return { node: this.field(path, this.label(key, sub, raw), input), read };
+    const unit = unitOf(key, sub, raw);
+    const unitNode = unit ? el("span", { class: "unit", title: (raw.description || sub.description || "") }, unit) : null;
+    return { node: this.field(path, this.label(key, sub, raw), input, unitNode), read };
   }
 
   stringField(sub, raw, value, path, key) {
@@ -319,9 +337,11 @@ export class SchemaForm {
     for (const n of this.root.querySelectorAll(".field-error")) n.textContent = "";
   }
 
+  // Every error at its field (red, with its message); nothing scrolls. Returns each error with the element
+  // it was placed at (null when no field holds its path), for a list of links to the fields.
   showErrors(errors) {
     this.clearErrors();
-    const unplaced = [];
+    const placed = [];
     for (const error of errors) {
       let path = error.path;
       let target = null;
@@ -332,13 +352,20 @@ export class SchemaForm {
         if (cut <= 0) break;
         path = path.slice(0, cut);
       }
-      if (!target) { unplaced.push(error); continue; }
+      placed.push({ error, target });
+      if (!target) continue;
       target.classList.add("invalid");
       const slot = target.querySelector(":scope > div > .field-error") || target.querySelector(":scope > .field-error");
       const where = error.path !== path ? `${error.path.slice(path.length).replace(/^\./, "")}: ` : "";
       if (slot) slot.textContent = (slot.textContent ? slot.textContent + "; " : "") + where + error.message;
-      if (errors[0] === error) target.scrollIntoView({ block: "center" });
     }
-    return unplaced;
+    return placed;
+  }
+
+  // Scroll to the field of `target` (a .field or fieldset) and focus its first control.
+  reveal(target) {
+    target.scrollIntoView({ block: "center" });
+    const control = target.querySelector("input, select, textarea");
+    if (control) control.focus({ preventScroll: true });
   }
 }
