@@ -138,6 +138,37 @@ def link_targets(
     }
 
 
+#: Offset of the device-to-device iperf3 servers from the collect stage's iperf3 port base (the edge's
+#: servers use base + device index): the server on device i listens on base + 500 + i.
+IPERF3_D2D_PORT_OFFSET = 500
+
+
+def iperf3_device_links(
+    testers: Iterable[str], devices: Iterable[str], addresses: Mapping[str, str]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The device-to-device iperf3 tests of the collect stage: ``(clients, servers)``.
+
+    ``clients[tester]`` lists ``{"target", "address", "port_offset"}`` for every other device of the
+    scenario (in scenario order); ``servers[device]`` is ``{"address", "port_offset"}`` for every
+    device some tester measures towards. Each target runs one server and the testers take turns
+    (the playbook runs one test at a time), so a port per target suffices.
+    """
+    names = list(devices)
+    chosen = [t for t in names if t in set(testers)]
+    clients: dict[str, list[dict[str, Any]]] = {}
+    servers: dict[str, dict[str, Any]] = {}
+    for tester in chosen:
+        for target in names:
+            if target == tester:
+                continue
+            offset = IPERF3_D2D_PORT_OFFSET + names.index(target)
+            clients.setdefault(tester, []).append(
+                {"target": target, "address": addresses[target], "port_offset": offset}
+            )
+            servers[target] = {"address": addresses[target], "port_offset": offset}
+    return clients, servers
+
+
 def start_waits(outcomes: Iterable[LaunchOutcome]) -> dict[str, dict[str, Any]]:
     """How each host's main process waited for the start instant: the ``start_sched`` record of a
     result file (the layers runtime's ``origin.json``: policy, absolute-clock sleep, final spin)."""
@@ -660,10 +691,15 @@ class Driver:
         throughput = [
             d for d in self.scenario.devices if self.scenario.network.get(d, {}).get("measure_throughput")
         ]
+        d2d_clients, d2d_servers = iperf3_device_links(
+            throughput, self.scenario.devices, {h: self.inv.address_of(h) for h in self.inv.hosts}
+        )
         self._stage(
             "collect",
             {
                 "dit_iperf3_devices": throughput,
+                "dit_iperf3_d2d_clients": d2d_clients,
+                "dit_iperf3_d2d_servers": d2d_servers,
                 "dit_edge_address": self.inv.edge_address,
                 "dit_edge_port_actual": self.edge_port,
                 "dit_raw_dir": str(raw),

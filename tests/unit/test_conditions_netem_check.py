@@ -213,3 +213,60 @@ def test_ping_all_pings_every_target_at_once_in_order() -> None:
         assert record["sent"] == 2 and record["address"] == "127.0.0.1"
         if record["method"] == "icmp":
             assert record["received"] == 2 and all(isinstance(v, int) and v > 0 for v in record["rtt_ns"])
+
+
+def iperf3_doc(mbit: float) -> str:
+    return json.dumps({"end": {"sum_received": {"bits_per_second": mbit * 1e6}}})
+
+
+def test_device_to_device_throughput_is_recorded_per_link(tmp_path: Path) -> None:
+    from dit.analysis.links import device_link_rows
+
+    write_links_run(tmp_path)
+    raw = tmp_path / "raw" / "device1"
+    (raw / "device1_iperf3.json").write_text(iperf3_doc(90.0))
+    (raw / "device1_iperf3_device2.json").write_text(iperf3_doc(42.5))
+    (raw / "device1_iperf3_device3.json").write_text(json.dumps({"error": "unable to connect"}))
+    aggregate_network(tmp_path)
+    check = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index(["device", "target"])
+    assert check.loc[("device1", "edge"), "throughput_mbit"] == pytest.approx(90.0)
+    assert check.loc[("device1", "device2"), "throughput_mbit"] == pytest.approx(42.5)
+    assert pd.isna(check.loc[("device1", "device3"), "throughput_mbit"])  # iperf3 failed: no figure
+    assert pd.isna(check.loc[("device2", "device1"), "throughput_mbit"])  # not measured
+
+    scenario = yaml.safe_load((tmp_path / "scenario.yaml").read_text())
+    rows, source = device_link_rows(tmp_path, scenario, "device1", None)
+    links = {r["target"]: (r["rate_bps"], r["rate_source"]) for r in rows}
+    assert source == "iperf3"
+    assert links["device2"] == (pytest.approx(42.5e6), "iperf3")
+    assert links["edge"] == (pytest.approx(90e6), "iperf3")
+    # a failed device-to-device test falls back to the device's own link rate
+    assert links["device3"] == (pytest.approx(90e6), "iperf3")
+    rows, source = device_link_rows(tmp_path, scenario, "device2", None)
+    assert source == "default" and {r["rate_source"] for r in rows} == {"default"}
+
+
+def test_iperf3_device_links_give_each_target_one_server_port() -> None:
+    from dit.driver import IPERF3_D2D_PORT_OFFSET, iperf3_device_links
+
+    addresses = {"edge": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12", "device3": "10.0.0.13"}
+    clients, servers = iperf3_device_links(
+        ["device3", "device1"], ["device1", "device2", "device3"], addresses
+    )
+    off = IPERF3_D2D_PORT_OFFSET
+    assert clients == {
+        "device1": [
+            {"target": "device2", "address": "10.0.0.12", "port_offset": off + 1},
+            {"target": "device3", "address": "10.0.0.13", "port_offset": off + 2},
+        ],
+        "device3": [
+            {"target": "device1", "address": "10.0.0.11", "port_offset": off},
+            {"target": "device2", "address": "10.0.0.12", "port_offset": off + 1},
+        ],
+    }
+    assert servers == {
+        "device1": {"address": "10.0.0.11", "port_offset": off},
+        "device2": {"address": "10.0.0.12", "port_offset": off + 1},
+        "device3": {"address": "10.0.0.13", "port_offset": off + 2},
+    }
+    assert iperf3_device_links([], ["device1", "device2"], addresses) == ({}, {})

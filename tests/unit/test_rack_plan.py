@@ -24,6 +24,7 @@ from dit.rack.plan import (
     memory_writes,
     network_steps,
     nodes,
+    process_cgroup,
     procs_files,
     rt_budgets_us,
     sshd_argv,
@@ -235,5 +236,42 @@ def test_on_cgroup_v1_a_run_s_cgroups_nest_in_its_device_node_s() -> None:
     assert device["dit_cgroup_root"] == "/sys/fs/cgroup/memory/dit-rack/device1"
     assert device["dit_cpu_cgroup_root"] == "/sys/fs/cgroup/cpu/dit-rack/device1"
     assert "dit_cpu_cgroup_root" not in groups["edge"]["hosts"]["edge"]
-    v2 = inventory(spec(devices=1), layout=CgroupLayout(2))["all"]["children"]["devices"]["hosts"]["device1"]
-    assert "dit_cgroup_root" not in v2 and "dit_cpu_cgroup_root" not in v2
+
+
+def test_on_cgroup_v2_a_run_s_cgroups_nest_in_its_device_node_s() -> None:
+    groups = inventory(spec(devices=1), layout=CgroupLayout(2))["all"]["children"]
+    device = groups["devices"]["hosts"]["device1"]
+    assert device["dit_cgroup_root"] == "/sys/fs/cgroup/dit-rack/device1"
+    assert device["dit_cpu_cgroup_root"] == "/sys/fs/cgroup/dit-rack/device1"
+    assert "dit_cgroup_root" not in groups["edge"]["hosts"]["edge"]
+
+
+def test_v2_node_writes_its_limits_then_enables_controllers_for_its_children() -> None:
+    steps = cgroup_steps(spec(devices=1, cpus="1", all_cpus="0,1"), V2, "0")
+    device = [s for s in steps if s.host == "device1"]
+    node, leaf = device
+    assert node.undo == {"dirs": ["/cg/dit-rack/device1"]}
+    assert [(str(w.path), w.value) for w in node.writes] == [
+        ("/cg/dit-rack/device1/cpuset.mems", "0"),
+        ("/cg/dit-rack/device1/cpuset.cpus", "1"),
+        ("/cg/dit-rack/device1/cpu.max", "30000 100000"),
+        ("/cg/dit-rack/device1/cpu.weight", "10000"),
+        ("/cg/dit-rack/device1/memory.max", str(256 << 20)),
+        ("/cg/dit-rack/device1/cgroup.subtree_control", "+cpu +cpuset +memory"),
+    ]
+    # sshd's leaf: a step of its own after the node's, so rack down (newest first) removes it first.
+    assert leaf.undo == {"dirs": ["/cg/dit-rack/device1/sshd"]} and leaf.writes == ()
+    assert steps.index(leaf) == steps.index(node) + 1
+    edge = {str(w.path): w.value for s in steps if s.host == "edge" for w in s.writes}
+    assert edge["/cg/dit-rack/edge/cpu.max"] == "max 100000"
+    assert edge["/cg/dit-rack/edge/cgroup.subtree_control"] == "+cpu +cpuset +memory"
+    assert "/cg/dit-rack/edge/memory.max" not in edge
+
+
+def test_v2_sshd_joins_the_leaf_and_v1_the_node_itself() -> None:
+    assert process_cgroup(V2, "dit-rack/device1") == "dit-rack/device1/sshd"
+    assert procs_files(V2, process_cgroup(V2, "dit-rack/device1")) == [
+        Path("/cg/dit-rack/device1/sshd/cgroup.procs")
+    ]
+    assert process_cgroup(V1, "dit-rack/device1") == "dit-rack/device1"
+    assert [s.host for s in cgroup_steps(spec(devices=1), V1, "0")] == ["controller", "edge", "device1"]

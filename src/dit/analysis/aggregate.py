@@ -41,7 +41,7 @@ from dit.analysis.inputs import (
     read_raw_layers,
 )
 from dit.analysis.layers import REQUIRED_LAYERS_COLUMNS, aggregate_layers, edge_rows_from_requests
-from dit.analysis.links import LINKS_COLUMNS, link_rate, ping_rows
+from dit.analysis.links import LINKS_COLUMNS, device_link_rows
 from dit.analysis.phases import phases_summary
 from dit.analysis.points import POINTS_COLUMNS, points_rows
 from dit.analysis.power_model import read_power_models
@@ -119,10 +119,9 @@ def aggregate_run(run: LoadedRun | Path) -> AggregateSummary:
     link_rows: list[dict[str, Any]] = []
     rate_sources: dict[str, str] = {}
     for device in devices:
-        rate, source = link_rate(run_dir, scenario, device, inference.get(device))
-        rate_sources[device] = source
-        for row in ping_rows(run_dir, device):
-            link_rows.append(row | {"rate_bps": round(rate, 3), "rate_source": source})
+        rows, rate_sources[device] = device_link_rows(run_dir, scenario, device, inference.get(device))
+        for row in rows:
+            link_rows.append(row)
             if "rtt_ns_mean" not in row:
                 notes.append(f"{device}: no RTT measured towards {row['target']}")
 

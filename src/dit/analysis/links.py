@@ -80,6 +80,13 @@ def link_rate(
     return DEFAULT_RATE_BPS, "default"
 
 
+def device_link_rate(run_dir: Path, device: str, target: str) -> float | None:
+    """The iperf3 throughput of ``device``'s link to another device (``<device>_iperf3_<target>.json``,
+    measured in collect when ``network.<device>.measure_throughput`` is set), or None."""
+    path = raw_file(run_dir, device, f"iperf3_{target}.json")
+    return iperf3_rate_bps(read_json(path)) if path.is_file() else None
+
+
 def ping_rows(run_dir: Path, device: str) -> list[dict[str, Any]]:
     """RTT statistics per target from ``<device>_ping.json`` (one object or a list of them)."""
     path = raw_file(run_dir, device, "ping.json")
@@ -102,3 +109,23 @@ def ping_rows(run_dir: Path, device: str) -> list[dict[str, Any]]:
             }
         rows.append(row)
     return rows
+
+
+def device_link_rows(
+    run_dir: Path, scenario: Mapping[str, Any], device: str, inference: pd.DataFrame | None
+) -> tuple[list[dict[str, Any]], str]:
+    """``device``'s rows of ``links.csv`` and the source of its own (edge) link rate.
+
+    Every row has the RTTs of :func:`ping_rows`; the rate is the device's link rate
+    (:func:`link_rate`), except on a link to another device that collect measured with iperf3
+    (:func:`device_link_rate`), which keeps its own figure.
+    """
+    rate, source = link_rate(run_dir, scenario, device, inference)
+    rows: list[dict[str, Any]] = []
+    for row in ping_rows(run_dir, device):
+        d2d = device_link_rate(run_dir, device, row["target"]) if row["target"] != EDGE_HOST else None
+        if d2d is not None:
+            rows.append(row | {"rate_bps": round(d2d, 3), "rate_source": "iperf3"})
+        else:
+            rows.append(row | {"rate_bps": round(rate, 3), "rate_source": source})
+    return rows, source

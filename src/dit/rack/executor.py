@@ -39,6 +39,7 @@ from dit.rack.plan import (
     network_steps,
     node_dir,
     nodes,
+    process_cgroup,
     procs_files,
     sshd_argv,
     sshd_config,
@@ -267,7 +268,7 @@ class Rack:
         make_fake_sysfs(directory / "sys", node.role)
         config = directory / "sshd_config"
         config.write_text(sshd_config(self.spec, node))
-        procs = procs_files(self.layout, node.cgroup)
+        procs = procs_files(self.layout, process_cgroup(self.layout, node.cgroup))
         self.journal.record_changes(
             node.name,
             [
@@ -338,8 +339,10 @@ def undo(op: str, data: Mapping[str, Any]) -> None:
     elif op == "cgroup":
         for directory in map(Path, data.get("dirs", [])):
             if directory.is_dir():
-                _empty_cgroup(directory / "cgroup.procs")
-                directory.rmdir()
+                # Children first (a crashed run's cgroup nested in the node's): rmdir needs them gone.
+                for sub, _, _ in sorted(os.walk(directory), key=lambda w: -w[0].count("/")):
+                    _empty_cgroup(Path(sub) / "cgroup.procs")
+                    Path(sub).rmdir()
     elif op == "netns":
         netns = str(data["netns"])
         if _netns_exists(netns):
@@ -399,7 +402,7 @@ def status(state_dir: Path) -> tuple[dict[str, Any], list[NodeStatus]]:
     layout = CgroupLayout(int(state["cgroup_version"]))
     rows: list[NodeStatus] = []
     for name, node in state["nodes"].items():
-        procs = procs_files(layout, node["cgroup"])
+        procs = procs_files(layout, process_cgroup(layout, node["cgroup"]))
         try:
             with socket.create_connection((node["address"], 22), timeout=1.0):
                 sshd = True

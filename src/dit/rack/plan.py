@@ -27,6 +27,10 @@ RT_NODE_MIN_US = 4_000  # two 2 ms start spins a second
 MAX_DEVICES = 200  # device addresses are .11 … .210 of one /24
 EDGE = "edge"
 INFERENCE_INTERFACE = "inf0"  # the veth end inside every node's namespace
+#: cgroup v2's leaf under each node for sshd and what it starts: v2 lets a cgroup hand controllers
+#: to children (a run's cgroups) only while it holds no processes itself ("no internal processes").
+PROCESS_LEAF = "sshd"
+V2_CONTROLLERS = "+cpu +cpuset +memory"
 SSHD = "/usr/sbin/sshd"
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,5}$")
 _SUBNET = re.compile(r"^10\.(\d{1,3})\.(\d{1,3})$")
@@ -204,6 +208,19 @@ def cpuset_writes(layout: CgroupLayout, relative: str, cpus: str, mems: str) -> 
     return [CgroupWrite(base / "cpuset.mems", mems), CgroupWrite(base / "cpuset.cpus", cpus)]
 
 
+def process_cgroup(layout: CgroupLayout, node_cgroup: str) -> str:
+    """The cgroup a node's sshd (and so every process started over SSH) joins: on v1 the node's own,
+    on v2 its leaf ``<node>/sshd``, so that the node itself stays free of processes and can nest a
+    run's cgroups (``dit_cgroup_root``) with the cpu, cpuset and memory controllers."""
+    return f"{node_cgroup}/{PROCESS_LEAF}" if layout.version == 2 else node_cgroup
+
+
+def subtree_control_write(layout: CgroupLayout, relative: str) -> CgroupWrite:
+    """v2: enable cpu, cpuset and memory for the children of ``relative`` ("" is the root)."""
+    base = layout.root / relative if relative else layout.root
+    return CgroupWrite(base / "cgroup.subtree_control", V2_CONTROLLERS)
+
+
 def procs_files(layout: CgroupLayout, relative: str) -> list[Path]:
     """Where a process writes its pid to join the node's cgroup (every controller on v1)."""
     return [d / "cgroup.procs" for d in cgroup_dirs(layout, relative)]
@@ -309,11 +326,10 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
     ]
     if layout.version == 2:
         # v2 hands a controller to children only once the parent lists it in subtree_control.
-        enable = "+cpu +cpuset +memory"
         parent_writes = [
-            CgroupWrite(layout.root / "cgroup.subtree_control", enable),
+            subtree_control_write(layout, ""),
             *parent_writes,
-            CgroupWrite(layout.root / parent / "cgroup.subtree_control", enable),
+            subtree_control_write(layout, parent),
         ]
     steps = [
         Step(
@@ -332,6 +348,9 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
             *memory_writes(layout, node.cgroup, node.memory_mb),
             *rt_writes(layout, node.cgroup, rt_budgets_us(spec.devices)[1]),
         ]
+        if layout.version == 2:
+            # The node nests: its children (the sshd leaf, a run's cgroups) get its controllers.
+            writes.append(subtree_control_write(layout, node.cgroup))
         steps.append(
             Step(
                 node.name,
@@ -340,6 +359,10 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
                 writes=tuple(writes),
             )
         )
+        leaf = process_cgroup(layout, node.cgroup)
+        if leaf != node.cgroup:
+            # Journaled after the node, so `rack down` (newest first) removes it before the node.
+            steps.append(Step(node.name, "cgroup", {"dirs": [str(d) for d in cgroup_dirs(layout, leaf)]}))
     return steps
 
 
@@ -357,10 +380,10 @@ def inventory(
     shared, so every node gets its own ``dit_remote_base`` and ``dit_shared_clock`` is set.
     ``netem_dry_run`` (a kernel without ``sch_netem``) makes every device record the tc trees that
     need netem instead of running them (``dit_tc_dry_run: netem``); rate-only trees stay real.
-    With a cgroup v1 ``layout`` every device's ``dit_cgroup_root`` and ``dit_cpu_cgroup_root`` are its
-    node's own cgroups in the memory and cpu hierarchies, so a run's memory limit and CPU share
-    (``hardware.<device>``) nest inside the node's and both apply (v2 forbids children of a cgroup
-    with processes, sshd's here, taking controllers: the run's cgroups then go to the default root).
+    With a ``layout`` every device's ``dit_cgroup_root`` and ``dit_cpu_cgroup_root`` are its node's
+    own cgroups (v1: in the memory and cpu hierarchies; v2: the one unified directory, whose sshd
+    sits in the leaf :func:`process_cgroup` so the node may hand controllers on), so a run's memory
+    limit and CPU share (``hardware.<device>``) nest inside the node's and both apply.
     """
 
     def host(node: Node) -> dict[str, Any]:
@@ -381,6 +404,8 @@ def inventory(
         if layout is not None and layout.version == 1 and node.role == "device":
             out["dit_cgroup_root"] = str(layout.root / "memory" / node.cgroup)
             out["dit_cpu_cgroup_root"] = str(layout.root / "cpu" / node.cgroup)
+        elif layout is not None and node.role == "device":
+            out["dit_cgroup_root"] = out["dit_cpu_cgroup_root"] = str(layout.root / node.cgroup)
         return out
 
     all_nodes = nodes(spec)

@@ -387,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     wait_start()
     torch.set_num_threads(rc.threads)
-    from headsplit import rpc
+    from headsplit import netif, rpc
 
-    rpc.bind_interface(rc.address)
+    netif.bind_interface(rc.address)
     rpc.init(rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s)
     code = 0
     try:

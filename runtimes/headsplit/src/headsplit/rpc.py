@@ -12,7 +12,6 @@ without executing it -- a stalled link, as the controller sees it.
 from __future__ import annotations
 
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -46,32 +45,6 @@ def init(name: str, rank: int, world_size: int, address: str, port: int, timeout
         _channels=["basic"],
     )
     trpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)  # type: ignore[no-untyped-call, unused-ignore]
-
-
-def interface_of(address: str) -> str | None:
-    """The network interface holding IPv4 ``address`` (Linux ioctl SIOCGIFADDR), or None."""
-    import fcntl
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                raw = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-            except OSError:
-                continue
-            if socket.inet_ntoa(raw[20:24]) == address:
-                return name
-    return None
-
-
-def bind_interface(address: str) -> None:
-    """Make TensorPipe listen on the interface of the configured (inference) address, unless
-    ``TP_SOCKET_IFNAME`` is set already: by default it takes the hostname's address, which on the
-    rack may be the management network."""
-    if "TP_SOCKET_IFNAME" not in os.environ:
-        name = interface_of(address)
-        if name:
-            os.environ["TP_SOCKET_IFNAME"] = name
 
 
 def shutdown(graceful: bool = True) -> None:

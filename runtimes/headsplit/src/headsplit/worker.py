@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     torch.set_num_threads(rc.threads)
-    from headsplit import rpc
+    from headsplit import netif, rpc
 
-    rpc.bind_interface(entry.address)
+    netif.bind_interface(entry.address)
     start_ns = time.time_ns()
     rpc.init(entry.name, entry.rank, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s)
     rpc.shutdown()

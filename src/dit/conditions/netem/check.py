@@ -14,7 +14,9 @@ unshaped at preflight (``<device>_ping_baseline.json``), and ``difference_ms = m
 delay)``, and for a varying delay at least half its range (``(high_ms - low_ms) / 2``, pings sample
 it at random phases). ``pass`` is whether ``|difference_ms| <= tolerance_ms``; it is empty when the
 link was not measured or its tree was only recorded (``shaping`` = ``recorded``: local mode, or a
-kernel without ``sch_netem``; the difference is then about ``-intended``).
+kernel without ``sch_netem``; the difference is then about ``-intended``). ``throughput_mbit`` is
+the link's iperf3 throughput when collect measured it (``network.<device>.measure_throughput``:
+``<device>_iperf3.json`` towards the edge, ``<device>_iperf3_<target>.json`` towards a device).
 
 ``aggregate/netem_changes.csv`` — every change of the ``netem-vary`` process
 (``<device>_netem_changes.csv``) with ``t_ns = t_mono_ns - origin_mono_ns`` from the device's
@@ -33,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from dit.analysis.links import iperf3_rate_bps
 from dit.analysis.run import LoadedRun, raw_file
 from dit.conditions.netem.tc import intended_delay_ms
 
@@ -50,6 +53,7 @@ CHECK_COLUMNS = (
     "tolerance_ms",
     "pass",
     "pings",
+    "throughput_mbit",
 )
 TOLERANCE_MIN_MS = 1.0  # the smallest tolerance of the self-check
 TOLERANCE_FRACTION = 0.10  # of the intended delay
@@ -121,6 +125,12 @@ def _addresses(run_dir: Path, devices: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _throughput_mbit(run_dir: Path, device: str, target: str) -> float | None:
+    name = "iperf3.json" if target == "edge" else f"iperf3_{target}.json"
+    rate = iperf3_rate_bps(_read_json(raw_file(run_dir, device, name)))
+    return None if rate is None else round(rate / 1e6, 3)
+
+
 def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
     """The rows of ``netem_check.csv`` (see the module docstring)."""
     loaded = LoadedRun.of(run)
@@ -167,6 +177,7 @@ def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
                     "tolerance_ms": tolerance,
                     "pass": verdict,
                     "pings": len(entry.get("rtt_ns") or []),
+                    "throughput_mbit": _throughput_mbit(run_dir, device, target),
                 }
             )
     return pd.DataFrame(rows, columns=list(CHECK_COLUMNS))
