@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import tarfile
@@ -172,12 +173,15 @@ def build(
         configure = configure_argv(cmake, source, build_dir)
         compile_ = build_argv(cmake, build_dir, jobs)
         started = time.monotonic()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         for argv in (configure, compile_):
             log("llamacpp: " + " ".join(argv))
             rc = run(argv)
             if rc != 0:
                 raise BuildError(f"{argv[0]} exited with {rc}: {' '.join(argv)}")
         wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         out = scratch / "out"
         (out / "bin").mkdir(parents=True)
         for target in TARGETS:
@@ -200,6 +204,8 @@ def build(
             "cxx": _compiler_version(os.environ.get("CXX", "c++")),
             "jobs": jobs,
             "wall_s": round(wall, 1),
+            # CPU time of every waited-for descendant (compilers, linker): comparable across loads
+            "cpu_s": round(cpu, 1),
             "loadavg_after": [round(x, 2) for x in load],
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
