@@ -252,3 +252,53 @@ def test_worker_traffic_splits_the_weights_upload_from_inference() -> None:
     t = results.worker_traffic("worker1", "d1", results.read_samples(text, "s"), 50, 250, 150)
     # start 50 -> the sample at 0; end 250 -> the one at 300; first output 150 -> the one at 100
     assert (t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak) == (6000, 5100, 5600, 400, 950)
+
+
+def _run(tmp_path: Path, stderr: str) -> Any:
+    from dit.analysis.run import LoadedRun
+
+    run = tmp_path / "run"
+    (run / "scenario.yaml").parent.mkdir(parents=True)
+    (run / "scenario.yaml").write_text("name: lc\ndevices: [device1, device2]\n", encoding="utf-8")
+    start, end = 1_000_000, 9_000_000
+    controller = {
+        "argv": ["llama-completion", "--rpc", "127.0.0.1:50052,127.0.0.1:50053", "-n", "8"],
+        "returncode": 0, "start_ns": start, "end_ns": end, "stdout": "Hi there and", "stderr": stderr,
+        "stdout_chunks": [[3_000_000, 8], [4_000_000, 4], [5_000_000, 4], [7_000_000, 4]],
+    }  # fmt: skip
+    (run / "raw" / "edge").mkdir(parents=True)
+    (run / "raw" / "edge" / "edge_llamacpp.json").write_text(json.dumps(controller), encoding="utf-8")
+    for rank, device in ((1, "device1"), (2, "device2")):
+        samples = [
+            {"t_ns": 0, "rx": 0, "tx": 0, "rchar": 100, "wchar": 0, "rss": 1, "hwm": 1},
+            {"t_ns": 2_900_000, "rx": 9, "tx": 9, "rchar": 100 + 4000 * rank, "wchar": 50, "rss": 7, "hwm": 7 * rank},
+            {"t_ns": 9_500_000, "rx": 99, "tx": 99, "rchar": 100 + 4000 * rank + 800, "wchar": 250, "hwm": 7 * rank},
+        ]  # fmt: skip
+        (run / "raw" / device).mkdir(parents=True)
+        (run / "raw" / device / f"{device}_llamacpp-worker{rank}.jsonl").write_text(
+            "".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8"
+        )
+    return LoadedRun(run)
+
+
+def test_parse_gives_headsplit_s_columns_from_a_recorded_run(tmp_path: Path) -> None:
+    got = dit_runtime.LlamaCppRpcRuntime().parse_results(_run(tmp_path, STDERR))
+    assert [p.name for p in got.tables] == ["llamacpp_workers.csv", "llamacpp_chunks.csv"]
+    v = {s.name: (s.value, s.unit) for s in got.summary}
+    assert v["tokens_generated"] == (8, "")
+    assert v["tokens_per_s"] == (100.0, "1/s") and v["prompt_tokens_per_s"] == (900.0, "1/s")
+    assert v["token_latency_mean"] == (10_000_000, "ns") and v["prefill_latency"] == (10_000_000, "ns")
+    # worker N: load = 4000 N + 50 bytes, then 800 read + 200 written during generation
+    assert v["bytes_total"] == (4000 + 4000 * 2 + 2 * (50 + 1000), "B")
+    assert v["bytes_load"] == (4000 + 4000 * 2 + 2 * 50, "B")
+    assert v["bytes_per_token"] == (2 * 1000 / 8, "B")
+    assert v["worker_memory_peak"] == (14, "B")
+    assert v["token_latency_p50"] == (1_000_000, "ns") and v["token_latency_p99"] == (2_000_000, "ns")
+    assert "energy" not in v  # no power trace in this run
+
+
+def test_parse_names_the_file_when_llama_cpp_did_not_finish(tmp_path: Path) -> None:
+    with pytest.raises(
+        dit_runtime.LlamaCppResultsError, match=r"edge_llamacpp\.json: no 'prompt eval time' line"
+    ):
+        dit_runtime.LlamaCppRpcRuntime().parse_results(_run(tmp_path, "error: failed to load model\n"))
