@@ -90,7 +90,7 @@ def test_controller_argv_offloads_every_layer_to_the_workers_greedily() -> None:
     assert argv == [
         "/b/llama-completion", "-m", "/m/llama-tiny-F32.gguf", "--rpc", "10.0.0.11:50052,[fd00::2]:50053",
         "-ngl", "999", "--tensor-split", "1,2.5", "-n", "8", "-p", "Hi there", "-no-cnv", "--temp", "0",
-        "--seed", "7", "-t", "1", "-c", "128", "--no-warmup", "--ignore-eos",
+        "--seed", "7", "-t", "1", "-c", "128", "--no-warmup", "--ignore-eos", "-fit", "off",
     ]  # fmt: skip
     with pytest.raises(launch.LaunchArgError, match="tensor_split: 1 shares for 2 workers"):
         launch.controller_argv("b", model="m", servers=["a:1", "b:2"], tensor_split=[1], tokens=1, prompt="p",

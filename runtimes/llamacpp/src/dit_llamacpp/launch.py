@@ -107,7 +107,8 @@ def controller_argv(
     ``-ngl 999`` offloads every layer to the non-CPU devices, which are the RPC servers (in their
     ``--rpc`` order); ``--tensor-split`` gives their shares of the layers. ``--temp 0`` is greedy,
     ``-no-cnv`` a plain completion, ``--no-warmup`` keeps the warm-up pass out of the timings, and
-    ``--ignore-eos`` makes the count exact.
+    ``--ignore-eos`` makes the count exact, ``-fit off`` keeps llama.cpp from refitting the split to
+    the devices' free memory (the split is the scenario's).
     """
     if not servers:
         raise LaunchArgError("workers: needs at least one rpc-server")
@@ -134,6 +135,7 @@ def controller_argv(
         "-c", str(ctx_size),
         "--no-warmup",
         "--ignore-eos",
+        "-fit", "off",
     ]  # fmt: skip
 
 
