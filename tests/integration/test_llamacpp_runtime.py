@@ -2,7 +2,8 @@
 
 Slow, and skipped unless the binaries were built into the cache (``dit runtimes act llamacpp-rpc build``
 or ``python -m dit_llamacpp.build``) and a tiny GGUF is at hand: ``dit_llamacpp.models`` converts
-``llama-tiny`` F32 (the GGUF work), or ``$DIT_LLAMACPP_TEST_GGUF`` names a file.
+``llama-tiny`` F32 (the GGUF work), or ``$DIT_LLAMACPP_TEST_GGUF`` names a file
+(``$DIT_LLAMACPP_TEST_BIN`` a directory of binaries).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _bin_dir() -> Path:
     import sys
 
+    if os.environ.get("DIT_LLAMACPP_TEST_BIN"):  # a directory of binaries other than the cache's
+        return Path(os.environ["DIT_LLAMACPP_TEST_BIN"])
     sys.path.insert(0, str(LLAMACPP / "src"))
     from dit_llamacpp import build
 
