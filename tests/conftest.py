@@ -128,34 +128,62 @@ def scenario_runtime(path: Path) -> str:
     return str(block.get("name", "layers")) if isinstance(block, dict) else "layers"
 
 
+def scenario_runtimes(path: Path) -> list[str]:
+    """Every runtime a scenario file names: its ``runtime`` block's and those of a sweep over ``runtime``
+    (ch6_compare sweeps headsplit against llamacpp-rpc)."""
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    names = [scenario_runtime(path)]
+    for axis in (doc.get("sweep") or []) if isinstance(doc, dict) else []:
+        if isinstance(axis, dict) and axis.get("path") == "runtime":
+            names += [str(v["name"]) for v in axis.get("values") or [] if isinstance(v, dict) and "name" in v]
+    return list(dict.fromkeys(names))
+
+
 @contextmanager
 def shipped_runtime(path: Path) -> Iterator[str]:
-    """The runtime the scenario ``path`` names, usable in this process for the block's duration.
+    """The runtimes the scenario ``path`` names, usable in this process for the block's duration.
 
     Installed (the venv's entry points), or else registered from this repository's own distribution
     ``runtimes/<name>/`` (its ``dit.runtimes`` entry point, its ``src`` on ``sys.path``) as the test
     of a shipped scenario needs it; the test is skipped when neither gives it (e.g. CI without it).
+    Yields the name of the scenario's own ``runtime`` block.
     """
     from dit.runtimes import registry
 
-    name = scenario_runtime(path)
-    if name in registry.installed():
-        yield name
+    names = scenario_runtimes(path)
+    missing = [name for name in names if name not in registry.installed()]
+    if not missing:
+        yield names[0]
         return
-    project = REPO / "runtimes" / name / "pyproject.toml"
-    if not project.is_file():
-        pytest.skip(f"{path.name}: runtime {name} is not installed and not in runtimes/")
-    entry = tomllib.loads(project.read_text(encoding="utf-8"))["project"]["entry-points"]["dit.runtimes"][
-        name
-    ]
     saved_builtin, saved_path = registry.BUILTIN, list(sys.path)
-    sys.path.insert(0, str(project.parent / "src"))
-    registry.BUILTIN = {**saved_builtin, name: entry}
+    extra: dict[str, str] = {}
+    for name in missing:
+        project = REPO / "runtimes" / name / "pyproject.toml"
+        if not project.is_file():
+            project = next(
+                (
+                    p
+                    for p in sorted((REPO / "runtimes").glob("*/pyproject.toml"))
+                    if name
+                    in tomllib.loads(p.read_text(encoding="utf-8"))["project"]
+                    .get("entry-points", {})
+                    .get("dit.runtimes", {})
+                ),
+                project,
+            )
+        if not project.is_file():
+            pytest.skip(f"{path.name}: runtime {name} is not installed and not in runtimes/")
+        extra[name] = tomllib.loads(project.read_text(encoding="utf-8"))["project"]["entry-points"][
+            "dit.runtimes"
+        ][name]
+        sys.path.insert(0, str(project.parent / "src"))
+    registry.BUILTIN = {**saved_builtin, **extra}
     registry.reset()
     try:
-        if name not in registry.installed():
-            pytest.skip(f"{path.name}: runtime {name} does not load: {registry.problems().get(name)}")
-        yield name
+        for name in missing:
+            if name not in registry.installed():
+                pytest.skip(f"{path.name}: runtime {name} does not load: {registry.problems().get(name)}")
+        yield names[0]
     finally:
         registry.BUILTIN = saved_builtin
         sys.path[:] = saved_path

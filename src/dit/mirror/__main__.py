@@ -59,6 +59,8 @@ def cmd_build(args: argparse.Namespace) -> int:
         skip_weights=args.skip_weights,
         skip_runtimes=args.skip_runtimes,
         skip_checkpoints=args.skip_checkpoints,
+        skip_sdists=args.skip_sdists,
+        sdists_from=tuple(args.sdists_from),
         runtime_names=tuple(args.runtime),
         sources_file=args.sources,
         source_locations={"torch-cpu": args.torch_cpu_wheels},
@@ -121,6 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--skip-runtimes", action="store_true")
     b.add_argument(
         "--skip-checkpoints", action="store_true", help="leave out the sources file's checkpoints:"
+    )
+    b.add_argument("--skip-sdists", action="store_true", help="leave out the pinned source archives")
+    b.add_argument(
+        "--sdists-from",
+        type=Path,
+        action="append",
+        default=[],
+        help="a local directory searched for the pinned source archives before the index",
     )
     b.add_argument("--runtime", action="append", default=[], help="only this external runtime (repeatable)")
     b.add_argument("--sources", type=Path, default=None, help="sources list (default: mirror/sources.yaml)")

@@ -9,6 +9,7 @@ Layout of the mirror directory (what ``roles/mirror_serve`` serves and ``roles/p
     sources/<name>.git/            bare clones of external runtimes at their pinned commit
     runtimes/<name>-<pin12>/       an external runtime's wheel built at its pin, requirements-<arch>.txt
                                    (its lock plus the wheel, every line hashed) and runtime.json
+    sdists/<project>-<ver>.tar.gz  source archives pinned by version + SHA-256 (llama.cpp's binaries)
     weights/*.safetensors          the model catalogue's weights
     checkpoints/<sha256>/<name>    real checkpoints pinned in the sources file (a file, or a Hugging Face
                                    directory with its SHA256SUMS): dit.mirror.checkpoints
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dit.mirror import checkpoints, debs, locks, runtimes, sources, weights, wheels
+from dit.mirror import checkpoints, debs, locks, runtimes, sdists, sources, weights, wheels
 from dit.mirror.manifest import MANIFEST, ManifestError, read_manifest, walk, write_manifest
 
 DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
@@ -52,6 +53,8 @@ class BuildOptions:
     skip_weights: bool = False
     skip_runtimes: bool = False
     skip_checkpoints: bool = False
+    skip_sdists: bool = False
+    sdists_from: tuple[Path, ...] = ()  # local directories searched before the index
     runtime_names: tuple[str, ...] = ()  # empty: every runtime of the sources file
     sources_file: Path | None = None
     source_locations: Mapping[str, str] = field(default_factory=dict)
@@ -265,6 +268,30 @@ def _build_runtimes(
     return done
 
 
+def _build_sdists(
+    options: BuildOptions,
+    declared: tuple[sdists.Sdist, ...],
+    origins: dict[str, dict[str, Any]],
+    log: Callable[[str], None],
+) -> list[str]:
+    done: list[str] = []
+    for sdist in declared:
+        try:
+            path = sdists.fetch_sdist(
+                sdist, options.out / "sdists", options.index_url, options.sdists_from, log
+            )
+        except sdists.SdistError as exc:
+            raise BuildError(str(exc)) from exc
+        origins[path.relative_to(options.out).as_posix()] = {
+            "kind": "sdist",
+            "package": sdist.name,
+            "version": sdist.version,
+            "sha256": sdist.sha256,
+        }
+        done.append(f"sdists/{path.name} (sha256 {sdist.sha256[:12]})")
+    return done
+
+
 def _build_weights(
     options: BuildOptions, origins: dict[str, dict[str, Any]], log: Callable[[str], None]
 ) -> list[str]:
@@ -329,6 +356,12 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
             declared = runtimes.load_runtimes(sources_file)
         except runtimes.RuntimeSourceError as exc:
             raise BuildError(str(exc)) from exc
+    declared_sdists: tuple[sdists.Sdist, ...] = ()
+    if not options.skip_sdists and sources_file.is_file():
+        try:
+            declared_sdists = sdists.load_sdists(sources_file)
+        except sdists.SdistError as exc:
+            raise BuildError(str(exc)) from exc
     parts: dict[str, list[str]] = {}
     seconds: dict[str, float] = {}
     steps: list[tuple[str, bool, Callable[[], list[str]]]] = [
@@ -340,6 +373,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
             lambda: _build_sources(options, _need(srcs), origins, log),
         ),
         ("runtimes", options.skip_runtimes, lambda: _build_runtimes(options, declared, origins, log)),
+        ("sdists", options.skip_sdists, lambda: _build_sdists(options, declared_sdists, origins, log)),
         ("weights", options.skip_weights, lambda: _build_weights(options, origins, log)),
         (
             "checkpoints",
@@ -375,6 +409,7 @@ def build_mirror(options: BuildOptions, log: Callable[[str], None] = print) -> d
                     ("weights", options.skip_weights),
                     ("runtimes", options.skip_runtimes),
                     ("checkpoints", options.skip_checkpoints),
+                    ("sdists", options.skip_sdists),
                 )
                 if skip
             ],

@@ -1,0 +1,563 @@
+"""llama.cpp's RPC backend as a dit runtime (``llamacpp-rpc``): block, launch, readiness, build action, results.
+
+The only module of the package that imports the testbed (docs/runtimes.md is the interface,
+docs/llamacpp.md the user's guide). Processes (all started by dit's process module, tagged with the run
+id and reaped at teardown or by ``dit cleanup``):
+
+* ``llama-worker<N>`` on each worker device (background): ``node.py worker`` checks the bind address
+  (:func:`dit_llamacpp.launch.check_bind`: the node's inference address only, loopback only in local
+  mode), starts ``ggml-rpc-server`` as its child, writes its ready file once the port listens, and samples
+  the server's memory and traffic into ``results/llamacpp-worker<N>.jsonl``;
+* ``llama-controller`` on the controller node (main): ``node.py controller`` runs ``llama-completion``
+  with ``--rpc`` over the workers and writes ``results/llamacpp.json``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import posixpath
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dit.analysis.run import AggregateError, LoadedRun, raw_file
+from dit.runtimes import (
+    Action,
+    ActionPlan,
+    LaunchContext,
+    LaunchSpec,
+    ReadinessPlan,
+    Results,
+    RuntimeBase,
+    SummaryValue,
+)
+from dit_llamacpp import __version__, build, launch, results
+
+EDGE = "edge"
+CONTROLLER_TAG = "llama-controller"
+WORKER_TAG = "llama-worker{rank}"
+RESULT_FILE = "results/llamacpp.json"
+RESULT_NAME = "llamacpp.json"
+SAMPLES_FILE = "results/llamacpp-worker{rank}.jsonl"
+SAMPLES_NAME = "llamacpp-worker{rank}.jsonl"
+READY_FILE = "llamacpp-worker{rank}.ready"
+NODE_DIR = "llamacpp"  # node.py and launch.py, under the run directory
+MODELS = ("gpt2-tiny", "llama-tiny", "gpt2", "tinyllama")  # dit_llamacpp.models.SHAPES
+QUANTS = ("F32", "F16", "Q8_0", "Q4_0")
+DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
+DEFAULT_MODELS_DIR = "/var/cache/dit/gguf"
+DEFAULT_PORT = 50052
+MIB = 1024 * 1024
+NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
+SHA256 = "^[0-9a-f]{64}$"
+BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
+PY = "{{ dit_python | default(ansible_python_interpreter) | default('/usr/bin/python3') }}"
+CHECKS = ("rpc-server", "controller", "build-record")
+
+
+class LlamaCppLaunchError(ValueError):
+    """A runtime block the launch cannot turn into processes; the message names the field."""
+
+
+class LlamaCppResultsError(AggregateError):
+    """A results file that is not what the node programs write; the message names it."""
+
+
+def _abs(description: str, default: str | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "description": description,
+        "type": "string",
+        "pattern": "^/",
+        "x-pattern-text": "is not an absolute path",
+    }
+    if default is not None:
+        schema["default"] = default
+    return schema
+
+
+def block_schema() -> dict[str, Any]:
+    """The JSON Schema of the scenario's ``runtime`` block (``name: llamacpp-rpc`` added by dit)."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "model": {
+                "title": "Model",
+                "description": "The decoder shape as GGUF (dit_llamacpp.models): `llama-tiny`, `gpt2-tiny` "
+                "(reduced, CI), `tinyllama`, `gpt2`. The file is `<models_dir>/<model>-<quant>.gguf` on the "
+                "controller node unless `gguf` names one.",
+                "enum": list(MODELS),
+                "default": "llama-tiny",
+            },
+            "quant": {
+                "title": "Weight type",
+                "description": "The GGUF variant: F32, F16, Q8_0 or Q4_0.",
+                "enum": list(QUANTS),
+                "default": "F32",
+            },
+            "models_dir": _abs("Directory of the GGUF files on the controller node.", DEFAULT_MODELS_DIR),
+            "gguf": _abs(
+                "A GGUF file on the controller node, instead of `<models_dir>/<model>-<quant>.gguf`."
+            ),
+            "sha256": {
+                "description": "The GGUF file's SHA-256; the controller refuses a file that differs.",
+                "type": "string",
+                "pattern": SHA256,
+                "x-pattern-text": "is not a SHA-256 (64 lower-case hexadecimal digits)",
+            },
+            "controller": {
+                "title": "Controller node",
+                "description": "Where llama-completion runs: `edge` (the default) or a device that is not a worker.",
+                "type": "string",
+                "pattern": NODE_NAME,
+                "default": EDGE,
+            },
+            "workers": {
+                "title": "Workers",
+                "description": "The devices that run an rpc-server, in --rpc order; every device when absent.",
+                "type": "array",
+                "minItems": 1,
+                "uniqueItems": True,
+                "items": {"type": "string", "pattern": NODE_NAME},
+            },
+            "tensor_split": {
+                "title": "Tensor split",
+                "description": "Share of the layers per worker (same order as `workers`); without it the "
+                "shares follow the workers' memory limits (hardware.<device>.memory_limit_mb), else even.",
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "number", "minimum": 0},
+            },
+            "tokens": {
+                "title": "Tokens",
+                "description": "Tokens to generate after the prompt (greedy, end of text ignored).",
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 4096,
+                "default": 16,
+            },
+            "prompt": {
+                "title": "Prompt",
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 8192,
+                "default": "Heads expose the parallelism that layers hide.",
+            },
+            "ctx_size": {
+                "description": "Context size (tokens) of the controller.",
+                "type": "integer",
+                "minimum": 16,
+                "maximum": 131072,
+                "default": 256,
+            },
+            "port": {
+                "title": "Base port",
+                "description": "TCP port of the first worker's rpc-server; worker N listens on port + N - 1.",
+                "type": "integer",
+                "minimum": 1024,
+                "maximum": 65000,
+                "default": DEFAULT_PORT,
+            },
+            "threads": {
+                "description": "CPU threads of each rpc-server and of the controller.",
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 256,
+                "default": 1,
+            },
+            "seed": {"description": "Sampler seed.", "type": "integer", "minimum": 0, "default": 42},
+            "bin_dir": _abs(
+                "Directory of the built binaries on every node (the `build` action's cache).", DEFAULT_BIN
+            ),
+            "sample_interval_s": {
+                "description": "Seconds between two samples of a worker's memory and traffic.",
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 10,
+                "default": 0.1,
+            },
+        },
+    }
+
+
+# -- launch -------------------------------------------------------------------------------------
+
+
+def controller_host(ctx: LaunchContext) -> str:
+    name = str(ctx.block.get("controller", EDGE))
+    if name in (EDGE, ctx.edge_host):
+        return ctx.edge_host
+    if name not in ctx.devices:
+        raise LlamaCppLaunchError(
+            f"runtime.controller: {name!r} is neither the edge server nor a device of the scenario "
+            f"(devices: {', '.join(ctx.devices)})"
+        )
+    return name
+
+
+def worker_hosts(ctx: LaunchContext, controller: str) -> list[str]:
+    listed = ctx.block.get("workers")
+    workers = (
+        [str(w) for w in listed] if isinstance(listed, list) else [d for d in ctx.devices if d != controller]
+    )
+    if not workers:
+        raise LlamaCppLaunchError("runtime.workers: needs at least 1 worker")
+    for index, worker in enumerate(workers):
+        if worker not in ctx.devices:
+            raise LlamaCppLaunchError(
+                f"runtime.workers[{index}]: {worker!r} is not a device of the scenario "
+                f"(devices: {', '.join(ctx.devices)})"
+            )
+        if worker == controller:
+            raise LlamaCppLaunchError(f"runtime.workers[{index}]: {worker!r} is the controller's node")
+    return workers
+
+
+def memory_limits(scenario: Mapping[str, Any], devices: Iterable[str]) -> dict[str, int]:
+    hardware = scenario.get("hardware")
+    out: dict[str, int] = {}
+    for device in devices:
+        conf = hardware.get(device) if isinstance(hardware, Mapping) else None
+        limit = conf.get("memory_limit_mb") if isinstance(conf, Mapping) else None
+        if isinstance(limit, int) and not isinstance(limit, bool):
+            out[device] = limit * MIB
+    return out
+
+
+def model_path(block: Mapping[str, Any]) -> str:
+    explicit = block.get("gguf")
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    models_dir = str(block.get("models_dir", DEFAULT_MODELS_DIR))
+    return posixpath.join(models_dir, f"{block.get('model', 'llama-tiny')}-{block.get('quant', 'F32')}.gguf")
+
+
+def _node_files() -> dict[str, str]:
+    here = Path(__file__).resolve().parent
+    return {f"{NODE_DIR}/node.py": (here / "node.py").read_text(encoding="utf-8"),
+            f"{NODE_DIR}/launch.py": (here / "launch.py").read_text(encoding="utf-8")}  # fmt: skip
+
+
+def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
+    """A worker per device (background, ready when its port listens), then the controller (main)."""
+    block = ctx.block
+    controller = controller_host(ctx)
+    workers = worker_hosts(ctx, controller)
+    split = block.get("tensor_split")
+    try:
+        shares = launch.tensor_split(
+            workers,
+            [float(x) for x in split] if isinstance(split, list) else None,
+            memory_limits(ctx.scenario, workers),
+        )
+    except launch.LaunchArgError as exc:
+        raise LlamaCppLaunchError(str(exc)) from exc
+    bin_dir = str(block.get("bin_dir", DEFAULT_BIN))
+    base_port = int(block.get("port", DEFAULT_PORT))
+    threads = int(block.get("threads", 1))
+    files = _node_files()
+    specs: list[LaunchSpec] = []
+    servers: list[str] = []
+    for rank, device in enumerate(workers, start=1):
+        address = ctx.addresses[device]
+        port = base_port + rank - 1
+        servers.append(launch.endpoint(address, port))
+        argv = [ctx.pythons[device], f"{NODE_DIR}/node.py", "worker",
+                "--binary", posixpath.join(bin_dir, launch.RPC_SERVER),
+                "--bind", address, "--inference-address", address, "--port", str(port),
+                "--threads", str(threads), "--ready", READY_FILE.format(rank=rank),
+                "--samples", SAMPLES_FILE.format(rank=rank),
+                "--interval", f"{float(block.get('sample_interval_s', 0.1)):g}"]  # fmt: skip
+        if ctx.local:
+            argv.append("--local")
+        specs.append(
+            LaunchSpec(
+                host=device,
+                name=WORKER_TAG.format(rank=rank),
+                argv=tuple(argv),
+                files=files,
+                main=False,
+                ready_file=READY_FILE.format(rank=rank),
+            )
+        )
+    model = model_path(block)
+    try:
+        completion = launch.controller_argv(
+            posixpath.join(bin_dir, launch.CONTROLLER),
+            model=model,
+            servers=servers,
+            tensor_split=shares,
+            tokens=int(block.get("tokens", 16)),
+            prompt=str(block.get("prompt", "Heads expose the parallelism that layers hide.")),
+            threads=threads,
+            seed=int(block.get("seed", 42)),
+            ctx_size=int(block.get("ctx_size", 256)),
+        )
+    except launch.LaunchArgError as exc:
+        raise LlamaCppLaunchError(f"runtime.{exc}") from exc
+    argv = [ctx.pythons[controller], f"{NODE_DIR}/node.py", "controller", "--model", model,
+            "--sha256", str(block.get("sha256", "")), "--result", RESULT_FILE, "--", *completion]  # fmt: skip
+    specs.append(
+        LaunchSpec(
+            host=controller, name=CONTROLLER_TAG, argv=tuple(argv), files=files, result_files=(RESULT_FILE,)
+        )
+    )
+    return specs
+
+
+# -- readiness and the build action -------------------------------------------------------------
+
+
+def _block_of(scenario: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    block = scenario.get("runtime") if scenario else None
+    return block if isinstance(block, Mapping) else {}
+
+
+def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per node: the binaries of the build cache run (``--help``) and the build record is there."""
+    bin_dir = str(block.get("bin_dir", DEFAULT_BIN))
+
+    def check(name: str, argv: list[str]) -> dict[str, Any]:
+        return {
+            "name": f"check: {name}",
+            "ansible.builtin.command": {"argv": argv},
+            "changed_when": False,
+            "ignore_errors": True,
+        }
+
+    record = posixpath.join(posixpath.dirname(bin_dir), build.BUILD_RECORD)
+    show = "import json, sys; r = json.load(open(sys.argv[1])); print(r['sha256'][:12], r['cxx'], r['wall_s'], 's')"
+    return [
+        {
+            "name": "Readiness of the llamacpp-rpc runtime",
+            "hosts": "all",
+            "gather_facts": False,
+            "tasks": [
+                check("rpc-server", [posixpath.join(bin_dir, launch.RPC_SERVER), "--help"]),
+                check("controller", [posixpath.join(bin_dir, launch.CONTROLLER), "--version"]),
+                check("build-record", [PY, "-c", show, record]),
+            ],
+        }
+    ]
+
+
+BUILD_INPUTS: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "archive": _abs("The sdist on each node (e.g. a copy of the mirror); without it, fetched from "
+                        "<mirror>/sdists/ (dit_mirror_url) with its SHA-256 checked."),
+        "mirror_url": {"description": "The mirror's URL (default: the node's dit_mirror_url).", "type": "string"},
+        "cache": _abs("The build cache on each node.", str(build.DEFAULT_CACHE)),
+        "jobs": {"description": "Parallel compile jobs (0: the node's CPU count).", "type": "integer",
+                 "minimum": 0, "default": 0},
+    },
+}  # fmt: skip
+
+
+def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
+    """Copy ``build.py`` (standard library only) to each node and build there from the sdist, offline."""
+    cache = str(inputs.get("cache", build.DEFAULT_CACHE))
+    work = f"{BASE}/llamacpp"
+    archive = inputs.get("archive")
+    archive_path = str(archive) if archive else f"{work}/{build.SDIST_NAME}"
+    jobs = int(inputs.get("jobs", 0))
+    jobs_expr = str(jobs) if jobs else "{{ ansible_facts.processor_nproc | default(1) }}"
+    tasks: list[dict[str, Any]] = [
+        {"name": "The build's work directory",
+         "ansible.builtin.file": {"path": work, "state": "directory", "mode": "0755"}},
+        {"name": "Copy the build program", "ansible.builtin.copy": {"src": str(Path(build.__file__).resolve()),
+                                                                    "dest": f"{work}/build.py", "mode": "0644"}},
+    ]  # fmt: skip
+    if not archive:
+        mirror = str(inputs.get("mirror_url") or "{{ dit_mirror_url }}")
+        tasks.append(
+            {
+                "name": "Fetch the sdist from the mirror (SHA-256 checked)",
+                "ansible.builtin.get_url": {
+                    "url": f"{mirror}/sdists/{build.SDIST_NAME}",
+                    "dest": archive_path,
+                    "checksum": f"sha256:{build.SDIST_SHA256}",
+                    "mode": "0644",
+                },
+            }
+        )
+    tasks.append(
+        {
+            "name": "Build rpc-server, llama-completion, llama-bench and llama-quantize (cached by the sdist's hash)",
+            "ansible.builtin.command": {
+                "argv": [
+                    PY,
+                    f"{work}/build.py",
+                    "--archive",
+                    archive_path,
+                    "--cache",
+                    cache,
+                    "--jobs",
+                    jobs_expr,
+                ],
+                "creates": f"{cache}/{build.SDIST_SHA256[:12]}/{build.BUILD_RECORD}",
+            },
+        }
+    )
+    play = {"name": "llama.cpp: build the RPC binaries from the mirrored sdist", "hosts": "all",
+            "gather_facts": not jobs, "tasks": tasks}  # fmt: skip
+    return ActionPlan(plays=[play])
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def find_results(run: LoadedRun) -> tuple[str, Path]:
+    raw = run.path / "raw"
+    found = [
+        (d.name, raw_file(run.path, d.name, RESULT_NAME))
+        for d in (sorted(raw.iterdir()) if raw.is_dir() else [])
+        if raw_file(run.path, d.name, RESULT_NAME).is_file()
+    ]
+    if len(found) != 1:
+        where = ", ".join(str(p) for _, p in found) or f"no raw/<host>/<host>_{RESULT_NAME}"
+        raise LlamaCppResultsError(f"{run.path}: expected the controller's results file once, found {where}")
+    return found[0]
+
+
+def _workers_of(argv: Sequence[str]) -> list[str]:
+    if "--rpc" not in argv:
+        return []
+    return str(argv[list(argv).index("--rpc") + 1]).split(",")
+
+
+def parse(run: LoadedRun) -> Results:
+    """Controller timings + worker samples -> ``aggregate/llamacpp_*.csv`` and HeadSplit's summary columns."""
+    from dit.analysis.monitors import energy_between_wall
+
+    controller, file = find_results(run)
+    try:
+        doc = results.controller_doc(file.read_text(encoding="utf-8"), str(file))
+        timings = results.parse_timings(str(doc["stderr"]), str(file))
+    except (OSError, results.ParseError) as exc:
+        raise LlamaCppResultsError(str(exc)) from exc
+    start, end = int(doc["start_ns"]), int(doc["end_ns"])
+    chunks = [c for c in doc.get("stdout_chunks") or [] if isinstance(c, list) and len(c) == 2]
+    first_token = int(chunks[0][0]) if chunks else None
+    servers = _workers_of([str(a) for a in doc.get("argv") or []])
+    traffic: list[results.WorkerTraffic] = []
+    raw = run.path / "raw"
+    for rank in range(1, len(servers) + 1):
+        name = SAMPLES_NAME.format(rank=rank)
+        hosts = [d.name for d in sorted(raw.iterdir()) if raw_file(run.path, d.name, name).is_file()]
+        if len(hosts) != 1:
+            raise LlamaCppResultsError(
+                f"{run.path}: worker {rank}: expected raw/<host>/<host>_{name} once, found {hosts}"
+            )
+        path = raw_file(run.path, hosts[0], name)
+        try:
+            rows = results.read_samples(path.read_text(encoding="utf-8"), str(path))
+        except results.ParseError as exc:
+            raise LlamaCppResultsError(str(exc)) from exc
+        traffic.append(results.worker_traffic(f"worker{rank}", hosts[0], rows, start, end, first_token))
+    gaps = results.token_gaps(chunks)
+    out = run.aggregate_dir
+    tables = (
+        _write(out / "llamacpp_workers.csv",
+               ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
+                "rss_peak_bytes", "samples"],
+               ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
+                 t.samples] for i, t in enumerate(traffic))),
+        _write(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
+               ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""] for i, c in enumerate(chunks))),
+    )  # fmt: skip
+    generated = timings.tokens_generated
+    inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
+    values = [
+        SummaryValue("tokens_generated", generated, "", "int", "tokens generated (eval runs + 1)"),
+        SummaryValue("tokens_per_s", timings.eval_tokens_per_s, "1/s", "float", "generation rate (llama.cpp eval)"),
+        SummaryValue("prompt_tokens_per_s", timings.prompt_tokens_per_s, "1/s", "float", "prompt evaluation rate"),
+        SummaryValue("token_latency_mean", round(timings.eval_ms_per_token * 1e6), "ns", "int",
+                     "mean latency of a generated token (prefill excluded; llama.cpp eval time / runs)"),
+        SummaryValue("prefill_latency", round(timings.prompt_ms * 1e6), "ns", "int", "the prompt's evaluation"),
+        SummaryValue("bytes_total", sum(t.rpc_bytes for t in traffic), "B", "int",
+                     "bytes through the rpc-servers' sockets over the run (weights' upload included)"),
+        SummaryValue("bytes_load", sum(t.rpc_bytes_load for t in traffic), "B", "int",
+                     "of which before the first output (the weights' upload)"),
+        SummaryValue("bytes_per_token", inference_bytes / generated if generated else None, "B", "float",
+                     "bytes through the rpc-servers' sockets per generated token, after the load"),
+        SummaryValue("worker_memory_peak", max((t.rss_peak for t in traffic), default=0), "B", "int",
+                     "largest peak RSS of an rpc-server"),
+    ]  # fmt: skip
+    if timings.load_ms is not None:
+        values.append(
+            SummaryValue("load_time", round(timings.load_ms * 1e6), "ns", "int", "llama.cpp load time")
+        )
+    if len(gaps) > 0:
+        ordered = sorted(gaps)
+        values += [
+            SummaryValue("token_latency_p50", results.percentile(ordered, 50), "ns", "int",
+                         "median gap between output chunks"),
+            SummaryValue("token_latency_p99", results.percentile(ordered, 99), "ns", "int",
+                         "99th percentile gap between output chunks"),
+        ]  # fmt: skip
+    hosts = list(dict.fromkeys([controller, *(t.host for t in traffic)]))
+    energy = 0.0
+    traced = 0
+    for host in hosts:
+        joules = energy_between_wall(run.path, host, start, end) if end > start else None
+        if joules is None:
+            continue
+        if not math.isfinite(joules):
+            traced = 0
+            break
+        energy += joules
+        traced += 1
+    if traced:
+        seconds = (end - start) / 1e9
+        values += [
+            SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
+            SummaryValue("energy_per_token", energy / generated if generated else None, "J", "float",
+                         "energy / tokens generated"),
+            SummaryValue("edp", energy * seconds, "J*s", "float", "energy-delay product of the run"),
+        ]  # fmt: skip
+    return Results(tables=tables, summary=tuple(values))
+
+
+class LlamaCppRpcRuntime(RuntimeBase):
+    """llama.cpp's RPC backend: an rpc-server per worker, llama-completion offloading the layers to them."""
+
+    name = "llamacpp-rpc"
+    version = __version__
+    title = "llama.cpp RPC: rpc-server on each worker, the controller splitting the layers over them"
+
+    def block_schema(self) -> Mapping[str, Any]:
+        return block_schema()
+
+    def readiness(self, scenario: Mapping[str, Any] | None, workdir: Path) -> ReadinessPlan:
+        return ReadinessPlan(plays=readiness_plays(_block_of(scenario)), checks=CHECKS)
+
+    def actions(self) -> Sequence[Action]:
+        return (
+            Action(
+                "build",
+                "Build llama.cpp's RPC binaries",
+                "Builds ggml-rpc-server, llama-completion, llama-bench and llama-quantize on each node from the "
+                "llama-cpp-python sdist of the mirror (CMake Release, -DGGML_RPC=ON, -DGGML_NATIVE=OFF, no "
+                "network), cached by the sdist's SHA-256 with build.json (compiler, flags, wall time) beside them.",
+                BUILD_INPUTS,
+                build_plan,
+            ),
+        )
+
+    def launch(self, ctx: LaunchContext) -> Sequence[LaunchSpec]:
+        return launch_specs(ctx)
+
+    def parse_results(self, run: LoadedRun) -> Results:
+        return parse(run)

@@ -1,0 +1,189 @@
+"""Parsing a llama.cpp RPC run: the controller's timings and the workers' samples, into the same summary
+columns as HeadSplit's (``tokens_generated``, ``tokens_per_s``, ``token_latency_*``, ``prefill_latency``,
+``bytes_total``, ``bytes_per_token``, ``energy``, ``energy_per_token``, ``edp``) plus its own.
+
+Pure functions over text and rows (no dit import), so the parser is tested on recorded output.
+
+Timings: llama.cpp's own performance lines (``prompt eval time = X ms / N tokens``, ``eval time = X ms /
+N runs``). ``eval`` counts the decode calls after the prompt: the first generated token comes out of
+the prompt's evaluation, so ``tokens_generated = runs + 1`` (with ``--ignore-eos`` that is the requested
+count). Per-token latencies are the gaps between the controller's standard-output chunks after the
+first (llama-completion writes each token as it is sampled; a chunk may hold more than one token when
+the reader is late, so they are an upper bound per chunk, and the mean is taken from llama.cpp's own
+eval time).
+
+Bytes: rpc-server reports nothing, so each worker's samples give (a) its socket I/O (``rchar`` +
+``wchar`` of the server process: all of it is RPC traffic) and (b) the rx/tx counters of the interface
+it is bound to. In local mode that interface is ``lo``, shared by every worker and anything else on the
+machine, so (b) is not per worker there and (a) is the per-worker figure. The weights are uploaded to
+the workers while the model loads; the first standard-output chunk (the prompt, printed before the
+first evaluation) splits ``bytes_load`` from the inference traffic, at the samples' resolution.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_NUM = r"([0-9]+(?:\.[0-9]+)?|inf|nan)"
+PROMPT_RE = re.compile(
+    rf"prompt eval time =\s*{_NUM} ms /\s*(\d+) tokens \(\s*{_NUM} ms per token,\s*{_NUM} tokens per second\)"
+)
+EVAL_RE = re.compile(
+    rf"(?<!prompt )eval time =\s*{_NUM} ms /\s*(\d+) runs\s*\(\s*{_NUM} ms per token,\s*{_NUM} tokens per second\)"
+)
+LOAD_RE = re.compile(rf"load time =\s*{_NUM} ms")
+
+
+class ParseError(ValueError):
+    """Output that is not what llama.cpp prints; the message names the file and what is missing."""
+
+
+@dataclass(frozen=True)
+class Timings:
+    load_ms: float | None
+    prompt_ms: float
+    prompt_tokens: int
+    prompt_tokens_per_s: float
+    eval_ms: float
+    eval_runs: int
+    eval_ms_per_token: float
+    eval_tokens_per_s: float
+
+    @property
+    def tokens_generated(self) -> int:
+        return self.eval_runs + 1
+
+
+def _f(text: str) -> float:
+    return float(text)
+
+
+def parse_timings(stderr: str, where: str = "controller") -> Timings:
+    """The last ``prompt eval time`` and ``eval time`` lines of llama.cpp's output."""
+    prompts = PROMPT_RE.findall(stderr)
+    evals = EVAL_RE.findall(stderr)
+    if not prompts:
+        raise ParseError(f"{where}: no 'prompt eval time' line (did llama-completion finish?)")
+    if not evals:
+        raise ParseError(f"{where}: no 'eval time = ... runs' line (did llama-completion finish?)")
+    loads = LOAD_RE.findall(stderr)
+    p, e = prompts[-1], evals[-1]
+    return Timings(
+        load_ms=_f(loads[-1]) if loads else None,
+        prompt_ms=_f(p[0]),
+        prompt_tokens=int(p[1]),
+        prompt_tokens_per_s=_f(p[3]),
+        eval_ms=_f(e[0]),
+        eval_runs=int(e[1]),
+        eval_ms_per_token=_f(e[2]),
+        eval_tokens_per_s=_f(e[3]),
+    )
+
+
+def token_gaps(chunks: Sequence[Sequence[int]]) -> list[int]:
+    """Gaps (ns) between consecutive standard-output chunks after the first (the prompt's)."""
+    times = [int(c[0]) for c in chunks]
+    return [b - a for a, b in itertools.pairwise(times[1:])]
+
+
+def read_samples(text: str, where: str) -> list[dict[str, int]]:
+    """A worker's JSON-lines samples (a torn last line, from a kill, is dropped)."""
+    rows: list[dict[str, int]] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ParseError(f"{where}: line {i + 1} is not JSON") from None
+        if not isinstance(row, dict) or not isinstance(row.get("t_ns"), int):
+            raise ParseError(f"{where}: line {i + 1}: t_ns is missing")
+        rows.append(row)
+    if not rows:
+        raise ParseError(f"{where}: no samples")
+    return rows
+
+
+def _at_or_before(rows: Sequence[Mapping[str, int]], t: int) -> Mapping[str, int]:
+    before = [r for r in rows if r["t_ns"] <= t]
+    return before[-1] if before else rows[0]
+
+
+def _at_or_after(rows: Sequence[Mapping[str, int]], t: int) -> Mapping[str, int]:
+    after = [r for r in rows if r["t_ns"] >= t]
+    return after[0] if after else rows[-1]
+
+
+@dataclass(frozen=True)
+class WorkerTraffic:
+    worker: str
+    host: str
+    rpc_bytes: int  # socket I/O of rpc-server over the run (rchar + wchar)
+    rpc_bytes_load: int  # of which before the first token (the weights' upload)
+    if_rx: int  # interface counters over the run (lo in local mode: shared)
+    if_tx: int
+    rss_peak: int  # bytes, VmHWM of rpc-server
+    samples: int
+
+
+def worker_traffic(
+    worker: str,
+    host: str,
+    rows: Sequence[Mapping[str, int]],
+    start_ns: int,
+    end_ns: int,
+    first_token_ns: int | None,
+) -> WorkerTraffic:
+    a, b = _at_or_before(rows, start_ns), _at_or_after(rows, end_ns)
+
+    def io(r: Mapping[str, int]) -> int:
+        return int(r.get("rchar", 0)) + int(r.get("wchar", 0))
+
+    split = _at_or_before(rows, first_token_ns) if first_token_ns is not None else b
+    peak = max((int(r.get("hwm", r.get("rss", 0))) for r in rows if r["t_ns"] <= b["t_ns"]), default=0)
+    return WorkerTraffic(
+        worker=worker,
+        host=host,
+        rpc_bytes=io(b) - io(a),
+        rpc_bytes_load=io(split) - io(a),
+        if_rx=int(b.get("rx", 0)) - int(a.get("rx", 0)),
+        if_tx=int(b.get("tx", 0)) - int(a.get("tx", 0)),
+        rss_peak=peak,
+        samples=len(rows),
+    )
+
+
+def percentile(ordered: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of sorted values (HeadSplit's definition)."""
+    import math
+
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def controller_doc(text: str, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParseError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ParseError(f"{where}: the top level is not a mapping")
+    for key in ("start_ns", "end_ns", "returncode"):
+        if not isinstance(doc.get(key), int):
+            raise ParseError(f"{where}: {key} is missing or not an integer")
+    if not isinstance(doc.get("stderr"), str):
+        raise ParseError(f"{where}: stderr is missing")
+    return doc
+
+
+def mean_or_none(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None

@@ -1,0 +1,304 @@
+"""llamacpp-rpc's pure parts: the bind guard, argv builders, tensor split, the launch it describes, the
+block in dit's schema, the build action's plan, and the results parser on llama.cpp's output format."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+if str(SRC) not in sys.path:
+    sys.path.insert(0, str(SRC))
+
+from dit_llamacpp import build, dit_runtime, launch, node, results  # noqa: E402
+
+from dit.runtimes import LaunchContext, registry  # noqa: E402
+from dit.scenario import resolve, validate  # noqa: E402
+
+WILDCARD = "0.0.0.0"  # noqa: S104 - the address the guard must refuse
+IFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.168.1.20"], "wlan0": ["10.0.0.11"]}
+
+
+# -- the bind guard -------------------------------------------------------------------------------
+
+
+def test_rpc_server_binds_the_inference_address_on_its_interface() -> None:
+    assert (
+        launch.check_bind("10.0.0.11", inference_address="10.0.0.11", local=False, interfaces=IFACES)
+        == "wlan0"
+    )
+
+
+@pytest.mark.parametrize(
+    ("address", "local", "reason"),
+    [
+        ("192.168.1.20", False, "is not this node's inference address 10.0.0.11"),  # the management network
+        (WILDCARD, False, "wildcard"),
+        ("::", True, "wildcard"),
+        ("127.0.0.1", False, "loopback is allowed only in local mode"),
+        ("10.0.0.11", True, "local mode binds rpc-server to loopback only"),
+        ("rack-node", False, "is not an IP address"),
+    ],
+)
+def test_rpc_server_is_refused_outside_the_rack(address: str, local: bool, reason: str) -> None:
+    with pytest.raises(launch.BindRefused, match=reason):
+        launch.check_bind(address, inference_address="10.0.0.11", local=local, interfaces=IFACES)
+
+
+def test_an_inference_address_the_node_does_not_have_is_refused() -> None:
+    with pytest.raises(launch.BindRefused, match="not an address of any interface"):
+        launch.check_bind("10.0.0.99", inference_address="10.0.0.99", local=False, interfaces=IFACES)
+
+
+def test_loopback_is_allowed_in_local_mode() -> None:
+    assert launch.check_bind("127.0.0.1", inference_address="127.0.0.1", local=True, interfaces={}) == "lo"
+
+
+def test_the_worker_program_exits_2_without_starting_rpc_server(tmp_path: Path, capsys: Any) -> None:
+    marker = tmp_path / "started"
+    binary = tmp_path / "fake-rpc-server"
+    binary.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    binary.chmod(0o755)
+    code = node.main(["worker", "--binary", str(binary), "--bind", WILDCARD, "--inference-address", WILDCARD,
+                      "--port", "50999", "--ready", str(tmp_path / "r"), "--samples", str(tmp_path / "s")])  # fmt: skip
+    assert code == 2
+    assert "refused" in capsys.readouterr().err
+    assert not marker.exists() and not (tmp_path / "r").exists()
+
+
+# -- argv builders --------------------------------------------------------------------------------
+
+
+def test_rpc_server_argv() -> None:
+    assert launch.rpc_server_argv("/b/ggml-rpc-server", "10.0.0.11", 50052, 2) == [
+        "/b/ggml-rpc-server", "-H", "10.0.0.11", "-p", "50052", "-t", "2"]  # fmt: skip
+    with pytest.raises(launch.LaunchArgError, match="port: 70000"):
+        launch.rpc_server_argv("x", "10.0.0.1", 70000, 1)
+
+
+def test_controller_argv_offloads_every_layer_to_the_workers_greedily() -> None:
+    argv = launch.controller_argv(
+        "/b/llama-completion", model="/m/llama-tiny-F32.gguf", servers=["10.0.0.11:50052", "[fd00::2]:50053"],
+        tensor_split=[1.0, 2.5], tokens=8, prompt="Hi there", threads=1, seed=7, ctx_size=128,
+    )  # fmt: skip
+    assert argv == [
+        "/b/llama-completion", "-m", "/m/llama-tiny-F32.gguf", "--rpc", "10.0.0.11:50052,[fd00::2]:50053",
+        "-ngl", "999", "--tensor-split", "1,2.5", "-n", "8", "-p", "Hi there", "-no-cnv", "--temp", "0",
+        "--seed", "7", "-t", "1", "-c", "128", "--no-warmup", "--ignore-eos", "-fit", "off",
+    ]  # fmt: skip
+    with pytest.raises(launch.LaunchArgError, match="tensor_split: 1 shares for 2 workers"):
+        launch.controller_argv("b", model="m", servers=["a:1", "b:2"], tensor_split=[1], tokens=1, prompt="p",
+                               threads=1, seed=0, ctx_size=16)  # fmt: skip
+    assert launch.endpoint("fd00::2", 1) == "[fd00::2]:1"
+
+
+def test_tensor_split_follows_the_scenario_else_memory_else_even() -> None:
+    assert launch.tensor_split(["a", "b"], [3, 1], {}) == [3.0, 1.0]
+    assert launch.tensor_split(["a", "b"], None, {"a": 512, "b": 1024}) == [1.0, 2.0]
+    assert launch.tensor_split(["a", "b"], None, {"a": 512}) == [1.0, 1.0]
+    with pytest.raises(launch.LaunchArgError, match=r"runtime.tensor_split: 1 shares for 2 workers \(a, b\)"):
+        launch.tensor_split(["a", "b"], [1], {})
+
+
+def test_cmake_argv_is_release_rpc_and_never_native_or_networked(tmp_path: Path) -> None:
+    argv = build.configure_argv("cmake", tmp_path / "src", tmp_path / "b")
+    for flag in (
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_RPC=ON",
+        "-DGGML_NATIVE=OFF",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",
+        "-DFETCHCONTENT_FULLY_DISCONNECTED=ON",
+    ):
+        assert flag in argv  # fmt: skip
+    assert build.build_argv("cmake", tmp_path / "b", 2)[-5:] == [
+        "--target", "ggml-rpc-server", "llama-completion", "llama-bench", "llama-quantize"]  # fmt: skip
+
+
+# -- the runtime in dit -----------------------------------------------------------------------------
+
+HOSTS = ("edgeserver", "device1", "device2", "device3")
+BASE: dict[str, Any] = {
+    "name": "lc",
+    "model": {"name": "fake", "params": {"profile": "tiny"}},
+    "devices": ["device1", "device2", "device3"],
+    "inference": {"enabled": False},
+}
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setattr(
+        registry,
+        "BUILTIN",
+        {**registry.BUILTIN, "llamacpp-rpc": "dit_llamacpp.dit_runtime:LlamaCppRpcRuntime"},
+    )
+    registry.reset()
+    yield registry.get("llamacpp-rpc")
+    monkeypatch.undo()
+    registry.reset()
+
+
+def _doc(**overrides: Any) -> dict[str, Any]:
+    out = copy.deepcopy(BASE)
+    out.update(overrides)
+    return out
+
+
+def _context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
+    scenario = resolve(_doc(runtime=block, hardware={"device2": {"memory_limit_mb": 1024},
+                                                     "device1": {"memory_limit_mb": 512}}))  # fmt: skip
+    values: dict[str, Any] = {
+        "run_id": "r1", "block": scenario["runtime"], "scenario": scenario, "edge_host": "edgeserver",
+        "devices": ("device1", "device2", "device3"),
+        "addresses": {"edgeserver": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12", "device3": "10.0.0.13"},
+        "node_roots": {h: "/var/tmp/dit/r1" for h in HOSTS}, "pythons": dict.fromkeys(HOSTS, "/usr/bin/python3"),
+        "local": False, "model": {}, "edge_port": None,
+    }  # fmt: skip
+    values.update(overrides)
+    return LaunchContext(**values)
+
+
+def test_the_block_is_validated_with_the_field_named(runtime: Any) -> None:
+    assert validate(_doc(runtime={"name": "llamacpp-rpc", "quant": "Q8_0"})) == []
+    errors = [str(e) for e in validate(_doc(runtime={"name": "llamacpp-rpc", "quant": "Q5"}))]
+    assert any("runtime.quant" in e and "Q5" in e for e in errors), errors
+
+
+def test_launch_describes_tagged_workers_then_the_controller(runtime: Any) -> None:
+    specs = runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device2", "device1"], "tokens": 8}))
+    w1, w2, ctrl = specs
+    assert (w1.host, w1.name, w1.main, w1.ready_file) == (
+        "device2",
+        "llama-worker1",
+        False,
+        "llamacpp-worker1.ready",
+    )
+    assert w1.argv[:3] == ("/usr/bin/python3", "llamacpp/node.py", "worker")
+    assert w1.argv[w1.argv.index("--bind") + 1] == "10.0.0.12" and "--local" not in w1.argv
+    assert w2.argv[w2.argv.index("--port") + 1] == "50053"
+    assert set(w1.files) == {"llamacpp/node.py", "llamacpp/launch.py"}
+    assert (ctrl.host, ctrl.name, ctrl.main, ctrl.result_files) == (
+        "edgeserver", "llama-controller", True, ("results/llamacpp.json",))  # fmt: skip
+    completion = list(ctrl.argv[ctrl.argv.index("--") + 1 :])
+    assert completion[completion.index("--rpc") + 1] == "10.0.0.12:50052,10.0.0.11:50053"
+    assert completion[completion.index("--tensor-split") + 1] == "2,1"  # device2 has twice device1's memory
+    assert completion[completion.index("-m") + 1] == "/var/cache/dit/gguf/llama-tiny-F32.gguf"
+
+
+def test_launch_in_local_mode_passes_local_and_refuses_a_bad_worker(runtime: Any) -> None:
+    loop = {h: "127.0.0.1" for h in HOSTS}
+    specs = runtime.launch(
+        _context({"name": "llamacpp-rpc", "workers": ["device1"]}, local=True, addresses=loop)
+    )
+    assert "--local" in specs[0].argv
+    with pytest.raises(dit_runtime.LlamaCppLaunchError, match=r"runtime.workers\[0\]: 'device9'"):
+        runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device9"]}))
+
+
+def test_the_build_action_fetches_from_the_mirror_with_the_pinned_hash(runtime: Any) -> None:
+    (action,) = runtime.actions()
+    plan = action.plan({"cache": "/var/cache/dit/llamacpp", "jobs": 2})
+    tasks = plan.plays[0]["tasks"]
+    fetch = next(t for t in tasks if "ansible.builtin.get_url" in t)["ansible.builtin.get_url"]
+    assert fetch["checksum"] == f"sha256:{build.SDIST_SHA256}"
+    assert fetch["url"].endswith("/sdists/llama_cpp_python-0.3.36.tar.gz")
+    command = tasks[-1]["ansible.builtin.command"]
+    assert command["creates"] == f"/var/cache/dit/llamacpp/{build.SDIST_SHA256[:12]}/build.json"
+    assert command["argv"][-2:] == ["--jobs", "2"]
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+# The lines formatted as src/llama-context.cpp formats them (the same printf formats).
+CTX = "llama_perf_context_print: "
+STDERR = "".join(
+    [
+        CTX + f"       load time = {120.0:10.2f} ms\n",
+        CTX
+        + "prompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n"  # noqa: UP031 - the C printf format itself
+        % (10.0, 9, 1.11, 900.0),
+        CTX
+        + "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n"  # noqa: UP031 - the C printf format itself
+        % (70.0, 7, 10.0, 100.0),
+        CTX + "      total time = %10.2f ms / %5d tokens\n" % (200.0, 16),  # noqa: UP031 - the C printf format itself
+    ]
+)
+
+
+def test_timings_are_read_from_llama_cpp_performance_lines() -> None:
+    t = results.parse_timings(STDERR)
+    assert (t.prompt_tokens, t.prompt_tokens_per_s, t.eval_runs, t.eval_ms_per_token) == (9, 900.0, 7, 10.0)
+    assert t.tokens_generated == 8 and t.load_ms == 120.0
+    with pytest.raises(results.ParseError, match="no 'prompt eval time' line"):
+        results.parse_timings("main: error: failed to load model")
+
+
+def test_worker_traffic_splits_the_weights_upload_from_inference() -> None:
+    rows = [
+        {"t_ns": 0, "rx": 0, "tx": 0, "rchar": 0, "wchar": 0, "hwm": 10},
+        {"t_ns": 100, "rx": 5000, "tx": 100, "rchar": 5000, "wchar": 100, "hwm": 900},
+        {"t_ns": 200, "rx": 5600, "tx": 400, "rchar": 5600, "wchar": 400, "hwm": 950},
+        {"t_ns": 300, "rx": 5600, "tx": 400, "rchar": 5600, "wchar": 400, "hwm": 950},
+    ]
+    text = "\n".join(json.dumps(r) for r in rows) + '\n{"t_ns": 4'  # a torn last line from the kill
+    t = results.worker_traffic("worker1", "d1", results.read_samples(text, "s"), 50, 250, 150)
+    # start 50 -> the sample at 0; end 250 -> the one at 300; first output 150 -> the one at 100
+    assert (t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak) == (6000, 5100, 5600, 400, 950)
+
+
+def _run(tmp_path: Path, stderr: str) -> Any:
+    from dit.analysis.run import LoadedRun
+
+    run = tmp_path / "run"
+    (run / "scenario.yaml").parent.mkdir(parents=True)
+    (run / "scenario.yaml").write_text("name: lc\ndevices: [device1, device2]\n", encoding="utf-8")
+    start, end = 1_000_000, 9_000_000
+    controller = {
+        "argv": ["llama-completion", "--rpc", "127.0.0.1:50052,127.0.0.1:50053", "-n", "8"],
+        "returncode": 0, "start_ns": start, "end_ns": end, "stdout": "Hi there and", "stderr": stderr,
+        "stdout_chunks": [[3_000_000, 8], [4_000_000, 4], [5_000_000, 4], [7_000_000, 4]],
+    }  # fmt: skip
+    (run / "raw" / "edge").mkdir(parents=True)
+    (run / "raw" / "edge" / "edge_llamacpp.json").write_text(json.dumps(controller), encoding="utf-8")
+    for rank, device in ((1, "device1"), (2, "device2")):
+        samples = [
+            {"t_ns": 0, "rx": 0, "tx": 0, "rchar": 100, "wchar": 0, "rss": 1, "hwm": 1},
+            {"t_ns": 2_900_000, "rx": 9, "tx": 9, "rchar": 100 + 4000 * rank, "wchar": 50, "rss": 7, "hwm": 7 * rank},
+            {"t_ns": 9_500_000, "rx": 99, "tx": 99, "rchar": 100 + 4000 * rank + 800, "wchar": 250, "hwm": 7 * rank},
+        ]  # fmt: skip
+        (run / "raw" / device).mkdir(parents=True)
+        (run / "raw" / device / f"{device}_llamacpp-worker{rank}.jsonl").write_text(
+            "".join(json.dumps(s) + "\n" for s in samples), encoding="utf-8"
+        )
+    return LoadedRun(run)
+
+
+def test_parse_gives_headsplit_s_columns_from_a_recorded_run(tmp_path: Path) -> None:
+    got = dit_runtime.LlamaCppRpcRuntime().parse_results(_run(tmp_path, STDERR))
+    assert [p.name for p in got.tables] == ["llamacpp_workers.csv", "llamacpp_chunks.csv"]
+    v = {s.name: (s.value, s.unit) for s in got.summary}
+    assert v["tokens_generated"] == (8, "")
+    assert v["tokens_per_s"] == (100.0, "1/s") and v["prompt_tokens_per_s"] == (900.0, "1/s")
+    assert v["token_latency_mean"] == (10_000_000, "ns") and v["prefill_latency"] == (10_000_000, "ns")
+    # worker N: load = 4000 N + 50 bytes, then 800 read + 200 written during generation
+    assert v["bytes_total"] == (4000 + 4000 * 2 + 2 * (50 + 1000), "B")
+    assert v["bytes_load"] == (4000 + 4000 * 2 + 2 * 50, "B")
+    assert v["bytes_per_token"] == (2 * 1000 / 8, "B")
+    assert v["worker_memory_peak"] == (14, "B")
+    assert v["token_latency_p50"] == (1_000_000, "ns") and v["token_latency_p99"] == (2_000_000, "ns")
+    assert "energy" not in v  # no power trace in this run
+
+
+def test_parse_names_the_file_when_llama_cpp_did_not_finish(tmp_path: Path) -> None:
+    with pytest.raises(
+        dit_runtime.LlamaCppResultsError, match=r"edge_llamacpp\.json: no 'prompt eval time' line"
+    ):
+        dit_runtime.LlamaCppRpcRuntime().parse_results(_run(tmp_path, "error: failed to load model\n"))

@@ -1,0 +1,138 @@
+"""llama.cpp's RPC backend (runtimes/llamacpp) installed with pip like any third-party runtime, driven through dit.
+
+Slow, and skipped unless the binaries were built into the cache (``dit runtimes act llamacpp-rpc build``
+or ``python -m dit_llamacpp.build``) and a tiny GGUF is at hand: ``dit_llamacpp.models`` converts
+``llama-tiny`` F32 (the GGUF work), or ``$DIT_LLAMACPP_TEST_GGUF`` names a file
+(``$DIT_LLAMACPP_TEST_BIN`` a directory of binaries).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dit.procs import run_processes
+from dit.rundir import RunDir
+from tests.conftest import DIT, REPO, free_port, install_fixture_package
+from tests.conftest import dit_with_site as dit
+from tests.conftest import env_with_site as env_with
+
+LLAMACPP = REPO / "runtimes" / "llamacpp"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install_fixture_package("llamacpp", tmp_path_factory.mktemp("llamacpp"), source_dir=LLAMACPP)
+
+
+def _bin_dir() -> Path:
+    import sys
+
+    if os.environ.get("DIT_LLAMACPP_TEST_BIN"):  # a directory of binaries other than the cache's
+        return Path(os.environ["DIT_LLAMACPP_TEST_BIN"])
+    sys.path.insert(0, str(LLAMACPP / "src"))
+    from dit_llamacpp import build
+
+    built = build.lookup()
+    if built is None:
+        pytest.skip("llama.cpp binaries not built (python -m dit_llamacpp.build --archive <sdist>)")
+    return built.directory / "bin"
+
+
+def _gguf(tmp_path: Path) -> Path:
+    named = os.environ.get("DIT_LLAMACPP_TEST_GGUF")
+    if named:
+        return Path(named)
+    models = pytest.importorskip(
+        "dit_llamacpp.models", reason="dit_llamacpp.models (GGUF conversion) not here yet"
+    )
+    return Path(models.ensure_gguf("llama-tiny", "F32", tmp_path / "gguf").path)
+
+
+def _scenario(tmp_path: Path, name: str, tokens: int, bin_dir: Path, gguf: Path) -> Path:
+    doc = {
+        "name": name,
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2"],
+        "repetitions": 1,
+        "inference": {"enabled": False},
+        "timing": {"start_lead_s": 1.0},
+        "runtime": {"name": "llamacpp-rpc", "workers": ["device1", "device2"], "tokens": tokens,
+                    "gguf": str(gguf), "bin_dir": str(bin_dir), "port": free_port(), "ctx_size": 256,
+                    "tensor_split": [1, 1]},
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_a_two_worker_local_run_generates_8_tokens(site: Path, tmp_path: Path) -> None:
+    bin_dir = _bin_dir()
+    scenario = _scenario(tmp_path, "lc_local", 8, bin_dir, _gguf(tmp_path))
+    done = dit(site, "run", str(scenario), "--runs-dir", str(tmp_path / "runs"), timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (tmp_path / "runs" / "lc_local").iterdir()
+    status = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
+    assert status["state"] == "completed", status
+    summary = json.loads((run_dir / "aggregate" / "summary.json").read_text(encoding="utf-8"))
+    values = {v["name"]: v for v in summary["values"]}
+    assert values["tokens_generated"]["value"] == 8
+    assert values["tokens_per_s"]["value"] > 0 and values["tokens_per_s"]["unit"] == "1/s"
+    assert values["bytes_total"]["value"] > 0 and values["worker_memory_peak"]["value"] > 0
+    with (run_dir / "aggregate" / "llamacpp_workers.csv").open(encoding="utf-8") as handle:
+        workers = list(csv.DictReader(handle))
+    assert [w["host"] for w in workers] == ["device1", "device2"]
+    assert all(int(w["rpc_bytes"]) > 0 and int(w["rss_peak_bytes"]) > 0 for w in workers)  # both hold layers
+    logs = {p.name for p in run_dir.glob("raw/*/logs/*_llama-*.out")}
+    assert logs == {"edge_llama-controller.out", "device1_llama-worker1.out", "device2_llama-worker2.out"}
+    assert run_processes(RunDir(run_dir).run_id) == []
+
+
+def _rpc_servers(run_id: str) -> list[int]:
+    return [p.pid for p in run_processes(run_id) if p.name() == "ggml-rpc-server"]
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_driver_then_cleanup_leaves_no_rpc_server(
+    site: Path, tmp_path: Path, _lease_dir: Path
+) -> None:
+    bin_dir = _bin_dir()
+    scenario = _scenario(tmp_path, "lc_kill", 8, bin_dir, _gguf(tmp_path))
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [*DIT, "run", str(scenario), "--runs-dir", str(runs)],
+        cwd=REPO,
+        env=env_with(site),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 600
+    run: RunDir | None = None
+    while time.monotonic() < deadline:
+        found = list(runs.glob("*/*/status.json"))
+        if found:
+            run = RunDir(found[0].parent)
+            if len(_rpc_servers(run.run_id)) == 2:
+                break
+        assert proc.poll() is None, "the run ended before both rpc-servers were up"
+        time.sleep(0.1)
+    else:
+        proc.kill()
+        raise AssertionError("the rpc-servers never started")
+    assert run is not None
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.5)
+    assert len(_rpc_servers(run.run_id)) == 2  # nothing reaped them: the driver is gone
+    cleaned = dit(site, "cleanup", str(run.path))
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    assert _rpc_servers(run.run_id) == []
+    assert run_processes(run.run_id) == []
