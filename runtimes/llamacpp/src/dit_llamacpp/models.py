@@ -388,8 +388,13 @@ def ensure_gguf(
         hf_dir = out_dir / f"{s.name}-hf"
         if not (hf_dir / "config.json").is_file():
             write_hf_dir(s, out_dir, weights_dir)
+        # the recorded pre-tokenizer hash saves a converter start; the converter still computes the
+        # hash itself and refuses the file when the tokenizer does not give exactly this one
+        doc = load_catalogue() if catalogue is None else catalogue
+        recorded = doc["models"].get(s.name, {}).get("tokenizer", {}).get("pre_tokenizer")
+        pre = {str(recorded["hash"]): str(recorded["as"])} if recorded else None
         t0 = time.monotonic()
-        convert(s, quant, hf_dir, out_dir, tree=tree, bin_dir=bin_dir)
+        convert(s, quant, hf_dir, out_dir, tree=tree, bin_dir=bin_dir, pre=pre)
         seconds = time.monotonic() - t0
         if rec is None:
             sidecar.write_text(f"{sha256_file(path)}  {path.name}\n", encoding="ascii")
