@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import importlib
 import inspect
 import sys
 import textwrap
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sys.path.insert(0, str(source / "gguf-py"))
     sys.path.insert(0, str(source))
-    from conversion import base  # the vendored package
+    base: Any = importlib.import_module("conversion.base")  # the vendored package (found at run time)
 
     original = base.TextModel.get_vocab_base_pre
     text = check_text(original)
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: str = original(self, tokenizer)
         return result
 
-    base.TextModel.get_vocab_base_pre = get_vocab_base_pre  # type: ignore[method-assign]
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
 
     sentencepiece = base.TextModel._create_vocab_sentencepiece
 
@@ -104,11 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise FileNotFoundError(f"File not found: {Path(self.dir_model) / 'tokenizer.model'}")
         return sentencepiece(self)
 
-    base.TextModel._create_vocab_sentencepiece = create_vocab_sentencepiece  # type: ignore[method-assign]
-    import convert_hf_to_gguf
+    base.TextModel._create_vocab_sentencepiece = create_vocab_sentencepiece
+    converter: Any = importlib.import_module("convert_hf_to_gguf")
 
     sys.argv = [str(source / "convert_hf_to_gguf.py"), *rest]
-    convert_hf_to_gguf.main()
+    converter.main()
     return 0
 
 
