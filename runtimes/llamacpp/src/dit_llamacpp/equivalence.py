@@ -1,0 +1,161 @@
+"""Greedy equivalence: llama.cpp's generated token ids against the Hugging Face model's, same seeded weights.
+
+The llama.cpp side runs the controller binary ``llama-completion`` on an F32 GGUF file with greedy
+sampling (``--temp 0 --top-k 1``, fixed seed, ``--ignore-eos`` so it always generates ``n``
+tokens). That binary prints text, not token ids, and text does not identify ids (a string can be
+split into tokens in several ways, and llama.cpp's SPM vocabulary from the converter's
+``tokenizer.json`` path has equal scores, so it may split a prompt differently from Hugging Face).
+The ids are read instead from the session file llama.cpp itself writes with ``--prompt-cache FILE
+--prompt-cache-all``: its header is ``u32 magic 'ggsn', u32 version, u32 n, int32 tokens[n]`` --
+the prompt as llama.cpp tokenised it, then every generated token.
+
+The Hugging Face side then runs the *same prompt ids* through the dit decoder (no cache, whole
+sequence each step, float32) and takes the argmax at each of ``n`` steps. At the first step where
+the two differ, :class:`Equivalence` reports the step and the logit difference of the Hugging Face
+model between its own choice and llama.cpp's (how close the call was); ``llama_args`` passes extra
+controller arguments (``--rpc host:port,...``, ``--tensor-split``) so a distributed run is checked
+the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dit_llamacpp.models import GGUFError, find_binary
+
+SESSION_MAGIC = 0x6767736E  # 'ggsn'
+SESSION_VERSION = 10  # LLAMA_SESSION_VERSION of the pinned llama.cpp
+DEFAULT_PROMPT = "The small boards sat in a row on the shelf above the bench"
+
+
+class EquivalenceError(AssertionError):
+    pass
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    prompt_ids: list[int]
+    hf_ids: list[int]
+    llama_ids: list[int]
+    first_divergence: int | None  # step (0-based) of the first differing token, None when equal
+    logit_difference: float | None  # HF logit(HF's token) - HF logit(llama.cpp's token) at that step
+    hf_tokenizer_agrees: bool  # whether HF's tokenizer gives the prompt ids llama.cpp used (information)
+
+    @property
+    def equal(self) -> bool:
+        return self.first_divergence is None
+
+    def describe(self) -> str:
+        if self.equal:
+            return f"equal over {len(self.hf_ids)} tokens: {self.hf_ids}"
+        i = self.first_divergence
+        assert i is not None
+        return (
+            f"first divergence at generated token {i}: Hugging Face {self.hf_ids[i]}, llama.cpp {self.llama_ids[i]} "
+            f"(HF logit difference {self.logit_difference:.6g}); HF {self.hf_ids}, llama.cpp {self.llama_ids}"
+        )
+
+
+def read_session_tokens(path: Path) -> list[int]:
+    """The token ids of a llama.cpp session file (``--prompt-cache``)."""
+    data = path.read_bytes()
+    if len(data) < 12:
+        raise GGUFError(f"{path}: too short for a llama.cpp session file")
+    magic, version, n = struct.unpack_from("<III", data, 0)
+    if magic != SESSION_MAGIC:
+        raise GGUFError(f"{path}: magic {magic:#x} is not a llama.cpp session ('ggsn')")
+    if version != SESSION_VERSION:
+        raise GGUFError(f"{path}: session version {version}, expected {SESSION_VERSION}")
+    if len(data) < 12 + 4 * n:
+        raise GGUFError(f"{path}: header says {n} tokens, file is too short")
+    return list(struct.unpack_from(f"<{n}i", data, 12))
+
+
+def completion_argv(
+    binary: Path, gguf: Path, prompt: str, n: int, session: Path, extra: Sequence[str] = ()
+) -> list[str]:
+    return [str(binary), "-m", str(gguf), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1",
+            "--seed", "0", "--ignore-eos", "-no-cnv", "--no-warmup", "-c", "256", "-t", "1",
+            "--prompt-cache", str(session), "--prompt-cache-all", *extra]  # fmt: skip
+
+
+def llamacpp_greedy(
+    gguf: Path,
+    prompt: str,
+    n: int,
+    *,
+    binary: Path | None = None,
+    extra: Sequence[str] = (),
+    timeout: float = 600,
+) -> tuple[list[int], list[int]]:
+    """(prompt ids, generated ids) of a greedy llama.cpp run."""
+    exe = binary or find_binary("llama-completion")
+    if exe is None:
+        raise GGUFError("llama-completion is not built (set DIT_LLAMACPP_BIN or build llama.cpp)")
+    with tempfile.TemporaryDirectory(prefix="dit-llamacpp-eq-") as tmp:
+        session = Path(tmp) / "session.bin"
+        argv = completion_argv(exe, gguf, prompt, n, session, extra)
+        proc = subprocess.run(
+            argv, check=False, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
+        if proc.returncode != 0 or not session.is_file():
+            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+            raise GGUFError(f"llama-completion failed (exit {proc.returncode}): {tail}")
+        ids = read_session_tokens(session)
+    if len(ids) <= n:
+        raise GGUFError(
+            f"llama-completion session holds {len(ids)} tokens, expected a prompt and {n} generated"
+        )
+    return ids[:-n], ids[-n:]
+
+
+def hf_greedy(model: Any, prompt_ids: Sequence[int], n: int) -> tuple[list[int], list[Any]]:
+    """Greedy ids and the last-position logits of each step, Hugging Face model in one piece, no cache."""
+    import torch
+
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.int64)
+    out: list[int] = []
+    logits: list[Any] = []
+    with torch.inference_mode():
+        for _ in range(n):
+            step = model.model(input_ids=ids, use_cache=False).logits[0, -1].float()
+            nxt = int(torch.argmax(step))
+            out.append(nxt)
+            logits.append(step)
+            ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return out, logits
+
+
+def compare(
+    shape_name: str,
+    gguf: Path,
+    *,
+    prompt: str = DEFAULT_PROMPT,
+    n: int = 8,
+    weights_dir: Path | None = None,
+    hf_dir: Path | None = None,
+    binary: Path | None = None,
+    llama_args: Sequence[str] = (),
+) -> Equivalence:
+    """Run both sides on the same prompt ids and compare the first ``n`` greedy tokens."""
+    from dit_llamacpp.models import load_decoder, shape
+
+    prompt_ids, llama_ids = llamacpp_greedy(gguf, prompt, n, binary=binary, extra=llama_args)
+    model = load_decoder(shape(shape_name), weights_dir)
+    hf_ids, logits = hf_greedy(model, prompt_ids, n)
+    agrees = False
+    if hf_dir is not None and (hf_dir / "tokenizer.json").is_file():
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoTokenizer
+
+        agrees = list(AutoTokenizer.from_pretrained(str(hf_dir)).encode(prompt)) == list(prompt_ids)
+    first = next((i for i, (a, b) in enumerate(zip(hf_ids, llama_ids, strict=True)) if a != b), None)
+    diff = None if first is None else float(logits[first][hf_ids[first]] - logits[first][llama_ids[first]])
+    return Equivalence(list(prompt_ids), hf_ids, llama_ids, first, diff, agrees)
