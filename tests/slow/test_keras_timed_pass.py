@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import re
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -87,8 +89,11 @@ def test_the_profile_makes_one_call_per_pass_for_its_latencies(monkeypatch: pyte
         assert [r.latency_ns for r in rows] == [b - a for a, b in itertools.pairwise(bounds)]
 
 
-def test_the_timestamps_bracket_their_stage() -> None:
-    """A heavy middle stage between two tiny ones: its boundaries, and only its, enclose the work."""
+LAYER_STAGE = {"tiny1": 1, "heavy1": 2, "heavy2": 2, "heavy3": 2, "tiny2": 3}
+
+
+def bracket_model() -> Any:
+    """Three stages: a tiny dense layer, three 2048-wide ones, a tiny one."""
     from dit.models.keras_staged import KerasStagedModel, import_keras
 
     keras = import_keras()
@@ -101,6 +106,47 @@ def test_the_timestamps_bracket_their_stage() -> None:
     out = keras.layers.Dense(8, name="tiny2")(h)
     m = KerasStagedModel("bracket", keras.Model(inp, out), [0, 3], {"seed": 1})
     assert m.stage_names == ["input", "tiny1", "heavy3", "tiny2"]
+    return m
+
+
+def test_the_executor_runs_each_stage_between_its_timestamps(tmp_path: Path) -> None:
+    """The TensorFlow profiler's trace of one timed call: every op of stage k that depends on the
+    stage input (all but the variable reads) runs after boundary k-1 and before boundary k."""
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    m = bracket_model()
+    x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
+    m.timed_pass(x)
+    tf.profiler.experimental.start(str(tmp_path))
+    m.timed_pass(x)
+    tf.profiler.experimental.stop()
+    (trace,) = tmp_path.glob("**/*.xplane.pb")
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(trace.read_bytes())
+    stamps: list[tuple[int, int]] = []  # (start, end) ns of each Timestamp op
+    ops: list[tuple[int, int, int, str]] = []  # (stage, start, end, name)
+    for plane in space.planes:
+        for line in plane.lines:
+            for e in line.events:
+                name = plane.event_metadata[e.metadata_id].name
+                start = line.timestamp_ns * 1000 + e.offset_ps
+                end = start + e.duration_ps
+                layer = re.search(r"/(tiny1|heavy1|heavy2|heavy3|tiny2)(_\d+)?/", name)
+                if re.fullmatch(r"Timestamp(_\d+)?:Timestamp", name):
+                    stamps.append((start, end))
+                elif layer and "ReadVariableOp" not in name:
+                    ops.append((LAYER_STAGE[layer.group(1)], start, end, name))
+    stamps.sort()
+    assert len(stamps) == m.num_stages + 1, stamps
+    assert {stage for stage, *_ in ops} == {1, 2, 3}, ops
+    for stage, start, end, name in ops:
+        assert stamps[stage - 1][1] <= start and end <= stamps[stage][0], (name, stage)
+
+
+def test_the_timestamps_bracket_their_stage() -> None:
+    """A heavy middle stage between two tiny ones: its boundaries, and only its, enclose the work."""
+    m = bracket_model()
     x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
     m.timed_pass(x)
     times = []
