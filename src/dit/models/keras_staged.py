@@ -7,7 +7,9 @@ when one tensor is live, because then that tensor is all the rest of the model n
 keeps a ResNet residual block in one stage: inside a block the shortcut tensor is live beside the
 main branch. Each stage is a ``keras.Model`` from its input cut tensor to its output cut tensor
 (sharing the layers, hence the weights, of the full model), run through a ``tf.function`` traced
-once for a batch of one.
+once for a batch of one. For profiling, :meth:`KerasStagedModel.timed_pass` runs all stages in one
+``tf.function`` with ``tf.timestamp()`` between them (:func:`_timed_stages`), so the stage latencies
+do not include a call's dispatch each (docs/models.md, "Timing Keras stages in one call").
 
 Operation counts are analytic, from the layer type and the tensor shapes (batch 1): multiply-
 accumulates for convolutions, dense and recurrent layers, one per element for element-wise
