@@ -1,82 +1,134 @@
-"""Overhead of layer-by-layer profiling: sum of per-stage times vs one uninstrumented forward pass.
+"""Overhead of stage-by-stage profiling: sum of per-stage times vs one uninstrumented forward pass.
 
-    .venv/bin/python benchmarks/bench_profiler_overhead.py [--models alexnet resnet50 gpt2] [--reps 30]
+    .venv/bin/python benchmarks/bench_profiler_overhead.py [--models alexnet gpt2] [--reps 20]
 
-For each model: ``reps`` uninstrumented forward passes (the adapter's one-piece ``forward``: the
-whole Keras model in one ``tf.function``, the whole Hugging Face model in one call) and ``reps``
-passes of the stdlib profiler (:func:`dit.device.profiler.profile_model`: every stage timed on its
-own, CPU time and peak memory read around it), both after warm-up, interleaved in rounds so that
-drift hits both alike. Printed: the medians and the overhead ``sum(stages) / forward - 1``, which
-counts everything the staging and the instrumentation add (per-stage dispatch, activation hand-
-over, clock and /proc reads inside the measured window). Target: <= 2 %. Weights go to
-``$DIT_WEIGHTS_DIR`` (default ``~/.cache/dit/weights``).
+Default: every Keras (TensorFlow) model of the catalogue (``keras_app`` only through its named
+applications) and GPT-2. For each model, after warm-up, in interleaved rounds so that load drift on a
+shared machine hits every method alike:
+
+* ``forward``: the adapter's uninstrumented one-piece ``forward`` (the whole Keras model in one
+  ``tf.function``, the whole Hugging Face model in one call), wall time around the call;
+* ``per-stage``: the stdlib profiler (:func:`dit.device.profiler.profile_model`) with
+  ``one_call=False``: one framework call per stage, each timed on its own (the method before the
+  one-call timing; for models without ``timed_pass``, such as GPT-2, it is the only method);
+* ``one-call``: the profiler's default: a model that implements ``timed_pass`` (Keras) runs all
+  stages in ONE ``tf.function`` call with ``tf.timestamp()`` between the stages;
+* ``call wall``: the wall time around that one ``timed_pass`` call, i.e. what the timestamps and
+  the control dependencies that order them cost the forward pass, dispatch included.
+
+Printed per model (medians over the passes): the times, the overheads ``sum(stages) / forward - 1``
+of both methods and ``call wall / forward - 1``, the per-stage / one-call ratio, and the 1-minute
+load average at the start and end of the row. Target: <= 2 %. Weights go to ``$DIT_WEIGHTS_DIR``
+(default ``~/.cache/dit/weights``; the first run generates them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import time
+from importlib import resources
 from typing import Any
 
+from dit.device.adapter import TimedPass
 from dit.device.common import build_model
 from dit.device.profiler import profile_model
 from dit.models.catalogue import entry
 
 PARAMS: dict[str, dict[str, Any]] = {
-    "alexnet": {},
-    "vgg16": {},
-    "resnet50": {},
-    "mobilenetv2": {"input_shape": [224, 224, 3]},
     "gpt2": {"prompt_len": 32},
     "tinyllama": {"num_layers": 4, "prompt_len": 32},
 }
 
 
-def measure(name: str, reps: int, rounds: int) -> dict[str, float]:
+def keras_models() -> list[str]:
+    """The catalogue's TensorFlow models (``keras_app`` itself needs ``params.application``)."""
+    raw = json.loads(resources.files("dit.models").joinpath("catalogue.json").read_text(encoding="utf-8"))
+    return [
+        name
+        for name, e in raw["models"].items()
+        if e["framework"] == "tensorflow"
+        and (e["builder"] != "dit.models.keras_apps:build" or "application" in e["params"])
+    ]
+
+
+def stage_sums(result: Any) -> list[int]:
+    sums: dict[int, int] = {}
+    for r in result.records:
+        sums[r.rep] = sums.get(r.rep, 0) + r.latency_ns
+    return list(sums.values())
+
+
+def measure(name: str, reps: int, rounds: int) -> dict[str, Any]:
+    load0 = os.getloadavg()[0]
     model: Any = build_model(
         {"name": name, "builder": entry(name).builder, "params": PARAMS.get(name, {}), "seed": 1}
     )
+    timed = isinstance(model, TimedPass)
     x = model.make_input()
     for _ in range(3):
         model.forward(x)
-    profile_model(model, repetitions=0, warmup=3)
+    quiet = {"cpu_sample_interval_ns": 0}  # the sampler is outside the timed window either way
+    profile_model(model, repetitions=0, warmup=3, one_call=False, **quiet)
+    profile_model(model, repetitions=0, warmup=3, **quiet)
     fwd: list[int] = []
-    staged: list[int] = []
+    per_stage: list[int] = []
+    one_call: list[int] = []
+    call_wall: list[int] = []
     per_round = max(1, reps // rounds)
     for _ in range(rounds):
         for _ in range(per_round):
             t0 = time.monotonic_ns()
             model.forward(x)
             fwd.append(time.monotonic_ns() - t0)
-        result = profile_model(model, repetitions=per_round, warmup=0)
-        sums: dict[int, int] = {}
-        for r in result.records:
-            sums[r.rep] = sums.get(r.rep, 0) + r.latency_ns
-        staged.extend(sums.values())
-    f, s = statistics.median(fwd), statistics.median(staged)
+        per_stage += stage_sums(profile_model(model, repetitions=per_round, one_call=False, **quiet))
+        if timed:
+            one_call += stage_sums(profile_model(model, repetitions=per_round, **quiet))
+            for _ in range(per_round):
+                t0 = time.monotonic_ns()
+                model.timed_pass(x)
+                call_wall.append(time.monotonic_ns() - t0)
+    f = statistics.median(fwd)
+    s = statistics.median(per_stage)
+    o = statistics.median(one_call) if one_call else float("nan")
+    w = statistics.median(call_wall) if call_wall else float("nan")
     return {
         "stages": model.num_stages,
         "forward_ms": f / 1e6,
-        "staged_ms": s / 1e6,
-        "overhead_pct": 100 * (s / f - 1),
+        "per_stage_ms": s / 1e6,
+        "one_call_ms": o / 1e6,
+        "call_wall_ms": w / 1e6,
+        "per_stage_pct": 100 * (s / f - 1),
+        "one_call_pct": 100 * (o / f - 1),
+        "call_wall_pct": 100 * (w / f - 1),
+        "ratio": s / o,
+        "load": (load0, os.getloadavg()[0]),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["alexnet", "resnet50", "gpt2"])
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--models", nargs="+", default=[*keras_models(), "gpt2"])
+    ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    print(f"{'model':<12} {'stages':>6} {'forward ms':>11} {'sum(stages) ms':>15} {'overhead':>9}")
+    print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")
+    print(
+        f"{'model':<15} {'stages':>6} {'forward ms':>10} {'per-stage ms':>12} {'one-call ms':>11} "
+        f"{'call wall ms':>12} {'per-stage':>9} {'one-call':>9} {'call wall':>9} {'ratio':>6} {'load 1m':>11}"
+    )
     for name in args.models:
         r = measure(name, args.reps, args.rounds)
         print(
-            f"{name:<12} {r['stages']:>6.0f} {r['forward_ms']:>11.3f} {r['staged_ms']:>15.3f} "
-            f"{r['overhead_pct']:>8.2f}%",
+            f"{name:<15} {r['stages']:>6} {r['forward_ms']:>10.3f} {r['per_stage_ms']:>12.3f} "
+            f"{r['one_call_ms']:>11.3f} {r['call_wall_ms']:>12.3f} {r['per_stage_pct']:>8.2f}% "
+            f"{r['one_call_pct']:>8.2f}% {r['call_wall_pct']:>8.2f}% {r['ratio']:>6.3f} "
+            f"{r['load'][0]:>5.2f}-{r['load'][1]:<5.2f}",
             flush=True,
         )
+    print(f"load average at end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

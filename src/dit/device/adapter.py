@@ -58,6 +58,26 @@ class StageModel(Protocol):
         ...
 
 
+@runtime_checkable
+class TimedPass(Protocol):
+    """Optional: a model that times all its stages inside ONE call (the profiler prefers it).
+
+    A framework whose per-call dispatch is costly (TensorFlow: ~0.2 ms per ``tf.function`` call)
+    would otherwise add that cost to every stage's measured latency. ``timed_pass`` runs stages
+    1..N back to back in one compiled call and reads a clock between them.
+    """
+
+    def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
+        """Run stages 1..N on ``x`` (the model input) in one call.
+
+        Returns the final output and ``N + 1`` stage-boundary times in nanoseconds on the wall
+        clock (``time.time_ns`` scale): boundary 0 is read before stage 1 starts, boundary ``i``
+        after stage ``i``'s output exists and before stage ``i + 1`` starts, so stage ``i`` took
+        ``boundary[i] - boundary[i - 1]``.
+        """
+        ...
+
+
 Builder = Callable[[Mapping[str, Any]], StageModel]
 
 

@@ -7,7 +7,9 @@ when one tensor is live, because then that tensor is all the rest of the model n
 keeps a ResNet residual block in one stage: inside a block the shortcut tensor is live beside the
 main branch. Each stage is a ``keras.Model`` from its input cut tensor to its output cut tensor
 (sharing the layers, hence the weights, of the full model), run through a ``tf.function`` traced
-once for a batch of one.
+once for a batch of one. For profiling, :meth:`KerasStagedModel.timed_pass` runs all stages in one
+``tf.function`` with ``tf.timestamp()`` between them (:func:`_timed_stages`), so the stage latencies
+do not include a call's dispatch each (docs/models.md, "Timing Keras stages in one call").
 
 Operation counts are analytic, from the layer type and the tensor shapes (batch 1): multiply-
 accumulates for convolutions, dense and recurrent layers, one per element for element-wise
@@ -366,14 +368,17 @@ class KerasStagedModel(ArrayStageModel):
                 f"{name}: {len(self.stage_names) - 1} stage names for {len(self.specs) - 1} stages"
             )
         self._fns: list[Any] = []
+        self._callers: list[Callable[[Any], Any]] = []
         for a, b, spec_in in zip(boundaries, boundaries[1:], self.specs, strict=False):
             sub = keras.Model(a, b) if a is not g.input_tensor or b is not g.output_tensor else model
             sig = [tf.TensorSpec(spec_in.shape, tf.float32)]
-            self._fns.append(tf.function(_caller(sub), input_signature=sig, reduce_retracing=True))
+            self._callers.append(_caller(sub))
+            self._fns.append(tf.function(self._callers[-1], input_signature=sig, reduce_retracing=True))
         self._full = tf.function(
             _caller(model), input_signature=[tf.TensorSpec(self.specs[0].shape, tf.float32)]
         ).get_concrete_function()
         self._concrete = [fn.get_concrete_function() for fn in self._fns]
+        self._timed: Any = None  # traced on the first timed_pass (only profiling needs it)
         self._tf = tf
 
     def make_input(self) -> np.ndarray:
@@ -394,12 +399,55 @@ class KerasStagedModel(ArrayStageModel):
         """The unpartitioned model in one call (the reference of the equivalence check)."""
         return self._full(self._tensor(x, 0))
 
+    def timed_function(self) -> Any:
+        """The concrete function behind :meth:`timed_pass` (traced once, on first use)."""
+        if self._timed is None:
+            self._timed = _timed_stages(self._tf, self._callers, self.specs[0].shape)
+        return self._timed
+
+    def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
+        """All stages in ONE ``tf.function`` call with ``tf.timestamp()`` between them (see
+        :func:`_timed_stages`); the output and the ``N + 1`` boundary times, wall clock ns."""
+        y, base, offsets = self.timed_function()(self._tensor(x, 0))
+        b0 = round(float(base) * 1e9)
+        return y, [b0 + round(float(d) * 1e9) for d in offsets.numpy()]
+
 
 def _caller(sub: Any) -> Callable[[Any], Any]:
     def call(x: Any) -> Any:
         return sub(x, training=False)
 
     return call
+
+
+def _timed_stages(tf: Any, stages: Sequence[Callable[[Any], Any]], input_shape: tuple[int, ...]) -> Any:
+    """One concrete function running ``stages`` back to back with a ``tf.timestamp()`` at each boundary.
+
+    The graph executor runs any op as soon as its inputs are ready, so program order alone orders
+    nothing: a timestamp with no inputs could run at the very start. Control dependencies make the
+    order explicit: boundary ``i`` (``i >= 1``) depends on stage ``i``'s output tensor, so it is read
+    after every op that produces that output; stage ``i + 1`` reads its input through an ``identity``
+    that depends on boundary ``i``, so none of its input-dependent ops starts before it. (Only ops
+    that do not depend on the stage input at all, such as variable reads, can run earlier; they
+    are reads of resident weights.) Returned: the output, boundary 0 in seconds since the epoch
+    (``float64``, 2**-22 s = 0.24 us resolution at today's dates) and the boundaries minus
+    boundary 0 (exact float64 subtraction).
+    """
+
+    def timed(x: Any) -> tuple[Any, Any, Any]:
+        stamps = [tf.timestamp()]
+        h = x
+        for stage in stages:
+            with tf.control_dependencies([stamps[-1]]):
+                h = tf.identity(h)
+            h = stage(h)
+            with tf.control_dependencies([h]):
+                stamps.append(tf.timestamp())
+        t = tf.stack(stamps)
+        return h, t[0], t - t[0]
+
+    sig = [tf.TensorSpec(input_shape, tf.float32)]
+    return tf.function(timed, input_signature=sig).get_concrete_function()
 
 
 def op_latencies(model: Any, graph: Graph, x: np.ndarray, reps: int = 3) -> list[float]:

@@ -1,0 +1,70 @@
+"""The profiler times a :class:`~dit.device.adapter.TimedPass` model with one call per repetition."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from dit.device.adapter import TimedPass
+from dit.device.fakemodel import FakeModel, build
+from dit.device.profiler import profile_model
+
+
+class OneCallModel(FakeModel):
+    """The tiny fake model plus a ``timed_pass`` whose boundaries advance by known amounts."""
+
+    STEPS = (1_000, 20_000, 300, 4_000)  # ns per stage, on the model's (fake) wall clock
+
+    def __init__(self) -> None:
+        base = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 3})
+        super().__init__(base.stages, base.input_bytes, base.seed, name="one-call")
+        self.timed_calls = 0
+        self.stage_calls: list[int] = []
+        self.wall = 5_000_000
+
+    def run_stage(self, stage: int, x: Any) -> bytes:
+        self.stage_calls.append(stage)
+        return super().run_stage(stage, x)
+
+    def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
+        self.timed_calls += 1
+        bounds = [self.wall + 100]  # boundary 0 a little after the profiler read the wall clock
+        for step in self.STEPS:
+            bounds.append(bounds[-1] + step)
+            x = FakeModel.run_stage(self, len(bounds) - 1, x)
+        return x, bounds
+
+
+def test_latency_comes_from_one_timed_call_per_repetition() -> None:
+    model = OneCallModel()
+    assert isinstance(model, TimedPass)
+    mono = itertools.count(10_000, 10)
+    result = profile_model(
+        model, repetitions=3, warmup=2, clock=lambda: next(mono), wall_clock=lambda: model.wall
+    )
+    assert model.timed_calls == 5  # one call per pass, warm-up included
+    assert result.latency_method == "one_call"
+    assert result.summary()["latency_method"] == "one_call"
+    for rep in range(3):
+        rows = [r for r in result.records if r.rep == rep and r.stage > 0]
+        assert [r.latency_ns for r in rows] == list(OneCallModel.STEPS)
+        # starts: the monotonic reading before the call, + the boundary's offset from the wall reading
+        starts = [r.start_ns for r in rows]
+        assert [b - a for a, b in itertools.pairwise(starts)] == list(OneCallModel.STEPS[:-1])
+        assert starts[0] >= 100
+    # the stage-by-stage pass still runs (CPU, memory) on every pass
+    assert model.stage_calls == [1, 2, 3, 4] * 5
+
+
+def test_one_call_can_be_turned_off() -> None:
+    model = OneCallModel()
+    result = profile_model(model, repetitions=2, one_call=False, cpu_sample_interval_ns=0)
+    assert model.timed_calls == 0
+    assert result.latency_method == "per_stage_call"
+    assert all(r.latency_ns not in OneCallModel.STEPS for r in result.records if r.stage > 0)
+
+
+def test_a_model_without_timed_pass_is_timed_per_stage() -> None:
+    model = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 0})
+    assert not isinstance(model, TimedPass)
+    assert profile_model(model, repetitions=1, cpu_sample_interval_ns=0).latency_method == "per_stage_call"
