@@ -17,6 +17,15 @@ from dit_llamacpp import models
 from dit_llamacpp import tokenizer as tok
 from dit_llamacpp.equivalence import read_session_tokens
 
+# The tokenizers package comes with the `llm` extra (transformers), not with the dev lock CI lints and
+# runs the default phase with: without it the tokenizer tests are skipped there and run in ./dev slow.
+try:
+    import tokenizers  # noqa: F401
+
+    HAVE_TOKENIZERS = True
+except ImportError:
+    HAVE_TOKENIZERS = False
+needs_tokenizers = pytest.mark.skipif(not HAVE_TOKENIZERS, reason="the tokenizers package is not installed")
 SOURCE_TREE = models.DEFAULT_SOURCE / "vendor" / "llama.cpp"
 needs_source = pytest.mark.skipif(
     not (SOURCE_TREE / "convert_hf_to_gguf.py").is_file(),
@@ -27,6 +36,7 @@ needs_source = pytest.mark.skipif(
 # ------------------------------------------------------------------------------------ tokenizer
 
 
+@needs_tokenizers
 @pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
 def test_tokenizer_is_deterministic_and_matches_the_catalogue(name: str) -> None:
     s = models.shape(name)
@@ -36,6 +46,7 @@ def test_tokenizer_is_deterministic_and_matches_the_catalogue(name: str) -> None
     assert models.check_tokenizer(name) == models.load_catalogue()["models"][name]["tokenizer"]["sha256"]
 
 
+@needs_tokenizers
 def test_llama_tokenizer_layout() -> None:
     t = tok.build("llama", 512)
     vocab = t.get_vocab()
@@ -46,6 +57,7 @@ def test_llama_tokenizer_layout() -> None:
     assert ids[0] == 1 and t.decode(ids) == "The boards hummed"
 
 
+@needs_tokenizers
 def test_gpt2_tokenizer_is_byte_level_with_eot_zero() -> None:
     t = tok.build("gpt2", 512)
     assert t.get_vocab()["<|endoftext|>"] == 0
@@ -53,11 +65,13 @@ def test_gpt2_tokenizer_is_byte_level_with_eot_zero() -> None:
     assert t.decode(t.encode(text).ids) == text
 
 
+@needs_tokenizers
 def test_tokenizer_pads_to_the_model_vocabulary() -> None:
     t = tok.build("llama", 4096)  # far more than the corpus has merges for
     assert t.get_vocab_size() == 4096 and "<unused0>" in t.get_vocab()
 
 
+@needs_tokenizers
 def test_tokenizer_rejects_a_vocabulary_too_small() -> None:
     with pytest.raises(tok.TokenizerError, match="vocab_size"):
         tok.build("llama", 200)
@@ -65,6 +79,7 @@ def test_tokenizer_rejects_a_vocabulary_too_small() -> None:
         tok.build("bert", 512)  # type: ignore[arg-type]
 
 
+@needs_tokenizers
 def test_tokenizer_mismatch_is_refused(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(tok.CORPUS.read_text(encoding="utf-8") + "\nAn extra line changes the merges.\n")
