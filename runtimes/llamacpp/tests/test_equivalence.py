@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from dit_llamacpp import models
 from dit_llamacpp.equivalence import compare
 

@@ -16,10 +16,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-from dit_llamacpp import build, dit_runtime, launch, node, results  # noqa: E402
-
 from dit.runtimes import LaunchContext, registry  # noqa: E402
 from dit.scenario import resolve, validate  # noqa: E402
+from dit_llamacpp import build, dit_runtime, launch, node, results  # noqa: E402
 
 WILDCARD = "0.0.0.0"  # noqa: S104 - the address the guard must refuse
 IFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.168.1.20"], "wlan0": ["10.0.0.11"]}

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from dit_llamacpp import models
 from dit_llamacpp import tokenizer as tok
 from dit_llamacpp.equivalence import read_session_tokens
