@@ -50,6 +50,8 @@ WRITER_DIRS = (
 OUTPUT_FILE = re.compile(r"^(?:[\w.-]+/)*([\w.-]+\.(?:csv|json|jsonl|png))$")
 COLUMN = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*_(?:ns|bytes|pct|j|w|ms|js|bps|khz|mhz|mb)$")
 PYNAME = re.compile(r"^(?:dit|headsplit)(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
+# a weights file named like a field (``model.safetensors``, ``model.gguf``) is a file name, not a field
+WEIGHT_FILE = re.compile(r"\.(?:safetensors|gguf|bin)$")
 FIELD = re.compile(r"^[a-z_]+(?:\.(?:[A-Za-z0-9_-]+|<[^>]+>))+$")
 
 
@@ -249,7 +251,7 @@ def problems_in(text: str) -> list[str]:
             problem = check_output_name(span)
         elif PYNAME.match(span):
             problem = check_pyname(span)
-        elif FIELD.match(span) and span.split(".")[0] in top_fields:
+        elif FIELD.match(span) and span.split(".")[0] in top_fields and not WEIGHT_FILE.search(span):
             problem = check_field(span)
         if problem:
             found.append(problem)
