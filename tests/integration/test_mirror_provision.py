@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -393,6 +394,9 @@ def test_provision_playbook_check_mode_against_the_rack_example(
         inventory["all"]["children"]["devices"]["children"]["pi4_4gb"]["hosts"]
     )
     assert boards == ["device1", "device2", "device3", "device4", "device5"]
+    # One board of each group: the boards of a group differ only in their addresses and map position,
+    # so the other three take the same paths through the playbook (and would cost CI a minute).
+    limit = ["edgeserver", "device1", "device3"]
     for board in boards:
         cmdline = nodes / board / "boot/firmware/cmdline.txt"
         cmdline.parent.mkdir(parents=True)
@@ -437,16 +441,19 @@ def test_provision_playbook_check_mode_against_the_rack_example(
                 str(REPO / "playbooks/provision.yml"),
                 "-e",
                 f"@{overlay}",
+                "--limit",
+                ",".join(limit),
             ],
             cwd=REPO,
         )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     recap = out[out.index("PLAY RECAP") :]
-    for host in ["edgeserver", *boards]:
+    assert sorted(re.findall(r"^(\S+)\s+: ok=", recap, re.MULTILINE)) == sorted(limit), recap
+    for host in limit:
         line = next(ln for ln in recap.splitlines() if ln.startswith(host))
         assert "failed=0" in line and "unreachable=0" in line, line
-    assert f"+{PI_CMDLINE.strip()} cgroup_enable=memory cgroup_memory=1\n" in out  # the diff of every board
+    assert f"+{PI_CMDLINE.strip()} cgroup_enable=memory cgroup_memory=1\n" in out  # each board's diff
     assert "-#dtparam=i2c_arm=on\n+dtparam=i2c_arm=on\n" in out  # config.txt: I2C for the INA260
     assert sorted(p for p in tmp_path.rglob("*") if p not in written) == before  # check mode wrote nothing
 
