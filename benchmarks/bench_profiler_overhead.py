@@ -70,9 +70,9 @@ def measure(name: str, reps: int, rounds: int) -> dict[str, Any]:
     x = model.make_input()
     for _ in range(3):
         model.forward(x)
-    quiet = {"cpu_sample_interval_ns": 0}  # the sampler is outside the timed window either way
-    profile_model(model, repetitions=0, warmup=3, one_call=False, **quiet)
-    profile_model(model, repetitions=0, warmup=3, **quiet)
+    quiet = 0  # cpu_sample_interval_ns: the sampler is outside the timed window either way
+    profile_model(model, repetitions=0, warmup=3, one_call=False, cpu_sample_interval_ns=quiet)
+    profile_model(model, repetitions=0, warmup=3, cpu_sample_interval_ns=quiet)
     fwd: list[int] = []
     per_stage: list[int] = []
     one_call: list[int] = []
@@ -83,9 +83,11 @@ def measure(name: str, reps: int, rounds: int) -> dict[str, Any]:
             t0 = time.monotonic_ns()
             model.forward(x)
             fwd.append(time.monotonic_ns() - t0)
-        per_stage += stage_sums(profile_model(model, repetitions=per_round, one_call=False, **quiet))
+        per_stage += stage_sums(
+            profile_model(model, repetitions=per_round, one_call=False, cpu_sample_interval_ns=quiet)
+        )
         if timed:
-            one_call += stage_sums(profile_model(model, repetitions=per_round, **quiet))
+            one_call += stage_sums(profile_model(model, repetitions=per_round, cpu_sample_interval_ns=quiet))
             for _ in range(per_round):
                 t0 = time.monotonic_ns()
                 model.timed_pass(x)
