@@ -81,6 +81,40 @@ def test_distribute_checkpoint_copies_and_verifies_on_every_node(site: Path, tmp
     assert "changed: Copy the checkpoint" not in said
 
 
+@pytest.mark.slow
+def test_distribute_checkpoint_of_a_hf_directory_whole_and_by_placement(site: Path, tmp_path: Path) -> None:
+    # Through Ansible for real (local mode: edge and device1): the directory goes whole with its
+    # SHA256SUMS and is checked file by file on each node; by placement, each node gets only its shard.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
+                                      max_position_embeddings=128)  # fmt: skip
+    directory = tmp_path / "tiny-llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    env = env_with(site)
+    pin = subprocess.run(
+        [sys.executable, "-m", "headsplit.checkpoint", str(directory)], env=env, capture_output=True,
+        text=True, check=True,
+    ).stdout.split()[0]  # fmt: skip
+    whole = dit(site, "runtimes", "act", "headsplit", "distribute-checkpoint", "--set", f"path={directory}",
+                "--set", f"sha256={pin}")  # fmt: skip
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    said = " ".join(whole.stdout.split())
+    assert said.count(f"sha256 {pin} verified") == 3  # here before the copy, then on edge and device1
+    out = tmp_path / "shards"
+    placed = dit(site, "runtimes", "act", "headsplit", "distribute-checkpoint", "--set", f"path={directory}",
+                 "--set", f"sha256={pin}", "--set", "mode=placement", "--set", 'workers=["device1"]',
+                 "--set", f"out={out}")  # fmt: skip
+    assert placed.returncode == 0, placed.stdout + placed.stderr
+    shards = json.loads((out / "shards.json").read_text(encoding="utf-8"))
+    said = " ".join(placed.stdout.split())
+    for name in ("worker1.safetensors", "controller.safetensors"):
+        assert f"/shards/{name}: sha256 " in said  # copied to its node and verified there
+    assert shards["checkpoint_sha256"] == pin
+
+
 def python_wrapper(directory: Path, site: Path) -> Path:
     """An interpreter for the nodes that sees the installed headsplit (the block's ``python``)."""
     wrapper = directory / "hs-python"
