@@ -338,7 +338,7 @@ def convert(
     tmp = out.with_name(out.name + ".part")
     if quant in CONVERTER_OUTTYPE:
         if pre is None:
-            pre = {pre_hash(hf_dir, tree): "gpt2"} if s.family == "gpt2" else {}
+            pre = {pre_hash(hf_dir, tree): "gpt-2"} if s.family == "gpt2" else {}
         _run(
             converter_argv(hf_dir, tmp, quant, s.name, tree, pre),
             converter_env(tree),
@@ -453,7 +453,7 @@ def record(names: Sequence[str], out_dir: Path, *, weights_dir: Path | None = No
         if s.family == "gpt2":
             entry["tokenizer"]["pre_tokenizer"] = {
                 "hash": pre_hash(out_dir / f"{name}-hf", vendored()),
-                "as": "gpt2",
+                "as": "gpt-2",
             }
         doc["models"][name] = entry
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
