@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -85,14 +86,20 @@ def test_distribute_checkpoint_copies_and_verifies_on_every_node(site: Path, tmp
 def test_distribute_checkpoint_of_a_hf_directory_whole_and_by_placement(site: Path, tmp_path: Path) -> None:
     # Through Ansible for real (local mode: edge and device1): the directory goes whole with its
     # SHA256SUMS and is checked file by file on each node; by placement, each node gets only its shard.
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
-                                      max_position_embeddings=128)  # fmt: skip
+    # torch and transformers are only looked up here and imported in a child below: never in this
+    # process, where Ansible's module_utils has replaced sys.intern (torch._dynamo refuses it then,
+    # and every later test of the session that imports torch fails)
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs torch and transformers (the llm extra)")
     directory = tmp_path / "tiny-llama"
-    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+    make = (
+        "import sys, torch, transformers\n"
+        "torch.manual_seed(0)\n"
+        "config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,"
+        " num_key_value_heads=2, num_hidden_layers=2, vocab_size=256, max_position_embeddings=128)\n"
+        "transformers.LlamaForCausalLM(config).save_pretrained(sys.argv[1])\n"
+    )
+    subprocess.run([sys.executable, "-c", make, str(directory)], check=True, capture_output=True, timeout=600)
     env = env_with(site)
     pin = subprocess.run(
         [sys.executable, "-m", "headsplit.checkpoint", str(directory)], env=env, capture_output=True,

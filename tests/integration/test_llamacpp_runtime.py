@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,8 +34,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _bin_dir() -> Path:
-    import sys
-
     if os.environ.get("DIT_LLAMACPP_TEST_BIN"):  # a directory of binaries other than the cache's
         return Path(os.environ["DIT_LLAMACPP_TEST_BIN"])
     sys.path.insert(0, str(LLAMACPP / "src"))
@@ -50,10 +49,17 @@ def _gguf(tmp_path: Path) -> Path:
     named = os.environ.get("DIT_LLAMACPP_TEST_GGUF")
     if named:
         return Path(named)
-    models = pytest.importorskip(
-        "dit_llamacpp.models", reason="dit_llamacpp.models (GGUF conversion) not here yet"
-    )
-    return Path(models.ensure_gguf("llama-tiny", "F32", tmp_path / "gguf").path)
+    # Converted in a child: the conversion imports torch, which must not be imported in this process
+    # after Ansible's module_utils replaced sys.intern (torch._dynamo refuses it, and every later test
+    # of the session that imports torch would fail).
+    out = tmp_path / "gguf"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LLAMACPP / "src"), str(REPO / "src")])}
+    done = subprocess.run(
+        [sys.executable, "-m", "dit_llamacpp.models", "convert", "llama-tiny", "F32", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out / "llama-tiny-F32.gguf"
 
 
 def _scenario(tmp_path: Path, name: str, tokens: int, bin_dir: Path, gguf: Path) -> Path:
