@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, dit_env
+from tests.conftest import REPO, dit_env, free_port
 
 CHROMIUM = os.environ.get("DIT_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -42,12 +43,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class Server:
     url: str
@@ -57,31 +52,46 @@ class Server:
     proc: subprocess.Popen[bytes]
 
 
+@contextmanager
+def web_server(
+    root: Path,
+    *options: str,
+    inventory: Path | None = None,
+    runs: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """``dit web OPTIONS`` on a free loopback port, run from ``root`` (its log in ``server.log``), up
+    until the block ends; the inventory and runs directory default to ``root``'s."""
+    inventory = inventory or root / "inventory.yml"
+    runs = runs or root / "runs"
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "dit", "web", "--port", str(port), "--inventory", str(inventory),
+        "--runs-dir", str(runs), "--scenarios-dir", str(REPO / "scenarios"), *options,
+    ]  # fmt: skip
+    with (root / "server.log").open("wb") as log:
+        proc = subprocess.Popen(argv, cwd=root, env=env or dit_env(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    break
+            except OSError:
+                assert proc.poll() is None, (root / "server.log").read_text()
+                time.sleep(0.2)
+        try:
+            yield Server(f"http://127.0.0.1:{port}/", root, runs, inventory, proc)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("nnpm")
-    port = _free_port()
-    closed = _free_port()  # nothing listens here: the tile layer is unreachable, as on an offline rack
-    log = (root / "server.log").open("wb")
-    argv = [
-        sys.executable, "-m", "dit", "web", "--port", str(port),
-        "--inventory", str(root / "inventory.yml"), "--runs-dir", str(root / "runs"),
-        "--scenarios-dir", str(REPO / "scenarios"), "--tiles", f"http://127.0.0.1:{closed}/{{z}}/{{x}}/{{y}}.png",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=root, env=dit_env(), stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            assert proc.poll() is None, (root / "server.log").read_text()
-            time.sleep(0.2)
-    yield Server(url, root, root / "runs", root / "inventory.yml", proc)
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+    closed = free_port()  # nothing listens here: the tile layer is unreachable, as on an offline rack
+    with web_server(root, "--tiles", f"http://127.0.0.1:{closed}/{{z}}/{{x}}/{{y}}.png") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,8 +18,8 @@ import pytest
 import yaml
 
 from dit.scenario import expand
-from tests.conftest import REPO, dit_env
-from tests.e2e.conftest import Server, _free_port, shot
+from tests.conftest import REPO
+from tests.e2e.conftest import Server, shot, web_server
 
 pytestmark = pytest.mark.e2e
 
@@ -31,29 +29,8 @@ PLAN_W, PLAN_H = 800, 500
 @pytest.fixture(scope="module")
 def plan_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """``dit web`` as a first-time user starts it offline: no --tiles."""
-    import socket
-
-    root = tmp_path_factory.mktemp("nnpm-plan")
-    port = _free_port()
-    log = (root / "server.log").open("wb")
-    argv = [
-        sys.executable, "-m", "dit", "web", "--port", str(port), "--probe", "off",
-        "--inventory", str(root / "inventory.yml"), "--runs-dir", str(root / "runs"),
-        "--scenarios-dir", str(REPO / "scenarios"),
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=root, env=dit_env(), stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            assert proc.poll() is None, (root / "server.log").read_text()
-            time.sleep(0.2)
-    yield Server(f"http://127.0.0.1:{port}/", root, root / "runs", root / "inventory.yml", proc)
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+    with web_server(tmp_path_factory.mktemp("nnpm-plan"), "--probe", "off") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

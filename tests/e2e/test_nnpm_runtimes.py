@@ -9,10 +9,7 @@ PYTHONPATH) and an inventory whose ``ghost`` is reached over ssh on a port nothi
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,8 +17,8 @@ import pytest
 import yaml
 
 from dit.runtimes.base import Results, SummaryValue, write_summary
-from tests.conftest import REPO, dit_env, free_port, install_fixture_package
-from tests.e2e.conftest import Server, shot
+from tests.conftest import dit_env, free_port, install_fixture_package
+from tests.e2e.conftest import Server, shot, web_server
 from tests.integration.test_web_api import finished_run
 
 pytestmark = pytest.mark.e2e
@@ -70,27 +67,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             )
         ),
     )
-    port = free_port()
     env = dit_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    log = (root / "server.log").open("wb")
-    argv = [
-        sys.executable, "-m", "dit", "web", "--port", str(port), "--inventory", str(inventory),
-        "--runs-dir", str(runs), "--scenarios-dir", str(REPO / "scenarios"), "--probe", "off",
-    ]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            assert proc.poll() is None, (root / "server.log").read_text()
-            time.sleep(0.2)
-    yield Server(f"http://127.0.0.1:{port}/", root, runs, inventory, proc)
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+    with web_server(root, "--probe", "off", inventory=inventory, runs=runs, env=env) as running:
+        yield running
 
 
 def test_the_form_renders_the_chosen_runtimes_block(page: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from dit.web.app import WebConfig, create_app
+from tests.conftest import free_port
 
 LOOPBACK = {"host": "127.0.0.1:8765"}
 
@@ -72,18 +72,12 @@ def test_state_changing_request_from_a_foreign_origin_is_refused(loopback: TestC
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def exposed_server(tmp_path: Path) -> Iterator[tuple[int, str]]:
     """The exposed app under a real uvicorn (the TestClient does not show what a browser gets)."""
     import uvicorn
 
-    port = _free_port()
+    port = free_port()
     # 127.0.0.2 is loopback for the socket, but not a loopback *name* for the guard: a token is needed
     config = WebConfig(
         host="0.0.0.0", port=port, inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off"
