@@ -14,6 +14,7 @@ class OneCallModel(FakeModel):
     """The tiny fake model plus a ``timed_pass`` whose boundaries advance by known amounts."""
 
     STEPS = (1_000, 20_000, 300, 4_000)  # ns per stage, on the model's (fake) wall clock
+    ENTRY, RETURN = 100, 50  # the call's fixed cost before boundary 0 and after the last boundary
 
     def __init__(self) -> None:
         base = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 3})
@@ -28,10 +29,11 @@ class OneCallModel(FakeModel):
 
     def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
         self.timed_calls += 1
-        bounds = [self.wall + 100]  # boundary 0 a little after the profiler read the wall clock
+        bounds = [self.wall + self.ENTRY]  # boundary 0 a little after the profiler read the wall clock
         for step in self.STEPS:
             bounds.append(bounds[-1] + step)
             x = FakeModel.run_stage(self, len(bounds) - 1, x)
+        self.wall = bounds[-1] + self.RETURN  # the wall clock when the call has returned
         return x, bounds
 
 
@@ -45,13 +47,15 @@ def test_latency_comes_from_one_timed_call_per_repetition() -> None:
     assert model.timed_calls == 5  # one call per pass, warm-up included
     assert result.latency_method == "one_call"
     assert result.summary()["latency_method"] == "one_call"
+    first, *middle, last = OneCallModel.STEPS
+    # the call's entry cost goes to stage 1 and its return to stage N: the stages add up to the call
+    expected = [OneCallModel.ENTRY + first, *middle, last + OneCallModel.RETURN]
     for rep in range(3):
         rows = [r for r in result.records if r.rep == rep and r.stage > 0]
-        assert [r.latency_ns for r in rows] == list(OneCallModel.STEPS)
-        # starts: the monotonic reading before the call, + the boundary's offset from the wall reading
+        assert [r.latency_ns for r in rows] == expected
+        # starts: the monotonic reading before the call (stage 1 starts there), then the boundaries
         starts = [r.start_ns for r in rows]
-        assert [b - a for a, b in itertools.pairwise(starts)] == list(OneCallModel.STEPS[:-1])
-        assert starts[0] >= 100
+        assert [b - a for a, b in itertools.pairwise(starts)] == expected[:-1]
     # the stage-by-stage pass still runs (CPU, memory) on every pass
     assert model.stage_calls == [1, 2, 3, 4] * 5
 

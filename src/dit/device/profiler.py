@@ -9,7 +9,10 @@ Per stage and measured pass it records
   implements :class:`~dit.device.adapter.TimedPass` (the Keras adapters) is instead timed by one
   ``timed_pass`` per repetition, all stages in one framework call with a clock read between stages,
   and ``latency_ns`` is the difference of consecutive boundaries: a per-stage call would add the
-  framework's fixed dispatch cost (~0.2 ms per ``tf.function`` call) to every stage. The other
+  framework's fixed dispatch cost (~0.2 ms per ``tf.function`` call) to every stage. The call's own
+  fixed cost, paid once per pass, is counted once: boundary 0 is read just before the call (stage 1
+  carries the entry) and the last boundary just after it returns (stage N carries the return), so
+  the stages add up to the wall time of one whole forward call. The other
   columns then come from a second, stage-by-stage pass of the same repetition on the same input (CPU
   and memory need Python between the stages); ``latency_method`` in the summary says which
   (``one_call`` or ``per_stage_call``);
@@ -431,10 +434,16 @@ class _OneCallTimer:
         self._wall = wall_clock
 
     def stages(self, x: Any, num_stages: int) -> list[tuple[int, int]]:
+        """Stage ``i`` is boundary ``i - 1`` to boundary ``i``, except that the first boundary is the
+        wall clock read just before the call and the last one just after it returns: the call's
+        fixed cost (dispatch, argument conversion, returning the output), paid once per pass, goes
+        to stage 1 (entry) and stage N (return), so the stages add up to the call's wall time."""
         mono, wall = self._clock(), self._wall()
         _, bounds = self._model.timed_pass(x)
+        after = self._wall()
         if len(bounds) != num_stages + 1:
             raise ValueError(f"timed_pass returned {len(bounds)} boundaries for {num_stages} stages")
+        bounds = [min(wall, bounds[0]), *bounds[1:-1], max(after, bounds[-1])]
         to_clock = mono - wall
         return [(a + to_clock, b - a) for a, b in itertools.pairwise(bounds)]
 
