@@ -41,7 +41,9 @@ def test_layers_csv_shape_and_values(tmp_path: Path) -> None:
     model = CountingModel()
     result = profile_model(model, repetitions=3, warmup=2)
     assert model.inputs == 5  # warm-up passes run, ...
-    assert model.calls == [1, 2, 3, 4] * 5
+    # a timing pass per repetition, all back to back, then the instrumented pass per repetition
+    assert model.calls == [1, 2, 3, 4] * 10
+    assert result.latency_method == "back_to_back"
     assert len(result.records) == 3 * 5  # ... but are not recorded
     path = tmp_path / "layers.csv"
     write_layers_csv(path, result)

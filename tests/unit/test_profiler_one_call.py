@@ -21,14 +21,17 @@ class OneCallModel(FakeModel):
         super().__init__(base.stages, base.input_bytes, base.seed, name="one-call")
         self.timed_calls = 0
         self.stage_calls: list[int] = []
+        self.events: list[str] = []
         self.wall = 5_000_000
 
     def run_stage(self, stage: int, x: Any) -> bytes:
         self.stage_calls.append(stage)
+        self.events.append("stage")
         return super().run_stage(stage, x)
 
     def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
         self.timed_calls += 1
+        self.events.append("timed")
         bounds = [self.wall + self.ENTRY]  # boundary 0 a little after the profiler read the wall clock
         for step in self.STEPS:
             bounds.append(bounds[-1] + step)
@@ -56,8 +59,10 @@ def test_latency_comes_from_one_timed_call_per_repetition() -> None:
         # starts: the monotonic reading before the call (stage 1 starts there), then the boundaries
         starts = [r.start_ns for r in rows]
         assert [b - a for a, b in itertools.pairwise(starts)] == expected[:-1]
-    # the stage-by-stage pass still runs (CPU, memory) on every pass
+    # the stage-by-stage pass still runs (CPU, memory) on every pass, after all the timed calls ran
+    # back to back (a stage-by-stage pass between them would leave the thread pools cold)
     assert model.stage_calls == [1, 2, 3, 4] * 5
+    assert model.events == ["timed"] * 5 + ["stage"] * 20
 
 
 def test_one_call_can_be_turned_off() -> None:
@@ -68,7 +73,27 @@ def test_one_call_can_be_turned_off() -> None:
     assert all(r.latency_ns not in OneCallModel.STEPS for r in result.records if r.stage > 0)
 
 
-def test_a_model_without_timed_pass_is_timed_per_stage() -> None:
+def test_a_model_without_timed_pass_is_timed_by_its_stages_back_to_back() -> None:
+    """Latencies come from the stages called one after the other with only clock reads between
+    them, never from the instrumented pass, whose gaps let a CPU quota refill."""
     model = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 0})
     assert not isinstance(model, TimedPass)
-    assert profile_model(model, repetitions=1, cpu_sample_interval_ns=0).latency_method == "per_stage_call"
+    ticks = itertools.count(0, 1_000)
+    reads: list[str] = []
+    real_run_stage = model.run_stage
+
+    def run_stage(stage: int, x: Any) -> bytes:
+        reads.append(f"stage{stage}")
+        return real_run_stage(stage, x)
+
+    def clock() -> int:
+        reads.append("clock")
+        return next(ticks)
+
+    model.run_stage = run_stage  # type: ignore[method-assign]
+    result = profile_model(model, repetitions=1, clock=clock, cpu_sample_interval_ns=0)
+    assert result.latency_method == "back_to_back"
+    timing = reads[reads.index("stage1") - 1 : reads.index("stage4") + 2]
+    assert timing == ["clock", "stage1", "clock", "stage2", "clock", "stage3", "clock", "stage4", "clock"]
+    # each latency is exactly one tick of the fake clock: nothing else was timed
+    assert [r.latency_ns for r in result.records if r.stage > 0] == [1_000] * 4

@@ -5,17 +5,28 @@ PyTorch adapters alike: it only calls ``make_input``, ``run_stage``, ``output_by
 
 Per stage and measured pass it records
 
-* ``latency_ns``: ``time.monotonic_ns()`` immediately before and after ``run_stage``. A model that
-  implements :class:`~dit.device.adapter.TimedPass` (the Keras adapters) is instead timed by one
-  ``timed_pass`` per repetition, all stages in one framework call with a clock read between stages,
-  and ``latency_ns`` is the difference of consecutive boundaries: a per-stage call would add the
-  framework's fixed dispatch cost (~0.2 ms per ``tf.function`` call) to every stage. The call's own
-  fixed cost, paid once per pass, is counted once: boundary 0 is read just before the call (stage 1
-  carries the entry) and the last boundary just after it returns (stage N carries the return), so
-  the stages add up to the wall time of one whole forward call. The other
-  columns then come from a second, stage-by-stage pass of the same repetition on the same input (CPU
-  and memory need Python between the stages); ``latency_method`` in the summary says which
-  (``one_call`` or ``per_stage_call``);
+* ``latency_ns``: from one **timing pass** per repetition that runs all stages as a partition runs
+  them, with nothing but clock reads between stages (``latency_method`` in the summary):
+
+  - ``one_call``: a model that implements :class:`~dit.device.adapter.TimedPass` (the Keras
+    adapters) runs all stages in one framework call with a clock read between stages, and
+    ``latency_ns`` is the difference of consecutive boundaries: a per-stage call would add the
+    framework's fixed dispatch cost (~0.2 ms per ``tf.function`` call) to every stage. The call's own
+    fixed cost, paid once per pass, is counted once: boundary 0 is read just before the call (stage
+    1 carries the entry) and the last boundary just after it returns (stage N carries the return),
+    so the stages add up to the wall time of one whole forward call;
+  - ``back_to_back``: any other model's stages are called one after the other with
+    ``time.monotonic_ns()`` between them. Timing each stage of the instrumented pass instead (the
+    sampler and memory reads between stages) leaves gaps in which a CPU quota refills, so under a
+    ``cpu_share_pct`` the stages run at full speed in the profile and slower in inference;
+  - ``per_stage_call`` (``one_call=False``): ``time.monotonic_ns()`` around each ``run_stage`` of the
+    instrumented pass.
+
+  The timing passes of all repetitions run back to back first, as forward passes do (a
+  stage-by-stage pass between them would also leave a framework's thread pools cold for every
+  call); the other columns then come from an instrumented stage-by-stage pass of each repetition on
+  the same input (CPU and memory need Python between the stages), and ``start_ns`` from the timing
+  pass;
 * ``cpu_pct``: the stage's *mean* CPU use, 100 x process CPU time (``time.process_time_ns``, all
   threads) / wall time of the stage. It exceeds 100 when the stage computes on several threads (e.g. a
   BLAS pool);
@@ -377,10 +388,12 @@ def profile_model(
 ) -> ProfileResult:
     """Run ``warmup`` unrecorded passes then ``repetitions`` measured passes, stage by stage.
 
-    ``one_call`` (default): when the model implements :class:`~dit.device.adapter.TimedPass`, the
-    latencies come from its ``timed_pass`` (see the module docstring); ``False`` forces a call per
-    stage. ``wall_clock`` is the scale of the ``timed_pass`` boundaries, mapped onto ``clock`` by
-    reading both just before the call.
+    ``one_call`` (default): the latencies come from one pass of all stages per repetition, the
+    model's ``timed_pass`` when it implements :class:`~dit.device.adapter.TimedPass` (``one_call``),
+    else its stages called back to back with only a clock read between them (``back_to_back``); see
+    the module docstring. ``False`` times each stage of the instrumented pass (``per_stage_call``).
+    ``wall_clock`` is the scale of the ``timed_pass`` boundaries, mapped onto ``clock`` by reading
+    both just before the call.
     """
     if repetitions < 0 or warmup < 0:
         raise ValueError(f"repetitions ({repetitions}) and warmup ({warmup}) must be >= 0")
@@ -388,7 +401,12 @@ def profile_model(
     mem = peak_memory or PeakMemory()
     timed = one_call and isinstance(model, TimedPass)
     sampler = make_sampler(cpu_sample_interval_ns, clock is time.monotonic_ns)
-    timer = _OneCallTimer(cast(TimedPass, model), clock, wall_clock) if timed else None
+    timer: _OneCallTimer | _BackToBackTimer | None = None
+    method = "per_stage_call"
+    if timed:
+        timer, method = _OneCallTimer(cast(TimedPass, model), clock, wall_clock), "one_call"
+    elif one_call:
+        timer, method = _BackToBackTimer(model, clock), "back_to_back"
     try:
         records = _passes(model, repetitions, warmup, origin, mem, clock, sampler, timer)
     finally:
@@ -402,7 +420,7 @@ def profile_model(
         records=records,
         cpu_sample_interval_ns=cpu_sample_interval_ns,
         cpu_peak_method=sampler_method(sampler),
-        latency_method="one_call" if timed else "per_stage_call",
+        latency_method=method,
     )
 
 
@@ -448,6 +466,26 @@ class _OneCallTimer:
         return [(a + to_clock, b - a) for a, b in itertools.pairwise(bounds)]
 
 
+class _BackToBackTimer:
+    """Stages 1..N of one pass called back to back, with only a clock read between them: the
+    latencies of a model without :class:`~dit.device.adapter.TimedPass`, taken as a partition runs
+    its stages. Measuring each stage with the sampler and memory reads between stages instead lets a
+    CPU quota refill in the gaps, so stages under a quota (``cpu_share_pct``, the rack's
+    ``--cpu-share``) run at full speed in the profile and slower in inference (measured on the rack
+    at 25 %: 84 ms stage by stage against 122 ms back to back for the ch4 stand-in)."""
+
+    def __init__(self, model: StageModel, clock: Callable[[], int]) -> None:
+        self._model = model
+        self._clock = clock
+
+    def stages(self, x: Any, num_stages: int) -> list[tuple[int, int]]:
+        bounds = [self._clock()]
+        for stage in range(1, num_stages + 1):
+            x = self._model.run_stage(stage, x)
+            bounds.append(self._clock())
+        return [(a, b - a) for a, b in itertools.pairwise(bounds)]
+
+
 def _passes(
     model: StageModel,
     repetitions: int,
@@ -456,19 +494,26 @@ def _passes(
     mem: PeakMemory,
     clock: Callable[[], int],
     sampler: Sampler,
-    timer: _OneCallTimer | None = None,
+    timer: _OneCallTimer | _BackToBackTimer | None = None,
 ) -> list[StageRecord]:
     n = model.num_stages
     records: list[StageRecord] = []
-    for pass_no in range(warmup + repetitions):
+    passes = warmup + repetitions
+    inputs: list[Any] = []
+    timings: list[list[tuple[int, int]]] = []
+    if timer is not None:
+        # The latency passes, all stages in one call each, back to back as forward passes run: a
+        # stage-by-stage pass in between would hand every call a cold framework thread pool. The
+        # stage-by-stage passes below, on the same inputs, give the other columns.
+        inputs = [model.make_input() for _ in range(passes)]
+        timings = [timer.stages(x, n) for x in inputs]
+    for pass_no in range(passes):
         rep = pass_no - warmup  # negative while warming up
-        x = model.make_input()
+        x = inputs[pass_no] if inputs else model.make_input()
+        timed = timings[pass_no] if timings else None
         if rep >= 0:
-            records.append(
-                StageRecord(rep, 0, 0, model.output_bytes(0), 0, 0.0, mem.read(), clock() - origin)
-            )
-        # the latency pass: all stages in one call; the stage-by-stage pass below gives the rest
-        timed = timer.stages(x, n) if timer is not None else None
+            start0 = timed[0][0] if timed is not None else clock()
+            records.append(StageRecord(rep, 0, 0, model.output_bytes(0), 0, 0.0, mem.read(), start0 - origin))
         for stage in range(1, n + 1):
             mem.reset()
             sampler.begin()

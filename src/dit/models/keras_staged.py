@@ -408,9 +408,11 @@ class KerasStagedModel(ArrayStageModel):
     def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
         """All stages in ONE ``tf.function`` call with ``tf.timestamp()`` between them (see
         :func:`_timed_stages`); the output and the ``N + 1`` boundary times, wall clock ns."""
-        y, base, offsets = self.timed_function()(self._tensor(x, 0))
-        b0 = round(float(base) * 1e9)
-        return y, [b0 + round(float(d) * 1e9) for d in offsets.numpy()]
+        y, stamps = self.timed_function()(self._tensor(x, 0))
+        t = stamps.numpy()
+        b0 = round(float(t[0]) * 1e9)
+        # float64 differences of nearby values are exact: the offsets keep tf.timestamp's resolution
+        return y, [b0 + round(float(d) * 1e9) for d in t - t[0]]
 
 
 def _caller(sub: Any) -> Callable[[Any], Any]:
@@ -429,9 +431,9 @@ def _timed_stages(tf: Any, stages: Sequence[Callable[[Any], Any]], input_shape: 
     after every op that produces that output; stage ``i + 1`` reads its input through an ``identity``
     that depends on boundary ``i``, so none of its input-dependent ops starts before it. (Only ops
     that do not depend on the stage input at all, such as variable reads, can run earlier; they
-    are reads of resident weights.) Returned: the output, boundary 0 in seconds since the epoch
-    (``float64``, 2**-22 s = 0.24 us resolution at today's dates) and the boundaries minus
-    boundary 0 (exact float64 subtraction).
+    are reads of resident weights.) Returned: the output and the boundaries in seconds since the
+    epoch (``float64``, 2**-22 s = 0.24 us resolution at today's dates), one tensor, so that the
+    call returns one extra output only.
     """
 
     def timed(x: Any) -> tuple[Any, Any, Any]:
@@ -443,8 +445,7 @@ def _timed_stages(tf: Any, stages: Sequence[Callable[[Any], Any]], input_shape: 
             h = stage(h)
             with tf.control_dependencies([h]):
                 stamps.append(tf.timestamp())
-        t = tf.stack(stamps)
-        return h, t[0], t - t[0]
+        return h, tf.stack(stamps)
 
     sig = [tf.TensorSpec(input_shape, tf.float32)]
     return tf.function(timed, input_signature=sig).get_concrete_function()
