@@ -38,25 +38,28 @@ def contexts(local: bool = False, **hostvars: dict[str, Any]) -> dict[str, HostC
     return {h: ctx(h, hostvars.get(h), local) for h in ("edge", "device1", "device2")}
 
 
-def test_the_share_is_a_quota_per_100_ms_period_in_a_cgroup_named_after_the_run() -> None:
+def test_the_share_is_a_quota_per_10_ms_period_in_a_cgroup_named_after_the_run() -> None:
     (scn,) = loads(SCENARIO)
     built = build_conditions(scn, contexts(device1={"dit_cpu_cgroup_root": "/sys/fs/cgroup/cpu/"}))
     assert built["device1"]["cpu_share"] == {
         "cgroup_cpu_path": f"/sys/fs/cgroup/cpu/dit-{RUN}-device1",
-        "cgroup_cpu_quota_us": 30_000,
-        "cgroup_cpu_period_us": 100_000,
+        "cgroup_cpu_quota_us": 3_000,
+        "cgroup_cpu_period_us": 10_000,
         "cgroup_cpu_field": "hardware.device1.cpu_share_pct",
     }
     assert "cpu_share" not in built["device2"] and "cpu_share" not in built["edge"]
-    assert cpu_share.quota_us(250) == 250_000  # two and a half cores
+    assert cpu_share.quota_us(250) == 25_000  # two and a half cores
+    # the period grows below 10 % so that the quota never falls under the kernel's 1 ms minimum
+    assert [cpu_share.period_us(p) for p in (1, 3, 5, 10, 100)] == [100_000, 33_334, 20_000, 10_000, 10_000]
+    assert [cpu_share.quota_us(p) for p in (1, 3, 5)] == [1_000, 1_000, 1_000]
 
 
 def test_local_mode_gives_every_device_its_default_share_and_the_scenario_value_wins() -> None:
     (scn,) = loads(SCENARIO)
     default = {"dit_cpu_share_default_pct": 50}
     built = build_conditions(scn, contexts(local=True, device1=default, device2=default, edge=default))
-    assert built["device1"]["cpu_share"]["cgroup_cpu_quota_us"] == 30_000
-    assert built["device2"]["cpu_share"]["cgroup_cpu_quota_us"] == 50_000
+    assert built["device1"]["cpu_share"]["cgroup_cpu_quota_us"] == 3_000
+    assert built["device2"]["cpu_share"]["cgroup_cpu_quota_us"] == 5_000
     assert "cpu_share" not in built["edge"]  # the edge server is never capped
     # Not local: the inventory default is not a scenario value.
     assert "cpu_share" not in build_conditions(scn, contexts(device2=default))["device2"]

@@ -53,6 +53,9 @@ def up(
 
     try:
         spec = host_spec(state_dir, devices, cpu_share, memory_mb, name, subnet)
+        warning = spec.oversubscription()
+        if warning:
+            err.print(f"[yellow]rack: warning[/]: {escape(warning)}", highlight=False)
         state = Rack(spec).up(lambda text: err.print(f"rack: {escape(text)}", highlight=False))
     except RackError as exc:
         message = str(exc)

@@ -15,9 +15,11 @@ from typing import Any
 
 import yaml
 
+from dit.conditions.cpu_share import period_us, quota_us
+
 #: The rack's inference network: private test addresses on a bridge inside this machine.
 DEFAULT_SUBNET = "10.213.0"
-CFS_PERIOD_US = 100_000
+CFS_PERIOD_US = 100_000  # the kernel's default, kept for a node without a quota
 CPU_SHARES_MAX_V1 = 262_144
 CPU_WEIGHT_MAX_V2 = 10_000
 #: The rack's real-time budget per second (cgroup v1 ``cpu.rt_runtime_us``): a v1 cpu group starts
@@ -53,6 +55,23 @@ class RackSpec:
     cpus: str = "0"  # the devices' cpuset (the edge gets every CPU in ``all_cpus``)
     all_cpus: str = "0"
     host_cpus: int = 1  # CPUs of this machine: the upper bound of cpu_share_pct is 100 times this
+
+    def oversubscription(self) -> str | None:
+        """A warning when the devices' quotas add up to more than the CPUs they share (``cpus``): each
+        device then gets its quota only while the others are idle, so its capacity while it
+        profiles alone is not its capacity when every device computes, and the delay model, which
+        takes each node's capacity from its profile, mispredicts. None when they fit."""
+        ncpus = len([c for c in self.cpus.split(",") if c.strip()])
+        total = self.devices * self.cpu_share_pct
+        if total <= 100 * ncpus:
+            return None
+        fits = 100 * ncpus // self.devices
+        return (
+            f"--cpu-share {self.cpu_share_pct}: {self.devices} devices x {self.cpu_share_pct} % = {total} % "
+            f"of one CPU, but the devices share {ncpus} CPU{'s' if ncpus > 1 else ''} ({self.cpus}): a "
+            "device's capacity will depend on what the others do. "
+            + (f"--cpu-share {fits} or less keeps every device's capacity its own." if fits >= 1 else "")
+        ).strip()
 
     def validate(self) -> None:
         if not _NAME.match(self.name):
@@ -158,15 +177,18 @@ def cgroup_dirs(layout: CgroupLayout, relative: str) -> list[Path]:
 
 
 def cpu_quota_writes(layout: CgroupLayout, relative: str, share_pct: int | None) -> list[CgroupWrite]:
-    """The CPU quota of ``share_pct`` % of one CPU (None: no quota), v1 CFS files or v2 ``cpu.max``."""
-    quota_us = -1 if share_pct is None else share_pct * CFS_PERIOD_US // 100
+    """The CPU quota of ``share_pct`` % of one CPU (None: no quota), v1 CFS files or v2 ``cpu.max``,
+    over the short period of :func:`dit.conditions.cpu_share.period_us` (a uniformly slower CPU at
+    the scale of a model's stages, not bursts of full speed)."""
+    period = CFS_PERIOD_US if share_pct is None else period_us(share_pct)
+    quota = -1 if share_pct is None else quota_us(share_pct)
     if layout.version == 2:
-        value = "max" if quota_us < 0 else str(quota_us)
-        return [CgroupWrite(layout.root / relative / "cpu.max", f"{value} {CFS_PERIOD_US}")]
+        value = "max" if quota < 0 else str(quota)
+        return [CgroupWrite(layout.root / relative / "cpu.max", f"{value} {period}")]
     cpu = layout.root / "cpu" / relative
     return [
-        CgroupWrite(cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US)),
-        CgroupWrite(cpu / "cpu.cfs_quota_us", str(quota_us)),
+        CgroupWrite(cpu / "cpu.cfs_period_us", str(period)),
+        CgroupWrite(cpu / "cpu.cfs_quota_us", str(quota)),
     ]
 
 

@@ -1,7 +1,7 @@
 """Compute capacity of a device's run processes (``hardware.<device>.cpu_share_pct``), by cgroup CPU quota.
 
-The share is a percentage of **one CPU** (as ``dit rack up --cpu-share``): 30 is 30 ms of CPU time
-per 100 ms period, 100 a whole core, 250 two and a half cores; it may be at most 100 times the
+The share is a percentage of **one CPU** (as ``dit rack up --cpu-share``): 30 is 3 ms of CPU time
+per 10 ms period (:func:`period_us`), 100 a whole core, 250 two and a half cores; it may be at most 100 times the
 node's CPU count (preflight refuses more, naming the field). The ``cgroup_cpu`` role creates the
 cgroup ``<dit_cpu_cgroup_root>/dit-<run id>-<host>`` (``dit_cgroup``: cgroup v2 ``cpu.max``, or v1
 ``cpu.cfs_period_us`` + ``cpu.cfs_quota_us``, detected on the node at run time, with the highest CPU
@@ -43,7 +43,8 @@ CONDITION = Condition(
 )
 
 DEFAULT_CPU_CGROUP_ROOT = "/sys/fs/cgroup"
-CFS_PERIOD_US = 100_000
+SHORTEST_PERIOD_US = 10_000
+MIN_QUOTA_US = 1_000  # the kernel refuses a smaller cfs_quota_us (and cpu.max quota)
 DEFAULT_HOSTVAR = "dit_cpu_share_default_pct"  # local mode's default share (dit.inventory.local_inventory)
 ADVICE = "a kernel with CONFIG_CFS_BANDWIDTH and the cpu cgroup controller"
 
@@ -72,9 +73,26 @@ def share_pct(scenario: Scenario, host: str, ctx: HostContext) -> int | None:
     return None if value is None else int(value)
 
 
-def quota_us(pct: int, period_us: int = CFS_PERIOD_US) -> int:
-    """CPU time per period for ``pct`` % of one CPU (1 % of a 100 ms period is the kernel's 1 ms minimum)."""
-    return pct * period_us // 100
+def period_us(pct: int) -> int:
+    """The CFS period for a share of ``pct`` % of one CPU: 10 ms, or longer where the quota would fall
+    below the kernel's 1 ms minimum (5 % gets 20 ms, 1 % gets 100 ms).
+
+    The period is the grain of the emulated capacity. Within a period a capped process runs at full
+    speed until its quota is spent, then waits for the next period. With the kernel's usual 100 ms, a
+    25 % node runs 25 ms flat out and then stops for 75 ms: a stage of a few milliseconds measured on
+    its own after a pause (as the profile does) runs at full speed, while the same stages back to
+    back (a partition's inference) pay the waits, so the profile under-predicts the inference. A 10 ms
+    period makes the node look like a uniformly slower CPU at that scale (measured with ch4_validation
+    on the rack: benchmarks/bench_ch4_mape.py, figures in docs/rack.md).
+    """
+    if pct < 1:
+        raise ValueError(f"a CPU share must be at least 1 %, not {pct}")
+    return max(SHORTEST_PERIOD_US, -(-MIN_QUOTA_US * 100 // pct))
+
+
+def quota_us(pct: int) -> int:
+    """CPU time per :func:`period_us` for ``pct`` % of one CPU."""
+    return pct * period_us(pct) // 100
 
 
 def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
@@ -84,7 +102,7 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     return {
         "cgroup_cpu_path": cgroup_path(ctx),
         "cgroup_cpu_quota_us": quota_us(pct),
-        "cgroup_cpu_period_us": CFS_PERIOD_US,
+        "cgroup_cpu_period_us": period_us(pct),
         "cgroup_cpu_field": field_of(host),
     }
 
