@@ -3,10 +3,12 @@
     sudo .venv/bin/python benchmarks/bench_ch4_mape.py                       # local mode
     sudo .venv/bin/python benchmarks/bench_ch4_mape.py -i /var/lib/dit/rack/inventory.yml
     .venv/bin/python benchmarks/bench_ch4_mape.py --runs runs/ch4_validation  # figures of runs made before
+    sudo .venv/bin/python benchmarks/bench_ch4_mape.py --keep /tmp/ch4   # keep the runs for a closer look
 
 Runs ``dit run scenarios/ch4_validation.yaml`` (four devices, the RR and SJF sweep) once, with the
-fake model standing in for AlexNet (same stages and cut sizes: the catalogue's stand-in profile; on
-an inventory the scenario is copied with that model, since stand-ins are a local-mode fallback),
+fake model standing in for AlexNet (same stages and cut sizes: the catalogue's stand-in profile; the
+scenario is copied with that model, in local mode too, where the stand-in is otherwise only the
+fallback when TensorFlow is missing),
 then validates every run of the sweep (``dit.analysis.model_validation.validate_run``) and prints:
 
 - the MAPE of the delay model against the measured delays per policy (target: at most 10 % under
@@ -116,14 +118,16 @@ def main() -> None:
     )
     parser.add_argument("--scenario", type=Path, default=SCENARIO)
     parser.add_argument("--runs", type=Path, help="Print the figures of these runs; run nothing.")
+    parser.add_argument("--keep", type=Path, help="Make the runs under this directory and keep them.")
     args = parser.parse_args()
     if args.runs:
         report(run_dirs(args.runs))
         return
     before = load1()
     with tempfile.TemporaryDirectory(prefix="dit-bench-ch4-") as tmp:
-        scenario = with_stand_in(args.scenario, Path(tmp)) if args.inventory else args.scenario
-        runs_dir = Path(tmp) / "runs"
+        # the fake model always: with TensorFlow installed, local mode would build the real AlexNet
+        scenario = with_stand_in(args.scenario, Path(tmp))
+        runs_dir = args.keep if args.keep else Path(tmp) / "runs"
         wall = run_sweep(scenario, args.inventory, runs_dir)
         print(
             f"mode: {'inventory ' + args.inventory if args.inventory else 'local'}; sweep wall time {wall:.0f} s"
