@@ -139,7 +139,15 @@ def test_cgroup_steps_make_the_parent_first_with_its_cpuset_before_any_node() ->
     assert "/cg/memory/dit-rack/device1" in steps[2].undo["dirs"]
     edge = {w.path.name: w.value for w in steps[1].writes}
     assert edge["cpu.cfs_quota_us"] == "-1" and "memory.limit_in_bytes" not in edge
-    assert "cpu.shares" not in edge  # an uncapped edge keeps the default weight
+    assert "cpu.shares" not in edge  # an uncapped edge on every CPU of the host keeps the default weight
+
+
+def test_an_edge_with_cpus_of_its_own_gets_the_top_weight_but_never_all_the_host_cpus() -> None:
+    steps = cgroup_steps(spec(devices=2, cpus="1", all_cpus="0", host_cpus=2), V1, "0")
+    edge = {w.path.name: w.value for w in steps[1].writes}
+    assert edge["cpu.cfs_quota_us"] == "-1" and edge["cpu.shares"] == "262144"
+    steps = cgroup_steps(spec(devices=2, cpus="0", all_cpus="0", host_cpus=1), V1, "0")
+    assert "cpu.shares" not in {w.path.name for w in steps[1].writes}
 
 
 def test_v2_enables_the_controllers_for_the_children() -> None:

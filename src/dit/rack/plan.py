@@ -334,6 +334,17 @@ def _union(*cpu_lists: str) -> str:
     return ",".join(str(c) for c in sorted(cpus))
 
 
+def _top_weight(spec: RackSpec, node: Node) -> bool:
+    """Whether ``node`` gets the top CPU weight, so that the host's other work (the controller, other
+    jobs) cannot slow it: a quota-capped device always (the quota caps what it takes); the uncapped
+    edge only when its cpuset leaves the host a CPU of its own, so that it can never starve the host
+    (on a one-CPU machine it keeps the default weight). Without it the edge's capacity during a run
+    depends on the host's load, and its capacity profile mispredicts the remote term."""
+    if node.cpu_share_pct is not None:
+        return True
+    return len([c for c in node.cpus.split(",") if c.strip()]) < spec.host_cpus
+
+
 def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
     """The rack's parent cgroup and one per node with its quota, memory limit and cpuset.
 
@@ -365,8 +376,7 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
         writes = [
             *cpuset_writes(layout, node.cgroup, node.cpus, mems),
             *cpu_quota_writes(layout, node.cgroup, node.cpu_share_pct),
-            # Only quota-capped nodes get the top weight: an uncapped edge must not starve the host.
-            *(cpu_weight_writes(layout, node.cgroup) if node.cpu_share_pct is not None else []),
+            *(cpu_weight_writes(layout, node.cgroup) if _top_weight(spec, node) else []),
             *memory_writes(layout, node.cgroup, node.memory_mb),
             *rt_writes(layout, node.cgroup, rt_budgets_us(spec.devices)[1]),
         ]
