@@ -495,30 +495,42 @@ def sweep_sections(runs_dir: Path) -> tuple[str, list[Section]]:
     if not plots.figures:
         plots.note = "Nothing numeric varies across the variants."
     sections.append(plots)
-    sections.append(_rtt_section(runs))
+    sections.append(rtt_section(runs))
     title = str(rows[0]["label"] or runs_dir.name).split("[")[0] + " — sweep"
     return title, sections
 
 
 RTT_AXIS: Final = "added RTT between workers (ms)"
 TOKENS_AXIS: Final = "generation rate (tokens/s)"
+LOG_RATIO: Final = 20.0
+"""Tokens/s on a log axis when the fastest point is more than this many times the slowest."""
 
 
 def rtt_figure(curves: Mapping[str, Sequence[tuple[float, float]]]) -> Figure:
     """Tokens/s (y) against the added RTT in ms (x), one line per runtime variant."""
-    figure = Figure(figsize=(7.0, 3.6))
+    figure = Figure(figsize=(7.0, 3.6 + 0.22 * ((len(curves) + 1) // 2)))
     ax = figure.subplots()
     for variant, curve in curves.items():
         ax.plot([p[0] for p in curve], [p[1] for p in curve], marker="o", label=variant)
+    xs = [p[0] for curve in curves.values() for p in curve]
+    ys = [p[1] for curve in curves.values() for p in curve if p[1] > 0]
+    if xs:  # a sweep at one RTT still gets a readable ms axis
+        pad = max(1.0, 0.05 * (max(xs) - min(xs)))
+        ax.set_xlim(min(xs) - pad, max(xs) + pad)
     ax.set_xlabel(RTT_AXIS)
-    ax.set_ylabel(TOKENS_AXIS)
-    ax.set_ylim(bottom=0)
+    if ys and max(ys) / min(ys) > LOG_RATIO:  # llama.cpp and HeadSplit differ by orders of magnitude
+        ax.set_yscale("log")
+        ax.set_ylabel(TOKENS_AXIS + ", log scale")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(TOKENS_AXIS)
     ax.grid(True, linewidth=0.4, alpha=0.5)
-    ax.legend(fontsize="small")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     return figure
 
 
-def _rtt_section(runs: Sequence[Path]) -> Section:
+def rtt_section(runs: Sequence[Path]) -> Section:
+    """The sweep report's "Tokens/s against RTT" of these run directories (docs/report.md)."""
     section = Section("Tokens/s against RTT", "rtt")
     loaded = rtt.load_runs(runs)
     if not any(r.tokens_per_s is not None for r in loaded):

@@ -194,12 +194,16 @@ def _flag(key: str, value: Any) -> str:
 
 def label_variants(runs: Sequence[RttRun]) -> list[RttRun]:
     """Every run with its variant label: the runtime's name and the block fields that differ
-    between the runs of that runtime (a field a block leaves out counts as its own value)."""
+    between the runs of that runtime (a field a block leaves out counts as its own value), valued
+    fields first, then flags (``speculation`` / ``no speculation``)."""
     labelled = []
     for run in runs:
         same = [r.block for r in runs if r.runtime == run.runtime]
-        keys = list(dict.fromkeys(k for b in same for k in b if k != "name"))  # the blocks' own order
+        keys = list(dict.fromkeys(k for b in same for k in b if k != "name"))
         differing = [k for k in keys if len({_plain(b[k]) if k in b else None for b in same}) > 1]
+        # choices before on/off flags ("strategy=greedy, speculation"), else the block's order
+        # (which metadata.json sorts)
+        differing.sort(key=lambda k: any(isinstance(b.get(k), bool) for b in same))
         flags = [_flag(k, run.block[k]) for k in differing if k in run.block]
         flags += [f"{path}={value}" for path, value in run.others]
         label = run.runtime + (f" ({', '.join(flags)})" if flags else "")
