@@ -22,8 +22,8 @@ the HeadSplit block's ``python``) import from.
 Prints one row per run: runtime variant, added RTT and whether netem applied it (this kernel has no
 ``sch_netem``: on the emulated rack the delays are recorded, not applied, so every RTT measures 0),
 tokens/s, mean per-token latency (each runtime's ``tokens_per_s`` and ``token_latency_mean``, the
-same columns: ``dit.report.rtt``; HeadSplit's tokens/s spans the whole generation, prefill
-included, llama.cpp's is its eval rate without the prompt), the run's state; then the 1/5/15-minute
+same columns: ``dit.report.rtt``; both runtimes' tokens/s span the whole generation, prefill
+included, docs/runtimes.md "LLM summary columns"), the run's state; then the 1/5/15-minute
 load average before and after, which every figure here depends on, and where the runs and their
 ``dit report`` are. Four variants per RTT take about five minutes; run it once on a shared machine.
 The rack is removed even when the run fails; a ``--timeout`` kill of ``dit run`` may leave a run to
