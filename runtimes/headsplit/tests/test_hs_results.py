@@ -107,7 +107,11 @@ def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
 
     got = values(results)
     assert got["tokens_generated"] == (4, "", "int")
-    assert got["tokens_per_s"] == (51.28, "1/s", "float")
+    # the shared LLM columns (docs/runtimes.md): 4 tokens over the 78 ms wall, prefill included; the prompt's
+    # 8 tokens over token 0's 40 ms; the 3 tokens after it over their 10 + 12 + 14 ms
+    assert got["tokens_per_s"] == (pytest.approx(4 / 0.078), "1/s", "float")
+    assert got["prompt_tokens_per_s"] == (pytest.approx(8 / 0.040), "1/s", "float")
+    assert got["generation_tokens_per_s"] == (pytest.approx(3 / 0.036), "1/s", "float")
     # decode tokens only (token 0 is the prefill): 10, 12, 14 ms
     assert got["token_latency_mean"] == (12_000_000, "ns", "int")
     assert got["token_latency_p50"] == (12_000_000, "ns", "int")
@@ -124,6 +128,16 @@ def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
     assert "oom_token" not in got and "energy_per_token" not in got  # no power trace in this run
     summary = json.loads(write_summary(run.aggregate_dir, "headsplit", results).read_text(encoding="utf-8"))
     assert summary["tables"][0] == "hs_tokens.csv"
+
+
+def test_one_token_has_no_decode_columns_rather_than_the_prefill_s(tmp_path: Path) -> None:
+    doc = json.loads((DATA / "results_ok.json").read_text(encoding="utf-8"))
+    doc["tokens"], doc["tokens_generated"] = doc["tokens"][:1], 1
+    del doc["prompt_tokens"]  # a results file from before it was recorded: no prompt rate
+    got = values(HeadSplitRuntime().parse_results(make_run(tmp_path, doc)))
+    assert got["tokens_per_s"][0] == pytest.approx(1 / 0.078) and got["prefill_latency"][0] == 40_000_000
+    for name in ("token_latency_mean", "token_latency_p50", "generation_tokens_per_s", "prompt_tokens_per_s"):
+        assert name not in got
 
 
 def test_an_out_of_memory_run_is_a_result(tmp_path: Path) -> None:

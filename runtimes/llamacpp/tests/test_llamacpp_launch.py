@@ -285,7 +285,10 @@ def test_parse_gives_headsplit_s_columns_from_a_recorded_run(tmp_path: Path) -> 
     assert [p.name for p in got.tables] == ["llamacpp_workers.csv", "llamacpp_chunks.csv"]
     v = {s.name: (s.value, s.unit) for s in got.summary}
     assert v["tokens_generated"] == (8, "")
-    assert v["tokens_per_s"] == (100.0, "1/s") and v["prompt_tokens_per_s"] == (900.0, "1/s")
+    # 8 tokens over the 10 ms prompt eval + 70 ms eval; 9 prompt tokens in 10 ms; 7 runs in 70 ms
+    assert v["tokens_per_s"] == (pytest.approx(8 / 0.080), "1/s")
+    assert v["prompt_tokens_per_s"] == (pytest.approx(900.0), "1/s")
+    assert v["generation_tokens_per_s"] == (pytest.approx(7 / 0.070), "1/s")
     assert v["token_latency_mean"] == (10_000_000, "ns") and v["prefill_latency"] == (10_000_000, "ns")
     # worker N: load = 4000 N + 50 bytes, then 800 read + 200 written during generation
     assert v["bytes_total"] == (4000 + 4000 * 2 + 2 * (50 + 1000), "B")
@@ -294,6 +297,39 @@ def test_parse_gives_headsplit_s_columns_from_a_recorded_run(tmp_path: Path) -> 
     assert v["worker_memory_peak"] == (14, "B")
     assert v["token_latency_p50"] == (1_000_000, "ns") and v["token_latency_p99"] == (2_000_000, "ns")
     assert "energy" not in v  # no power trace in this run
+
+
+def _perf(prompt_ms: float, prompt_tokens: int, eval_ms: float, runs: int) -> str:
+    """llama.cpp's two performance lines, with the rates it prints (rounded, as it prints them)."""
+    eval_rate = f"{runs * 1e3 / eval_ms:8.2f}" if runs else "     inf"
+    eval_each = f"{eval_ms / runs:8.2f}" if runs else "     inf"
+    return (
+        CTX + f"prompt eval time = {prompt_ms:10.2f} ms / {prompt_tokens:5d} tokens "
+        f"({prompt_ms / prompt_tokens:8.2f} ms per token, {prompt_tokens * 1e3 / prompt_ms:8.2f} tokens per second)\n"
+        + CTX
+        + f"       eval time = {eval_ms:10.2f} ms / {runs:5d} runs   "
+        f"({eval_each} ms per token, {eval_rate} tokens per second)\n"
+    )
+
+
+def _values(run: Any) -> dict[str, Any]:
+    return {s.name: s.value for s in dit_runtime.LlamaCppRpcRuntime().parse_results(run).summary}
+
+
+def test_tokens_per_s_counts_the_prefill_as_headsplit_s_does(tmp_path: Path) -> None:
+    # a 40 ms prefill of 9 prompt tokens, then 7 decode runs in 70 ms: 8 tokens generated
+    v = _values(_run(tmp_path, _perf(40.0, 9, 70.0, 7)))
+    assert v["tokens_per_s"] == pytest.approx(8 / 0.110)  # not llama.cpp's eval rate, 100/s
+    assert v["prompt_tokens_per_s"] == pytest.approx(9 / 0.040)
+    assert v["generation_tokens_per_s"] == pytest.approx(7 / 0.070)
+    assert v["token_latency_mean"] == 10_000_000 and v["prefill_latency"] == 40_000_000
+
+
+def test_one_token_has_no_decode_columns(tmp_path: Path) -> None:
+    # llama.cpp prints "0 runs (inf ms per token, ...)": no decode to measure, so no decode columns
+    v = _values(_run(tmp_path, _perf(40.0, 9, 0.0, 0)))
+    assert v["tokens_generated"] == 1 and v["tokens_per_s"] == pytest.approx(1 / 0.040)
+    assert v["generation_tokens_per_s"] is None and v["token_latency_mean"] is None
 
 
 def test_parse_names_the_file_when_llama_cpp_did_not_finish(tmp_path: Path) -> None:

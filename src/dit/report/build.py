@@ -21,7 +21,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from matplotlib.figure import Figure
 
-from dit.report import units
+from dit.report import rtt, units
 from dit.report.units import MISSING
 from dit.reporter import STAGES as STAGE_ORDER
 
@@ -495,8 +495,79 @@ def sweep_sections(runs_dir: Path) -> tuple[str, list[Section]]:
     if not plots.figures:
         plots.note = "Nothing numeric varies across the variants."
     sections.append(plots)
+    sections.append(rtt_section(runs))
     title = str(rows[0]["label"] or runs_dir.name).split("[")[0] + " — sweep"
     return title, sections
+
+
+RTT_AXIS: Final = "added RTT between workers (ms)"
+TOKENS_AXIS: Final = "generation rate (tokens/s)"
+LOG_RATIO: Final = 20.0
+"""Tokens/s on a log axis when the fastest point is more than this many times the slowest."""
+
+
+def rtt_figure(curves: Mapping[str, Sequence[tuple[float, float]]]) -> Figure:
+    """Tokens/s (y) against the added RTT in ms (x), one line per runtime variant."""
+    figure = Figure(figsize=(7.0, 3.6 + 0.22 * ((len(curves) + 1) // 2)))
+    ax = figure.subplots()
+    for variant, curve in curves.items():
+        ax.plot([p[0] for p in curve], [p[1] for p in curve], marker="o", label=variant)
+    xs = [p[0] for curve in curves.values() for p in curve]
+    ys = [p[1] for curve in curves.values() for p in curve if p[1] > 0]
+    if xs:  # a sweep at one RTT still gets a readable ms axis
+        pad = max(1.0, 0.05 * (max(xs) - min(xs)))
+        ax.set_xlim(min(xs) - pad, max(xs) + pad)
+    ax.set_xlabel(RTT_AXIS)
+    if ys and max(ys) / min(ys) > LOG_RATIO:  # llama.cpp and HeadSplit differ by orders of magnitude
+        ax.set_yscale("log")
+        ax.set_ylabel(TOKENS_AXIS + ", log scale")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(TOKENS_AXIS)
+    ax.grid(True, linewidth=0.4, alpha=0.5)
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    return figure
+
+
+def rtt_section(runs: Sequence[Path]) -> Section:
+    """The sweep report's "Tokens/s against RTT" of these run directories (docs/report.md)."""
+    section = Section("Tokens/s against RTT", "rtt")
+    loaded = rtt.load_runs(runs)
+    if not any(r.tokens_per_s is not None for r in loaded):
+        section.note = "No run of this sweep reports tokens/s (an LLM runtime's tokens_per_s summary value)."
+        return section
+    points = rtt.points(loaded)
+    recorded = [r for r in loaded if r.netem == rtt.RECORDED]
+    notes = [
+        "Added RTT between the runtime's workers: netem delays egress only, so a round trip between two "
+        "workers gains both their network.<device> delays (mean over the pairs of workers; with one worker, "
+        "its delay). Tokens/s and the mean token latency are each runtime's summary values "
+        "(tokens_per_s, token_latency_mean), the mean over a point's runs."
+    ]
+    if recorded:
+        notes.append(
+            f"The added RTT of {len(recorded)} of {len(loaded)} runs was recorded, not applied (local mode, or "
+            "a kernel without sch_netem: the run's metadata records the netem tree as a dry run), so those "
+            "runs measured without it: their x is the RTT the scenario asked for, not one on the wire."
+        )
+    if any(not r.rtt_uniform for r in loaded):
+        notes.append("Some runs delay their workers unequally: their RTT is the mean over worker pairs.")
+    section.note = " ".join(notes)
+    caption = "tokens/s against added RTT, per runtime variant"
+    if recorded:
+        caption += " (RTT recorded, not applied)" if len(recorded) == len(loaded) else " (see the RTT column)"
+    section.figure(caption, rtt_figure(rtt.series(points)))
+    section.table(
+        "the plotted figures",
+        ("variant", "added RTT", "tokens/s", "mean token latency", "runs with tokens/s"),
+        [
+            (p.variant, f"{p.rtt_ms:g} ms" + (f" ({p.netem})" if p.netem else ""),
+             units.with_unit(p.tokens_per_s, "tokens/s"), units.duration(p.token_latency_ns),
+             f"{p.measured} of {p.runs}")
+            for p in points
+        ],
+    )  # fmt: skip
+    return section
 
 
 def _x(row: Mapping[str, Any], axis: str | None, index: int) -> Any:

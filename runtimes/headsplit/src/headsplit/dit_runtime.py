@@ -821,6 +821,8 @@ def read_results(file: Path) -> dict[str, Any]:
         raise HeadSplitResultsError(f"{file}: the top level is not a mapping")
     for key in ("tokens_generated", "start_ns", "end_ns"):
         _int(file, doc, key, "")
+    if "prompt_tokens" in doc:  # optional: the prompt rate is left out without it
+        _int(file, doc, "prompt_tokens", "")
     rate = doc.get("tokens_per_s")
     if not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate):
         raise _where(
@@ -981,16 +983,20 @@ def parse(run: LoadedRun) -> Results:
         ),
     ]
 
+    # the shared LLM columns (docs/runtimes.md, "LLM summary columns"): token 0 is the prompt's prefill,
+    # the tokens after it the decode; a column this run cannot measure is left out, never approximated
+    generated = int(doc["tokens_generated"])
+    wall_ns = int(doc["end_ns"]) - int(doc["start_ns"])
     values = [
-        SummaryValue("tokens_generated", int(doc["tokens_generated"]), "", "int", "tokens generated"),
-        SummaryValue("tokens_per_s", float(doc["tokens_per_s"]), "1/s", "float", "generation rate"),
-    ]
-    # token 0 is the prefill of the prompt: the latency of generation is that of the tokens after it
-    decode = sorted(int(t["total_ns"]) for t in tokens if t["index"] > 0) or sorted(
-        int(t["total_ns"]) for t in tokens
-    )
+        SummaryValue("tokens_generated", generated, "", "int", "tokens generated"),
+        SummaryValue("tokens_per_s", generated * 1e9 / wall_ns if wall_ns > 0 else None, "1/s", "float",
+                     "generated tokens / (prefill + decode) wall time"),
+    ]  # fmt: skip
+    decode = sorted(int(t["total_ns"]) for t in tokens if t["index"] > 0)
     if decode:
         values += [
+            SummaryValue("generation_tokens_per_s", len(decode) * 1e9 / sum(decode) if sum(decode) else None,
+                         "1/s", "float", "tokens after the first / decode time (prefill excluded)"),
             SummaryValue("token_latency_mean", round(statistics.fmean(decode)), "ns", "int",
                          "mean latency of a generated token (prefill excluded)"),
             SummaryValue("token_latency_p50", _percentile(decode, 50), "ns", "int", "median token latency"),
@@ -1001,6 +1007,12 @@ def parse(run: LoadedRun) -> Results:
         values.append(
             SummaryValue("prefill_latency", prefill[0], "ns", "int", "token 0: the prompt's prefill")
         )
+        prompt = doc.get("prompt_tokens")
+        if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0 and prefill[0] > 0:
+            values.append(
+                SummaryValue("prompt_tokens_per_s", prompt * 1e9 / prefill[0], "1/s", "float",
+                             "prompt tokens / prefill time")
+            )  # fmt: skip
     total = sum(int(t["total_ns"]) for t in tokens)
     for part in ("attention", "projection", "ffn"):
         share = 100.0 * sum(int(t[f"{part}_ns"]) for t in tokens) / total if total else None

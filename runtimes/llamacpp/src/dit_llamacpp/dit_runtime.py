@@ -481,9 +481,13 @@ def parse(run: LoadedRun) -> Results:
     inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
     values = [
         SummaryValue("tokens_generated", generated, "", "int", "tokens generated (eval runs + 1)"),
-        SummaryValue("tokens_per_s", timings.eval_tokens_per_s, "1/s", "float", "generation rate (llama.cpp eval)"),
-        SummaryValue("prompt_tokens_per_s", timings.prompt_tokens_per_s, "1/s", "float", "prompt evaluation rate"),
-        SummaryValue("token_latency_mean", round(timings.eval_ms_per_token * 1e6), "ns", "int",
+        # the shared LLM columns (docs/runtimes.md, "LLM summary columns"), HeadSplit's meaning
+        SummaryValue("tokens_per_s", timings.tokens_per_s, "1/s", "float",
+                     "generated tokens / (prompt eval + eval) time"),
+        SummaryValue("prompt_tokens_per_s", timings.prompt_rate, "1/s", "float", "prompt tokens / prompt eval time"),
+        SummaryValue("generation_tokens_per_s", timings.generation_tokens_per_s, "1/s", "float",
+                     "tokens after the first / eval time (prefill excluded)"),
+        SummaryValue("token_latency_mean", timings.token_latency_ns, "ns", "int",
                      "mean latency of a generated token (prefill excluded; llama.cpp eval time / runs)"),
         SummaryValue("prefill_latency", round(timings.prompt_ms * 1e6), "ns", "int", "the prompt's evaluation"),
         SummaryValue("bytes_total", sum(t.rpc_bytes for t in traffic), "B", "int",

@@ -1,5 +1,6 @@
 """Parsing a llama.cpp RPC run: the controller's timings and the workers' samples, into the same summary
-columns as HeadSplit's (``tokens_generated``, ``tokens_per_s``, ``token_latency_*``, ``prefill_latency``,
+columns as HeadSplit's (``tokens_generated``, ``tokens_per_s``, ``prompt_tokens_per_s``,
+``generation_tokens_per_s``, ``token_latency_*``, ``prefill_latency``,
 ``bytes_total``, ``bytes_per_token``, ``energy``, ``energy_per_token``, ``edp``) plus its own.
 
 Pure functions over text and rows (no dit import), so the parser is tested on recorded output.
@@ -7,10 +8,12 @@ Pure functions over text and rows (no dit import), so the parser is tested on re
 Timings: llama.cpp's own performance lines (``prompt eval time = X ms / N tokens``, ``eval time = X ms /
 N runs``). ``eval`` counts the decode calls after the prompt: the first generated token comes out of
 the prompt's evaluation, so ``tokens_generated = runs + 1`` (with ``--ignore-eos`` that is the requested
-count). Per-token latencies are the gaps between the controller's standard-output chunks after the
-first (llama-completion writes each token as it is sampled; a chunk may hold more than one token when
-the reader is late, so they are an upper bound per chunk, and the mean is taken from llama.cpp's own
-eval time).
+count). The rates are computed from those times with the shared definitions (docs/runtimes.md, "LLM
+summary columns"), not copied from llama.cpp's printed rates: its eval rate leaves the prefill out, so
+it is ``generation_tokens_per_s``, not ``tokens_per_s``. The per-token latency percentiles are the gaps
+between the controller's standard-output chunks after the first (llama-completion writes each token as
+it is sampled; a chunk may hold more than one token when the reader is late, so they are an upper bound
+per chunk, and the mean is taken from llama.cpp's own eval time).
 
 Bytes: rpc-server reports nothing, so each worker's samples give (a) its socket I/O (``rchar`` +
 ``wchar`` of the server process: all of it is RPC traffic) and (b) the rx/tx counters of the interface
@@ -58,6 +61,30 @@ class Timings:
     @property
     def tokens_generated(self) -> int:
         return self.eval_runs + 1
+
+    # The shared LLM columns (docs/runtimes.md), from llama.cpp's times rather than its printed rates, so
+    # they mean what HeadSplit's mean; None where the run has nothing to divide by.
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Generated tokens / (prompt eval + eval) time: the prefill is part of generating them."""
+        ms = self.prompt_ms + self.eval_ms
+        return self.tokens_generated * 1e3 / ms if ms > 0 else None
+
+    @property
+    def prompt_rate(self) -> float | None:
+        """Prompt tokens / prompt eval time."""
+        return self.prompt_tokens * 1e3 / self.prompt_ms if self.prompt_ms > 0 else None
+
+    @property
+    def generation_tokens_per_s(self) -> float | None:
+        """Tokens after the first (eval runs) / eval time."""
+        return self.eval_runs * 1e3 / self.eval_ms if self.eval_runs > 0 and self.eval_ms > 0 else None
+
+    @property
+    def token_latency_ns(self) -> int | None:
+        """Mean decode time of a token after the first (eval time / runs), ns."""
+        return round(self.eval_ms * 1e6 / self.eval_runs) if self.eval_runs > 0 else None
 
 
 def _f(text: str) -> float:

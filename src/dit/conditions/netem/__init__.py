@@ -98,6 +98,16 @@ def recorded(block: Mapping[str, Any], local: bool, dry_run_var: object) -> bool
     return bool(local or dry_run_var)
 
 
+def shaping(metadata: Mapping[str, Any], device: str) -> str:
+    """How a run treated ``device``'s netem tree, from its ``metadata.json``: ``recorded`` (only
+    logged: local mode, or a kernel without ``sch_netem``), ``applied``, or ``none`` (no tree)."""
+    conditions = metadata.get("conditions") or {}
+    netem = (conditions.get(device) or {}).get("netem") if isinstance(conditions, Mapping) else None
+    if isinstance(netem, Mapping):
+        return "recorded" if netem.get("netem_dry_run") else "applied"
+    return "recorded" if metadata.get("mode") == "local" else "none"
+
+
 def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
     block = scenario.network.get(host)
     if ctx.role != "device" or not block:

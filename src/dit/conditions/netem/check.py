@@ -37,6 +37,7 @@ import pandas as pd
 
 from dit.analysis.links import iperf3_rate_bps
 from dit.analysis.run import LoadedRun, raw_file
+from dit.conditions.netem import shaping as netem_shaping
 from dit.conditions.netem.tc import intended_delay_ms
 
 CHECK_COLUMNS = (
@@ -98,14 +99,6 @@ def _resolve(block: Mapping[str, Any], target: str, address: str | None) -> dict
     return out
 
 
-def _shaping(metadata: Mapping[str, Any], device: str) -> str:
-    conditions = metadata.get("conditions") or {}
-    netem = (conditions.get(device) or {}).get("netem") if isinstance(conditions, Mapping) else None
-    if isinstance(netem, Mapping):
-        return "recorded" if netem.get("netem_dry_run") else "applied"
-    return "recorded" if metadata.get("mode") == "local" else "none"
-
-
 def tolerance_ms(block: Mapping[str, Any], intended_ms: float) -> float:
     """How far ``difference_ms`` may be from 0 on a link with ``intended_ms`` (module docstring)."""
     tolerance = max(TOLERANCE_MIN_MS, TOLERANCE_FRACTION * intended_ms)
@@ -143,7 +136,7 @@ def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
         block = network.get(device)
         if not isinstance(block, Mapping):
             continue
-        shaping = _shaping(metadata, device)
+        shaping = netem_shaping(metadata, device)
         baseline = {
             str(e.get("target", "edge")): _mean_ms(e.get("rtt_ns"))[0]
             for e in _entries(_read_json(raw_file(run_dir, device, "ping_baseline.json")))
