@@ -14,10 +14,8 @@ id and reaped at teardown or by ``dit cleanup``):
 
 from __future__ import annotations
 
-import csv
-import math
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +29,11 @@ from dit.runtimes import (
     Results,
     RuntimeBase,
     SummaryValue,
+    helpers,
 )
+from dit.runtimes.helpers import EDGE, energy_of, memory_limits, write_csv
 from dit_llamacpp import __version__, build, launch, results
 
-EDGE = "edge"
 CONTROLLER_TAG = "llama-controller"
 WORKER_TAG = "llama-worker{rank}"
 RESULT_FILE = "results/llamacpp.json"
@@ -48,7 +47,6 @@ QUANTS = ("F32", "F16", "Q8_0", "Q4_0")
 DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
 DEFAULT_MODELS_DIR = "/var/cache/dit/gguf"
 DEFAULT_PORT = 50052
-MIB = 1024 * 1024
 NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
 SHA256 = "^[0-9a-f]{64}$"
 BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
@@ -185,44 +183,14 @@ def block_schema() -> dict[str, Any]:
 
 
 def controller_host(ctx: LaunchContext) -> str:
-    name = str(ctx.block.get("controller", EDGE))
-    if name in (EDGE, ctx.edge_host):
-        return ctx.edge_host
-    if name not in ctx.devices:
-        raise LlamaCppLaunchError(
-            f"runtime.controller: {name!r} is neither the edge server nor a device of the scenario "
-            f"(devices: {', '.join(ctx.devices)})"
-        )
-    return name
+    return helpers.controller_host(ctx.block, ctx.edge_host, ctx.devices, error=LlamaCppLaunchError)
 
 
 def worker_hosts(ctx: LaunchContext, controller: str) -> list[str]:
-    listed = ctx.block.get("workers")
-    workers = (
-        [str(w) for w in listed] if isinstance(listed, list) else [d for d in ctx.devices if d != controller]
+    """``runtime.workers``, else every device but the controller's node."""
+    return helpers.worker_hosts(
+        ctx.block, ctx.devices, controller, default_excludes_controller=True, error=LlamaCppLaunchError
     )
-    if not workers:
-        raise LlamaCppLaunchError("runtime.workers: needs at least 1 worker")
-    for index, worker in enumerate(workers):
-        if worker not in ctx.devices:
-            raise LlamaCppLaunchError(
-                f"runtime.workers[{index}]: {worker!r} is not a device of the scenario "
-                f"(devices: {', '.join(ctx.devices)})"
-            )
-        if worker == controller:
-            raise LlamaCppLaunchError(f"runtime.workers[{index}]: {worker!r} is the controller's node")
-    return workers
-
-
-def memory_limits(scenario: Mapping[str, Any], devices: Iterable[str]) -> dict[str, int]:
-    hardware = scenario.get("hardware")
-    out: dict[str, int] = {}
-    for device in devices:
-        conf = hardware.get(device) if isinstance(hardware, Mapping) else None
-        limit = conf.get("memory_limit_mb") if isinstance(conf, Mapping) else None
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            out[device] = limit * MIB
-    return out
 
 
 def model_path(block: Mapping[str, Any]) -> str:
@@ -409,26 +377,8 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
 # -- results ------------------------------------------------------------------------------------
 
 
-def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
 def find_results(run: LoadedRun) -> tuple[str, Path]:
-    raw = run.path / "raw"
-    found = [
-        (d.name, raw_file(run.path, d.name, RESULT_NAME))
-        for d in (sorted(raw.iterdir()) if raw.is_dir() else [])
-        if raw_file(run.path, d.name, RESULT_NAME).is_file()
-    ]
-    if len(found) != 1:
-        where = ", ".join(str(p) for _, p in found) or f"no raw/<host>/<host>_{RESULT_NAME}"
-        raise LlamaCppResultsError(f"{run.path}: expected the controller's results file once, found {where}")
-    return found[0]
+    return helpers.find_results(run, RESULT_NAME, error=LlamaCppResultsError)
 
 
 def _workers_of(argv: Sequence[str]) -> list[str]:
@@ -439,8 +389,6 @@ def _workers_of(argv: Sequence[str]) -> list[str]:
 
 def parse(run: LoadedRun) -> Results:
     """Controller timings + worker samples -> ``aggregate/llamacpp_*.csv`` and HeadSplit's summary columns."""
-    from dit.analysis.monitors import energy_between_wall
-
     controller, file = find_results(run)
     try:
         doc = results.controller_doc(file.read_text(encoding="utf-8"), str(file))
@@ -469,12 +417,12 @@ def parse(run: LoadedRun) -> Results:
     gaps = results.token_gaps(chunks)
     out = run.aggregate_dir
     tables = (
-        _write(out / "llamacpp_workers.csv",
+        write_csv(out / "llamacpp_workers.csv",
                ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
                 "rss_peak_bytes", "samples"],
                ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
                  t.samples] for i, t in enumerate(traffic))),
-        _write(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
+        write_csv(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
                ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""] for i, c in enumerate(chunks))),
     )  # fmt: skip
     generated = timings.tokens_generated
@@ -508,18 +456,8 @@ def parse(run: LoadedRun) -> Results:
                          "99th percentile gap between output chunks"),
         ]  # fmt: skip
     hosts = list(dict.fromkeys([controller, *(t.host for t in traffic)]))
-    energy = 0.0
-    traced = 0
-    for host in hosts:
-        joules = energy_between_wall(run.path, host, start, end) if end > start else None
-        if joules is None:
-            continue
-        if not math.isfinite(joules):
-            traced = 0
-            break
-        energy += joules
-        traced += 1
-    if traced:
+    energy = energy_of(run, hosts, start, end)
+    if energy is not None:
         seconds = (end - start) / 1e9
         values += [
             SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
