@@ -102,6 +102,34 @@ def test_a_two_worker_local_run_generates_8_tokens(site: Path, tmp_path: Path) -
     assert run_processes(RunDir(run_dir).run_id) == []
 
 
+@pytest.mark.slow
+def test_a_run_without_the_pinned_build_is_refused_at_preflight_and_records_why(
+    site: Path, tmp_path: Path
+) -> None:
+    # A cache of this test's own: the real one (/var/cache/dit/llamacpp) is neither read nor touched.
+    sys.path.insert(0, str(LLAMACPP / "src"))
+    from dit_llamacpp import build
+
+    record = tmp_path / "cache" / build.SDIST_SHA256[:12] / "build.json"
+    record.parent.mkdir(parents=True)
+    other = {"sha256": "0123456789ab" + "0" * 52, "cxx": "c++ (fake) 1.0", "wall_s": 1.0}
+    record.write_text(json.dumps(other), encoding="utf-8")  # a record, but of another source
+    scenario = _scenario(tmp_path, "lc_unbuilt", 8, record.parent / "bin", tmp_path / "none.gguf")
+    done = dit(site, "run", str(scenario), "--runs-dir", str(tmp_path / "runs"), timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = " ".join(done.stderr.split())
+    assert "preflight: runtime llamacpp-rpc: no llama.cpp build for the pinned source" in message, message
+    for host in ("edge", "device1", "device2"):
+        assert f"{host}: {record} records the build of source 0123456789ab, not the pinned one" in message
+    assert "dit runtimes act llamacpp-rpc build" in message
+    (run_dir,) = (tmp_path / "runs" / "lc_unbuilt").iterdir()
+    metadata = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
+    for host in ("edge", "device1", "device2"):
+        assert metadata["runtime"]["nodes"][host]["llamacpp_build"] == {"path": str(record), "content": other}
+    assert json.loads((run_dir / "status.json").read_text(encoding="utf-8"))["state"] == "failed"
+    assert run_processes(RunDir(run_dir).run_id) == []
+
+
 def _rpc_servers(run_id: str) -> list[int]:
     return [p.pid for p in run_processes(run_id) if p.name() == "ggml-rpc-server"]
 

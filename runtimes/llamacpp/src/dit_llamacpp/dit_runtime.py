@@ -28,6 +28,7 @@ from dit.runtimes import (
     ReadinessPlan,
     Results,
     RuntimeBase,
+    RuntimePreflight,
     SummaryValue,
     helpers,
 )
@@ -294,7 +295,7 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
             "ignore_errors": True,
         }
 
-    record = posixpath.join(posixpath.dirname(bin_dir), build.BUILD_RECORD)
+    record = build_record_path(block)
     show = "import json, sys; r = json.load(open(sys.argv[1])); print(r['sha256'][:12], r['cxx'], r['wall_s'], 's')"
     return [
         {
@@ -308,6 +309,61 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
             ],
         }
     ]
+
+
+BUILD_FACT = "llamacpp_build"  # metadata.json: runtime.nodes.<host>.llamacpp_build (and the node facts)
+
+
+def build_record_path(block: Mapping[str, Any]) -> str:
+    """The build record beside the binaries: ``<bin_dir>/../build.json`` (``<cache>/<sha256[:12]>/``)."""
+    return posixpath.join(
+        posixpath.dirname(str(block.get("bin_dir", DEFAULT_BIN)).rstrip("/")), build.BUILD_RECORD
+    )
+
+
+def build_hosts(block: Mapping[str, Any], edge_host: str, devices: Sequence[str]) -> list[str]:
+    """The nodes that run a binary: the controller's, then the workers'."""
+    controller = helpers.controller_host(block, edge_host, devices, error=LlamaCppLaunchError)
+    workers = helpers.worker_hosts(
+        block, devices, controller, default_excludes_controller=True, error=LlamaCppLaunchError
+    )
+    return [controller, *workers]
+
+
+def build_refusal(facts: RuntimePreflight) -> str | None:
+    """Refuse a run when a node that runs a binary has no build record for the pinned sdist.
+
+    The record (``build.json``, :mod:`dit_llamacpp.build`) is read on every node by preflight
+    (:meth:`LlamaCppRpcRuntime.node_facts`); a node without one, with an unreadable one, or with the
+    record of another source hash is named with the path it was expected at.
+    """
+    try:
+        hosts = build_hosts(facts.block, facts.edge_host, facts.devices)
+    except LlamaCppLaunchError as exc:
+        return str(exc)
+    expected = build_record_path(facts.block)
+    problems: list[str] = []
+    for host in hosts:
+        fact = (facts.nodes.get(host) or {}).get(BUILD_FACT)
+        path = str(fact.get("path", expected)) if isinstance(fact, Mapping) else expected
+        content = fact.get("content") if isinstance(fact, Mapping) else None
+        if not isinstance(fact, Mapping):
+            problems.append(f"{host}: its build record was not read (expected {path})")
+        elif fact.get("error"):
+            problems.append(f"{host}: no build record at {path} ({fact['error']})")
+        elif not isinstance(content, Mapping) or content.get("sha256") != build.SDIST_SHA256:
+            found = content.get("sha256") if isinstance(content, Mapping) else None
+            problems.append(
+                f"{host}: {path} records the build of source {str(found)[:12]}, not the pinned one"
+            )
+    if not problems:
+        return None
+    return (
+        f"no llama.cpp build for the pinned source (llama-cpp-python {build.SDIST_VERSION}, SHA-256 "
+        f"{build.SDIST_SHA256[:12]}) on {len(problems)} node(s): {'; '.join(problems)}. "
+        "Build it on those nodes with the maintenance action: dit runtimes act llamacpp-rpc build "
+        "(--set cache=<the cache directory> when runtime.bin_dir is not the default)"
+    )
 
 
 BUILD_INPUTS: dict[str, Any] = {
@@ -493,6 +549,12 @@ class LlamaCppRpcRuntime(RuntimeBase):
                 build_plan,
             ),
         )
+
+    def node_facts(self, block: Mapping[str, Any]) -> Mapping[str, str]:
+        return {BUILD_FACT: build_record_path(block)}
+
+    def preflight(self, facts: RuntimePreflight) -> str | None:
+        return build_refusal(facts)
 
     def launch(self, ctx: LaunchContext) -> Sequence[LaunchSpec]:
         return launch_specs(ctx)
