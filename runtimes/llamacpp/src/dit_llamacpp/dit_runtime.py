@@ -42,6 +42,8 @@ RESULT_NAME = "llamacpp.json"
 SAMPLES_FILE = "results/llamacpp-worker{rank}.jsonl"
 SAMPLES_NAME = "llamacpp-worker{rank}.jsonl"
 READY_FILE = "llamacpp-worker{rank}.ready"
+SESSION_FILE = "llamacpp/session.bin"  # llama.cpp's state with token_ids (node.py removes it)
+TOKENS_TABLE = "llamacpp_tokens.csv"
 NODE_DIR = "llamacpp"  # node.py and launch.py, under the run directory
 MODELS = ("gpt2-tiny", "llama-tiny", "gpt2", "tinyllama")  # dit_llamacpp.models.SHAPES
 QUANTS = ("F32", "F16", "Q8_0", "Q4_0")
@@ -169,6 +171,16 @@ def block_schema() -> dict[str, Any]:
             "bin_dir": _abs(
                 "Directory of the built binaries on every node (the `build` action's cache).", DEFAULT_BIN
             ),
+            "token_ids": {
+                "title": "Record token ids",
+                "description": "Record the prompt's and the generated token ids (results: prompt_ids, "
+                "generated_ids; aggregate/llamacpp_tokens.csv), read from llama.cpp's session file "
+                "(--prompt-cache). llama.cpp then saves its state after the prompt and at the end, reading "
+                "the KV cache back from the workers: extra traffic and time, so for equivalence checks, "
+                "not for timing runs.",
+                "type": "boolean",
+                "default": False,
+            },
             "sample_interval_s": {
                 "description": "Seconds between two samples of a worker's memory and traffic.",
                 "type": "number",
@@ -265,8 +277,12 @@ def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
         )
     except launch.LaunchArgError as exc:
         raise LlamaCppLaunchError(f"runtime.{exc}") from exc
+    ids: list[str] = []
+    if block.get("token_ids", False):
+        completion += launch.session_argv(SESSION_FILE)
+        ids = ["--session", SESSION_FILE, "--tokens", str(int(block.get("tokens", 16)))]
     argv = [ctx.pythons[controller], f"{NODE_DIR}/node.py", "controller", "--model", model,
-            "--sha256", str(block.get("sha256", "")), "--result", RESULT_FILE, "--", *completion]  # fmt: skip
+            "--sha256", str(block.get("sha256", "")), "--result", RESULT_FILE, *ids, "--", *completion]  # fmt: skip
     specs.append(
         LaunchSpec(
             host=controller, name=CONTROLLER_TAG, argv=tuple(argv), files=files, result_files=(RESULT_FILE,)
@@ -472,15 +488,20 @@ def parse(run: LoadedRun) -> Results:
         traffic.append(results.worker_traffic(f"worker{rank}", hosts[0], rows, start, end, first_token))
     gaps = results.token_gaps(chunks)
     out = run.aggregate_dir
-    tables = (
+    tables: tuple[Path, ...] = (
         write_csv(out / "llamacpp_workers.csv",
-               ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
-                "rss_peak_bytes", "samples"],
-               ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
-                 t.samples] for i, t in enumerate(traffic))),
+                  ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
+                   "rss_peak_bytes", "samples"],
+                  ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
+                    t.samples] for i, t in enumerate(traffic))),
         write_csv(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
-               ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""] for i, c in enumerate(chunks))),
+                  ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""]
+                   for i, c in enumerate(chunks))),
     )  # fmt: skip
+    if isinstance(doc.get("generated_ids"), list):
+        rows = [("prompt", i, t) for i, t in enumerate(doc.get("prompt_ids") or [])]
+        rows += [("generated", i, t) for i, t in enumerate(doc["generated_ids"])]
+        tables += (write_csv(out / TOKENS_TABLE, ["phase", "index", "token_id"], rows),)
     generated = timings.tokens_generated
     inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
     values = [
