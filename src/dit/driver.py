@@ -542,7 +542,11 @@ class Driver:
             self.scenario.runtime, self.scenario.to_dict(), self.inv.edge_host, self.scenario.devices, custom
         )
         refusal = preflight_of(self.runtime, view)
-        if refusal:
+        if refusal and self.options.check:
+            # A dry run starts no runtime process: what is missing for one is said, not a failure of
+            # the dry run (whose subject is what apply would change); the real run stops here.
+            self.reporter_warn(f"preflight: runtime {self.runtime.name} (a real run stops here): {refusal}")
+        elif refusal:
             raise StageFailed(f"preflight: runtime {self.runtime.name}: {refusal}")
 
     def _condition_gates(self, nodes: dict[str, Any]) -> None:
