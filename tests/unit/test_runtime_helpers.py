@@ -49,7 +49,7 @@ def test_default_workers_exclude_the_controller_only_when_asked() -> None:
     ("block", "message"),
     [
         ({"workers": []}, r"runtime.workers: needs at least 1 worker"),
-        ({"workers": ["device1", "device9"]}, r"runtime.workers\[1\]: 'device9' is not a device"),
+        ({"workers": ["device2", "device9"]}, r"runtime.workers\[1\]: 'device9' is not a device"),
         ({"workers": ["device2", "device1"]}, r"runtime.workers\[1\]: 'device1' is the controller's node"),
         ({"workers": ["device2", "device2"]}, r"runtime.workers\[1\]: 'device2' is listed twice"),
     ],
