@@ -499,9 +499,9 @@ def parse(run: LoadedRun) -> Results:
                    for i, c in enumerate(chunks))),
     )  # fmt: skip
     if isinstance(doc.get("generated_ids"), list):
-        rows = [("prompt", i, t) for i, t in enumerate(doc.get("prompt_ids") or [])]
-        rows += [("generated", i, t) for i, t in enumerate(doc["generated_ids"])]
-        tables += (write_csv(out / TOKENS_TABLE, ["phase", "index", "token_id"], rows),)
+        ids = [("prompt", i, t) for i, t in enumerate(doc.get("prompt_ids") or [])]
+        ids += [("generated", i, t) for i, t in enumerate(doc["generated_ids"])]
+        tables += (write_csv(out / TOKENS_TABLE, ["phase", "index", "token_id"], ids),)
     generated = timings.tokens_generated
     inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
     values = [
