@@ -329,6 +329,8 @@ def test_parse_tables_the_token_ids_when_the_run_recorded_them(tmp_path: Path) -
     doc = json.loads(file.read_text(encoding="utf-8"))
     file.write_text(json.dumps({**doc, "prompt_ids": [1, 2], "generated_ids": [5, 6, 7]}), encoding="utf-8")
     got = dit_runtime.LlamaCppRpcRuntime().parse_results(run)
+    # llama.cpp's eval counter says 8 (with token_ids it counts the prompt's last token): the ids say 3
+    assert {s.name: s.value for s in got.summary}["tokens_generated"] == 3
     assert [p.name for p in got.tables][-1] == "llamacpp_tokens.csv"
     with got.tables[-1].open(encoding="utf-8") as handle:
         rows = list(csv.reader(handle))

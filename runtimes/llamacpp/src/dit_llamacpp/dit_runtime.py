@@ -498,11 +498,14 @@ def parse(run: LoadedRun) -> Results:
                   ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""]
                    for i, c in enumerate(chunks))),
     )  # fmt: skip
+    generated = timings.tokens_generated
     if isinstance(doc.get("generated_ids"), list):
         ids = [("prompt", i, t) for i, t in enumerate(doc.get("prompt_ids") or [])]
         ids += [("generated", i, t) for i, t in enumerate(doc["generated_ids"])]
         tables += (write_csv(out / TOKENS_TABLE, ["phase", "index", "token_id"], ids),)
-    generated = timings.tokens_generated
+        # To save its state before it, llama.cpp then decodes the prompt's last token on its own, and
+        # its counters count that as one more eval run: the ids say how many were generated.
+        generated = len(doc["generated_ids"])
     inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
     values = [
         SummaryValue("tokens_generated", generated, "", "int", "tokens generated (eval runs + 1)"),
