@@ -2,7 +2,7 @@
 
 Which node is the controller and which are the workers (from the scenario's ``runtime`` block), the
 devices' memory limits, a CSV table under ``aggregate/``, the controller's one results file under
-``raw/`` and the energy over a time span. Errors name the offending field of the ``runtime`` block;
+``raw/``, the energy over a time span and its summary values. Errors name the offending field of the ``runtime`` block;
 each function takes the exception class to raise, so a runtime's own error type (the one its users
 and tests catch) is what comes out.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
+from dit.runtimes.base import SummaryValue
 
 EDGE = "edge"  # the scenario's name for the edge server (a controller's usual node)
 MIB = 1024 * 1024
@@ -141,3 +142,20 @@ def energy_of(run: LoadedRun, hosts: Sequence[str], start_ns: int, end_ns: int) 
         total += joules
         traced += 1
     return total if traced else None
+
+
+def energy_summary(
+    run: LoadedRun, hosts: Sequence[str], start_ns: int, end_ns: int, tokens: int, span: str
+) -> list[SummaryValue]:
+    """``energy``, ``energy_per_token`` and ``edp`` of ``hosts`` over ``span`` (e.g. "the generation"),
+    the columns every runtime's summary shares; none without a power trace covering it."""
+    energy = energy_of(run, list(dict.fromkeys(hosts)), start_ns, end_ns)
+    if energy is None:
+        return []
+    seconds = (end_ns - start_ns) / 1e9
+    return [
+        SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
+        SummaryValue("energy_per_token", energy / tokens if tokens else None, "J", "float",
+                     "energy / tokens generated"),
+        SummaryValue("edp", energy * seconds, "J*s", "float", f"energy-delay product of {span}"),
+    ]  # fmt: skip

@@ -33,7 +33,7 @@ from dit.runtimes import (
     SummaryValue,
     helpers,
 )
-from dit.runtimes.helpers import EDGE, energy_of, memory_limit_bytes, write_csv
+from dit.runtimes.helpers import EDGE, energy_summary, memory_limit_bytes, write_csv
 from headsplit import __version__
 from headsplit import checkpoint as ckpt
 from headsplit.config import PRESETS
@@ -971,16 +971,7 @@ def parse(run: LoadedRun) -> Results:
         controller,
         *(str(w["host"]) for w in doc.get("workers") or [] if isinstance(w.get("host"), str)),
     ]
-    energy = energy_of(run, list(dict.fromkeys(hosts)), start, end)
-    generated = int(doc["tokens_generated"])
-    if energy is not None:
-        seconds = (end - start) / 1e9
-        values += [
-            SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
-            SummaryValue("energy_per_token", energy / generated if generated else None, "J", "float",
-                         "energy / tokens generated"),
-            SummaryValue("edp", energy * seconds, "J*s", "float", "energy-delay product of the generation"),
-        ]  # fmt: skip
+    values += energy_summary(run, hosts, start, end, int(doc["tokens_generated"]), "the generation")
     return Results(tables=tuple(tables), summary=tuple(values))
 
 

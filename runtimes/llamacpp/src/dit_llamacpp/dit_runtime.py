@@ -32,7 +32,7 @@ from dit.runtimes import (
     SummaryValue,
     helpers,
 )
-from dit.runtimes.helpers import EDGE, energy_of, memory_limits, write_csv
+from dit.runtimes.helpers import EDGE, energy_summary, memory_limits, write_csv
 from dit_llamacpp import __version__, build, launch, results
 
 CONTROLLER_TAG = "llama-controller"
@@ -536,15 +536,7 @@ def parse(run: LoadedRun) -> Results:
                          "99th percentile gap between output chunks"),
         ]  # fmt: skip
     hosts = list(dict.fromkeys([controller, *(t.host for t in traffic)]))
-    energy = energy_of(run, hosts, start, end)
-    if energy is not None:
-        seconds = (end - start) / 1e9
-        values += [
-            SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
-            SummaryValue("energy_per_token", energy / generated if generated else None, "J", "float",
-                         "energy / tokens generated"),
-            SummaryValue("edp", energy * seconds, "J*s", "float", "energy-delay product of the run"),
-        ]  # fmt: skip
+    values += energy_summary(run, hosts, start, end, generated, "the run")
     return Results(tables=tables, summary=tuple(values))
 
 
