@@ -135,7 +135,7 @@ def test_node_facts_read_the_venv_and_hash_checkpoints(tmp_path: Path) -> None:
 def test_a_runtimes_custom_facts_are_recorded_per_node_under_their_names() -> None:
     build = {"path": "/c/832db0699007/build.json", "content": {"sha256": "83" * 32}}
     missing = {"path": "/c/832db0699007/build.json", "error": "No such file or directory"}
-    facts = {
+    facts: dict[str, dict[str, Any]] = {
         "edge": {"runtime_facts": {"llamacpp_build": build}},
         "d1": {"runtime_facts": {"llamacpp_build": missing}},
     }
