@@ -50,6 +50,14 @@ options:
     description: The directory relative checkpoint paths are resolved against.
     type: path
     default: /opt/dit/checkpoints
+  runtime_facts:
+    description:
+      - Custom facts of the scenario's runtime (its C(node_facts)) - fact name to the absolute path of a
+        JSON file on the node (for llamacpp-rpc, the C(build.json) of its build cache). Each one is
+        recorded under C(runtime_facts) as C(path) and C(content), or C(path) and C(error) when the file
+        is missing, unreadable, larger than 1 MiB or not JSON.
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -84,6 +92,7 @@ dit_facts:
     runtime {python, prefix, packages {name: version}} of C(runtime_python);
     runtime_env {venv, installed, python, stamp, packages [{name, version}]} of C(runtime_env);
     checkpoints [{path, sha256, size} or {path, error}] of C(checkpoints);
+    runtime_facts {name: {path, content} or {path, error}} of C(runtime_facts);
     netem {available (true, false or null when nothing tells), source or reason} for the netem preflight gate.
   returned: always
   type: dict
@@ -241,6 +250,26 @@ def _checkpoint(path: str, base: str) -> dict[str, Any]:
     return {"path": full, "sha256": digest.hexdigest(), "size": size}
 
 
+RUNTIME_FACT_MAX_BYTES = 1 << 20  # a build record or a stamp, not a data file
+
+
+def _runtime_fact(path: str) -> dict[str, Any]:
+    """A runtime's custom fact: the JSON content of ``path``, or why it cannot be read."""
+    if not os.path.isabs(path):
+        return {"path": path, "error": "not an absolute path"}
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(RUNTIME_FACT_MAX_BYTES + 1)
+    except OSError as exc:
+        return {"path": path, "error": exc.strerror or str(exc)}
+    if len(data) > RUNTIME_FACT_MAX_BYTES:
+        return {"path": path, "error": f"larger than {RUNTIME_FACT_MAX_BYTES} bytes"}
+    try:
+        return {"path": path, "content": json.loads(data.decode("utf-8"))}
+    except ValueError as exc:
+        return {"path": path, "error": f"not JSON: {exc}"}
+
+
 def _memory_controller(base: str = "/sys/fs/cgroup") -> dict[str, Any]:
     """The memory cgroup controller: v2 (in the unified root), v1 (its own hierarchy) or disabled."""
     if "memory" in _read(os.path.join(base, "cgroup.controllers")).split():
@@ -318,6 +347,7 @@ def main() -> None:
             "runtime_env": {"type": "path", "default": None},
             "checkpoints": {"type": "list", "elements": "str", "default": []},
             "checkpoint_dir": {"type": "path", "default": "/opt/dit/checkpoints"},
+            "runtime_facts": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -360,6 +390,11 @@ def main() -> None:
         facts["checkpoints"] = [
             _checkpoint(p, module.params["checkpoint_dir"]) for p in module.params["checkpoints"]
         ]
+    if module.params["runtime_facts"]:
+        facts["runtime_facts"] = {
+            str(name): _runtime_fact(str(path))
+            for name, path in sorted(module.params["runtime_facts"].items())
+        }
     module.exit_json(changed=False, dit_facts=facts)
 
 

@@ -51,10 +51,11 @@ from dit.paths import content_root
 from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
 from dit.reporter import Reporter
 from dit.rundir import DRIVER, RunDir, write_json
-from dit.runtimes import LaunchContext, LaunchOutcome, Runtime
+from dit.runtimes import LaunchContext, LaunchOutcome, Runtime, RuntimePreflight
 from dit.runtimes import envs as runtime_envs
 from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
+from dit.runtimes.base import node_facts_of, preflight_of
 from dit.scenario import Scenario
 from dit.settle import settle_messages, settle_records
 
@@ -478,6 +479,7 @@ class Driver:
                     self.runtime.block_schema(), self.scenario.runtime
                 ),
                 "dit_ping_targets": self._ping_targets(),
+                "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
             },
         )
         nodes: dict[str, Any] = {}
@@ -531,6 +533,21 @@ class Driver:
         write_json(self.run.path / "metadata.json", metadata)
         self._ntp_gate(nodes)
         self._condition_gates(nodes)
+        self._runtime_gate(nodes)
+
+    def _runtime_gate(self, nodes: dict[str, Any]) -> None:
+        """The runtime's own preflight gate over its custom node facts (e.g. llamacpp-rpc's build record)."""
+        custom = {host: dict(facts.get("runtime_facts") or {}) for host, facts in nodes.items()}
+        view = RuntimePreflight(
+            self.scenario.runtime, self.scenario.to_dict(), self.inv.edge_host, self.scenario.devices, custom
+        )
+        refusal = preflight_of(self.runtime, view)
+        if refusal and self.options.check:
+            # A dry run starts no runtime process: what is missing for one is said, not a failure of
+            # the dry run (whose subject is what apply would change); the real run stops here.
+            self.reporter_warn(f"preflight: runtime {self.runtime.name} (a real run stops here): {refusal}")
+        elif refusal:
+            raise StageFailed(f"preflight: runtime {self.runtime.name}: {refusal}")
 
     def _condition_gates(self, nodes: dict[str, Any]) -> None:
         """Every condition's ``preflight`` hook (:mod:`dit.conditions`); the first refusal stops the run."""
@@ -704,6 +721,7 @@ class Driver:
                 "dit_edge_port_actual": self.edge_port,
                 "dit_raw_dir": str(raw),
                 "dit_ping_targets": self._ping_targets(),
+                "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
             },
         )
         for host in self.inv.hosts:

@@ -2,8 +2,9 @@
 
 Slow, and skipped unless the binaries were built into the cache (``dit runtimes act llamacpp-rpc build``
 or ``python -m dit_llamacpp.build``) and a tiny GGUF is at hand: ``dit_llamacpp.models`` converts
-``llama-tiny`` F32 (the GGUF work), or ``$DIT_LLAMACPP_TEST_GGUF`` names a file
-(``$DIT_LLAMACPP_TEST_BIN`` a directory of binaries).
+``llama-tiny`` F32 (the GGUF work), or ``$DIT_LLAMACPP_TEST_GGUF`` names a file converted from the
+same seeded weights (``$DIT_LLAMACPP_TEST_BIN`` a directory of binaries with a ``build.json`` beside it,
+as the build cache has: preflight refuses a run without one).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +47,23 @@ def _bin_dir() -> Path:
     return built.directory / "bin"
 
 
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(LLAMACPP / "src"), str(REPO / "src")])}
+
+
+def _hf_greedy(prompt_ids: list[int], llama_ids: list[int]) -> dict[str, Any]:
+    """Hugging Face's greedy ids for llama.cpp's prompt ids (the same seeded llama-tiny weights the GGUF was
+    converted from), compared with llama.cpp's by dit_llamacpp.equivalence, in a child (torch: see above)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "dit_llamacpp.equivalence", "llama-tiny",
+         "--prompt-ids", ",".join(map(str, prompt_ids)), "--llama-ids", ",".join(map(str, llama_ids))],
+        env=_child_env(), capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 1) and done.stdout.strip(), done.stdout + done.stderr
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
 def _gguf(tmp_path: Path) -> Path:
     named = os.environ.get("DIT_LLAMACPP_TEST_GGUF")
     if named:
@@ -53,16 +72,15 @@ def _gguf(tmp_path: Path) -> Path:
     # after Ansible's module_utils replaced sys.intern (torch._dynamo refuses it, and every later test
     # of the session that imports torch would fail).
     out = tmp_path / "gguf"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(LLAMACPP / "src"), str(REPO / "src")])}
     done = subprocess.run(
         [sys.executable, "-m", "dit_llamacpp.models", "convert", "llama-tiny", "F32", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=900, check=False,
+        env=_child_env(), capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return out / "llama-tiny-F32.gguf"
 
 
-def _scenario(tmp_path: Path, name: str, tokens: int, bin_dir: Path, gguf: Path) -> Path:
+def _scenario(tmp_path: Path, name: str, tokens: int, bin_dir: Path, gguf: Path, **block: Any) -> Path:
     doc = {
         "name": name,
         "model": {"name": "fake", "params": {"profile": "tiny"}},
@@ -72,7 +90,7 @@ def _scenario(tmp_path: Path, name: str, tokens: int, bin_dir: Path, gguf: Path)
         "timing": {"start_lead_s": 1.0},
         "runtime": {"name": "llamacpp-rpc", "workers": ["device1", "device2"], "tokens": tokens,
                     "gguf": str(gguf), "bin_dir": str(bin_dir), "port": free_port(), "ctx_size": 256,
-                    "tensor_split": [1, 1]},
+                    "tensor_split": [1, 1], **block},
     }  # fmt: skip
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(doc), encoding="utf-8")
@@ -80,9 +98,9 @@ def _scenario(tmp_path: Path, name: str, tokens: int, bin_dir: Path, gguf: Path)
 
 
 @pytest.mark.slow
-def test_a_two_worker_local_run_generates_8_tokens(site: Path, tmp_path: Path) -> None:
+def test_a_two_worker_local_run_generates_hf_s_8_greedy_ids(site: Path, tmp_path: Path) -> None:
     bin_dir = _bin_dir()
-    scenario = _scenario(tmp_path, "lc_local", 8, bin_dir, _gguf(tmp_path))
+    scenario = _scenario(tmp_path, "lc_local", 8, bin_dir, _gguf(tmp_path), token_ids=True)
     done = dit(site, "run", str(scenario), "--runs-dir", str(tmp_path / "runs"), timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     (run_dir,) = (tmp_path / "runs" / "lc_local").iterdir()
@@ -97,8 +115,49 @@ def test_a_two_worker_local_run_generates_8_tokens(site: Path, tmp_path: Path) -
         workers = list(csv.DictReader(handle))
     assert [w["host"] for w in workers] == ["device1", "device2"]
     assert all(int(w["rpc_bytes"]) > 0 and int(w["rss_peak_bytes"]) > 0 for w in workers)  # both hold layers
+    # the ids llama.cpp generated over the two rpc-servers are Hugging Face's greedy ids (issue 17, tests)
+    controller = json.loads((run_dir / "raw" / "edge" / "edge_llamacpp.json").read_text(encoding="utf-8"))
+    assert "token_ids_error" not in controller, controller["token_ids_error"]
+    assert len(controller["generated_ids"]) == 8 and controller["prompt_ids"]
+    hf = _hf_greedy(controller["prompt_ids"], controller["generated_ids"])
+    assert hf["equal"], hf["describe"]  # else: the first divergence and HF's logit difference there
+    assert (run_dir / "aggregate" / "llamacpp_tokens.csv").is_file()
+    # the build the binaries came from is recorded per node (issue 17, item 1)
+    metadata = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
+    for host in ("edge", "device1", "device2"):
+        recorded = metadata["runtime"]["nodes"][host]["llamacpp_build"]
+        assert recorded["path"] == str(bin_dir.parent / "build.json")
+        assert recorded["content"] == json.loads((bin_dir.parent / "build.json").read_text(encoding="utf-8"))
     logs = {p.name for p in run_dir.glob("raw/*/logs/*_llama-*.out")}
     assert logs == {"edge_llama-controller.out", "device1_llama-worker1.out", "device2_llama-worker2.out"}
+    assert run_processes(RunDir(run_dir).run_id) == []
+
+
+@pytest.mark.slow
+def test_a_run_without_the_pinned_build_is_refused_at_preflight_and_records_why(
+    site: Path, tmp_path: Path
+) -> None:
+    # A cache of this test's own: the real one (/var/cache/dit/llamacpp) is neither read nor touched.
+    sys.path.insert(0, str(LLAMACPP / "src"))
+    from dit_llamacpp import build
+
+    record = tmp_path / "cache" / build.SDIST_SHA256[:12] / "build.json"
+    record.parent.mkdir(parents=True)
+    other = {"sha256": "0123456789ab" + "0" * 52, "cxx": "c++ (fake) 1.0", "wall_s": 1.0}
+    record.write_text(json.dumps(other), encoding="utf-8")  # a record, but of another source
+    scenario = _scenario(tmp_path, "lc_unbuilt", 8, record.parent / "bin", tmp_path / "none.gguf")
+    done = dit(site, "run", str(scenario), "--runs-dir", str(tmp_path / "runs"), timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = " ".join(done.stderr.split())
+    assert "preflight: runtime llamacpp-rpc: no llama.cpp build for the pinned source" in message, message
+    for host in ("edge", "device1", "device2"):
+        assert f"{host}: {record} records the build of source 0123456789ab, not the pinned one" in message
+    assert "dit runtimes act llamacpp-rpc build" in message
+    (run_dir,) = (tmp_path / "runs" / "lc_unbuilt").iterdir()
+    metadata = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
+    for host in ("edge", "device1", "device2"):
+        assert metadata["runtime"]["nodes"][host]["llamacpp_build"] == {"path": str(record), "content": other}
+    assert json.loads((run_dir / "status.json").read_text(encoding="utf-8"))["state"] == "failed"
     assert run_processes(RunDir(run_dir).run_id) == []
 
 

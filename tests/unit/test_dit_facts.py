@@ -98,3 +98,19 @@ def test_module_records_runtime_and_hardware_facts(tmp_path: Path) -> None:
         "cpu_model",
     ):
         assert key in node
+
+
+def test_runtime_facts_option_is_documented_and_read_as_json(tmp_path: Path) -> None:
+    facts = _facts_module()
+    assert "runtime_facts" in facts.DOCUMENTATION and "runtime_facts" in facts.RETURN
+    (tmp_path / "r.json").write_text(json.dumps({"wall_s": 1.5}))
+    assert facts._runtime_fact(str(tmp_path / "r.json")) == {
+        "path": str(tmp_path / "r.json"),
+        "content": {"wall_s": 1.5},
+    }
+    (tmp_path / "big.json").write_bytes(b" " * (facts.RUNTIME_FACT_MAX_BYTES + 1))
+    assert facts._runtime_fact(str(tmp_path / "big.json"))["error"].startswith("larger than")
+    assert facts._runtime_fact(str(tmp_path / "none.json"))["error"] == "No such file or directory"
+    (tmp_path / "bad.json").write_text("{not json")
+    assert facts._runtime_fact(str(tmp_path / "bad.json"))["error"].startswith("not JSON")
+    assert facts._runtime_fact("build.json") == {"path": "build.json", "error": "not an absolute path"}

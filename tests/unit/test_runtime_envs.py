@@ -130,3 +130,17 @@ def test_node_facts_read_the_venv_and_hash_checkpoints(tmp_path: Path) -> None:
     found = dit_facts._runtime_env(str(venv))
     assert found["installed"] and found["stamp"] == "name=x pin=y requirements_sha256=z"
     assert {"name", "version"} == set(found["packages"][0])
+
+
+def test_a_runtimes_custom_facts_are_recorded_per_node_under_their_names() -> None:
+    build = {"path": "/c/832db0699007/build.json", "content": {"sha256": "83" * 32}}
+    missing = {"path": "/c/832db0699007/build.json", "error": "No such file or directory"}
+    facts: dict[str, dict[str, Any]] = {
+        "edge": {"runtime_facts": {"llamacpp_build": build}},
+        "d1": {"runtime_facts": {"llamacpp_build": missing}},
+    }
+    record = runtime_record(
+        "llamacpp-rpc", "1", {}, RuntimeEnv(None, None, None), facts, {"edge": "/py", "d1": "/py"}
+    )
+    assert record.metadata["nodes"] == {"edge": {"llamacpp_build": build}, "d1": {"llamacpp_build": missing}}
+    assert record.warnings == []

@@ -239,7 +239,7 @@ def test_local_mode_reads_files_where_they_are_and_the_block_may_name_the_interp
         ),
         (
             {"controller": "device1", "workers": ["device1", "device2"]},
-            "runtime.workers: 'device1' is the controller's node",
+            "runtime.workers[0]: 'device1' is the controller's node",
         ),
         ({"controller": "board7"}, "runtime.controller: 'board7' is neither the edge server nor a device"),
     ],

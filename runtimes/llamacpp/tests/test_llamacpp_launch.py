@@ -4,7 +4,9 @@ block in dit's schema, the build action's plan, and the results parser on llama.
 from __future__ import annotations
 
 import copy
+import csv
 import json
+import struct
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,6 +204,31 @@ def test_launch_in_local_mode_passes_local_and_refuses_a_bad_worker(runtime: Any
         runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device9"]}))
 
 
+def test_token_ids_add_the_session_file_only_when_asked(runtime: Any) -> None:
+    *_, plain = runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device1"], "tokens": 8}))
+    assert "--prompt-cache" not in plain.argv and "--session" not in plain.argv
+    *_, ctrl = runtime.launch(
+        _context({"name": "llamacpp-rpc", "workers": ["device1"], "tokens": 8, "token_ids": True})
+    )
+    before = list(ctrl.argv[: ctrl.argv.index("--")])
+    completion = list(ctrl.argv[ctrl.argv.index("--") + 1 :])
+    assert before[before.index("--session") + 1] == "llamacpp/session.bin"
+    assert before[before.index("--tokens") + 1] == "8"
+    assert completion[-3:] == ["--prompt-cache", "llamacpp/session.bin", "--prompt-cache-all"]
+
+
+def test_the_controller_reads_the_ids_from_the_session_file_and_removes_it(tmp_path: Path) -> None:
+    session = tmp_path / "session.bin"
+    session.write_bytes(struct.pack("<IIIiiiii", 0x6767736E, 10, 5, 1, 345, 7, 8, 9) + b"kv cache")
+    assert node.token_ids(session, 2) == {"prompt_ids": [1, 345, 7], "generated_ids": [8, 9]}
+    assert not session.exists()
+    assert "No such file" in node.token_ids(session, 2)["token_ids_error"]
+    session.write_bytes(struct.pack("<IIIi", 0x6767736E, 10, 1, 1))
+    assert "1 tokens, expected a prompt and 2 generated" in node.token_ids(session, 2)["token_ids_error"]
+    session.write_bytes(struct.pack("<III", 0x12345678, 10, 0))
+    assert "is not a llama.cpp session" in node.token_ids(session, 2)["token_ids_error"]
+
+
 def test_the_build_action_fetches_from_the_mirror_with_the_pinned_hash(runtime: Any) -> None:
     (action,) = runtime.actions()
     plan = action.plan({"cache": "/var/cache/dit/llamacpp", "jobs": 2})
@@ -330,6 +357,21 @@ def test_one_token_has_no_decode_columns(tmp_path: Path) -> None:
     v = _values(_run(tmp_path, _perf(40.0, 9, 0.0, 0)))
     assert v["tokens_generated"] == 1 and v["tokens_per_s"] == pytest.approx(1 / 0.040)
     assert v["generation_tokens_per_s"] is None and v["token_latency_mean"] is None
+
+
+def test_parse_tables_the_token_ids_when_the_run_recorded_them(tmp_path: Path) -> None:
+    run = _run(tmp_path, STDERR)
+    file = run.path / "raw" / "edge" / "edge_llamacpp.json"
+    doc = json.loads(file.read_text(encoding="utf-8"))
+    file.write_text(json.dumps({**doc, "prompt_ids": [1, 2], "generated_ids": [5, 6, 7]}), encoding="utf-8")
+    got = dit_runtime.LlamaCppRpcRuntime().parse_results(run)
+    # llama.cpp's eval counter says 8 (with token_ids it counts the prompt's last token): the ids say 3
+    assert {s.name: s.value for s in got.summary}["tokens_generated"] == 3
+    assert [p.name for p in got.tables][-1] == "llamacpp_tokens.csv"
+    with got.tables[-1].open(encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    assert rows == [["phase", "index", "token_id"], ["prompt", "0", "1"], ["prompt", "1", "2"],
+                    ["generated", "0", "5"], ["generated", "1", "6"], ["generated", "2", "7"]]  # fmt: skip
 
 
 def test_parse_names_the_file_when_llama_cpp_did_not_finish(tmp_path: Path) -> None:

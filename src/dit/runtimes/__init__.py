@@ -19,6 +19,7 @@ from dit.runtimes.base import (
     Results,
     Runtime,
     RuntimeBase,
+    RuntimePreflight,
     SummaryValue,
 )
 
@@ -34,5 +35,6 @@ __all__ = [
     "Results",
     "Runtime",
     "RuntimeBase",
+    "RuntimePreflight",
     "SummaryValue",
 ]

@@ -231,6 +231,22 @@ class Action:
     plan: Callable[[Mapping[str, Any]], ActionPlan]  # validated inputs (defaults applied) -> plan
 
 
+@dataclass(frozen=True)
+class RuntimePreflight:
+    """What a runtime's preflight gate sees: the scenario and, per host, the node facts it asked for.
+
+    ``nodes`` maps each host to ``{fact name: fact}`` for the files :meth:`RuntimeBase.node_facts`
+    named: ``{"path": ..., "content": <the file's JSON>}``, or ``{"path": ..., "error": "..."}`` when
+    the file is missing or unreadable on that node.
+    """
+
+    block: Mapping[str, Any]  # the scenario's ``runtime`` block
+    scenario: Mapping[str, Any]
+    edge_host: str
+    devices: tuple[str, ...]
+    nodes: Mapping[str, Mapping[str, Mapping[str, Any]]]
+
+
 @runtime_checkable
 class Runtime(Protocol):
     """An inference runtime, as the testbed uses it (see docs/runtimes.md)."""
@@ -293,3 +309,26 @@ class RuntimeBase:
 
     def started(self, outcomes: Sequence[LaunchOutcome]) -> Mapping[str, int]:
         return {}
+
+    def node_facts(self, block: Mapping[str, Any]) -> Mapping[str, str]:
+        """Custom node facts: fact name -> the absolute path of a JSON file that preflight reads on
+        every node (``dit_facts``) and records per node in metadata.json's ``runtime.nodes``."""
+        return {}
+
+    def preflight(self, facts: RuntimePreflight) -> str | None:
+        """Why the run must not start (one sentence naming the nodes and the fix), or None."""
+        return None
+
+
+def node_facts_of(runtime: Runtime, block: Mapping[str, Any]) -> dict[str, str]:
+    """The runtime's custom node facts (optional: a runtime that is no :class:`RuntimeBase` has none)."""
+    hook = getattr(runtime, "node_facts", None)
+    found = hook(block) if callable(hook) else {}
+    return {str(name): str(path) for name, path in dict(found or {}).items()}
+
+
+def preflight_of(runtime: Runtime, facts: RuntimePreflight) -> str | None:
+    """The runtime's preflight refusal, if it has a gate and refuses."""
+    hook = getattr(runtime, "preflight", None)
+    refusal = hook(facts) if callable(hook) else None
+    return str(refusal) if refusal else None

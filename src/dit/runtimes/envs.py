@@ -2,8 +2,9 @@
 
 A runtime declared in ``mirror/sources.yaml`` (:mod:`dit.mirror.runtimes`) is installed per node into
 ``<dit_runtimes_dir>/<name>-<pin12>`` by ``roles/runtime_env`` (``dit runtimes install``). Preflight
-reads that venv on every node (``dit_facts``: installed or not, its stamp, its packages) and the SHA-256
-of every checkpoint the scenario's runtime block names; :func:`runtime_record` turns the facts into the
+reads that venv on every node (``dit_facts``: installed or not, its stamp, its packages), the SHA-256
+of every checkpoint the scenario's runtime block names and the runtime's custom facts (JSON files its
+``node_facts`` names); :func:`runtime_record` turns the facts into the
 ``runtime`` entry of ``metadata.json`` and the per-host interpreter of the launch
 (:attr:`dit.runtimes.base.LaunchContext.runtime_pythons`): the venv's ``bin/python`` where it is
 installed, else the node's ``dit_python``.
@@ -78,7 +79,9 @@ def runtime_record(
     dit_pythons: Mapping[str, str],
 ) -> RuntimeRecord:
     """``metadata.json``'s ``runtime`` (name, version, block, pin, venv, packages, checkpoints, nodes)
-    and every host's runtime interpreter, from the preflight facts of each host."""
+    and every host's runtime interpreter, from the preflight facts of each host. ``nodes.<host>`` holds
+    the venv found there and the runtime's custom facts by name (``runtime_facts``, e.g.
+    ``llamacpp_build``)."""
     pythons = dict(dit_pythons)
     warnings: list[str] = []
     nodes: dict[str, Any] = {}
@@ -105,6 +108,10 @@ def runtime_record(
                 f"processes there run with {pythons.get(host)} (install it: dit runtimes install {name})"
             )
         nodes[host] = node
+    for host, host_facts in facts.items():
+        custom = host_facts.get("runtime_facts")  # the runtime's own node facts (RuntimeBase.node_facts)
+        if isinstance(custom, Mapping) and custom:
+            nodes.setdefault(host, {}).update({str(k): v for k, v in custom.items()})
     distinct = {tuple((p["name"], p["version"]) for p in pkgs) for pkgs in package_lists.values()}
     packages: list[dict[str, str]] | None = next(iter(package_lists.values()), [])
     if len(distinct) > 1:

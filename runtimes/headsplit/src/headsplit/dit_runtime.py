@@ -12,7 +12,6 @@ file) and one ``headsplit.controller`` (main, rank 0) on the controller node; al
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -22,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dit.analysis.run import AggregateError, LoadedRun, raw_file
+from dit.analysis.run import AggregateError, LoadedRun
 from dit.runtimes import (
     Action,
     ActionPlan,
@@ -32,7 +31,9 @@ from dit.runtimes import (
     Results,
     RuntimeBase,
     SummaryValue,
+    helpers,
 )
+from dit.runtimes.helpers import EDGE, energy_summary, memory_limit_bytes, write_csv
 from headsplit import __version__
 from headsplit import checkpoint as ckpt
 from headsplit.config import PRESETS
@@ -42,10 +43,8 @@ RESULT_FILE = "results/headsplit.json"
 RESULT_NAME = "headsplit.json"  # collected as raw/<controller>/<controller>_headsplit.json
 CONTROLLER_TAG = "hs-controller"
 WORKER_TAG = "hs-worker{rank}"
-EDGE = "edge"  # the scenario's name for the edge server (the controller's default node)
 STRATEGIES = ("layerwise", "roundrobin", "greedy")
 DEFAULT_PORT = 29500
-MIB = 1024 * 1024
 NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
 SHA256 = "^[0-9a-f]{64}$"
 SHA256_TEXT = "is not a SHA-256 (64 lower-case hexadecimal digits)"
@@ -357,43 +356,14 @@ def profile_on_node(ctx: LaunchContext, host: str, path: str) -> str:
 
 
 def controller_host(ctx: LaunchContext) -> str:
-    name = str(ctx.block.get("controller", EDGE))
-    if name in (EDGE, ctx.edge_host):
-        return ctx.edge_host
-    if name not in ctx.devices:
-        raise HeadSplitLaunchError(
-            f"runtime.controller: {name!r} is neither the edge server nor a device of the scenario "
-            f"(devices: {', '.join(ctx.devices)})"
-        )
-    return name
+    return helpers.controller_host(ctx.block, ctx.edge_host, ctx.devices, error=HeadSplitLaunchError)
 
 
 def worker_hosts(ctx: LaunchContext, controller: str) -> list[str]:
-    listed = ctx.block.get("workers")
-    workers = [str(w) for w in listed] if isinstance(listed, list) else list(ctx.devices)
-    if not workers:
-        raise HeadSplitLaunchError("runtime.workers: needs at least 1 worker")
-    for index, worker in enumerate(workers):
-        if worker not in ctx.devices:
-            raise HeadSplitLaunchError(
-                f"runtime.workers[{index}]: {worker!r} is not a device of the scenario "
-                f"(devices: {', '.join(ctx.devices)})"
-            )
-    if controller in workers:
-        raise HeadSplitLaunchError(
-            f"runtime.workers: {controller!r} is the controller's node; it cannot also run a worker"
-        )
-    if len(set(workers)) != len(workers):
-        raise HeadSplitLaunchError("runtime.workers: a device is listed twice")
-    return workers
-
-
-def memory_limit_bytes(scenario: Mapping[str, Any], device: str) -> int:
-    """The device's cgroup limit (``hardware.<device>.memory_limit_mb``, MiB) in bytes; 0 = the node's RAM."""
-    hardware = scenario.get("hardware")
-    conf = hardware.get(device) if isinstance(hardware, Mapping) else None
-    limit = conf.get("memory_limit_mb") if isinstance(conf, Mapping) else None
-    return int(limit) * MIB if isinstance(limit, int) and not isinstance(limit, bool) else 0
+    """``runtime.workers``, else every device (the controller's node must then be the edge server)."""
+    return helpers.worker_hosts(
+        ctx.block, ctx.devices, controller, default_excludes_controller=False, error=HeadSplitLaunchError
+    )
 
 
 def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
@@ -867,48 +837,13 @@ def read_results(file: Path) -> dict[str, Any]:
 
 def find_results(run: LoadedRun) -> tuple[str, Path]:
     """The controller's host and its results file ``raw/<host>/<host>_headsplit.json``."""
-    raw = run.path / "raw"
-    found = [
-        (d.name, raw_file(run.path, d.name, RESULT_NAME))
-        for d in (sorted(raw.iterdir()) if raw.is_dir() else [])
-        if raw_file(run.path, d.name, RESULT_NAME).is_file()
-    ]
-    if len(found) != 1:
-        where = ", ".join(str(p) for _, p in found) or f"no raw/<host>/<host>_{RESULT_NAME}"
-        raise HeadSplitResultsError(f"{run.path}: expected the controller's results file once, found {where}")
-    return found[0]
-
-
-def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
+    return helpers.find_results(run, RESULT_NAME, error=HeadSplitResultsError)
 
 
 def _percentile(ordered: Sequence[int], q: float) -> int:
     """Nearest-rank percentile of sorted values."""
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]
-
-
-def energy_of(run: LoadedRun, hosts: Sequence[str], start_ns: int, end_ns: int) -> float | None:
-    """Energy (J) of every host with a power trace over the generation (wall clock); None without any."""
-    from dit.analysis.monitors import energy_between_wall
-
-    total = 0.0
-    traced = 0
-    for host in hosts:
-        joules = energy_between_wall(run.path, host, start_ns, end_ns)
-        if joules is None:
-            continue
-        if not math.isfinite(joules):
-            return None  # the generation is not inside that trace: no honest total
-        total += joules
-        traced += 1
-    return total if traced else None
 
 
 def parse(run: LoadedRun) -> Results:
@@ -921,7 +856,7 @@ def parse(run: LoadedRun) -> Results:
     timings = [*TOKEN_TIMINGS, *extra]
     bytes_per_token = [sum(int(v) for v in t["bytes"].values()) for t in tokens]
     tables = [
-        _write(
+        write_csv(
             out / "hs_tokens.csv",
             ["token", "token_id", *timings, "speculated", "accepted", "rejected", "bytes"],
             (
@@ -937,7 +872,7 @@ def parse(run: LoadedRun) -> Results:
                 for t, total in zip(tokens, bytes_per_token, strict=True)
             ),
         ),
-        _write(
+        write_csv(
             out / "hs_layers.csv",
             ["token", "layer", "speculated", "accepted"],
             (
@@ -946,17 +881,17 @@ def parse(run: LoadedRun) -> Results:
                 for layer in sorted({*t["speculated"], *t["accepted"], *t["rejected"]})
             ),
         ),
-        _write(
+        write_csv(
             out / "hs_links.csv",
             ["token", "link", "bytes"],
             ([t["index"], link, count] for t in tokens for link, count in sorted(t["bytes"].items())),
         ),
-        _write(
+        write_csv(
             out / "hs_memory.csv",
             ["token", "worker", "bytes"],
             ([m["token"], m.get("worker", ""), m["bytes"]] for m in doc.get("memory") or []),
         ),
-        _write(
+        write_csv(
             out / "hs_replacements.csv",
             ["token", "worker", "planning_ns", "migration_ns", "moved_units"],
             (
@@ -964,7 +899,7 @@ def parse(run: LoadedRun) -> Results:
                 for r in doc.get("replacements") or []
             ),
         ),
-        _write(
+        write_csv(
             out / "hs_retries.csv",
             ["time_ns", "worker", "call", "attempt", "error"],
             (
@@ -972,7 +907,7 @@ def parse(run: LoadedRun) -> Results:
                 for r in doc.get("retries") or []
             ),
         ),
-        _write(
+        write_csv(
             out / "hs_rtt.csv",
             ["worker", "host", "sample", "rtt_ns"],
             (
@@ -1048,16 +983,7 @@ def parse(run: LoadedRun) -> Results:
         controller,
         *(str(w["host"]) for w in doc.get("workers") or [] if isinstance(w.get("host"), str)),
     ]
-    energy = energy_of(run, list(dict.fromkeys(hosts)), start, end) if end > start else None
-    generated = int(doc["tokens_generated"])
-    if energy is not None:
-        seconds = (end - start) / 1e9
-        values += [
-            SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
-            SummaryValue("energy_per_token", energy / generated if generated else None, "J", "float",
-                         "energy / tokens generated"),
-            SummaryValue("edp", energy * seconds, "J*s", "float", "energy-delay product of the generation"),
-        ]  # fmt: skip
+    values += energy_summary(run, hosts, start, end, int(doc["tokens_generated"]), "the generation")
     return Results(tables=tuple(tables), summary=tuple(values))
 
 

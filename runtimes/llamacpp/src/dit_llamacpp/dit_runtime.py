@@ -14,10 +14,8 @@ id and reaped at teardown or by ``dit cleanup``):
 
 from __future__ import annotations
 
-import csv
-import math
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +28,13 @@ from dit.runtimes import (
     ReadinessPlan,
     Results,
     RuntimeBase,
+    RuntimePreflight,
     SummaryValue,
+    helpers,
 )
+from dit.runtimes.helpers import EDGE, energy_summary, memory_limits, write_csv
 from dit_llamacpp import __version__, build, launch, results
 
-EDGE = "edge"
 CONTROLLER_TAG = "llama-controller"
 WORKER_TAG = "llama-worker{rank}"
 RESULT_FILE = "results/llamacpp.json"
@@ -42,13 +42,14 @@ RESULT_NAME = "llamacpp.json"
 SAMPLES_FILE = "results/llamacpp-worker{rank}.jsonl"
 SAMPLES_NAME = "llamacpp-worker{rank}.jsonl"
 READY_FILE = "llamacpp-worker{rank}.ready"
+SESSION_FILE = "llamacpp/session.bin"  # llama.cpp's state with token_ids (node.py removes it)
+TOKENS_TABLE = "llamacpp_tokens.csv"
 NODE_DIR = "llamacpp"  # node.py and launch.py, under the run directory
 MODELS = ("gpt2-tiny", "llama-tiny", "gpt2", "tinyllama")  # dit_llamacpp.models.SHAPES
 QUANTS = ("F32", "F16", "Q8_0", "Q4_0")
 DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
 DEFAULT_MODELS_DIR = "/var/cache/dit/gguf"
 DEFAULT_PORT = 50052
-MIB = 1024 * 1024
 NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
 SHA256 = "^[0-9a-f]{64}$"
 BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
@@ -170,6 +171,16 @@ def block_schema() -> dict[str, Any]:
             "bin_dir": _abs(
                 "Directory of the built binaries on every node (the `build` action's cache).", DEFAULT_BIN
             ),
+            "token_ids": {
+                "title": "Record token ids",
+                "description": "Record the prompt's and the generated token ids (results: prompt_ids, "
+                "generated_ids; aggregate/llamacpp_tokens.csv), read from llama.cpp's session file "
+                "(--prompt-cache). llama.cpp then saves its state after the prompt and at the end, reading "
+                "the KV cache back from the workers: extra traffic and time, so for equivalence checks, "
+                "not for timing runs.",
+                "type": "boolean",
+                "default": False,
+            },
             "sample_interval_s": {
                 "description": "Seconds between two samples of a worker's memory and traffic.",
                 "type": "number",
@@ -185,44 +196,14 @@ def block_schema() -> dict[str, Any]:
 
 
 def controller_host(ctx: LaunchContext) -> str:
-    name = str(ctx.block.get("controller", EDGE))
-    if name in (EDGE, ctx.edge_host):
-        return ctx.edge_host
-    if name not in ctx.devices:
-        raise LlamaCppLaunchError(
-            f"runtime.controller: {name!r} is neither the edge server nor a device of the scenario "
-            f"(devices: {', '.join(ctx.devices)})"
-        )
-    return name
+    return helpers.controller_host(ctx.block, ctx.edge_host, ctx.devices, error=LlamaCppLaunchError)
 
 
 def worker_hosts(ctx: LaunchContext, controller: str) -> list[str]:
-    listed = ctx.block.get("workers")
-    workers = (
-        [str(w) for w in listed] if isinstance(listed, list) else [d for d in ctx.devices if d != controller]
+    """``runtime.workers``, else every device but the controller's node."""
+    return helpers.worker_hosts(
+        ctx.block, ctx.devices, controller, default_excludes_controller=True, error=LlamaCppLaunchError
     )
-    if not workers:
-        raise LlamaCppLaunchError("runtime.workers: needs at least 1 worker")
-    for index, worker in enumerate(workers):
-        if worker not in ctx.devices:
-            raise LlamaCppLaunchError(
-                f"runtime.workers[{index}]: {worker!r} is not a device of the scenario "
-                f"(devices: {', '.join(ctx.devices)})"
-            )
-        if worker == controller:
-            raise LlamaCppLaunchError(f"runtime.workers[{index}]: {worker!r} is the controller's node")
-    return workers
-
-
-def memory_limits(scenario: Mapping[str, Any], devices: Iterable[str]) -> dict[str, int]:
-    hardware = scenario.get("hardware")
-    out: dict[str, int] = {}
-    for device in devices:
-        conf = hardware.get(device) if isinstance(hardware, Mapping) else None
-        limit = conf.get("memory_limit_mb") if isinstance(conf, Mapping) else None
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            out[device] = limit * MIB
-    return out
 
 
 def model_path(block: Mapping[str, Any]) -> str:
@@ -296,8 +277,12 @@ def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
         )
     except launch.LaunchArgError as exc:
         raise LlamaCppLaunchError(f"runtime.{exc}") from exc
+    ids: list[str] = []
+    if block.get("token_ids", False):
+        completion += launch.session_argv(SESSION_FILE)
+        ids = ["--session", SESSION_FILE, "--tokens", str(int(block.get("tokens", 16)))]
     argv = [ctx.pythons[controller], f"{NODE_DIR}/node.py", "controller", "--model", model,
-            "--sha256", str(block.get("sha256", "")), "--result", RESULT_FILE, "--", *completion]  # fmt: skip
+            "--sha256", str(block.get("sha256", "")), "--result", RESULT_FILE, *ids, "--", *completion]  # fmt: skip
     specs.append(
         LaunchSpec(
             host=controller, name=CONTROLLER_TAG, argv=tuple(argv), files=files, result_files=(RESULT_FILE,)
@@ -326,7 +311,7 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
             "ignore_errors": True,
         }
 
-    record = posixpath.join(posixpath.dirname(bin_dir), build.BUILD_RECORD)
+    record = build_record_path(block)
     show = "import json, sys; r = json.load(open(sys.argv[1])); print(r['sha256'][:12], r['cxx'], r['wall_s'], 's')"
     return [
         {
@@ -340,6 +325,61 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
             ],
         }
     ]
+
+
+BUILD_FACT = "llamacpp_build"  # metadata.json: runtime.nodes.<host>.llamacpp_build (and the node facts)
+
+
+def build_record_path(block: Mapping[str, Any]) -> str:
+    """The build record beside the binaries: ``<bin_dir>/../build.json`` (``<cache>/<sha256[:12]>/``)."""
+    return posixpath.join(
+        posixpath.dirname(str(block.get("bin_dir", DEFAULT_BIN)).rstrip("/")), build.BUILD_RECORD
+    )
+
+
+def build_hosts(block: Mapping[str, Any], edge_host: str, devices: Sequence[str]) -> list[str]:
+    """The nodes that run a binary: the controller's, then the workers'."""
+    controller = helpers.controller_host(block, edge_host, devices, error=LlamaCppLaunchError)
+    workers = helpers.worker_hosts(
+        block, devices, controller, default_excludes_controller=True, error=LlamaCppLaunchError
+    )
+    return [controller, *workers]
+
+
+def build_refusal(facts: RuntimePreflight) -> str | None:
+    """Refuse a run when a node that runs a binary has no build record for the pinned sdist.
+
+    The record (``build.json``, :mod:`dit_llamacpp.build`) is read on every node by preflight
+    (:meth:`LlamaCppRpcRuntime.node_facts`); a node without one, with an unreadable one, or with the
+    record of another source hash is named with the path it was expected at.
+    """
+    try:
+        hosts = build_hosts(facts.block, facts.edge_host, facts.devices)
+    except LlamaCppLaunchError as exc:
+        return str(exc)
+    expected = build_record_path(facts.block)
+    problems: list[str] = []
+    for host in hosts:
+        fact = (facts.nodes.get(host) or {}).get(BUILD_FACT)
+        path = str(fact.get("path", expected)) if isinstance(fact, Mapping) else expected
+        content = fact.get("content") if isinstance(fact, Mapping) else None
+        if not isinstance(fact, Mapping):
+            problems.append(f"{host}: its build record was not read (expected {path})")
+        elif fact.get("error"):
+            problems.append(f"{host}: no build record at {path} ({fact['error']})")
+        elif not isinstance(content, Mapping) or content.get("sha256") != build.SDIST_SHA256:
+            found = content.get("sha256") if isinstance(content, Mapping) else None
+            problems.append(
+                f"{host}: {path} records the build of source {str(found)[:12]}, not the pinned one"
+            )
+    if not problems:
+        return None
+    return (
+        f"no llama.cpp build for the pinned source (llama-cpp-python {build.SDIST_VERSION}, SHA-256 "
+        f"{build.SDIST_SHA256[:12]}) on {len(problems)} node(s): {'; '.join(problems)}. "
+        "Build it on those nodes with the maintenance action: dit runtimes act llamacpp-rpc build "
+        "(--set cache=<the cache directory> when runtime.bin_dir is not the default)"
+    )
 
 
 BUILD_INPUTS: dict[str, Any] = {
@@ -409,26 +449,8 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
 # -- results ------------------------------------------------------------------------------------
 
 
-def _write(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
 def find_results(run: LoadedRun) -> tuple[str, Path]:
-    raw = run.path / "raw"
-    found = [
-        (d.name, raw_file(run.path, d.name, RESULT_NAME))
-        for d in (sorted(raw.iterdir()) if raw.is_dir() else [])
-        if raw_file(run.path, d.name, RESULT_NAME).is_file()
-    ]
-    if len(found) != 1:
-        where = ", ".join(str(p) for _, p in found) or f"no raw/<host>/<host>_{RESULT_NAME}"
-        raise LlamaCppResultsError(f"{run.path}: expected the controller's results file once, found {where}")
-    return found[0]
+    return helpers.find_results(run, RESULT_NAME, error=LlamaCppResultsError)
 
 
 def _workers_of(argv: Sequence[str]) -> list[str]:
@@ -439,8 +461,6 @@ def _workers_of(argv: Sequence[str]) -> list[str]:
 
 def parse(run: LoadedRun) -> Results:
     """Controller timings + worker samples -> ``aggregate/llamacpp_*.csv`` and HeadSplit's summary columns."""
-    from dit.analysis.monitors import energy_between_wall
-
     controller, file = find_results(run)
     try:
         doc = results.controller_doc(file.read_text(encoding="utf-8"), str(file))
@@ -468,21 +488,30 @@ def parse(run: LoadedRun) -> Results:
         traffic.append(results.worker_traffic(f"worker{rank}", hosts[0], rows, start, end, first_token))
     gaps = results.token_gaps(chunks)
     out = run.aggregate_dir
-    tables = (
-        _write(out / "llamacpp_workers.csv",
-               ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
-                "rss_peak_bytes", "samples"],
-               ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
-                 t.samples] for i, t in enumerate(traffic))),
-        _write(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
-               ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""] for i, c in enumerate(chunks))),
+    tables: tuple[Path, ...] = (
+        write_csv(out / "llamacpp_workers.csv",
+                  ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
+                   "rss_peak_bytes", "samples"],
+                  ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
+                    t.samples] for i, t in enumerate(traffic))),
+        write_csv(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
+                  ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""]
+                   for i, c in enumerate(chunks))),
     )  # fmt: skip
     generated = timings.tokens_generated
+    if isinstance(doc.get("generated_ids"), list):
+        ids = [("prompt", i, t) for i, t in enumerate(doc.get("prompt_ids") or [])]
+        ids += [("generated", i, t) for i, t in enumerate(doc["generated_ids"])]
+        tables += (write_csv(out / TOKENS_TABLE, ["phase", "index", "token_id"], ids),)
+        # To save its state before it, llama.cpp then decodes the prompt's last token on its own, and
+        # its counters count that as one more eval run: the ids say how many were generated.
+        generated = len(doc["generated_ids"])
     inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
+    total_ms = timings.prompt_ms + timings.eval_ms
     values = [
         SummaryValue("tokens_generated", generated, "", "int", "tokens generated (eval runs + 1)"),
         # the shared LLM columns (docs/runtimes.md, "LLM summary columns"), HeadSplit's meaning
-        SummaryValue("tokens_per_s", timings.tokens_per_s, "1/s", "float",
+        SummaryValue("tokens_per_s", generated * 1e3 / total_ms if total_ms > 0 else None, "1/s", "float",
                      "generated tokens / (prompt eval + eval) time"),
         SummaryValue("prompt_tokens_per_s", timings.prompt_rate, "1/s", "float", "prompt tokens / prompt eval time"),
         SummaryValue("generation_tokens_per_s", timings.generation_tokens_per_s, "1/s", "float",
@@ -512,25 +541,7 @@ def parse(run: LoadedRun) -> Results:
                          "99th percentile gap between output chunks"),
         ]  # fmt: skip
     hosts = list(dict.fromkeys([controller, *(t.host for t in traffic)]))
-    energy = 0.0
-    traced = 0
-    for host in hosts:
-        joules = energy_between_wall(run.path, host, start, end) if end > start else None
-        if joules is None:
-            continue
-        if not math.isfinite(joules):
-            traced = 0
-            break
-        energy += joules
-        traced += 1
-    if traced:
-        seconds = (end - start) / 1e9
-        values += [
-            SummaryValue("energy", energy, "J", "float", "energy of the controller and workers with a power trace"),
-            SummaryValue("energy_per_token", energy / generated if generated else None, "J", "float",
-                         "energy / tokens generated"),
-            SummaryValue("edp", energy * seconds, "J*s", "float", "energy-delay product of the run"),
-        ]  # fmt: skip
+    values += energy_summary(run, hosts, start, end, generated, "the run")
     return Results(tables=tables, summary=tuple(values))
 
 
@@ -559,6 +570,12 @@ class LlamaCppRpcRuntime(RuntimeBase):
                 build_plan,
             ),
         )
+
+    def node_facts(self, block: Mapping[str, Any]) -> Mapping[str, str]:
+        return {BUILD_FACT: build_record_path(block)}
+
+    def preflight(self, facts: RuntimePreflight) -> str | None:
+        return build_refusal(facts)
 
     def launch(self, ctx: LaunchContext) -> Sequence[LaunchSpec]:
         return launch_specs(ctx)

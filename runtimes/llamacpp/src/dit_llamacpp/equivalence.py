@@ -20,7 +20,6 @@ the same way.
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -28,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dit_llamacpp import launch
 from dit_llamacpp.models import GGUFError, find_binary
 
-SESSION_MAGIC = 0x6767736E  # 'ggsn'
-SESSION_VERSION = 10  # LLAMA_SESSION_VERSION of the pinned llama.cpp
 DEFAULT_PROMPT = "The small boards sat in a row on the shelf above the bench"
 
 
@@ -64,18 +62,11 @@ class Equivalence:
 
 
 def read_session_tokens(path: Path) -> list[int]:
-    """The token ids of a llama.cpp session file (``--prompt-cache``)."""
-    data = path.read_bytes()
-    if len(data) < 12:
-        raise GGUFError(f"{path}: too short for a llama.cpp session file")
-    magic, version, n = struct.unpack_from("<III", data, 0)
-    if magic != SESSION_MAGIC:
-        raise GGUFError(f"{path}: magic {magic:#x} is not a llama.cpp session ('ggsn')")
-    if version != SESSION_VERSION:
-        raise GGUFError(f"{path}: session version {version}, expected {SESSION_VERSION}")
-    if len(data) < 12 + 4 * n:
-        raise GGUFError(f"{path}: header says {n} tokens, file is too short")
-    return list(struct.unpack_from(f"<{n}i", data, 12))
+    """The token ids of a llama.cpp session file (``--prompt-cache``; :func:`launch.session_tokens`)."""
+    try:
+        return launch.session_tokens(path.read_bytes(), str(path))
+    except launch.SessionError as exc:
+        raise GGUFError(str(exc)) from exc
 
 
 def completion_argv(
@@ -83,7 +74,7 @@ def completion_argv(
 ) -> list[str]:
     return [str(binary), "-m", str(gguf), "-p", prompt, "-n", str(n), "--temp", "0", "--top-k", "1",
             "--seed", "0", "--ignore-eos", "-no-cnv", "--no-warmup", "-c", "256", "-t", "1",
-            "--prompt-cache", str(session), "--prompt-cache-all", *extra]  # fmt: skip
+            *launch.session_argv(str(session)), *extra]  # fmt: skip
 
 
 def llamacpp_greedy(
@@ -133,6 +124,25 @@ def hf_greedy(model: Any, prompt_ids: Sequence[int], n: int) -> tuple[list[int],
     return out, logits
 
 
+def compare_ids(
+    shape_name: str,
+    prompt_ids: Sequence[int],
+    llama_ids: Sequence[int],
+    *,
+    weights_dir: Path | None = None,
+    hf_tokenizer_agrees: bool = False,
+) -> Equivalence:
+    """Hugging Face's greedy ids for llama.cpp's prompt ids, compared with llama.cpp's generated ids
+    (the first ``len(llama_ids)`` steps; at the first divergence, the HF logit difference)."""
+    from dit_llamacpp.models import load_decoder, shape
+
+    model = load_decoder(shape(shape_name), weights_dir)
+    hf_ids, logits = hf_greedy(model, prompt_ids, len(llama_ids))
+    first = next((i for i, (a, b) in enumerate(zip(hf_ids, llama_ids, strict=True)) if a != b), None)
+    diff = None if first is None else float(logits[first][hf_ids[first]] - logits[first][llama_ids[first]])
+    return Equivalence(list(prompt_ids), hf_ids, list(llama_ids), first, diff, hf_tokenizer_agrees)
+
+
 def compare(
     shape_name: str,
     gguf: Path,
@@ -145,17 +155,39 @@ def compare(
     llama_args: Sequence[str] = (),
 ) -> Equivalence:
     """Run both sides on the same prompt ids and compare the first ``n`` greedy tokens."""
-    from dit_llamacpp.models import load_decoder, shape
-
     prompt_ids, llama_ids = llamacpp_greedy(gguf, prompt, n, binary=binary, extra=llama_args)
-    model = load_decoder(shape(shape_name), weights_dir)
-    hf_ids, logits = hf_greedy(model, prompt_ids, n)
     agrees = False
     if hf_dir is not None and (hf_dir / "tokenizer.json").is_file():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoTokenizer
 
         agrees = list(AutoTokenizer.from_pretrained(str(hf_dir)).encode(prompt)) == list(prompt_ids)
-    first = next((i for i, (a, b) in enumerate(zip(hf_ids, llama_ids, strict=True)) if a != b), None)
-    diff = None if first is None else float(logits[first][hf_ids[first]] - logits[first][llama_ids[first]])
-    return Equivalence(list(prompt_ids), hf_ids, llama_ids, first, diff, agrees)
+    return compare_ids(shape_name, prompt_ids, llama_ids, weights_dir=weights_dir, hf_tokenizer_agrees=agrees)
+
+
+def _ids(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dit_llamacpp.equivalence SHAPE --prompt-ids 1,2 --llama-ids 3,4``: HF's greedy ids for
+    the ids a llama.cpp run recorded (``token_ids: true``), as JSON; exit 1 when they differ."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m dit_llamacpp.equivalence", description=main.__doc__)
+    parser.add_argument("shape")
+    parser.add_argument("--prompt-ids", type=_ids, required=True, help="comma-separated")
+    parser.add_argument("--llama-ids", type=_ids, required=True, help="comma-separated: the generated ids")
+    parser.add_argument("--weights-dir", type=Path)
+    args = parser.parse_args(argv)
+    result = compare_ids(args.shape, args.prompt_ids, args.llama_ids, weights_dir=args.weights_dir)
+    doc = {"equal": result.equal, "describe": result.describe(), "hf_ids": result.hf_ids,
+           "llama_ids": result.llama_ids, "first_divergence": result.first_divergence,
+           "logit_difference": result.logit_difference}  # fmt: skip
+    print(json.dumps(doc))
+    return 0 if result.equal else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

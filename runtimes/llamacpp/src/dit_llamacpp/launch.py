@@ -15,6 +15,7 @@ is this machine and nothing else reaches it; in local mode it is also the only a
 from __future__ import annotations
 
 import ipaddress
+import struct
 from collections.abc import Mapping, Sequence
 
 RPC_SERVER = "ggml-rpc-server"  # tools/rpc's CMake target: the rpc-server of llama.cpp's docs
@@ -27,6 +28,39 @@ class BindRefused(ValueError):
 
 class LaunchArgError(ValueError):
     """An argument of an argv builder is out of range; the message names it."""
+
+
+class SessionError(ValueError):
+    """A llama.cpp session file that is not one this version writes; the message names the file."""
+
+
+SESSION_MAGIC = 0x6767736E  # 'ggsn'
+SESSION_VERSION = 10  # LLAMA_SESSION_VERSION of the pinned llama.cpp
+
+
+def session_tokens(data: bytes, where: str) -> list[int]:
+    """The token ids of a llama.cpp session file (``--prompt-cache FILE --prompt-cache-all``): its header
+    is ``u32 magic 'ggsn', u32 version, u32 n, int32 tokens[n]`` -- the prompt as llama.cpp tokenised
+    it, then every generated token (the state that follows is not read)."""
+    if len(data) < 12:
+        raise SessionError(f"{where}: too short for a llama.cpp session file")
+    magic, version, n = struct.unpack_from("<III", data, 0)
+    if magic != SESSION_MAGIC:
+        raise SessionError(f"{where}: magic {magic:#x} is not a llama.cpp session ('ggsn')")
+    if version != SESSION_VERSION:
+        raise SessionError(f"{where}: session version {version}, expected {SESSION_VERSION}")
+    if len(data) < 12 + 4 * n:
+        raise SessionError(f"{where}: header says {n} tokens, file is too short")
+    return list(struct.unpack_from(f"<{n}i", data, 12))
+
+
+def session_argv(session: str) -> list[str]:
+    """``llama-completion`` arguments that write the session file the token ids are read from.
+
+    llama.cpp saves its whole state there after the prompt and again at the end, reading the KV cache
+    back from the rpc-servers: traffic and time that a timing run must not carry.
+    """
+    return ["--prompt-cache", session, "--prompt-cache-all"]
 
 
 def check_bind(

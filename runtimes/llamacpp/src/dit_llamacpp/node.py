@@ -12,7 +12,8 @@ sample, then the server is stopped).
 ``controller``: checks the GGUF file's SHA-256 when one is given, waits for ``DIT_START_AT_NS``, runs
 ``llama-completion`` (argv after ``--``), timestamps every chunk of its standard output, and writes
 ``results/llamacpp.json``: argv, exit status, start and end (wall clock, ns), both outputs and the
-chunks. It exits with the controller's status.
+chunks, and with ``--session`` the prompt's and the generated token ids llama.cpp wrote into its
+session file (``token_ids: true`` in the block). It exits with the controller's status.
 """
 
 from __future__ import annotations
@@ -157,6 +158,20 @@ def sha256_of(path: str) -> str:
     return digest.hexdigest()
 
 
+def token_ids(session: Path, tokens: int) -> dict[str, Any]:
+    """``prompt_ids`` and ``generated_ids`` from llama.cpp's session file (then removed: it holds the
+    whole KV cache), or ``token_ids_error`` saying why not."""
+    try:
+        ids = launch.session_tokens(session.read_bytes(), str(session))
+    except (OSError, launch.SessionError) as exc:
+        return {"token_ids_error": str(exc)}
+    finally:
+        session.unlink(missing_ok=True)
+    if tokens < 1 or len(ids) <= tokens:
+        return {"token_ids_error": f"{session}: {len(ids)} tokens, expected a prompt and {tokens} generated"}
+    return {"prompt_ids": ids[:-tokens], "generated_ids": ids[-tokens:]}
+
+
 def controller(args: argparse.Namespace) -> int:
     argv = list(args.argv)
     if argv and argv[0] == "--":
@@ -171,6 +186,9 @@ def controller(args: argparse.Namespace) -> int:
                 f"llamacpp controller: {args.model}: SHA-256 {found}, expected {args.sha256}", file=sys.stderr
             )
             return 2
+    session = Path(args.session) if args.session else None
+    if session is not None:  # a stale session would be loaded: its prompt not evaluated again
+        session.unlink(missing_ok=True)
     start_at = int(os.environ.get("DIT_START_AT_NS", "0"))
     while time.time_ns() < start_at:
         time.sleep(min(0.01, (start_at - time.time_ns()) / 1e9))
@@ -205,6 +223,8 @@ def controller(args: argparse.Namespace) -> int:
         "stdout_chunks": chunks,
         "model_sha256": args.sha256 or None,
     }
+    if session is not None:
+        result.update(token_ids(session, args.tokens))
     out = Path(args.result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result), encoding="utf-8")
@@ -229,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--model", required=True)
     c.add_argument("--sha256", default="")
     c.add_argument("--result", required=True)
+    c.add_argument(
+        "--session", default="", help="llama.cpp's session file (with --prompt-cache) to read ids from"
+    )
+    c.add_argument("--tokens", type=int, default=0, help="how many of the session's ids were generated")
     c.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     return worker(args) if args.role == "worker" else controller(args)
