@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -103,14 +104,34 @@ def test_ch4_validation_sweep_runs_both_policies_with_a_summary(tmp_path: Path) 
     assert '<section id="validation">' in html and "Delay model MAPE" in html
 
 
-@pytest.mark.parametrize("bad_vector", ["1,x", "99,99,99,99"])
-def test_optimise_rejects_bad_vectors_with_a_message(
-    bad_vector: str, tmp_path: Path, scenario_dir: Path
-) -> None:
+@dataclass(frozen=True)
+class FinishedRun:
+    """One ``dit run`` of the small scenario from a directory, with the default (relative) runs dir."""
+
+    cwd: Path
+    result: subprocess.CompletedProcess[str]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
+    """One run shared by the tests below that need a finished run (each of its own would cost CI
+    about 30 s): the default-runs-directory test checks the run itself, the optimise tests read it."""
+    cwd = tmp_path_factory.mktemp("finished-run")
+    scenario_dir = cwd / "scenarios"
+    scenario_dir.mkdir()
     path = write_scenario(scenario_dir, optimisation={"enabled": False})
-    run = dit("run", str(path), "--runs-dir", str(tmp_path / "runs"))
-    assert run.returncode == 0, run.stderr[-2000:]
-    (run_dir,) = (tmp_path / "runs").glob("itest/*")
+    return FinishedRun(cwd, dit("run", str(path), cwd=cwd))
+
+
+def the_run_dir(run: FinishedRun) -> Path:
+    assert run.result.returncode == 0, run.result.stderr[-3000:]
+    (run_dir,) = (run.cwd / "runs" / "itest").iterdir()
+    return run_dir
+
+
+@pytest.mark.parametrize("bad_vector", ["1,x", "99,99,99,99"])
+def test_optimise_rejects_bad_vectors_with_a_message(bad_vector: str, finished_run: FinishedRun) -> None:
+    run_dir = the_run_dir(finished_run)
     result = dit("optimise", str(run_dir), "--vector", bad_vector)
     assert result.returncode == 2
     assert "vector" in result.stderr
@@ -120,12 +141,9 @@ def test_optimise_rejects_bad_vectors_with_a_message(
     assert data["vector"] == [2, 2]
 
 
-def test_run_with_the_default_relative_runs_directory(tmp_path: Path, scenario_dir: Path) -> None:
+def test_run_with_the_default_relative_runs_directory(finished_run: FinishedRun) -> None:
     """`dit run SCENARIO` from any directory: runs/ relative to it, as the README's quickstart does."""
-    path = write_scenario(scenario_dir, optimisation={"enabled": False})
-    result = dit("run", str(path), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = (tmp_path / "runs" / "itest").iterdir()
+    run_dir = the_run_dir(finished_run)
     assert RunDir(run_dir).status()["state"] == "completed"
-    cleanup = dit("cleanup", f"runs/itest/{run_dir.name}", cwd=tmp_path)
+    cleanup = dit("cleanup", f"runs/itest/{run_dir.name}", cwd=finished_run.cwd)
     assert cleanup.returncode == 0, cleanup.stderr

@@ -2,38 +2,27 @@
 
 from __future__ import annotations
 
-import io
-import json
-import shutil
-import sys
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from rich.console import Console
 from typer.testing import CliRunner
 
 import dit.driver
 import dit.dryrun
 import dit.inventory
 from dit.cli import app
-from dit.driver import RunOptions
-from dit.dryrun import DryRun, dry_run
-from dit.localmode import make_fake_sysfs
+from dit.dryrun import DryRun
 from dit.procs import run_processes
 from dit.rundir import find_runs
-from dit.scenario import load
-from tests.conftest import REPO, shipped_runtime
+from tests.conftest import REPO
+from tests.rack_dry_runs import SHIPPED, DryRuns, chosen_variants, dry_run_extremes, make_rack, snapshot
 
-SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
-
-
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every path under ``root`` with its bytes (None for a directory), independent of dit's own check."""
-    return {
-        str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))
-    }
+JOBS = 2  # shipped scenarios dry-run at once: CI's machine has two cores
 
 
 def test_dry_run_of_quickstart_in_local_mode_changes_nothing(
@@ -81,75 +70,77 @@ def test_dry_run_of_quickstart_in_local_mode_changes_nothing(
     assert find_runs(runs) == []
 
 
-@pytest.fixture(scope="module")
-def rack(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """inventories/rack.example, its hosts made local: one fake sysfs and node directory per host.
+@dataclass(frozen=True)
+class RackDryRuns:
+    """One shipped scenario's rack (its node directories' snapshot before), runs root and dry runs."""
 
-    Everything else (groups, group_vars: interfaces, addresses, boards) is the example's own. The
-    hosts share this machine's clock (dit_shared_clock) and have no wlan0 (dit_tc_dry_run: dit_tc
-    assumes the kernel's default tree and would record its commands instead of running them).
-    """
-    root = tmp_path_factory.mktemp("rack")
-    inventory = root / "rack"
-    shutil.copytree(REPO / "inventories" / "rack.example", inventory)
-    hosts = yaml.safe_load((inventory / "hosts.yml").read_text(encoding="utf-8"))
-    edge = set(hosts["all"]["children"]["edge"]["hosts"])
-    names = [*edge]
-    for group in hosts["all"]["children"]["devices"]["children"].values():
-        names += list(group["hosts"])
-    (inventory / "host_vars").mkdir()
-    for name in names:
-        base = root / "nodes" / name
-        overrides = {
-            "ansible_connection": "local",
-            "ansible_python_interpreter": sys.executable,
-            "dit_python": sys.executable,
-            "dit_remote_base": str(base),
-            "sysfs_root": str(make_fake_sysfs(base / "sys", "edge" if name in edge else "device")),
-            "dit_shared_clock": True,
-            "dit_tc_dry_run": True,
-        }
-        (inventory / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(overrides), encoding="utf-8")
-    return inventory
+    nodes: Path
+    before: dict[str, bytes | None]
+    runs_root: Path
+    future: Future[DryRuns]
+
+
+@pytest.fixture(scope="module")
+def rack_dry_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, RackDryRuns]]:
+    """Every selected shipped scenario dry-run on its own local copy of inventories/rack.example
+    (:func:`tests.rack_dry_runs.make_rack`), :data:`JOBS` at a time in worker processes, started in
+    the order the tests run; each test checks its own scenario's results."""
+    scenarios = [
+        item.callspec.params["scenario"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_rack_example_dry_runs_every_shipped_scenario"
+        and hasattr(item, "callspec")
+    ]
+    runs: dict[str, RackDryRuns] = {}
+    # forkserver: a fresh interpreter per worker, not a fork of pytest (and whatever threads it has)
+    with ProcessPoolExecutor(JOBS, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        for scenario in dict.fromkeys(scenarios):
+            root = tmp_path_factory.mktemp(f"rack-{scenario.stem}")
+            inventory = make_rack(root)
+            nodes = root / "nodes"
+            runs[scenario.stem] = RackDryRuns(
+                nodes,
+                snapshot(nodes),
+                root / "runs",
+                pool.submit(dry_run_extremes, scenario, inventory, root / "runs"),
+            )
+        try:
+            yield runs
+        finally:  # a session stopped early: start no more
+            for run in runs.values():
+                run.future.cancel()
 
 
 @pytest.mark.parametrize("scenario", SHIPPED, ids=[p.stem for p in SHIPPED])
-def test_rack_example_dry_runs_every_shipped_scenario(rack: Path, scenario: Path, tmp_path: Path) -> None:
-    nodes = rack.parent / "nodes"
-    before = snapshot(nodes)
-    options = RunOptions(
-        runs_root=tmp_path / "runs", inventory=str(rack), console=Console(file=io.StringIO(), width=200)
-    )
-    with shipped_runtime(scenario):
-        variants = load(scenario)
-        # A dry run stops before the profile stage, so variants that differ only in their runtime block
-        # (a strategy sweep) dry-run alike: one of each is enough; of those, the sweep's extremes.
-        distinct = {
-            json.dumps({k: v for k, v in s.to_dict().items() if k != "runtime"}, sort_keys=True): s
-            for s in variants
-        }
-        chosen = list(distinct.values())
-        # the sweep's first and last points (its extremes): CI time grows with every shipped sweep
-        for variant in chosen[:1] + chosen[-1:] if len(chosen) > 1 else chosen:
-            result = dry_run(variant, options)
-            assert result.ok, result.render()
-            assert result.mode == "inventory"
-            assert set(result.hosts) == {"edgeserver", *variant.devices}
-            for host in result.hosts:
-                kinds = [c.kind for c in result.changes.get(host, [])]
-                assert "directory" in kinds, f"{host}: {kinds}"  # its run directory, at least
-            edge = result.changes["edgeserver"]
-            assert any(c.kind == "process" and "start 'edge'" in c.details[0] for c in edge)
-            for device, block in variant.network.items():  # the rack's interface, from its group_vars
-                tc = [d for c in result.changes[device] if c.kind == "tc" for d in c.details]
-                assert any(
-                    f"dev wlan0 root handle 1: netem delay {block['delay_ms']:g}ms" in d for d in tc
-                ), tc
-            for device in variant.load:
-                assert any("start 'load'" in d for c in result.changes[device] for d in c.details)
-            if variant.edge.nominal_frequency:
-                sysfs = [d for c in edge if c.kind == "sysfs" for d in c.details]
-                assert any(d.endswith("no_turbo: 0 -> 1") for d in sysfs), sysfs
-            assert result.run_id is not None and run_processes(result.run_id) == []
-    assert snapshot(nodes) == before  # no node directory, no sysfs value changed
-    assert find_runs(tmp_path / "runs") == []
+def test_rack_example_dry_runs_every_shipped_scenario(
+    scenario: Path, rack_dry_runs: dict[str, RackDryRuns]
+) -> None:
+    rack = rack_dry_runs[scenario.stem]
+    outcome = rack.future.result()
+    if outcome.skipped is not None:
+        pytest.skip(outcome.skipped)
+    chosen = chosen_variants(scenario)
+    assert len(outcome.results) == len(chosen)
+    for variant, result in zip(chosen, outcome.results, strict=True):
+        assert result.label == variant.label
+        assert result.ok, result.render()
+        assert result.mode == "inventory"
+        assert set(result.hosts) == {"edgeserver", *variant.devices}
+        for host in result.hosts:
+            kinds = [c.kind for c in result.changes.get(host, [])]
+            assert "directory" in kinds, f"{host}: {kinds}"  # its run directory, at least
+        edge = result.changes["edgeserver"]
+        assert any(c.kind == "process" and "start 'edge'" in c.details[0] for c in edge)
+        for device, block in variant.network.items():  # the rack's interface, from its group_vars
+            tc = [d for c in result.changes[device] if c.kind == "tc" for d in c.details]
+            assert any(f"dev wlan0 root handle 1: netem delay {block['delay_ms']:g}ms" in d for d in tc), tc
+        for device in variant.load:
+            assert any("start 'load'" in d for c in result.changes[device] for d in c.details)
+        if variant.edge.nominal_frequency:
+            sysfs = [d for c in edge if c.kind == "sysfs" for d in c.details]
+            assert any(d.endswith("no_turbo: 0 -> 1") for d in sysfs), sysfs
+        assert result.run_id is not None and run_processes(result.run_id) == []
+    assert snapshot(rack.nodes) == rack.before  # no node directory, no sysfs value changed
+    assert find_runs(rack.runs_root) == []

@@ -33,6 +33,20 @@ def only_run(runs_dir: Path) -> RunDir:
     return RunDir(status.parent)
 
 
+def tiny_scenario(directory: Path) -> Path:
+    """The smallest complete local run (one device, one profiling pass, no inference, no optimisation):
+    the tests below need a run that takes and releases the lease, not its measurements."""
+    return write_scenario(
+        directory,
+        name="tiny",
+        devices=["device1"],
+        repetitions=1,
+        warmup=0,
+        inference={"enabled": False},
+        optimisation={"enabled": False},
+    )
+
+
 def assert_refused_and_untouched(run: RunDir, before: bytes) -> None:
     """Refused in preflight: no change journaled, no node directory, no process, the lease intact."""
     status = run.status()
@@ -63,7 +77,7 @@ def test_a_second_run_is_refused_while_the_first_holds_the_machine(
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=180)
     assert first.status()["state"] == "stopped" and not lease_file().exists()
-    after = dit("run", str(quick), "--runs-dir", str(tmp_path / "runs-c"))
+    after = dit("run", str(tiny_scenario(scenario_dir)), "--runs-dir", str(tmp_path / "runs-c"))
     assert after.returncode == 0, after.stderr[-3000:]
     assert not lease_file().exists()
 
@@ -101,7 +115,7 @@ def test_a_stale_lease_is_reported_refused_and_broken_only_with_the_flag(
         assert part in message, part
     assert_refused_and_untouched(only_run(tmp_path / "runs-b"), before)
 
-    broken = dit("run", str(quick), "--runs-dir", str(tmp_path / "runs-c"), BREAK_FLAG)
+    broken = dit("run", str(tiny_scenario(scenario_dir)), "--runs-dir", str(tmp_path / "runs-c"), BREAK_FLAG)
     assert broken.returncode == 0, broken.stderr[-3000:]
     run = only_run(tmp_path / "runs-c")
     assert "breaking the lease" in run.log.read_text() and stale["run_id"] in run.log.read_text()
