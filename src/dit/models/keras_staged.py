@@ -436,7 +436,7 @@ def _timed_stages(tf: Any, stages: Sequence[Callable[[Any], Any]], input_shape: 
     call returns one extra output only.
     """
 
-    def timed(x: Any) -> tuple[Any, Any, Any]:
+    def timed(x: Any) -> tuple[Any, Any]:
         stamps = [tf.timestamp()]
         h = x
         for stage in stages:
