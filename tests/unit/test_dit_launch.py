@@ -6,6 +6,8 @@ exits after each phase; the processes it starts lead their own sessions and outl
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -17,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ansible.module_utils import basic
 
-from tests.ansible_modules import LIBRARY, MODULE_UTILS, module_util
+from tests.ansible_modules import LIBRARY, MODULE_UTILS, library_module, module_util
 
 procs = module_util("dit_procs")
+launch = library_module("dit_launch")
 
 # Runs library/dit_launch.py with the checkout's module_utils on ansible.module_utils's path.
 RUNNER = (
@@ -67,6 +71,21 @@ with open("results/plain_out.json", "w") as out:
 
 
 def run_module(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """The module in this process (a second's start-up of Ansible saved per call)."""
+    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+    basic._ANSIBLE_PROFILE = "legacy"
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            launch.main()
+    finally:
+        basic._ANSIBLE_ARGS = None
+    result: dict[str, Any] = json.loads(out.getvalue())
+    return result
+
+
+def run_module_as_ansible(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """The module as Ansible runs it on a node: a process of its own, which exits after each phase."""
     path = tmp_path / f"args-{uuid.uuid4().hex[:8]}.json"
     path.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
     proc = subprocess.run(
@@ -115,7 +134,7 @@ def test_prepare_starts_only_the_prepared_processes_and_start_releases_them_at_t
     root = Path(node["node_root"])
     (root / "start_at.json").write_text('{"start_at_ns": 1}')  # a stale instant must not release anyone
     main = [prepared("agent", "0.3", "0"), PLAIN_SPEC]
-    res = run_module({**node, "processes": main, "phase": "prepare", "timeout_s": 30}, tmp_path)
+    res = run_module_as_ansible({**node, "processes": main, "phase": "prepare", "timeout_s": 30}, tmp_path)
     assert not res.get("failed"), res
     assert list(res["processes"]) == ["agent"]  # the one-phase process waits for the start phase
     pid = res["processes"]["agent"]["pid"]
@@ -126,7 +145,7 @@ def test_prepare_starts_only_the_prepared_processes_and_start_releases_them_at_t
     assert json.loads((root / "logs" / "agent.status.json").read_text())["state"] == "running"
 
     instant = time.time_ns() + 200_000_000
-    res = run_module(
+    res = run_module_as_ansible(
         {**node, "processes": main, "phase": "start", "prepared": res["processes"], "start_at_ns": instant},
         tmp_path,
     )
