@@ -251,11 +251,10 @@ def _prepared_pids(given: dict[str, Any]) -> dict[str, int]:
     """The prepare phase's ``processes`` result (name -> {pid, ...}) or name -> pid, as name -> pid."""
     out: dict[str, int] = {}
     for name, value in given.items():
-        pid = value.get("pid") if isinstance(value, dict) else value
-        try:
-            out[str(name)] = int(pid)
-        except (TypeError, ValueError):
-            raise ValueError(f"prepared.{name}: {pid!r} is not a process id") from None
+        pid: Any = value.get("pid") if isinstance(value, dict) else value
+        if isinstance(pid, bool) or not isinstance(pid, (int, str)) or not str(pid).isdigit():
+            raise ValueError(f"prepared.{name}: {pid!r} is not a process id")
+        out[str(name)] = int(pid)
     return out
 
 
