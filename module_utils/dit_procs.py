@@ -27,6 +27,11 @@ TAG_ENV = "DIT_TAG"
 # (dit.device.agent.StatusFile); dit_proc points it at logs/<tag>.status.json.
 STATUS_ENV = "DIT_STATUS_FILE"
 STATUS_SUFFIX = ".status.json"
+# The two-phase start of a main process with a prepared_file (dit.device.tags spells the same names).
+START_AT_ENV = "DIT_START_AT_NS"
+START_AT_FILE_ENV = "DIT_START_AT_FILE"
+PREPARED_FILE_ENV = "DIT_PREPARED_FILE"
+START_WAIT_TIMEOUT_ENV = "DIT_START_AT_TIMEOUT_S"
 STDERR_TAIL_LINES = 10
 
 
@@ -173,7 +178,7 @@ def status_path(logs_dir: str, tag: str) -> str:
     return os.path.join(logs_dir, tag + STATUS_SUFFIX)
 
 
-def _alive_as(pid: object, run_id: str, tag: str) -> bool:
+def alive_as(pid: object, run_id: str, tag: str) -> bool:
     """``pid`` is alive and is still the tagged process (not a reused pid)."""
     if not isinstance(pid, int) or pid <= 0 or _is_zombie(pid):
         return False
@@ -222,7 +227,7 @@ def process_states(logs_dir: str, run_id: str) -> list[dict[str, Any]]:
         if state == "exited":
             entry["state"] = "exited"
             entry["failed"] = entry["exit_code"] != 0
-        elif state == "running" and _alive_as(record.get("pid"), run_id, tag):
+        elif state == "running" and alive_as(record.get("pid"), run_id, tag):
             entry["state"] = "running"
             entry["failed"] = False
         else:

@@ -407,11 +407,14 @@ def show(
         late.add_column("device")
         late.add_column("lateness", justify="right")
         late.add_column("wait")
+        late.add_column("prepared ahead", justify="right")  # how long it waited, prepared, for the instant
         for device, ns in lateness.items():
             entry = waits.get(device)
             wait: dict[str, Any] = entry if isinstance(entry, dict) else {}
             how = " ".join(str(wait[k]) for k in ("policy", "wait") if wait.get(k))
-            late.add_row(device, units.duration(ns), escape(how))
+            ahead = wait.get("prepared_to_start_ns")
+            shown = units.duration(ahead) if isinstance(ahead, int) and not isinstance(ahead, bool) else "-"
+            late.add_row(device, units.duration(ns), escape(how), shown)
         out.print(late)
     summary = run_dir / "aggregate" / "phases_summary.csv"
     if summary.exists():

@@ -62,7 +62,12 @@ def test_show_of_a_sweep_prints_p99_and_max_per_device(tmp_path: Path) -> None:
 
 
 def test_show_of_one_run_says_how_each_device_waited(tmp_path: Path) -> None:
-    wait = {"policy": "SCHED_FIFO", "priority": 10, "wait": "clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)"}
+    wait = {
+        "policy": "SCHED_FIFO",
+        "priority": 10,
+        "wait": "clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)",
+        "prepared_to_start_ns": 1_250_000_000,
+    }
     run = fake_run(tmp_path, "20260101T000000Z-aa", {"device1": 120_000}, start_wait={"device1": wait})
     result = CliRunner().invoke(app, ["show", str(run)], terminal_width=200)
     assert result.exit_code == 0, result.output
@@ -70,6 +75,9 @@ def test_show_of_one_run_says_how_each_device_waited(tmp_path: Path) -> None:
         "120 µs" in result.output
         and "SCHED_FIFO clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)" in result.output
     )
+    assert (
+        "prepared ahead" in result.output and "1.25 s" in result.output
+    )  # waited, prepared, for the instant
 
 
 def test_show_of_a_directory_without_runs_is_a_one_line_error(tmp_path: Path) -> None:

@@ -164,6 +164,109 @@ def test_the_start_instant_comes_from_the_profile_stage_when_the_config_has_none
     assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == agent.EXIT_CONFIG
 
 
+# -- the two-phase start: prepared, then the instant from a file ----------------------------------
+
+
+def test_waiting_for_the_start_file_polls_until_it_appears(tmp_path: Path) -> None:
+    path = tmp_path / "start_at.json"
+    now = [100.0]
+    polls: list[float] = []
+
+    def sleep(s: float) -> None:
+        polls.append(s)
+        now[0] += s
+        if len(polls) == 3:  # the profile stage writes the instant after the third poll
+            path.write_text(json.dumps({"start_at_ns": 1_234_567_890}))
+
+    got = agent.wait_for_start_file(path, timeout_s=1.0, poll_s=0.005, clock=lambda: now[0], sleep=sleep)
+    assert got == 1_234_567_890
+    assert polls == [0.005, 0.005, 0.005]
+
+
+def test_waiting_for_the_start_file_times_out_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "start_at.json"
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    with pytest.raises(
+        TimeoutError, match=rf"no start instant: {re.escape(str(path))} did not appear within 2 s"
+    ):
+        agent.wait_for_start_file(path, timeout_s=2.0, poll_s=0.5, clock=lambda: now[0], sleep=sleep)
+    assert now[0] == 2.0  # polled until the deadline, not a poll longer
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("{", "not JSON"), ('{"start_at_ns": "soon"}', "start_at_ns: 'soon' is not an integer"), ("[]", "None")],
+)
+def test_a_start_file_that_is_not_an_instant_is_an_error_naming_it(
+    tmp_path: Path, text: str, match: str
+) -> None:
+    path = tmp_path / "start_at.json"
+    path.write_text(text)
+    with pytest.raises(agent.ConfigError, match=re.escape(str(path)) + ".*" + match):
+        agent.wait_for_start_file(path, timeout_s=1.0)
+
+
+def test_a_prepared_agent_says_so_then_starts_at_the_instant_of_the_start_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    monkeypatch.delenv("DIT_RUN_ID", raising=False)
+    monkeypatch.delenv("DIT_START_AT_NS", raising=False)
+    start_file, prepared_file = tmp_path / "start_at.json", tmp_path / "profile.prepared.json"
+    monkeypatch.setenv("DIT_START_AT_FILE", str(start_file))
+    monkeypatch.setenv("DIT_PREPARED_FILE", str(prepared_file))
+    picked: list[int] = []
+
+    def profile_stage() -> None:  # picks the instant only once the agent has prepared
+        deadline = time.monotonic() + 30
+        while not prepared_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.1)
+        picked.append(time.time_ns() + 50_000_000)
+        start_file.write_text(json.dumps({"start_at_ns": picked[0]}))
+
+    stage = threading.Thread(target=profile_stage, daemon=True)
+    stage.start()
+    cfg = profile_cfg(tmp_path)
+    del cfg["start_at_ns"]
+    assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == 0
+    stage.join(5)
+    prepared = json.loads(prepared_file.read_text())
+    origin = json.loads((tmp_path / "out" / "origin.json").read_text())
+    assert origin["start_at_ns"] == picked[0]
+    assert origin["prepared_wall_ns"] == prepared["prepared_wall_ns"] and prepared["pid"] == os.getpid()
+    # It waited, prepared, for the 0.1 s the stage took plus the 50 ms lead.
+    assert origin["prepared_to_start_ns"] == picked[0] - prepared["prepared_wall_ns"] >= 150_000_000
+    assert origin["lateness_ns"] == origin["origin_wall_ns"] - picked[0] >= 0
+    assert origin["start_sched"]["start_from"] == "file"
+    assert origin["start_sched"]["prepared_to_start_ns"] == origin["prepared_to_start_ns"]
+
+
+def test_a_prepared_agent_that_never_gets_its_instant_fails_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DIT_START_AT_FILE", str(tmp_path / "start_at.json"))
+    monkeypatch.setenv("DIT_PREPARED_FILE", str(tmp_path / "p.json"))
+    monkeypatch.setenv("DIT_START_AT_TIMEOUT_S", "0.1")
+    cfg = profile_cfg(tmp_path)
+    del cfg["start_at_ns"]
+    assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == agent.EXIT_FAILURE
+    assert (tmp_path / "p.json").exists()
+    assert (
+        f"no start instant: {tmp_path / 'start_at.json'} did not appear within 0.1 s"
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "out" / "origin.json").exists()
+    monkeypatch.setenv("DIT_START_AT_TIMEOUT_S", "never")
+    assert agent.main(["profile", "--config", str(write(tmp_path, cfg))]) == agent.EXIT_CONFIG
+    assert "DIT_START_AT_TIMEOUT_S: 'never' is not a positive number" in capsys.readouterr().err
+
+
 def test_profile_command_writes_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DIT_RUN_ID", raising=False)
     cfg = profile_cfg(tmp_path)
@@ -172,8 +275,11 @@ def test_profile_command_writes_every_file(tmp_path: Path, monkeypatch: pytest.M
     origin = json.loads((out / "origin.json").read_text())
     assert set(origin) == {
         "host", "run_id", "start_at_ns", "origin_wall_ns", "origin_mono_ns", "lateness_ns", "start_sched",
+        "prepared_wall_ns", "prepared_to_start_ns",
     }  # fmt: skip
     assert origin["start_sched"]["policy"] in ("SCHED_FIFO", "SCHED_OTHER")
+    assert origin["start_sched"]["start_from"] == "config"
+    assert origin["prepared_to_start_ns"] == cfg["start_at_ns"] - origin["prepared_wall_ns"]
     # The profile itself runs at the normal policy again, whatever the wait used.
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
     assert origin["lateness_ns"] == origin["origin_wall_ns"] - cfg["start_at_ns"] >= 0

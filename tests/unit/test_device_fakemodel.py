@@ -96,11 +96,22 @@ def test_scale_and_custom_stages() -> None:
         ({"stages": [{"work": -1, "output_bytes": 4}]}, r"stages\[1\].work -1 is less than 0"),
         ({"stages": [{"work": 1, "output_bytes": "4"}]}, r"stages\[0\].output_bytes: '4' is not an integer"),
         ({"scale": -2}, "scale"),
+        ({"build_delay_s": -1}, r"model.params.build_delay_s: -1 is not a number in 0..600"),
+        ({"build_delay_s": "4"}, "build_delay_s: '4'"),
     ],
 )
 def test_bad_specs_name_the_field(params: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build(spec(**params))
+
+
+def test_a_build_delay_stands_in_for_a_frameworks_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("dit.device.fakemodel.time.sleep", slept.append)
+    assert build(spec(profile="tiny", build_delay_s=4)).num_stages == 4
+    assert slept == [4.0]
+    build(spec(profile="tiny"))
+    assert slept == [4.0]  # no delay unless asked
 
 
 def test_activation_size_is_checked() -> None:

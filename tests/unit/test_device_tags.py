@@ -14,7 +14,8 @@ def test_module_utils_spells_the_tags_like_dit() -> None:
     assert spec and spec.loader
     node_side = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(node_side)
-    for name in ("RUN_ENV", "HOST_ENV", "TAG_ENV"):
+    names = ("RUN_ENV", "HOST_ENV", "TAG_ENV", "START_AT_ENV", "START_AT_FILE_ENV", "PREPARED_FILE_ENV")
+    for name in (*names, "START_WAIT_TIMEOUT_ENV"):
         assert getattr(node_side, name) == getattr(tags, name), name
 
 

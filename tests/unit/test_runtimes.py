@@ -204,7 +204,8 @@ def test_layers_launches_the_device_agent_with_todays_configuration() -> None:
     assert config["inference"]["device_index"] == 1
     assert config["inference"]["edge"] == {"host": "10.0.0.1", "port": 5000}
     assert config["results_dir"] == "/var/tmp/dit/r1/device2/results" and config["host"] == "device2"
-    assert "start_at_ns" not in config  # the agent takes it from DIT_START_AT_NS
+    assert "start_at_ns" not in config  # the agent takes it from the start-at file
+    assert agent["prepared_file"] == "profile.prepared.json"  # the two-phase start
     origin = {"results/origin.json": {"lateness_ns": 1234}}
     assert layers.started([LaunchOutcome("device2", "profile", 0, origin)]) == {"device2": 1234}
 
@@ -218,6 +219,8 @@ def test_layers_launches_the_device_agent_with_todays_configuration() -> None:
         (LaunchSpec("edge", "x", ()), "argv must be a non-empty list"),
         (LaunchSpec("edge", "x", ("true",), files={"/etc/passwd": ""}), "not a path relative"),
         (LaunchSpec("edge", "x", ("true",), result_files=("../out.json",)), "not a path relative"),
+        (LaunchSpec("edge", "x", ("true",), prepared_file="/tmp/p.json"), "not a path relative"),
+        (LaunchSpec("edge", "x", ("true",), prepared_file="r.json", result_files=("r.json",)), "also a"),
     ],
 )
 def test_launch_specs_the_testbed_will_not_start(spec: LaunchSpec, message: str) -> None:
@@ -230,6 +233,9 @@ def test_a_launch_needs_a_main_process_and_unique_names() -> None:
         check_specs("t", [LaunchSpec("edge", "x", ("true",), main=False)], ("edge",))
     with pytest.raises(LaunchError, match="named twice"):
         check_specs("t", [LaunchSpec("edge", "x", ("true",)), LaunchSpec("edge", "x", ("false",))], ("edge",))
+    background = LaunchSpec("edge", "w", ("true",), main=False, prepared_file="p.json")
+    with pytest.raises(LaunchError, match="prepared_file is for main processes"):
+        check_specs("t", [LaunchSpec("edge", "x", ("true",)), background], ("edge",))
 
 
 def test_outcomes_come_from_the_main_task_results() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import sys
 import time
@@ -40,10 +41,13 @@ from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.seeding import seed_from_env
-from dit.device.tags import (  # set by dit_proc on every tagged process
+from dit.device.tags import (  # set by dit_proc / dit_launch on every tagged process
     HOST_ENV,
+    PREPARED_FILE_ENV,
     RUN_ENV,
     START_AT_ENV,
+    START_AT_FILE_ENV,
+    START_WAIT_TIMEOUT_ENV,
     TAG_ENV,
 )
 from dit.device.threads import effective as effective_threads
@@ -53,6 +57,10 @@ STATUS_ENV = "DIT_STATUS_FILE"  # where the process keeps its status record (see
 EXIT_OK, EXIT_FAILURE, EXIT_CONFIG, EXIT_EQUIVALENCE = 0, 1, 2, 3
 SPIN_NS = 2_000_000  # the last ~2 ms before the start instant are a busy wait
 FIFO_PRIORITY = 10  # above every SCHED_OTHER task, below the kernel's own RT threads (50+)
+# The two-phase start: how often the start-at file is looked for (the lead is a second or more, so a few
+# ms of polling delay cost nothing), and how long at most when the environment does not say.
+START_FILE_POLL_S = 0.005
+START_WAIT_TIMEOUT_S = 3600.0
 THREAD_ENV = (
     "DIT_THREADS",
     "OMP_NUM_THREADS",
@@ -123,6 +131,61 @@ def sleep_until(
     while clock() < start_at_ns:
         pass
     return method
+
+
+def read_start_file(path: Path) -> int | None:
+    """The start instant in a start-at file (``{"start_at_ns": int}``), None while it does not exist.
+
+    The profile stage writes the file atomically (a rename), so a file that exists is complete: one
+    that is not such a JSON object is an error naming the file, not a reason to wait on.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ConfigError(f"{path}: not JSON ({text[:40]!r})") from None
+    value = doc.get("start_at_ns") if isinstance(doc, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{path}: start_at_ns: {value!r} is not an integer (time.time_ns epoch)")
+    return value
+
+
+def wait_for_start_file(
+    path: Path,
+    timeout_s: float,
+    poll_s: float = START_FILE_POLL_S,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Wait until ``path`` appears and return its start instant; ``TimeoutError`` naming the file after
+    ``timeout_s`` (the profile stage writes it once every node is prepared, or never when one failed)."""
+    deadline = clock() + timeout_s
+    while True:
+        start_at = read_start_file(path)
+        if start_at is not None:
+            return start_at
+        if clock() >= deadline:
+            raise TimeoutError(
+                f"no start instant: {path} did not appear within {timeout_s:g} s of this process being "
+                "prepared (the profile stage writes it once every node is prepared)"
+            )
+        sleep(poll_s)
+
+
+def _start_wait_timeout_s() -> float:
+    raw = os.environ.get(START_WAIT_TIMEOUT_ENV)
+    if not raw:
+        return START_WAIT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{START_WAIT_TIMEOUT_ENV}: {raw!r} is not a positive number of seconds")
+    return value
 
 
 @contextlib.contextmanager
@@ -241,13 +304,26 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     repetitions = _int(cfg, "repetitions", "", default=1)
     warmup = _int(cfg, "warmup", "", default=0)
     start_at = cfg.get("start_at_ns")
-    if start_at is None and os.environ.get(START_AT_ENV):  # the profile stage's common instant
+    start_from = "config" if start_at is not None else None
+    # The two-phase start (the profile stage's prepared main processes): the instant is picked once
+    # every node is prepared, so it comes from a file written later, not from the environment.
+    start_file = os.environ.get(START_AT_FILE_ENV) or None
+    prepared_file = os.environ.get(PREPARED_FILE_ENV) or None
+    if start_file is not None:
+        if start_at is not None:
+            raise ConfigError(f"start_at_ns: given, but {START_AT_FILE_ENV} says the instant comes later")
+        if prepared_file is None:
+            raise ConfigError(f"{PREPARED_FILE_ENV}: not set, but {START_AT_FILE_ENV} is")
+        start_from = "file"
+    elif start_at is None and os.environ.get(START_AT_ENV):  # the profile stage's common instant
         try:
             start_at = int(os.environ[START_AT_ENV])
         except ValueError:
             raise ConfigError(f"{START_AT_ENV}: {os.environ[START_AT_ENV]!r} is not an integer") from None
+        start_from = "environment"
     if start_at is not None and (isinstance(start_at, bool) or not isinstance(start_at, int)):
         raise ConfigError(f"start_at_ns: {start_at!r} is not an integer (time.time_ns epoch) or null")
+    start_wait_timeout_s = _start_wait_timeout_s()
     threads = cfg.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads: {threads!r} is not a positive integer or null")
@@ -305,11 +381,24 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     if conn is not None:
         conn.connect()  # before the start instant: connection setup is not an inference phase
 
+    prepared_wall_ns = time.time_ns()  # everything before the instant is done
+    if start_file is not None and prepared_file is not None:
+        write_json(
+            Path(prepared_file), {"prepared_wall_ns": prepared_wall_ns, "pid": os.getpid(), "host": host}
+        )
+        say("prepared: waiting for the common start instant")
+        start_at = wait_for_start_file(Path(start_file), start_wait_timeout_s)
+    # How long the node waited, prepared, for the instant (negative: it was still preparing when the
+    # instant passed, which the two-phase start exists to prevent).
+    prepared_to_start = start_at - prepared_wall_ns if start_at is not None else None
+
     with start_priority() as start_sched:
         if start_at is not None:
             start_sched["wait"] = sleep_until(start_at)
             start_sched["spin_ns"] = SPIN_NS
         origin = Origin.now()
+    start_sched["start_from"] = start_from
+    start_sched["prepared_to_start_ns"] = prepared_to_start
     lateness = origin.wall_ns - start_at if start_at is not None else 0
     origin_doc = {
         "host": host,
@@ -318,6 +407,8 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
         "origin_wall_ns": origin.wall_ns,
         "origin_mono_ns": origin.mono_ns,
         "lateness_ns": lateness,
+        "prepared_wall_ns": prepared_wall_ns,
+        "prepared_to_start_ns": prepared_to_start,
         "start_sched": start_sched,
     }
     write_json(results / "origin.json", origin_doc)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,7 @@ PROFILES: dict[str, list[dict[str, int]]] = {
 PROFILE_INPUT_BYTES: dict[str, int] = {"alexnet": 12288, "tiny": 256}
 
 DEFAULT_PROFILE = "alexnet"
+MAX_BUILD_DELAY_S = 600
 DEFAULT_INPUT_BYTES = 1024
 
 
@@ -174,8 +176,13 @@ def build(spec: Mapping[str, Any]) -> FakeModel:
     ``{"profile": "alexnet" | "tiny"}`` (default ``alexnet``) or ``{"stages": [{"work",
     "output_bytes"}, ...], "input_bytes": int}``, optionally with ``"scale": float`` multiplying
     every ``work`` (rounded to the nearest integer). ``input`` may set ``{"bytes": int}``.
+    ``"build_delay_s": float`` (default 0, at most 600) makes building take that long, as a real
+    framework's import and model construction do (tests of the timed start use it).
     """
     params: Mapping[str, Any] = spec.get("params") or {}
+    delay = params.get("build_delay_s", 0)
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= MAX_BUILD_DELAY_S:
+        raise ValueError(f"model.params.build_delay_s: {delay!r} is not a number in 0..{MAX_BUILD_DELAY_S}")
     raw_stages: Any = params.get("stages")
     if raw_stages is not None:
         if not isinstance(raw_stages, list) or not raw_stages:
@@ -204,4 +211,6 @@ def build(spec: Mapping[str, Any]) -> FakeModel:
         input_bytes = inp["bytes"]
     input_bytes = _int_field(input_bytes, "model.input.bytes")
     seed = _int_field(spec.get("seed", 0), "model.seed")
+    if delay:
+        time.sleep(float(delay))
     return FakeModel(stages, input_bytes=input_bytes, seed=seed, name=str(spec.get("name", "fake")))

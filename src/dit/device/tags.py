@@ -15,3 +15,10 @@ HOST_ENV: Final = "DIT_HOST"
 TAG_ENV: Final = "DIT_TAG"
 #: The profile stage's common start instant (``time.time_ns()`` epoch) in a main process's environment.
 START_AT_ENV: Final = "DIT_START_AT_NS"
+#: The two-phase ("prepared") start of a main process that declares a ``prepared_file``: the process
+#: prepares (model, reference output, connection), writes the JSON file ``PREPARED_FILE_ENV`` names,
+#: then waits (at most ``START_WAIT_TIMEOUT_ENV`` seconds) for the file ``START_AT_FILE_ENV`` names,
+#: ``{"start_at_ns": int}``, which the profile stage writes once every node is prepared.
+START_AT_FILE_ENV: Final = "DIT_START_AT_FILE"
+PREPARED_FILE_ENV: Final = "DIT_PREPARED_FILE"
+START_WAIT_TIMEOUT_ENV: Final = "DIT_START_AT_TIMEOUT_S"

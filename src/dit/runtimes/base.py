@@ -62,6 +62,16 @@ class LaunchSpec:
     main processes start together, with ``DIT_START_AT_NS`` in their environment, and the stage waits
     for every main process to exit (status 0 and every ``result_files`` entry written, else the stage
     fails). ``result_files`` (JSON, relative to the node root) are returned to :meth:`Runtime.started`.
+
+    ``prepared_file`` (main processes only, relative to the node root) asks for the two-phase start:
+    the process is started before the instant is picked, with ``DIT_START_AT_FILE``,
+    ``DIT_PREPARED_FILE`` (the absolute path of ``prepared_file``), ``DIT_START_AT_TIMEOUT_S`` and
+    ``DIT_STATUS_FILE`` instead of ``DIT_START_AT_NS``. It prepares (imports, model, connections),
+    writes ``prepared_file`` (JSON), waits for the start-at file (``{"start_at_ns": int}``, written
+    once every node is prepared) and keeps its status record (running, then its exit code) in the
+    status file, from which the stage takes its exit status. Without it the instant is picked before
+    the process starts, ``timing.start_lead_s`` ahead, and whatever the process does before it
+    waits must fit in that lead.
     """
 
     host: str
@@ -73,6 +83,7 @@ class LaunchSpec:
     main: bool = True
     ready_file: str | None = None
     result_files: tuple[str, ...] = ()
+    prepared_file: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +94,7 @@ class LaunchSpec:
             "files": dict(self.files),
             "ready_file": self.ready_file,
             "result_files": list(self.result_files),
+            "prepared_file": self.prepared_file,
         }
 
 

@@ -48,9 +48,16 @@ def check_specs(runtime: str, specs: Sequence[LaunchSpec], hosts: Sequence[str])
         seen.add((spec.host, spec.name))
         if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
             raise LaunchError(f"{where}: argv must be a non-empty list of strings")
-        for path in [*spec.files, *spec.result_files, *([spec.ready_file] if spec.ready_file else [])]:
+        optional = [p for p in (spec.ready_file, spec.prepared_file) if p is not None]
+        for path in [*spec.files, *spec.result_files, *optional]:
             if not _relative(path):
                 raise LaunchError(f"{where}: {path!r} is not a path relative to the node root")
+        if spec.prepared_file is not None and not spec.main:
+            raise LaunchError(
+                f"{where}: prepared_file is for main processes (a background one has ready_file)"
+            )
+        if spec.prepared_file is not None and spec.prepared_file in (*spec.result_files, spec.ready_file):
+            raise LaunchError(f"{where}: prepared_file {spec.prepared_file!r} is also a ready or result file")
 
 
 def launch_vars(runtime: Runtime, ctx: LaunchContext, hosts: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -1,8 +1,9 @@
 """The built-in runtime ``layers``: layer-by-layer profile and partitioned inference.
 
 Each device runs the device agent (``dit-device.pyz profile``, docs/protocol.md) from the common start
-instant: it profiles the model stage by stage, then runs the scenario's partitioned inference against
-the edge service the apply stage started. Its results parser is the run aggregate
+instant, which is picked once every agent has prepared (the two-phase start): it profiles the model
+stage by stage, then runs the scenario's partitioned inference against the edge service the apply
+stage started. Its results parser is the run aggregate
 (:mod:`dit.analysis.aggregate`) plus, when inference ran, the model validation.
 """
 
@@ -29,6 +30,9 @@ from dit.runtimes.base import (
 PROFILE_TAG = "profile"
 ORIGIN_FILE = "results/origin.json"
 DONE_FILE = "results/done.json"
+# The agent prepares (model, reference output, edge connection) before the instant is picked, then says
+# so in this file (the two-phase start, docs/runtimes.md), so preparing is never part of the lead.
+PREPARED_FILE = "profile.prepared.json"
 
 FRAMEWORK_CHECK = (
     "import importlib, sys; m = importlib.import_module(sys.argv[1]); "
@@ -229,6 +233,7 @@ class LayersRuntime:
                     ),
                     files={"profile.json": json.dumps(config)},
                     result_files=(ORIGIN_FILE, DONE_FILE),
+                    prepared_file=PREPARED_FILE,
                 )
             )
         return specs
