@@ -48,9 +48,12 @@ def load1() -> float:
     return os.getloadavg()[0]
 
 
-def with_stand_in(scenario: Path, out_dir: Path) -> Path:
-    """A copy of ``scenario`` whose model is its catalogue stand-in (the fake model, same stages)."""
+def with_stand_in(scenario: Path, out_dir: Path, start_lead_s: float | None = None) -> Path:
+    """A copy of ``scenario`` whose model is its catalogue stand-in (the fake model, same stages),
+    with ``timing.start_lead_s`` set when given."""
     doc: dict[str, Any] = yaml.safe_load(scenario.read_text(encoding="utf-8"))
+    if start_lead_s is not None:
+        doc.setdefault("timing", {})["start_lead_s"] = start_lead_s
     model = doc["model"] if isinstance(doc["model"], str) else doc["model"]["name"]
     entry = BUILTIN.get(model)
     if entry is not None and entry.stand_in:
@@ -119,6 +122,9 @@ def main() -> None:
     parser.add_argument("--scenario", type=Path, default=SCENARIO)
     parser.add_argument("--runs", type=Path, help="Print the figures of these runs; run nothing.")
     parser.add_argument("--keep", type=Path, help="Make the runs under this directory and keep them.")
+    parser.add_argument(
+        "--start-lead", type=float, help="timing.start_lead_s for the runs (default: the scenario's)."
+    )
     args = parser.parse_args()
     if args.runs:
         report(run_dirs(args.runs))
@@ -126,7 +132,7 @@ def main() -> None:
     before = load1()
     with tempfile.TemporaryDirectory(prefix="dit-bench-ch4-") as tmp:
         # the fake model always: with TensorFlow installed, local mode would build the real AlexNet
-        scenario = with_stand_in(args.scenario, Path(tmp))
+        scenario = with_stand_in(args.scenario, Path(tmp), args.start_lead)
         runs_dir = args.keep if args.keep else Path(tmp) / "runs"
         wall = run_sweep(scenario, args.inventory, runs_dir)
         print(
