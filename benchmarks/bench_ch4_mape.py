@@ -38,7 +38,7 @@ import yaml
 from dit.analysis.lateness import lateness_over_runs
 from dit.analysis.model_validation import validate_run
 from dit.models.catalogue import BUILTIN
-from dit.rundir import STATUS, read_json
+from dit.rundir import STATUS, read_json, runs_under
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "ch4_validation.yaml"
@@ -77,15 +77,6 @@ def run_sweep(scenario: Path, inventory: str | None, runs_dir: Path) -> float:
             raise SystemExit(message + result.stdout[-4000:])
         print(message, file=sys.stderr)
     return time.perf_counter() - start
-
-
-def run_dirs(root: Path) -> list[Path]:
-    found = sorted(p.parent for p in root.glob(f"*/{STATUS}")) or sorted(
-        p.parent for p in root.glob(f"*/*/{STATUS}")
-    )
-    if not found:
-        raise SystemExit(f"no run directories under {root}")
-    return found
 
 
 def report(dirs: list[Path]) -> None:
@@ -127,7 +118,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.runs:
-        report(run_dirs(args.runs))
+        report(runs_under(args.runs))
         return
     before = load1()
     with tempfile.TemporaryDirectory(prefix="dit-bench-ch4-") as tmp:
@@ -139,7 +130,7 @@ def main() -> None:
             f"mode: {'inventory ' + args.inventory if args.inventory else 'local'}; sweep wall time {wall:.0f} s"
         )
         print(f"load average (1 min): {before:.2f} before, {load1():.2f} after")
-        report(run_dirs(runs_dir))
+        report(runs_under(runs_dir))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import yaml
 
 from dit.report.build import write_report
 from dit.report.rtt import RttRun, load_runs
-from dit.rundir import STATUS, read_json
+from dit.rundir import STATUS, read_json, runs_under
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "ch6_compare.yaml"
@@ -116,15 +116,6 @@ def scenario(
     return doc
 
 
-def run_dirs(root: Path) -> list[Path]:
-    found = sorted(p.parent for p in root.glob(f"*/{STATUS}")) or sorted(
-        p.parent for p in root.glob(f"*/*/{STATUS}")
-    )
-    if not found:
-        raise SystemExit(f"no run directories under {root}")
-    return found
-
-
 def report(dirs: list[Path]) -> None:
     runs: list[RttRun] = load_runs(dirs)
     width = max(len(r.variant) for r in runs)
@@ -168,7 +159,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="Seconds for the whole dit run.")
     args = parser.parse_args()
     if args.runs:
-        report(run_dirs(args.runs))
+        report(runs_under(args.runs))
         return
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces, cgroups)")
@@ -207,7 +198,7 @@ def main() -> None:
     print(f"rack: {args.devices} devices at {args.cpu_share} % of a CPU, {args.memory_mb} MiB; "
           f"{args.model}, {args.tokens} tokens; sweep wall time {wall:.0f} s")  # fmt: skip
     print(f"load average (1/5/15 min): {before} before, {after} after")
-    dirs = run_dirs(out / "runs")
+    dirs = runs_under(out / "runs")
     report(dirs)
     print(f"runs: {out / 'runs'}; report: {write_report(dirs[0].parent)}")
 

@@ -31,6 +31,27 @@ def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object file's content, or ``{}`` when it is missing, unreadable or not an object (a
+    report shows what a run has, a failed run's files may be absent)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def runs_under(root: Path) -> list[Path]:
+    """The run directories (with ``status.json``) directly under ``root``, else one level deeper (a
+    runs directory holds ``<scenario>/<run>``), sorted; SystemExit naming ``root`` when there is none."""
+    found = sorted(p.parent for p in root.glob(f"*/{STATUS}")) or sorted(
+        p.parent for p in root.glob(f"*/*/{STATUS}")
+    )
+    if not found:
+        raise SystemExit(f"no run directories under {root}")
+    return found
+
+
 @dataclass(frozen=True)
 class RunDir:
     path: Path

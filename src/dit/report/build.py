@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from matplotlib.figure import Figure
 from dit.report import rtt, units
 from dit.report.units import MISSING
 from dit.reporter import STAGES as STAGE_ORDER
+from dit.rundir import read_json_object
 
 PHASES: Final = ("local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns")
 PHASE_COLOURS: Final = ("#4878d0", "#ee854a", "#bbbbbb", "#d65f5f", "#6acc64", "#956cb4")
@@ -67,14 +67,6 @@ def png_data_uri(figure: Figure) -> str:
     figure.tight_layout()
     figure.savefig(buffer, format="png", dpi=110)
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _csv(path: Path) -> pd.DataFrame | None:
@@ -352,7 +344,7 @@ def _optimise(run_dir: Path) -> Section:
         section.note = "The optimiser did not run."
         return section
     for path in results:
-        data = _json(path)
+        data = read_json_object(path)
         if not data:
             continue
         objective, value = str(data.get("objective")), _num(data.get("objective_value"))
@@ -392,7 +384,7 @@ def _netem(agg: Path) -> Section:
 
 def _runtime(agg: Path) -> Section:
     section = Section("Runtime summary", "runtime")
-    summary = _json(agg / "summary.json")
+    summary = read_json_object(agg / "summary.json")
     values = summary.get("values") or []
     if not values:
         section.note = "The runtime wrote no summary."
@@ -410,8 +402,8 @@ def _runtime(agg: Path) -> Section:
 def run_sections(run_dir: Path, round_: int | None = None) -> tuple[str, list[Section]]:
     if not is_run_dir(run_dir):
         raise ReportError(f"{run_dir} is not a dit run directory (no status.json / scenario.yaml)")
-    status = _json(run_dir / "status.json")
-    meta = _json(run_dir / "metadata.json")
+    status = read_json_object(run_dir / "status.json")
+    meta = read_json_object(run_dir / "metadata.json")
     agg = run_dir / "aggregate"
     title = str((meta.get("scenario") or {}).get("label") or status.get("label") or run_dir.name)
     sections = [
@@ -439,14 +431,14 @@ def sweep_sections(runs_dir: Path) -> tuple[str, list[Section]]:
         raise ReportError(f"{runs_dir} holds no run directories")
     rows: list[dict[str, Any]] = []
     for run in runs:
-        status, meta = _json(run / "status.json"), _json(run / "metadata.json")
+        status, meta = read_json_object(run / "status.json"), read_json_object(run / "metadata.json")
         scenario = meta.get("scenario") or {}
         point = {str(p): v for p, v in scenario.get("sweep_point") or []}
         validation = _csv(run / "aggregate" / "validation.csv")
         mape = (
             None if validation is None or validation.empty else float(validation["ape_pct"].dropna().mean())
         )
-        summary = _json(run / "aggregate" / "summary.json")
+        summary = read_json_object(run / "aggregate" / "summary.json")
         rows.append({
             "run": run.name, "label": scenario.get("label") or status.get("label"), "state": status.get("state"),
             "point": point, "mape": mape,

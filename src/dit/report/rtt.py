@@ -32,6 +32,7 @@ import yaml
 
 from dit.conditions.netem import shaping
 from dit.conditions.netem.tc import intended_delay_ms
+from dit.rundir import read_json_object
 
 RECORDED: Final = "recorded, not applied"
 APPLIED: Final = "applied"
@@ -68,14 +69,6 @@ class RttPoint:
     measured: int  # runs with a tokens/s value
     tokens_per_s: float | None
     token_latency_ns: float | None
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _number(value: Any) -> float | None:
@@ -148,8 +141,8 @@ def _plain(value: Any) -> str:
 
 def load_run(run_dir: Path) -> RttRun:
     """One run directory as an :class:`RttRun` (its ``variant`` is set by :func:`load_runs`)."""
-    meta = _json(run_dir / "metadata.json")
-    status = _json(run_dir / "status.json")
+    meta = read_json_object(run_dir / "metadata.json")
+    status = read_json_object(run_dir / "status.json")
     document = _document(run_dir, meta)
     block = runtime_block(meta, document)
     devices = [str(d) for d in document.get("devices") or []]
@@ -167,7 +160,7 @@ def load_run(run_dir: Path) -> RttRun:
     )
     values = {
         v.get("name"): v.get("value")
-        for v in _json(run_dir / "aggregate" / "summary.json").get("values") or []
+        for v in read_json_object(run_dir / "aggregate" / "summary.json").get("values") or []
         if isinstance(v, Mapping)
     }
     return RttRun(
