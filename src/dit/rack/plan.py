@@ -61,7 +61,7 @@ class RackSpec:
         device then gets its quota only while the others are idle, so its capacity while it
         profiles alone is not its capacity when every device computes, and the delay model, which
         takes each node's capacity from its profile, mispredicts. None when they fit."""
-        ncpus = len([c for c in self.cpus.split(",") if c.strip()])
+        ncpus = len(cpu_set(self.cpus))
         total = self.devices * self.cpu_share_pct
         if total <= 100 * ncpus:
             return None
@@ -328,10 +328,14 @@ def network_steps(spec: RackSpec) -> list[Step]:
     return steps
 
 
+def cpu_set(*cpu_lists: str) -> set[int]:
+    """The CPUs of one or more comma-separated lists ("0", "1,2" -> {0, 1, 2})."""
+    return {int(c) for lst in cpu_lists for c in lst.split(",") if c.strip()}
+
+
 def _union(*cpu_lists: str) -> str:
     """The CPUs of several comma-separated lists ("0", "1,2" -> "0,1,2")."""
-    cpus = {int(c) for lst in cpu_lists for c in lst.split(",") if c.strip()}
-    return ",".join(str(c) for c in sorted(cpus))
+    return ",".join(str(c) for c in sorted(cpu_set(*cpu_lists)))
 
 
 def _top_weight(spec: RackSpec, node: Node) -> bool:
@@ -342,7 +346,7 @@ def _top_weight(spec: RackSpec, node: Node) -> bool:
     depends on the host's load, and its capacity profile mispredicts the remote term."""
     if node.cpu_share_pct is not None:
         return True
-    return len([c for c in node.cpus.split(",") if c.strip()]) < spec.host_cpus
+    return len(cpu_set(node.cpus)) < spec.host_cpus
 
 
 def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
