@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 import importlib.util
 import re
 import tomllib
@@ -166,6 +167,24 @@ def _defines(tree: ast.AST, name: str) -> ast.AST | None:
     return None
 
 
+@functools.cache
+def _parsed(module: Path) -> ast.Module:
+    """The module's tree, parsed once, with the garbage collector held off while it is built.
+
+    CPython 3.11 keeps the AST builder's recursion depth in interpreter-wide state: a finalizer that
+    runs during a collection inside ``ast.parse`` and formats a traceback (which itself calls
+    ``ast.parse`` for the carets) corrupts it, and the outer parse fails with "SystemError: AST
+    constructor recursion depth mismatch" (CPython gh-106905). CI hit this once.
+    """
+    text = module.read_text(encoding="utf-8")
+    gc.collect()
+    gc.disable()
+    try:
+        return ast.parse(text)
+    finally:
+        gc.enable()
+
+
 def check_pyname(span: str) -> str | None:
     if span in entry_point_groups():
         return None
@@ -174,7 +193,7 @@ def check_pyname(span: str) -> str | None:
         module = _module_file(".".join(parts[:split]))
         if module is None:
             continue
-        node: ast.AST | None = ast.parse(module.read_text(encoding="utf-8"))
+        node: ast.AST | None = _parsed(module)
         for attr in parts[split:]:
             node = None if node is None else _defines(node, attr)
         return (

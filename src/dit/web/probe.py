@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dit.web.aio import run_reaped
+
 PROBES = 3
 INTERVAL_S = 2.0
 TIMEOUT_S = 1.0
@@ -94,13 +96,10 @@ async def ping(target: Target) -> ProbeResult:
         target.address,
     ]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=5)
+        done = await run_reaped(argv, 5.0, stderr=asyncio.subprocess.STDOUT)
     except (OSError, TimeoutError) as exc:
         return ProbeResult(target.name, target.address, "ping", (None,) * PROBES, f"ping failed: {exc}")
-    text = out.decode("utf-8", errors="replace")
+    text = done.stdout.decode("utf-8", errors="replace")
     rtts = parse_ping(text)
     answered = sum(r is not None for r in rtts)
     lines = [line for line in text.strip().splitlines() if line.strip()]

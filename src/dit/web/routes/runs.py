@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import sys
-from asyncio.subprocess import PIPE
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from dit.rundir import RunDir
 from dit.scenario import expand, validate
 from dit.web import runpage
 from dit.web import runs as runs_mod
+from dit.web.aio import run_reaped
 from dit.web.benchmark import PROFILING_FIELDS, benchmark_document, profiling_schema
 from dit.web.routes.common import (
     Context,
@@ -112,23 +112,18 @@ async def dry_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
     if mode == "inventory":
         argv += ["-i", str(ctx.config.inventory.resolve())]
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
-    proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=PIPE, stderr=PIPE, env=env
-    )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), DRY_RUN_TIMEOUT_S)
+        done = await run_reaped(argv, DRY_RUN_TIMEOUT_S, stdin=asyncio.subprocess.DEVNULL, env=env)
     except TimeoutError:
-        proc.kill()
-        await proc.wait()
         return unprocessable(
             [{"path": "", "message": f"the dry run took longer than {DRY_RUN_TIMEOUT_S:g} s"}]
         )
-    log = err.decode("utf-8", "replace")[-4000:]
+    log = done.stderr.decode("utf-8", "replace")[-4000:]
     try:
-        report = json.loads(out)
+        report = json.loads(done.stdout)
     except ValueError:
         return unprocessable([{"path": "", "message": f"the dry run failed: {log.strip()[-1000:]}"}])
-    return {"version": version.summary(), "mode": mode, "ok": proc.returncode == 0, **report, "log_tail": log}
+    return {"version": version.summary(), "mode": mode, "ok": done.returncode == 0, **report, "log_tail": log}
 
 
 @router.get("/launches/{launch_id}")

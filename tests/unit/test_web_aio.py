@@ -1,0 +1,62 @@
+"""The web manager's child processes are reaped when the task awaiting them is cancelled or times out.
+
+Before, a cancelled probe (the manager stopping mid-round) left ``ping`` running and its transport
+alive past the event loop; a later garbage collection then raised "Event loop is closed" inside
+whatever code ran at that moment (once, inside ``ast.parse``, failing an unrelated test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+
+import psutil
+import pytest
+
+from dit.web.aio import run_reaped
+from dit.web.probe import Target, ping
+
+
+def _children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+async def _cancel_after(coro: object, delay_s: float) -> None:
+    task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+    await asyncio.sleep(delay_s)
+    assert _children(), "the child process should be running by now"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_a_cancelled_run_leaves_no_child() -> None:
+    asyncio.run(_cancel_after(run_reaped(["sleep", "30"], 60.0), 0.3))
+    assert _children() == []
+
+
+def test_a_timed_out_run_leaves_no_child_and_says_so() -> None:
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await run_reaped(["sleep", "30"], 0.3)
+
+    asyncio.run(main())
+    assert _children() == []
+
+
+def test_a_finished_run_gives_status_and_output() -> None:
+    done = asyncio.run(run_reaped(["sh", "-c", "echo out; echo err >&2; exit 3"], 10.0))
+    assert (done.returncode, done.stdout, done.stderr) == (3, b"out\n", b"err\n")
+
+
+def test_a_ping_probe_cancelled_mid_round_leaves_no_ping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "ping"
+    fake.write_text("#!/bin/sh\nexec sleep 30\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    asyncio.run(_cancel_after(ping(Target("device1", "192.0.2.1", 22)), 0.3))
+    assert _children() == []
