@@ -168,6 +168,19 @@ processes:
     - With O(phase=prepare), also C(prepared), the JSON of its prepared file.
   returned: success
   type: dict
+entered_ns:
+  description:
+    - The node's wall clock (time.time_ns) when the module began, before it parsed its arguments. Against
+      the controller's clock when the task was sent, it is how long the task took to reach the node (SSH,
+      module transfer, the interpreter's start inside the node's CPU share): the profile playbook sizes
+      the start lead from the prepare phase's, and the start phase's, against O(start_at_ns), is how far
+      ahead of the instant the start-at file was written.
+  returned: always, except in check mode
+  type: int
+start_at_ns:
+  description: O(start_at_ns), as given (null without it).
+  returned: success, except in check mode
+  type: int
 """
 
 import contextlib
@@ -394,6 +407,7 @@ class Launcher:
 
 
 def main() -> None:
+    entered_ns = time.time_ns()
     module = AnsibleModule(
         argument_spec={
             "run_id": {"type": "str", "required": True},
@@ -467,8 +481,15 @@ def main() -> None:
         if launcher is not None and (waits or phase == "prepare"):
             launcher.kill()  # prepared processes of a failed prepare phase would wait for nothing
         message, _, stderr = str(exc).partition("\n")
-        module.fail_json(msg=message, stderr=stderr, processes=launcher.info if launcher else {})
-    module.exit_json(changed=True, processes=launcher.info if launcher else {})
+        module.fail_json(
+            msg=message, stderr=stderr, processes=launcher.info if launcher else {}, entered_ns=entered_ns
+        )
+    module.exit_json(
+        changed=True,
+        processes=launcher.info if launcher else {},
+        entered_ns=entered_ns,
+        start_at_ns=p["start_at_ns"],
+    )
 
 
 if __name__ == "__main__":

@@ -408,13 +408,17 @@ def show(
         late.add_column("lateness", justify="right")
         late.add_column("wait")
         late.add_column("prepared ahead", justify="right")  # how long it waited, prepared, for the instant
+        # how long before the instant the start task reached the node (negative: it came too late)
+        late.add_column("start task ahead", justify="right")
         for device, ns in lateness.items():
             entry = waits.get(device)
             wait: dict[str, Any] = entry if isinstance(entry, dict) else {}
             how = " ".join(str(wait[k]) for k in ("policy", "wait") if wait.get(k))
-            ahead = wait.get("prepared_to_start_ns")
-            shown = units.duration(ahead) if isinstance(ahead, int) and not isinstance(ahead, bool) else "-"
-            late.add_row(device, units.duration(ns), escape(how), shown)
+            cells = [
+                units.duration(v) if isinstance(v, int) and not isinstance(v, bool) else "-"
+                for v in (wait.get("prepared_to_start_ns"), wait.get("start_margin_ns"))
+            ]
+            late.add_row(device, units.duration(ns), escape(how), *cells)
         out.print(late)
     summary = run_dir / "aggregate" / "phases_summary.csv"
     if summary.exists():

@@ -676,6 +676,17 @@ class Driver:
         outcomes = runtime_launch.outcomes(outcome, launched)
         self.lateness_ns.update(self.runtime.started(outcomes))
         start_wait = start_waits(outcomes)
+        margins = runtime_launch.start_margins(outcome, launched)
+        for host, margin_ns in margins.items():
+            if host in start_wait:
+                start_wait[host]["start_margin_ns"] = margin_ns
+        late = {h: -m for h, m in margins.items() if m < 0}
+        if late:
+            self.reporter_warn(
+                "the start task reached "
+                + ", ".join(f"{h} {ns / 1e6:.0f} ms" for h, ns in late.items())
+                + " after the start instant, so their processes started late: raise timing.start_lead_s"
+            )
         if start_wait:  # how each agent waited for the start instant (absolute sleep, SCHED_FIFO, spin)
             self.run.set_status(start_wait=start_wait)
             self._add_metadata(start_wait=start_wait)

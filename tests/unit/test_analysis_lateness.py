@@ -67,6 +67,7 @@ def test_show_of_one_run_says_how_each_device_waited(tmp_path: Path) -> None:
         "priority": 10,
         "wait": "clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME)",
         "prepared_to_start_ns": 1_250_000_000,
+        "start_margin_ns": -312_000_000,
     }
     run = fake_run(tmp_path, "20260101T000000Z-aa", {"device1": 120_000}, start_wait={"device1": wait})
     result = CliRunner().invoke(app, ["show", str(run)], terminal_width=200)
@@ -78,6 +79,8 @@ def test_show_of_one_run_says_how_each_device_waited(tmp_path: Path) -> None:
     assert (
         "prepared ahead" in result.output and "1.25 s" in result.output
     )  # waited, prepared, for the instant
+    # the start task reached the node 312 ms after the instant (the lead was too short for it)
+    assert "start task ahead" in result.output and "-312 ms" in result.output
 
 
 def test_show_of_a_directory_without_runs_is_a_one_line_error(tmp_path: Path) -> None:

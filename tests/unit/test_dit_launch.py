@@ -145,11 +145,14 @@ def test_prepare_starts_only_the_prepared_processes_and_start_releases_them_at_t
     assert json.loads((root / "logs" / "agent.status.json").read_text())["state"] == "running"
 
     instant = time.time_ns() + 200_000_000
+    sent = time.time_ns()
     res = run_module_as_ansible(
         {**node, "processes": main, "phase": "start", "prepared": res["processes"], "start_at_ns": instant},
         tmp_path,
     )
     assert not res.get("failed"), res
+    # when the module began (the profile playbook sizes the lead from it) and the instant it was given
+    assert sent < res["entered_ns"] < time.time_ns() and res["start_at_ns"] == instant
     assert json.loads((root / "start_at.json").read_text()) == {"start_at_ns": instant}
     agent, plain = res["processes"]["agent"], res["processes"]["plain"]
     assert agent["pid"] == pid and agent["returncode"] == 0 and plain["returncode"] == 0

@@ -16,7 +16,7 @@ from dit.analysis.run import LoadedRun
 from dit.ansible_exec import HostEvent, StageOutcome
 from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, ops, registry
 from dit.runtimes.base import Action, ActionPlan, Results, write_summary
-from dit.runtimes.launch import LaunchError, check_specs, launch_vars, outcomes
+from dit.runtimes.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
 from dit.runtimes.layers import LayersRuntime
 from dit.scenario import ScenarioError, expand, loads, resolve, validate
 from dit.scenario.schema import load_schema
@@ -247,6 +247,19 @@ def test_outcomes_come_from_the_main_task_results() -> None:
     ]  # fmt: skip
     got = outcomes(outcome, {"edge": {"background": [], "main": [{"name": "c"}]}})
     assert got == [LaunchOutcome("edge", "c", 0, {"results/done.json": {"ok": 1}})]
+
+
+def test_start_margins_say_how_far_ahead_of_the_instant_the_start_task_reached_each_node() -> None:
+    outcome = StageOutcome("profile", "successful", 0)
+    task = "Run the runtime's main processes from the start instant"
+    for host, entered in (("device1", 9_400_000_000), ("device2", 10_250_000_000)):
+        result = {"processes": {}, "entered_ns": entered, "start_at_ns": 10_000_000_000}
+        outcome.results[host] = [HostEvent(host, "ansible", "changed", task, "dit_launch", result)]
+    outcome.results["edge"] = [HostEvent("edge", "ansible", "changed", task, "dit_launch", {"processes": {}})]
+    launched = {h: {"background": [], "main": [{"name": "c"}]} for h in ("device1", "device2", "edge")}
+    launched["device3"] = {"background": [{"name": "b"}], "main": []}
+    # device2's start task began 250 ms after the instant: its prepared processes started that late
+    assert start_margins(outcome, launched) == {"device1": 600_000_000, "device2": -250_000_000}
 
 
 # -- results ------------------------------------------------------------------------------------

@@ -86,3 +86,21 @@ def outcomes(outcome: StageOutcome, launched: Mapping[str, Mapping[str, Any]]) -
                 )
             )
     return found
+
+
+def start_margins(outcome: StageOutcome, launched: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Per host, how far ahead of the common instant the start task reached it (ns; negative: after).
+
+    The start task writes the instant into the start-at file of the prepared processes as it begins: a
+    negative margin means they started late by at least that much, because the task itself (SSH, module
+    transfer, the interpreter inside the node's CPU share) took longer than the start lead.
+    """
+    out: dict[str, int] = {}
+    for host, node in launched.items():
+        if not node.get("main"):
+            continue
+        res = outcome.result_of(host, LAUNCH_MODULE, task=MAIN_TASK) or {}
+        at, entered = res.get("start_at_ns"), res.get("entered_ns")
+        if isinstance(at, int) and isinstance(entered, int):
+            out[host] = at - entered
+    return out
