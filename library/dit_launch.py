@@ -172,7 +172,7 @@ entered_ns:
   description:
     - The node's wall clock (time.time_ns) when the module began, before it parsed its arguments. Against
       the controller's clock when the task was sent, it is how long the task took to reach the node (SSH,
-      module transfer, the interpreter's start inside the node's CPU share): the profile playbook sizes
+      module transfer, the interpreter's start inside the node's CPU share). The profile playbook sizes
       the start lead from the prepare phase's, and the start phase's, against O(start_at_ns), is how far
       ahead of the instant the start-at file was written.
   returned: always, except in check mode

@@ -134,6 +134,8 @@ def test_ping_sends_exactly_three_echo_requests(monkeypatch: pytest.MonkeyPatch)
     seen: list[tuple[str, ...]] = []
 
     class Done:
+        returncode = 1  # ping's status when nothing answered
+
         async def communicate(self) -> tuple[bytes, None]:
             return b"3 packets transmitted, 0 received, 100% packet loss, time 410ms\n", None
 
