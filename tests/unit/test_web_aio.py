@@ -8,6 +8,7 @@ whatever code ran at that moment (once, inside ``ast.parse``, failing an unrelat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -19,31 +20,40 @@ from dit.web.aio import run_reaped
 from dit.web.probe import Target, ping
 
 
-def _children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+def _children() -> set[int]:
+    """Live child processes of this process (pytest's: other tests' helpers may be among them)."""
+    found = set()
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+    return found
 
 
-async def _cancel_after(coro: object, delay_s: float) -> None:
+async def _cancel_after(coro: object, delay_s: float, before: set[int]) -> None:
     task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
     await asyncio.sleep(delay_s)
-    assert _children(), "the child process should be running by now"
+    assert _children() - before, "the child process should be running by now"
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
 
 
 def test_a_cancelled_run_leaves_no_child() -> None:
-    asyncio.run(_cancel_after(run_reaped(["sleep", "30"], 60.0), 0.3))
-    assert _children() == []
+    before = _children()
+    asyncio.run(_cancel_after(run_reaped(["sleep", "30"], 60.0), 0.3, before))
+    assert _children() - before == set()
 
 
 def test_a_timed_out_run_leaves_no_child_and_says_so() -> None:
+    before = _children()
+
     async def main() -> None:
         with pytest.raises(TimeoutError):
             await run_reaped(["sleep", "30"], 0.3)
 
     asyncio.run(main())
-    assert _children() == []
+    assert _children() - before == set()
 
 
 def test_a_finished_run_gives_status_and_output() -> None:
@@ -58,5 +68,6 @@ def test_a_ping_probe_cancelled_mid_round_leaves_no_ping(
     fake.write_text("#!/bin/sh\nexec sleep 30\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    asyncio.run(_cancel_after(ping(Target("device1", "192.0.2.1", 22)), 0.3))
-    assert _children() == []
+    before = _children()
+    asyncio.run(_cancel_after(ping(Target("device1", "192.0.2.1", 22)), 0.3, before))
+    assert _children() - before == set()
