@@ -160,6 +160,12 @@ def test_upload_scale_and_place_nodes_on_the_plan(plan_page: Any, plan_server: S
         == f"{link['m']:.2f}"
     )
     assert page.locator("#link-table tr[data-link='device1-edge'] td.latency").inner_text() == "5.01 ms"
+    # The map redraws its links on every refresh (node saved, probe round): wait for the redraw to settle
+    # on one label for the one link, then check it (CI once counted two mid-redraw).
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.leaflet-tooltip.link-label')]"
+        ".filter((e) => e.textContent.includes('5.01 ms')).length === 1"
+    )
     assert page.locator(".leaflet-tooltip.link-label", has_text="5.01 ms").count() == 1
     shot(page, "41-floorplan-scaled-with-nodes")
 
