@@ -151,12 +151,23 @@ def test_the_executor_runs_each_stage_between_its_timestamps(tmp_path: Path) -> 
 
 def test_the_timestamps_bracket_their_stage() -> None:
     """A heavy middle stage between two tiny ones: its boundaries, and only its, enclose the work."""
+    import tensorflow as tf
+
     m = bracket_model()
     x = np.random.default_rng(0).random((1, 64), dtype=np.float32)
     m.timed_pass(x)
-    times = []
+    noop = tf.function(tf.identity).get_concrete_function(tf.TensorSpec((1, 64), tf.float32))
+    xt = tf.constant(x)
+    noop(xt).numpy()
+    times, calls = [], []
     for _ in range(9):
+        c0 = time.time_ns()
+        noop(xt).numpy()
+        calls.append(time.time_ns() - c0)
         _, b = m.timed_pass(x)
         times.append([b[1] - b[0], b[2] - b[1], b[3] - b[2]])
     tiny1, heavy, tiny2 = (statistics.median(t[i] for t in times) for i in range(3))
-    assert heavy > 5 * max(tiny1, tiny2, 1_000), (tiny1, heavy, tiny2)
+    # Stage 1 also holds the call's entry (boundary 0 is the wall clock before the call): 0.2-0.6 ms of
+    # dispatch depending on the load, which once made it more than a fifth of the heavy stage in CI.
+    dispatch = statistics.median(calls)
+    assert heavy > 5 * max(tiny1 - dispatch, tiny2, 1_000), (tiny1, heavy, tiny2, dispatch)
