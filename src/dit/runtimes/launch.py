@@ -8,7 +8,7 @@ CPUs and environment, journaled before the start, reaped at teardown and by ``di
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dit.ansible_exec import StageOutcome
@@ -71,13 +71,19 @@ def launch_vars(runtime: Runtime, ctx: LaunchContext, hosts: Sequence[str]) -> d
     return out
 
 
+def _main_results(
+    outcome: StageOutcome, launched: Mapping[str, Mapping[str, Any]]
+) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Each host that had main processes, with the result of the profile stage's start task ({} if none)."""
+    for host, node in launched.items():
+        if node.get("main"):
+            yield host, outcome.result_of(host, LAUNCH_MODULE, task=MAIN_TASK) or {}
+
+
 def outcomes(outcome: StageOutcome, launched: Mapping[str, Mapping[str, Any]]) -> list[LaunchOutcome]:
     """The main processes' exit statuses and result files, from the profile stage's events."""
     found: list[LaunchOutcome] = []
-    for host, node in launched.items():
-        if not node.get("main"):
-            continue
-        res = outcome.result_of(host, LAUNCH_MODULE, task=MAIN_TASK) or {}
+    for host, res in _main_results(outcome, launched):
         for name, info in dict(res.get("processes") or {}).items():
             code = info.get("returncode")
             found.append(
@@ -96,10 +102,7 @@ def start_margins(outcome: StageOutcome, launched: Mapping[str, Mapping[str, Any
     transfer, the interpreter inside the node's CPU share) took longer than the start lead.
     """
     out: dict[str, int] = {}
-    for host, node in launched.items():
-        if not node.get("main"):
-            continue
-        res = outcome.result_of(host, LAUNCH_MODULE, task=MAIN_TASK) or {}
+    for host, res in _main_results(outcome, launched):
         at, entered = res.get("start_at_ns"), res.get("entered_ns")
         if isinstance(at, int) and isinstance(entered, int):
             out[host] = at - entered
