@@ -1,10 +1,12 @@
 """Overhead of stage-by-stage profiling: sum of per-stage times vs one uninstrumented forward pass.
 
-    .venv/bin/python benchmarks/bench_profiler_overhead.py [--models alexnet gpt2] [--reps 20]
+    .venv/bin/python benchmarks/bench_profiler_overhead.py [--models alexnet gpt2] [--reps 200]
 
 Default: every Keras (TensorFlow) model of the catalogue (``keras_app`` only through its named
-applications) and GPT-2. For each model, after warm-up, in interleaved rounds so that load drift on a
-shared machine hits every method alike:
+applications) and GPT-2. For each model, after warm-up, ``--reps`` times one pass of each method,
+their order rotated from one repetition to the next, so that load drift on a shared machine hits
+every method alike and each method follows each other one as often (a pass run right after a
+stage-by-stage pass meets a colder framework thread pool than one run after a whole forward pass):
 
 * ``forward``: the adapter's uninstrumented one-piece ``forward`` (the whole Keras model in one
   ``tf.function``, the whole Hugging Face model in one call), wall time around the call;
@@ -17,9 +19,11 @@ shared machine hits every method alike:
   the control dependencies that order them cost the forward pass, dispatch included.
 
 Printed per model (medians over the passes): the times, the overheads ``sum(stages) / forward - 1``
-of both methods and ``call wall / forward - 1``, the per-stage / one-call ratio, and the 1-minute
-load average at the start and end of the row. Target: <= 2 %. Weights go to ``$DIT_WEIGHTS_DIR``
-(default ``~/.cache/dit/weights``; the first run generates them).
+of both methods and ``call wall / forward - 1``, the median over repetitions of the one-call pass
+against the forward pass of the same repetition (``paired``, the estimate least moved by drift), the
+per-stage / one-call ratio, and the 1-minute load average at the start and end of the row.
+Target: <= 2 %. Weights go to ``$DIT_WEIGHTS_DIR`` (default ``~/.cache/dit/weights``; the first run
+generates them).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -61,41 +66,56 @@ def stage_sums(result: Any) -> list[int]:
     return list(sums.values())
 
 
-def measure(name: str, reps: int, rounds: int) -> dict[str, Any]:
+def measure(name: str, reps: int) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
     model: Any = build_model(
         {"name": name, "builder": entry(name).builder, "params": PARAMS.get(name, {}), "seed": 1}
     )
     timed = isinstance(model, TimedPass)
     x = model.make_input()
-    for _ in range(3):
-        model.forward(x)
     quiet = 0  # cpu_sample_interval_ns: the sampler is outside the timed window either way
-    profile_model(model, repetitions=0, warmup=3, one_call=False, cpu_sample_interval_ns=quiet)
-    profile_model(model, repetitions=0, warmup=3, cpu_sample_interval_ns=quiet)
-    fwd: list[int] = []
-    per_stage: list[int] = []
-    one_call: list[int] = []
-    call_wall: list[int] = []
-    per_round = max(1, reps // rounds)
-    for _ in range(rounds):
-        for _ in range(per_round):
-            t0 = time.monotonic_ns()
-            model.forward(x)
-            fwd.append(time.monotonic_ns() - t0)
-        per_stage += stage_sums(
-            profile_model(model, repetitions=per_round, one_call=False, cpu_sample_interval_ns=quiet)
+
+    def forward() -> int:
+        t0 = time.monotonic_ns()
+        model.forward(x)
+        return time.monotonic_ns() - t0
+
+    def per_stage() -> int:
+        (s,) = stage_sums(
+            profile_model(model, repetitions=1, warmup=0, one_call=False, cpu_sample_interval_ns=quiet)
         )
-        if timed:
-            one_call += stage_sums(profile_model(model, repetitions=per_round, cpu_sample_interval_ns=quiet))
-            for _ in range(per_round):
-                t0 = time.monotonic_ns()
-                model.timed_pass(x)
-                call_wall.append(time.monotonic_ns() - t0)
-    f = statistics.median(fwd)
-    s = statistics.median(per_stage)
-    o = statistics.median(one_call) if one_call else float("nan")
-    w = statistics.median(call_wall) if call_wall else float("nan")
+        return s
+
+    def one_call() -> int:
+        (s,) = stage_sums(profile_model(model, repetitions=1, warmup=0, cpu_sample_interval_ns=quiet))
+        return s
+
+    def call_wall() -> int:
+        t0 = time.monotonic_ns()
+        model.timed_pass(x)
+        return time.monotonic_ns() - t0
+
+    methods: dict[str, Callable[[], int]] = {"forward": forward, "per_stage": per_stage}
+    if timed:
+        methods |= {"one_call": one_call, "call_wall": call_wall}
+    for method in methods.values():  # warm-up: traces, thread pools, caches
+        for _ in range(3):
+            method()
+    times: dict[str, list[int]] = {k: [] for k in methods}
+    names = list(methods)
+    for rep in range(reps):
+        for k in names[rep % len(names) :] + names[: rep % len(names)]:
+            times[k].append(methods[k]())
+    f = statistics.median(times["forward"])
+    s = statistics.median(times["per_stage"])
+    nan = float("nan")
+    o = statistics.median(times["one_call"]) if timed else nan
+    w = statistics.median(times["call_wall"]) if timed else nan
+    paired = (
+        100 * statistics.median(a / b - 1 for a, b in zip(times["one_call"], times["forward"], strict=True))
+        if timed
+        else nan
+    )
     return {
         "stages": model.num_stages,
         "forward_ms": f / 1e6,
@@ -105,6 +125,7 @@ def measure(name: str, reps: int, rounds: int) -> dict[str, Any]:
         "per_stage_pct": 100 * (s / f - 1),
         "one_call_pct": 100 * (o / f - 1),
         "call_wall_pct": 100 * (w / f - 1),
+        "paired_pct": paired,
         "ratio": s / o,
         "load": (load0, os.getloadavg()[0]),
     }
@@ -113,20 +134,20 @@ def measure(name: str, reps: int, rounds: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=[*keras_models(), "gpt2"])
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=200)
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")
     print(
         f"{'model':<15} {'stages':>6} {'forward ms':>10} {'per-stage ms':>12} {'one-call ms':>11} "
-        f"{'call wall ms':>12} {'per-stage':>9} {'one-call':>9} {'call wall':>9} {'ratio':>6} {'load 1m':>11}"
+        f"{'call wall ms':>12} {'per-stage':>9} {'one-call':>9} {'call wall':>9} {'paired':>8} {'ratio':>6} "
+        f"{'load 1m':>11}"
     )
     for name in args.models:
-        r = measure(name, args.reps, args.rounds)
+        r = measure(name, args.reps)
         print(
             f"{name:<15} {r['stages']:>6} {r['forward_ms']:>10.3f} {r['per_stage_ms']:>12.3f} "
             f"{r['one_call_ms']:>11.3f} {r['call_wall_ms']:>12.3f} {r['per_stage_pct']:>8.2f}% "
-            f"{r['one_call_pct']:>8.2f}% {r['call_wall_pct']:>8.2f}% {r['ratio']:>6.3f} "
+            f"{r['one_call_pct']:>8.2f}% {r['call_wall_pct']:>8.2f}% {r['paired_pct']:>7.2f}% {r['ratio']:>6.3f} "
             f"{r['load'][0]:>5.2f}-{r['load'][1]:<5.2f}",
             flush=True,
         )

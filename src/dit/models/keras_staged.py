@@ -407,12 +407,22 @@ class KerasStagedModel(ArrayStageModel):
 
     def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
         """All stages in ONE ``tf.function`` call with ``tf.timestamp()`` between them (see
-        :func:`_timed_stages`); the output and the ``N + 1`` boundary times, wall clock ns."""
+        :func:`_timed_stages`); the output and the ``N + 1`` boundary times, wall clock ns.
+
+        The inner boundaries ``1..N-1`` are the graph's timestamps. The outer two are the wall clock
+        read here just before the input is converted and the call made, and just after it returns:
+        the profile charges the call's entry to stage 1 and its return to stage N either way (so that
+        the stages add up to the call), so timestamps there would only add ops to every pass."""
+        before = time.time_ns()
         y, stamps = self.timed_function()(self._tensor(x, 0))
         t = stamps.numpy()
+        after = time.time_ns()
+        if not len(t):
+            return y, [before, after]
         b0 = round(float(t[0]) * 1e9)
         # float64 differences of nearby values are exact: the offsets keep tf.timestamp's resolution
-        return y, [b0 + round(float(d) * 1e9) for d in t - t[0]]
+        inner = [b0 + round(float(d) * 1e9) for d in t - t[0]]
+        return y, [min(before, inner[0]), *inner, max(after, inner[-1])]
 
 
 def _caller(sub: Any) -> Callable[[Any], Any]:
@@ -423,29 +433,34 @@ def _caller(sub: Any) -> Callable[[Any], Any]:
 
 
 def _timed_stages(tf: Any, stages: Sequence[Callable[[Any], Any]], input_shape: tuple[int, ...]) -> Any:
-    """One concrete function running ``stages`` back to back with a ``tf.timestamp()`` at each boundary.
+    """One concrete function running ``stages`` back to back with a ``tf.timestamp()`` at each of the
+    ``N - 1`` boundaries between two stages (the call's own start and end are read on the wall clock
+    around it, by :meth:`KerasStagedModel.timed_pass`).
 
     The graph executor runs any op as soon as its inputs are ready, so program order alone orders
     nothing: a timestamp with no inputs could run at the very start. Control dependencies make the
-    order explicit: boundary ``i`` (``i >= 1``) depends on stage ``i``'s output tensor, so it is read
-    after every op that produces that output; stage ``i + 1`` reads its input through an ``identity``
-    that depends on boundary ``i``, so none of its input-dependent ops starts before it. (Only ops
-    that do not depend on the stage input at all, such as variable reads, can run earlier; they
-    are reads of resident weights.) Returned: the output and the boundaries in seconds since the
-    epoch (``float64``, 2**-22 s = 0.24 us resolution at today's dates), one tensor, so that the
-    call returns one extra output only.
+    order explicit: boundary ``i`` depends on stage ``i``'s output tensor, so it is read after every
+    op that produces that output; stage ``i + 1`` reads its input through an ``identity`` that
+    depends on boundary ``i``, so none of its input-dependent ops starts before it. (Only ops that do
+    not depend on the stage input at all, such as variable reads, can run earlier; they are reads of
+    resident weights.) Every op costs the executor a few microseconds, which a 1 ms model notices:
+    hence no timestamp where the wall clock around the call serves. Returned: the output and the
+    inner boundaries in seconds since the epoch (``float64``, 2**-22 s = 0.24 us resolution at
+    today's dates), one tensor (empty for one stage), so that the call returns one extra output only.
     """
 
     def timed(x: Any) -> tuple[Any, Any]:
-        stamps = [tf.timestamp()]
+        stamps: list[Any] = []
         h = x
-        for stage in stages:
-            with tf.control_dependencies([stamps[-1]]):
-                h = tf.identity(h)
+        for i, stage in enumerate(stages):
+            if stamps:
+                with tf.control_dependencies([stamps[-1]]):
+                    h = tf.identity(h)
             h = stage(h)
-            with tf.control_dependencies([h]):
-                stamps.append(tf.timestamp())
-        return h, tf.stack(stamps)
+            if i < len(stages) - 1:
+                with tf.control_dependencies([h]):
+                    stamps.append(tf.timestamp())
+        return h, tf.stack(stamps) if stamps else tf.zeros([0], tf.float64)
 
     sig = [tf.TensorSpec(input_shape, tf.float32)]
     return tf.function(timed, input_signature=sig).get_concrete_function()
