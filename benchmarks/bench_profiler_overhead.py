@@ -1,12 +1,13 @@
 """Overhead of stage-by-stage profiling: sum of per-stage times vs one uninstrumented forward pass.
 
-    .venv/bin/python benchmarks/bench_profiler_overhead.py [--models alexnet gpt2] [--reps 200]
+    .venv/bin/python benchmarks/bench_profiler_overhead.py [--models alexnet gpt2] [--reps 200] [--block 10]
 
 Default: every Keras (TensorFlow) model of the catalogue (``keras_app`` only through its named
-applications) and GPT-2. For each model, after warm-up, ``--reps`` times one pass of each method,
-their order rotated from one repetition to the next, so that load drift on a shared machine hits
-every method alike and each method follows each other one as often (a pass run right after a
-stage-by-stage pass meets a colder framework thread pool than one run after a whole forward pass):
+applications) and GPT-2. Each method is measured as it runs in use, passes back to back with a warm
+framework thread pool: in blocks of ``--block`` passes after one discarded pass (a pass right after
+another method's stage-by-stage calls meets a colder pool). The blocks of all methods alternate, in a
+seeded random order per round, ``--reps / --block`` rounds, so that load drift on a shared machine
+hits every method alike (a block of a 2 ms model lasts 20 ms):
 
 * ``forward``: the adapter's uninstrumented one-piece ``forward`` (the whole Keras model in one
   ``tf.function``, the whole Hugging Face model in one call), wall time around the call;
@@ -19,8 +20,8 @@ stage-by-stage pass meets a colder framework thread pool than one run after a wh
   the control dependencies that order them cost the forward pass, dispatch included.
 
 Printed per model (medians over the passes): the times, the overheads ``sum(stages) / forward - 1``
-of both methods and ``call wall / forward - 1``, the median over repetitions of the one-call pass
-against the forward pass of the same repetition (``paired``, the estimate least moved by drift), the
+of both methods and ``call wall / forward - 1``, the median over rounds of the one-call block's median
+against the forward block's of the same round (``paired``, the estimate least moved by drift), the
 per-stage / one-call ratio, and the 1-minute load average at the start and end of the row.
 Target: <= 2 %. Weights go to ``$DIT_WEIGHTS_DIR`` (default ``~/.cache/dit/weights``; the first run
 generates them).
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -66,7 +68,7 @@ def stage_sums(result: Any) -> list[int]:
     return list(sums.values())
 
 
-def measure(name: str, reps: int) -> dict[str, Any]:
+def measure(name: str, reps: int, block: int) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
     model: Any = build_model(
         {"name": name, "builder": entry(name).builder, "params": PARAMS.get(name, {}), "seed": 1}
@@ -75,47 +77,46 @@ def measure(name: str, reps: int) -> dict[str, Any]:
     x = model.make_input()
     quiet = 0  # cpu_sample_interval_ns: the sampler is outside the timed window either way
 
-    def forward() -> int:
-        t0 = time.monotonic_ns()
-        model.forward(x)
-        return time.monotonic_ns() - t0
+    def walls(call: Callable[[], Any]) -> list[int]:
+        out: list[int] = []
+        for _ in range(block + 1):
+            t0 = time.monotonic_ns()
+            call()
+            out.append(time.monotonic_ns() - t0)
+        return out[1:]
 
-    def per_stage() -> int:
-        (s,) = stage_sums(
-            profile_model(model, repetitions=1, warmup=0, one_call=False, cpu_sample_interval_ns=quiet)
+    def profiled(one_call: bool) -> list[int]:
+        return stage_sums(
+            profile_model(model, repetitions=block, warmup=1, one_call=one_call, cpu_sample_interval_ns=quiet)
         )
-        return s
 
-    def one_call() -> int:
-        (s,) = stage_sums(profile_model(model, repetitions=1, warmup=0, cpu_sample_interval_ns=quiet))
-        return s
-
-    def call_wall() -> int:
-        t0 = time.monotonic_ns()
-        model.timed_pass(x)
-        return time.monotonic_ns() - t0
-
-    methods: dict[str, Callable[[], int]] = {"forward": forward, "per_stage": per_stage}
+    methods: dict[str, Callable[[], list[int]]] = {
+        "forward": lambda: walls(lambda: model.forward(x)),
+        "per_stage": lambda: profiled(False),
+    }
     if timed:
-        methods |= {"one_call": one_call, "call_wall": call_wall}
-    for method in methods.values():  # warm-up: traces, thread pools, caches
-        for _ in range(3):
-            method()
+        methods["one_call"] = lambda: profiled(True)
+        methods["call_wall"] = lambda: walls(lambda: model.timed_pass(x))
+    for method in methods.values():  # traces, caches
+        method()
     times: dict[str, list[int]] = {k: [] for k in methods}
-    names = list(methods)
-    for rep in range(reps):
-        for k in names[rep % len(names) :] + names[: rep % len(names)]:
-            times[k].append(methods[k]())
+    rounds: list[list[float]] = []  # per round, the median of each method's block, in ``methods`` order
+    order = list(methods)
+    rng = random.Random(0)
+    for _ in range(max(1, reps // block)):
+        rng.shuffle(order)
+        medians: dict[str, float] = {}
+        for k in order:
+            got = methods[k]()
+            times[k] += got
+            medians[k] = statistics.median(got)
+        rounds.append([medians[k] for k in methods])
     f = statistics.median(times["forward"])
     s = statistics.median(times["per_stage"])
     nan = float("nan")
     o = statistics.median(times["one_call"]) if timed else nan
     w = statistics.median(times["call_wall"]) if timed else nan
-    paired = (
-        100 * statistics.median(a / b - 1 for a, b in zip(times["one_call"], times["forward"], strict=True))
-        if timed
-        else nan
-    )
+    paired = 100 * statistics.median(r[2] / r[0] - 1 for r in rounds) if timed else nan
     return {
         "stages": model.num_stages,
         "forward_ms": f / 1e6,
@@ -134,7 +135,8 @@ def measure(name: str, reps: int) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=[*keras_models(), "gpt2"])
-    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=200, help="passes per method")
+    ap.add_argument("--block", type=int, default=10, help="passes per block (after one discarded)")
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")
     print(
@@ -143,7 +145,7 @@ def main() -> None:
         f"{'load 1m':>11}"
     )
     for name in args.models:
-        r = measure(name, args.reps)
+        r = measure(name, args.reps, args.block)
         print(
             f"{name:<15} {r['stages']:>6} {r['forward_ms']:>10.3f} {r['per_stage_ms']:>12.3f} "
             f"{r['one_call_ms']:>11.3f} {r['call_wall_ms']:>12.3f} {r['per_stage_pct']:>8.2f}% "
