@@ -587,7 +587,9 @@ class Driver:
             "devices": list(scn.devices),
             "model": self.model.spec,
             "profile": (
-                {"repetitions": scn.repetitions, "warmup": scn.warmup} if scn.edge.profile_capacity else None
+                {"repetitions": scn.repetitions, "warmup": scn.warmup, "min_seconds": scn.edge.profile_min_s}
+                if scn.edge.profile_capacity
+                else None
             ),
         }
 

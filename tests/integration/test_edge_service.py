@@ -243,3 +243,19 @@ def test_edge_capacity_profile_and_origin(tmp_path: Path) -> None:
     ready = json.loads((tmp_path / "edge-ready.json").read_text())
     assert origin["origin_mono_ns"] == ready["origin_mono_ns"]
     assert origin["workload_estimate"] == "capacity_profile_mean_latency_ns"
+
+
+def test_edge_capacity_profile_lasts_its_minimum_duration(tmp_path: Path) -> None:
+    """A tiny model's 3 repetitions take milliseconds; ``min_seconds`` adds repetitions until the profile
+    spans at least about that long."""
+    cfg = edge_config(tmp_path, model=TINY, profile={"repetitions": 3, "warmup": 1, "min_seconds": 0.5})
+    with edge_service(cfg, tmp_path):
+        pass
+    summary = json.loads((tmp_path / "edge" / "profile_summary.json").read_text())
+    assert summary["repetitions"] > 3
+    layers = read_csv(tmp_path / "edge" / "layers.csv")
+    assert len(layers) == summary["repetitions"] * 5
+    assert summary["min_seconds"] == 0.5
+    # sized from the faster of two passes at two passes per repetition (the stage-by-stage passes cost
+    # more than that on a tiny model); 3 repetitions alone would take milliseconds
+    assert summary["duration_ns"] >= 0.4e9

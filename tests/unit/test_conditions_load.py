@@ -112,16 +112,17 @@ def test_power_is_fake_on_local_devices_and_absent_elsewhere_unless_the_inventor
         built(local=False, hostvars={"device1": {"power_sensor": "ina219"}})
 
 
-def test_orders_put_them_after_the_edge_service_monitors_first() -> None:
+def test_orders_put_them_before_the_edge_service_monitors_first() -> None:
+    """The edge's capacity profile runs under the devices' load, as its inference will (issue 14)."""
     order = {c.name: c.order for c in conditions()}
-    assert EDGE_SERVICE_ORDER <= order["monitors"] < order["power"] < order["load"]
+    assert order["netem"] < order["monitors"] < order["power"] < order["load"] < EDGE_SERVICE_ORDER
     names = [c.name for c in active(built())]
     assert names.index("monitors") < names.index("power") < names.index("load")
 
 
-def test_apply_includes_the_roles_after_the_edge_service(tmp_path: Path) -> None:
+def test_apply_includes_the_roles_before_the_edge_service(tmp_path: Path) -> None:
     mine = [c for c in active(built()) if c.name in ("monitors", "power", "load")]
-    text = render_playbook("apply", tmp_path, {"conditions_before": [], "conditions_after": mine}).read_text()
+    text = render_playbook("apply", tmp_path, {"conditions_before": mine, "conditions_after": []}).read_text()
     edge = text.index("Start the edge inference service")
-    assert edge < text.index("name: monitors") < text.index("name: power") < text.index("name: load")
+    assert text.index("name: monitors") < text.index("name: power") < text.index("name: load") < edge
     assert "load_seed: \"{{ dit_conditions[inventory_hostname]['load']['load_seed'] }}\"" in text

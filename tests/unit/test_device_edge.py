@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 
-from dit.device.edge import Executor, Job, Scheduler
+from dit.device.common import ConfigError
+from dit.device.edge import (
+    MAX_CAPACITY_REPETITIONS,
+    EdgeConfig,
+    Executor,
+    Job,
+    Scheduler,
+    capacity_repetitions,
+)
 from dit.device.fakemodel import build
 from dit.device.protocol import Message
 
@@ -167,3 +176,50 @@ def test_executor_reports_a_failing_stage() -> None:
     ex.stop()
     ex.join(30)
     assert done[0].error is not None and "stage 2" in done[0].error and "1024 bytes, got 10" in done[0].error
+
+
+class _Timed:
+    """A stage model whose every stage sleeps ``stage_s``: a pass of 2 stages lasts ``2 * stage_s``."""
+
+    num_stages = 2
+
+    def __init__(self, stage_s: float) -> None:
+        self.stage_s = stage_s
+        self.calls = 0
+
+    def make_input(self) -> bytes:
+        return b""
+
+    def run_stage(self, stage: int, x: bytes) -> bytes:
+        self.calls += 1
+        time.sleep(self.stage_s)
+        return x
+
+
+def test_capacity_repetitions_last_the_minimum_duration() -> None:
+    m = _Timed(0.01)  # a pass is 20 ms; a repetition costs two passes: 40 ms
+    assert capacity_repetitions(m, 3, 0.0) == 3 and m.calls == 0  # 0: exactly the scenario's, no pass
+    reps = capacity_repetitions(m, 3, 1.0)
+    assert m.calls == 4  # two timed passes
+    assert 15 <= reps <= 25  # 1 s / 40 ms = 25, fewer when the sleeps overran
+    assert capacity_repetitions(_Timed(0.5), 3, 1.0) == 3  # a slow model keeps its repetitions
+    assert capacity_repetitions(_Timed(0.000001), 3, 600.0) == MAX_CAPACITY_REPETITIONS
+
+
+def _cfg(profile: object) -> dict[str, object]:
+    return {
+        "policy": "RR",
+        "devices": ["device1"],
+        "model": {"name": "fake"},
+        "profile": profile,
+        "results_dir": "/tmp/r",
+        "ready_file": "/tmp/r.json",
+    }
+
+
+def test_edge_config_reads_and_checks_the_profile_minimum() -> None:
+    assert EdgeConfig.from_dict(_cfg({"repetitions": 2, "min_seconds": 1.5})).profile_min_s == 1.5
+    assert EdgeConfig.from_dict(_cfg({"repetitions": 2})).profile_min_s == 0.0
+    for bad in (-1, "2", True, 7200):
+        with pytest.raises(ConfigError, match="profile: min_seconds"):
+            EdgeConfig.from_dict(_cfg({"repetitions": 2, "min_seconds": bad}))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import math
 import os
 import signal
 import sys
@@ -89,6 +90,7 @@ class EdgeConfig:
     model: Mapping[str, Any]
     profile_repetitions: int | None
     profile_warmup: int
+    profile_min_s: float
     results_dir: Path
     ready_file: Path
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
@@ -112,6 +114,7 @@ class EdgeConfig:
         profile = cfg.get("profile")
         reps: int | None = None
         warmup = 0
+        min_s = 0.0
         if profile is not None:
             if not isinstance(profile, Mapping):
                 raise ConfigError(f"profile: {profile!r} must be a mapping or null")
@@ -119,6 +122,9 @@ class EdgeConfig:
             warmup = profile.get("warmup", 0)
             if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0 or reps < 1:
                 raise ConfigError(f"profile: repetitions {reps!r} must be >= 1 and warmup {warmup!r} >= 0")
+            min_s = profile.get("min_seconds", 0.0)
+            if isinstance(min_s, bool) or not isinstance(min_s, int | float) or not 0 <= min_s <= 3600:
+                raise ConfigError(f"profile: min_seconds {min_s!r} must be a number of seconds in 0..3600")
         max_frame = cfg.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)
         if isinstance(max_frame, bool) or not isinstance(max_frame, int) or max_frame < 1:
             raise ConfigError(f"max_frame_bytes: {max_frame!r} is not a positive integer")
@@ -133,6 +139,7 @@ class EdgeConfig:
             model=require(cfg, "model", dict),
             profile_repetitions=reps,
             profile_warmup=warmup,
+            profile_min_s=float(min_s),
             results_dir=Path(require(cfg, "results_dir", str)),
             ready_file=Path(require(cfg, "ready_file", str)),
             max_frame_bytes=max_frame,
@@ -540,6 +547,30 @@ class EdgeService:
             )
 
 
+MAX_CAPACITY_REPETITIONS = 1000
+
+
+def capacity_repetitions(model: StageModel, repetitions: int, min_s: float) -> int:
+    """Repetitions for the capacity profile: at least ``repetitions``, and enough to last ``min_s``.
+
+    The profile costs about two passes per repetition (the timing pass and the stage-by-stage pass);
+    the faster of two passes of all stages timed here (the first one is cold: it would make too few)
+    sizes them, capped at :data:`MAX_CAPACITY_REPETITIONS`. A few repetitions of a fast model last a
+    fraction of a second, a sample of whatever ran on the machine in that instant; in local mode and on
+    the emulated rack the edge's speed depends on what the devices' CPUs are doing (docs/protocol.md)."""
+    if min_s <= 0:
+        return repetitions
+    passes: list[int] = []
+    for _ in range(2):
+        x = model.make_input()
+        t0 = time.monotonic_ns()
+        for stage in range(1, model.num_stages + 1):
+            x = model.run_stage(stage, x)
+        passes.append(time.monotonic_ns() - t0)
+    pass_s = max(min(passes) / 1e9, 1e-6)
+    return max(repetitions, min(MAX_CAPACITY_REPETITIONS, math.ceil(min_s / (2 * pass_s))))
+
+
 def run_edge(cfg_dict: Mapping[str, Any]) -> int:
     """Entry point of ``python -m dit.device edge``: runs until SIGTERM/SIGINT, then returns 0."""
     cfg = EdgeConfig.from_dict(cfg_dict)
@@ -552,17 +583,17 @@ def run_edge(cfg_dict: Mapping[str, Any]) -> int:
     estimates: list[float] = [0.0] + [float(model.ops(s)) for s in range(1, model.num_stages + 1)]
     profile_info: dict[str, Any] | None = None
     if cfg.profile_repetitions is not None:
+        reps = capacity_repetitions(model, cfg.profile_repetitions, cfg.profile_min_s)
+        t0 = time.monotonic_ns()
         result = profile_model(
-            model,
-            repetitions=cfg.profile_repetitions,
-            warmup=cfg.profile_warmup,
-            origin_mono_ns=origin.mono_ns,
+            model, repetitions=reps, warmup=cfg.profile_warmup, origin_mono_ns=origin.mono_ns
         )
+        took_ns = time.monotonic_ns() - t0
         write_layers_csv(cfg.results_dir / "layers.csv", result)
         say(
-            f"capacity profile of {model.name}: {model.num_stages} stages, {cfg.profile_repetitions} repetitions"
+            f"capacity profile of {model.name}: {model.num_stages} stages, {reps} repetitions in {took_ns / 1e9:.2f} s"
         )
-        profile_info = result.summary()
+        profile_info = result.summary() | {"min_seconds": cfg.profile_min_s, "duration_ns": took_ns}
         write_json(cfg.results_dir / "profile_summary.json", profile_info)
         estimates = result.mean_latency_ns()
     write_json(

@@ -72,6 +72,7 @@ class EdgeSpec:
     nominal_frequency: bool
     profile_capacity: bool
     admission: str  # batch | immediate
+    profile_min_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ def build(resolved: Mapping[str, Any], sweep_point: tuple[tuple[str, Any], ...])
             nominal_frequency=edge["nominal_frequency"],
             profile_capacity=edge["profile_capacity"],
             admission=edge["admission"],
+            profile_min_s=float(edge["profile_min_s"]),
         ),
         inference=InferenceSpec(
             enabled=inference["enabled"],

@@ -1,13 +1,17 @@
 """Compute load per device (``load.<device>``): the ``load`` role starts the load generator.
 
-The generator (:mod:`dit.device.load`) runs as a tagged process (tag ``load``) after the edge service
-started (order 70, after the monitors and the power trace, so both see its onset), in the run's
+The generator (:mod:`dit.device.load`) runs as a tagged process (tag ``load``) before the edge service
+starts (order 45, after the monitors and the power trace, so both see its onset), in the run's
 cgroup when the memory condition sets one. Targets are drawn on the device from a generator seeded
 with the scenario seed and the device name (``load_seed`` is the scenario seed; see
 :func:`dit.device.load.load_rng`), so they are logged in ``load.csv`` with their monotonic time.
 The edge server never gets a load. With ``timing.settle.steady`` (the default) the generator reports
 ready only once its CPU share is at its target (or the settle timeout passed), so the apply stage ends
-with the loads steady; the controller records each device's settle record (:mod:`dit.settle`).
+with the loads steady; the controller records each device's settle record (:mod:`dit.settle`). Before
+the edge service, because the edge measures its capacity profile when it starts: in local mode and on
+the emulated rack the devices' load shares the machine with the edge, and a profile taken before the
+load mispredicted the edge's in-run stage times by up to 1.5x (docs/delay-model.md); on real boards
+the order changes nothing for the edge.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dit.scenario import Scenario
 CONDITION = Condition(
     name="load",
     role="load",
-    order=70,
+    order=45,
     variables=(
         "load_mode",
         "load_regime",

@@ -2,7 +2,8 @@
 
 A 1 Hz sampler (:mod:`dit.device.monitor`) of CPU per core, memory, temperature, per-core frequency
 and the firmware throttling flags runs as a tagged process (tag ``monitor``) from the apply stage
-(order 60, after the edge service, before the load starts) until teardown. The scenario schema has no
+(order 41, before the edge service, so that its capacity profile is on record too, and before the
+load starts) until teardown. The scenario schema has no
 block for it: monitors always run on every node. A top-level ``monitors: {enabled, interval_s}`` block
 is read when the schema gains one (``enabled`` true, ``interval_s`` 1 by default).
 """
@@ -14,7 +15,7 @@ from typing import Any
 from dit.conditions import Condition, HostContext
 from dit.scenario import Scenario
 
-CONDITION = Condition(name="monitors", role="monitors", order=60, variables=("monitors_interval_s",))
+CONDITION = Condition(name="monitors", role="monitors", order=41, variables=("monitors_interval_s",))
 DEFAULT_INTERVAL_S = 1.0
 
 

@@ -5,8 +5,8 @@ parameter): ``power_sensor`` = ``ina260`` | ``fake`` | ``none``, ``power_i2c_bus
 ``power_i2c_address`` (0x40), ``power_interval_s`` (0.1). Without ``power_sensor`` a device gets the
 fake sensor in local mode and nothing on real hosts; the edge server only when its host variables ask.
 The fake sensor is driven by the node's own processes in local mode (``node``: every node is a
-directory on one machine) and by the whole machine elsewhere (``system``). Order 65: after the
-monitors, before the load.
+directory on one machine) and by the whole machine elsewhere (``system``). Order 42: after the
+monitors, before the load and the edge service.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dit.scenario import Scenario
 CONDITION = Condition(
     name="power",
     role="power",
-    order=65,
+    order=42,
     variables=(
         "power_sensor",
         "power_i2c_bus",
