@@ -106,7 +106,7 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         for name in devices:
             device_vars[name]["dit_cpu_affinity"] = device_cpus
     # Each device its own CPU cgroup (dit.conditions.cpu_share) when DIT_LOCAL_CPU_SHARE asks for it
-    # (auto: an equal split of the devices' CPUs, or a percentage of one CPU); off by default.
+    # (auto, the default: an equal split of the devices' CPUs, or a percentage of one CPU; or off).
     share = local_cpu_share(
         os.environ.get(LOCAL_CPU_SHARE_ENV),
         bool(devices) and cpu_quota_usable(),

@@ -127,15 +127,16 @@ LOCAL_CPU_SHARE_ENV = "DIT_LOCAL_CPU_SHARE"
 
 
 def local_cpu_share(setting: str | None, usable: bool, device_cpus: int, devices: int) -> int | None:
-    """Local mode's default share per device from ``DIT_LOCAL_CPU_SHARE``: ``auto`` is
-    :func:`default_cpu_share_pct` (where ``usable``), unset or ``off`` none (no CPU cgroup unless the
-    scenario sets ``cpu_share_pct``), a number that percentage of one CPU.
+    """Local mode's default share per device from ``DIT_LOCAL_CPU_SHARE``: unset or ``auto`` is
+    :func:`default_cpu_share_pct` (where ``usable``: root and a cpu controller), ``off`` none (no CPU
+    cgroup unless the scenario sets ``cpu_share_pct``), a number that percentage of one CPU.
 
-    Off by default: measured with ch4_validation (4 devices, busy loads, 25 % of a core each), the
-    device agents shared their share with their load processes and reached the start instant 31-140 s
-    late, and the model's MAPE doubled (RR 22 %, SJF 44 %). Until the loads are scaled to the share and
-    the start lead covers model preparation, the per-device share is opt-in (``auto`` or a number)."""
-    value = (setting or "off").strip().lower()
+    On by default since the start lead is sized from the prepare task and the edge profiles its
+    capacity under the devices' load: ch4_validation (4 devices at 25 % of CPU 1, busy loads on three)
+    gave a delay-model MAPE of 6.7 % (RR) and 7.4 % (SJF), start lateness under 0.5 ms (2 December
+    2026, docs/optimisers.md). It was opt-in before, when the agents shared their share with the load
+    and reached the start instant 31-140 s late (MAPE 22 / 44 %)."""
+    value = (setting or "auto").strip().lower()
     if value == "off" or not usable or devices <= 0:
         return None
     if value == "auto":

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from rich.console import Console
 
 from dit.driver import Driver, RunOptions
+from dit.inventory import local_cpu_split
 from dit.journal import Journal
+from dit.localmode import cpu_quota_usable, default_cpu_share_pct
 from dit.procs import run_processes
 from dit.rundir import RunDir
 from dit.scenario import load
@@ -29,7 +32,11 @@ def run_local(path: Path, runs_dir: Path) -> list[Path]:
     return dirs
 
 
-def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, runs_dir: Path) -> None:
+def test_local_pipeline_runs_all_stages_and_leaves_nothing(
+    scenario_dir: Path, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # local mode's default (the suite turns the per-device CPU cgroups off elsewhere: tests/conftest.py)
+    monkeypatch.delenv("DIT_LOCAL_CPU_SHARE")
     path = write_scenario(scenario_dir)
     (run_dir,) = run_local(path, runs_dir)
     run = RunDir(run_dir)
@@ -64,6 +71,17 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, r
     assert metadata["written_wall_ns"] < first_change
     assert metadata["scenario"]["hash"] == next(iter(load(path))).hash
     assert set(metadata["nodes"]) == {"edge", "device1", "device2"}
+    # each device in its own CPU cgroup by default where this machine can make one (root, cpu controller)
+    shares = {d: metadata["conditions"].get(d, {}).get("cpu_share") for d in ("device1", "device2")}
+    if cpu_quota_usable():
+        device_cpus = len(local_cpu_split()[1]) or 1
+        for device, share in shares.items():
+            assert share is not None, device
+            pct = default_cpu_share_pct(device_cpus, 2)
+            assert share["cgroup_cpu_quota_us"] == share["cgroup_cpu_period_us"] * pct // 100, share
+        assert shares["device1"]["cgroup_cpu_path"] != shares["device2"]["cgroup_cpu_path"]
+    else:
+        assert shares == {"device1": None, "device2": None}
     assert all(n["ntp"]["source"] == "local" for n in metadata["nodes"].values())
     assert metadata["versions"]["ansible-core"]
 
@@ -100,6 +118,8 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(scenario_dir: Path, r
     assert Journal(run.journal).pending() == []
     assert not any((run_dir / "nodes" / h / run.run_id).exists() for h in ("edge", "device1", "device2"))
     assert run_processes(run.run_id) == []
+    # ... and no CPU cgroup of the run
+    assert not [s for s in shares.values() if s is not None and Path(s["cgroup_cpu_path"]).exists()]
     # The fake /sys of every node is exactly as the run found it.
     assert (run_dir / "nodes" / "device1" / "sys").is_dir()
 

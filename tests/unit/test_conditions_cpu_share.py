@@ -177,7 +177,8 @@ def test_local_mode_default_share_is_an_equal_split_and_the_cpu_root_is_found(tm
 
 
 def test_dit_local_cpu_share_turns_the_local_share_on_or_sets_it() -> None:
-    assert local_cpu_share(None, True, 1, 4) is None  # off unless asked for (see local_cpu_share)
+    assert local_cpu_share(None, True, 1, 4) == 25  # on by default (see local_cpu_share)
+    assert local_cpu_share(None, False, 1, 4) is None  # where it can be applied
     assert local_cpu_share("auto", True, 1, 4) == 25
     assert local_cpu_share("off", True, 1, 4) is None
     assert local_cpu_share("60", True, 1, 4) == 60

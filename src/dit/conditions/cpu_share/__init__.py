@@ -14,16 +14,15 @@ the memory hierarchy: the processes join both).
 
 On a real board the board's own knob is the CPU frequency (``cpu_freq_mhz``); a CPU share caps the
 run's processes on top of it (a board with other work, or a faster board standing in for a slower
-one). In **local mode**, with ``DIT_LOCAL_CPU_SHARE=auto``, every device gets its own CPU cgroup even
+one). In **local mode**, by default (``DIT_LOCAL_CPU_SHARE=auto``), every device gets its own CPU cgroup even
 when the scenario sets no share: the local inventory gives each device ``dit_cpu_share_default_pct``,
 an equal split of the CPUs the
 devices run on (the non-edge CPUs, see :mod:`dit.conditions.cpus`), so that a device's capacity
 while it profiles is its capacity during inference, and the load processes on it take from that
 capacity, not from the other devices'. The default is set only where this machine can apply it
 (root and a cpu controller with CFS bandwidth); the scenario's value always wins, and
-``DIT_LOCAL_CPU_SHARE`` (``auto``, ``off`` — the default — or a percentage of one CPU) chooses. It is
-off by default because, measured with ch4_validation, busy loads inside a device's 25 % starved its
-agent (start 31-140 s late, MAPE doubled): see :func:`dit.localmode.local_cpu_share`.
+``DIT_LOCAL_CPU_SHARE`` (``auto`` — the default —, ``off`` or a percentage of one CPU) chooses; the
+measurements behind the default are in :func:`dit.localmode.local_cpu_share`.
 """
 
 from __future__ import annotations
