@@ -15,7 +15,8 @@ hits every method alike (a block of a 2 ms model lasts 20 ms):
   ``one_call=False``: one framework call per stage, each timed on its own (the method before the
   one-call timing; for models without ``timed_pass``, such as GPT-2, it is the only method);
 * ``one-call``: the profiler's default: a model that implements ``timed_pass`` (Keras) runs all
-  stages in ONE ``tf.function`` call with ``tf.timestamp()`` between the stages;
+  stages in ONE ``tf.function`` call with ``tf.timestamp()`` between the stages; any other model (GPT-2)
+  its stages back to back with a clock read between them (``latency_method: back_to_back``);
 * ``call wall``: the wall time around that one ``timed_pass`` call, i.e. what the timestamps and
   the control dependencies that order them cost the forward pass, dispatch included.
 
@@ -93,9 +94,9 @@ def measure(name: str, reps: int, block: int) -> dict[str, Any]:
     methods: dict[str, Callable[[], list[int]]] = {
         "forward": lambda: walls(lambda: model.forward(x)),
         "per_stage": lambda: profiled(False),
+        "one_call": lambda: profiled(True),  # the profile's default: back to back without timed_pass
     }
     if timed:
-        methods["one_call"] = lambda: profiled(True)
         methods["call_wall"] = lambda: walls(lambda: model.timed_pass(x))
     for method in methods.values():  # traces, caches
         method()
@@ -114,9 +115,9 @@ def measure(name: str, reps: int, block: int) -> dict[str, Any]:
     f = statistics.median(times["forward"])
     s = statistics.median(times["per_stage"])
     nan = float("nan")
-    o = statistics.median(times["one_call"]) if timed else nan
+    o = statistics.median(times["one_call"])
     w = statistics.median(times["call_wall"]) if timed else nan
-    paired = 100 * statistics.median(r[2] / r[0] - 1 for r in rounds) if timed else nan
+    paired = 100 * statistics.median(r[2] / r[0] - 1 for r in rounds)
     return {
         "stages": model.num_stages,
         "forward_ms": f / 1e6,

@@ -63,7 +63,8 @@ def write_scenario(directory: Path, **overrides: object) -> Path:
         "repetitions": 2,
         "warmup": 1,
         "seed": 7,
-        "edge_server": {"policy": "SJF"},
+        # a short capacity profile (the default lasts 2 s: tests/integration/test_edge_service.py)
+        "edge_server": {"policy": "SJF", "profile_min_s": 0.2},
         "inference": {"enabled": True, "partition_points": [0, 2, 4], "repetitions": 3},
         "optimisation": {"enabled": True, "algorithm": "greedy", "objective": "total_delay"},
         "timing": {"start_lead_s": 1.0},
