@@ -10,7 +10,7 @@ ready only once its CPU share is at its target (or the settle timeout passed), s
 with the loads steady; the controller records each device's settle record (:mod:`dit.settle`). Before
 the edge service, because the edge measures its capacity profile when it starts: in local mode and on
 the emulated rack the devices' load shares the machine with the edge, and a profile taken before the
-load mispredicted the edge's in-run stage times by up to 1.5x (docs/delay-model.md); on real boards
+load mispredicted the edge's in-run stage times by up to 1.5x (docs/optimisers.md); on real boards
 the order changes nothing for the edge.
 """
 
