@@ -23,13 +23,9 @@ DIT = [sys.executable, "-m", "dit"]
 def _session_lease_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Local runs lease this machine (dit.lease): a test session must not contend with the user's
     own runs or another session's. Module-scoped fixtures that run dit see this directory."""
-    old = os.environ.get("DIT_LOCAL_LEASE_DIR")
-    os.environ["DIT_LOCAL_LEASE_DIR"] = str(tmp_path_factory.mktemp("lease"))
-    yield
-    if old is None:
-        os.environ.pop("DIT_LOCAL_LEASE_DIR", None)
-    else:
-        os.environ["DIT_LOCAL_LEASE_DIR"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DIT_LOCAL_LEASE_DIR", str(tmp_path_factory.mktemp("lease")))
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,13 +33,9 @@ def _local_cpu_share_off() -> Iterator[None]:
     """Local runs give each device its own CPU cgroup by default (``DIT_LOCAL_CPU_SHARE=auto``), which
     slows a run's devices to their share (the quickstart: 62 s against 54 s). The suite turns it off;
     ``test_local_pipeline_runs_all_stages_and_leaves_nothing`` runs the default and checks the cgroups."""
-    old = os.environ.get("DIT_LOCAL_CPU_SHARE")
-    os.environ["DIT_LOCAL_CPU_SHARE"] = "off"
-    yield
-    if old is None:
-        os.environ.pop("DIT_LOCAL_CPU_SHARE", None)
-    else:
-        os.environ["DIT_LOCAL_CPU_SHARE"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DIT_LOCAL_CPU_SHARE", "off")
+        yield
 
 
 @pytest.fixture(autouse=True)
