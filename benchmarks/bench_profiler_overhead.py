@@ -1,13 +1,16 @@
 """Overhead of stage-by-stage profiling: sum of per-stage times vs one uninstrumented forward pass.
 
     .venv/bin/python benchmarks/bench_profiler_overhead.py [--models alexnet gpt2] [--reps 200] [--block 10]
+        [--min-seconds 3]
 
 Default: every Keras (TensorFlow) model of the catalogue (``keras_app`` only through its named
 applications) and GPT-2. Each method is measured as it runs in use, passes back to back with a warm
 framework thread pool: in blocks of ``--block`` passes after one discarded pass (a pass right after
 another method's stage-by-stage calls meets a colder pool). The blocks of all methods alternate, in a
 seeded random order per round, ``--reps / --block`` rounds, so that load drift on a shared machine
-hits every method alike (a block of a 2 ms model lasts 20 ms):
+hits every method alike (a block of a 2 ms model lasts 20 ms). A fast model gets more passes, so that
+each method's last at least ``--min-seconds`` (200 passes of the 1 ms GRU left its figure moving by 5
+points between runs; the ``reps`` column says how many ran):
 
 * ``forward``: the adapter's uninstrumented one-piece ``forward`` (the whole Keras model in one
   ``tf.function``, the whole Hugging Face model in one call), wall time around the call;
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -69,7 +73,7 @@ def stage_sums(result: Any) -> list[int]:
     return list(sums.values())
 
 
-def measure(name: str, reps: int, block: int) -> dict[str, Any]:
+def measure(name: str, reps: int, block: int, min_seconds: float = 0.0) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
     model: Any = build_model(
         {"name": name, "builder": entry(name).builder, "params": PARAMS.get(name, {}), "seed": 1}
@@ -100,6 +104,9 @@ def measure(name: str, reps: int, block: int) -> dict[str, Any]:
         methods["call_wall"] = lambda: walls(lambda: model.timed_pass(x))
     for method in methods.values():  # traces, caches
         method()
+    # a fast model gets more passes: each method's passes together last at least ``min_seconds``
+    forward_s = statistics.median(methods["forward"]()) / 1e9
+    reps = max(reps, block * math.ceil(min_seconds / max(forward_s * block, 1e-9)))
     times: dict[str, list[int]] = {k: [] for k in methods}
     rounds: list[list[float]] = []  # per round, the median of each method's block, in ``methods`` order
     order = list(methods)
@@ -120,6 +127,7 @@ def measure(name: str, reps: int, block: int) -> dict[str, Any]:
     paired = 100 * statistics.median(r[2] / r[0] - 1 for r in rounds)
     return {
         "stages": model.num_stages,
+        "reps": reps,
         "forward_ms": f / 1e6,
         "per_stage_ms": s / 1e6,
         "one_call_ms": o / 1e6,
@@ -138,17 +146,23 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=[*keras_models(), "gpt2"])
     ap.add_argument("--reps", type=int, default=200, help="passes per method")
     ap.add_argument("--block", type=int, default=10, help="passes per block (after one discarded)")
+    ap.add_argument(
+        "--min-seconds",
+        type=float,
+        default=3.0,
+        help="more passes for a fast model, until each method's last this long (the GRU's 1 ms passes: 3000)",
+    )
     args = ap.parse_args()
     print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")
     print(
-        f"{'model':<15} {'stages':>6} {'forward ms':>10} {'per-stage ms':>12} {'one-call ms':>11} "
+        f"{'model':<15} {'stages':>6} {'reps':>5} {'forward ms':>10} {'per-stage ms':>12} {'one-call ms':>11} "
         f"{'call wall ms':>12} {'per-stage':>9} {'one-call':>9} {'call wall':>9} {'paired':>8} {'ratio':>6} "
         f"{'load 1m':>11}"
     )
     for name in args.models:
-        r = measure(name, args.reps, args.block)
+        r = measure(name, args.reps, args.block, args.min_seconds)
         print(
-            f"{name:<15} {r['stages']:>6} {r['forward_ms']:>10.3f} {r['per_stage_ms']:>12.3f} "
+            f"{name:<15} {r['stages']:>6} {r['reps']:>5} {r['forward_ms']:>10.3f} {r['per_stage_ms']:>12.3f} "
             f"{r['one_call_ms']:>11.3f} {r['call_wall_ms']:>12.3f} {r['per_stage_pct']:>8.2f}% "
             f"{r['one_call_pct']:>8.2f}% {r['call_wall_pct']:>8.2f}% {r['paired_pct']:>7.2f}% {r['ratio']:>6.3f} "
             f"{r['load'][0]:>5.2f}-{r['load'][1]:<5.2f}",

@@ -6,6 +6,7 @@ import itertools
 import re
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +74,9 @@ def test_stage_times_add_up_to_the_timed_call(name: str, params: dict[str, Any])
 def test_the_profile_makes_one_call_per_pass_for_its_latencies(monkeypatch: pytest.MonkeyPatch) -> None:
     m = build("gru_vqp", {})
     original = m.timed_pass
-    seen: list[list[int]] = []
+    seen: list[Sequence[int]] = []
 
-    def spy(x: Any) -> tuple[Any, list[int]]:
+    def spy(x: Any) -> tuple[Any, Sequence[int]]:
         y, bounds = original(x)
         seen.append(bounds)
         return y, bounds
@@ -89,7 +90,8 @@ def test_the_profile_makes_one_call_per_pass_for_its_latencies(monkeypatch: pyte
         inside = [b - a for a, b in itertools.pairwise(bounds)]
         latencies = [r.latency_ns for r in rows]
         # the stages between the first and the last are the timestamps' differences; the first also
-        # carries the call's entry and the last its return, read on the wall clock around the call
+        # carries the call's entry (the profile's wall clock read before the call), the last the
+        # call's return (the model's own wall clock read as the call returns)
         assert latencies[1:-1] == inside[1:-1]
         assert latencies[0] >= inside[0] and latencies[-1] >= inside[-1]
 

@@ -14,7 +14,7 @@ entry points do not exist inside the device zipapp.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -67,13 +67,15 @@ class TimedPass(Protocol):
     1..N back to back in one compiled call and reads a clock between them.
     """
 
-    def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
+    def timed_pass(self, x: Any) -> tuple[Any, Sequence[int]]:
         """Run stages 1..N on ``x`` (the model input) in one call.
 
         Returns the final output and ``N + 1`` stage-boundary times in nanoseconds on the wall
         clock (``time.time_ns`` scale): boundary 0 is read before stage 1 starts, boundary ``i``
         after stage ``i``'s output exists and before stage ``i + 1`` starts, so stage ``i`` took
-        ``boundary[i] - boundary[i - 1]``.
+        ``boundary[i] - boundary[i - 1]``. The sequence may be lazy (converted from the framework's
+        timestamps when first read): the profiler runs its timing passes back to back and reads
+        the boundaries only after the last one, so that no conversion runs between two passes.
         """
         ...
 

@@ -62,7 +62,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -444,24 +444,35 @@ def sampler_method(sampler: Sampler) -> str:
 
 
 class _OneCallTimer:
-    """One :meth:`~dit.device.adapter.TimedPass.timed_pass`: per stage (start on ``clock``, latency)."""
+    """One :meth:`~dit.device.adapter.TimedPass.timed_pass` per repetition: :meth:`run` makes the
+    call and keeps what it returned, :meth:`stages` turns that into (start on ``clock``, latency) per
+    stage once all the passes have run."""
 
     def __init__(self, model: TimedPass, clock: Callable[[], int], wall_clock: Callable[[], int]) -> None:
         self._model = model
         self._clock = clock
         self._wall = wall_clock
 
-    def stages(self, x: Any, num_stages: int) -> list[tuple[int, int]]:
-        """Stage ``i`` is boundary ``i - 1`` to boundary ``i``, except that the first boundary is the
-        wall clock read just before the call and the last one just after it returns: the call's
-        fixed cost (dispatch, argument conversion, returning the output), paid once per pass, goes
-        to stage 1 (entry) and stage N (return), so the stages add up to the call's wall time."""
+    def run(self, x: Any) -> tuple[int, int, Sequence[int]]:
+        """The clocks read just before the call (``clock``, then the wall clock) and the model's
+        boundaries, not yet read: converting a framework's timestamps between two passes would put
+        Python between them that a forward pass does not have (and the boundaries may be lazy)."""
         mono, wall = self._clock(), self._wall()
         _, bounds = self._model.timed_pass(x)
-        after = self._wall()
+        return mono, wall, bounds
+
+    def stages(self, timed: tuple[int, int, Sequence[int]], num_stages: int) -> list[tuple[int, int]]:
+        """Stage ``i`` is boundary ``i - 1`` to boundary ``i``, except that the first boundary is the
+        wall clock read just before the call: the call's entry (dispatch, argument conversion),
+        paid once per pass, goes to stage 1. Its return is the model's to include in the last
+        boundary (:meth:`~dit.models.keras_staged.KerasStagedModel.timed_pass` reads the clock as
+        the framework call returns); what the model does after that, such as converting its
+        timestamps, is instrumentation, not inference, and is left out."""
+        mono, wall, lazy = timed
+        bounds = list(lazy)
         if len(bounds) != num_stages + 1:
             raise ValueError(f"timed_pass returned {len(bounds)} boundaries for {num_stages} stages")
-        bounds = [min(wall, bounds[0]), *bounds[1:-1], max(after, bounds[-1])]
+        bounds = [min(wall, bounds[0]), *bounds[1:]]
         to_clock = mono - wall
         return [(a + to_clock, b - a) for a, b in itertools.pairwise(bounds)]
 
@@ -506,7 +517,11 @@ def _passes(
         # stage-by-stage pass in between would hand every call a cold framework thread pool. The
         # stage-by-stage passes below, on the same inputs, give the other columns.
         inputs = [model.make_input() for _ in range(passes)]
-        timings = [timer.stages(x, n) for x in inputs]
+        if isinstance(timer, _OneCallTimer):
+            calls = [timer.run(x) for x in inputs]
+            timings = [timer.stages(c, n) for c in calls]
+        else:
+            timings = [timer.stages(x, n) for x in inputs]
     for pass_no in range(passes):
         rep = pass_no - warmup  # negative while warming up
         x = inputs[pass_no] if inputs else model.make_input()

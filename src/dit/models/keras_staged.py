@@ -27,9 +27,9 @@ import itertools
 import math
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -405,24 +405,77 @@ class KerasStagedModel(ArrayStageModel):
             self._timed = _timed_stages(self._tf, self._callers, self.specs[0].shape)
         return self._timed
 
-    def timed_pass(self, x: Any) -> tuple[Any, list[int]]:
+    def untimed_function(self) -> Any:
+        """The stages of :meth:`timed_function` composed in one concrete function with no timestamps
+        and no ordering ops: what the timing itself costs is the difference between the two
+        (``benchmarks/bench_keras_timestamp_cost.py``)."""
+        callers = self._callers
+
+        def composed(x: Any) -> Any:
+            for stage in callers:
+                x = stage(x)
+            return x
+
+        sig = [self._tf.TensorSpec(self.specs[0].shape, self._tf.float32)]
+        return self._tf.function(composed, input_signature=sig).get_concrete_function()
+
+    def timed_pass(self, x: Any) -> tuple[Any, Sequence[int]]:
         """All stages in ONE ``tf.function`` call with ``tf.timestamp()`` between them (see
         :func:`_timed_stages`); the output and the ``N + 1`` boundary times, wall clock ns.
 
         The inner boundaries ``1..N-1`` are the graph's timestamps. The outer two are the wall clock
-        read here just before the input is converted and the call made, and just after it returns:
-        the profile charges the call's entry to stage 1 and its return to stage N either way (so that
-        the stages add up to the call), so timestamps there would only add ops to every pass."""
+        read here just before the input is converted and the call made, and just after it returns,
+        so stage 1 holds the call's entry and stage N its return and the stages add up to the call
+        (timestamps there would only add ops to every pass).
+
+        ``after`` is read as soon as the call returns, and the timestamps are fetched and converted
+        only when the boundaries are first read (:class:`StageBoundaries`): right after a call the
+        framework's worker threads still spin for work on the same cores, so even a little Python
+        runs several times slower there, and none of it is part of a forward pass."""
         before = time.time_ns()
         y, stamps = self.timed_function()(self._tensor(x, 0))
-        t = stamps.numpy()
         after = time.time_ns()
-        if not len(t):
-            return y, [before, after]
-        b0 = round(float(t[0]) * 1e9)
-        # float64 differences of nearby values are exact: the offsets keep tf.timestamp's resolution
-        inner = [b0 + round(float(d) * 1e9) for d in t - t[0]]
-        return y, [min(before, inner[0]), *inner, max(after, inner[-1])]
+        return y, StageBoundaries(before, after, stamps, self.num_stages + 1)
+
+
+class StageBoundaries(Sequence[int]):
+    """The ``N + 1`` boundaries of one :meth:`KerasStagedModel.timed_pass`, converted from the graph's
+    ``float64`` timestamps (seconds) to wall clock ns the first time an element is read."""
+
+    def __init__(self, before: int, after: int, stamps: Any, count: int) -> None:
+        self._before, self._after, self._stamps, self._count = before, after, stamps, count
+        self._values: list[int] | None = None
+
+    def _convert(self) -> list[int]:
+        if self._values is None:
+            t = np.asarray(self._stamps.numpy(), dtype=np.float64)
+            if not len(t):
+                self._values = [self._before, self._after]
+            else:
+                b0 = round(float(t[0]) * 1e9)
+                # float64 differences of nearby values are exact: the offsets keep the timestamps' resolution
+                inner = [b0 + round(float(d) * 1e9) for d in t - t[0]]
+                self._values = [min(self._before, inner[0]), *inner, max(self._after, inner[-1])]
+            self._stamps = None
+        return self._values
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        return self._convert()[index]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._convert())
+
+    def __repr__(self) -> str:
+        return f"StageBoundaries({self._convert()!r})"
 
 
 def _caller(sub: Any) -> Callable[[Any], Any]:
