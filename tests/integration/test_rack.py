@@ -146,7 +146,8 @@ def test_rack_up_three_devices_each_in_its_namespace_and_cgroup(rack: RackHandle
         assert str(hostvars["ansible_host"]) + "/24" in result.stdout
         assert "edge-reachable" in result.stdout
     quota = (CGROUPS / "cpu/dit-t14/device2/cpu.cfs_quota_us").read_text().strip()
-    assert quota == "3000"  # of a 10 ms period
+    period = (CGROUPS / "cpu/dit-t14/device2/cpu.cfs_period_us").read_text().strip()
+    assert (quota, period) == ("1000", "3334")  # 30 %: the kernel's minimum quota, the finest grain
 
 
 def test_a_busy_loop_gets_its_cpu_share(rack: RackHandle) -> None:

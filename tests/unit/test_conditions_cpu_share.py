@@ -38,28 +38,34 @@ def contexts(local: bool = False, **hostvars: dict[str, Any]) -> dict[str, HostC
     return {h: ctx(h, hostvars.get(h), local) for h in ("edge", "device1", "device2")}
 
 
-def test_the_share_is_a_quota_per_10_ms_period_in_a_cgroup_named_after_the_run() -> None:
+def test_the_share_is_a_1_ms_quota_per_period_in_a_cgroup_named_after_the_run() -> None:
     (scn,) = loads(SCENARIO)
     built = build_conditions(scn, contexts(device1={"dit_cpu_cgroup_root": "/sys/fs/cgroup/cpu/"}))
     assert built["device1"]["cpu_share"] == {
         "cgroup_cpu_path": f"/sys/fs/cgroup/cpu/dit-{RUN}-device1",
-        "cgroup_cpu_quota_us": 3_000,
-        "cgroup_cpu_period_us": 10_000,
+        "cgroup_cpu_quota_us": 1_000,
+        "cgroup_cpu_period_us": 3_334,
         "cgroup_cpu_field": "hardware.device1.cpu_share_pct",
     }
     assert "cpu_share" not in built["device2"] and "cpu_share" not in built["edge"]
-    assert cpu_share.quota_us(250) == 25_000  # two and a half cores
-    # the period grows below 10 % so that the quota never falls under the kernel's 1 ms minimum
-    assert [cpu_share.period_us(p) for p in (1, 3, 5, 10, 100)] == [100_000, 33_334, 20_000, 10_000, 10_000]
-    assert [cpu_share.quota_us(p) for p in (1, 3, 5)] == [1_000, 1_000, 1_000]
+    assert cpu_share.quota_us(250) == 5_000  # two and a half cores: 5 ms per 2 ms
+    # the shortest period with the kernel's 1 ms minimum quota (the finest grain: bursts of 1 ms
+    # after a pause), and no shorter than 2 ms
+    periods = [cpu_share.period_us(p) for p in (1, 3, 5, 10, 25, 50, 100)]
+    assert periods == [100_000, 33_334, 20_000, 10_000, 4_000, 2_000, 2_000]
+    assert [cpu_share.quota_us(p) for p in (1, 3, 5, 10, 25, 50, 100)] == [1_000] * 6 + [2_000]
 
 
 def test_local_mode_gives_every_device_its_default_share_and_the_scenario_value_wins() -> None:
     (scn,) = loads(SCENARIO)
     default = {"dit_cpu_share_default_pct": 50}
     built = build_conditions(scn, contexts(local=True, device1=default, device2=default, edge=default))
-    assert built["device1"]["cpu_share"]["cgroup_cpu_quota_us"] == 3_000
-    assert built["device2"]["cpu_share"]["cgroup_cpu_quota_us"] == 5_000
+    def share(host: str) -> tuple[int, int]:
+        block = built[host]["cpu_share"]
+        return block["cgroup_cpu_quota_us"], block["cgroup_cpu_period_us"]
+
+    assert share("device1") == (1_000, 3_334)  # the scenario's 30 %
+    assert share("device2") == (1_000, 2_000)  # the default 50 %
     assert "cpu_share" not in built["edge"]  # the edge server is never capped
     # Not local: the inventory default is not a scenario value.
     assert "cpu_share" not in build_conditions(scn, contexts(device2=default))["device2"]

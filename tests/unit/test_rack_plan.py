@@ -90,11 +90,11 @@ def test_cpu_share_up_to_every_core_is_accepted() -> None:
 def test_cpu_quota_files_v1_and_v2() -> None:
     # a 10 ms period: the quota is spread finely, so the node looks like a uniformly slower CPU
     assert cpu_quota_writes(V1, "dit-rack/device1", 30) == [
-        CgroupWrite(Path("/cg/cpu/dit-rack/device1/cpu.cfs_period_us"), "10000"),
-        CgroupWrite(Path("/cg/cpu/dit-rack/device1/cpu.cfs_quota_us"), "3000"),
+        CgroupWrite(Path("/cg/cpu/dit-rack/device1/cpu.cfs_period_us"), "3334"),
+        CgroupWrite(Path("/cg/cpu/dit-rack/device1/cpu.cfs_quota_us"), "1000"),
     ]
     assert cpu_quota_writes(V1, "x", None)[1].value == "-1"
-    assert cpu_quota_writes(V2, "x", 150) == [CgroupWrite(Path("/cg/x/cpu.max"), "15000 10000")]
+    assert cpu_quota_writes(V2, "x", 150) == [CgroupWrite(Path("/cg/x/cpu.max"), "3000 2000")]
     assert cpu_quota_writes(V2, "x", None) == [CgroupWrite(Path("/cg/x/cpu.max"), "max 100000")]
     # below 10 % the period grows so that the quota stays at the kernel's 1 ms minimum or above
     assert cpu_quota_writes(V2, "x", 5) == [CgroupWrite(Path("/cg/x/cpu.max"), "1000 20000")]
@@ -131,7 +131,7 @@ def test_cgroup_steps_make_the_parent_first_with_its_cpuset_before_any_node() ->
     assert parent["cpuset.cpus"] == "0,1" and parent["cpuset.mems"] == "0"
     device = {str(w.path): w.value for w in steps[2].writes}
     assert device["/cg/cpuset/dit-rack/device1/cpuset.cpus"] == "1"
-    assert device["/cg/cpu/dit-rack/device1/cpu.cfs_quota_us"] == "3000"
+    assert device["/cg/cpu/dit-rack/device1/cpu.cfs_quota_us"] == "1000"
     assert device["/cg/memory/dit-rack/device1/memory.limit_in_bytes"] == str(256 << 20)
     # cpuset.mems and cpuset.cpus must be written before a task can join a v1 cpuset.
     names = [w.path.name for w in steps[2].writes]
@@ -273,7 +273,7 @@ def test_v2_node_writes_its_limits_then_enables_controllers_for_its_children() -
     assert [(str(w.path), w.value) for w in node.writes] == [
         ("/cg/dit-rack/device1/cpuset.mems", "0"),
         ("/cg/dit-rack/device1/cpuset.cpus", "1"),
-        ("/cg/dit-rack/device1/cpu.max", "3000 10000"),
+        ("/cg/dit-rack/device1/cpu.max", "1000 3334"),
         ("/cg/dit-rack/device1/cpu.weight", "10000"),
         ("/cg/dit-rack/device1/memory.max", str(256 << 20)),
         ("/cg/dit-rack/device1/cgroup.subtree_control", "+cpu +cpuset +memory"),

@@ -1,7 +1,7 @@
 """Compute capacity of a device's run processes (``hardware.<device>.cpu_share_pct``), by cgroup CPU quota.
 
-The share is a percentage of **one CPU** (as ``dit rack up --cpu-share``): 30 is 3 ms of CPU time
-per 10 ms period (:func:`period_us`), 100 a whole core, 250 two and a half cores; it may be at most 100 times the
+The share is a percentage of **one CPU** (as ``dit rack up --cpu-share``): 30 is 1 ms of CPU time
+per 3.334 ms period (:func:`period_us`), 100 a whole core, 250 two and a half cores; it may be at most 100 times the
 node's CPU count (preflight refuses more, naming the field). The ``cgroup_cpu`` role creates the
 cgroup ``<dit_cpu_cgroup_root>/dit-<run id>-<host>`` (``dit_cgroup``: cgroup v2 ``cpu.max``, or v1
 ``cpu.cfs_period_us`` + ``cpu.cfs_quota_us``, detected on the node at run time, with the highest CPU
@@ -42,7 +42,7 @@ CONDITION = Condition(
 )
 
 DEFAULT_CPU_CGROUP_ROOT = "/sys/fs/cgroup"
-SHORTEST_PERIOD_US = 10_000
+SHORTEST_PERIOD_US = 2_000
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller cfs_quota_us (and cpu.max quota)
 DEFAULT_HOSTVAR = "dit_cpu_share_default_pct"  # local mode's default share (dit.inventory.local_inventory)
 ADVICE = "a kernel with CONFIG_CFS_BANDWIDTH and the cpu cgroup controller"
@@ -73,16 +73,21 @@ def share_pct(scenario: Scenario, host: str, ctx: HostContext) -> int | None:
 
 
 def period_us(pct: int) -> int:
-    """The CFS period for a share of ``pct`` % of one CPU: 10 ms, or longer where the quota would fall
-    below the kernel's 1 ms minimum (5 % gets 20 ms, 1 % gets 100 ms).
+    """The CFS period for a share of ``pct`` % of one CPU: the shortest that gives the kernel's
+    minimum quota of 1 ms (25 % gets 4 ms, 5 % gets 20 ms, 1 % gets 100 ms), and at least 2 ms.
 
     The period is the grain of the emulated capacity. Within a period a capped process runs at full
     speed until its quota is spent, then waits for the next period. With the kernel's usual 100 ms, a
     25 % node runs 25 ms flat out and then stops for 75 ms: a stage of a few milliseconds measured on
-    its own after a pause (as the profile does) runs at full speed, while the same stages back to
-    back (a partition's inference) pay the waits, so the profile under-predicts the inference. A 10 ms
-    period makes the node look like a uniformly slower CPU at that scale (measured with ch4_validation
-    on the rack: benchmarks/bench_ch4_mape.py, figures in docs/rack.md).
+    its own after a pause runs at full speed, while the same stages back to back (the profile's
+    timing passes) pay the waits. A partition's local part starts after the device idled, so its
+    first quota is such a burst, which saves it about ``quota x (100 / pct - 1)`` of wall time: 7.5
+    ms at 25 % with a 10 ms period (2.5 ms quota), 3 ms with 4 ms (1 ms quota). Measured at 25 %
+    (``benchmarks/bench_cpu_share_grain.py``): 6 ms of work after a pause took 0.59-0.73 of its
+    uniform time with the 10 ms period and 0.73-0.91 with 4 ms; 18 ms of work about 1.0 with both.
+    The profile's local term over-predicted short local parts by 1.2-1.4x on the rack with 10 ms
+    (docs/optimisers.md). The 2 ms floor keeps the kernel's period timer at most 500 times a second
+    per node for shares of 50 % and more.
     """
     if pct < 1:
         raise ValueError(f"a CPU share must be at least 1 %, not {pct}")
