@@ -435,15 +435,15 @@ class KerasStagedModel(ArrayStageModel):
         before = time.time_ns()
         y, stamps = self.timed_function()(self._tensor(x, 0))
         after = time.time_ns()
-        return y, StageBoundaries(before, after, stamps, self.num_stages + 1)
+        return y, StageBoundaries(before, after, stamps)
 
 
 class StageBoundaries(Sequence[int]):
     """The ``N + 1`` boundaries of one :meth:`KerasStagedModel.timed_pass`, converted from the graph's
     ``float64`` timestamps (seconds) to wall clock ns the first time an element is read."""
 
-    def __init__(self, before: int, after: int, stamps: Any, count: int) -> None:
-        self._before, self._after, self._stamps, self._count = before, after, stamps, count
+    def __init__(self, before: int, after: int, stamps: Any) -> None:
+        self._before, self._after, self._stamps = before, after, stamps
         self._values: list[int] | None = None
 
     def _convert(self) -> list[int]:
@@ -460,7 +460,7 @@ class StageBoundaries(Sequence[int]):
         return self._values
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._convert())
 
     @overload
     def __getitem__(self, index: int) -> int: ...
