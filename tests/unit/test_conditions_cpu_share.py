@@ -60,6 +60,7 @@ def test_local_mode_gives_every_device_its_default_share_and_the_scenario_value_
     (scn,) = loads(SCENARIO)
     default = {"dit_cpu_share_default_pct": 50}
     built = build_conditions(scn, contexts(local=True, device1=default, device2=default, edge=default))
+
     def share(host: str) -> tuple[int, int]:
         block = built[host]["cpu_share"]
         return block["cgroup_cpu_quota_us"], block["cgroup_cpu_period_us"]
