@@ -18,7 +18,9 @@ from typing import Any
 from dit.lease import local_lease_dir
 from dit.localmode import (
     LOCAL_CPU_SHARE_ENV,
+    LOCAL_MEMORY_ENV,
     cpu_quota_usable,
+    local_board_memory_mb,
     local_cpu_share,
     local_runtimes_dir,
     make_fake_sysfs,
@@ -116,6 +118,11 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     if share is not None:
         for name in devices:
             device_vars[name]["dit_cpu_share_default_pct"] = share
+    # The memory of the board each device stands for: the basis of its load's memory targets.
+    board = local_board_memory_mb(os.environ.get(LOCAL_MEMORY_ENV))
+    if board is not None:
+        for name in devices:
+            device_vars[name]["load_board_memory_mb"] = board
     common: dict[str, Any] = {
         "ansible_connection": "local",
         "ansible_python_interpreter": python,

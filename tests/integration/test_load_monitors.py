@@ -119,6 +119,11 @@ def test_load_monitors_and_power_run_during_profile_and_leave_nothing(
     d1 = pd.read_csv(run_dir / "raw" / "device1" / "device1_load.csv")
     assert d1["event"].iloc[0] == "start" and (d1["event"] == "target").sum() >= 2
     assert d1["cpu_pct"].between(10, 20).all() and (d1["mem_pct"] == 0.05).all()
+    # a local device stands for a Pi 4: its memory targets are a share of 4096 MiB, not of this machine
+    header = json.loads((run_dir / "raw" / "device1" / "device1_load.json").read_text())
+    assert header["memory_basis_bytes"] == 4096 * 1024 * 1024, header
+    assert header["memory_basis_source"].startswith("board_memory_mb"), header
+    assert (d1["mem_bytes"] == int(4096 * 1024 * 1024 * 0.05 / 100)).all()
     d2 = pd.read_csv(run_dir / "raw" / "device2" / "device2_load.csv")
     assert d2["event"].iloc[0] == "start" and d2["processes"].iloc[0] == 1
 

@@ -170,6 +170,36 @@ def test_memory_basis_without_a_limit_is_memtotal(tmp_path: Path) -> None:
     assert load.memory_basis(proc_cgroup, mountinfo, tmp_path / "meminfo").source == "meminfo MemTotal"
 
 
+def test_memory_basis_is_the_board_without_a_limit_and_the_limit_before_it(tmp_path: Path) -> None:
+    """Local mode's board (``board_memory_mb``) replaces MemTotal, not a cgroup limit, and never
+    exceeds MemTotal."""
+    mem = tmp_path / "memory"
+    write(mem / "memory.limit_in_bytes", "9223372036854771712")
+    proc_cgroup = write(tmp_path / "self_cgroup", "7:memory:/\n")
+    mountinfo = write(tmp_path / "mountinfo", f"40 30 0:33 / {mem} rw - cgroup cgroup rw,memory\n")
+    meminfo = write(tmp_path / "meminfo", MEMINFO)  # MemTotal 3.7 GiB
+    board = load.memory_basis(proc_cgroup, mountinfo, meminfo, board_bytes=1024**3)
+    assert board.total_bytes == 1024**3 and board.source.startswith("board_memory_mb")
+    # a board larger than this machine: MemTotal
+    bigger = load.memory_basis(proc_cgroup, mountinfo, meminfo, board_bytes=8 * 1024**3)
+    assert bigger == load.MemoryBasis(3884376 * 1024, "meminfo MemTotal")
+    # a cgroup limit (the scenario's memory_limit_mb) comes first, also when it is above the board
+    write(mem / "dit-run/memory.limit_in_bytes", str(2 * 1024**3))
+    write(tmp_path / "self_cgroup", "7:memory:/dit-run\n")
+    limited = load.memory_basis(proc_cgroup, mountinfo, meminfo, board_bytes=1024**3)
+    assert limited == load.MemoryBasis(2 * 1024**3, f"cgroup1 {mem}/dit-run/memory.limit_in_bytes")
+
+
+def test_board_memory_must_be_a_positive_number() -> None:
+    base = {"mode": "light", "host": "device1", "results_dir": "/tmp/r", "seed": 1}
+    assert load.parse_config(base | {"board_memory_mb": 4096}).board_memory_mb == 4096
+    assert load.parse_config(base).board_memory_mb is None
+    with pytest.raises(load.ConfigError, match="board_memory_mb"):
+        load.parse_config(base | {"board_memory_mb": 0})
+    with pytest.raises(load.ConfigError, match="board_memory_mb"):
+        load.parse_config(base | {"board_memory_mb": "4G"})
+
+
 def test_memory_load_allocates_touches_and_shrinks() -> None:
     mem = load.MemoryLoad()
     mem.resize(20 * 1024 * 1024 + 123)

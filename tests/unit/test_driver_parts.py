@@ -41,6 +41,22 @@ def test_local_inventory_has_edge_and_devices_with_fake_sysfs(tmp_path: Path) ->
     assert (edge_sysfs / "devices/system/cpu/intel_pstate/no_turbo").read_text().strip() == "0"
 
 
+def test_local_devices_stand_for_a_board_s_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local device's load takes its memory targets from a Pi 4's 4096 MiB, not this machine's
+    MemTotal (DIT_LOCAL_MEMORY_MB: auto, off or MiB); the edge has no load."""
+    monkeypatch.delenv("DIT_LOCAL_MEMORY_MB", raising=False)
+    inv = local_inventory(tmp_path / "a", ("device1", "device2"))
+    assert [inv.hostvars[d]["load_board_memory_mb"] for d in ("device1", "device2")] == [4096, 4096]
+    assert "load_board_memory_mb" not in inv.hostvars["edge"]
+    monkeypatch.setenv("DIT_LOCAL_MEMORY_MB", "2048")
+    assert local_inventory(tmp_path / "b", ("device1",)).hostvars["device1"]["load_board_memory_mb"] == 2048
+    monkeypatch.setenv("DIT_LOCAL_MEMORY_MB", "off")
+    assert "load_board_memory_mb" not in local_inventory(tmp_path / "c", ("device1",)).hostvars["device1"]
+    monkeypatch.setenv("DIT_LOCAL_MEMORY_MB", "4G")
+    with pytest.raises(ValueError, match="DIT_LOCAL_MEMORY_MB='4G'"):
+        local_inventory(tmp_path / "d", ("device1",))
+
+
 def test_fake_sysfs_snapshot_is_stable(tmp_path: Path) -> None:
     root = make_fake_sysfs(tmp_path / "sys", "device")
     before = snapshot_tree(root)

@@ -31,7 +31,9 @@ inference runtime's first threads and most interrupts land on the low cores.
 **Memory** targets are a fraction of the memory available to the device: the **cgroup limit** when the
 process is in a memory cgroup with a limit (``/proc/self/cgroup`` → cgroup v2 ``memory.max`` or v1
 ``memory.limit_in_bytes``, the smallest limit on the path up to the hierarchy's mount point), else
-**MemTotal** of ``/proc/meminfo`` (the board's memory, not what happens to be free). The generator
+``board_memory_mb`` when the config gives it (local mode: the memory of the board a device stands for,
+``DIT_LOCAL_MEMORY_MB``, so that a light load is a board's 10-20 %, not a laptop's), else **MemTotal**
+of ``/proc/meminfo`` (the board's memory, not what happens to be free). The generator
 allocates that many bytes in 8 MiB chunks and writes one byte in every page, so the pages are resident.
 For the host's safety an allocation is clamped to MemAvailable - 64 MiB at the time (logged as
 ``clamped``). Allocating (or releasing) happens between two duty-cycle periods and keeps the core busy
@@ -212,12 +214,16 @@ def memory_basis(
     proc_cgroup: Path = Path("/proc/self/cgroup"),
     mountinfo: Path = Path("/proc/self/mountinfo"),
     meminfo: Path = Path("/proc/meminfo"),
+    board_bytes: int | None = None,
 ) -> MemoryBasis:
-    """The cgroup limit if there is one (and it is below MemTotal), else MemTotal."""
+    """The cgroup limit if there is one (below MemTotal), else ``board_bytes`` (local mode's board, if
+    below MemTotal), else MemTotal."""
     total = read_meminfo(meminfo)["MemTotal"]
     limit = cgroup_memory_limit(proc_cgroup, mountinfo)
     if limit is not None and limit[0] < total:
         return MemoryBasis(limit[0], limit[1])
+    if board_bytes is not None and board_bytes < total:
+        return MemoryBasis(board_bytes, "board_memory_mb (local mode: the board a device stands for)")
     return MemoryBasis(total, "meminfo MemTotal")
 
 
@@ -498,6 +504,7 @@ class LoadConfig:
     ready_file: Path | None
     compensate: bool
     settle: SettleConfig | None = None
+    board_memory_mb: int | None = None
 
 
 def _number(cfg: Mapping[str, Any], key: str, lo: float, hi: float | None = None) -> float | None:
@@ -536,7 +543,9 @@ def parse_config(cfg: Mapping[str, Any]) -> LoadConfig:
     interval = _number(cfg, "interval_s", 1e-3)
     period_ms = _number(cfg, "period_ms", 1.0, 10_000.0)
     ready = cfg.get("ready_file")
+    board = _number(cfg, "board_memory_mb", 1.0)
     return LoadConfig(
+        board_memory_mb=None if board is None else int(board),
         settle=_settle_config(cfg.get("settle")),
         host=str(require(cfg, "host", str)),
         run_id=str(cfg.get("run_id", "")),
@@ -634,7 +643,8 @@ def _load(cfg: LoadConfig, stop: StopSignal) -> int:
     origin = Origin.now()
     rng = load_rng(cfg.seed, cfg.host)
     core = pick_core(cfg.cpu_core) if cfg.mode != "processes" else None
-    basis = memory_basis() if cfg.mode != "processes" else None
+    board = None if cfg.board_memory_mb is None else cfg.board_memory_mb * 1024 * 1024
+    basis = memory_basis(board_bytes=board) if cfg.mode != "processes" else None
     header: dict[str, Any] = {
         "host": cfg.host,
         "run_id": cfg.run_id,
