@@ -18,6 +18,10 @@ description:
   - With O(run_id), writes what became of the run's device processes (C(results/processes.json)),
     read from their status records in C(logs/) before teardown reaps them. An entry with C(failed)
     true (exited non-zero, or gone without an exit code) degrades the run.
+  - With O(stop_tags), first stops those processes of the run on this node (SIGTERM to each process
+    group, then SIGKILL after O(stop_grace_s)), so what they write when they stop is packed too (the
+    edge server writes C(results/edge_summary.json) then). Stopping changes nothing teardown undoes;
+    teardown still reaps whatever is left.
   - Packs C(results/) and C(logs/) into O(archive) with every member prefixed by the host name.
   - Writes only inside the node's run root, which teardown removes.
 options:
@@ -52,6 +56,15 @@ options:
   run_id:
     description: The run id; checks the status records of the run's device processes.
     type: str
+  stop_tags:
+    description: Tags of the run's processes on this node to stop before packing (needs O(run_id)).
+    type: list
+    elements: str
+    default: []
+  stop_grace_s:
+    description: Seconds a stopped process has to exit after SIGTERM before SIGKILL.
+    type: float
+    default: 30.0
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -87,6 +100,11 @@ ping:
   description: The link record (target, method, sent, received, rtt_ns), a list of them with ping_targets.
   returned: when ping_target or ping_targets is set
   type: raw
+stopped:
+  description: The processes O(stop_tags) named that were running (pid, pgid, tag, host).
+  returned: when stop_tags is set
+  type: list
+  elements: dict
 processes:
   description: Per device process with a status record - tag, state, exit_code, error, failed, stderr_tail.
   returned: when run_id is set
@@ -102,7 +120,7 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.dit_ping import ping, ping_all
-from ansible.module_utils.dit_procs import process_states
+from ansible.module_utils.dit_procs import process_states, reap
 
 
 def _snapshot() -> dict[str, Any]:
@@ -147,6 +165,8 @@ def main() -> None:
             "ping_count": {"type": "int", "default": 10},
             "tcp_port": {"type": "int"},
             "run_id": {"type": "str"},
+            "stop_tags": {"type": "list", "elements": "str", "default": []},
+            "stop_grace_s": {"type": "float", "default": 30.0},
         },
         supports_check_mode=True,
     )
@@ -156,7 +176,16 @@ def main() -> None:
     results = os.path.join(p["node_root"], "results")
     if not os.path.isdir(results):
         module.fail_json(msg="{} has no results directory; did apply run?".format(p["node_root"]))
+    if p["stop_tags"] and not p["run_id"]:
+        module.fail_json(msg="stop_tags needs run_id: only the run's own processes are stopped")
     out = {"archive": p["archive"]}
+    if p["stop_tags"]:  # first: what a process writes as it exits is packed below
+        out["stopped"] = []
+        for tag in p["stop_tags"]:
+            found, survivors = reap(p["run_id"], p["host"], tag, p["stop_grace_s"])
+            if survivors:
+                module.fail_json(msg=f"could not stop the {tag} process of the run", survivors=survivors)
+            out["stopped"].extend(found)
     if p["ping_targets"]:  # every link of the device: a list, the edge first
         out["ping"] = ping_all(p["ping_targets"], p["ping_count"], p["tcp_port"])
         _write_json(os.path.join(results, "ping.json"), out["ping"])

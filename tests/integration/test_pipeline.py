@@ -112,7 +112,13 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(
         assert [r for r in records if r["failed"]] == [], host
         # Background processes still run; the agent of the two-phase start keeps a status record too.
         ended = {r["tag"]: r["exit_code"] for r in records if r["state"] != "running"}
-        assert ended == ({} if host == "edge" else {"profile": 0}), host
+        # the edge service is stopped by collect, cleanly, once the devices have collected
+        assert ended == ({"edge": 0} if host == "edge" else {"profile": 0}), host
+    # ... so what it writes as it stops is fetched, and teardown drops no result unfetched.
+    summary = json.loads((run_dir / "raw" / "edge" / "edge_edge_summary.json").read_text())
+    assert summary["completed_requests"] == 2 * 2 * 3  # 2 devices, points 0 and 2, 3 repetitions (4 is local)
+    assert summary["unfinished_rounds"] == []
+    assert status["teardown"]["warnings"] == []
 
     # Teardown: journal fully replayed, node run dirs gone, no process of the run left.
     assert Journal(run.journal).pending() == []
