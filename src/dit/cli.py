@@ -113,6 +113,13 @@ def run(
     )
     if as_json and not check:
         raise _fail("--json: only with --check", 2)
+    if inventory is None:  # local mode: a malformed DIT_LOCAL_* fails here, before any run directory
+        from dit.localmode import check_local_settings
+
+        try:
+            check_local_settings()
+        except ValueError as exc:
+            raise _fail(str(exc), 2) from exc
     if check:
         from dit.dryrun import print_dry_runs
 

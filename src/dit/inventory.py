@@ -105,8 +105,6 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     edge_cpus, device_cpus = local_cpu_split()
     if edge_cpus:
         edge_vars["dit_cpu_affinity"] = edge_cpus
-        for name in devices:
-            device_vars[name]["dit_cpu_affinity"] = device_cpus
     # Each device its own CPU cgroup (dit.conditions.cpu_share) when DIT_LOCAL_CPU_SHARE asks for it
     # (auto, the default: an equal split of the devices' CPUs, or a percentage of one CPU; or off).
     share = local_cpu_share(
@@ -115,13 +113,14 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         len(device_cpus) or 1,
         len(devices),
     )
-    if share is not None:
-        for name in devices:
-            device_vars[name]["dit_cpu_share_default_pct"] = share
     # The memory of the board each device stands for: the basis of its load's memory targets.
     board = local_board_memory_mb(os.environ.get(LOCAL_MEMORY_ENV))
-    if board is not None:
-        for name in devices:
+    for name in devices:
+        if edge_cpus:
+            device_vars[name]["dit_cpu_affinity"] = device_cpus
+        if share is not None:
+            device_vars[name]["dit_cpu_share_default_pct"] = share
+        if board is not None:
             device_vars[name]["load_board_memory_mb"] = board
     common: dict[str, Any] = {
         "ansible_connection": "local",

@@ -10,7 +10,9 @@ an Intel desktop exposes (intel_pstate ``no_turbo``, a base frequency). Roles ad
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 PI4_FREQS_KHZ = tuple(range(600_000, 1_800_001, 100_000))
 EDGE_BASE_KHZ = 3_600_000
@@ -126,6 +128,16 @@ def default_cpu_share_pct(device_cpus: int, devices: int) -> int:
 LOCAL_CPU_SHARE_ENV = "DIT_LOCAL_CPU_SHARE"
 
 
+def _auto_off_or_number(env: str, setting: str | None, upper: int, unit: str) -> int | Literal["auto"] | None:
+    """A local-mode setting ``auto | off | N``: unset is ``"auto"``, ``off`` None, N (1..``upper``) N."""
+    value = (setting or "auto").strip().lower()
+    if value in ("auto", "off"):
+        return "auto" if value == "auto" else None
+    if value.isdigit() and 1 <= int(value) <= upper:
+        return int(value)
+    raise ValueError(f"{env}={setting!r}: expected auto, off or {unit} (1-{upper})")
+
+
 def local_cpu_share(setting: str | None, usable: bool, device_cpus: int, devices: int) -> int | None:
     """Local mode's default share per device from ``DIT_LOCAL_CPU_SHARE``: unset or ``auto`` is
     :func:`default_cpu_share_pct` (where ``usable``: root and a cpu controller), ``off`` none (no CPU
@@ -136,16 +148,10 @@ def local_cpu_share(setting: str | None, usable: bool, device_cpus: int, devices
     gave a delay-model MAPE of 6.7 % (RR) and 7.4 % (SJF), start lateness under 0.5 ms (2 December
     2026, docs/optimisers.md). It was opt-in before, when the agents shared their share with the load
     and reached the start instant 31-140 s late (MAPE 22 / 44 %)."""
-    value = (setting or "auto").strip().lower()
-    if value == "off" or not usable or devices <= 0:
+    value = _auto_off_or_number(LOCAL_CPU_SHARE_ENV, setting, 25600, "a percentage of one CPU")
+    if value is None or not usable or devices <= 0:
         return None
-    if value == "auto":
-        return default_cpu_share_pct(device_cpus, devices)
-    if value.isdigit() and 1 <= int(value) <= 25600:
-        return int(value)
-    raise ValueError(
-        f"{LOCAL_CPU_SHARE_ENV}={setting!r}: expected auto, off or a percentage of one CPU (1-25600)"
-    )
+    return default_cpu_share_pct(device_cpus, devices) if value == "auto" else value
 
 
 LOCAL_MEMORY_ENV = "DIT_LOCAL_MEMORY_MB"
@@ -160,11 +166,12 @@ def local_board_memory_mb(setting: str | None) -> int | None:
     that a light load takes a board's 10-20 % and not this machine's: on a 24 GiB machine that was
     4.3 GB for a light load, and the quickstart's apply stage spent 42 s writing it in a 50 % CPU share.
     A scenario's ``hardware.<device>.memory_limit_mb`` (a real cgroup limit) comes first."""
-    value = (setting or "auto").strip().lower()
-    if value == "off":
-        return None
-    if value == "auto":
-        return DEFAULT_BOARD_MEMORY_MB
-    if value.isdigit() and 1 <= int(value) <= 1_048_576:
-        return int(value)
-    raise ValueError(f"{LOCAL_MEMORY_ENV}={setting!r}: expected auto, off or MiB (1-1048576)")
+    value = _auto_off_or_number(LOCAL_MEMORY_ENV, setting, 1_048_576, "MiB")
+    return DEFAULT_BOARD_MEMORY_MB if value == "auto" else value
+
+
+def check_local_settings(environ: Mapping[str, str] = os.environ) -> None:
+    """Raise ValueError naming the variable when a local-mode setting of ``environ`` is malformed:
+    checked before a run directory is made, so a typo leaves nothing behind."""
+    local_cpu_share(environ.get(LOCAL_CPU_SHARE_ENV), False, 1, 1)
+    local_board_memory_mb(environ.get(LOCAL_MEMORY_ENV))

@@ -143,3 +143,21 @@ def test_a_status_json_that_cannot_be_read_is_kept_aside_and_written_anew(tmp_pa
     RunDir(run).set_status(state="failed", error="cleaned up")
     assert RunDir(run).status()["state"] == "failed"
     assert (run / (STATUS + ".unreadable")).read_text(encoding="utf-8") == text
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("DIT_LOCAL_MEMORY_MB", "4G"), ("DIT_LOCAL_CPU_SHARE", "half")]
+)
+def test_a_malformed_local_setting_fails_before_a_run_directory_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    """A typo in a local-mode variable is one error line naming it, and leaves no failed run behind
+    (it was raised while the inventory was built, inside a fresh run directory)."""
+    monkeypatch.setenv(variable, value)
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
+    runs = tmp_path / "runs"
+    result = invoke("run", str(scenario), "--runs-dir", str(runs))
+    assert result.exit_code == 2
+    (line,) = error_lines(result)
+    assert line.startswith(f"error: {variable}={value!r}: expected auto, off or "), line
+    assert not runs.exists() or not any(runs.rglob("status.json"))
