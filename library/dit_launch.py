@@ -85,6 +85,13 @@ options:
       - The start-at file of the two-phase start, relative to O(node_root), the same for both phases.
     type: str
     default: start_at.json
+  announce:
+    description:
+      - With O(phase=start), write O(start_at_file) even when no process of O(processes) is prepared, for
+        a service already running on the node that reads the instant there (the edge service profiles its
+        capacity again from it).
+    type: bool
+    default: false
   env:
     description: The node's process environment of the run (thread counts, seeds).
     type: dict
@@ -423,6 +430,7 @@ def main() -> None:
             "phase": {"type": "str", "default": "all", "choices": ["all", "prepare", "start"]},
             "prepared": {"type": "dict", "default": {}},
             "start_at_file": {"type": "str", "default": "start_at.json"},
+            "announce": {"type": "bool", "default": False},
             "_dit_plan": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
@@ -465,9 +473,11 @@ def main() -> None:
                     "results": {},
                     "ready": None,
                 }
-            if two_phase:
+            if two_phase or p["announce"]:
                 if p["start_at_ns"] is None:
-                    raise ValueError("start_at_ns: required to start prepared processes")
+                    raise ValueError(
+                        "start_at_ns: required to start prepared processes or to announce the instant"
+                    )
                 launcher.release(p["start_at_ns"])
             for spec in one_phase:
                 launcher.start_main(spec, p["start_at_ns"])

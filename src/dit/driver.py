@@ -674,7 +674,12 @@ class Driver:
     def _profile(self) -> None:
         lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
         launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
-        outcome = self._stage("profile", {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns})
+        # The edge service (when it profiled its capacity) profiles again from the common start instant.
+        again = self.edge_port is not None and self.scenario.edge.profile_capacity
+        outcome = self._stage(
+            "profile",
+            {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns, "dit_edge_profile_at_start": again},
+        )
         outcomes = runtime_launch.outcomes(outcome, launched)
         self.lateness_ns.update(self.runtime.started(outcomes))
         start_wait = start_waits(outcomes)

@@ -259,3 +259,69 @@ def test_edge_capacity_profile_lasts_its_minimum_duration(tmp_path: Path) -> Non
     # sized from the faster of two passes at two passes per repetition (the stage-by-stage passes cost
     # more than that on a tiny model); 3 repetitions alone would take milliseconds
     assert summary["duration_ns"] >= 0.4e9
+
+
+def write_start_at(path: Path, start_at_ns: int) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"start_at_ns": start_at_ns}))
+    tmp.replace(path)  # atomically, as dit_launch writes it
+
+
+def test_edge_profiles_its_capacity_again_from_the_start_instant(tmp_path: Path) -> None:
+    """With ``start_at_file``, the service profiles again from the instant the profile stage writes
+    there (beside the devices' own layer profiles), for ``min_seconds`` when no request comes: that
+    profile becomes layers.csv and the one of its start-up moves aside."""
+    start_file = tmp_path / "start_at.json"
+    cfg = edge_config(
+        tmp_path,
+        model=TINY,
+        profile={"repetitions": 3, "warmup": 1, "min_seconds": 0.3},
+        start_at_file=str(start_file),
+    )
+    with edge_service(cfg, tmp_path):
+        startup = read_csv(tmp_path / "edge" / "layers.csv")
+        start_at = time.time_ns() + 200_000_000
+        write_start_at(start_file, start_at)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "edge" / "layers_startup.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+    edge = tmp_path / "edge"
+    assert read_csv(edge / "layers_startup.csv") == startup
+    summary = json.loads((edge / "profile_summary.json").read_text())
+    assert summary["taken"] == "start_instant"
+    assert json.loads((edge / "profile_summary_startup.json").read_text())["taken"] == "service_start"
+    layers = read_csv(edge / "layers.csv")
+    assert len(layers) == summary["repetitions"] * 5 and summary["repetitions"] >= 3
+    origin = json.loads((edge / "origin.json").read_text())
+    # from the instant on, not before it (start_ns: on the service's monotonic clock, from its origin)
+    first_ns = min(int(r["start_ns"]) for r in layers) + origin["origin_mono_ns"]
+    assert first_ns - (origin["origin_mono_ns"] + start_at - origin["origin_wall_ns"]) > -5_000_000
+    done = json.loads((edge / "edge_summary.json").read_text())["start_profile"]
+    assert done["used"] is True and done["ended_by"] == "min_seconds" and done["start_at_ns"] == start_at
+    assert done["duration_ns"] >= 0.3e9
+
+
+def test_the_first_request_ends_the_profile_at_the_start_instant(tmp_path: Path) -> None:
+    """The profile at the instant must not hold up the inference: a device's first REQUEST ends it
+    after the repetition under way, long before ``min_seconds``."""
+    start_file = tmp_path / "start_at.json"
+    cfg = edge_config(
+        tmp_path,
+        model=TINY,
+        admission="immediate",
+        devices=["device1"],
+        profile={"repetitions": 3, "min_seconds": 5},
+        start_at_file=str(start_file),
+    )
+    model = build(TINY)
+    with edge_service(cfg, tmp_path) as (_proc, port):
+        write_start_at(start_file, time.time_ns())
+        time.sleep(0.5)  # profiling now, for up to 5 s
+        t0 = time.monotonic()
+        with EdgeConnection("127.0.0.1", port) as conn:
+            infer_once(model, conn, device="device1", round_=0, repetition=0, point=0, origin_mono_ns=0)
+        took_s = time.monotonic() - t0
+    done = json.loads((tmp_path / "edge" / "edge_summary.json").read_text())["start_profile"]
+    assert done["ended_by"] == "request" and done["used"] is True
+    assert done["duration_ns"] < 3e9 and took_s < 2.0  # not the 5 s of min_seconds

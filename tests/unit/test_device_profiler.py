@@ -203,3 +203,23 @@ def test_the_profile_command_names_a_bad_sampling_interval(tmp_path: Path) -> No
     }
     with pytest.raises(ConfigError, match="cpu_sample_interval_ms: -1"):
         run_profile(cfg)
+
+
+def test_stop_ends_the_profile_between_repetitions() -> None:
+    """``stop`` is asked before every repetition (not during the warm-up); the result holds the
+    repetitions done, each with its timing pass and its stage-by-stage pass."""
+    model = build({"name": "fake", "params": {"profile": "tiny"}, "seed": 0})
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(len(asked))
+        return len(asked) > 3  # three repetitions, then stop
+
+    result = profile_model(model, repetitions=50, warmup=2, stop=stop)
+    assert result.repetitions == 3 and len(asked) == 4
+    assert sorted({r.rep for r in result.records}) == [0, 1, 2]
+    assert len(result.records) == 3 * (model.num_stages + 1)
+    assert all(r.latency_ns > 0 for r in result.records if r.stage > 0)
+    assert result.latency_method == "back_to_back"
+    assert profile_model(model, repetitions=5, stop=lambda: False).repetitions == 5
+    assert profile_model(model, repetitions=5, stop=lambda: True).records == []

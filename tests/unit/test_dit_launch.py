@@ -247,3 +247,21 @@ def test_the_plan_journals_every_process_of_either_phase(node: dict[str, Any], t
         assert [r["undo"]["tag"] for r in res["journal"]] == ["agent", "plain"]
     assert procs.find_tagged(node["run_id"]) == []
     assert not os.listdir(node["node_root"])  # a plan starts and writes nothing
+
+
+def test_start_announces_the_instant_to_a_node_without_prepared_processes(
+    node: dict[str, Any], tmp_path: Path
+) -> None:
+    """``announce``: the edge has no process of the profile stage, but its running service profiles its
+    capacity again from the instant, which it reads from the node's start-at file."""
+    root = Path(node["node_root"])
+    res = run_module({**node, "processes": [], "phase": "start", "start_at_ns": 77}, tmp_path)
+    assert not res.get("failed"), res
+    assert not (root / "start_at.json").exists()  # nothing prepared, nothing announced
+    res = run_module(
+        {**node, "processes": [], "phase": "start", "start_at_ns": 77, "announce": True}, tmp_path
+    )
+    assert not res.get("failed"), res
+    assert json.loads((root / "start_at.json").read_text()) == {"start_at_ns": 77}
+    res = run_module({**node, "processes": [], "phase": "start", "announce": True}, tmp_path)
+    assert res["failed"] and "start_at_ns: required" in res["msg"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
@@ -33,7 +32,15 @@ from dit.device.client import (
     run_inference,
     write_inference_csv,
 )
-from dit.device.common import ConfigError, Origin, build_model, read_config, require, write_json
+from dit.device.common import (
+    ConfigError,
+    Origin,
+    build_model,
+    read_config,
+    read_start_file,
+    require,
+    write_json,
+)
 from dit.device.edge import run_edge
 from dit.device.load import run_load
 from dit.device.monitor import run_monitor
@@ -131,26 +138,6 @@ def sleep_until(
     while clock() < start_at_ns:
         pass
     return method
-
-
-def read_start_file(path: Path) -> int | None:
-    """The start instant in a start-at file (``{"start_at_ns": int}``), None while it does not exist.
-
-    The profile stage writes the file atomically (a rename), so a file that exists is complete: one
-    that is not such a JSON object is an error naming the file, not a reason to wait on.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        raise ConfigError(f"{path}: not JSON ({text[:40]!r})") from None
-    value = doc.get("start_at_ns") if isinstance(doc, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{path}: start_at_ns: {value!r} is not an integer (time.time_ns epoch)")
-    return value
 
 
 def wait_for_start_file(

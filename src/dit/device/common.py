@@ -82,3 +82,23 @@ def build_model(spec: Mapping[str, Any]) -> StageModel:
             raise ConfigError(f"model.builder: is required for model {spec.get('name')!r}")
         ref = FAKE_BUILDER
     return load_builder(str(ref))(spec)
+
+
+def read_start_file(path: Path) -> int | None:
+    """The start instant in a start-at file (``{"start_at_ns": int}``), None while it does not exist.
+
+    The profile stage writes the file atomically (a rename), so a file that exists is complete: one
+    that is not such a JSON object is an error naming the file, not a reason to wait on.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ConfigError(f"{path}: not JSON ({text[:40]!r})") from None
+    value = doc.get("start_at_ns") if isinstance(doc, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{path}: start_at_ns: {value!r} is not an integer (time.time_ns epoch)")
+    return value

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dit.device.adapter import StageModel
-from dit.device.common import ConfigError, Origin, build_model, require, write_json
+from dit.device.common import ConfigError, Origin, build_model, read_start_file, require, write_json
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -94,6 +94,7 @@ class EdgeConfig:
     results_dir: Path
     ready_file: Path
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    start_at_file: Path | None = None
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> EdgeConfig:
@@ -125,6 +126,9 @@ class EdgeConfig:
             min_s = profile.get("min_seconds", 0.0)
             if isinstance(min_s, bool) or not isinstance(min_s, int | float) or not 0 <= min_s <= 3600:
                 raise ConfigError(f"profile: min_seconds {min_s!r} must be a number of seconds in 0..3600")
+        start_at_file = cfg.get("start_at_file")
+        if start_at_file is not None and (not isinstance(start_at_file, str) or not start_at_file):
+            raise ConfigError(f"start_at_file: {start_at_file!r} must be a path or null")
         max_frame = cfg.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)
         if isinstance(max_frame, bool) or not isinstance(max_frame, int) or max_frame < 1:
             raise ConfigError(f"max_frame_bytes: {max_frame!r} is not a positive integer")
@@ -143,6 +147,7 @@ class EdgeConfig:
             results_dir=Path(require(cfg, "results_dir", str)),
             ready_file=Path(require(cfg, "ready_file", str)),
             max_frame_bytes=max_frame,
+            start_at_file=Path(start_at_file) if start_at_file else None,
         )
 
 
@@ -179,16 +184,19 @@ class Scheduler:
     def __init__(self, policy: str, num_stages: int, estimates: Sequence[float]) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
-        if len(estimates) != num_stages + 1:
-            raise ValueError(f"need {num_stages + 1} stage estimates (index 0..N), got {len(estimates)}")
         self.policy = policy
         self.num_stages = num_stages
-        # suffix[s] = sum of estimates of stages s..N
         self._suffix = [0.0] * (num_stages + 2)
-        for s in range(num_stages, 0, -1):
-            self._suffix[s] = self._suffix[s + 1] + float(estimates[s])
+        self.set_estimates(estimates)
         self.pending: list[Job] = []
         self._round: deque[Job] = deque()
+
+    def set_estimates(self, estimates: Sequence[float]) -> None:
+        if len(estimates) != self.num_stages + 1:
+            raise ValueError(f"need {self.num_stages + 1} stage estimates (index 0..N), got {len(estimates)}")
+        # suffix[s] = sum of estimates of stages s..N
+        for s in range(self.num_stages, 0, -1):
+            self._suffix[s] = self._suffix[s + 1] + float(estimates[s])
 
     def remaining(self, job: Job) -> float:
         return self._suffix[job.next_stage]
@@ -239,6 +247,11 @@ class Executor(threading.Thread):
         with self.cond:
             self._stopping = True
             self.cond.notify()
+
+    def set_estimates(self, estimates: Sequence[float]) -> None:
+        """SJF's stage estimates from a new capacity profile (from the next pick on)."""
+        with self.cond:
+            self.scheduler.set_estimates(estimates)
 
     def run(self) -> None:
         model, n = self.model, self.model.num_stages
@@ -315,6 +328,8 @@ class EdgeService:
         self.completed = 0
         self.skips = 0
         self._said_ns = 0  # when the last progress line was printed
+        self._traffic = False  # a device sent its first REQUEST or SKIP (ends the profile at the start)
+        self.start_profile: dict[str, Any] | None = None  # what the profile at the start instant did
 
     # --- executor callbacks ------------------------------------------------------------------
 
@@ -428,6 +443,7 @@ class EdgeService:
                 head = await read_header(reader, max_frame)
                 if head is None:
                     break
+                self._traffic = True
                 recv_start = time.monotonic_ns()
                 msg = await read_body(reader, *head)
                 ack_ns = time.monotonic_ns()
@@ -479,6 +495,77 @@ class EdgeService:
             self._writers.discard(writer)
             writer.close()
 
+    async def _profile_at_start(self, path: Path, stop: asyncio.Event) -> None:
+        """Profile the capacity again from the run's common start instant, beside the devices' own
+        layer profiles, until the first REQUEST or SKIP arrives or ``profile.min_seconds`` pass.
+
+        The profile at service start (apply) sees the devices idle but for their load; during the
+        inference their CPUs compute, and in local mode and on the emulated rack the edge shares the
+        machine with them (docs/protocol.md). This one replaces it, for SJF's estimates and in
+        ``layers.csv`` (the first moves to ``layers_startup.csv``), when it completed at least
+        ``profile.repetitions`` repetitions; ``edge_summary.json`` says which (``start_profile``)."""
+        cfg = self.cfg
+        try:
+            start_at = read_start_file(path)
+            while start_at is None and not stop.is_set() and not self._traffic:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), START_FILE_POLL_S)
+                start_at = read_start_file(path)
+        except ConfigError as exc:
+            say(f"no capacity profile at the start instant: {exc}", error=True)
+            self.start_profile = {"used": False, "reason": str(exc)}
+            return
+        if start_at is None:
+            return  # stopped, or devices came without a start instant (a profile stage of old)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, (start_at - time.time_ns()) / 1e9))
+        if stop.is_set() or self._traffic:
+            self.start_profile = {"used": False, "reason": "a request came before the start instant"}
+            return
+        deadline = time.monotonic_ns() + int(max(cfg.profile_min_s, 0.0) * 1e9)
+        reps = capacity_repetitions(self.model, cfg.profile_repetitions or 1, cfg.profile_min_s)
+
+        def ended() -> bool:
+            return self._traffic or stop.is_set() or time.monotonic_ns() >= deadline
+
+        t0 = time.monotonic_ns()
+        result = await asyncio.to_thread(
+            profile_model, self.model, repetitions=reps, origin_mono_ns=self.origin.mono_ns, stop=ended
+        )
+        took_ns = time.monotonic_ns() - t0
+        done = result.repetitions
+        info: dict[str, Any] = {
+            "start_at_ns": start_at,
+            "repetitions": done,
+            "duration_ns": took_ns,
+            "ended_by": "request" if self._traffic else ("stop" if stop.is_set() else "min_seconds"),
+        }
+        if done < (cfg.profile_repetitions or 1):
+            self.start_profile = info | {
+                "used": False,
+                "reason": f"only {done} repetitions before the first request",
+            }
+            say(
+                f"capacity profile at the start instant: {done} repetitions, too few; the start-up profile stays"
+            )
+            return
+        results = cfg.results_dir
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(results / "layers.csv", results / "layers_startup.csv")
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(results / "profile_summary.json", results / "profile_summary_startup.json")
+        write_layers_csv(results / "layers.csv", result)
+        write_json(
+            results / "profile_summary.json",
+            result.summary()
+            | {"min_seconds": cfg.profile_min_s, "duration_ns": took_ns, "taken": "start_instant"},
+        )
+        self.executor.set_estimates(result.mean_latency_ns())
+        self.start_profile = info | {"used": True}
+        say(
+            f"capacity profile at the start instant: {done} repetitions in {took_ns / 1e9:.2f} s ({info['ended_by']})"
+        )
+
     async def serve(self, stop: asyncio.Event) -> None:
         """Listen, write the ready file, serve until ``stop`` is set, then flush and close."""
         self._loop = asyncio.get_running_loop()
@@ -512,8 +599,13 @@ class EdgeService:
                 f"listening on {cfg.bind}:{port} · policy {cfg.policy} · admission {cfg.admission} · "
                 f"model {self.model.name} ({self.model.num_stages} stages) · devices {', '.join(cfg.devices)}"
             )
+            profiling = None
+            if cfg.start_at_file is not None and cfg.profile_repetitions is not None:
+                profiling = asyncio.create_task(self._profile_at_start(cfg.start_at_file, stop))
             await stop.wait()
             say("stopping")
+            if profiling is not None:
+                await profiling  # it polls ``stop`` (or ends its last repetition)
         finally:
             if server is not None:
                 server.close()
@@ -539,6 +631,7 @@ class EdgeService:
                     "completed_requests": self.completed,
                     "skips": self.skips,
                     "unfinished_rounds": [list(k) for k in sorted(self._rounds)],
+                    "start_profile": self.start_profile,
                     "stopped_wall_ns": time.time_ns(),
                 },
             )
@@ -548,6 +641,7 @@ class EdgeService:
 
 
 MAX_CAPACITY_REPETITIONS = 1000
+START_FILE_POLL_S = 0.05  # how often the service looks for the start-at file (idle, before the run)
 
 
 def capacity_repetitions(model: StageModel, repetitions: int, min_s: float) -> int:
@@ -593,7 +687,11 @@ def run_edge(cfg_dict: Mapping[str, Any]) -> int:
         say(
             f"capacity profile of {model.name}: {model.num_stages} stages, {reps} repetitions in {took_ns / 1e9:.2f} s"
         )
-        profile_info = result.summary() | {"min_seconds": cfg.profile_min_s, "duration_ns": took_ns}
+        profile_info = result.summary() | {
+            "min_seconds": cfg.profile_min_s,
+            "duration_ns": took_ns,
+            "taken": "service_start",
+        }
         write_json(cfg.results_dir / "profile_summary.json", profile_info)
         estimates = result.mean_latency_ns()
     write_json(

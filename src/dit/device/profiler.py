@@ -385,6 +385,7 @@ def profile_model(
     cpu_sample_interval_ns: int = DEFAULT_CPU_SAMPLE_INTERVAL_NS,
     one_call: bool = True,
     wall_clock: Callable[[], int] = time.time_ns,
+    stop: Callable[[], bool] | None = None,
 ) -> ProfileResult:
     """Run ``warmup`` unrecorded passes then ``repetitions`` measured passes, stage by stage.
 
@@ -394,6 +395,12 @@ def profile_model(
     the module docstring. ``False`` times each stage of the instrumented pass (``per_stage_call``).
     ``wall_clock`` is the scale of the ``timed_pass`` boundaries, mapped onto ``clock`` by reading
     both just before the call.
+
+    ``stop``: asked before every repetition (after the warm-up); when it says True the profile ends
+    there, with the repetitions done (``repetitions`` is then an upper bound). Each repetition's timing
+    pass then runs just before its stage-by-stage pass instead of all timing passes first, so that a
+    stop costs at most one repetition: the edge's profile at the start instant ends when the first
+    request arrives (:mod:`dit.device.edge`).
     """
     if repetitions < 0 or warmup < 0:
         raise ValueError(f"repetitions ({repetitions}) and warmup ({warmup}) must be >= 0")
@@ -408,14 +415,14 @@ def profile_model(
     elif one_call:
         timer, method = _BackToBackTimer(model, clock), "back_to_back"
     try:
-        records = _passes(model, repetitions, warmup, origin, mem, clock, sampler, timer)
+        records = _passes(model, repetitions, warmup, origin, mem, clock, sampler, timer, stop)
     finally:
         sampler.close()
     return ProfileResult(
         model=model.name,
         num_stages=model.num_stages,
         warmup=warmup,
-        repetitions=repetitions,
+        repetitions=len({r.rep for r in records}) if stop is not None else repetitions,
         peak_mem_method=mem.method,
         records=records,
         cpu_sample_interval_ns=cpu_sample_interval_ns,
@@ -506,13 +513,16 @@ def _passes(
     clock: Callable[[], int],
     sampler: Sampler,
     timer: _OneCallTimer | _BackToBackTimer | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[StageRecord]:
     n = model.num_stages
     records: list[StageRecord] = []
     passes = warmup + repetitions
     inputs: list[Any] = []
     timings: list[list[tuple[int, int]]] = []
-    if timer is not None:
+    if timer is not None and stop is not None:
+        pass  # interleaved: each repetition's timing pass just before its stage-by-stage pass (below)
+    elif timer is not None:
         # The latency passes, all stages in one call each, back to back as forward passes run: a
         # stage-by-stage pass in between would hand every call a cold framework thread pool. The
         # stage-by-stage passes below, on the same inputs, give the other columns.
@@ -524,8 +534,14 @@ def _passes(
             timings = [timer.stages(x, n) for x in inputs]
     for pass_no in range(passes):
         rep = pass_no - warmup  # negative while warming up
+        if stop is not None and rep >= 0 and stop():
+            break
         x = inputs[pass_no] if inputs else model.make_input()
         timed = timings[pass_no] if timings else None
+        if timer is not None and stop is not None:
+            timed = (
+                timer.stages(x, n) if isinstance(timer, _BackToBackTimer) else timer.stages(timer.run(x), n)
+            )
         if rep >= 0:
             start0 = timed[0][0] if timed is not None else clock()
             records.append(StageRecord(rep, 0, 0, model.output_bytes(0), 0, 0.0, mem.read(), start0 - origin))
