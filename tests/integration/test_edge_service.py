@@ -325,3 +325,25 @@ def test_the_first_request_ends_the_profile_at_the_start_instant(tmp_path: Path)
     done = json.loads((tmp_path / "edge" / "edge_summary.json").read_text())["start_profile"]
     assert done["ended_by"] == "request" and done["used"] is True
     assert done["duration_ns"] < 3e9 and took_s < 2.0  # not the 5 s of min_seconds
+
+
+def test_the_profile_at_the_start_instant_takes_its_repetitions_before_min_seconds_ends_it(
+    tmp_path: Path,
+) -> None:
+    """``min_seconds`` ends the profile at the instant only once it has ``repetitions`` (a model slower
+    than the window would otherwise always keep the start-up profile); only a request cuts it short."""
+    start_file = tmp_path / "start_at.json"
+    cfg = edge_config(
+        tmp_path,
+        model=TINY,
+        profile={"repetitions": 40, "min_seconds": 0.001},
+        start_at_file=str(start_file),
+    )
+    with edge_service(cfg, tmp_path):
+        write_start_at(start_file, time.time_ns())
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "edge" / "layers_startup.csv").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    done = json.loads((tmp_path / "edge" / "edge_summary.json").read_text())["start_profile"]
+    assert done["used"] is True and done["ended_by"] == "min_seconds"
+    assert done["repetitions"] == 40

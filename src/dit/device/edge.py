@@ -497,14 +497,14 @@ class EdgeService:
 
     async def _profile_at_start(self, path: Path, stop: asyncio.Event) -> None:
         """Profile the capacity again from the run's common start instant, beside the devices' own
-        layer profiles, until the first REQUEST or SKIP arrives or ``profile.min_seconds`` pass.
+        layer profiles, until the first REQUEST or SKIP arrives, or ``profile.min_seconds`` pass with
+        ``profile.repetitions`` done.
 
         The profile at service start (apply) sees the devices idle but for their load; during the
         inference their CPUs compute, and in local mode and on the emulated rack the edge shares the
         machine with them (docs/protocol.md). This one replaces it, for SJF's estimates and in
         ``layers.csv`` (the first moves to ``layers_startup.csv``), when it completed at least
         ``profile.repetitions`` repetitions; ``edge_summary.json`` says which (``start_profile``)."""
-        cfg = self.cfg
         try:
             start_at = read_start_file(path)
             while start_at is None and not stop.is_set() and not self._traffic:
@@ -520,13 +520,26 @@ class EdgeService:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), max(0.0, (start_at - time.time_ns()) / 1e9))
         if stop.is_set() or self._traffic:
-            self.start_profile = {"used": False, "reason": "a request came before the start instant"}
+            why = "stopped" if stop.is_set() else "a request came"
+            self.start_profile = {"used": False, "reason": f"{why} before the start instant"}
             return
+        try:
+            await self._profile_from(start_at, stop)
+        except Exception as exc:  # the start-up profile stays; the service goes on serving
+            say(f"capacity profile at the start instant failed: {type(exc).__name__}: {exc}", error=True)
+            self.start_profile = {"used": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+    async def _profile_from(self, start_at: int, stop: asyncio.Event) -> None:
+        cfg = self.cfg
+        least = cfg.profile_repetitions or 1
         deadline = time.monotonic_ns() + int(max(cfg.profile_min_s, 0.0) * 1e9)
-        reps = capacity_repetitions(self.model, cfg.profile_repetitions or 1, cfg.profile_min_s)
+        reps = capacity_repetitions(self.model, least, cfg.profile_min_s)
+        asked = [0]  # repetitions done: the profiler asks before each one
 
         def ended() -> bool:
-            return self._traffic or stop.is_set() or time.monotonic_ns() >= deadline
+            done, asked[0] = asked[0], asked[0] + 1
+            # min_seconds ends it only once it has its repetitions (a slow model); a request always does
+            return self._traffic or stop.is_set() or (time.monotonic_ns() >= deadline and done >= least)
 
         t0 = time.monotonic_ns()
         result = await asyncio.to_thread(
@@ -534,17 +547,15 @@ class EdgeService:
         )
         took_ns = time.monotonic_ns() - t0
         done = result.repetitions
+        by = "request" if self._traffic else ("stop" if stop.is_set() else "min_seconds")
         info: dict[str, Any] = {
             "start_at_ns": start_at,
             "repetitions": done,
             "duration_ns": took_ns,
-            "ended_by": "request" if self._traffic else ("stop" if stop.is_set() else "min_seconds"),
+            "ended_by": by,
         }
-        if done < (cfg.profile_repetitions or 1):
-            self.start_profile = info | {
-                "used": False,
-                "reason": f"only {done} repetitions before the first request",
-            }
+        if done < least:
+            self.start_profile = info | {"used": False, "reason": f"only {done} repetitions (ended by {by})"}
             say(
                 f"capacity profile at the start instant: {done} repetitions, too few; the start-up profile stays"
             )
@@ -562,9 +573,7 @@ class EdgeService:
         )
         self.executor.set_estimates(result.mean_latency_ns())
         self.start_profile = info | {"used": True}
-        say(
-            f"capacity profile at the start instant: {done} repetitions in {took_ns / 1e9:.2f} s ({info['ended_by']})"
-        )
+        say(f"capacity profile at the start instant: {done} repetitions in {took_ns / 1e9:.2f} s ({by})")
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Listen, write the ready file, serve until ``stop`` is set, then flush and close."""
