@@ -55,11 +55,14 @@ from dit.runtimes import LaunchContext, LaunchOutcome, Runtime, RuntimePreflight
 from dit.runtimes import envs as runtime_envs
 from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
-from dit.runtimes.base import node_facts_of, preflight_of
+from dit.runtimes.base import node_facts_of, preflight_of, uses_edge_service
 from dit.scenario import Scenario
 from dit.settle import settle_messages, settle_records
 
 EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
+# The start instant for the edge service, in the edge's run root: not the prepared processes' start_at.json,
+# which a plug-in's own process on the edge may wait for (the service would then profile beside it).
+EDGE_START_AT_FILE = "edge_start_at.json"
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
 
 
@@ -591,7 +594,18 @@ class Driver:
                 if scn.edge.profile_capacity
                 else None
             ),
+            # where the profile stage announces the start instant (_profile), for the profile from it
+            "start_at_file": (
+                f"{self.contexts[self.inv.edge_host].node_root}/{EDGE_START_AT_FILE}"
+                if self._edge_profiles_at_start()
+                else None
+            ),
         }
+
+    def _edge_profiles_at_start(self) -> bool:
+        """The edge service profiles its capacity again from the start instant: when it profiles at all
+        and the runtime's devices use it (a plug-in's own inference would send it no request to end it)."""
+        return self.scenario.edge.profile_capacity and uses_edge_service(self.runtime)
 
     def _apply(self) -> None:
         needed = active(self.conditions)
@@ -674,12 +688,10 @@ class Driver:
     def _profile(self) -> None:
         lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
         launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
-        # The edge service (when it profiled its capacity) profiles again from the common start instant.
-        again = self.edge_port is not None and self.scenario.edge.profile_capacity
-        outcome = self._stage(
-            "profile",
-            {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns, "dit_edge_profile_at_start": again},
-        )
+        stage_vars: dict[str, Any] = {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns}
+        if self._edge_profiles_at_start():  # the start task writes the instant on the edge too
+            stage_vars["dit_edge_start_at_file"] = EDGE_START_AT_FILE
+        outcome = self._stage("profile", stage_vars)
         outcomes = runtime_launch.outcomes(outcome, launched)
         self.lateness_ns.update(self.runtime.started(outcomes))
         start_wait = start_waits(outcomes)

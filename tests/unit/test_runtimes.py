@@ -15,7 +15,7 @@ import pytest
 from dit.analysis.run import LoadedRun
 from dit.ansible_exec import HostEvent, StageOutcome
 from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, ops, registry
-from dit.runtimes.base import Action, ActionPlan, Results, write_summary
+from dit.runtimes.base import Action, ActionPlan, Results, uses_edge_service, write_summary
 from dit.runtimes.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
 from dit.runtimes.layers import LayersRuntime
 from dit.scenario import ScenarioError, expand, loads, resolve, validate
@@ -444,3 +444,13 @@ def test_the_minimal_runtime_of_the_docs_works(monkeypatch: pytest.MonkeyPatch, 
 def test_a_block_without_a_name_may_optimise_partitions(echo: Any) -> None:
     # the optimisers need the layers runtime; a nameless block is that runtime
     assert messages(doc(runtime={}, optimisation={"enabled": True})) == []
+
+
+def test_only_a_runtime_that_uses_the_edge_service_gets_its_profile_at_the_start_instant(echo: Any) -> None:
+    """The edge service profiles its capacity again from the start instant only for the built-in
+    runtime, whose devices send it their requests: beside a plug-in's own inference on the edge (no
+    request would ever end it) it would take the edge's CPU for ``profile_min_s`` or longer."""
+    assert uses_edge_service(LayersRuntime()) is True
+    assert uses_edge_service(echo) is False  # a plug-in that does not say so brings its own
+    for name, runtime in registry.installed().items():
+        assert uses_edge_service(runtime) is (name == "layers"), name

@@ -339,6 +339,13 @@ def node_facts_of(runtime: Runtime, block: Mapping[str, Any]) -> dict[str, str]:
     return {str(name): str(path) for name, path in dict(found or {}).items()}
 
 
+def uses_edge_service(runtime: Runtime) -> bool:
+    """The runtime's devices send their requests to dit's edge service (optional ``uses_edge_service``,
+    False when absent: a plug-in brings its own). Only then does the service profile its capacity again
+    from the start instant; beside another runtime's inference it would only take the edge's CPU."""
+    return bool(getattr(runtime, "uses_edge_service", False))
+
+
 def preflight_of(runtime: Runtime, facts: RuntimePreflight) -> str | None:
     """The runtime's preflight refusal, if it has a gate and refuses."""
     hook = getattr(runtime, "preflight", None)

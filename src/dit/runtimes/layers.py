@@ -124,6 +124,7 @@ class LayersRuntime:
 
     name = "layers"
     title = "built-in (layer-by-layer profile + partitioned inference)"
+    uses_edge_service = True  # its devices send their requests to dit's edge service
 
     @property
     def version(self) -> str:
