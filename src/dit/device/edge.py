@@ -533,7 +533,9 @@ class EdgeService:
         cfg = self.cfg
         least = cfg.profile_repetitions or 1
         deadline = time.monotonic_ns() + int(max(cfg.profile_min_s, 0.0) * 1e9)
-        reps = capacity_repetitions(self.model, least, cfg.profile_min_s)
+        # No sizing passes here (capacity_repetitions times two on this, the event loop's, thread: ACKs
+        # would wait for them); ``ended`` bounds it, and the passes make their inputs one at a time.
+        reps = max(least, MAX_CAPACITY_REPETITIONS)
         asked = [0]  # repetitions done: the profiler asks before each one
 
         def ended() -> bool:
