@@ -81,6 +81,13 @@ current:
   description: The lease file's content before the task (null when there was none).
   returned: always
   type: str
+held:
+  description:
+    - When the take was refused because another run holds the node (it took the lease after the
+      controller read it), that lease's exact content, read under the lock. The action plugin turns
+      it into the same refusal as for a holder found in plan mode.
+  returned: failed, when another run holds the lease
+  type: str
 journal:
   description: In plan mode, the change record this call needs (consumed by the action plugin).
   returned: plan mode
@@ -91,7 +98,7 @@ journal:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_lease import LeaseError, read_text, run_id_of, take
+from ansible.module_utils.dit_lease import LeaseError, LeaseHeld, read_text, run_id_of, take
 
 
 def main() -> None:
@@ -118,6 +125,12 @@ def main() -> None:
         module.exit_json(changed=bool(journal), current=current, journal=journal, diff=diff)
     try:
         changed = take(p["path"], p["holder"], p["replaces"])
+    except LeaseHeld as exc:
+        # another run took the node between the controller's look (plan mode) and this take: the
+        # action plugin names that holder in full, as it names one it saw in the first place
+        module.fail_json(
+            msg="cannot take the lease {}: {}".format(p["path"], exc), current=current, held=exc.current
+        )
     except (LeaseError, OSError) as exc:
         module.fail_json(msg="cannot take the lease {}: {}".format(p["path"], exc), current=current)
     module.exit_json(changed=changed, current=current, diff=diff)

@@ -27,6 +27,15 @@ class LeaseError(ValueError):
     """The lease cannot be taken or released as asked."""
 
 
+class LeaseHeld(LeaseError):
+    """Another run's lease was found under the lock: ``current`` is its exact content, so that the
+    controller can name the holder in full (the node took it since the controller looked)."""
+
+    def __init__(self, message: str, current: str) -> None:
+        super().__init__(message)
+        self.current = current
+
+
 def read_text(path: str) -> str | None:
     """The lease file's content, or None when there is none."""
     try:
@@ -77,7 +86,7 @@ def take(path: str, lease: dict[str, Any], replaces: str | None = None) -> bool:
             return False
         if current is not None and current != replaces:
             holder = run_id_of(current) or "an unreadable lease"
-            raise LeaseError(f"{path} is held by {holder}")
+            raise LeaseHeld(f"{path} is held by {holder}", current)
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".lease-")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import io
 import json
 import os
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import pytest
+from ansible.module_utils import basic
 
+from dit.ansible_plugins.lease import LeaseAction
 from dit.lease import (
     BREAK_FLAG,
     Holder,
@@ -21,6 +26,7 @@ from dit.lease import (
     parse_holder,
     process_started_s,
 )
+from tests.ansible_modules import library_module
 from tests.conftest import REPO
 
 HERE = "controller-a"
@@ -160,3 +166,62 @@ def test_release_touches_nothing_but_a_lease_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"lease\.json"):
         lease.release(str(victim), "run-a")
     assert victim.exists()
+
+
+# -- the race: two runs both find the node free ------------------------------------------------
+def run_lease_module(args: dict[str, Any]) -> dict[str, Any]:
+    """library/dit_lease.py in this process, as the action plugin would have it run on the node."""
+    module = library_module("dit_lease")
+    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+    basic._ANSIBLE_PROFILE = "legacy"
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            module.main()
+    finally:
+        basic._ANSIBLE_ARGS = None
+    result: dict[str, Any] = json.loads(out.getvalue())
+    return result
+
+
+def test_the_loser_of_a_race_for_a_free_node_gets_the_full_refusal(tmp_path: Path) -> None:
+    path = tmp_path / "dit" / "lease.json"
+    # The winner: a live driver on this controller host (this process, under another run id).
+    winner = controller_holder("quickstart-20261201T060000Z-abababab-0badf00d", tmp_path / "runs" / "winner")
+    loser = controller_holder(ME, tmp_path / "runs" / "loser")
+    args = {"path": str(path), "run_id": ME, "holder": loser.to_json(), "break_stale": True}
+    calls: list[bool] = []
+
+    def execute_module(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> Any:
+        assert module_name == "dit_lease"
+        planning = bool(module_args.get("_dit_plan"))
+        calls.append(planning)
+        if not planning:  # the winner's take lands between this run's look and its own take
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(winner.to_json()))
+        return run_lease_module(module_args)
+
+    task = SimpleNamespace(args=args, action="dit_lease", async_val=0, check_mode=False)
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))
+    action = LeaseAction(task, connection, SimpleNamespace(check_mode=False), None, None)
+    action._execute_module = execute_module
+    action._remove_tmp_path = lambda _path: None
+    task_vars = {"inventory_hostname": "device1", "dit_journal_path": str(tmp_path / "journal.jsonl")}
+
+    result = action.run(task_vars=task_vars)
+
+    assert calls == [True, False]  # the plan found the node free; the take met the winner's lease
+    assert result["failed"] and result["lease_state"] == "live"
+    message = result["msg"]
+    refusal = decide(State.LIVE, winner, "device1", str(path), False).message
+    assert message == refusal  # the very message of a run that found the winner's lease first
+    for part in (
+        f"node device1 is leased by run {winner.run_id}",
+        f"controller {winner.controller_host}",
+        f"pid {os.getpid()}",
+        f"since {winner.to_json()['since']}",
+        f"run directory {winner.run_dir}",
+        f"wait for it or 'dit stop {winner.run_dir}'",
+    ):
+        assert part in message, part
+    assert json.loads(path.read_text())["run_id"] == winner.run_id  # never broken: it was not reviewed

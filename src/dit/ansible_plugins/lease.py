@@ -8,27 +8,32 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from dit.ansible_plugins.journaled import JournaledAction
-from dit.lease import classify, decide
+from dit.lease import Decision, State, classify, decide
 
 
 class LeaseAction(JournaledAction):
     """Reads the node's lease (plan mode), refuses a live holder, breaks a stale one only when asked.
 
-    The holder's liveness can only be checked here: it is a driver process on a controller.
+    The holder's liveness can only be checked here: it is a driver process on a controller. Two runs
+    that both find the node free race for it; the node's compare-and-swap lets one win, and the loser
+    gets the same refusal, naming the winner in full, as a run that found the winner's lease at once.
     """
 
     _broken: str | None = None
 
-    def review(self, plan: dict[str, Any], args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
-        current = plan.get("current")
+    def _decide(
+        self, current: str | None, args: dict[str, Any], task_vars: dict[str, Any], break_stale: bool
+    ) -> tuple[State, Decision]:
+        """The one decision on a lease's content, whichever path found it."""
         holder = args.get("holder") or {}
         state, found = classify(current, str(args["run_id"]), str(holder.get("controller_host", "")))
-        decision = decide(
-            state,
-            found,
-            str(task_vars.get("inventory_hostname")),
-            str(args["path"]),
-            boolean(args.get("break_stale", False), strict=False),
+        node = str(task_vars.get("inventory_hostname"))
+        return state, decide(state, found, node, str(args["path"]), break_stale)
+
+    def review(self, plan: dict[str, Any], args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        current = plan.get("current")
+        state, decision = self._decide(
+            current, args, task_vars, boolean(args.get("break_stale", False), strict=False)
         )
         if not decision.take:
             raise AnsibleActionFail(decision.message, result={"current": current, "lease_state": state.value})
@@ -39,6 +44,16 @@ class LeaseAction(JournaledAction):
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
+        held = result.get("held")
+        if result.get("failed") and isinstance(held, str):
+            # Lost the race: the node's lease changed after review() looked. The winner was never
+            # reviewed, so it is not broken now, whatever --break-stale-lease says; the run is refused
+            # as if it had found that lease first.
+            state, decision = self._decide(held, dict(self._task.args), task_vars or {}, False)
+            if decision.message:
+                result["msg"] = decision.message
+                result["lease_state"] = state.value
+            return result
         if self._broken and not result.get("failed"):
             result["lease_broken"] = self._broken
             result.setdefault("warnings", []).append(self._broken)
