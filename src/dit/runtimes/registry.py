@@ -13,9 +13,14 @@ import copy
 import functools
 import importlib
 import importlib.metadata
+import shutil
+import sys
+import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from dit.paths import content_root
 from dit.runtimes.base import Runtime
 from dit.scenario.spec import DEFAULT_RUNTIME as DEFAULT
 
@@ -74,11 +79,81 @@ def problems() -> dict[str, str]:
 
 
 def get(name: str) -> Runtime:
-    """The runtime ``name``; :class:`UnknownRuntime` names the installed ones."""
+    """The runtime ``name``; :class:`UnknownRuntime` says how to install it, or names the installed ones."""
     runtimes = installed()
     if name not in runtimes:
+        hint = install_hint(name)
+        if hint is not None:
+            raise UnknownRuntime(hint)
         raise UnknownRuntime(f"unknown runtime {name!r}; installed: {', '.join(runtimes) or 'none'}")
     return runtimes[name]
+
+
+@functools.cache
+def shipped() -> dict[str, Path]:
+    """The runtimes this source tree ships in ``runtimes/<dir>/`` (by their ``dit.runtimes`` entry
+    points in its ``pyproject.toml``), by name. Empty in an installed wheel, which ships none."""
+    found: dict[str, Path] = {}
+    for project in sorted((content_root() / "runtimes").glob("*/pyproject.toml")):
+        try:
+            doc: Any = tomllib.loads(project.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            continue  # a broken sibling must not hide the others
+        points = (
+            doc.get("project", {}).get("entry-points", {}).get(GROUP, {}) if isinstance(doc, dict) else {}
+        )
+        for name in points if isinstance(points, dict) else ():
+            found.setdefault(str(name), project.parent)
+    return found
+
+
+def _shown(directory: Path) -> str:
+    """``directory`` as a user types it here: ``./runtimes/x`` below the working directory."""
+    try:
+        return "./" + str(directory.relative_to(Path.cwd()))
+    except ValueError:
+        return str(directory)
+
+
+def install_hint(name: str) -> str | None:
+    """Why runtime ``name`` is not available and the command that makes it so: for a plug-in that is
+    installed but does not load, the reason; for one this tree ships, where it is and how to install it.
+    None for a name neither installed nor shipped."""
+    if name in installed():
+        return None
+    broken = problems().get(name)
+    if broken is not None:
+        return f"runtime {name!r} is installed but does not load ({broken}); `dit runtimes` lists the problem"
+    directory = shipped().get(name)
+    if directory is None:
+        return None
+    where = _shown(directory)
+    text = (
+        f"runtime {name!r} is not installed: it ships with dit in {where}/. Install its plug-in into dit's "
+        f"environment with `{_pip()} install --no-deps {where}` (`./dev setup` does it for every runtime there)"
+    )
+    if _declared_for_nodes(name):
+        text += f", and its own venv on the nodes with `dit runtimes install {name}`"
+    return text + " (docs/runtimes.md)"
+
+
+def _pip() -> str:
+    """``pip`` of the environment dit runs in: its ``bin/pip`` when that is not the ``pip`` on PATH."""
+    own = Path(sys.executable).parent / "pip"
+    on_path = shutil.which("pip")
+    if own.is_file() and (on_path is None or Path(on_path).resolve() != own.resolve()):
+        return _shown(own)
+    return "pip"
+
+
+def _declared_for_nodes(name: str) -> bool:
+    """Whether the mirror's sources file declares ``name`` (so ``dit runtimes install`` serves it)."""
+    from dit.mirror.runtimes import RuntimeSourceError, declared
+
+    try:
+        return declared(name) is not None
+    except (RuntimeSourceError, OSError):
+        return False
 
 
 def reset() -> None:
@@ -86,6 +161,7 @@ def reset() -> None:
     from dit.scenario import schema
 
     _discover.cache_clear()
+    shipped.cache_clear()
     schema.forget()
 
 
@@ -100,6 +176,16 @@ def block_property() -> dict[str, Any]:
         rules.append({"if": {"properties": {"name": {"const": name}}, "required": ["name"]}, "then": block})
         if name == DEFAULT:  # a block without a name is the default runtime's (the form sends {} untouched)
             rules.append({"if": {"not": {"required": ["name"]}}, "then": block})
+    # a name this tree ships but that is not installed (or does not load) is told how to install it,
+    # not only that it is not one of the installed (schema._render reads x-enum-hints)
+    hints = {name: hint for name in {*shipped(), *problems()} if (hint := install_hint(name)) is not None}
+    name_property: dict[str, Any] = {
+        "description": "The runtime: one of the installed runtimes (`dit runtimes` lists them).",
+        "enum": list(runtimes),
+        "default": DEFAULT,
+    }
+    if hints:
+        name_property["x-enum-hints"] = dict(sorted(hints.items()))
     return {
         "title": "Runtime",
         "description": (
@@ -108,12 +194,6 @@ def block_property() -> dict[str, Any]:
             "runtime's own."
         ),
         "type": "object",
-        "properties": {
-            "name": {
-                "description": "The runtime: one of the installed runtimes (`dit runtimes` lists them).",
-                "enum": list(runtimes),
-                "default": DEFAULT,
-            }
-        },
+        "properties": {"name": name_property},
         "allOf": rules,
     }

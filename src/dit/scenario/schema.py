@@ -255,6 +255,11 @@ def _render(error: ValidationError) -> list[FieldError]:
             out.append(FieldError(render_path([*parts, k]), f"unknown field{hint}"))
         return out
     if kind == "enum":
+        # a value the field knows but cannot take here says why and what to do (an in-repo runtime that
+        # is not installed: dit.runtimes.registry.block_property)
+        hints = error.schema.get("x-enum-hints") if isinstance(error.schema, Mapping) else None
+        if isinstance(hints, Mapping) and isinstance(inst, str) and inst in hints:
+            return [FieldError(where, str(hints[inst]))]
         return [FieldError(where, f"{show(inst)} is not one of {', '.join(show_bare(v) for v in value)}")]
     if kind == "const":
         return [FieldError(where, f"{show(inst)} must be {show(value)}")]
