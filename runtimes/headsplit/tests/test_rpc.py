@@ -136,6 +136,14 @@ def test_two_workers_tau_zero_exact_with_a_stalled_call_retried(tmp_path: Path) 
     assert "timeout" in stalled[0]["error"].lower() or "ran for more than" in stalled[0]["error"]
     w2 = json.loads((tmp_path / "results/worker2.json").read_text())
     assert w2["stalls"][0]["call"] == "heads" and len(w2["memory"]) == 8
+    # every process listened on its address only: the store, TensorPipe, Gloo (torch RPC is pickle)
+    port = json.loads((tmp_path / "headsplit.json").read_text())["controller"]["port"]
+    assert f"127.0.0.1:{port}" in doc["listeners"]
+    for name in ("worker1", "worker2"):
+        assert json.loads((tmp_path / f"results/{name}.json").read_text())["listeners"]
+    for name in ("headsplit", "worker1", "worker2"):
+        listening = json.loads((tmp_path / f"results/{name}.json").read_text())["listeners"]
+        assert all(hp.startswith("127.0.0.1:") for hp in listening), (name, listening)
 
 
 def test_config_errors_name_the_field(tmp_path: Path) -> None:

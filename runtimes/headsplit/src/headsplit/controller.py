@@ -385,12 +385,29 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"headsplit controller: {exc}", file=sys.stderr)
         return 2
+    from headsplit import netif
+
+    try:
+        # before the start instant: a refused address fails the run at once, and nothing listens
+        netif.bind_interface(rc.address, where="controller.address")
+    except netif.BindRefused as exc:
+        print(f"headsplit controller: refused: {exc}", file=sys.stderr)
+        return 2
     wait_start()
     torch.set_num_threads(rc.threads)
-    from headsplit import netif, rpc
+    from headsplit import rpc
 
-    netif.bind_interface(rc.address)
     rpc.init(rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s)
+    listening = netif.listeners()
+    stray = netif.stray_listeners(rc.address, listening)
+    if stray:
+        print(
+            f"headsplit controller: refused: torch RPC listens on {', '.join(stray)}, not only on "
+            f"controller.address {rc.address}",
+            file=sys.stderr,
+        )
+        rpc.shutdown(graceful=False)
+        return 2
     code = 0
     try:
         doc = run(rc)
@@ -398,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
     except Exception as exc:  # a failed run is a result file with its error, not a traceback
         doc, code = {"error": f"{type(exc).__name__}: {exc}"}, 1
+    doc["listeners"] = [f"{host}:{port}" for host, port in listening]
     if code:
         print(f"headsplit controller: {doc['error']}", file=sys.stderr)
     # the result first: a shutdown after a failure may wait on a worker that is gone

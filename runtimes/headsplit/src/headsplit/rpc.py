@@ -11,18 +11,23 @@ without executing it -- a stalled link, as the controller sees it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import torch
+import torch.distributed as tdist
 import torch.distributed.rpc as trpc
+from torch.distributed.constants import default_pg_timeout
 
-from headsplit import engine, model
+from headsplit import engine, model, netif
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
@@ -34,11 +39,47 @@ def worker_name(rank: int) -> str:
     return f"worker{rank}"
 
 
+RENDEZVOUS_SCHEME = "headsplit"
+
+
+def _rendezvous(
+    url: str, timeout: timedelta = default_pg_timeout, **_: Any
+) -> Iterator[tuple[Any, int, int]]:
+    """torch's ``tcp://`` rendezvous, except that rank 0's store listens on the URL's address only.
+
+    torch's TCPStore server binds the wildcard whatever host it is given (torch 2.13: ``*:<port>``,
+    IPv6 dual-stack); given a socket already bound and listening (``master_listen_fd``) it serves on
+    that instead. The other ranks are clients and listen on nothing here."""
+    parts = urlparse(url)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    rank, world_size = int(query["rank"]), int(query["world_size"])
+    address, port = str(parts.hostname), int(parts.port or 0)
+    if rank == 0:
+        sock = netif.listen_socket(address, port)
+        # detached: the store serves on the descriptor from here on, and a collected socket object
+        # must not close it under the store
+        store = tdist.TCPStore(  # type: ignore[attr-defined, unused-ignore]
+            address, port, world_size, True, timeout, master_listen_fd=sock.detach(), use_libuv=True
+        )
+    else:
+        store = tdist.TCPStore(address, port, world_size, False, timeout)  # type: ignore[attr-defined, unused-ignore]
+    yield store, rank, world_size
+    raise RuntimeError(f"{RENDEZVOUS_SCHEME}:// rendezvous cannot be repeated (as torch's tcp://)")
+
+
+def _register_rendezvous() -> None:
+    with contextlib.suppress(RuntimeError):  # registered by an earlier init of this process
+        tdist.register_rendezvous_handler(RENDEZVOUS_SCHEME, _rendezvous)  # type: ignore[attr-defined, no-untyped-call, unused-ignore]
+
+
 def init(name: str, rank: int, world_size: int, address: str, port: int, timeout_s: float) -> None:
-    """Join the RPC group; rank 0 hosts the rendezvous at address:port. Only the ``uv`` (TCP)
-    transport and the basic channel: the same path on one host as between boards, no shared memory."""
+    """Join the RPC group; rank 0 hosts the rendezvous at address:port (bound to that address only:
+    :func:`_rendezvous`). Only the ``uv`` (TCP) transport and the basic channel: the same path on one
+    host as between boards, no shared memory. TensorPipe and Gloo listen on the interface
+    :func:`headsplit.netif.bind_interface` pinned before this call."""
+    _register_rendezvous()
     opts = trpc.TensorPipeRpcBackendOptions(
-        init_method=f"tcp://{address}:{port}",
+        init_method=f"{RENDEZVOUS_SCHEME}://{address}:{port}",
         rpc_timeout=timeout_s,
         num_worker_threads=16,
         _transports=["uv"],

@@ -35,12 +35,28 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    torch.set_num_threads(rc.threads)
-    from headsplit import netif, rpc
+    from headsplit import netif
 
-    netif.bind_interface(entry.address)
+    try:
+        netif.bind_interface(entry.address, where=f"workers[{entry.rank - 1}].address")
+    except netif.BindRefused as exc:
+        print(f"headsplit worker: refused: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(rc.threads)
+    from headsplit import rpc
+
     start_ns = time.time_ns()
     rpc.init(entry.name, entry.rank, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s)
+    listening = netif.listeners()
+    stray = netif.stray_listeners(entry.address, listening)
+    if stray:
+        print(
+            f"headsplit worker: refused: torch RPC listens on {', '.join(stray)}, not only on "
+            f"workers[{entry.rank - 1}].address {entry.address}",
+            file=sys.stderr,
+        )
+        rpc.shutdown(graceful=False)
+        return 2
     rpc.shutdown()
     out = Path(rc.result).parent / f"worker{entry.rank}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": rc.threads,
         "start_ns": start_ns,
         "end_ns": time.time_ns(),
+        "listeners": [f"{host}:{port}" for host, port in listening],
         **rpc.worker_report(),
     }
     out.write_text(json.dumps(doc, indent=1) + "\n")
