@@ -3,7 +3,9 @@
 A stage playbook is rendered from ``playbooks/<stage>.yml.j2`` into the run directory (kept as
 provenance) with the driver's own Jinja delimiters (``[% %]``, ``[[ ]]``), so that Ansible's
 ``{{ }}`` expressions pass through untouched. Scenario values never go into the template text:
-they travel as extra variables.
+they travel as extra variables, and every string among them (keys too, at any depth) is written
+``!unsafe`` into the extra-vars file, so that Ansible takes it as data and never renders it as a
+template (:func:`write_extravars`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import ansible_runner
 import jinja2
+import yaml
 
 from dit.paths import content_root
 
@@ -116,6 +119,58 @@ def render_playbook(stage: str, dest_dir: Path, context: Mapping[str, Any]) -> P
     return dest
 
 
+class _UnsafeDumper(yaml.SafeDumper):
+    """YAML whose strings that could hold a template are tagged ``!unsafe``: Ansible loads them as text
+    it never templates."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+# Jinja's delimiters ({{ {% {#) all open with "{"; "%" and "#" are kept for a template whose delimiters
+# were changed. ansible-core 2.19 resolves the type of a "!unsafe" scalar as if it were plain, quotes or
+# not ('000…0' becomes the integer 0, 'yes' True), so a string that cannot be a template goes untagged
+# and quoted as any string, and keeps its type; one holding these characters resolves to a string.
+_TEMPLATE_CHARS = frozenset("{%#")
+
+
+def _represent_unsafe(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    if _TEMPLATE_CHARS.isdisjoint(text):
+        return dumper.represent_str(text)
+    return dumper.represent_scalar("!unsafe", text, style="'" if "\n" not in text else "|")
+
+
+_UnsafeDumper.add_representer(str, _represent_unsafe)
+
+
+def unsafe_yaml(data: Any) -> str:
+    """``data`` (JSON-shaped) as YAML with every string that could hold a template, keys included,
+    tagged ``!unsafe``.
+
+    Values are normalised through JSON first (tuples become lists), as ansible-runner's own
+    command-line extra vars were, so that what Ansible sees is exactly what was meant.
+    """
+    plain = json.loads(json.dumps(data, default=str))
+    return yaml.dump(plain, Dumper=_UnsafeDumper, sort_keys=False, allow_unicode=True, width=1 << 16)
+
+
+def write_extravars(private_dir: Path, extravars: Mapping[str, Any]) -> Path:
+    """The extra vars of one playbook run, as ``env/extravars`` of ansible-runner's private directory.
+
+    ansible-runner passes a dict of extra vars as JSON on the command line, and Ansible trusts those
+    strings as templates: a ``{{ lookup('pipe', ...) }}`` in any value (a scenario's ``model.params``,
+    an action's input, a path) would run on the controller. A file it finds there is passed as
+    ``-e @file`` instead, and Ansible's YAML loader honours ``!unsafe`` on every string of it.
+    """
+    path = private_dir / "env" / "extravars"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(unsafe_yaml(dict(extravars)), encoding="utf-8")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return path
+
+
 def ansible_env() -> dict[str, str]:
     root = content_root()
     bindir = str(Path(sys.executable).parent)
@@ -175,12 +230,12 @@ def run_playbook(
     """Run a playbook that is not a stage (a runtime's readiness check or maintenance action)."""
     outcome = StageOutcome(name, "failed", -1)
     private_dir.mkdir(parents=True, exist_ok=True)
+    write_extravars(private_dir, extravars)
     runner = ansible_runner.run(
         private_data_dir=str(private_dir),
         playbook=str(playbook),
         inventory=inventory,
         limit=limit,
-        extravars=dict(extravars),
         envvars=ansible_env(),
         event_handler=_collector(outcome, on_event),
         quiet=True,
@@ -212,13 +267,13 @@ def run_stage(
     outcome = StageOutcome(stage, "failed", -1)
     handle = _collector(outcome, on_event)
     cmdline = "--check --diff" if check else None
+    write_extravars(private_dir, extravars)
     runner = ansible_runner.run(
         private_data_dir=str(private_dir),
         project_dir=str(project),
         playbook=playbook.name,
         inventory=inventory,
         limit=limit,
-        extravars=dict(extravars),
         envvars=ansible_env(),
         event_handler=handle,
         cancel_callback=should_cancel,
