@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -290,10 +291,20 @@ def test_readiness_checks_the_interpreter_torch_headsplit_and_the_port(
     named = headsplit.readiness(
         {"runtime": {"controller": "device2", "python": "/venv/bin/python"}}, tmp_path
     )
-    assert (
-        'inventory_hostname == "device2"' in named.plays[0]["tasks"][3]["ansible.builtin.command"]["argv"][4]
-    )
-    assert named.extravars == {"dit_headsplit_check_python": "/venv/bin/python"}
+    # the controller's name is data (a variable), never pasted into the plays' template text
+    role = named.plays[0]["tasks"][3]["ansible.builtin.command"]["argv"][4]
+    assert "inventory_hostname == dit_headsplit_controller" in role and "device2" not in role
+    assert named.extravars == {
+        "dit_headsplit_controller": "device2",
+        "dit_headsplit_check_python": "/venv/bin/python",
+    }
+
+
+def _rendered(plan: Any, text: str, inputs: Any = None) -> str:
+    """``text`` of a plan's plays as Ansible would render it with the plan's variables (the inputs and
+    what is derived from them travel as variables, never in the plays' text)."""
+    env = jinja2.Environment(undefined=jinja2.ChainableUndefined, autoescape=False)  # noqa: S701 - not HTML
+    return env.from_string(text).render(**dict(plan.extravars), dit_action_inputs=inputs or {})
 
 
 def test_distribute_checkpoint_verifies_the_hash_here_and_on_every_node(
@@ -317,10 +328,12 @@ def test_distribute_checkpoint_verifies_the_hash_here_and_on_every_node(
     ]
     here = nodes["tasks"][0]
     assert (here["delegate_to"], here["run_once"]) == ("localhost", True)
-    assert here["ansible.builtin.stat"]["path"] == str(tmp_path / "w.safetensors")
+    assert here["ansible.builtin.stat"]["path"] == "{{ hs_checkpoint_path }}"
+    assert _rendered(plan, here["ansible.builtin.stat"]["path"]) == str(tmp_path / "w.safetensors")
     stat = nodes["tasks"][4]["ansible.builtin.stat"]
-    assert stat["checksum_algorithm"] == "sha256" and stat["path"].endswith(
-        "/headsplit/files/{{ dit_action_inputs.sha256 }}/w.safetensors"
+    assert stat["checksum_algorithm"] == "sha256"
+    assert _rendered(plan, stat["path"], {"sha256": "c" * 64}).endswith(
+        f"/headsplit/files/{'c' * 64}/w.safetensors"
     )
     check = nodes["tasks"][5]["ansible.builtin.assert"]
     assert "hs_copied.stat.checksum" in check["fail_msg"] and "dit_action_inputs.sha256" in check["fail_msg"]
@@ -330,15 +343,18 @@ def test_build_speculation_profile_runs_on_the_edge_then_distributes(headsplit: 
     action = action_of(headsplit, "build-speculation-profile")
     inputs = validate_inputs(action, {"tau": 0.1, "corpus": "/data/corpus.txt", "out": str(tmp_path)})
     assert inputs["model"] == "gpt2-tiny"
-    plays = action.plan(inputs).plays
+    plan = action.plan(inputs)
+    plays = plan.plays
     assert not isinstance(plays, Path)
     build, distribute = plays
     assert build["hosts"] == "edge" and distribute["hosts"] == "devices"
-    argv = build["tasks"][1]["ansible.builtin.command"]["argv"]
+    argv = [_rendered(plan, a) for a in build["tasks"][1]["ansible.builtin.command"]["argv"]]
     assert argv[1:7] == ["-m", "headsplit.speculation", "--model", "gpt2-tiny", "--tau", "0.1"]
     assert argv[-2:] == ["--corpus", "/data/corpus.txt"]
+    assert "/data/corpus.txt" not in str(plays)  # a path is data: a variable, not the plays' text
     fetch = build["tasks"][3]["ansible.builtin.fetch"]
-    assert fetch["dest"] == f"{tmp_path}/speculation-gpt2-tiny-tau0.1.json" and fetch["flat"] is True
+    assert _rendered(plan, fetch["dest"]) == f"{tmp_path}/speculation-gpt2-tiny-tau0.1.json"
+    assert fetch["flat"] is True
     assert distribute["tasks"][1]["ansible.builtin.copy"]["src"] == fetch["dest"]
 
 
@@ -442,15 +458,18 @@ def test_distribute_checkpoint_placement_mode_cuts_here_and_verifies_each_shard_
     inputs = validate_inputs(action, {"path": str(d), "sha256": "a" * 64, "mode": "placement",
                                       "workers": ["device2", "device1"], "strategy": "roundrobin",
                                       "out": str(tmp_path / "out")})  # fmt: skip
-    (play,) = action.plan(inputs).plays  # type: ignore[misc]
+    plan = action.plan(inputs)
+    (play,) = plan.plays  # type: ignore[misc]
     here, cut, mkdir, copy_, verify = play["tasks"]
     assert here["delegate_to"] == cut["delegate_to"] == "localhost"
-    assert here["ansible.builtin.command"]["argv"][1:] == ["-m", "headsplit.checkpoint", str(d), "--sha256",
-                                                           "{{ dit_action_inputs.sha256 }}"]  # fmt: skip
+    assert [_rendered(plan, a, inputs) for a in here["ansible.builtin.command"]["argv"][1:]] == [
+        "-m", "headsplit.checkpoint", str(d), "--sha256", "a" * 64]  # fmt: skip
     argv = cut["ansible.builtin.command"]["argv"]
     assert argv[1:3] == ["-m", "headsplit.shard"] and argv[argv.index("--workers") + 1] == "2"
     assert argv[argv.index("--strategy") + 1] == "roundrobin"
-    assert '["device2", "device1"].index(inventory_hostname) + 1' in copy_["ansible.builtin.copy"]["src"]
+    assert _rendered(plan, argv[argv.index("--out") + 1]) == str(tmp_path / "out")
+    assert plan.extravars["hs_workers"] == ["device2", "device1"]
+    assert "hs_workers.index(inventory_hostname) + 1" in copy_["ansible.builtin.copy"]["src"]
     assert "shards.json" in copy_["ansible.builtin.copy"]["src"] and copy_["when"] == mkdir["when"]
     node = verify["ansible.builtin.command"]["argv"]
     assert node[1:3] == ["-m", "headsplit.checkpoint"] and ".sha256 }}" in node[-1]
@@ -463,10 +482,11 @@ def test_distribute_checkpoint_sends_a_directory_with_its_manifest(headsplit: An
 
     action = action_of(headsplit, "distribute-checkpoint")
     d = _hf_dir(tmp_path)
-    (play,) = action.plan(validate_inputs(action, {"path": str(d), "sha256": "a" * 64})).plays  # type: ignore[misc]
+    plan = action.plan(validate_inputs(action, {"path": str(d), "sha256": "a" * 64}))
+    (play,) = plan.plays  # type: ignore[misc]
     sums = next(t for t in play["tasks"] if "SHA256SUMS" in t["name"])["ansible.builtin.copy"]
-    assert sums["content"] == checkpoint.manifest_text(checkpoint.manifest(d))
-    assert sums["dest"].endswith("/tiny-llama/SHA256SUMS")
-    assert play["tasks"][-1]["ansible.builtin.command"]["argv"][-3:-1] == [
-        "/var/tmp/dit/headsplit/files/{{ dit_action_inputs.sha256 }}/tiny-llama".replace(
-            "/var/tmp/dit", "{{ dit_remote_base | default('/var/tmp/dit') }}"), "--sha256"]  # fmt: skip
+    assert _rendered(plan, sums["content"]) == checkpoint.manifest_text(checkpoint.manifest(d))
+    assert _rendered(plan, sums["dest"]).endswith("/tiny-llama/SHA256SUMS")
+    verify = play["tasks"][-1]["ansible.builtin.command"]["argv"][-3:-1]
+    assert [_rendered(plan, a, {"sha256": "a" * 64}) for a in verify] == [
+        f"/var/tmp/dit/headsplit/files/{'a' * 64}/tiny-llama", "--sha256"]  # fmt: skip

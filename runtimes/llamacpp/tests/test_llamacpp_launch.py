@@ -237,8 +237,16 @@ def test_the_build_action_fetches_from_the_mirror_with_the_pinned_hash(runtime: 
     assert fetch["checksum"] == f"sha256:{build.SDIST_SHA256}"
     assert fetch["url"].endswith("/sdists/llama_cpp_python-0.3.36.tar.gz")
     command = tasks[-1]["ansible.builtin.command"]
-    assert command["creates"] == f"/var/cache/dit/llamacpp/{build.SDIST_SHA256[:12]}/build.json"
+    # the cache (an input) travels as a variable: data, never pasted into the plays' template text
+    assert command["creates"] == f"{{{{ llamacpp_cache }}}}/{build.SDIST_SHA256[:12]}/build.json"
+    assert plan.extravars == {"llamacpp_cache": "/var/cache/dit/llamacpp"}
     assert command["argv"][-2:] == ["--jobs", "2"]
+    mirror = action.plan({"mirror_url": "http://mirror.example/x"})
+    fetch = next(t for t in mirror.plays[0]["tasks"] if "ansible.builtin.get_url" in t)[
+        "ansible.builtin.get_url"
+    ]
+    assert fetch["url"] == "{{ llamacpp_mirror_url }}/sdists/llama_cpp_python-0.3.36.tar.gz"
+    assert mirror.extravars["llamacpp_mirror_url"] == "http://mirror.example/x"
 
 
 # -- results ---------------------------------------------------------------------------------------

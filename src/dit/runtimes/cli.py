@@ -145,7 +145,7 @@ def act(
     chosen = _runtime(runtime)
     try:
         spec = ops.action_of(chosen, action)
-        inputs = ops.validate_inputs(spec, ops.parse_sets(sets or []))
+        inputs = ops.validate_inputs(spec, ops.parse_sets(sets or [], spec.inputs))
     except ops.UnknownAction as exc:
         raise _fail(str(exc), 2) from None
     except ops.InputError as exc:
@@ -157,6 +157,10 @@ def act(
             outcome = ops.act(chosen, spec, inputs, inv, work, _print_event)
     except InventoryError as exc:
         raise _fail(str(exc), 2) from None
+    except ops.InputError as exc:  # the runtime's plan would paste an input into its playbook's text
+        for error in exc.errors:
+            err.print(f"[red]{escape(runtime)} {escape(action)}:[/] {escape(str(error))}", highlight=False)
+        raise typer.Exit(2) from None
     if not outcome.ok or outcome.failures():
         raise _fail(f"{runtime} {action}: {outcome.status}")
     out.print(f"{escape(runtime)} {escape(action)}: done", highlight=False)

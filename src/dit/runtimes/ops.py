@@ -59,6 +59,50 @@ def _write_plays(plays: Sequence[Mapping[str, Any]] | Path, dest: Path) -> Path:
     return dest
 
 
+_DELIMITERS = ("{{", "{%", "{#")
+
+
+def _strings(value: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """Every string of a JSON-shaped value, keys included, with its dotted path."""
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            yield where, str(key)
+            yield from _strings(item, where)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{path}[{i}]" if path else f"[{i}]")
+
+
+def refuse_pasted(values: Mapping[str, Any], plays: Sequence[Mapping[str, Any]] | Path, who: str) -> None:
+    """Refuse plays that carry a user value holding a template delimiter in their own text.
+
+    A play's text is a template Ansible renders; a value a user gave (an action's input, a scenario's
+    runtime block) belongs in the play's variables, which dit writes unsafe. A runtime that pastes
+    ``x{{ lookup('pipe', ...) }}`` into a task's argument would have it run on this machine, so such a
+    plan never reaches Ansible: the error names the value's field (a defect of the runtime, not of the
+    value).
+    """
+    if isinstance(plays, Path):
+        return
+    texts = [text for _, text in _strings(list(plays))]
+    for where, value in _strings(dict(values)):
+        for delimiter in _DELIMITERS:
+            at = value.find(delimiter)
+            if at < 0:
+                continue
+            # from the delimiter to the next '/' (a runtime may make a path absolute or normalise it)
+            piece = value[at:].split("/", 1)[0]
+            if any(piece in text for text in texts):
+                raise InputError([FieldError(where, (
+                    f"{who} would paste this value into its playbook's template text, where "
+                    f"{delimiter!r} is executed; the runtime must pass it as a variable (a defect of the "
+                    "runtime: see docs/runtimes.md)"
+                ))])  # fmt: skip
+
+
 def check_detail(event: HostEvent) -> str:
     res = event.result
     stdout = str(res.get("stdout") or "").strip()
@@ -131,6 +175,9 @@ def check_hosts(
     hosts = list(hosts)
     if not plan.plays:
         return [NodeReadiness(h, "ok", "", ()) for h in hosts]
+    refuse_pasted(
+        dict((scenario or {}).get("runtime") or {}), plan.plays, f"runtime {runtime.name}'s readiness check"
+    )
     if plan.prepare is not None:
         plan.prepare()
     playbook = _write_plays(plan.plays, workdir / "project" / "readiness.yml")
@@ -155,20 +202,41 @@ def action_of(runtime: Runtime, name: str) -> Action:
     return actions[name]
 
 
-def parse_sets(items: Sequence[str]) -> dict[str, Any]:
-    """``key=value`` pairs (value read as a YAML scalar: ``2`` is a number, ``true`` a boolean;
-    a dotted key makes nested mappings)."""
+def _string_typed(schema: Mapping[str, Any] | None, parts: Sequence[str]) -> bool:
+    """Whether the input schema declares the field at ``parts`` a string (and not a number/boolean)."""
+    node: Any = schema
+    for part in parts:
+        if not isinstance(node, Mapping):
+            return False
+        node = (node.get("properties") or {}).get(part)
+    if not isinstance(node, Mapping):
+        return False
+    kind = node.get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind}
+    if "enum" in node and kind is None:
+        kinds = {type(v).__name__ for v in node["enum"]}
+        return kinds == {"str"}
+    return "string" in kinds and not kinds & {"number", "integer", "boolean"}
+
+
+def parse_sets(items: Sequence[str], schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``key=value`` pairs, typed by the action's input ``schema``: a field it declares a string keeps
+    the text as given (``sha256=000…0`` stays 64 characters, not the integer 0); any other value is read
+    as a YAML scalar (``2`` is a number, ``true`` a boolean). A dotted key makes nested mappings."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise InputError([FieldError(item, "expected key=value")])
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            value = text
-        node = out
         parts = key.strip().split(".")
+        if _string_typed(schema, parts):
+            value: Any = text
+        else:
+            try:
+                value = yaml.safe_load(text) if text.strip() else ""
+            except yaml.YAMLError:
+                value = text
+        node = out
         for part in parts[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
@@ -215,6 +283,7 @@ def act_on_hosts(
 ) -> StageOutcome:
     """Run one maintenance action (its inputs already validated) on ``hosts`` of the inventory ``source``."""
     plan = action.plan(inputs)
+    refuse_pasted(inputs, plan.plays, f"runtime {runtime.name}'s action {action.name}")
     playbook = _write_plays(plan.plays, workdir / "project" / f"{action.name}.yml")
     return run_playbook(
         f"{runtime.name} {action.name}",

@@ -449,7 +449,7 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
     role = (
         "{{ 'controller' if 'edge' in group_names else 'worker' }}"
         if controller == EDGE
-        else f"{{{{ 'controller' if inventory_hostname == {json.dumps(controller)} else 'worker' }}}}"
+        else "{{ 'controller' if inventory_hostname == dit_headsplit_controller else 'worker' }}"
     )
     port = str(int(block.get("port", DEFAULT_PORT)))
 
@@ -574,9 +574,18 @@ def _node_verify(dest: str, sha: str, what: str) -> dict[str, Any]:
     }
 
 
-def _whole_file_play(path: str, name: str) -> dict[str, Any]:
+# An action's inputs, and what is derived from them here (an absolute path, a file name), reach the plays
+# only as these variables: the plays' own text is a template, and a path such as "x{{ lookup(...) }}" pasted
+# into it would run on this machine. Extra variables are written unsafe (data, never a template).
+CK_PATH = "{{ hs_checkpoint_path }}"
+CK_NAME = "{{ hs_checkpoint_name }}"
+OUT = "{{ hs_out }}"
+
+
+def _whole_file_play() -> dict[str, Any]:
     """One safetensors file: checked here and on every node with Ansible's own SHA-256 (no headsplit
     needed on this machine)."""
+    path, name = CK_PATH, CK_NAME
     local = [
         _local({
             "name": "SHA-256 of the checkpoint on this machine",
@@ -609,8 +618,12 @@ def _whole_file_play(path: str, name: str) -> dict[str, Any]:
 def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
     """Verify the checkpoint here; copy it whole to every node, or cut it into per-worker shards here
     and copy each worker its own; verify every copy on its node."""
-    path = os.path.abspath(str(inputs["path"]))
-    name = posixpath.basename(path.rstrip("/"))
+    local_path = os.path.abspath(str(inputs["path"]))
+    extravars: dict[str, Any] = {
+        "hs_checkpoint_path": local_path,
+        "hs_checkpoint_name": posixpath.basename(local_path.rstrip("/")),
+    }
+    path, name = CK_PATH, CK_NAME
     sha = "{{ dit_action_inputs.sha256 }}"
     here = _local({
         "name": "The checkpoint on this machine is the pinned one",
@@ -618,8 +631,8 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
         "changed_when": False,
     })  # fmt: skip
     dest_dir = f"{BASE}/{FILES_DIR}/{sha}"
-    if inputs.get("mode", "whole") == "whole" and not os.path.isdir(path):
-        return ActionPlan(plays=[_whole_file_play(path, name)])
+    if inputs.get("mode", "whole") == "whole" and not os.path.isdir(local_path):
+        return ActionPlan(plays=[_whole_file_play()], extravars=extravars)
     if inputs.get("mode", "whole") == "whole":
         is_dir = True
         tasks: list[dict[str, Any]] = [
@@ -630,11 +643,12 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
                                                                      "mode": "preserve" if is_dir else "0644"}},
         ]  # fmt: skip
         if is_dir:  # the manifest taken here goes with it: the node names a changed file
+            extravars["hs_checkpoint_manifest"] = ckpt.manifest_text(ckpt.manifest(Path(local_path)))
             tasks.append(
                 {
                     "name": "The manifest of the checkpoint (SHA256SUMS)",
                     "ansible.builtin.copy": {
-                        "content": ckpt.manifest_text(ckpt.manifest(Path(path))),
+                        "content": "{{ hs_checkpoint_manifest }}",
                         "dest": f"{dest_dir}/{name}/{ckpt.SUMS}",
                         "mode": "0644",
                     },
@@ -643,27 +657,30 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
         tasks.append(_node_verify(f"{dest_dir}/{name}", sha, "checkpoint"))
         play = {"name": "HeadSplit: distribute the checkpoint", "hosts": "all", "gather_facts": False,
                 "tasks": tasks}  # fmt: skip
-        return ActionPlan(plays=[play])
+        return ActionPlan(plays=[play], extravars=extravars)
     workers = [str(w) for w in inputs.get("workers") or []]
     if not workers:
         raise HeadSplitLaunchError("workers: mode placement needs the scenario's workers (runtime.workers)")
-    out = os.path.abspath(str(inputs.get("out", "headsplit-shards")))
+    extravars |= {
+        "hs_out": os.path.abspath(str(inputs.get("out", "headsplit-shards"))),
+        "hs_workers": workers,
+        "hs_controller": str(inputs.get("controller", EDGE)),
+    }
+    out = OUT
     argv = [LOCAL_PY, "-m", "headsplit.shard", "--checkpoint", path, "--sha256", sha, "--workers",
             str(len(workers)), "--strategy", str(inputs.get("strategy", "layerwise")), "--memory-mb",
             str(int(inputs.get("memory_mb", 1 << 20))), "--out", out]  # fmt: skip
     if inputs.get("model"):
-        argv += ["--model", str(inputs["model"])]
-    controller = str(inputs.get("controller", EDGE))
+        argv += ["--model", "{{ dit_action_inputs.model }}"]
     is_controller = (
-        "'edge' in group_names" if controller == EDGE else f"inventory_hostname == {json.dumps(controller)}"
+        "'edge' in group_names"
+        if extravars["hs_controller"] == EDGE
+        else "inventory_hostname == hs_controller"
     )
-    owner = (
-        f"('controller' if {is_controller} else "
-        f"'worker' ~ ({json.dumps(workers)}.index(inventory_hostname) + 1))"
-    )
-    record = f"(lookup('file', {json.dumps(out + '/' + SHARDS_JSON)}) | from_json).files[{owner}]"
+    owner = f"('controller' if {is_controller} else 'worker' ~ (hs_workers.index(inventory_hostname) + 1))"
+    record = f"(lookup('file', hs_out ~ '/{SHARDS_JSON}') | from_json).files[{owner}]"
     shard_dir = f"{dest_dir}/{SHARDS_DIR}"
-    when = f"({is_controller}) or inventory_hostname in {json.dumps(workers)}"
+    when = f"({is_controller}) or inventory_hostname in hs_workers"
     tasks = [
         here,
         _local({"name": "Cut the checkpoint into per-worker shards here", "ansible.builtin.command": {"argv": argv},
@@ -678,7 +695,7 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
     ]  # fmt: skip
     play = {"name": "HeadSplit: distribute per-worker checkpoint shards", "hosts": "all", "gather_facts": False,
             "tasks": tasks}  # fmt: skip
-    return ActionPlan(plays=[play])
+    return ActionPlan(plays=[play], extravars=extravars)
 
 
 def profile_name(model: str, tau: float) -> str:
@@ -688,12 +705,18 @@ def profile_name(model: str, tau: float) -> str:
 def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
     """Run ``python -m headsplit.speculation`` on the edge server, fetch the profile, distribute it."""
     model, tau = str(inputs.get("model", "gpt2-tiny")), float(inputs.get("tau", 0.05))
-    name = profile_name(model, tau)
-    out_dir = os.path.abspath(str(inputs.get("out", "headsplit-profiles")))
+    extravars = {
+        "hs_profile_name": profile_name(model, tau),
+        "hs_profile_model": model,
+        "hs_out_dir": os.path.abspath(str(inputs.get("out", "headsplit-profiles"))),
+    }
+    name, out_dir = "{{ hs_profile_name }}", "{{ hs_out_dir }}"
     on_edge = f"{BASE}/{PROFILES_DIR}/{name}"
-    argv = [PY, "-m", "headsplit.speculation", "--model", model, "--tau", f"{tau:g}", "--out", on_edge]
+    argv = [PY, "-m", "headsplit.speculation", "--model", "{{ hs_profile_model }}", "--tau", f"{tau:g}",
+            "--out", on_edge]  # fmt: skip
     if inputs.get("corpus"):
-        argv += ["--corpus", str(inputs["corpus"])]
+        extravars["hs_corpus"] = str(inputs["corpus"])
+        argv += ["--corpus", "{{ hs_corpus }}"]
     build = {
         "name": "HeadSplit: build the speculation profile on the edge server",
         "hosts": "edge",
@@ -728,7 +751,7 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
         "gather_facts": False,
         "tasks": _verified_copy_tasks(f"{out_dir}/{name}", f"{BASE}/{PROFILES_DIR}", name, sha, "profile"),
     }
-    return ActionPlan(plays=[build, distribute])
+    return ActionPlan(plays=[build, distribute], extravars=extravars)
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -999,7 +1022,10 @@ class HeadSplitRuntime(RuntimeBase):
 
     def readiness(self, scenario: Mapping[str, Any] | None, workdir: Path) -> ReadinessPlan:
         block = _block_of(scenario)
-        extravars = {"dit_headsplit_check_python": block["python"]} if block.get("python") else {}
+        # the block's strings travel as variables (data), never pasted into the plays' text
+        extravars: dict[str, Any] = {"dit_headsplit_controller": str(block.get("controller", EDGE))}
+        if block.get("python"):
+            extravars["dit_headsplit_check_python"] = block["python"]
         return ReadinessPlan(plays=readiness_plays(block), checks=CHECKS, extravars=extravars)
 
     def actions(self) -> Sequence[Action]:

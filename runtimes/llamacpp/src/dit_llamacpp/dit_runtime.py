@@ -301,7 +301,6 @@ def _block_of(scenario: Mapping[str, Any] | None) -> Mapping[str, Any]:
 
 def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per node: the binaries of the build cache run (``--help``) and the build record is there."""
-    bin_dir = str(block.get("bin_dir", DEFAULT_BIN))
 
     def check(name: str, argv: list[str]) -> dict[str, Any]:
         return {
@@ -311,7 +310,8 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
             "ignore_errors": True,
         }
 
-    record = build_record_path(block)
+    # the block's paths travel as variables (readiness_vars): data, never the plays' template text
+    bin_dir, record = "{{ dit_llamacpp_bin_dir }}", "{{ dit_llamacpp_build_record }}"
     show = "import json, sys; r = json.load(open(sys.argv[1])); print(r['sha256'][:12], r['cxx'], r['wall_s'], 's')"
     return [
         {
@@ -325,6 +325,14 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
             ],
         }
     ]
+
+
+def readiness_vars(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The variables :func:`readiness_plays` refers to."""
+    return {
+        "dit_llamacpp_bin_dir": str(block.get("bin_dir", DEFAULT_BIN)),
+        "dit_llamacpp_build_record": build_record_path(block),
+    }
 
 
 BUILD_FACT = "llamacpp_build"  # metadata.json: runtime.nodes.<host>.llamacpp_build (and the node facts)
@@ -397,11 +405,17 @@ BUILD_INPUTS: dict[str, Any] = {
 
 
 def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
-    """Copy ``build.py`` (standard library only) to each node and build there from the sdist, offline."""
-    cache = str(inputs.get("cache", build.DEFAULT_CACHE))
+    """Copy ``build.py`` (standard library only) to each node and build there from the sdist, offline.
+
+    The inputs reach the plays as variables (``llamacpp_*``, written unsafe: data), never as their text.
+    """
+    extravars: dict[str, Any] = {"llamacpp_cache": str(inputs.get("cache", build.DEFAULT_CACHE))}
+    cache = "{{ llamacpp_cache }}"
     work = f"{BASE}/llamacpp"
     archive = inputs.get("archive")
-    archive_path = str(archive) if archive else f"{work}/{build.SDIST_NAME}"
+    if archive:
+        extravars["llamacpp_archive"] = str(archive)
+    archive_path = "{{ llamacpp_archive }}" if archive else f"{work}/{build.SDIST_NAME}"
     jobs = int(inputs.get("jobs", 0))
     jobs_expr = str(jobs) if jobs else "{{ ansible_facts.processor_nproc | default(1) }}"
     tasks: list[dict[str, Any]] = [
@@ -411,7 +425,9 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
                                                                     "dest": f"{work}/build.py", "mode": "0644"}},
     ]  # fmt: skip
     if not archive:
-        mirror = str(inputs.get("mirror_url") or "{{ dit_mirror_url }}")
+        if inputs.get("mirror_url"):
+            extravars["llamacpp_mirror_url"] = str(inputs["mirror_url"])
+        mirror = "{{ llamacpp_mirror_url }}" if inputs.get("mirror_url") else "{{ dit_mirror_url }}"
         tasks.append(
             {
                 "name": "Fetch the sdist from the mirror (SHA-256 checked)",
@@ -443,7 +459,7 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
     )
     play = {"name": "llama.cpp: build the RPC binaries from the mirrored sdist", "hosts": "all",
             "gather_facts": not jobs, "tasks": tasks}  # fmt: skip
-    return ActionPlan(plays=[play])
+    return ActionPlan(plays=[play], extravars=extravars)
 
 
 # -- results ------------------------------------------------------------------------------------
@@ -556,7 +572,8 @@ class LlamaCppRpcRuntime(RuntimeBase):
         return block_schema()
 
     def readiness(self, scenario: Mapping[str, Any] | None, workdir: Path) -> ReadinessPlan:
-        return ReadinessPlan(plays=readiness_plays(_block_of(scenario)), checks=CHECKS)
+        block = _block_of(scenario)
+        return ReadinessPlan(plays=readiness_plays(block), checks=CHECKS, extravars=readiness_vars(block))
 
     def actions(self) -> Sequence[Action]:
         return (
