@@ -1,6 +1,8 @@
 """The emulated rack for real: `dit rack up`, work over SSH inside each node's cgroup, `dit rack down`.
 
-Each test's rack has its own name, subnet and state dir, so it cannot meet a user's rack.
+Each test's rack has its own name, subnet and state dir, so it cannot meet a user's rack. The state
+dirs sit under /var/lib/dit/tests, not /tmp: sshd (StrictModes) takes the rack's keys only from a
+path whose every directory is root's and not group- or world-writable, and /tmp is world-writable.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +44,24 @@ def _usable() -> str | None:
 SKIP = _usable()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 CGROUPS = Path("/sys/fs/cgroup")
+SECURE_BASE = Path("/var/lib/dit/tests")  # root's all the way up, unlike /tmp
+
+
+def secure_dir(prefix: str) -> Path:
+    """A fresh directory for state dirs under :data:`SECURE_BASE` (removed by the caller)."""
+    SECURE_BASE.mkdir(parents=True, exist_ok=True)
+    for directory in (SECURE_BASE.parent, SECURE_BASE):
+        directory.chmod(0o755)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=SECURE_BASE))
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    directory = secure_dir("t-")
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -55,9 +77,23 @@ class RackHandle:
         address = str(self.hosts[host]["ansible_host"])
         argv = [
             "ssh", "-i", self.key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-            "-o", f"UserKnownHostsFile={self.known_hosts}", f"root@{address}", command,
+            "-o", "ConnectTimeout=10", "-o", f"UserKnownHostsFile={self.known_hosts}",
+            f"root@{address}", command,
         ]  # fmt: skip
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+    @property
+    def cgroup(self) -> str:
+        """The rack's parent cgroup (``dit-<name>-<id>``), from ``rack.json``."""
+        state = json.loads((self.state_dir / "rack.json").read_text())
+        return str(state["nodes"]["edge"]["cgroup"]).split("/")[0]
+
+    def answers(self) -> None:
+        """Every node of the rack answers over SSH, from inside its own cgroup."""
+        for host in self.hosts:
+            result = self.ssh(host, "grep :cpu: /proc/self/cgroup")
+            assert result.returncode == 0, f"{host}: {result.stderr}"
+            assert f"/{self.cgroup}/{host}" in result.stdout
 
 
 def dit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -83,19 +119,27 @@ def rack_up(state_dir: Path, name: str, subnet: str, *extra: str) -> RackHandle:
     )
 
 
-def leftovers(name: str) -> list[str]:
-    """Everything a rack called ``name`` could leave behind on this machine."""
+def rack_id(state_dir: Path) -> str:
+    from dit.rack.plan import rack_id as plan_rack_id
+
+    return plan_rack_id(state_dir.resolve())
+
+
+def leftovers(name: str, state_dir: Path) -> list[str]:
+    """Everything the rack called ``name`` in ``state_dir`` could leave behind on this machine."""
+    rid = rack_id(state_dir)
+    prefix = f"dit-{name}-{rid}"
     found: list[str] = []
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(f"dit-{name}-")]
-    found += [f"link {p.name}" for p in Path("/sys/class/net").iterdir() if p.name.startswith(f"dr-{name}-")]
-    found += [f"cgroup {p}" for p in CGROUPS.glob(f"*/dit-{name}")]
-    found += [f"cgroup {p}" for p in CGROUPS.glob(f"dit-{name}")]
+    found += [f"netns {line.split()[0]}" for line in netns.splitlines() if line.startswith(f"{prefix}-")]
+    found += [f"link {p.name}" for p in Path("/sys/class/net").iterdir() if p.name.startswith(f"dr-{rid}-")]
+    found += [f"cgroup {p}" for p in CGROUPS.glob(f"*/{prefix}")]
+    found += [f"cgroup {p}" for p in CGROUPS.glob(prefix)]
     ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     found += [
         f"process {line.strip()}"
         for line in ps.splitlines()
-        if f"/dit-{name}-" in line or f"rack-{name}/" in line
+        if f"/{prefix}-" in line or f"{state_dir}/" in line  # nsenter's argv, sshd's config
     ]
     return found
 
@@ -110,23 +154,25 @@ def running(pid: int) -> bool:
     return fields[0] != "Z"
 
 
-def node_pids(name: str) -> set[int]:
+def node_pids(name: str, state_dir: Path) -> set[int]:
     pids: set[int] = set()
-    for procs in CGROUPS.glob(f"cpu/dit-{name}/*/cgroup.procs"):
+    for procs in CGROUPS.glob(f"cpu/dit-{name}-{rack_id(state_dir)}/*/cgroup.procs"):
         pids |= {int(p) for p in procs.read_text().split()}
     return pids
 
 
 @pytest.fixture(scope="module")
-def rack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RackHandle]:
-    state_dir = tmp_path_factory.mktemp("rack") / "rack-t14"
-    handle = rack_up(
-        state_dir, "t14", "10.213.14", "--devices", "3", "--cpu-share", "30", "--memory-mb", "384"
-    )
+def rack() -> Iterator[RackHandle]:
+    directory = secure_dir("t14-")
+    state_dir = directory / "rack-t14"
     try:
+        handle = rack_up(
+            state_dir, "t14", "10.213.14", "--devices", "3", "--cpu-share", "30", "--memory-mb", "384"
+        )
         yield handle
     finally:
         dit("rack", "down", "--state-dir", str(state_dir))
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_rack_up_three_devices_each_in_its_namespace_and_cgroup(rack: RackHandle) -> None:
@@ -142,12 +188,30 @@ def test_rack_up_three_devices_each_in_its_namespace_and_cgroup(rack: RackHandle
             f"ping -c 1 -W 2 {edge} >/dev/null && echo edge-reachable",
         )
         assert result.returncode == 0, result.stderr
-        assert f":cpu:/dit-t14/{host}" in result.stdout and f":memory:/dit-t14/{host}" in result.stdout
+        cgroup = f"{rack.cgroup}/{host}"
+        assert f":cpu:/{cgroup}" in result.stdout and f":memory:/{cgroup}" in result.stdout
         assert str(hostvars["ansible_host"]) + "/24" in result.stdout
         assert "edge-reachable" in result.stdout
-    quota = (CGROUPS / "cpu/dit-t14/device2/cpu.cfs_quota_us").read_text().strip()
-    period = (CGROUPS / "cpu/dit-t14/device2/cpu.cfs_period_us").read_text().strip()
+    quota = (CGROUPS / f"cpu/{rack.cgroup}/device2/cpu.cfs_quota_us").read_text().strip()
+    period = (CGROUPS / f"cpu/{rack.cgroup}/device2/cpu.cfs_period_us").read_text().strip()
     assert (quota, period) == ("1000", "3334")  # 30 %: the kernel's minimum quota, the finest grain
+
+
+def test_the_rack_s_files_are_root_s_alone_and_sshd_checks_their_modes(rack: RackHandle) -> None:
+    def owner_mode(path: Path) -> tuple[int, int, str]:
+        st = path.lstat()
+        return st.st_uid, st.st_gid, oct(stat.S_IMODE(st.st_mode))
+
+    keys = rack.state_dir / "keys"
+    assert owner_mode(rack.state_dir) == (0, 0, "0o700")
+    assert owner_mode(keys) == (0, 0, "0o700")
+    assert owner_mode(keys / "authorized_keys") == (0, 0, "0o600")
+    assert owner_mode(keys / "host_ed25519") == (0, 0, "0o600")
+    assert owner_mode(keys / "controller_ed25519") == (0, 0, "0o600")
+    for name in ("known_hosts", "inventory.yml", "rack.json", "nodes/device1/sshd_config"):
+        assert owner_mode(rack.state_dir / name) == (0, 0, "0o644"), name
+    config = (rack.state_dir / "nodes/device1/sshd_config").read_text()
+    assert "StrictModes yes\n" in config and "StrictModes no" not in config
 
 
 def test_a_busy_loop_gets_its_cpu_share(rack: RackHandle) -> None:
@@ -177,7 +241,7 @@ def test_the_memory_limit_is_enforced(rack: RackHandle) -> None:
     assert small.returncode == 0 and small.stdout.strip() == "ok", small.stderr
     big = rack.ssh("device2", allocate.format(mb=512))
     assert big.returncode != 0 and "ok" not in big.stdout
-    failcnt = int((CGROUPS / "memory/dit-t14/device2/memory.failcnt").read_text())
+    failcnt = int((CGROUPS / f"memory/{rack.cgroup}/device2/memory.failcnt").read_text())
     assert failcnt > 0
 
 
@@ -206,22 +270,22 @@ def test_the_quickstart_runs_over_ssh_on_the_rack(rack: RackHandle, tmp_path: Pa
     print("start lateness ns:", status.get("lateness_ns"), "load average:", os.getloadavg())
 
 
-def test_rack_down_leaves_nothing(tmp_path: Path) -> None:
-    handle = rack_up(tmp_path / "rack-t15", "t15", "10.213.15", "--devices", "2")
+def test_rack_down_leaves_nothing(base: Path) -> None:
+    handle = rack_up(base / "rack-t15", "t15", "10.213.15", "--devices", "2")
     busy = handle.ssh("device1", "nohup sleep 600 >/dev/null 2>&1 & echo started")
     assert busy.stdout.strip() == "started"
-    pids = node_pids("t15")
-    assert len(pids) >= 4 and leftovers("t15")  # 3 sshd and the sleep, at least
+    pids = node_pids("t15", handle.state_dir)
+    assert len(pids) >= 4 and leftovers("t15", handle.state_dir)  # 3 sshd and the sleep, at least
     result = dit("rack", "down", "--state-dir", str(handle.state_dir))
     assert result.returncode == 0, result.stderr
-    assert leftovers("t15") == []
+    assert leftovers("t15", handle.state_dir) == []
     assert not handle.state_dir.exists()
     for pid in pids:
         assert not running(pid), f"pid {pid} survived rack down"
 
 
-def test_rack_down_after_rack_up_was_killed_half_way(tmp_path: Path) -> None:
-    state_dir = tmp_path / "rack-t16"
+def test_rack_down_after_rack_up_was_killed_half_way(base: Path) -> None:
+    state_dir = base / "rack-t16"
     argv = [*DIT, "rack", "up", "--name", "t16", "--subnet", "10.213.16", "--state-dir", str(state_dir)]
     up = subprocess.Popen(argv, cwd=REPO, env=dit_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     journal = state_dir / "journal.jsonl"
@@ -232,11 +296,11 @@ def test_rack_down_after_rack_up_was_killed_half_way(tmp_path: Path) -> None:
         time.sleep(0.01)
     up.send_signal(signal.SIGKILL)
     up.wait()
-    assert leftovers("t16"), "the kill came too late to leave anything behind"
+    assert leftovers("t16", state_dir), "the kill came too late to leave anything behind"
     result = dit("rack", "down", "--state-dir", str(state_dir))
     assert result.returncode == 0, result.stderr
     time.sleep(0.5)  # an sshd started just before the kill is reaped by then
-    assert leftovers("t16") == []
+    assert leftovers("t16", state_dir) == []
     assert not state_dir.exists()
 
 
@@ -251,3 +315,145 @@ def test_nnpm_shows_the_rack_nodes_on_the_map_probing_green(rack: RackHandle) ->
     for node in nodes:
         result = asyncio.run(ping(Target(node.name, node.address)))
         assert result.ok, result.detail
+
+
+def controller_link(subnet: str) -> str | None:
+    """The host link that carries a rack's controller address ``<subnet>.1`` (its bridge)."""
+    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout)
+    for link in links:
+        if any(a.get("local") == f"{subnet}.1" for a in link.get("addr_info", [])):
+            return str(link["ifname"])
+    return None
+
+
+def test_a_state_dir_another_user_prepared_is_refused_before_anything_is_built(base: Path) -> None:
+    foreign = base / "foreign"
+    (foreign / "keys").mkdir(parents=True)
+    planted = foreign / "keys" / "authorized_keys"
+    planted.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPlantedByAnotherUser other@host\n")
+    planted.chmod(0o666)
+    for path in (foreign, foreign / "keys", planted):
+        os.chown(path, 65534, 65534)
+    foreign.chmod(0o755)
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)  # root's, but group-writable
+    under_tmp = Path(tempfile.mkdtemp(prefix="dit-rack-t18-")) / "rack"  # /tmp: world-writable
+    cases = [(foreign, f"{foreign}", ("65534", "0755")), (shared, f"{shared}", ("0775",))]
+    cases.append((under_tmp, "/tmp", ("1777",)))
+    try:
+        for state_dir, named, details in cases:
+            argv = ["rack", "up", "--devices", "1", "--name", "t18", "--subnet", "10.213.18"]
+            result = dit(*argv, "--state-dir", str(state_dir))
+            assert result.returncode == 1, result.stdout + result.stderr
+            message = " ".join(result.stderr.split())  # the console wraps long lines
+            assert named in message and all(d in message for d in details), message
+            assert "Traceback" not in result.stderr
+            assert leftovers("t18", state_dir) == []
+        assert planted.read_text().startswith("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPlanted")
+        assert stat.S_IMODE(planted.stat().st_mode) == 0o666 and planted.stat().st_uid == 65534
+        assert not (foreign / "journal.jsonl").exists() and not (shared / "journal.jsonl").exists()
+    finally:
+        for state_dir, _, _ in cases:  # the code before the fix built a rack in each
+            dit("rack", "down", "--state-dir", str(state_dir))
+        shutil.rmtree(under_tmp.parent, ignore_errors=True)
+
+
+def test_rack_down_refuses_journal_records_reaching_outside_the_rack(base: Path) -> None:
+    """A journal rewritten by someone else: every record naming something the rack could not have
+    made is refused and reported, never undone; the journal stays for a look."""
+    state_dir = base / "rack-t19"
+    state_dir.mkdir(mode=0o700)
+    victim_dir = base / "victim"
+    victim_dir.mkdir()
+    cgroup = CGROUPS / "cpu" / "dit-victim-t19"
+    forged = [
+        {"op": "dir", "undo": {"rmdir": str(victim_dir)}},
+        {"op": "cgroup", "undo": {"dirs": [str(cgroup)]}},
+        {"op": "link", "undo": {"link": "dit-victim19"}},
+        {"op": "netns", "undo": {"netns": "dit-victim-t19"}},
+        {"op": "sshd", "undo": {"procs": [str(cgroup / "cgroup.procs")]}},
+        {"op": "cgroup", "undo": {"dirs": [f"{CGROUPS}/cpu/dit-t19-{rack_id(state_dir)}/../dit-victim-t19"]}},
+    ]
+    own = {"op": "link", "undo": {"link": f"dr-{rack_id(state_dir)}-br"}}  # this rack's: allowed
+    lines = [
+        json.dumps({"id": f"forged{i}", "host": "controller", "source": "dit rack", "t_wall_ns": 0, **r})
+        for i, r in enumerate([own, *forged])
+    ]
+    (state_dir / "journal.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    try:
+        cgroup.mkdir()
+        subprocess.run(["ip", "link", "add", "dit-victim19", "type", "bridge"], check=True)
+        subprocess.run(["ip", "netns", "add", "dit-victim-t19"], check=True)
+        result = dit("rack", "down", "--state-dir", str(state_dir))
+        assert result.returncode == 1, result.stdout + result.stderr
+        message = " ".join(result.stderr.split())
+        assert f"{len(forged)} journal record" in message, message
+        assert all(f"forged{i}" in message for i in range(1, len(forged) + 1)), message
+        assert "forged0" not in message and "Traceback" not in message
+        assert victim_dir.is_dir() and cgroup.is_dir()
+        assert Path("/sys/class/net/dit-victim19").exists() and Path("/run/netns/dit-victim-t19").exists()
+        assert (state_dir / "journal.jsonl").is_file()  # the refused records stay pending
+    finally:
+        subprocess.run(["ip", "netns", "del", "dit-victim-t19"], capture_output=True)
+        subprocess.run(["ip", "link", "del", "dit-victim19"], capture_output=True)
+        if cgroup.is_dir():
+            cgroup.rmdir()
+
+
+def test_a_second_rack_on_the_first_one_s_subnet_is_refused_and_the_first_still_answers(
+    rack: RackHandle, base: Path
+) -> None:
+    bridge = controller_link("10.213.14")
+    assert bridge is not None
+    other = base / "rack-second"
+    argv = ["rack", "up", "--devices", "1", "--name", "t14", "--subnet", "10.213.14"]
+    result = dit(*argv, "--state-dir", str(other))
+    assert result.returncode == 1, result.stdout + result.stderr
+    message = " ".join(result.stderr.split())
+    assert "10.213.14.0/24" in message and bridge in message and str(rack.state_dir) in message, message
+    assert "Traceback" not in message
+    # Checked before any SSH: without its bridge, the first rack's addresses would route elsewhere.
+    assert controller_link("10.213.14") == bridge
+    rack.answers()
+    status = dit("rack", "status", "--state-dir", str(rack.state_dir))
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert not (other / "journal.jsonl").exists()
+
+
+def test_a_second_rack_beside_the_first_works_and_leaves_the_first_alone(
+    rack: RackHandle, base: Path
+) -> None:
+    # Same --name, another state dir and subnet: every name differs by the state dir's id.
+    second = rack_up(base / "rack-second", "t14", "10.213.17", "--devices", "1")
+    try:
+        assert second.cgroup != rack.cgroup
+        second.answers()
+        rack.answers()
+        for handle in (rack, second):
+            status = dit("rack", "status", "--state-dir", str(handle.state_dir))
+            assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        down = dit("rack", "down", "--state-dir", str(second.state_dir))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert leftovers("t14", second.state_dir) == []
+    assert controller_link("10.213.14") is not None
+    rack.answers()
+
+
+def test_rack_status_reports_a_node_that_stopped_answering(rack: RackHandle) -> None:
+    """A node whose sshd hangs still has its namespace, cgroup and listening socket (the kernel
+    completes the TCP handshake): only a login over the bridge finds it broken."""
+    pid = int((rack.state_dir / "nodes" / "device3" / "sshd.pid").read_text())
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        status = dit("rack", "status", "--state-dir", str(rack.state_dir))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert status.returncode == 1, status.stdout + status.stderr
+    table = [line.split() for line in status.stdout.splitlines()]
+    rows = {cells[1]: " ".join(cells) for cells in table if len(cells) > 1 and cells[1] in rack.hosts}
+    assert "no answer" in rows["device3"], status.stdout
+    assert all("no answer" not in rows[h] for h in ("edge", "device1", "device2")), status.stdout
+    again = dit("rack", "status", "--state-dir", str(rack.state_dir))
+    assert again.returncode == 0, again.stdout + again.stderr

@@ -12,11 +12,14 @@ from dit.rack.plan import (
     RT_BUDGET_US,
     CgroupLayout,
     CgroupWrite,
+    HostNetwork,
     RackError,
     RackSpec,
+    UndoScope,
     bridge_address,
     bridge_name,
     cgroup_steps,
+    collisions,
     cpu_quota_writes,
     inventory,
     inventory_yaml,
@@ -26,12 +29,16 @@ from dit.rack.plan import (
     nodes,
     process_cgroup,
     procs_files,
+    rack_id,
     rt_budgets_us,
     sshd_argv,
     sshd_config,
 )
 
 V1 = CgroupLayout(1, Path("/cg"))
+RID = rack_id(Path("/state"))  # the state dir's id: every name of the rack carries it
+CG = f"dit-rack-{RID}"  # the rack's parent cgroup
+NS = f"dit-rack-{RID}-"  # the prefix of its namespaces
 V2 = CgroupLayout(2, Path("/cg"))
 
 
@@ -130,13 +137,13 @@ def test_cgroup_steps_make_the_parent_first_with_its_cpuset_before_any_node() ->
     parent = {w.path.name: w.value for w in steps[0].writes}
     assert parent["cpuset.cpus"] == "0,1" and parent["cpuset.mems"] == "0"
     device = {str(w.path): w.value for w in steps[2].writes}
-    assert device["/cg/cpuset/dit-rack/device1/cpuset.cpus"] == "1"
-    assert device["/cg/cpu/dit-rack/device1/cpu.cfs_quota_us"] == "1000"
-    assert device["/cg/memory/dit-rack/device1/memory.limit_in_bytes"] == str(256 << 20)
+    assert device[f"/cg/cpuset/{CG}/device1/cpuset.cpus"] == "1"
+    assert device[f"/cg/cpu/{CG}/device1/cpu.cfs_quota_us"] == "1000"
+    assert device[f"/cg/memory/{CG}/device1/memory.limit_in_bytes"] == str(256 << 20)
     # cpuset.mems and cpuset.cpus must be written before a task can join a v1 cpuset.
     names = [w.path.name for w in steps[2].writes]
     assert names.index("cpuset.mems") < names.index("cpuset.cpus")
-    assert "/cg/memory/dit-rack/device1" in steps[2].undo["dirs"]
+    assert f"/cg/memory/{CG}/device1" in steps[2].undo["dirs"]
     edge = {w.path.name: w.value for w in steps[1].writes}
     assert edge["cpu.cfs_quota_us"] == "-1" and "memory.limit_in_bytes" not in edge
     assert "cpu.shares" not in edge  # an uncapped edge on every CPU of the host keeps the default weight
@@ -154,34 +161,34 @@ def test_v2_enables_the_controllers_for_the_children() -> None:
     steps = cgroup_steps(spec(devices=1), V2, "0")
     writes = [(str(w.path), w.value) for w in steps[0].writes]
     assert writes[0] == ("/cg/cgroup.subtree_control", "+cpu +cpuset +memory")
-    assert writes[-1] == ("/cg/dit-rack/cgroup.subtree_control", "+cpu +cpuset +memory")
+    assert writes[-1] == (f"/cg/{CG}/cgroup.subtree_control", "+cpu +cpuset +memory")
 
 
 def test_network_steps_journal_what_they_create_and_put_every_node_on_the_bridge() -> None:
     steps = network_steps(spec(devices=1))
     created = [(s.op, s.undo) for s in steps if s.op != "noop"]
     assert created == [
-        ("link", {"link": "dr-rack-br"}),
-        ("netns", {"netns": "dit-rack-edge"}),
-        ("link", {"link": "dr-rack-0"}),
-        ("netns", {"netns": "dit-rack-device1"}),
-        ("link", {"link": "dr-rack-1"}),
+        ("link", {"link": f"dr-{RID}-br"}),
+        ("netns", {"netns": f"{NS}edge"}),
+        ("link", {"link": f"dr-{RID}-0"}),
+        ("netns", {"netns": f"{NS}device1"}),
+        ("link", {"link": f"dr-{RID}-1"}),
     ]
     argvs = [s.argv for s in steps]
-    assert ("ip", "addr", "add", "10.213.0.1/24", "dev", "dr-rack-br") in argvs
-    assert ("ip", "link", "set", "dr-rack-1", "master", "dr-rack-br") in argvs
+    assert ("ip", "addr", "add", "10.213.0.1/24", "dev", f"dr-{RID}-br") in argvs
+    assert ("ip", "link", "set", f"dr-{RID}-1", "master", f"dr-{RID}-br") in argvs
     assert (
         "ip",
         "-n",
-        "dit-rack-device1",
+        f"{NS}device1",
         "addr",
         "add",
         "10.213.0.11/24",
         "dev",
         INFERENCE_INTERFACE,
     ) in argvs
-    veth = next(s.argv for s in steps if s.undo == {"link": "dr-rack-1"})
-    assert veth[-4:] == ("name", INFERENCE_INTERFACE, "netns", "dit-rack-device1")
+    veth = next(s.argv for s in steps if s.undo == {"link": f"dr-{RID}-1"})
+    assert veth[-4:] == ("name", INFERENCE_INTERFACE, "netns", f"{NS}device1")
     assert all(isinstance(a, str) for argv in argvs for a in argv)
 
 
@@ -194,9 +201,11 @@ def test_sshd_listens_on_the_node_address_with_rack_keys_only() -> None:
     assert "AuthorizedKeysFile /state/keys/authorized_keys\n" in config
     assert "PasswordAuthentication no\n" in config
     assert "PidFile /state/nodes/device1/sshd.pid\n" in config
+    # sshd refuses the authorized keys when any directory above them is not root's alone
+    assert "StrictModes yes\n" in config and "StrictModes no" not in config
     assert sshd_argv(node, Path("/c")) == (
         "nsenter",
-        "--net=/run/netns/dit-rack-device1",
+        f"--net=/run/netns/{NS}device1",
         "/usr/sbin/sshd",
         "-D",
         "-e",
@@ -252,16 +261,16 @@ def test_v1_nodes_get_an_rt_budget_so_the_start_wait_may_use_sched_fifo() -> Non
 def test_on_cgroup_v1_a_run_s_cgroups_nest_in_its_device_node_s() -> None:
     groups = inventory(spec(devices=1), layout=CgroupLayout(1))["all"]["children"]
     device = groups["devices"]["hosts"]["device1"]
-    assert device["dit_cgroup_root"] == "/sys/fs/cgroup/memory/dit-rack/device1"
-    assert device["dit_cpu_cgroup_root"] == "/sys/fs/cgroup/cpu/dit-rack/device1"
+    assert device["dit_cgroup_root"] == f"/sys/fs/cgroup/memory/{CG}/device1"
+    assert device["dit_cpu_cgroup_root"] == f"/sys/fs/cgroup/cpu/{CG}/device1"
     assert "dit_cpu_cgroup_root" not in groups["edge"]["hosts"]["edge"]
 
 
 def test_on_cgroup_v2_a_run_s_cgroups_nest_in_its_device_node_s() -> None:
     groups = inventory(spec(devices=1), layout=CgroupLayout(2))["all"]["children"]
     device = groups["devices"]["hosts"]["device1"]
-    assert device["dit_cgroup_root"] == "/sys/fs/cgroup/dit-rack/device1"
-    assert device["dit_cpu_cgroup_root"] == "/sys/fs/cgroup/dit-rack/device1"
+    assert device["dit_cgroup_root"] == f"/sys/fs/cgroup/{CG}/device1"
+    assert device["dit_cpu_cgroup_root"] == f"/sys/fs/cgroup/{CG}/device1"
     assert "dit_cgroup_root" not in groups["edge"]["hosts"]["edge"]
 
 
@@ -269,22 +278,22 @@ def test_v2_node_writes_its_limits_then_enables_controllers_for_its_children() -
     steps = cgroup_steps(spec(devices=1, cpus="1", all_cpus="0,1"), V2, "0")
     device = [s for s in steps if s.host == "device1"]
     node, leaf = device
-    assert node.undo == {"dirs": ["/cg/dit-rack/device1"]}
+    assert node.undo == {"dirs": [f"/cg/{CG}/device1"]}
     assert [(str(w.path), w.value) for w in node.writes] == [
-        ("/cg/dit-rack/device1/cpuset.mems", "0"),
-        ("/cg/dit-rack/device1/cpuset.cpus", "1"),
-        ("/cg/dit-rack/device1/cpu.max", "1000 3334"),
-        ("/cg/dit-rack/device1/cpu.weight", "10000"),
-        ("/cg/dit-rack/device1/memory.max", str(256 << 20)),
-        ("/cg/dit-rack/device1/cgroup.subtree_control", "+cpu +cpuset +memory"),
+        (f"/cg/{CG}/device1/cpuset.mems", "0"),
+        (f"/cg/{CG}/device1/cpuset.cpus", "1"),
+        (f"/cg/{CG}/device1/cpu.max", "1000 3334"),
+        (f"/cg/{CG}/device1/cpu.weight", "10000"),
+        (f"/cg/{CG}/device1/memory.max", str(256 << 20)),
+        (f"/cg/{CG}/device1/cgroup.subtree_control", "+cpu +cpuset +memory"),
     ]
     # sshd's leaf: a step of its own after the node's, so rack down (newest first) removes it first.
-    assert leaf.undo == {"dirs": ["/cg/dit-rack/device1/sshd"]} and leaf.writes == ()
+    assert leaf.undo == {"dirs": [f"/cg/{CG}/device1/sshd"]} and leaf.writes == ()
     assert steps.index(leaf) == steps.index(node) + 1
     edge = {str(w.path): w.value for s in steps if s.host == "edge" for w in s.writes}
-    assert edge["/cg/dit-rack/edge/cpu.max"] == "max 100000"
-    assert edge["/cg/dit-rack/edge/cgroup.subtree_control"] == "+cpu +cpuset +memory"
-    assert "/cg/dit-rack/edge/memory.max" not in edge
+    assert edge[f"/cg/{CG}/edge/cpu.max"] == "max 100000"
+    assert edge[f"/cg/{CG}/edge/cgroup.subtree_control"] == "+cpu +cpuset +memory"
+    assert f"/cg/{CG}/edge/memory.max" not in edge
 
 
 def test_v2_sshd_joins_the_leaf_and_v1_the_node_itself() -> None:
@@ -294,3 +303,126 @@ def test_v2_sshd_joins_the_leaf_and_v1_the_node_itself() -> None:
     ]
     assert process_cgroup(V1, "dit-rack/device1") == "dit-rack/device1"
     assert [s.host for s in cgroup_steps(spec(devices=1), V1, "0")] == ["controller", "edge", "device1"]
+
+
+def test_every_name_carries_the_state_dir_s_id_stable_and_within_linux_limits() -> None:
+    first, second = (
+        spec(devices=200, name="abcdef"),
+        spec(devices=200, name="abcdef", state_dir=Path("/other")),
+    )
+    assert first.rack_id != second.rack_id and len(first.rack_id) == 6
+    assert spec(devices=1, name="x").rack_id == first.rack_id  # from the state dir alone, every time
+
+    def names(s: RackSpec) -> set[str]:
+        all_nodes = nodes(s)
+        return {bridge_name(s), *(n.veth for n in all_nodes), *(n.netns for n in all_nodes)} | {
+            n.cgroup.split("/")[0] for n in all_nodes
+        }
+
+    # Same --name, two state dirs: not one link, namespace or cgroup in common.
+    assert names(first).isdisjoint(names(second))
+    assert max(len(n) for n in (bridge_name(first), *(n.veth for n in nodes(first)))) <= 15  # IFNAMSIZ - 1
+    alias = next(s.argv for s in network_steps(first) if "alias" in s.argv)
+    assert alias[-1] == "dit rack /state"  # how a second rack names this one's state dir
+
+
+def _own_records(s: RackSpec, layout: CgroupLayout) -> list[tuple[str, dict[str, object]]]:
+    """Every record rack up journals for ``s``: its network and cgroup steps and each node's sshd."""
+    records: list[tuple[str, dict[str, object]]] = [
+        (step.op, dict(step.undo))
+        for step in [*network_steps(s), *cgroup_steps(s, layout, "0")]
+        if step.op != "noop"
+    ]
+    for node in nodes(s):
+        procs = procs_files(layout, process_cgroup(layout, node.cgroup))
+        pidfile = f"{s.state_dir}/nodes/{node.name}/sshd.pid"
+        records.append(("sshd", {"pidfile": pidfile, "procs": [str(p) for p in procs]}))
+    return records
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_undo_scope_allows_every_record_rack_up_journals(version: int) -> None:
+    layout = CgroupLayout(version)
+    s = spec(devices=12, name="r2d2")
+    scope = UndoScope(s.state_dir)
+    records = _own_records(s, layout)
+    assert {op for op, _ in records} == {"link", "netns", "cgroup", "sshd"}
+    assert [(op, scope.refusal(op, undo)) for op, undo in records if scope.refusal(op, undo)] == []
+
+
+OTHER = spec(state_dir=Path("/var/lib/dit/rack"))  # another rack on the same machine
+PROCS = f"/sys/fs/cgroup/cpu/{CG}/edge/cgroup.procs"
+
+
+@pytest.mark.parametrize(
+    ("op", "undo", "named"),
+    [
+        ("link", {"link": "eth0"}, "'eth0'"),
+        ("link", {"link": bridge_name(OTHER)}, bridge_name(OTHER)),
+        ("link", {"link": f"dr-{RID}-br0"}, f"dr-{RID}-br0"),
+        ("link", {}, "None"),
+        ("netns", {"netns": nodes(OTHER)[1].netns}, nodes(OTHER)[1].netns),
+        ("netns", {"netns": f"{NS}device1 x"}, "device1 x"),
+        ("cgroup", {"dirs": ["/sys/fs/cgroup/cpu/user.slice"]}, "user.slice"),
+        ("cgroup", {"dirs": [f"/sys/fs/cgroup/cpu/{CG}", "/sys/fs/cgroup/memory"]}, "/sys/fs/cgroup/memory"),
+        ("cgroup", {"dirs": [f"/sys/fs/cgroup/cpu/{CG}/../system.slice"]}, "not a plain absolute path"),
+        ("cgroup", {"dirs": [f"/sys/fs/cgroup/cpu/{CG}/device1/run-cgroup"]}, "run-cgroup"),
+        ("cgroup", {"dirs": [f"/elsewhere/{CG}"]}, f"/elsewhere/{CG}"),
+        ("cgroup", {"dirs": [f"/sys/fs/cgroup/cpu/{OTHER.name}-x/{CG}"]}, "not one of this rack's"),
+        ("cgroup", {"dirs": "/sys/fs/cgroup/cpu"}, "without a list"),
+        ("sshd", {"procs": ["/sys/fs/cgroup/cpu/cgroup.procs"]}, "/sys/fs/cgroup/cpu"),
+        ("sshd", {"procs": [f"/sys/fs/cgroup/cpu/{CG}/edge/tasks"]}, "not a cgroup.procs file"),
+        ("sshd", {"procs": [PROCS], "pidfile": "/etc/passwd"}, "/etc/passwd"),
+        ("sshd", {"procs": [PROCS], "pidfile": "/state/nodes/../../x"}, "outside"),
+        ("dir", {"rmdir": "/var/lib/important"}, "'dir' is not a step"),
+        ("command", {"argv": ["rm", "-rf", "/"]}, "'command' is not a step"),
+    ],
+)  # fmt: skip
+def test_the_undo_scope_refuses_records_reaching_outside_the_rack(
+    op: str, undo: dict[str, object], named: str
+) -> None:
+    refusal = UndoScope(Path("/state")).refusal(op, undo)
+    assert refusal is not None and named in refusal
+
+
+def test_a_second_rack_on_a_taken_subnet_is_refused_naming_the_first_rack_and_a_free_subnet() -> None:
+    first = spec(state_dir=Path("/var/lib/dit/rack"), subnet="10.213.0")
+    host = HostNetwork(
+        links={"lo": "", "eth0": "", bridge_name(first): "dit rack /var/lib/dit/rack"},
+        addresses=(("lo", "127.0.0.1/8"), ("eth0", "192.168.5.2/24"), (bridge_name(first), "10.213.0.1/24")),
+        routes=((bridge_name(first), "10.213.0.0/24"), ("eth0", "192.168.5.0/24")),
+    )
+    message = collisions(spec(subnet="10.213.0"), host)
+    assert message is not None
+    assert f"10.213.0.0/24 overlaps 10.213.0.1/24 on {bridge_name(first)}" in message
+    assert "the rack in /var/lib/dit/rack" in message and "--state-dir /var/lib/dit/rack" in message
+    assert "--subnet 10.213.1 is free" in message and "nothing was built" in message
+    assert message.count("10.213.0.0/24 overlaps") == 1  # the bridge's address and route: one link
+    assert collisions(spec(subnet="10.213.1"), host) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "named"),
+    [
+        (HostNetwork(routes=(("tun0", "10.0.0.0/8"),)), "10.0.0.0/8 on tun0"),
+        (HostNetwork(addresses=(("eth1", "10.213.0.77/16"),)), "10.213.0.77/16 on eth1"),
+        (HostNetwork(links={f"dr-{RID}-br": ""}), f"link dr-{RID}-br exists already"),
+        (HostNetwork(links={f"dr-{RID}-2": ""}), f"link dr-{RID}-2 exists already"),
+        (HostNetwork(netns=frozenset({f"{NS}edge"})), f"network namespace {NS}edge exists already"),
+        (HostNetwork(cgroups=frozenset({f"/sys/fs/cgroup/cpu/{CG}"})), f"cgroup /sys/fs/cgroup/cpu/{CG}"),
+    ],
+)
+def test_any_name_or_address_of_the_new_rack_already_taken_is_a_collision(
+    host: HostNetwork, named: str
+) -> None:
+    message = collisions(spec(), host)
+    assert message is not None and named in message
+
+
+def test_a_default_route_or_other_networks_are_no_collision() -> None:
+    host = HostNetwork(
+        addresses=(("eth0", "10.0.2.15/24"), ("lo", "127.0.0.1/8")),
+        routes=(("eth0", "0.0.0.0/0"), ("eth0", "10.0.2.0/24"), ("eth1", "10.214.0.0/16")),
+        links={"dr-abcdef-br": "dit rack /elsewhere"},
+    )
+    assert collisions(spec(), host) is None

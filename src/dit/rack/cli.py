@@ -41,14 +41,19 @@ def up(
         int, typer.Option("--cpu-share", help="Each device's CPU quota, percent of one CPU.")
     ] = 100,
     memory_mb: Annotated[int, typer.Option("--memory-mb", help="Each device's memory limit, MiB.")] = 1024,
-    name: Annotated[str, typer.Option(help="Prefix of the namespaces, links and cgroups.")] = "rack",
+    name: Annotated[
+        str,
+        typer.Option(
+            help="Part of the namespaces' and cgroups' names (all names also carry the state dir's id)."
+        ),
+    ] = "rack",
     subnet: Annotated[
         str, typer.Option(help="The inference network's 10.x.y (a /24 on the bridge).")
     ] = DEFAULT_SUBNET,
     state_dir: StateDir = DEFAULT_STATE_DIR,
 ) -> None:
     """Build the rack and write its inventory (for `dit run SCENARIO -i INVENTORY`)."""
-    from dit.rack.executor import Rack, down, host_spec
+    from dit.rack.executor import Rack, host_spec
     from dit.rack.plan import RackError
 
     try:
@@ -58,14 +63,7 @@ def up(
             err.print(f"[yellow]rack: warning[/]: {escape(warning)}", highlight=False)
         state = Rack(spec).up(lambda text: err.print(f"rack: {escape(text)}", highlight=False))
     except RackError as exc:
-        message = str(exc)
-        if "already up" not in message and state_dir.joinpath("journal.jsonl").exists():
-            try:
-                down(state_dir.resolve())
-                message += " (what was built is removed again)"
-            except RackError as cleanup:
-                message += f"; removing what was built failed too ({cleanup}): run `dit rack down`"
-        raise _fail(message) from None
+        raise _fail(str(exc)) from None
     if not state["netem"]["available"]:
         out.print(
             "[yellow]this kernel has no sch_netem[/]: runs on this rack record the netem commands "
@@ -77,40 +75,42 @@ def up(
 
 @rack_app.command()
 def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
-    """Each node: namespace, cgroup, sshd reachable, processes in its cgroup."""
+    """Each node: namespace, cgroup, its link on the bridge, a login over SSH, processes in its cgroup."""
     from dit.rack.executor import status as rack_status
     from dit.rack.plan import RackError
 
     try:
-        state, rows = rack_status(state_dir)
+        state, rows = rack_status(state_dir.resolve())
     except RackError as exc:
         raise _fail(str(exc)) from None
     spec = state["spec"]
     table = Table(
-        title=f"rack {spec['name']}: cpu share {spec['cpu_share_pct']} %, memory {spec['memory_mb']} MiB "
-        f"per device, cgroup v{state['cgroup_version']}, netem {'real' if state['netem']['available'] else 'recorded'}"
+        title=f"rack {spec['name']} ({state.get('bridge', '?')}): cpu share {spec['cpu_share_pct']} %, "
+        f"memory {spec['memory_mb']} MiB per device, cgroup v{state['cgroup_version']}, "
+        f"netem {'real' if state['netem']['available'] else 'recorded'}"
     )
-    for column in ("node", "address", "netns", "cgroup", "sshd", "processes"):
+    for column in ("node", "address", "netns", "cgroup", "link", "ssh", "processes"):
         table.add_column(column)
-    healthy = True
     for row in rows:
-        healthy &= row.netns and row.cgroup and row.sshd
-        marks = ["ok" if flag else "[red]missing[/]" for flag in (row.netns, row.cgroup, row.sshd)]
+        marks = ["ok" if flag else "[red]missing[/]" for flag in (row.netns, row.cgroup)]
+        marks += [text if text == "ok" else f"[red]{escape(text)}[/]" for text in (row.link, row.ssh)]
         table.add_row(row.name, row.address, *marks, str(row.processes))
     out.print(table)
     out.print(f"inventory: {escape(state['inventory'])}", highlight=False)
-    if not healthy:
+    broken = [row.name for row in rows if not row.healthy]
+    if broken:
+        err.print(f"[red]rack: not every node answers[/]: {escape(', '.join(broken))}", highlight=False)
         raise typer.Exit(1)
 
 
 @rack_app.command()
 def down(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
-    """Remove everything `rack up` created (also after it crashed half-way)."""
+    """Remove everything `rack up` created (also after it crashed half-way), and nothing else."""
     from dit.rack.executor import down as rack_down
     from dit.rack.plan import RackError
 
     try:
-        undone = rack_down(state_dir.resolve())
+        undone, left = rack_down(state_dir.resolve())
     except RackError as exc:
         raise _fail(str(exc)) from None
-    out.print(f"rack down: {undone} steps undone, {escape(str(state_dir))} removed", highlight=False)
+    out.print(f"rack down: {undone} steps undone, {escape(str(state_dir))} {escape(left)}", highlight=False)

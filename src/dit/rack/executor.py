@@ -2,21 +2,29 @@
 
 Every step is appended to ``<state dir>/journal.jsonl`` (the run journal's format,
 :mod:`dit.journal`) *before* it is taken, so ``rack down`` undoes everything newest first even
-after ``rack up`` was killed half-way; undoing a step that never happened is harmless.
+after ``rack up`` was killed half-way; undoing a step that never happened is harmless. Nothing
+that exists already is ever journaled: ``rack up`` refuses to start when any of its names or its
+subnet is taken, a step whose object appeared meanwhile is refused before it is journaled, and a
+creation whose command failed is marked undone at once (it made nothing), so a failed ``rack up``
+cannot remove another rack's bridge. ``rack down`` undoes only records within
+:class:`~dit.rack.plan.UndoScope` (docs/rack.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,12 +35,17 @@ from dit.rack.plan import (
     DEFAULT_SUBNET,
     SSHD,
     CgroupLayout,
+    HostNetwork,
     Node,
     RackError,
     RackSpec,
     Step,
+    UndoScope,
+    bridge_address,
+    bridge_name,
     cgroup_steps,
     client_key,
+    collisions,
     inventory_yaml,
     keys_dir,
     known_hosts,
@@ -48,9 +61,16 @@ from dit.rack.plan import (
 JOURNAL = "journal.jsonl"
 STATE = "rack.json"
 INVENTORY = "inventory.yml"
+KNOWN_HOSTS = "known_hosts"
+#: Everything ``rack up`` puts in its state dir: ``rack down`` removes these and nothing else.
+STATE_ENTRIES = (JOURNAL, STATE, INVENTORY, KNOWN_HOSTS, "keys", "nodes")
 SOURCE = "dit rack"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SSHD_PRIVSEP = Path("/run/sshd")
+#: Held from the collision check until the network exists, so that two `rack up`s at once cannot
+#: both find a subnet free and both take it.
+HOST_LOCK = Path("/run/dit-rack.lock")
+SSH_ANSWER_S = 10.0  # how long `rack status` waits for a node's login
 
 
 def journal_of(state_dir: Path) -> Journal:
@@ -105,6 +125,162 @@ def _write(path: Path, value: str) -> None:
         raise RackError(f"cannot write {value!r} to {path}: {exc.strerror or exc}") from None
 
 
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _others_can_write(st: os.stat_result) -> bool:
+    return st.st_uid != 0 or bool(st.st_mode & 0o022)
+
+
+def check_state_dir(state_dir: Path, *, building: bool) -> None:
+    """Refuse a state dir that anyone but root could write, or that sits below such a directory.
+
+    The state dir holds the key sshd accepts for root on every node and the journal that ``rack
+    down`` obeys as root, so it and every directory above it must be root's and not group- or
+    world-writable, which is also the rule sshd's StrictModes applies to the authorized keys.
+    ``building`` (``rack up``) also refuses a directory holding anything but a rack's own entries,
+    or a directory in it that is not root's alone.
+    """
+    for parent in reversed(state_dir.parents):  # "/" first; the path is resolved, so no links
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            break  # rack up creates the rest, root's with mode 0755
+        if _others_can_write(st):
+            raise RackError(
+                f"--state-dir {state_dir}: {parent} above it is owned by {_owner(st.st_uid)} with mode "
+                f"{stat.S_IMODE(st.st_mode):04o}: sshd (StrictModes) refuses the rack's keys below a "
+                "directory that is not root's or that others can write, and such a directory lets them "
+                "replace the keys and the journal. Choose a state dir whose every parent is root's and "
+                "not group- or world-writable (the default: /var/lib/dit/rack)"
+            )
+    try:
+        st = os.lstat(state_dir)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise RackError(f"--state-dir {state_dir}: not a directory")
+    if _others_can_write(st):
+        advice = (
+            "Remove it or choose a new directory: rack up creates it root's alone (mode 0700)"
+            if building
+            else f"Look at {state_dir / JOURNAL}; once you trust it, `chown root:root {state_dir}` and "
+            f"`chmod 0700 {state_dir}`, then run `dit rack down` again"
+        )
+        raise RackError(
+            f"--state-dir {state_dir} is owned by {_owner(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}: "
+            "someone else could have planted keys in it or rewritten its journal, so dit neither builds "
+            f"a rack there nor obeys its journal. {advice}"
+        )
+    if not building:
+        return
+    foreign = sorted(entry.name for entry in os.scandir(state_dir) if entry.name not in STATE_ENTRIES)
+    if foreign:
+        raise RackError(
+            f"--state-dir {state_dir} holds {', '.join(foreign[:5])}{' …' if len(foreign) > 5 else ''}: "
+            "not a rack's state dir; choose a new or empty directory"
+        )
+    for root, dirs, _ in os.walk(state_dir):
+        for name in dirs:
+            path = Path(root, name)
+            st = os.lstat(path)
+            if _others_can_write(st) or not stat.S_ISDIR(st.st_mode):
+                raise RackError(
+                    f"{path} is owned by {_owner(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}, "
+                    f"not as rack up makes it: remove {state_dir} or choose another --state-dir"
+                )
+
+
+def _mkdir(path: Path, mode: int) -> None:
+    """``path`` as a directory of root's with ``mode`` (the umask left out)."""
+    path.mkdir(mode=mode, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise RackError(f"{path}: not a directory")
+    os.chown(path, 0, 0)
+    os.chmod(path, mode)
+
+
+def _make_dirs(path: Path, mode: int) -> None:
+    """``path`` and the parents it lacks (those root's with mode 0755, whatever the umask)."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for parent in reversed(missing[1:]):
+        _mkdir(parent, 0o755)
+    _mkdir(path, mode)
+
+
+def _write_file(path: Path, text: str, mode: int) -> None:
+    """Write ``text`` to ``path`` as root's with ``mode``, whatever was there, never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        os.fchown(fd, 0, 0)
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", closefd=False) as handle:
+            handle.write(text)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    fd = os.open(HOST_LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _ip_json(*argv: str) -> list[dict[str, Any]]:
+    result = subprocess.run(["ip", "-j", *argv], check=False, capture_output=True, text=True)
+    try:
+        parsed = json.loads(result.stdout or "[]")
+    except ValueError:
+        return []
+    return [item for item in parsed if isinstance(item, dict)] if isinstance(parsed, list) else []
+
+
+def host_network(spec: RackSpec, layout: CgroupLayout) -> HostNetwork:
+    """This machine's links (with their aliases), IPv4 addresses and routes, network namespaces,
+    and which of ``spec``'s cgroups exist: what :func:`dit.rack.plan.collisions` compares."""
+    links: dict[str, str] = {}
+    for entry in Path("/sys/class/net").iterdir():
+        try:
+            links[entry.name] = (entry / "ifalias").read_text().strip()
+        except OSError:
+            links[entry.name] = ""
+    addresses = tuple(
+        (str(link.get("ifname")), f"{info['local']}/{info['prefixlen']}")
+        for link in _ip_json("-4", "addr", "show")
+        for info in link.get("addr_info", [])
+        if "local" in info and "prefixlen" in info
+    )
+    routes = tuple(
+        (str(route.get("dev") or route.get("type") or "?"), str(route["dst"]))
+        for route in _ip_json("-4", "route", "show", "table", "main")
+        if route.get("dst") not in (None, "default")
+    )
+    netns_dir = Path("/run/netns")
+    netns = frozenset(os.listdir(netns_dir)) if netns_dir.is_dir() else frozenset()
+    parent = cgroup_steps(spec, layout, "0")[0]
+    cgroups = frozenset(d for d in parent.undo["dirs"] if os.path.lexists(d))
+    return HostNetwork(links, addresses, routes, netns, cgroups)
+
+
+def _exists(step: Step) -> bool:
+    if step.op == "link":
+        return os.path.lexists(f"/sys/class/net/{step.undo['link']}")
+    if step.op == "netns":
+        return os.path.lexists(f"/run/netns/{step.undo['netns']}")
+    if step.op == "cgroup":
+        return any(os.path.lexists(d) for d in step.undo["dirs"])
+    return False
+
+
 def _preflight() -> None:
     if os.geteuid() != 0:
         raise RackError("dit rack needs root (network namespaces, cgroups, sshd)")
@@ -113,8 +289,9 @@ def _preflight() -> None:
         hint = f"apt-get install {package}"
         if shutil.which(tool) is None:
             raise RackError(f"{tool} not found ({hint})")
-    if shutil.which("ssh-keygen") is None:
-        raise RackError("ssh-keygen not found (apt-get install openssh-client)")
+    for tool in ("ssh-keygen", "ssh"):
+        if shutil.which(tool) is None:
+            raise RackError(f"{tool} not found (apt-get install openssh-client)")
 
 
 def _mems(layout: CgroupLayout) -> str:
@@ -181,31 +358,66 @@ class Rack:
         self.journal = journal_of(spec.state_dir)
 
     def _take(self, step: Step) -> None:
+        change: list[str] = []
         if step.op != "noop":
-            self.journal.record_changes(step.host, [{"op": step.op, "undo": step.undo}], SOURCE)
-        if step.op == "cgroup":
-            for directory in step.undo["dirs"]:
-                Path(directory).mkdir(exist_ok=True)
-        if step.argv:
-            _run(step.argv)
+            if _exists(step):
+                # The collision check found it free: someone made it since. Never journal what
+                # this rack did not make, or its rollback would remove it.
+                raise RackError(f"{step.op} {step.undo} appeared while the rack was built: not touched")
+            change = self.journal.record_changes(step.host, [{"op": step.op, "undo": step.undo}], SOURCE)
+        try:
+            if step.op == "cgroup":
+                for directory in step.undo["dirs"]:
+                    Path(directory).mkdir(exist_ok=True)  # exist_ok: co-mounted v1 controllers
+            if step.argv:
+                _run(step.argv)
+        except RackError:
+            if step.op in ("link", "netns"):  # one command, which made nothing when it failed
+                self.journal.mark_undone(change)
+            raise
         for write in step.writes:
             if not (write.optional and not write.path.exists()):
                 _write(write.path, write.value)
 
     def up(self, progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+        """Build the rack, or refuse before building anything; a failure half-way removes what
+        this call built (and only that) before it is reported."""
         spec = self.spec
         spec.validate()
         _preflight()
+        check_state_dir(spec.state_dir, building=True)
         if journal_of(spec.state_dir).pending():
-            raise RackError(f"a rack is already up in {spec.state_dir}: `dit rack down` first")
-        layout = self.layout = self.layout or detect_layout()
-        spec.state_dir.mkdir(parents=True, exist_ok=True)
-        self._keys()
-        if not SSHD_PRIVSEP.is_dir():  # sshd's privilege-separation directory (Debian's sshd needs it)
-            self.journal.record_changes(
-                "controller", [{"op": "dir", "undo": {"rmdir": str(SSHD_PRIVSEP)}}], SOURCE
+            raise RackError(
+                f"a rack is already up in {spec.state_dir}: `dit rack down --state-dir {spec.state_dir}` first"
             )
-            SSHD_PRIVSEP.mkdir(mode=0o755)
+        layout = self.layout = self.layout or detect_layout()
+        with _host_lock():
+            found = collisions(spec, host_network(spec, layout))
+            if found:
+                raise RackError(found)
+            try:
+                return self._build(layout, progress)
+            except (RackError, OSError) as exc:
+                message = str(exc) if isinstance(exc, RackError) else f"{exc.filename}: {exc.strerror}"
+                if not self.journal.path.exists():
+                    raise RackError(message) from None
+                try:
+                    down(spec.state_dir)
+                except RackError as cleanup:
+                    raise RackError(
+                        f"{message}; removing what was built failed too ({cleanup}): "
+                        f"run `dit rack down --state-dir {spec.state_dir}`"
+                    ) from None
+                raise RackError(f"{message} (what was built is removed again)") from None
+
+    def _build(self, layout: CgroupLayout, progress: Callable[[str], None]) -> dict[str, Any]:
+        spec = self.spec
+        _make_dirs(spec.state_dir, 0o700)
+        self._keys()
+        if not SSHD_PRIVSEP.is_dir():
+            # sshd's privilege-separation directory (Debian's sshd needs it). Not journaled: it is
+            # the system's, and another rack's sshd needs it after this rack is gone.
+            _mkdir(SSHD_PRIVSEP, 0o755)
         progress("network: bridge, namespaces, veths")
         for step in network_steps(spec):
             self._take(step)
@@ -214,60 +426,73 @@ class Rack:
             self._take(step)
         all_nodes = nodes(spec)
         netem, netem_reason = _netem_available(all_nodes[0])
+        _mkdir(spec.state_dir / "nodes", 0o755)
         for node in all_nodes:
             self._sshd(node)
         for node in all_nodes:
             _wait_ssh(node.address)
         progress(f"sshd up on {len(all_nodes)} nodes")
         inventory = inventory_yaml(spec, sys.executable, netem_dry_run=not netem, layout=layout)
-        (spec.state_dir / INVENTORY).write_text(inventory)
+        _write_file(spec.state_dir / INVENTORY, inventory, 0o644)
         state = {
             "spec": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()},
+            "rack_id": spec.rack_id,
+            "bridge": bridge_name(spec),
+            "controller_address": bridge_address(spec),
             "cgroup_version": layout.version,
             "netem": {"available": netem, "reason": netem_reason},
             "nodes": {
-                n.name: {"address": n.address, "netns": n.netns, "cgroup": n.cgroup} for n in all_nodes
+                n.name: {"address": n.address, "netns": n.netns, "veth": n.veth, "cgroup": n.cgroup}
+                for n in all_nodes
             },
             "inventory": str(spec.state_dir / INVENTORY),
             "up_wall_ns": time.time_ns(),
         }
-        (spec.state_dir / STATE).write_text(json.dumps(state, indent=2) + "\n")
+        _write_file(spec.state_dir / STATE, json.dumps(state, indent=2) + "\n", 0o644)
         return state
 
     def _keys(self) -> None:
+        """A fresh host key and controller key per rack, root's alone; the controller's public key
+        is the only authorized one."""
         keys = keys_dir(self.spec)
-        keys.mkdir(mode=0o700, exist_ok=True)
+        _mkdir(keys, 0o700)
         host_key, client = keys / "host_ed25519", client_key(self.spec)
         for path in (host_key, client):
-            if not path.exists():
-                _run(
-                    [
-                        "ssh-keygen",
-                        "-q",
-                        "-t",
-                        "ed25519",
-                        "-N",
-                        "",
-                        "-C",
-                        f"dit-rack-{path.stem}",
-                        "-f",
-                        str(path),
-                    ]
-                )
-        authorized = keys / "authorized_keys"
-        authorized.write_text(Path(f"{client}.pub").read_text())
-        authorized.chmod(0o600)
-        (self.spec.state_dir / "known_hosts").write_text(
-            known_hosts(self.spec, Path(f"{host_key}.pub").read_text())
+            public = Path(f"{path}.pub")
+            for old in (path, public):
+                old.unlink(missing_ok=True)
+            _run(
+                [
+                    "ssh-keygen",
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"dit-rack-{path.stem}",
+                    "-f",
+                    str(path),
+                ]
+            )
+            for made, mode in ((path, 0o600), (public, 0o644)):
+                os.chown(made, 0, 0)
+                os.chmod(made, mode)
+        _write_file(keys / "authorized_keys", Path(f"{client}.pub").read_text(), 0o600)
+        _write_file(
+            self.spec.state_dir / KNOWN_HOSTS,
+            known_hosts(self.spec, Path(f"{host_key}.pub").read_text()),
+            0o644,
         )
 
     def _sshd(self, node: Node) -> None:
         assert self.layout is not None
         directory = node_dir(self.spec, node)
-        (directory / "root").mkdir(parents=True, exist_ok=True)
+        _mkdir(directory, 0o755)
+        _mkdir(directory / "root", 0o755)
         make_fake_sysfs(directory / "sys", node.role)
         config = directory / "sshd_config"
-        config.write_text(sshd_config(self.spec, node))
+        _write_file(config, sshd_config(self.spec, node), 0o644)
         procs = procs_files(self.layout, process_cgroup(self.layout, node.cgroup))
         self.journal.record_changes(
             node.name,
@@ -329,7 +554,8 @@ def _link_exists(link: str) -> bool:
 
 
 def undo(op: str, data: Mapping[str, Any]) -> None:
-    """Undo one journaled step; a step that never happened (a crash before it) is a no-op."""
+    """Undo one journaled step; a step that never happened (a crash before it) is a no-op. Only
+    for a record :class:`~dit.rack.plan.UndoScope` allowed."""
     if op == "sshd":
         # sshd joined the node's cgroup before it was exec'd, so emptying the cgroup ends it and
         # everything it started; its pid file is not used (the pid may belong to another process
@@ -354,26 +580,58 @@ def undo(op: str, data: Mapping[str, Any]) -> None:
     elif op == "link":
         if _link_exists(str(data["link"])):
             _run(["ip", "link", "del", str(data["link"])])
-    elif op == "dir":
-        path = Path(data["rmdir"])
-        if path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
     else:
         raise RackError(f"journal: unknown rack step {op!r}")
 
 
-def down(state_dir: Path) -> int:
-    """Undo every pending step newest first, then remove the state dir; returns the steps undone."""
+def _remove_state(state_dir: Path) -> str:
+    """Remove what rack up wrote into ``state_dir``, then the directory if that emptied it."""
+    if not state_dir.is_dir():
+        return "removed"
+    foreign = sorted(entry.name for entry in os.scandir(state_dir) if entry.name not in STATE_ENTRIES)
+    if foreign:
+        return f"kept (it holds {', '.join(foreign[:5])}, which rack up did not write)"
+    for name in STATE_ENTRIES:
+        path = state_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            path.unlink()
+    state_dir.rmdir()
+    return "removed"
+
+
+def down(state_dir: Path) -> tuple[int, str]:
+    """Undo every pending step within the rack's scope newest first, then remove the state dir.
+
+    Returns the steps undone and what became of the state dir. A record outside
+    :class:`~dit.rack.plan.UndoScope` is not undone: every other one is, then the refusals are
+    raised (the journal and the state dir stay, the refused records pending).
+    """
     if os.geteuid() != 0:
         raise RackError("dit rack down needs root")
+    if not os.path.lexists(state_dir):
+        return 0, "removed"
+    check_state_dir(state_dir, building=False)
+    scope = UndoScope(state_dir, CGROUP_ROOT)
     journal = journal_of(state_dir)
-    pending = journal.pending()
-    for change in pending:
+    refused: list[str] = []
+    undone = 0
+    for change in journal.pending():
+        reason = scope.refusal(change.op, change.undo)
+        if reason is not None:
+            refused.append(f"{change.id} ({change.host}, {change.op}): {reason}")
+            continue
         undo(change.op, change.undo)
         journal.mark_undone([change.id])
-    if state_dir.is_dir():
-        shutil.rmtree(state_dir)
-    return len(pending)
+        undone += 1
+    if refused:
+        raise RackError(
+            f"{len(refused)} journal record(s) refused, outside what this rack can create; not undone "
+            f"({undone} other steps were): {'; '.join(refused)}. They stay pending in {journal.path}: "
+            "find out who wrote them, delete their lines, and run `dit rack down` again"
+        )
+    return undone, _remove_state(state_dir)
 
 
 # -- status --------------------------------------------------------------------------------------
@@ -385,11 +643,78 @@ class NodeStatus:
     address: str
     netns: bool
     cgroup: bool
-    sshd: bool  # something accepts connections on the node's port 22
+    link: str  # "ok", or what is wrong with the node's veth on the bridge / the route to it
+    ssh: str  # "ok": a login with the rack's key answered over the bridge; else why not
     processes: int  # in the node's cgroup
+
+    @property
+    def healthy(self) -> bool:
+        return self.netns and self.cgroup and self.link == "ok" and self.ssh == "ok"
+
+
+def _link_problem(veth: str, bridge: str, address: str) -> str:
+    """What keeps the host from reaching ``address`` through ``veth`` on ``bridge`` ("ok": nothing)."""
+    net = Path("/sys/class/net")
+    if not (net / bridge).exists():
+        return f"bridge {bridge} missing"
+    if not (net / veth).exists():
+        return f"{veth} missing"
+    master = net / veth / "master"
+    if not master.exists() or master.resolve().name != bridge:
+        return f"{veth} not on {bridge}"
+    if (net / veth / "operstate").read_text().strip() != "up":
+        return f"{veth} down"
+    route = _ip_json("route", "get", address)
+    device = str(route[0].get("dev")) if route else "none"
+    if device != bridge:
+        return f"route via {device}, not {bridge}"
+    return "ok"
+
+
+def _ssh_argv(state_dir: Path, address: str) -> list[str]:
+    return [
+        "ssh", "-F", "/dev/null", "-i", str(state_dir / "keys" / "controller_ed25519"),
+        "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={state_dir / KNOWN_HOSTS}", "-o", "ConnectTimeout=5",
+        "-o", "LogLevel=ERROR", f"root@{address}", "true",
+    ]  # fmt: skip
+
+
+def _logins(state_dir: Path, addresses: Sequence[str]) -> list[str]:
+    """Log in to every address at once with the rack's key and host key: "ok" or why not."""
+    started = [
+        subprocess.Popen(
+            _ssh_argv(state_dir, address),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for address in addresses
+    ]
+    deadline = time.monotonic() + SSH_ANSWER_S
+    out: list[str] = []
+    for process in started:
+        try:
+            _, stderr = process.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            out.append(f"no answer in {SSH_ANSWER_S:.0f} s")
+            continue
+        if process.returncode == 0:
+            out.append("ok")
+        else:
+            last = (stderr.strip().splitlines() or [f"ssh exited {process.returncode}"])[-1]
+            out.append(f"no answer: {last}")
+    return out
 
 
 def status(state_dir: Path) -> tuple[dict[str, Any], list[NodeStatus]]:
+    """Each node: its namespace and cgroup exist, its veth is up on the rack's bridge with the route
+    through it, and its sshd answers a login with the rack's keys (a listening socket alone is not
+    enough: a hung sshd still completes the TCP handshake)."""
+    check_state_dir(state_dir, building=False)
     path = state_dir / STATE
     try:
         state = json.loads(path.read_text())
@@ -400,21 +725,25 @@ def status(state_dir: Path) -> tuple[dict[str, Any], list[NodeStatus]]:
     except (OSError, ValueError) as exc:
         raise RackError(f"{path}: unreadable ({exc})") from None
     layout = CgroupLayout(int(state["cgroup_version"]))
+    bridge = str(state.get("bridge", ""))
+    links: list[str] = []
+    for node in state["nodes"].values():
+        veth = node.get("veth")
+        links.append(_link_problem(veth, bridge, node["address"]) if veth and bridge else "not recorded")
+    # Only over a route through the bridge: never send a login towards another interface.
+    reachable = [n["address"] for n, link in zip(state["nodes"].values(), links, strict=True) if link == "ok"]
+    logins = dict(zip(reachable, _logins(state_dir, reachable), strict=True))
     rows: list[NodeStatus] = []
-    for name, node in state["nodes"].items():
+    for (name, node), link in zip(state["nodes"].items(), links, strict=True):
         procs = procs_files(layout, process_cgroup(layout, node["cgroup"]))
-        try:
-            with socket.create_connection((node["address"], 22), timeout=1.0):
-                sshd = True
-        except OSError:
-            sshd = False
         rows.append(
             NodeStatus(
                 name=name,
                 address=node["address"],
                 netns=_netns_exists(node["netns"]),
                 cgroup=all(p.parent.is_dir() for p in procs),
-                sshd=sshd,
+                link=link,
+                ssh=logins.get(node["address"], "not tried"),
                 processes=len(_pids_in(procs[0])),
             )
         )

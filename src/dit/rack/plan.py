@@ -7,8 +7,12 @@ layout the executor found), so the whole rack can be checked without a host. The
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
+import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,11 @@ INFERENCE_INTERFACE = "inf0"  # the veth end inside every node's namespace
 PROCESS_LEAF = "sshd"
 V2_CONTROLLERS = "+cpu +cpuset +memory"
 SSHD = "/usr/sbin/sshd"
+#: What the host side of the bridge carries in its ``ifalias``: how a second rack names the first's
+#: state dir when their subnets collide (the kernel keeps it with the link; nothing to go stale).
+BRIDGE_ALIAS_PREFIX = "dit rack "
+IFALIAS_MAX = 255
+RACK_ID_HEX = 6  # dr-<id>-<index>: 3 + 6 + 1 + 3 = 13 characters, within IFNAMSIZ - 1 = 15
 _NAME = re.compile(r"^[a-z][a-z0-9]{0,5}$")
 _SUBNET = re.compile(r"^10\.(\d{1,3})\.(\d{1,3})$")
 
@@ -55,6 +64,10 @@ class RackSpec:
     cpus: str = "0"  # the devices' cpuset (the edge gets every CPU in ``all_cpus``)
     all_cpus: str = "0"
     host_cpus: int = 1  # CPUs of this machine: the upper bound of cpu_share_pct is 100 times this
+
+    @property
+    def rack_id(self) -> str:
+        return rack_id(self.state_dir)
 
     def oversubscription(self) -> str | None:
         """A warning when the devices' quotas add up to more than the CPUs they share (``cpus``): each
@@ -138,8 +151,23 @@ class Step:
     writes: tuple[CgroupWrite, ...] = field(default_factory=tuple)
 
 
+def rack_id(state_dir: Path) -> str:
+    """A short stable id of the rack in ``state_dir``: every link, namespace and cgroup of the rack
+    carries it, so racks in different state dirs never share a name (``--name`` alone did, and a
+    second ``rack up`` then took the first rack's bridge for its own)."""
+    return hashlib.sha256(str(state_dir).encode()).hexdigest()[:RACK_ID_HEX]
+
+
 def bridge_name(spec: RackSpec) -> str:
-    return f"dr-{spec.name}-br"
+    return f"dr-{spec.rack_id}-br"
+
+
+def bridge_alias(spec: RackSpec) -> str:
+    return f"{BRIDGE_ALIAS_PREFIX}{spec.state_dir}"[:IFALIAS_MAX]
+
+
+def cgroup_parent(spec: RackSpec) -> str:
+    return f"dit-{spec.name}-{spec.rack_id}"
 
 
 def bridge_address(spec: RackSpec) -> str:
@@ -156,10 +184,10 @@ def nodes(spec: RackSpec) -> list[Node]:
             Node(
                 name=name,
                 index=index,
-                netns=f"dit-{spec.name}-{name}",
-                veth=f"dr-{spec.name}-{index}",
+                netns=f"dit-{spec.name}-{spec.rack_id}-{name}",
+                veth=f"dr-{spec.rack_id}-{index}",
                 address=f"{spec.subnet}.{10 if edge else 10 + index}",
-                cgroup=f"dit-{spec.name}/{name}",
+                cgroup=f"{cgroup_parent(spec)}/{name}",
                 cpu_share_pct=None if edge else spec.cpu_share_pct,
                 memory_mb=None if edge else spec.memory_mb,
                 cpus=spec.all_cpus if edge else spec.cpus,
@@ -260,8 +288,9 @@ def sshd_config(spec: RackSpec, node: Node) -> str:
         "PasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\n"
         "UsePAM no\n"
-        # The state dir may sit under a world-writable /tmp in tests; the keys are ours.
-        "StrictModes no\n"
+        # sshd refuses the authorized keys when the file or any directory above it is not root's or
+        # is group/world-writable: `rack up` checks the same before it builds anything.
+        "StrictModes yes\n"
         "AcceptEnv LANG LC_*\n"
         "Subsystem sftp internal-sftp\n"
     )
@@ -292,6 +321,7 @@ def network_steps(spec: RackSpec) -> list[Step]:
     bridge = bridge_name(spec)
     steps = [
         Step("controller", "link", {"link": bridge}, ("ip", "link", "add", bridge, "type", "bridge")),
+        Step("controller", "noop", {}, ("ip", "link", "set", "dev", bridge, "alias", bridge_alias(spec))),
         Step("controller", "noop", {}, ("ip", "addr", "add", f"{bridge_address(spec)}/24", "dev", bridge)),
         Step("controller", "noop", {}, ("ip", "link", "set", bridge, "up")),
     ]
@@ -355,7 +385,7 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
     Each directory is journaled before it is made; the parent first so that ``rack down``, which
     undoes newest first, removes the children before it.
     """
-    parent = f"dit-{spec.name}"
+    parent = cgroup_parent(spec)
     parent_writes = [
         *cpuset_writes(layout, parent, _union(spec.all_cpus, spec.cpus), mems),
         *cpu_weight_writes(layout, parent),
@@ -475,3 +505,153 @@ def inventory_yaml(
         f"# The emulated rack in {spec.state_dir} (written by `dit rack up`; `dit rack down` removes it).\n"
     )
     return header + yaml.safe_dump(inventory(spec, python, netem_dry_run, layout), sort_keys=False)
+
+
+# -- what a rack may undo, and what a new rack must not meet --------------------------------------
+
+CGROUP_CONTROLLERS_V1 = ("cpu", "cpuacct", "memory", "cpuset")  # cgroup_dirs' v1 hierarchies
+_NODE_NAME = r"(?:edge|device[1-9][0-9]{0,2})"
+
+
+@dataclass(frozen=True)
+class UndoScope:
+    """What ``rack down`` may undo: the objects the rack plan can create for the rack in
+    ``state_dir``, named with its :func:`rack_id`. Derived from the state dir given on the command
+    line, never from the journal, so a rewritten journal cannot name another rack's bridge, a
+    system cgroup or a directory elsewhere: such a record is refused (:meth:`refusal`)."""
+
+    state_dir: Path
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+
+    def _patterns(self) -> tuple[re.Pattern[str], re.Pattern[str], re.Pattern[str]]:
+        rid = re.escape(rack_id(self.state_dir))
+        return (
+            re.compile(rf"^dr-{rid}-(?:br|[0-9]{{1,3}})$"),
+            re.compile(rf"^dit-[a-z][a-z0-9]{{0,5}}-{rid}-{_NODE_NAME}$"),
+            re.compile(rf"^dit-[a-z][a-z0-9]{{0,5}}-{rid}(?:/{_NODE_NAME}(?:/{PROCESS_LEAF})?)?$"),
+        )
+
+    def _cgroup_refusal(self, value: object) -> str | None:
+        if not isinstance(value, str) or not os.path.isabs(value) or os.path.normpath(value) != value:
+            return f"cgroup {value!r} is not a plain absolute path"
+        root = str(self.cgroup_root)
+        relative = os.path.relpath(value, root)
+        parts = relative.split("/")
+        if parts[0] in CGROUP_CONTROLLERS_V1:
+            parts = parts[1:]
+        if relative.startswith("..") or not self._patterns()[2].match("/".join(parts)):
+            return (
+                f"cgroup {value} is not one of this rack's "
+                f"({root}/[<controller>/]dit-<name>-{rack_id(self.state_dir)}/<node>)"
+            )
+        return None
+
+    def refusal(self, op: str, undo: Mapping[str, Any]) -> str | None:
+        """Why undoing ``op`` with ``undo`` would reach outside this rack (None: it would not)."""
+        link, netns, _ = self._patterns()
+        rid = rack_id(self.state_dir)
+        if op == "link":
+            value = undo.get("link")
+            if isinstance(value, str) and link.match(value):
+                return None
+            return f"link {value!r} is not one of this rack's (dr-{rid}-br, dr-{rid}-<n>)"
+        if op == "netns":
+            value = undo.get("netns")
+            if isinstance(value, str) and netns.match(value):
+                return None
+            return f"network namespace {value!r} is not one of this rack's (dit-<name>-{rid}-<node>)"
+        if op == "cgroup":
+            dirs = undo.get("dirs")
+            if not isinstance(dirs, list) or not dirs:
+                return "cgroup record without a list of directories"
+            return next((r for r in map(self._cgroup_refusal, dirs) if r), None)
+        if op == "sshd":
+            procs = undo.get("procs")
+            if not isinstance(procs, list) or not procs:
+                return "sshd record without a list of cgroup.procs files"
+            for path in procs:
+                if not isinstance(path, str) or os.path.basename(path) != "cgroup.procs":
+                    return f"sshd record: {path!r} is not a cgroup.procs file"
+                refused = self._cgroup_refusal(os.path.dirname(path))
+                if refused:
+                    return f"sshd record: {refused}"
+            pidfile = undo.get("pidfile")
+            if pidfile is not None:
+                nodes_dir = str(self.state_dir / "nodes")
+                if (
+                    not isinstance(pidfile, str)
+                    or os.path.normpath(pidfile) != pidfile
+                    or not pidfile.startswith(nodes_dir + "/")
+                ):
+                    return f"sshd record: pid file {pidfile!r} is outside {nodes_dir}"
+            return None
+        return f"{op!r} is not a step rack up takes (link, netns, cgroup, sshd)"
+
+
+@dataclass(frozen=True)
+class HostNetwork:
+    """What this machine has already, as far as a new rack could collide with it."""
+
+    links: Mapping[str, str] = field(default_factory=dict)  # name -> its ifalias ("" without)
+    addresses: tuple[tuple[str, str], ...] = ()  # (link, "a.b.c.d/prefix"): IPv4 on the host's links
+    routes: tuple[tuple[str, str], ...] = ()  # (link, "a.b.c.d/prefix"): the main table, no default
+    netns: frozenset[str] = frozenset()
+    cgroups: frozenset[str] = frozenset()  # those of the new rack's cgroup directories that exist
+
+
+def rack_of_alias(alias: str) -> str | None:
+    """The state dir a bridge's ``ifalias`` names (:func:`bridge_alias`), or None."""
+    return alias[len(BRIDGE_ALIAS_PREFIX) :] if alias.startswith(BRIDGE_ALIAS_PREFIX) else None
+
+
+def _subnet_taken(net: ipaddress.IPv4Network, host: HostNetwork) -> list[tuple[str, str]]:
+    taken: list[tuple[str, str]] = []
+    for link, cidr in (*host.addresses, *host.routes):
+        try:
+            other = ipaddress.ip_interface(cidr).network
+        except ValueError:
+            continue
+        if other.prefixlen > 0 and other.overlaps(net) and link not in {t[0] for t in taken}:
+            taken.append((link, cidr))
+    return taken
+
+
+def free_subnet(host: HostNetwork) -> str | None:
+    """The first 10.213.x that no address or route of this machine overlaps (a hint, not a lease)."""
+    for third in range(256):
+        candidate = f"10.213.{third}"
+        if not _subnet_taken(ipaddress.IPv4Network(f"{candidate}.0/24"), host):
+            return candidate
+    return None
+
+
+def collisions(spec: RackSpec, host: HostNetwork) -> str | None:
+    """What of ``spec``'s rack this machine has already, and what to do (None: nothing): its
+    links, namespaces and cgroups by name, and its /24 on any link (another rack's bridge, a VPN,
+    the uplink). A rack is built only when there is none, so that it never takes, and so never
+    removes, what is not its own."""
+    found: list[str] = []
+    racks: set[str] = set()
+
+    def owner(link: str) -> str:
+        state_dir = rack_of_alias(host.links.get(link, ""))
+        if state_dir is None:
+            return ""
+        racks.add(state_dir)
+        return f" (the bridge of the rack in {state_dir})"
+
+    for name in [bridge_name(spec), *(n.veth for n in nodes(spec))]:
+        if name in host.links:
+            found.append(f"link {name} exists already{owner(name)}")
+    found += [f"network namespace {n.netns} exists already" for n in nodes(spec) if n.netns in host.netns]
+    found += [f"cgroup {path} exists already" for path in sorted(host.cgroups)]
+    net = ipaddress.IPv4Network(f"{spec.subnet}.0/24")
+    for link, cidr in _subnet_taken(net, host):
+        found.append(f"--subnet {spec.subnet}: {net} overlaps {cidr} on {link}{owner(link)}")
+    if not found:
+        return None
+    advice = [f"`dit rack down --state-dir {state_dir}` removes that rack" for state_dir in sorted(racks)]
+    if any(f.startswith("--subnet") for f in found):
+        free = free_subnet(host)
+        advice.append(f"--subnet {free} is free" if free else "choose another --subnet")
+    return f"{'; '.join(found)}: nothing was built ({'; '.join(advice) or 'remove them first'})"
