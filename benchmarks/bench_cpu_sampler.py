@@ -30,7 +30,10 @@ def main() -> int:
     parser.add_argument("--repetitions", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval-ms", type=float, default=2.0)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.profile, args.repetitions, args.rounds = "tiny", 3, 1
     model = build({"name": "fake", "params": {"profile": args.profile}, "seed": 1})
     forwards: dict[int, list[int]] = {0: [], round(args.interval_ms * 1e6): []}
     print(f"load average before: {loadavg()}")

@@ -70,7 +70,10 @@ def main() -> None:
     ap.add_argument("--work-ms", type=float, nargs="+", default=[6.0, 18.0])
     ap.add_argument("--periods", type=int, nargs="+", default=[10_000, 4_000], help="CFS periods, us")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        args.work_ms, args.periods, args.rounds = [2.0], [10_000], 2
     if os.geteuid() != 0 or not (ROOT_PROCS.parent / "cpu.cfs_quota_us").exists():
         raise SystemExit("needs root and a cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu")
     os.sched_setaffinity(0, {max(os.sched_getaffinity(0))})

@@ -38,6 +38,8 @@ from dit.optimise.exhaustive import blocks, decode, exhaustive, vector_count
 
 BOUNDS = (9, 9, 9, 9, 19, 24)
 STAGES = 24
+SMOKE_BOUNDS = (3, 3, 4)  # 80 vectors: every policy and objective in well under a second
+SMOKE_STAGES = 4
 
 
 def gather_pass(problem: Problem, chunk: int = 1 << 16) -> tuple[tuple[int, ...], float, float]:
@@ -63,23 +65,27 @@ def main() -> None:
     )
     parser.add_argument("--sample", type=int, default=20_000, help="vectors in the per-vector Python sample")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
+    bounds, stages = (SMOKE_BOUNDS, SMOKE_STAGES) if args.smoke else (BOUNDS, STAGES)
+    if args.smoke:
+        args.sample = 50
     rng = np.random.default_rng(args.seed)
-    base = synthetic_model(rng, len(BOUNDS), STAGES, BOUNDS)
+    base = synthetic_model(rng, len(bounds), stages, bounds)
     # Raspberry-Pi-like power models (W): idle 2.7-3.0, computing +2-4, transmitting +0.5-1.5
-    idle = rng.uniform(2.7, 3.0, len(BOUNDS))
+    idle = rng.uniform(2.7, 3.0, len(bounds))
     powers = tuple(
         DevicePower(float(i), float(i + c), float(i + x))
         for i, c, x in zip(
-            idle, rng.uniform(2, 4, len(BOUNDS)), rng.uniform(0.5, 1.5, len(BOUNDS)), strict=True
+            idle, rng.uniform(2, 4, len(bounds)), rng.uniform(0.5, 1.5, len(bounds)), strict=True
         )
     )
     model = DelayModel(**{**base.__dict__, "power": powers})
-    total = vector_count(BOUNDS)
-    ranges = [b + 1 for b in BOUNDS]
-    print(f"instance: {len(BOUNDS)} devices, {STAGES} stages, ranges {ranges} = {total:,} vectors")
+    total = vector_count(bounds)
+    ranges = [b + 1 for b in bounds]
+    print(f"instance: {len(bounds)} devices, {stages} stages, ranges {ranges} = {total:,} vectors")
     sample_idx = rng.integers(0, total, size=args.sample)
-    sample = decode(sample_idx, BOUNDS).tolist()
+    sample = decode(sample_idx, bounds).tolist()
     for policy in POLICIES:
         for objective in OBJECTIVES:
             problem = Problem(model, policy, objective)

@@ -67,7 +67,10 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=50, help="timed calls per figure (median reported)")
     parser.add_argument("--context", type=int, default=512, help="context tokens the placement must fit")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = 2
 
     cfg = preset("tinyllama")
     workers = [WorkerSpec(f"worker{i}", 4_000_000_000, 2e9, 10_000_000) for i in range(1, 5)]

@@ -94,7 +94,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     a = ap.parse_args()
+    if a.smoke:
+        a.tokens = 3
     print(f"model {a.model}, {a.workers} workers on 127.0.0.1, {a.tokens} tokens, {a.threads} thread(s), "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
     for mode in ("layerwise", "headsplit"):

@@ -70,7 +70,10 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["gru_vqp", "alexnet"])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        args.models, args.rounds, args.block = ["gru_vqp"], 2, 2
     print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")
     head = (
         "model",

@@ -54,7 +54,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--core", type=int, default=None)
     parser.add_argument("--targets", type=float, nargs="+", default=[10, 20, 30, 40, 50, 60, 70, 80])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.targets = 0.5, [50.0]
     core = pick_core(args.core)
     pin(core)
     print(

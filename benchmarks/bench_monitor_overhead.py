@@ -43,7 +43,10 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--sysfs-root", type=Path, default=None)
     parser.add_argument("--vcgencmd-argv", nargs="+", default=None)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.interval = 1.0, 0.2
     hz = os.sysconf("SC_CLK_TCK")
     with tempfile.TemporaryDirectory(prefix="dit-monitor-bench-") as tmp:
         root = Path(tmp)

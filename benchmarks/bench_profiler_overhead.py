@@ -152,7 +152,10 @@ def main() -> None:
         default=3.0,
         help="more passes for a fast model, until each method's last this long (the GRU's 1 ms passes: 3000)",
     )
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        args.models, args.reps, args.block, args.min_seconds = ["gru_vqp"], 2, 2, 0.0
     print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")
     print(
         f"{'model':<15} {'stages':>6} {'reps':>5} {'forward ms':>10} {'per-stage ms':>12} {'one-call ms':>11} "

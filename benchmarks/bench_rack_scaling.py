@@ -75,12 +75,26 @@ def timed(argv: list[str]) -> float:
     return elapsed
 
 
+#: Where the racks' state dirs go: root's all the way up (dit rack up refuses one below /tmp, whose
+#: writers could replace the rack's keys, and sshd's StrictModes would refuse them).
+SECURE_BASE = Path("/var/lib/dit/bench")
+
+
+def secure_base() -> Path:
+    SECURE_BASE.mkdir(parents=True, exist_ok=True)
+    SECURE_BASE.chmod(0o755)
+    return SECURE_BASE
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="5,10,25", help="Comma-separated device counts.")
     parser.add_argument("--prefix", default="bs", help="Rack name prefix (one rack per size: <prefix><i>).")
     parser.add_argument("--subnet-base", type=int, default=200, help="Size i uses 10.213.<base + i>.")
+    parser.add_argument("--smoke", action="store_true", help="one rack of 1 device, then of 2 (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes = "1,2"
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces, cgroups)")
     header = ("devices", "up_s", "apply_s", "teardown_s", "a+t_s", "run_s", "down_s", "mem_MiB/node", "load1")
@@ -88,7 +102,7 @@ def main() -> None:
     totals: list[tuple[int, float]] = []
     for index, size in enumerate(int(s) for s in args.sizes.split(",")):
         name, subnet = f"{args.prefix}{index}", f"10.213.{args.subnet_base + index}"
-        with tempfile.TemporaryDirectory(prefix="dit-bench-rack-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="rack-", dir=secure_base()) as tmp:
             state = str(Path(tmp) / "rack")
             up = [*DIT, "rack", "up", "--devices", str(size), "--name", name, "--subnet", subnet]
             up_s = timed([*up, "--state-dir", state])

@@ -53,6 +53,7 @@ SCENARIO = REPO / "scenarios" / "ch6_compare.yaml"
 RUNTIMES = (REPO / "runtimes" / "headsplit", REPO / "runtimes" / "llamacpp")
 DIT = [sys.executable, "-m", "dit"]
 QUANTS = ("F32", "Q8_0")
+SECURE_BASE = Path("/var/lib/dit/bench")
 
 
 def load() -> str:
@@ -84,12 +85,12 @@ def node_python(site: Path, work: Path) -> Path:
     return wrapper
 
 
-def ensure_gguf(model: str, gguf_dir: Path, site: Path) -> None:
+def ensure_gguf(model: str, gguf_dir: Path, site: Path, quants: tuple[str, ...] = QUANTS) -> None:
     """The GGUF files of ``model`` at every quantisation the sweep uses (converted in a child: torch)."""
-    if all((gguf_dir / f"{model}-{q}.gguf").is_file() for q in QUANTS):
+    if all((gguf_dir / f"{model}-{q}.gguf").is_file() for q in quants):
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO / "src")])}
-    argv = [sys.executable, "-m", "dit_llamacpp.models", "convert", model, *QUANTS, "--out", str(gguf_dir)]
+    argv = [sys.executable, "-m", "dit_llamacpp.models", "convert", model, *quants, "--out", str(gguf_dir)]
     done = subprocess.run(argv, env=env, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
@@ -97,14 +98,23 @@ def ensure_gguf(model: str, gguf_dir: Path, site: Path) -> None:
 
 
 def scenario(
-    devices: int, tokens: int, rtts: list[float], model: str, python: Path, gguf_dir: Path
+    devices: int,
+    tokens: int,
+    rtts: list[float],
+    model: str,
+    python: Path,
+    gguf_dir: Path,
+    quants: tuple[str, ...] = QUANTS,
 ) -> dict[str, Any]:
-    """ch6_compare reduced: ``devices`` workers, ``tokens`` tokens of ``model``, the RTTs asked for."""
+    """ch6_compare reduced: ``devices`` workers, ``tokens`` tokens of ``model``, the RTTs asked for,
+    the runtime variants whose llama.cpp quantisation is among ``quants``."""
     doc: dict[str, Any] = yaml.safe_load(SCENARIO.read_text(encoding="utf-8"))
     names = [f"device{i}" for i in range(1, devices + 1)]
     doc["devices"] = names
     values: list[dict[str, Any]] = []
     for value in next(a for a in doc["sweep"] if a["path"] == "runtime")["values"]:
+        if value.get("quant", quants[0]) not in quants:
+            continue
         block = {**value, "model": model, "tokens": tokens}
         if block["name"] == "headsplit":
             block["python"] = str(python)
@@ -157,7 +167,13 @@ def main() -> None:
         "--subnet", default="10.213.170", help="The rack's inference /24 (first three octets)."
     )
     parser.add_argument("--timeout", type=float, default=3600, help="Seconds for the whole dit run.")
+    parser.add_argument(
+        "--smoke", action="store_true", help="2 devices, 2 tokens, no added RTT, llama.cpp at F32 only (CI)"
+    )
     args = parser.parse_args()
+    quants: tuple[str, ...] = QUANTS
+    if args.smoke:
+        args.devices, args.tokens, args.rtts, quants = 2, 2, "0", ("F32",)
     if args.runs:
         report(runs_under(args.runs))
         return
@@ -166,12 +182,15 @@ def main() -> None:
     rtts = [float(v) for v in args.rtts.split(",")]
     out = args.out or Path(tempfile.mkdtemp(prefix="dit-bench-compare-"))
     out.mkdir(parents=True, exist_ok=True)
-    site, state = out / "site", out / "rack"
+    # the rack's state dir root's all the way up: dit rack up refuses one below /tmp (its keys, sshd)
+    SECURE_BASE.mkdir(parents=True, exist_ok=True)
+    SECURE_BASE.chmod(0o755)
+    site, state = out / "site", Path(tempfile.mkdtemp(prefix="rc-", dir=SECURE_BASE)) / "rack"
     install_runtimes(site, out)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO / "src")])}
-    ensure_gguf(args.model, args.gguf_dir, site)
+    ensure_gguf(args.model, args.gguf_dir, site, quants)
     doc = scenario(
-        args.devices, args.tokens, rtts, args.model, node_python(site, out), args.gguf_dir.resolve()
+        args.devices, args.tokens, rtts, args.model, node_python(site, out), args.gguf_dir.resolve(), quants
     )
     path = out / "ch6_compare_bench.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
@@ -192,6 +211,8 @@ def main() -> None:
         down = dit(["rack", "down", "--state-dir", str(state)], env, 600)
         if down.returncode != 0:
             print(f"dit rack down failed:\n{down.stdout}{down.stderr}", file=sys.stderr)
+        else:
+            shutil.rmtree(state.parent, ignore_errors=True)
     after = load()
     if done.returncode != 0:
         print(f"dit run exited {done.returncode}:\n{done.stderr[-3000:]}", file=sys.stderr)
@@ -201,6 +222,8 @@ def main() -> None:
     dirs = runs_under(out / "runs")
     report(dirs)
     print(f"runs: {out / 'runs'}; report: {write_report(dirs[0].parent)}")
+    if done.returncode != 0:  # the figures of the variants that ran are printed above; still a failure
+        raise SystemExit(done.returncode)
 
 
 if __name__ == "__main__":

@@ -77,7 +77,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--caps", type=float, nargs="+", default=[5, 10, 20, 50])
     parser.add_argument("--seconds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
+    if args.smoke:
+        args.caps, args.seconds = [20.0], 1
     if os.geteuid() != 0:
         raise SystemExit("needs root (network namespaces)")
     teardown()
