@@ -2,7 +2,8 @@
 
 Slow, and skipped unless the binaries were built into the cache (``dit runtimes act llamacpp-rpc build``
 or ``python -m dit_llamacpp.build``) and a tiny GGUF is at hand: ``dit_llamacpp.models`` converts
-``llama-tiny`` F32 (the GGUF work), or ``$DIT_LLAMACPP_TEST_GGUF`` names a file converted from the
+``llama-tiny`` F32 (the GGUF work; skipped with the reason when the converter's source is not unpacked:
+``python -m dit_llamacpp.source``), or ``$DIT_LLAMACPP_TEST_GGUF`` names a file converted from the
 same seeded weights (``$DIT_LLAMACPP_TEST_BIN`` a directory of binaries with a ``build.json`` beside it,
 as the build cache has: preflight refuses a run without one).
 """
@@ -64,10 +65,26 @@ def _hf_greedy(prompt_ids: list[int], llama_ids: list[int]) -> dict[str, Any]:
     return found
 
 
+def _converter_tree() -> Path:
+    """The vendored converter's tree, or skip naming the command that unpacks it: with the binaries
+    built but the sdist's source not unpacked the conversion cannot run, which is no failure of ours."""
+    sys.path.insert(0, str(LLAMACPP / "src"))
+    from dit_llamacpp import models
+
+    try:
+        return models.vendored()
+    except models.GGUFError as exc:
+        pytest.skip(
+            f"the GGUF converter's source is not unpacked ({exc}): python -m dit_llamacpp.source --mirror "
+            "<mirror> (or --archive <the llama-cpp-python sdist>), or set $DIT_LLAMACPP_TEST_GGUF"
+        )
+
+
 def _gguf(tmp_path: Path) -> Path:
     named = os.environ.get("DIT_LLAMACPP_TEST_GGUF")
     if named:
         return Path(named)
+    _converter_tree()
     # Converted in a child: the conversion imports torch, which must not be imported in this process
     # after Ansible's module_utils replaced sys.intern (torch._dynamo refuses it, and every later test
     # of the session that imports torch would fail).

@@ -14,6 +14,13 @@ from dit_llamacpp import models
 from dit_llamacpp.equivalence import compare
 
 BINARY = models.find_binary("llama-completion")
+try:
+    models.vendored()
+    CONVERTER_MISSING: str | None = None
+except models.GGUFError as exc:
+    CONVERTER_MISSING = (
+        f"{exc}; unpack it: python -m dit_llamacpp.source --mirror <mirror> (or --archive <sdist>)"
+    )
 
 pytestmark = [
     pytest.mark.slow,
@@ -22,10 +29,7 @@ pytestmark = [
         reason="llama-completion is not built (dit_llamacpp.build into /var/cache/dit/llamacpp, "
         "or set DIT_LLAMACPP_BIN)",
     ),
-    pytest.mark.skipif(
-        not (models.DEFAULT_SOURCE / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py").is_file(),
-        reason=f"the llama-cpp-python sdist is not unpacked at {models.DEFAULT_SOURCE}",
-    ),
+    pytest.mark.skipif(CONVERTER_MISSING is not None, reason=CONVERTER_MISSING or ""),
 ]
 
 

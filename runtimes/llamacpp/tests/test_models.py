@@ -27,11 +27,21 @@ try:
 except ImportError:
     HAVE_TOKENIZERS = False
 needs_tokenizers = pytest.mark.skipif(not HAVE_TOKENIZERS, reason="the tokenizers package is not installed")
-SOURCE_TREE = models.DEFAULT_SOURCE / "vendor" / "llama.cpp"
-needs_source = pytest.mark.skipif(
-    not (SOURCE_TREE / "convert_hf_to_gguf.py").is_file(),
-    reason=f"the llama-cpp-python sdist is not unpacked at {models.DEFAULT_SOURCE} (vendored converter missing)",
-)
+
+
+def _converter_missing() -> str | None:
+    """Why the vendored converter cannot run here (``$DIT_LLAMACPP_SRC`` or the default tree), or None."""
+    try:
+        models.vendored()
+    except models.GGUFError as exc:
+        return (
+            f"{exc}; unpack it with: python -m dit_llamacpp.source --mirror <mirror> (or --archive <sdist>)"
+        )
+    return None
+
+
+CONVERTER_MISSING = _converter_missing()
+needs_source = pytest.mark.skipif(CONVERTER_MISSING is not None, reason=CONVERTER_MISSING or "")
 
 
 # ------------------------------------------------------------------------------------ tokenizer
@@ -189,10 +199,12 @@ def test_convert_reduced_gpt2_with_the_registered_pre_tokenizer(tmp_path: Path, 
     assert f.sha256 == models.expected("gpt2-tiny", "Q8_0")["sha256"]  # type: ignore[index]
     hf = tmp_path / "gpt2-tiny-hf"
     recorded = models.load_catalogue()["models"]["gpt2-tiny"]["tokenizer"]["pre_tokenizer"]
-    assert models.pre_hash(hf, SOURCE_TREE) == recorded["hash"]
+    assert models.pre_hash(hf, models.vendored()) == recorded["hash"]
     # without the registration the vendored converter refuses our tokenizer
     with pytest.raises(models.GGUFError, match="pre-tokenizer was not recognized"):
-        models.convert(models.shape("gpt2-tiny"), "F16", hf, tmp_path / "plain", tree=SOURCE_TREE, pre={})
+        models.convert(
+            models.shape("gpt2-tiny"), "F16", hf, tmp_path / "plain", tree=models.vendored(), pre={}
+        )
     shutil.rmtree(tmp_path / "plain", ignore_errors=True)
 
 
