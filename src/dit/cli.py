@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -19,7 +20,18 @@ from rich.table import Table
 from dit.rack.cli import rack_app
 from dit.report import units
 from dit.reporter import STAGES as STAGE_ORDER
-from dit.rundir import DRIVER, FINISHED_STATES, STATUS, STOP, RunDir, find_runs, read_json
+from dit.rundir import (
+    DRIVER,
+    FINISHED_STATES,
+    STATUS,
+    STOP,
+    RunDir,
+    RunDirError,
+    check_writable,
+    find_runs,
+    os_reason,
+    read_json,
+)
 
 if TYPE_CHECKING:
     from dit.scenario import Scenario
@@ -124,9 +136,16 @@ def run(
         from dit.dryrun import print_dry_runs
 
         raise typer.Exit(print_dry_runs(variants, options, as_json, out))
+    try:  # a read-only or full runs directory: one error before anything starts
+        check_writable(runs_dir)
+    except RunDirError as exc:
+        raise _fail(f"--runs-dir: {exc}", 2) from None
     results = []
     for variant in variants:
-        result = Driver(variant, options).execute()
+        try:
+            result = Driver(variant, options).execute()
+        except RunDirError as exc:  # its run directory could not be made: no node was touched
+            raise _fail(str(exc)) from None
         results.append(result)
         if result.state == "stopped":
             break
@@ -203,17 +222,38 @@ def _driver_to_signal(run: RunDir) -> int | None:
     return pid
 
 
+DiscardResults = Annotated[
+    bool,
+    typer.Option(
+        "--discard-results",
+        help="Delete the nodes' results that cannot be fetched into RUN_DIR/raw/ with their run directory "
+        "(by default such a directory is kept and named).",
+    ),
+]
+
+
 @app.command()
 def stop(
     run_dir: Annotated[Path, typer.Argument(help="The run directory of a running run.")],
     wait: Annotated[float, typer.Option(help="Seconds to wait for the teardown to finish.")] = 120.0,
+    discard_results: DiscardResults = False,
 ) -> None:
     """Ask a running driver to stop; it tears down fully before it exits."""
     run = RunDir(run_dir)
     if not (run_dir / DRIVER).exists():
         raise _fail(f"{run_dir} is not a dit run directory")
     pid = _driver_to_signal(run)
-    (run_dir / STOP).write_text(str(time.time_ns()) + "\n", encoding="utf-8")
+    request = {"t_wall_ns": time.time_ns(), "discard_results": discard_results}
+    try:
+        (run_dir / STOP).write_text(json.dumps(request) + "\n", encoding="utf-8")
+    except OSError as exc:  # a full disk: the signal still reaches a verified driver
+        if not pid or discard_results:
+            raise _fail(f"{run_dir / STOP}: cannot write: {os_reason(exc)}") from None
+        err.print(
+            f"[yellow]warning:[/] {escape(str(run_dir / STOP))}: cannot write ({escape(os_reason(exc))}): "
+            "stopping the driver by its signal only",
+            highlight=False,
+        )
     from dit.procs import pid_alive
 
     if pid:
@@ -229,8 +269,15 @@ def stop(
 
 
 @app.command()
-def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver died.")]) -> None:
-    """Undo a run from its journal (e.g. after the driver was killed) and reap its processes."""
+def cleanup(
+    run_dir: Annotated[Path, typer.Argument(help="A run whose driver died.")],
+    discard_results: DiscardResults = False,
+) -> None:
+    """Undo a run from its journal (e.g. after the driver was killed) and reap its processes.
+
+    Results the nodes still hold are fetched into RUN_DIR/raw/ first; a node's run directory holding
+    a file that cannot be fetched is kept, unless --discard-results.
+    """
     from dit.driver import teardown
     from dit.inventory import inventory_of
     from dit.procs import pid_alive
@@ -250,13 +297,15 @@ def cleanup(run_dir: Annotated[Path, typer.Argument(help="A run whose driver die
     except Exception as exc:  # any corrupt file behind it: one line, never a traceback
         raise _fail(
             f"{run_dir}: cannot tell which nodes the run used from driver.json, scenario.yaml and "
-            f"inventory.json: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            f"inventory.yml: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         ) from None
-    error, _ns = teardown(run, inventory, None)
+    error, _ns = teardown(run, inventory, None, discard_results=discard_results)
     if error:
         raise _fail(f"cleanup of {run_dir} incomplete: {error}")
     if _state_of(run) in ("running", None):
-        run.set_status(state="failed", error="driver died; cleaned up by dit cleanup")
+        unwritten = run.try_set_status(state="failed", error="driver died; cleaned up by dit cleanup")
+        if unwritten:
+            err.print(f"[yellow]warning:[/] not recorded: {escape(unwritten)}", highlight=False)
     out.print(f"{run_dir}: journal replayed, no process of run {run.run_id} left")
 
 
@@ -519,7 +568,7 @@ def optimise(
 @app.command()
 def web(
     host: Annotated[
-        str, typer.Option(help="Address to bind; anything but loopback requires a token.")
+        str, typer.Option(help="Address to bind; anything but loopback is reachable from the network.")
     ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     inventory: Annotated[
@@ -541,10 +590,23 @@ def web(
         str, typer.Option(help="The credit shown with the tiles.")
     ] = "© OpenStreetMap contributors",
     probe: Annotated[str, typer.Option(help="Node probe: auto, ping, tcp (SSH port) or off.")] = "auto",
+    no_token: Annotated[
+        bool,
+        typer.Option(
+            "--no-token",
+            help="Loopback only, for a single-user machine: no token, so every local user can drive NNPM "
+            "with its rights (root, when run as root).",
+        ),
+    ] = False,
 ) -> None:
-    """NNPM, the web manager: nodes on a map, scenario dialogs, runs, live terminal (FastAPI + uvicorn)."""
+    """NNPM, the web manager: nodes on a map, scenario dialogs, runs, live terminal (FastAPI + uvicorn).
+
+    Every request needs a token: a random one per start, printed in the URL to open, or the value of
+    DIT_NNPM_TOKEN (an environment variable, not an option: other users can read a command line).
+    """
     try:
         from dit.web.app import WebConfig, serve
+        from dit.web.security import TOKEN_ENV
     except ImportError as exc:
         raise _fail(f"dit web needs the web extra: pip install 'dit[web]' ({exc})") from None
     if probe not in ("auto", "ping", "tcp", "off"):
@@ -554,18 +616,23 @@ def web(
     problem = check_tiles(tiles)
     if problem:
         raise _fail(f"--tiles: {problem}", 2)
-    serve(
-        WebConfig(
-            host=host,
-            port=port,
-            inventory=inventory,
-            runs_dir=runs_dir,
-            scenarios_dir=scenarios_dir,
-            tiles=tiles,
-            tiles_attribution=tiles_attribution,
-            probe=probe,
-        )
+    config = WebConfig(
+        host=host,
+        port=port,
+        inventory=inventory,
+        runs_dir=runs_dir,
+        scenarios_dir=scenarios_dir,
+        tiles=tiles,
+        tiles_attribution=tiles_attribution,
+        probe=probe,
+        token=os.environ.get(TOKEN_ENV),
+        no_token=no_token,
     )
+    try:
+        config.ensure_token()
+    except ValueError as exc:
+        raise _fail(str(exc), 2) from None
+    serve(config)
 
 
 def _add_runtimes() -> None:

@@ -8,6 +8,7 @@ every step go to ``tests/e2e/artifacts/``.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from dit.web.security import TOKEN_ENV
 from tests.conftest import REPO, dit_env, free_port
 
 CHROMIUM = os.environ.get("DIT_CHROMIUM", "/usr/bin/chromium")
@@ -45,11 +47,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @dataclass
 class Server:
-    url: str
+    url: str  # the base: API paths are joined to it; requests need the token (or the page's cookie)
     root: Path
     runs: Path
     inventory: Path
     proc: subprocess.Popen[bytes]
+    token: str | None  # None: started with --no-token
+
+    @property
+    def open_url(self) -> str:
+        """The URL to open the page with, as ``dit web`` prints it: the answer sets the token's cookie."""
+        return f"{self.url}?token={self.token}" if self.token else self.url
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header a client that is not the page sends."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
 @contextmanager
@@ -61,16 +74,22 @@ def web_server(
     env: dict[str, str] | None = None,
 ) -> Iterator[Server]:
     """``dit web OPTIONS`` on a free loopback port, run from ``root`` (its log in ``server.log``), up
-    until the block ends; the inventory and runs directory default to ``root``'s."""
+    until the block ends; the inventory and runs directory default to ``root``'s. The token is made here
+    and given as ``DIT_NNPM_TOKEN`` (unless ``--no-token`` is among the options); open ``open_url``."""
     inventory = inventory or root / "inventory.yml"
     runs = runs or root / "runs"
     port = free_port()
+    token = None if "--no-token" in options else secrets.token_urlsafe(32)
+    env = dict(env or dit_env())
+    env.pop(TOKEN_ENV, None)
+    if token:
+        env[TOKEN_ENV] = token
     argv = [
         sys.executable, "-m", "dit", "web", "--port", str(port), "--inventory", str(inventory),
         "--runs-dir", str(runs), "--scenarios-dir", str(REPO / "scenarios"), *options,
     ]  # fmt: skip
     with (root / "server.log").open("wb") as log:
-        proc = subprocess.Popen(argv, cwd=root, env=env or dit_env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
@@ -80,7 +99,7 @@ def web_server(
                 assert proc.poll() is None, (root / "server.log").read_text()
                 time.sleep(0.2)
         try:
-            yield Server(f"http://127.0.0.1:{port}/", root, runs, inventory, proc)
+            yield Server(f"http://127.0.0.1:{port}/", root, runs, inventory, proc, token)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -118,7 +137,7 @@ def page(browser_context: Any, server: Server) -> Iterator[Any]:
     page = browser_context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(server.url)
+    page.goto(server.open_url)
     page.wait_for_selector("body[data-ready='1']")
     yield page
     assert errors == [], errors

@@ -276,7 +276,7 @@ def test_stored_xss_payloads_stay_text(browser_context: Any, server: Server) -> 
     page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(server.url)
+    page.goto(server.open_url)
     page.wait_for_selector("body[data-ready='1']")
     fired = "() => window.__xss === undefined"
 

@@ -42,7 +42,7 @@ def plan_page(browser_context: Any, plan_server: Server) -> Iterator[Any]:
     # the plan (image overlay, scale line, markers) lives within the strict Content-Security-Policy
     page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
     page.on("request", lambda r: r.url.startswith((plan_server.url, "data:")) or foreign.append(r.url))
-    page.goto(plan_server.url)
+    page.goto(plan_server.open_url)
     page.wait_for_selector("body[data-ready='1']")
     yield page
     assert errors == [] and foreign == [], (errors, foreign)
@@ -195,7 +195,7 @@ def test_badge_cli_hash_and_terminal(browser_context: Any, plan_server: Server) 
     cli = write_run(plan_server.runs, "quickstart", "20261201T000001Z-e80c629d-cli", "cli run", "completed",
                     {"pid": 1, "host": host, "local": True, "scenario_hash": variant.hash})  # fmt: skip
     page = browser_context.new_page()
-    page.goto(plan_server.url, wait_until="domcontentloaded")
+    page.goto(plan_server.open_url, wait_until="domcontentloaded")
     page.wait_for_selector("body[data-ready='1']", timeout=120_000)
     # the run going on becomes the badge's run
     page.wait_for_function("() => document.getElementById('active-label').textContent === 'live run'")

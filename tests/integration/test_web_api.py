@@ -17,8 +17,9 @@ from starlette.websockets import WebSocketDisconnect
 
 from dit.procs import run_processes
 from dit.rundir import RunDir, write_json
-from dit.web.app import WebConfig, create_app
+from dit.web.app import WebConfig
 from tests.conftest import REPO
+from tests.integration.conftest import StartNnpm
 
 LOOPBACK = {"host": "127.0.0.1"}
 DOC = {
@@ -50,7 +51,7 @@ def finished_run(runs: Path) -> RunDir:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Iterator[tuple[TestClient, WebConfig, RunDir]]:
+def env(tmp_path: Path, nnpm: StartNnpm) -> Iterator[tuple[TestClient, WebConfig, RunDir]]:
     python = sys.executable
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(
@@ -84,8 +85,7 @@ def env(tmp_path: Path) -> Iterator[tuple[TestClient, WebConfig, RunDir]]:
         tiles="https://tile.openstreetmap.org/{z}/{x}/{y}.png",  # a world map: nodes by lat/lon
     )  # fmt: skip
     run = finished_run(tmp_path / "runs")
-    with TestClient(create_app(config), base_url="http://127.0.0.1") as client:
-        yield client, config, run
+    yield nnpm(config), config, run
 
 
 def key(run: RunDir) -> str:
@@ -99,7 +99,7 @@ def test_page_config_schema_and_static(env: Any) -> None:
     assert client.get("/vendor/leaflet/leaflet.js").status_code == 200  # served from xstatic-leaflet
     assert client.get("/static/app.js").status_code == 200
     cfg = client.get("/api/config").json()
-    assert cfg["token_required"] is False and {"greedy", "exhaustive", "trend"} <= set(cfg["algorithms"])
+    assert cfg["token_required"] is True and {"greedy", "exhaustive", "trend"} <= set(cfg["algorithms"])
     assert client.get("/api/schema").json()["properties"]["network"]
     assert client.get("/", headers={"host": "attacker.example"}).status_code == 403  # DNS rebinding
     refused = client.post(
@@ -366,35 +366,34 @@ def test_runtime_readiness_check_and_actions(env: Any) -> None:
     assert client.get("/api/actions/nope").status_code == 404
 
 
-def test_token_required_when_exposed(tmp_path: Path) -> None:
+def test_token_required_when_exposed(tmp_path: Path, nnpm: StartNnpm) -> None:
     config = WebConfig(
         host="0.0.0.0", inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off"
     )
-    app = create_app(config)
+    client = nnpm(config, authorised=False, base_url="http://192.0.2.1:8765")
     token = config.token
-    assert token and len(token) >= 24
-    with TestClient(app, base_url="http://192.0.2.1:8765") as client:
-        assert client.get("/api/config").status_code == 401
-        assert client.get("/").status_code == 401
-        assert client.get("/api/config", headers={"X-NNPM-Token": "wrong"}).status_code == 401
-        assert client.get("/api/config", headers={"X-NNPM-Token": token}).json()["token_required"] is True
-        assert client.get("/api/runs", headers={"Authorization": f"Bearer {token}"}).status_code == 200
-        page = client.get(f"/?token={token}")
-        assert page.status_code == 200 and "nnpm_token=" in page.headers["set-cookie"]
-        assert client.get("/static/app.js").status_code == 200  # the cookie now carries the token
-        client.cookies.clear()
-        with (
-            pytest.raises(WebSocketDisconnect) as refused,
-            client.websocket_connect("/api/runs/a/b/terminal") as ws,
-        ):
-            ws.receive_json()
-        assert refused.value.code == 4401
-        with (
-            pytest.raises(WebSocketDisconnect) as missing,
-            client.websocket_connect(f"/api/runs/a/b/terminal?token={token}") as ws,
-        ):
-            ws.receive_json()
-        assert missing.value.code == 4404  # past the guard: there is no such run
+    assert token and len(token) >= 32
+    assert client.get("/api/config").status_code == 401
+    assert client.get("/").status_code == 401
+    assert client.get("/api/config", headers={"X-NNPM-Token": "wrong"}).status_code == 401
+    assert client.get("/api/config", headers={"X-NNPM-Token": token}).json()["token_required"] is True
+    assert client.get("/api/runs", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    page = client.get(f"/?token={token}")
+    assert page.status_code == 200 and "nnpm_token_8765=" in page.headers["set-cookie"]
+    assert client.get("/static/app.js").status_code == 200  # the cookie now carries the token
+    client.cookies.clear()
+    with (
+        pytest.raises(WebSocketDisconnect) as refused,
+        client.websocket_connect("/api/runs/a/b/terminal") as ws,
+    ):
+        ws.receive_json()
+    assert refused.value.code == 4401
+    with (
+        pytest.raises(WebSocketDisconnect) as missing,
+        client.websocket_connect(f"/api/runs/a/b/terminal?token={token}") as ws,
+    ):
+        ws.receive_json()
+    assert missing.value.code == 4404  # past the guard: there is no such run
 
 
 def test_run_report_downloads_as_one_self_contained_file(env: Any) -> None:

@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import base64
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from dit.web.app import WebConfig, create_app
-from tests.unit.test_web_floorplan import jpeg_header, png
+from dit.web.app import WebConfig
+from tests.integration.conftest import StartNnpm
+from tests.unit.test_web_floorplan import jpeg_header, png, png_header
 
 
-def client_for(tmp_path: Path, tiles: str | None = None) -> TestClient:
-    config = WebConfig(inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off", tiles=tiles)
-    return TestClient(create_app(config), base_url="http://127.0.0.1")
+def config_for(tmp_path: Path, tiles: str | None = None) -> WebConfig:
+    return WebConfig(inventory=tmp_path / "inv.yml", runs_dir=tmp_path / "runs", probe="off", tiles=tiles)
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[TestClient]:
-    with client_for(tmp_path) as c:
-        yield c
+def client(tmp_path: Path, nnpm: StartNnpm) -> TestClient:
+    return nnpm(config_for(tmp_path))
 
 
 def b64(data: bytes) -> str:
@@ -94,19 +92,40 @@ def test_upload_refusals_name_the_field_and_store_nothing(client: TestClient, tm
     assert client.get("/api/floorplan/image").status_code == 404
 
 
-def test_local_tiles_are_served_by_nnpm(tmp_path: Path) -> None:
+def test_an_image_declaring_more_pixels_than_a_browser_should_decode_is_refused(
+    client: TestClient, tmp_path: Path
+) -> None:
+    # 100 megapixels declared in 45 bytes: read from the header, nothing decoded, refused naming the size
+    answer = client.put(
+        "/api/floorplan/image", json={"content_type": "image/png", "data": b64(png_header(10_000, 10_000))}
+    )
+    assert answer.status_code == 413, answer.text
+    (error,) = answer.json()["errors"]
+    assert error["path"] == "data" and "10000 x 10000 px is 100.0 megapixels" in error["message"]
+    assert "at most 50 megapixels" in error["message"]
+    assert (
+        list(tmp_path.glob("inv.floorplan.*")) == [] and client.get("/api/floorplan/image").status_code == 404
+    )
+    # 50 megapixels exactly is a plan a browser can show
+    fits = client.put(
+        "/api/floorplan/image", json={"content_type": "image/png", "data": b64(png_header(10_000, 5_000))}
+    )
+    assert fits.status_code == 200, fits.text
+
+
+def test_local_tiles_are_served_by_nnpm(tmp_path: Path, nnpm: StartNnpm) -> None:
     tiles = tmp_path / "tiles"
     (tiles / "3" / "4").mkdir(parents=True)
     (tiles / "3" / "4" / "2.png").write_bytes(png(2, 2))
-    with client_for(tmp_path, str(tiles)) as client:
-        assert client.get("/api/config").json()["tiles"] == "/tiles/{z}/{x}/{y}.png"
-        assert client.get("/api/nodes").json()["map"]["mode"] == "tiles"
-        assert client.get("/tiles/3/4/2.png").content == png(2, 2)
-        assert client.get("/tiles/3/4/3.png").status_code == 404
+    client = nnpm(config_for(tmp_path, str(tiles)))
+    assert client.get("/api/config").json()["tiles"] == "/tiles/{z}/{x}/{y}.png"
+    assert client.get("/api/nodes").json()["map"]["mode"] == "tiles"
+    assert client.get("/tiles/3/4/2.png").content == png(2, 2)
+    assert client.get("/tiles/3/4/3.png").status_code == 404
     mbtiles = tmp_path / "t.mbtiles"
     with sqlite3.connect(mbtiles) as db:
         db.execute("CREATE TABLE tiles (zoom_level INT, tile_column INT, tile_row INT, tile_data BLOB)")
         db.execute("INSERT INTO tiles VALUES (3, 4, 5, ?)", (png(3, 3),))  # TMS row 5 = XYZ row 7 - 5 = 2
-    with client_for(tmp_path, str(mbtiles)) as client:
-        assert client.get("/tiles/3/4/2.png").content == png(3, 3)
-        assert client.get("/tiles/3/4/5.png").status_code == 404
+    client = nnpm(config_for(tmp_path, str(mbtiles)))
+    assert client.get("/tiles/3/4/2.png").content == png(3, 3)
+    assert client.get("/tiles/3/4/5.png").status_code == 404

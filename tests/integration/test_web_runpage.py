@@ -18,10 +18,11 @@ from dit.optimise.api import optimise_run
 from dit.report import units
 from dit.rundir import RunDir, write_json
 from dit.web import runs as runs_mod
-from dit.web.app import WebConfig, create_app
+from dit.web.app import WebConfig
 from dit.web.benchmark import PROFILING_FIELDS, benchmark_document
 from dit.web.plots import TIME_AXIS, monitor_axis, monitors_figure
 from tests.conftest import REPO
+from tests.integration.conftest import StartNnpm
 from tests.integration.test_web_api import finished_run
 
 SCENARIO = {
@@ -34,7 +35,7 @@ SCENARIO = {
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> Iterator[tuple[TestClient, RunDir]]:
+def client(tmp_path: Path, nnpm: StartNnpm) -> Iterator[tuple[TestClient, RunDir]]:
     run = finished_run(tmp_path / "runs")
     status = json.loads((run.path / "status.json").read_text("utf-8"))
     # written alphabetically, as json.dump(sort_keys=True) would
@@ -46,8 +47,7 @@ def client(tmp_path: Path) -> Iterator[tuple[TestClient, RunDir]]:
     config = WebConfig(
         inventory=tmp_path / "inventory.yml", runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios"
     )
-    with TestClient(create_app(config), base_url="http://127.0.0.1") as test_client:
-        yield test_client, run
+    yield nnpm(config), run
 
 
 def key(run: RunDir) -> str:

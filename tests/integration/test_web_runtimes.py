@@ -16,8 +16,9 @@ import yaml
 from fastapi.testclient import TestClient
 
 from dit.runtimes import registry
-from dit.web.app import WebConfig, create_app
+from dit.web.app import WebConfig
 from tests.conftest import REPO, install_fixture_package
+from tests.integration.conftest import StartNnpm
 
 LOOPBACK = {"host": "127.0.0.1"}
 
@@ -35,7 +36,9 @@ def runtime_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def client(tmp_path: Path, runtime_site: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+def client(
+    tmp_path: Path, runtime_site: Path, monkeypatch: pytest.MonkeyPatch, nnpm: StartNnpm
+) -> Iterator[TestClient]:
     # the echo plug-in, found through its entry point, as an installed package would be
     monkeypatch.syspath_prepend(str(runtime_site))
     registry.reset()
@@ -70,8 +73,7 @@ def client(tmp_path: Path, runtime_site: Path, monkeypatch: pytest.MonkeyPatch) 
     config = WebConfig(
         inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios", probe="off"
     )
-    with TestClient(create_app(config), base_url="http://127.0.0.1") as test_client:
-        yield test_client
+    yield nnpm(config)
     registry.reset()
 
 

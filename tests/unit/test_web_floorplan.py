@@ -30,6 +30,16 @@ def png(width: int, height: int) -> bytes:
     )
 
 
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that only declares its size: signature, IHDR, IEND (no pixels, a few bytes whatever the size)."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    chunks = [(b"IHDR", ihdr), (b"IEND", b"")]
+    body = b"".join(
+        struct.pack(">I", len(d)) + k + d + struct.pack(">I", zlib.crc32(k + d)) for k, d in chunks
+    )
+    return b"\x89PNG\r\n\x1a\n" + body
+
+
 def jpeg_header(width: int, height: int) -> bytes:
     """The start of a baseline JPEG: SOI, an APP0 segment, then SOF0 with the size."""
     app0 = b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
@@ -68,6 +78,9 @@ def test_upload_accepts_a_png_and_a_data_url() -> None:
         (upload(png(4, 4)[:20]), "data", 422),
         ({"content_type": "image/png", "data": "A" * (MAX_BYTES // 3 * 4 + 400)}, "data", 413),
         (upload(jpeg_header(30_000, 10), "image/jpeg"), "data", 422),
+        # within 20000 px a side, but 100 megapixels (400 MB of RGBA) for the browser to decode
+        (upload(png_header(10_000, 10_000)), "data", 413),
+        (upload(jpeg_header(8_000, 7_000), "image/jpeg"), "data", 413),
     ],
 )
 def test_upload_refusals_name_the_field(body: dict[str, Any], field: str, status: int) -> None:

@@ -1,6 +1,6 @@
 """The NNPM application: the routers of :mod:`dit.web.routes` over the testbed's own code, the page.
 
-The security rules (token, loopback, Origin) are :mod:`dit.web.security`'s middleware.
+The security rules (token, loopback, Origin, body size and type) are :mod:`dit.web.security`'s middleware.
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import secrets
+import os
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from dit.analysis.delay import OBJECTIVES
+from dit.web import floorplan
 from dit.web import runs as runs_mod
 from dit.web.nodes import Inventory, NodeError
 from dit.web.probe import ProbeLoop, Target
@@ -28,10 +30,13 @@ from dit.web.routes import runtimes as runtimes_routes
 from dit.web.routes import scenarios as scenarios_routes
 from dit.web.routes.common import Context, Ctx
 from dit.web.runtimes import Actions
-from dit.web.security import Guard, is_loopback
+from dit.web.security import TOKEN_ENV, Guard, is_loopback, new_token, token_problem
 from dit.web.store import Store
 
 STATIC = Path(__file__).resolve().parent / "static"
+# twice the largest floor-plan image: room for its base64 (4/3 of it) and the JSON around it; no other
+# body comes near
+MAX_BODY_BYTES = 2 * floorplan.MAX_BYTES
 
 
 @dataclass
@@ -45,7 +50,8 @@ class WebConfig:
     tiles_attribution: str = "© OpenStreetMap contributors"
     probe: str = "auto"
     db: Path | None = None  # default: <runs_dir>/.nnpm/nnpm.sqlite
-    token: str | None = None  # required when host is not loopback
+    token: str | None = None  # None: a random one per start, unless no_token
+    no_token: bool = False  # loopback only: every local user can then drive NNPM
     map_center: tuple[float, float] = (37.9838, 23.7275)  # Athens
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -54,8 +60,25 @@ class WebConfig:
         return not is_loopback(self.host)
 
     def ensure_token(self) -> str | None:
-        if self.exposed and not self.token:
-            self.token = secrets.token_urlsafe(24)
+        """The token every request needs (made here when none is given); None with ``no_token``.
+
+        :class:`ValueError` naming the option when ``no_token`` is asked for on a non-loopback bind, or
+        with a token, or when the given token is unfit.
+        """
+        if self.no_token:
+            if self.exposed:
+                raise ValueError(
+                    f"--no-token: NNPM bound to {self.host} would be open to the network; "
+                    "it is only for a loopback --host (127.0.0.1, ::1)"
+                )
+            if self.token:
+                raise ValueError(f"--no-token: {TOKEN_ENV} gives a token as well; unset one of them")
+            return None
+        if self.token is None:
+            self.token = new_token()
+        problem = token_problem(self.token)
+        if problem:
+            raise ValueError(f"{TOKEN_ENV}: {problem}")
         return self.token
 
 
@@ -110,7 +133,14 @@ def create_app(config: WebConfig) -> FastAPI:
 
     app = FastAPI(title="NNPM", lifespan=lifespan, docs_url="/api/docs", openapi_url="/api/openapi.json")
     app.state.ctx = ctx
-    app.add_middleware(Guard, token=token, tiles=nodes_routes.page_tiles(config.tiles))
+    app.add_middleware(
+        Guard,
+        token=token,
+        loopback=not config.exposed,
+        port=config.port,
+        max_body_bytes=MAX_BODY_BYTES,
+        tiles=nodes_routes.page_tiles(config.tiles),
+    )
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.mount("/vendor/leaflet", StaticFiles(directory=leaflet_dir()), name="leaflet")
     app.add_exception_handler(NodeError, node_error)  # type: ignore[arg-type]
@@ -156,14 +186,34 @@ def get_config(ctx: Ctx) -> dict[str, Any]:
     }
 
 
+def what_no_token_gives_up() -> str:
+    """The one line ``--no-token`` prints: who can then drive NNPM, with whose rights."""
+    rights = (
+        "as root, since it runs as root" if os.geteuid() == 0 else f"with the rights of uid {os.geteuid()}"
+    )
+    return (
+        "NNPM: --no-token: any local user of this machine can drive NNPM (start runs, runtime actions, "
+        f"edit the inventory) {rights}"
+    )
+
+
 def serve(config: WebConfig) -> None:
-    """Run NNPM with uvicorn until interrupted; prints the address (and the token, when exposed)."""
+    """Run NNPM with uvicorn until interrupted; prints the address with the token (or what --no-token gives up).
+
+    :class:`ValueError` (from :meth:`WebConfig.ensure_token`) before anything starts.
+    """
     import uvicorn
 
     token = config.ensure_token()
     app = create_app(config)
-    where = f"http://{config.host}:{config.port}/"
+    host = f"[{config.host}]" if ":" in config.host and not config.host.startswith("[") else config.host
+    where = f"http://{host}:{config.port}/"
     print(f"NNPM: {where}" + (f"?token={token}" if token else ""), flush=True)
-    if token:
-        print(f"NNPM: bound to {config.host}: every request needs the token {token}", flush=True)
+    if token is None:
+        print(what_no_token_gives_up(), file=sys.stderr, flush=True)
+    elif config.exposed:
+        print(
+            f"NNPM: bound to {config.host}: reachable from the network; every request needs the token",
+            flush=True,
+        )
     uvicorn.run(app, host=config.host, port=config.port, log_level="warning", ws="websockets-sansio")

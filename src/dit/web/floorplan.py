@@ -1,7 +1,8 @@
 """The floor plan: an image of the room the testbed stands in, its scale, and nodes placed on it.
 
 A lab rack needs no world map. Without a tile layer (``dit web`` without ``--tiles``) NNPM's map is a
-floor plan: an uploaded PNG or JPEG (at most :data:`MAX_BYTES`), shown with Leaflet's simple CRS in
+floor plan: an uploaded PNG or JPEG (at most :data:`MAX_BYTES`, :data:`MAX_SIDE` pixels a side and
+:data:`MAX_PIXELS` pixels, read from its header without decoding it), shown with Leaflet's simple CRS in
 image pixels. Its scale comes from two points marked on it and the distance between them in metres;
 node positions are image pixels (``x`` right, ``y`` down from the top-left corner), so a new scale
 moves no node and changes every distance. Before an image is uploaded the plan is a blank sheet of
@@ -26,6 +27,8 @@ from dit.web.nodes import NodeError
 
 MAX_BYTES = 8 * 1024 * 1024  # the largest image accepted
 MAX_SIDE = 20_000  # pixels, either side
+# what a browser is asked to decode: 8 MiB of PNG can declare 100 megapixels (400 MB of RGBA once decoded)
+MAX_PIXELS = 50_000_000
 DEFAULT_SIZE = (1000, 700)  # the blank sheet before an image is uploaded
 TYPES = {"image/png": ".png", "image/jpeg": ".jpg"}
 VAR = "dit_floorplan"
@@ -68,8 +71,9 @@ def image_size(data: bytes) -> tuple[str, int, int]:
 def decode_upload(body: Mapping[str, Any]) -> tuple[bytes, str, int, int]:
     """An upload ``{content_type, data: base64}`` as ``(bytes, suffix, width, height)``, checked.
 
-    The declared type must be PNG or JPEG and match the bytes; the image at most :data:`MAX_BYTES`
-    and :data:`MAX_SIDE` pixels a side. Errors name the field (``content_type`` or ``data``).
+    The declared type must be PNG or JPEG and match the bytes; the image at most :data:`MAX_BYTES`,
+    :data:`MAX_SIDE` pixels a side and :data:`MAX_PIXELS` pixels, as its header declares (nothing is
+    decoded). Errors name the field (``content_type`` or ``data``).
     """
     declared = body.get("content_type")
     if declared not in TYPES:
@@ -94,6 +98,13 @@ def decode_upload(body: Mapping[str, Any]) -> tuple[bytes, str, int, int]:
         raise NodeError("content_type", f"declared {declared} but the data is {kind}", 415)
     if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
         raise NodeError("data", f"{width} x {height} px: each side must be 1 to {MAX_SIDE} px")
+    if width * height > MAX_PIXELS:
+        raise NodeError(
+            "data",
+            f"{width} x {height} px is {width * height / 1e6:.1f} megapixels: at most "
+            f"{MAX_PIXELS / 1e6:g} megapixels (a browser decodes every pixel); scale the plan down",
+            413,
+        )
     return data, TYPES[kind], width, height
 
 

@@ -1,7 +1,13 @@
-// Small helpers shared by the page's modules: JSON requests with the NNPM token, WebSocket URLs.
+// Small helpers shared by the page's modules: JSON requests, WebSocket URLs.
+// The page is opened as /?token=…; that answer set the token as an HttpOnly cookie, which every request
+// and WebSocket of the page then carries. No script reads the token: it leaves the address bar (and the
+// history, and any Referer) here.
 const params = new URLSearchParams(location.search);
-if (params.get("token")) sessionStorage.setItem("nnpm-token", params.get("token"));
-const token = () => sessionStorage.getItem("nnpm-token");
+if (params.has("token")) {
+  params.delete("token");
+  const rest = params.toString();
+  history.replaceState(history.state, "", location.pathname + (rest ? `?${rest}` : "") + location.hash);
+}
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -14,7 +20,6 @@ export class ApiError extends Error {
 
 export async function api(path, { method = "GET", body } = {}) {
   const headers = {};
-  if (token()) headers["X-NNPM-Token"] = token();
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   const text = await response.text();
@@ -28,7 +33,6 @@ export function wsUrl(path, query = {}) {
   const url = new URL(path, location.href);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
   for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== null) url.searchParams.set(k, v);
-  if (token()) url.searchParams.set("token", token());
   return url.toString();
 }
 
