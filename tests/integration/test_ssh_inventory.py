@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,13 @@ def rack_inventory(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     reason = _usable()
     if reason:
         pytest.skip(reason)
-    state_dir = tmp_path / "rack"
+    # Not under tmp_path: sshd (StrictModes) takes the rack's keys only below directories that are
+    # root's alone, and /tmp is world-writable (docs/rack.md).
+    base = Path("/var/lib/dit/tests")
+    base.mkdir(parents=True, exist_ok=True)
+    for directory in (base.parent, base):
+        directory.chmod(0o755)
+    state_dir = Path(tempfile.mkdtemp(prefix="tssh-", dir=base)) / "rack"
     up = [
         *DIT,
         "rack",
@@ -75,6 +82,7 @@ def rack_inventory(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     finally:
         down = [*DIT, "rack", "down", "--state-dir", str(state_dir)]
         subprocess.run(down, cwd=REPO, env=dit_env(), capture_output=True, timeout=300)
+        shutil.rmtree(state_dir.parent, ignore_errors=True)
 
 
 def test_stages_run_over_ssh_across_namespaces(
