@@ -24,7 +24,10 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 StateDir = Annotated[
     Path,
     typer.Option(
-        "--state-dir", envvar="DIT_RACK_DIR", help="The rack's journal, keys, node trees and inventory."
+        "--state-dir",
+        envvar="DIT_RACK_DIR",
+        help="The rack's journal, keys, node trees and inventory: root's alone, below directories only "
+        "root can write (not /tmp; docs/rack.md).",
     ),
 ]
 
