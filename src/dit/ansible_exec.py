@@ -20,8 +20,8 @@ from typing import Any
 
 import ansible_runner
 import jinja2
-import yaml
 
+from dit.ansible_data import unsafe_yaml
 from dit.paths import content_root
 
 RESULT_EVENTS = {
@@ -117,41 +117,6 @@ def render_playbook(stage: str, dest_dir: Path, context: Mapping[str, Any]) -> P
     dest = dest_dir / f"{stage}.yml"
     dest.write_text(template.render(**context), encoding="utf-8")
     return dest
-
-
-class _UnsafeDumper(yaml.SafeDumper):
-    """YAML whose strings that could hold a template are tagged ``!unsafe``: Ansible loads them as text
-    it never templates."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-# Jinja's delimiters ({{ {% {#) all open with "{"; "%" and "#" are kept for a template whose delimiters
-# were changed. ansible-core 2.19 resolves the type of a "!unsafe" scalar as if it were plain, quotes or
-# not ('000…0' becomes the integer 0, 'yes' True), so a string that cannot be a template goes untagged
-# and quoted as any string, and keeps its type; one holding these characters resolves to a string.
-_TEMPLATE_CHARS = frozenset("{%#")
-
-
-def _represent_unsafe(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
-    if _TEMPLATE_CHARS.isdisjoint(text):
-        return dumper.represent_str(text)
-    return dumper.represent_scalar("!unsafe", text, style="'" if "\n" not in text else "|")
-
-
-_UnsafeDumper.add_representer(str, _represent_unsafe)
-
-
-def unsafe_yaml(data: Any) -> str:
-    """``data`` (JSON-shaped) as YAML with every string that could hold a template, keys included,
-    tagged ``!unsafe``.
-
-    Values are normalised through JSON first (tuples become lists), as ansible-runner's own
-    command-line extra vars were, so that what Ansible sees is exactly what was meant.
-    """
-    plain = json.loads(json.dumps(data, default=str))
-    return yaml.dump(plain, Dumper=_UnsafeDumper, sort_keys=False, allow_unicode=True, width=1 << 16)
 
 
 def write_extravars(private_dir: Path, extravars: Mapping[str, Any]) -> Path:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dit.ansible_data import load_unsafe_yaml, unsafe_yaml
 from dit.lease import local_lease_dir
 from dit.localmode import (
     LOCAL_CPU_SHARE_ENV,
@@ -28,6 +29,8 @@ from dit.localmode import (
 from dit.rundir import DRIVER, RunDir, read_json
 
 EDGE = "edge"
+LOCAL_INVENTORY = "inventory.yml"  # local mode's generated inventory, in the run directory
+OLD_LOCAL_INVENTORY = "inventory.json"  # its name (plain JSON) before it was written unsafe
 DEFAULT_REMOTE_BASE = "/var/tmp/dit"  # where run directories are made on a node (dit_remote_base)
 
 
@@ -137,8 +140,9 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
             },
         }
     }
-    path = run_dir / "inventory.json"
-    path.write_text(json.dumps(inventory, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    # paths under the runs directory are the user's text: written unsafe, never rendered by Ansible
+    path = run_dir / LOCAL_INVENTORY
+    path.write_text(unsafe_yaml(inventory), encoding="utf-8")
     # as ansible-inventory reports a user inventory's: the group's variables merged into each host's
     hostvars = {host: {**common, **values} for host, values in {EDGE: edge_vars, **device_vars}.items()}
     return RunInventory(str(path), True, EDGE, devices, "127.0.0.1", hostvars)
@@ -238,12 +242,15 @@ def inventory_of(run: RunDir) -> RunInventory:
     info = read_json(run.path / DRIVER)
     scenario = _run_devices(run)
     if info.get("local", True):
-        data = json.loads((run.path / "inventory.json").read_text(encoding="utf-8"))
+        path = run.path / LOCAL_INVENTORY
+        if not path.exists() and (run.path / OLD_LOCAL_INVENTORY).exists():
+            path = run.path / OLD_LOCAL_INVENTORY  # a run made before the inventory was written unsafe
+        data = load_unsafe_yaml(path.read_text(encoding="utf-8"))
         children = data["all"]["children"]
         common = data["all"].get("vars", {})
         hosts = {**children["edge"]["hosts"], **children["devices"]["hosts"]}
         hostvars = {host: {**common, **values} for host, values in hosts.items()}
-        return RunInventory(str(run.path / "inventory.json"), True, EDGE, scenario, "127.0.0.1", hostvars)
+        return RunInventory(str(path), True, EDGE, scenario, "127.0.0.1", hostvars)
     return load_inventory(str(info["inventory"]), scenario)
 
 

@@ -48,7 +48,7 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(
         "journal.jsonl",
         "run.log",
         "status.json",
-        "inventory.json",
+        "inventory.yml",
     ):
         assert (run_dir / name).is_file(), name
     for host in ("edge", "device1", "device2"):

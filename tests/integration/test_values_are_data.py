@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +73,12 @@ def test_scenario_strings_stay_literal_in_a_run_and_a_dry_run(tmp_path: Path) ->
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert not [m for m in markers if m.exists()], "a dry run rendered a scenario value as a template"
 
-    runs = tmp_path / "runs"
+    # the runs directory is the user's text too: local mode's inventory holds paths below it
+    markers.append(tmp_path / "planted-runs-dir")
+    runs = tmp_path / ("r" + plant(markers[-1]))
     done = dit("run", str(scenario), "--runs-dir", str(runs), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert not [m for m in markers if m.exists()], "a run rendered a scenario value as a template"
+    assert not [m for m in markers if m.exists()], "a run rendered a user's value as a template"
     (run,) = (runs / "values_are_data").iterdir()
     # every stage's extra variables: the planted strings are there, written unsafe, as the user wrote them
     params = yaml.safe_load((run / "scenario.yaml").read_text(encoding="utf-8"))["model"]["params"]
@@ -188,3 +191,44 @@ def test_a_scenario_from_nnpm_stays_literal_in_its_dry_run(tmp_path: Path, nnpm:
     assert dry.status_code == 200, dry.text
     assert dry.json()["ok"] is True, dry.json().get("log_tail", "")[-2000:]
     assert not [m for m in markers if m.exists()], "an NNPM dry run rendered a scenario value as a template"
+
+
+def test_a_board_fact_typed_in_nnpm_stays_literal_when_a_playbook_reads_the_inventory(tmp_path: Path) -> None:
+    """NNPM writes the node's fields into the user's inventory: unsafe, while the user's own templates
+    in the same file stay templates."""
+    from dit.web.nodes import Inventory, check_node
+
+    marker = Path(tempfile.mkdtemp(prefix="dit-")) / "b"  # short: a board fact is at most 100 characters
+    path = tmp_path / "inventory.yml"
+    path.write_text(
+        yaml.safe_dump({"all": {"vars": {"mine": "{{ 40 + 2 }}"}, "children": {"edge": {"hosts": {}}}}}),
+        "utf-8",
+    )
+    inventory = Inventory(path)
+    node = check_node({"name": "device1", "address": "127.0.0.1", "lat": 1.0, "lon": 2.0,
+                       "board": {"model": "Pi " + plant(marker)}})  # fmt: skip
+    inventory.upsert(node, create=True)
+    inventory.upsert({**node, "lat": 3.0}, create=False)  # written again: still unsafe
+    playbook = tmp_path / "read.yml"
+    playbook.write_text(
+        yaml.safe_dump([{"hosts": "device1", "gather_facts": False, "tasks": [
+            {"ansible.builtin.debug": {"msg": "{{ dit_board.model }}|{{ mine }}"}}]}]),
+        "utf-8",
+    )  # fmt: skip
+    done = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(path),
+            str(playbook),
+            "-c",
+            "local",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not marker.exists(), "a board fact from NNPM was rendered as a template"
+    assert json.dumps("Pi " + plant(marker) + "|42")[1:-1] in done.stdout, done.stdout

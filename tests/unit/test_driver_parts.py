@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import json
 import shutil
 import sys
 import tarfile
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dit.ansible_data import load_unsafe_yaml
 from dit.ansible_exec import render_playbook
 from dit.driver import Driver, RunOptions, StageFailed, extract_collected
 from dit.inventory import local_inventory
@@ -30,7 +30,7 @@ def test_local_inventory_has_edge_and_devices_with_fake_sysfs(tmp_path: Path) ->
     inv = local_inventory(tmp_path, ("device1", "device2"))
     assert inv.local and inv.edge_host == "edge" and inv.hosts == ("edge", "device1", "device2")
     assert inv.limit == "edge:device1:device2"
-    data = json.loads(Path(inv.source).read_text())
+    data = load_unsafe_yaml(Path(inv.source).read_text())
     assert data["all"]["vars"]["ansible_connection"] == "local"
     assert set(data["all"]["children"]["devices"]["hosts"]) == {"device1", "device2"}
     sysfs = Path(inv.hostvars["device1"]["sysfs_root"])

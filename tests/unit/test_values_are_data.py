@@ -13,7 +13,8 @@ import pytest
 from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
-from dit.ansible_exec import unsafe_yaml, write_extravars
+from dit.ansible_data import unsafe_yaml
+from dit.ansible_exec import write_extravars
 from dit.runtimes import ops, registry
 from dit.runtimes.base import Action, ActionPlan, Runtime
 

@@ -19,7 +19,15 @@ from jsonschema import Draft202012Validator
 
 from dit.ansible_exec import HostEvent, StageOutcome, run_playbook
 from dit.inventory import RunInventory, load_inventory, local_inventory
-from dit.runtimes.base import CHECK_PREFIX, Action, CheckResult, NodeReadiness, ReadinessPlan, Runtime
+from dit.runtimes.base import (
+    CHECK_PREFIX,
+    Action,
+    ActionPlan,
+    CheckResult,
+    NodeReadiness,
+    ReadinessPlan,
+    Runtime,
+)
 from dit.scenario.errors import FieldError
 
 EventSink = Callable[[HostEvent], None]
@@ -314,8 +322,11 @@ def install_plays(
     mirror_url: str | None,
     local: bool,
     sources_file: Path | None = None,
-) -> list[dict[str, Any]]:
+) -> ActionPlan:
     """The plays of ``dit runtimes install``: ``roles/runtime_env`` with the runtime's declared pin.
+
+    The role's variables (paths and a URL a user gave) are the plan's extra variables, written unsafe,
+    not the play's ``vars:``, which Ansible would render as templates.
 
     Refused (:class:`InstallError`) when the sources file does not declare the runtime or the mirror
     directory holds no build of it at that pin.
@@ -351,7 +362,7 @@ def install_plays(
         role_vars["runtime_env_mirror_url"] = mirror_url
     if local:  # the nodes are this machine: its interpreter and architecture
         role_vars |= {"runtime_env_python": sys.executable, "runtime_env_arch": host_arch()}
-    return [
+    plays = [
         {
             "name": f"Install the runtime {runtime} at {env.pin[:12]} into its venv",
             "hosts": "all",
@@ -360,11 +371,11 @@ def install_plays(
                 {
                     "name": "Apply the runtime_env role",
                     "ansible.builtin.include_role": {"name": "runtime_env"},
-                    "vars": role_vars,
                 }
             ],
         }
     ]
+    return ActionPlan(plays=plays, extravars=role_vars)
 
 
 def install(
@@ -378,15 +389,15 @@ def install(
 ) -> StageOutcome:
     """Install ``runtime`` at its declared pin into its venv on every node (local mode: once, on this
     machine, whose nodes share one runtimes directory)."""
-    plays = install_plays(runtime, mirror_dir, mirror_url, inventory.local, sources_file)
-    playbook = _write_plays(plays, workdir / "project" / "install.yml")
+    plan = install_plays(runtime, mirror_dir, mirror_url, inventory.local, sources_file)
+    playbook = _write_plays(plan.plays, workdir / "project" / "install.yml")
     return run_playbook(
         f"{runtime} install",
         playbook,
         workdir / "ansible",
         inventory.source,
         inventory.edge_host if inventory.local else inventory.limit,
-        {},
+        dict(plan.extravars),
         on_event,
         forks=max(5, len(inventory.hosts)),
     )

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dit.ansible_data import UnsafeText, load_unsafe_yaml, marked_yaml
 from dit.inventory import InventoryError, list_inventory
 from dit.web.topology import Point
 
@@ -200,7 +199,8 @@ class Inventory:
     def _load(self) -> dict[str, Any]:
         if not self.path.exists():
             return {"all": {"children": {"edge": {"hosts": {}}, "devices": {"hosts": {}}}}}
-        data = yaml.safe_load(self.path.read_text(encoding="utf-8")) or {}
+        # load_unsafe_yaml: the values NNPM wrote unsafe stay so when the file is written again
+        data = load_unsafe_yaml(self.path.read_text(encoding="utf-8")) or {}
         if not isinstance(data, dict):
             raise NodeError(
                 "inventory", f"{self.path}: not a YAML inventory (top level is not a mapping)", 500
@@ -271,7 +271,7 @@ class Inventory:
     def _save(self, data: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+        text = marked_yaml(data, sort_keys=False, default_flow_style=False)
         tmp.write_text(HEADER + text, encoding="utf-8")
         os.replace(tmp, self.path)
 
@@ -323,7 +323,8 @@ class Inventory:
             group_hosts = self._group(data, GROUP_OF[node["role"]])
             other = self._group(data, GROUP_OF["device" if node["role"] == "edge" else "edge"])
             other.pop(name, None)
-            hv["ansible_host"] = node["address"]
+            # what a request gave is data: written unsafe (UnsafeText), never an Ansible template
+            hv["ansible_host"] = UnsafeText(node["address"])
             for key, var in (
                 ("lat", "dit_lat"),
                 ("lon", "dit_lon"),
@@ -333,11 +334,13 @@ class Inventory:
                 if key in node:  # a position in one view keeps the node's place in the other
                     hv[var] = node[key]
             if node.get("inference_address"):
-                hv["dit_inference_address"] = node["inference_address"]
+                hv["dit_inference_address"] = UnsafeText(node["inference_address"])
             else:
                 hv.pop("dit_inference_address", None)
             if node.get("board"):
-                hv["dit_board"] = dict(node["board"])
+                hv["dit_board"] = {
+                    k: UnsafeText(v) if isinstance(v, str) else v for k, v in node["board"].items()
+                }
             else:
                 hv.pop("dit_board", None)
             for hosts in places:
