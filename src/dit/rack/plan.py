@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dit.ansible_data import unsafe_yaml
 from dit.conditions.cpu_share import period_us, quota_us
 
 #: The rack's inference network: private test addresses on a bridge inside this machine.
@@ -504,7 +503,8 @@ def inventory_yaml(
     header = (
         f"# The emulated rack in {spec.state_dir} (written by `dit rack up`; `dit rack down` removes it).\n"
     )
-    return header + yaml.safe_dump(inventory(spec, python, netem_dry_run, layout), sort_keys=False)
+    # the state dir's path (a user's text) is in the keys' and configs' paths: written unsafe (data)
+    return header + unsafe_yaml(inventory(spec, python, netem_dry_run, layout))
 
 
 # -- what a rack may undo, and what a new rack must not meet --------------------------------------
