@@ -215,6 +215,9 @@ def _build_runtimes(
     if unknown:
         raise BuildError(f"runtime(s) {', '.join(unknown)} not declared in the sources file")
     archs = options.archs or tuple(locks.PLATFORMS)
+    # the runtimes' build backends (setuptools, wheel) from the mirror's own pinned wheels for this
+    # machine, built in the wheels step before this one: nothing of dit's environment is needed
+    backend_wheels = options.out / "wheels" / host_arch()
     done: list[str] = []
     for src in declared:
         if wanted and src.name not in wanted:
@@ -227,7 +230,9 @@ def _build_runtimes(
             return repo
 
         try:
-            built = runtimes.build_runtime(src, options.out, archs, log, clone if src.git else None)
+            built = runtimes.build_runtime(
+                src, options.out, archs, log, clone if src.git else None, backend_wheels
+            )
         except (runtimes.RuntimeSourceError, sources.SourcesError) as exc:
             raise BuildError(str(exc)) from exc
         prefix = built.directory.relative_to(options.out).as_posix() + "/"

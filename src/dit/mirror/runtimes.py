@@ -16,9 +16,10 @@ The **pin** is the commit (git) or the SHA-256 of the directory's files (path); 
 runtime into ``<runtimes dir>/<name>-<pin[:12]>`` (``roles/runtime_env``). At mirror-build time a git
 runtime is cloned bare into ``sources/<name>.git`` (:mod:`dit.mirror.sources`), its pinned commit is
 exported into a temporary tree, and the tree is built into a wheel with ``pip wheel --no-deps
---no-build-isolation --no-index`` (the build backend comes from the builder's environment, nothing is
-downloaded); ``SOURCE_DATE_EPOCH`` is the commit's time (0 for a directory), so a rebuild gives the same
-bytes. The mirror then holds, per runtime and pin::
+--no-index``, its declared build requirements (the build backend) installed in pip's isolated build
+environment from the mirror's own wheels of this machine's architecture (nothing is downloaded; without
+those wheels, from the builder's environment); ``SOURCE_DATE_EPOCH`` is the commit's time (0 for a
+directory), so a rebuild gives the same bytes. The mirror then holds, per runtime and pin::
 
     runtimes/<name>-<pin12>/<wheel>                 the runtime's wheel (pure Python)
     runtimes/<name>-<pin12>/requirements-<arch>.txt its lock plus the wheel's own line, every line hashed
@@ -38,6 +39,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,21 +244,85 @@ def export_commit(bare: Path, commit: str, dest: Path) -> int:
     return int(when.stdout.strip())
 
 
-def build_wheel(tree: Path, dest: Path, epoch: int, log: Callable[[str], None]) -> Path:
-    """``pip wheel --no-deps --no-build-isolation --no-index`` of ``tree`` into ``dest``: the wheel."""
+def build_requires(tree: Path) -> list[str]:
+    """The build requirements ``tree``'s ``pyproject.toml`` declares (PEP 518's default without one)."""
+    try:
+        doc: Any = tomllib.loads((tree / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        doc = {}
+    requires = doc.get("build-system", {}).get("requires") if isinstance(doc, dict) else None
+    if not isinstance(requires, list):
+        return ["setuptools>=40.8.0"]
+    return [str(r) for r in requires]
+
+
+def _pip_wheel(argv_tail: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--no-index", "--progress-bar", "off",
+            *argv_tail]  # fmt: skip
+    return subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+
+
+def build_wheel(
+    tree: Path,
+    dest: Path,
+    epoch: int,
+    log: Callable[[str], None],
+    backend_wheels: Path | None = None,
+) -> Path:
+    """``pip wheel --no-deps --no-index`` of ``tree`` into ``dest``: the wheel.
+
+    The build requirements ``tree`` declares (its build backend, e.g. ``setuptools>=70.1``) come from
+    ``backend_wheels`` (the mirror's own wheels of this machine's architecture: the locks pin setuptools
+    and wheel) in pip's isolated build environment, offline: the build needs nothing of dit's own
+    environment, which a plain install (``pip install dit[web]``) leaves without a setuptools that has
+    ``bdist_wheel``. Without such wheels (or when they lack a requirement), the builder's environment
+    serves (``--no-build-isolation``), as before.
+    """
     dest.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "--isolated", "wheel", "--no-deps", "--no-build-isolation",
-            "--no-index", "--progress-bar", "off", "--wheel-dir", str(dest), str(tree)]  # fmt: skip
     env = {**pip_env(), "SOURCE_DATE_EPOCH": str(max(epoch, 315532800))}  # zip cannot store before 1980
-    log(f"runtimes: pip wheel {tree}")
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    tail = ["--wheel-dir", str(dest), str(tree)]
+    proc: subprocess.CompletedProcess[str] | None = None
+    if backend_wheels is not None and any(backend_wheels.glob("*.whl")):
+        log(f"runtimes: pip wheel {tree} (build requirements from {backend_wheels})")
+        proc = _pip_wheel(["--find-links", str(backend_wheels), *tail], env)
+        if proc.returncode != 0 and "No matching distribution found" in proc.stdout + proc.stderr:
+            log(
+                f"runtimes: {backend_wheels} lacks a build requirement of {tree}; building with this environment's"
+            )
+            proc = None
+    if proc is None:
+        log(f"runtimes: pip wheel {tree}")
+        proc = _pip_wheel(["--no-build-isolation", *tail], env)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise RuntimeSourceError(f"pip wheel of {tree} failed:\n{tail}")
+        output = (proc.stdout or "") + (proc.stderr or "")
+        last = "\n".join(output.strip().splitlines()[-15:])
+        hint = ""
+        if any(sign in output for sign in _BACKEND_MISSING):
+            requires = ", ".join(build_requires(tree))
+            hint = (
+                f"\nThe build requirements of {tree.name} ({requires}) are missing: build the mirror's wheels "
+                "first (mirror/build without --skip-wheels: the locks pin setuptools and wheel, and the "
+                "runtimes are built with them), or install them into dit's environment "
+                f"(pip install {' '.join(repr(r) for r in build_requires(tree))}; the dev extra has them: "
+                "pip install -e '.[dev]')"
+            )
+        raise RuntimeSourceError(f"pip wheel of {tree} failed:\n{last}{hint}")
     built = sorted(dest.glob("*.whl"))
     if len(built) != 1:
         raise RuntimeSourceError(f"pip wheel of {tree} left {len(built)} wheels, expected one")
     return built[0]
+
+
+#: What pip or the backend prints when the build backend is absent or too old to build wheels.
+_BACKEND_MISSING = (
+    "invalid command 'bdist_wheel'",
+    "BackendUnavailable",
+    "backend-unavailable",
+    "Cannot import build backend",
+    "No module named 'setuptools'",
+    "Cannot import 'setuptools.build_meta'",
+    "No matching distribution found",
+)
 
 
 @dataclass(frozen=True)
@@ -294,11 +360,13 @@ def build_runtime(
     archs: tuple[str, ...],
     log: Callable[[str], None],
     clone: Callable[[], Path] | None = None,
+    backend_wheels: Path | None = None,
 ) -> BuiltRuntime:
     """Build ``source``'s wheel at its pin into ``out/runtimes/<name>-<pin12>/`` with its requirements.
 
     ``clone`` makes (or reuses) the bare clone of a git source and returns it. A directory already
     holding this pin's ``runtime.json`` and wheel is kept (the pin names the same source).
+    ``backend_wheels``: where the build requirements come from (:func:`build_wheel`).
     """
     pin = source.pin
     directory = out / "runtimes" / source.env_name(pin)
@@ -317,7 +385,7 @@ def build_runtime(
             epoch = 0
         if not (tree / "pyproject.toml").is_file() and not (tree / "setup.py").is_file():
             raise RuntimeSourceError(f"runtime {source.name}: no pyproject.toml in {source.describe()}")
-        wheel = build_wheel(tree, work / "wheel", epoch, log)
+        wheel = build_wheel(tree, work / "wheel", epoch, log, backend_wheels)
         parsed = parse_wheel_name(wheel.name)
         if parsed is None or not wheel.name.endswith("-py3-none-any.whl"):
             raise RuntimeSourceError(
