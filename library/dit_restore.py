@@ -12,7 +12,10 @@ description:
   - O(records) are this node's pending journal records, newest first. Each is undone in that order.
     Undoing is idempotent. The record kinds (C(op)) and their C(undo) data follow.
   - C(process) C({run_id, host, tag}) kills the tagged process groups.
-  - C(mkdir) C({path, run_id}) removes a run directory carrying this run's marker.
+  - C(mkdir) C({path, run_id}) removes a run directory carrying this run's marker. With O(keep_results)
+    it is kept while a file of its C(results/) or C(logs/) is not in O(fetched); the record is then
+    not undone but returned in RV(kept_records), and those files in RV(unfetched), so the play can
+    fetch them and call the module again with the kept records.
   - C(file) C({path, prior}) writes the prior content back (C(prior=null) removes a file the run created).
   - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
   - C(cgroup) C({path}) removes a cgroup the run created. Any process still in it is moved to the
@@ -64,6 +67,19 @@ options:
     description:
       - Where the node's C(lease.json) lives (undo scope). Defaults to the parent of O(node_root).
     type: path
+  fetched:
+    description:
+      - The files of the run directory, relative to it (C(results/<name>), C(logs/<name>)), that the
+        controller already holds in C(raw/).
+    type: list
+    elements: str
+    default: []
+  keep_results:
+    description:
+      - Keep a run directory holding a result or log file not in O(fetched). False deletes such
+        files with the directory (C(dit cleanup --discard-results)); RV(removed_results) lists them.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:
@@ -109,6 +125,20 @@ removed_results:
   description: Files of the run directory's results/ and logs/ deleted with it, each {path, bytes}.
   returned: always
   type: list
+unfetched:
+  description:
+    - Files that kept a run directory (O(keep_results)), each {path, bytes, src} (C(src) the absolute
+      path on the node).
+  returned: always
+  type: list
+kept:
+  description: Run directories kept because of RV(unfetched).
+  returned: always
+  type: list
+kept_records:
+  description: The C(mkdir) records not undone because their directory was kept.
+  returned: always
+  type: list
 """
 
 import errno
@@ -150,7 +180,21 @@ def _results_in(path: str) -> list[dict[str, Any]]:
     return found
 
 
-def _undo_mkdir(undo: dict[str, Any], check: bool, removed: list[dict[str, Any]] | None = None) -> bool:
+class Kept(Exception):
+    """A run directory holding results the controller does not have yet: not removed."""
+
+    def __init__(self, path: str, unfetched: list[dict[str, Any]]) -> None:
+        super().__init__(path)
+        self.path = path
+        self.unfetched = unfetched
+
+
+def _undo_mkdir(
+    undo: dict[str, Any],
+    check: bool,
+    removed: list[dict[str, Any]] | None = None,
+    keep_unless_in: set[str] | None = None,
+) -> bool:
     path = undo["path"]
     if not os.path.exists(path):
         return False
@@ -162,9 +206,16 @@ def _undo_mkdir(undo: dict[str, Any], check: bool, removed: list[dict[str, Any]]
         raise ValueError(f"{path} has no {MARKER} marker; not removing it") from exc
     if owner != undo["run_id"]:
         raise ValueError("{} belongs to run {}, not {}; not removing it".format(path, owner, undo["run_id"]))
+    results = _results_in(path)
+    if keep_unless_in is not None:
+        unfetched = [
+            dict(r, src=os.path.join(path, r["path"])) for r in results if r["path"] not in keep_unless_in
+        ]
+        if unfetched:
+            raise Kept(path, unfetched)
     if not check:
         if removed is not None:
-            removed.extend(_results_in(path))
+            removed.extend(results)
         shutil.rmtree(path)
     return True
 
@@ -296,6 +347,8 @@ def main() -> None:
             "cgroup_root": {"type": "path", "default": "/sys/fs/cgroup"},
             "interfaces": {"type": "list", "elements": "dict", "default": []},
             "lease_dir": {"type": "path"},
+            "fetched": {"type": "list", "elements": "str", "default": []},
+            "keep_results": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -315,6 +368,10 @@ def main() -> None:
     errors: list[str] = []
     refused: list[dict[str, Any]] = []
     removed: list[dict[str, Any]] = []
+    unfetched: list[dict[str, Any]] = []
+    kept: list[str] = []
+    kept_records: list[dict[str, Any]] = []
+    keep_unless_in = set(p["fetched"]) if p["keep_results"] else None
     changed = False
     for record in p["records"]:
         op, undo = record.get("op"), record.get("undo") or {}
@@ -337,7 +394,13 @@ def main() -> None:
                 reaped.extend(found)
                 changed = changed or bool(found)
             elif op == "mkdir":
-                changed = _undo_mkdir(undo, check, removed) or changed
+                try:
+                    changed = _undo_mkdir(undo, check, removed, keep_unless_in) or changed
+                except Kept as exc:  # not undone: it stays pending until its results are fetched
+                    kept.append(exc.path)
+                    unfetched.extend(exc.unfetched)
+                    kept_records.append(record)
+                    continue
             elif op in UNDO:
                 changed = UNDO[op](undo, check) or changed
             else:
@@ -358,6 +421,9 @@ def main() -> None:
         "survivors": survivors,
         "refused": refused,
         "removed_results": removed,
+        "unfetched": unfetched,
+        "kept": kept,
+        "kept_records": kept_records,
     }
     if refused:
         errors.append(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -24,12 +23,10 @@ from dit.rundir import (
     DRIVER,
     FINISHED_STATES,
     STATUS,
-    STOP,
     RunDir,
     RunDirError,
     check_writable,
     find_runs,
-    os_reason,
     read_json,
 )
 
@@ -243,16 +240,13 @@ def stop(
     if not (run_dir / DRIVER).exists():
         raise _fail(f"{run_dir} is not a dit run directory")
     pid = _driver_to_signal(run)
-    request = {"t_wall_ns": time.time_ns(), "discard_results": discard_results}
     try:
-        (run_dir / STOP).write_text(json.dumps(request) + "\n", encoding="utf-8")
-    except OSError as exc:  # a full disk: the signal still reaches a verified driver
+        run.request_stop(discard_results)
+    except RunDirError as exc:  # a full disk: the signal still reaches a verified driver
         if not pid or discard_results:
-            raise _fail(f"{run_dir / STOP}: cannot write: {os_reason(exc)}") from None
+            raise _fail(str(exc)) from None
         err.print(
-            f"[yellow]warning:[/] {escape(str(run_dir / STOP))}: cannot write ({escape(os_reason(exc))}): "
-            "stopping the driver by its signal only",
-            highlight=False,
+            f"[yellow]warning:[/] {escape(str(exc))}: stopping the driver by its signal only", highlight=False
         )
     from dit.procs import pid_alive
 

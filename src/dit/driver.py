@@ -8,14 +8,18 @@ journal backwards and verifies that no process carrying the run id is left.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import platform
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -43,14 +47,21 @@ from dit.conditions import (
 )
 from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
-from dit.journal import Journal, JournalError, dropped_results, undo_scopes
+from dit.journal import (
+    Journal,
+    JournalError,
+    collected_name,
+    dropped_results,
+    fetched_results,
+    undo_scopes,
+)
 from dit.lease import controller_holder
 from dit.localmode import cgroup_cpu_root, cgroup_memory_root
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.paths import content_root
 from dit.procs import ProcessFailure, process_failures, process_identity, run_processes
 from dit.reporter import Reporter
-from dit.rundir import DRIVER, RunDir, write_json
+from dit.rundir import DRIVER, RunDir, RunDirError, disk_full, os_reason, write_json
 from dit.runtimes import LaunchContext, LaunchOutcome, Runtime, RuntimePreflight
 from dit.runtimes import envs as runtime_envs
 from dit.runtimes import launch as runtime_launch
@@ -203,8 +214,15 @@ def extract_collected(raw_dir: Path, host: str) -> list[str]:
             source = tar.extractfile(member)
             if source is None:
                 continue
-            (target_dir / name).write_bytes(source.read())
-            names.append(str((target_dir / name).relative_to(raw_dir)))
+            # Whole or absent: teardown takes a file in raw/ for fetched and removes the node's copy.
+            target, part = target_dir / name, target_dir / f".{name}.part"
+            try:
+                part.write_bytes(source.read())
+                os.replace(part, target)
+            except OSError as exc:
+                part.unlink(missing_ok=True)
+                raise RunDirError(target, "write", exc) from None
+            names.append(str(target.relative_to(raw_dir)))
     archive.unlink()
     return names
 
@@ -228,6 +246,7 @@ class Driver:
         self.follower: LogFollower | None = None
         self.outcomes: dict[str, StageOutcome] = {}
         self.process_failures: list[ProcessFailure] = []
+        self.current_stage: str | None = None
 
     # -- stop handling -----------------------------------------------------------------------
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -270,7 +289,12 @@ class Driver:
         scn = self.scenario
         self.run = RunDir.create(self.options.runs_root, scn.name, scn.hash)
         run = self.run
-        (run.path / "scenario.yaml").write_text(scn.to_yaml(), encoding="utf-8")
+        # Nothing has started yet: a run directory that cannot be written fails here (RunDirError,
+        # one line naming the file), before any node is touched.
+        try:
+            (run.path / "scenario.yaml").write_text(scn.to_yaml(), encoding="utf-8")
+        except OSError as exc:
+            raise RunDirError(run.path / "scenario.yaml", "write", exc) from None
         write_json(
             run.path / DRIVER,
             {
@@ -302,19 +326,21 @@ class Driver:
             except Stopped as exc:
                 state, error = "stopped", f"stopped by {exc}"
             except Exception as exc:
-                state, error = "failed", str(exc)
+                state, error = "failed", self._describe(exc)
                 self.reporter.error(error)
             finally:
                 self._unfollow()
                 self._in_teardown = True
-                teardown_error, self.stage_ns["teardown"] = teardown(run, self.inventory, self.reporter)
+                teardown_error, self.stage_ns["teardown"] = teardown(
+                    run, self.inventory, self.reporter, discard_results=run.discard_requested()
+                )
                 self._in_teardown = False
                 if teardown_error:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
         if state == "completed" and self.process_failures:
             state, error = "degraded", "; ".join(f.describe() for f in self.process_failures)
-        run.set_status(
+        unwritten = run.try_set_status(
             state=state,
             stage=None,
             error=error,
@@ -323,9 +349,25 @@ class Driver:
             stage_ns=self.stage_ns,
             lateness_ns=self.lateness_ns,
         )
+        if unwritten:  # the run is over all the same: the console has its end state
+            self.reporter.warn(f"the run's end state is not recorded: {unwritten}")
         self.reporter.info(f"run {state}: {run.path}" + (f" ({error})" if error else ""))
         self.reporter.close()
         return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
+
+    def _describe(self, exc: Exception) -> str:
+        """One line for a failed stage: an OS error says which file and why in words (a full disk says
+        so and where), not ``[Errno 28]``; anything else is its own message."""
+        if not isinstance(exc, OSError):
+            return str(exc)
+        text = (
+            str(exc)
+            if isinstance(exc, RunDirError)
+            else (f"{exc.filename}: " if exc.filename else "") + os_reason(exc)
+        )
+        if disk_full(exc):
+            text += f" (the run directory {self.run.path} is on it)"
+        return f"{self.current_stage}: {text}" if self.current_stage else text
 
     def dry_run(self, work_dir: Path) -> str | None:
         """Preflight and apply in Ansible check mode in a run directory under ``work_dir``.
@@ -419,6 +461,7 @@ class Driver:
     ) -> StageOutcome:
         assert self.reporter is not None
         self._check_stop()
+        self.current_stage = stage
         self.run.set_status(stage=stage)
         self.reporter.stage(stage, "running")
         start = time.monotonic_ns()
@@ -455,6 +498,7 @@ class Driver:
     def _timed(self, stage: str, work: Callable[[], Any]) -> Any:
         assert self.reporter is not None
         self._check_stop()
+        self.current_stage = stage
         self.run.set_status(stage=stage)
         self.reporter.stage(stage, "running")
         start = time.monotonic_ns()
@@ -813,15 +857,59 @@ class Driver:
         return result
 
 
+FETCH_ACTIONS = ("ansible.builtin.fetch", "fetch")
+
+
+@dataclass
+class _TeardownSeen:
+    """What teardown's playbook reported: ``dit_restore``'s results and the fetches that failed."""
+
+    undone: list[str] = field(default_factory=list)
+    removed: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+    restore: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # each host's last result
+    fetch_errors: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, event: HostEvent) -> None:
+        if event.action == "dit_restore":
+            self.undone.extend(event.result.get("undone", []))
+            self.removed.setdefault(event.host, []).extend(event.result.get("removed_results", []))
+            self.refused.extend(
+                f"{event.host}: refused {r.get('op')} record {r.get('id')} (from {r.get('source')}): "
+                f"{r.get('reason')}"
+                for r in event.result.get("refused", [])
+            )
+            self.restore[event.host] = event.result
+        elif self.failed_fetch(event) and "item" in event.result:
+            item = event.result.get("item") or {}
+            message = " ".join(str(event.result.get("msg") or "failed").split())
+            # "Failed to transfer file to '<dest>': [Errno 28] No space left on device: <src> -> <dest>"
+            found = re.search(r"\[Errno \d+\] ([^:]+)", message)
+            reason = found.group(1) if found else message[:200]
+            self.fetch_errors.setdefault(event.host, []).append(f"{item.get('path')}: {reason}")
+
+    @staticmethod
+    def failed_fetch(event: HostEvent) -> bool:
+        return event.action in FETCH_ACTIONS and event.status == "failed"
+
+
 def teardown(
-    run: RunDir, inventory: RunInventory | None, reporter: Reporter | None
+    run: RunDir, inventory: RunInventory | None, reporter: Reporter | None, discard_results: bool = False
 ) -> tuple[str | None, int]:
     """Replay ``run``'s pending journal backwards on every node; verify no process survives.
+
+    A node's run directory goes only once ``raw/`` holds every file of its ``results/`` and
+    ``logs/``: what raw/ lacks is fetched, and a directory holding a file that could not be fetched
+    is kept and named, unless ``discard_results``. Nothing here depends on writing the run
+    directory: status, log and journal writes are best effort, said on stderr when they fail (a
+    full disk), and the undo runs all the same.
 
     Returns the error (None when everything was undone and nothing survives) and the wall time.
     """
     journal = Journal(run.journal)
     errors: list[str] = []
+    infos: list[str] = []
+    notes: list[str] = []  # what could not be written into the run directory: said, not failures
     try:
         pending, warnings = journal.pending_by_host(), journal.problems()
     except JournalError as exc:  # unreadable: still reap the run's processes below
@@ -830,51 +918,69 @@ def teardown(
     start = time.monotonic_ns()
     if reporter is not None:
         reporter.stage("teardown", "running")
-    run.set_status(stage="teardown")
+    _note(notes, run.try_set_status(stage="teardown"))
     if inventory is not None:
-        undone: list[str] = []
-        removed: dict[str, list[dict[str, Any]]] = {}
+        raw = run.path / "raw"
+        fetched_before = {host: fetched_results(raw, host) for host in inventory.hosts}
+        seen = _TeardownSeen()
 
         def on_event(event: HostEvent) -> None:
-            if event.action == "dit_restore":
-                undone.extend(event.result.get("undone", []))
-                removed.setdefault(event.host, []).extend(event.result.get("removed_results", []))
-                warnings.extend(
-                    f"{event.host}: refused {r.get('op')} record {r.get('id')} (from {r.get('source')}): "
-                    f"{r.get('reason')}"
-                    for r in event.result.get("refused", [])
-                )
-            if reporter is not None:
+            seen.add(event)
+            # A failed fetch is said once per node, with the directory it kept (_kept_message).
+            if reporter is not None and not seen.failed_fetch(event):
                 reporter.event(event)
 
-        outcome = run_stage(
-            "teardown",
-            run.path / "ansible" / "teardown",
-            inventory.source,
-            inventory.limit,
+        outcome = _teardown_playbook(
+            run,
+            inventory,
             {
                 "dit_run_id": run.run_id,
                 "dit_journal_path": str(run.journal),
                 "dit_undo": pending,
                 "dit_undo_scope": undo_scopes(run.run_id, inventory, run.path / "metadata.json"),
-                "dit_raw_dir": str(run.path / "raw"),
+                "dit_raw_dir": str(raw),
+                "dit_fetched": fetched_before,
+                "dit_discard_results": discard_results,
             },
             on_event,
-            lambda: False,
-            forks=max(5, len(inventory.hosts)),
+            notes,
         )
+        warnings.extend(seen.refused)
         try:
-            journal.mark_undone(undone)
-        except JournalError as exc:
-            errors.append(str(exc))
-        dropped = dropped_results(run.path / "raw", removed)
+            journal.mark_undone(seen.undone)
+        except JournalError as exc:  # undone on the nodes all the same; a later cleanup redoes it harmlessly
+            errors.append(f"{exc}: the nodes are undone, run 'dit cleanup {run.path}' once it can be written")
+        kept_ids: set[str] = set()
+        for host in inventory.hosts:
+            result = seen.restore.get(host) or {}
+            if result.get("kept"):
+                kept_ids.update(str(r.get("id")) for r in result.get("kept_records", []))
+                errors.append(_kept_message(run, host, result, seen.fetch_errors.get(host, [])))
+            new = sorted(set(fetched_results(raw, host)) - set(fetched_before[host]))
+            if new:
+                infos.append(
+                    f"fetched {len(new)} file(s) of {host}'s results and logs the collect stage had not "
+                    f"into {raw / host}: {', '.join(new)}"
+                )
+        if kept_ids:
+            errors.append(
+                f"the results stay on the nodes: 'dit cleanup {run.path}' fetches them once raw/ can take "
+                f"them, 'dit cleanup --discard-results {run.path}' deletes them"
+            )
+        dropped = dropped_results(raw, seen.removed)
         if dropped:
-            warnings.append("removed from the nodes without being fetched into raw/: " + ", ".join(dropped))
-        errors.extend(f"{e.host}: {e.message()}" for e in outcome.failures())
+            warnings.append(
+                ("deleted with --discard-results, never fetched into raw/: " if discard_results
+                 else "removed from the nodes without being fetched into raw/: ")
+                + ", ".join(dropped)
+            )  # fmt: skip
+        # A failed fetch is reported with the directory it kept (above), not as a failure of its own.
+        errors.extend(f"{e.host}: {e.message()}" for e in outcome.failures() if e.action not in FETCH_ACTIONS)
         if not outcome.ok and not errors:
             errors.append(f"teardown playbook {outcome.status}")
         try:
-            left = {c.host for c in journal.pending()}
+            undone = set(seen.undone)
+            left = {c.host for c in journal.pending() if c.id not in kept_ids and c.id not in undone}
         except JournalError:
             left = set()  # unreadable: already reported above
         if left:
@@ -888,11 +994,18 @@ def teardown(
     elif pending:
         errors.append("no inventory to undo the journal with")
     ns = time.monotonic_ns() - start
-    status = run.status()
-    stage_ns = dict(status.get("stage_ns", {}))
+    try:
+        stage_ns = dict(run.status().get("stage_ns", {}))
+    except (OSError, ValueError, TypeError, AttributeError):
+        stage_ns = {}  # set_status below sets the unreadable file aside
     stage_ns["teardown"] = ns
-    run.set_status(stage_ns=stage_ns, teardown={"ok": not errors, "errors": errors, "warnings": warnings})
-    _warn(run, reporter, warnings)
+    _note(
+        notes,
+        run.try_set_status(
+            stage_ns=stage_ns, teardown={"ok": not errors, "errors": errors, "warnings": warnings}
+        ),
+    )
+    _say(run, reporter, infos, warnings + notes)
     if reporter is not None:
         reporter.stage("teardown", "failed" if errors else "done", ns / 1e6)
         for error in errors:
@@ -900,12 +1013,78 @@ def teardown(
     return ("; ".join(errors) if errors else None), ns
 
 
-def _warn(run: RunDir, reporter: Reporter | None, warnings: list[str]) -> None:
-    """Show and log teardown warnings: through the run's reporter, or on stderr and in run.log."""
-    if not warnings:
+def _note(notes: list[str], error: str | None) -> None:
+    note = f"not recorded in the run directory: {error}"
+    if error and note not in notes:
+        notes.append(note)
+
+
+def _kept_message(run: RunDir, host: str, result: Mapping[str, Any], fetch_errors: list[str]) -> str:
+    """Which node directory was kept, for which files and why."""
+    unfetched = [f for f in result.get("unfetched", []) if isinstance(f, Mapping)]
+    # A fetch that failed half-way may have left part of a file in raw/: it must not pass for fetched.
+    for item in unfetched:
+        # raw/<host> may be no directory, or not writable: then there is nothing of it to remove
+        with contextlib.suppress(OSError):
+            collected_name(run.path / "raw", host, str(item.get("path", ""))).unlink(missing_ok=True)
+    shown = ", ".join(f"{f.get('path')} ({int(f.get('bytes', 0))} bytes)" for f in unfetched[:4])
+    if len(unfetched) > 4:
+        shown += f" and {len(unfetched) - 4} more"
+    why = f"; fetching failed: {fetch_errors[0]}" if fetch_errors else ""
+    return (
+        f"{host}: kept {', '.join(str(k) for k in result.get('kept', []))} on the node: {len(unfetched)} "
+        f"file(s) there are not in {run.path / 'raw' / host} ({shown}){why}"
+    )
+
+
+def _teardown_playbook(
+    run: RunDir,
+    inventory: RunInventory,
+    extravars: dict[str, Any],
+    on_event: Callable[[HostEvent], None],
+    notes: list[str],
+) -> StageOutcome:
+    """The teardown playbook, its Ansible files written outside the run directory.
+
+    ansible-runner writes the rendered playbook, its inputs and every event under its private
+    directory: on a full or read-only run directory that would stop the undo before it starts.
+    They are copied into ``ansible/teardown`` afterwards, beside the other stages', if they fit.
+    """
+    keep = run.path / "ansible" / "teardown"
+    try:
+        private: Path | None = Path(tempfile.mkdtemp(prefix="dit-teardown-"))
+    except OSError as exc:
+        notes.append(f"no temporary directory for teardown's Ansible files ({os_reason(exc)}): using {keep}")
+        private = None
+    try:
+        return run_stage(
+            "teardown",
+            private or keep,
+            inventory.source,
+            inventory.limit,
+            extravars,
+            on_event,
+            lambda: False,
+            forks=max(5, len(inventory.hosts)),
+        )
+    finally:
+        if private is not None:
+            try:
+                shutil.copytree(private, keep, symlinks=True, dirs_exist_ok=True)
+            except OSError as exc:  # shutil.Error (several files) has no errno
+                reason = os_reason(exc) if exc.errno else "some files could not be copied"
+                notes.append(f"{keep}: teardown's Ansible files are not kept ({reason})")
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def _say(run: RunDir, reporter: Reporter | None, infos: list[str], warnings: list[str]) -> None:
+    """Show and log what teardown has to say: through the run's reporter, or on stderr and in run.log."""
+    if not infos and not warnings:
         return
     target = reporter or Reporter(run.log, Console(stderr=True, soft_wrap=True), run.run_id)
     try:
+        for info in infos:
+            target.info(f"teardown: {info}")
         for warning in warnings:
             target.warn(f"teardown: {warning}")
     finally:

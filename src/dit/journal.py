@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dit.rundir import os_reason
+
 if TYPE_CHECKING:
     from dit.inventory import RunInventory
 
@@ -51,7 +53,7 @@ def _append_lines(path: Path, lines: Iterable[str]) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as exc:
-        raise JournalError(f"{path}: cannot write the journal ({exc.strerror or exc})") from None
+        raise JournalError(f"{path}: cannot write the journal ({os_reason(exc)})") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         size = os.fstat(fd).st_size
@@ -61,6 +63,8 @@ def _append_lines(path: Path, lines: Iterable[str]) -> None:
             data = b"\n" + data
         os.write(fd, data)
         os.fsync(fd)
+    except OSError as exc:  # a full disk: what was not appended stays pending, a later cleanup redoes it
+        raise JournalError(f"{path}: cannot write the journal ({os_reason(exc)})") from None
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -222,6 +226,22 @@ def collected_name(raw_dir: Path, host: str, node_path: str) -> Path:
     sub, _, name = node_path.partition("/")
     target = raw_dir / host if sub == "results" else raw_dir / host / sub
     return target / f"{host}_{name}"
+
+
+def fetched_results(raw_dir: Path, host: str) -> list[str]:
+    """The node files (``results/<name>``, ``logs/<name>``) of ``host`` that ``raw/`` already holds,
+    collected or fetched: teardown removes a node's run directory only when every file of its
+    ``results/`` and ``logs/`` is among them (a file is compared by name: what a process appended
+    after collect is not a new result)."""
+    prefix = f"{host}_"
+    found: list[str] = []
+    for sub, directory in (("results", raw_dir / host), ("logs", raw_dir / host / "logs")):
+        try:
+            names = sorted(p.name for p in directory.iterdir() if p.is_file() and not p.is_symlink())
+        except OSError:
+            continue
+        found.extend(f"{sub}/{name[len(prefix) :]}" for name in names if name.startswith(prefix))
+    return found
 
 
 def dropped_results(raw_dir: Path, removed: Mapping[str, Iterable[Mapping[str, Any]]]) -> list[str]:

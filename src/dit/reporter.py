@@ -1,12 +1,15 @@
 """What the user sees while a run goes: stage progress, per-node state, and tagged log lines.
 
-Every line is also appended to the run's ``run.log`` as ``<UTC time> <node> <stream> <text>``.
-On a terminal a Rich live panel shows the stages and each node's last task; elsewhere (CI, pipes)
-the same lines are printed plainly.
+Every line is also appended to the run's ``run.log`` as ``<UTC time> <node> <stream> <text>``,
+as long as it can be written: a full disk or a read-only run directory must not stop a run from
+tearing down, so the log is then given up with one warning and its lines go to the console. On a
+terminal a Rich live panel shows the stages and each node's last task; elsewhere (CI, pipes) the
+same lines are printed plainly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,15 +32,35 @@ class Reporter:
     def __init__(self, log_path: Path, console: Console, label: str) -> None:
         self.console = console
         self.label = label
-        self._log: TextIO = log_path.open("a", encoding="utf-8")
+        self.log_path = log_path
         self._lock = threading.Lock()
+        self._log: TextIO | None = None
+        try:
+            self._log = log_path.open("a", encoding="utf-8")
+        except OSError as exc:
+            self._log_failed(exc)
         self.stage_state: dict[str, str] = dict.fromkeys(STAGES, "pending")
         self.stage_ms: dict[str, float] = {}
         self.node_state: dict[str, str] = {}
         self._live: Live | None = None
 
     def close(self) -> None:
-        self._log.close()
+        if self._log is not None:
+            try:
+                self._log.close()
+            except OSError as exc:  # the buffered tail could not be written
+                self._log = None
+                self._log_failed(exc)
+
+    def _log_failed(self, exc: OSError) -> None:
+        from dit.rundir import os_reason
+
+        self._log = None
+        self.console.print(
+            f"[yellow]warning:[/] {escape(str(self.log_path))}: cannot write the run log "
+            f"({escape(os_reason(exc))}); its lines are shown here only",
+            highlight=False,
+        )
 
     @contextmanager
     def live(self) -> Iterator[None]:
@@ -78,10 +101,17 @@ class Reporter:
     def line(self, node: str, stream: str, text: str, style: str = "") -> None:
         stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         with self._lock:
-            for part in text.splitlines() or [""]:
-                self._log.write(f"{stamp} {node} {stream} {part}\n")
-            self._log.flush()
-        if self._live is None or style == "red":
+            log = self._log
+            if log is not None:
+                try:
+                    for part in text.splitlines() or [""]:
+                        log.write(f"{stamp} {node} {stream} {part}\n")
+                    log.flush()
+                except OSError as exc:
+                    with contextlib.suppress(OSError):  # the same reason again
+                        log.close()
+                    self._log_failed(exc)
+        if self._live is None or style == "red" or self._log is None:
             shown = f"[{style}]{escape(text)}[/]" if style else escape(text)
             self.console.print(
                 f"[bold]{escape(node)}[/] [dim]{stream}[/] {shown}", markup=True, highlight=False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import secrets
@@ -20,15 +22,60 @@ RANDOM_BYTES = 4  # 32 random bits in every run id
 FINISHED_STATES = ("completed", "degraded", "failed", "stopped")
 
 
+# What a person can do about the usual reasons a run directory cannot be written.
+_REASONS = {
+    errno.ENOSPC: "no space left on device: the file system is full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def os_reason(exc: OSError) -> str:
+    """Why an OS call failed, in words (``no space left on device: the file system is full``)."""
+    return _REASONS.get(exc.errno or 0) or exc.strerror or str(exc)
+
+
+def disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class RunDirError(OSError):
+    """A run directory's file cannot be read or written. ``str()`` is one line naming the file and
+    the reason; it stays an :class:`OSError` (errno, filename) for the callers that handle those."""
+
+    def __init__(self, path: Path, action: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror, str(path))
+        self.action = action
+        self.reason = os_reason(cause)
+
+    def __str__(self) -> str:
+        return f"{self.filename}: cannot {self.action}: {self.reason}"
+
+
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (rename over the old file)."""
+    """Write JSON atomically (rename over the old file); :class:`RunDirError` names ``path`` when
+    it cannot be written, and no half-written temporary file is left beside it."""
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # the reason below is the one that matters
+            tmp.unlink(missing_ok=True)
+        raise RunDirError(path, "write", exc) from None
 
 
 def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8"))
+    """A JSON file's content; :class:`RunDirError` names ``path`` when it cannot be read (invalid
+    JSON raises ``ValueError``, as before)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RunDirError(path, "read", exc) from None
+    return json.loads(text)
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -65,7 +112,10 @@ class RunDir:
     def create(cls, runs_root: Path, name: str, scenario_hash: str) -> RunDir:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         parent = runs_root / name
-        parent.mkdir(parents=True, exist_ok=True)
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(parent, "create the directory", exc) from None
         # The run id (scenario name + this directory's name) tags every process, cgroup and node
         # directory of the run, and nodes are shared: two runs of one scenario started in the same
         # second from different runs directories must still differ, hence the random part.
@@ -76,10 +126,15 @@ class RunDir:
                 candidate.mkdir()
             except FileExistsError:
                 continue
+            except OSError as exc:
+                raise RunDirError(candidate, "create the run directory", exc) from None
             for sub in ("raw", "aggregate", "ansible", "optimise"):
-                (candidate / sub).mkdir()
+                try:
+                    (candidate / sub).mkdir()
+                except OSError as exc:
+                    raise RunDirError(candidate / sub, "create the directory", exc) from None
             return cls(candidate)
-        raise RuntimeError(f"cannot create a run directory under {parent}")
+        raise RunDirError(parent, "create a run directory", FileExistsError(errno.EEXIST, "999 names taken"))
 
     @property
     def run_id(self) -> str:
@@ -99,11 +154,15 @@ class RunDir:
         return dict(read_json(path)) if path.exists() else {}
 
     def set_status(self, **fields: Any) -> None:
+        """Update ``status.json``; :class:`RunDirError` when it cannot be written (a full disk)."""
         try:
             status = self.status()
         except (OSError, ValueError, TypeError):  # a torn or hand-edited file: kept aside, written anew
             broken = self.path / STATUS
-            broken.replace(broken.with_name(STATUS + ".unreadable"))
+            try:
+                broken.replace(broken.with_name(STATUS + ".unreadable"))
+            except OSError as exc:
+                raise RunDirError(broken, "set the unreadable file aside", exc) from None
             status = {}
         if not isinstance(status, dict):
             status = {}
@@ -111,8 +170,48 @@ class RunDir:
         status["updated_wall_ns"] = time.time_ns()
         write_json(self.path / STATUS, status)
 
+    def try_set_status(self, **fields: Any) -> str | None:
+        """:meth:`set_status` where the run must go on without it (teardown): the error, or None."""
+        try:
+            self.set_status(**fields)
+        except OSError as exc:
+            return str(exc)
+        return None
+
     def stop_requested(self) -> bool:
         return (self.path / STOP).exists()
+
+    def request_stop(self, discard_results: bool = False) -> None:
+        """Write ``STOP`` (``dit stop``); the driver tears down at its next check. :class:`RunDirError`
+        when it cannot be written."""
+        write_json(self.path / STOP, {"t_wall_ns": time.time_ns(), "discard_results": discard_results})
+
+    def discard_requested(self) -> bool:
+        """``dit stop --discard-results``: teardown deletes the results it cannot fetch."""
+        try:
+            request = json.loads((self.path / STOP).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False  # no STOP file (a signal, a failure), or an older dit's timestamp: keep them
+        return isinstance(request, dict) and request.get("discard_results") is True
+
+
+def check_writable(runs_root: Path) -> None:
+    """Refuse a runs directory this process cannot write (read-only, full, not a directory) before
+    anything starts: :class:`RunDirError` naming it."""
+    if runs_root.exists() and not runs_root.is_dir():
+        raise RunDirError(runs_root, "use it", NotADirectoryError(errno.ENOTDIR, "not a directory"))
+    try:
+        runs_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(runs_root, "create the runs directory", exc) from None
+    probe = runs_root / f".dit-write-check-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        probe.write_bytes(b"dit\n")
+    except OSError as exc:
+        raise RunDirError(runs_root, "write in the runs directory", exc) from None
+    finally:
+        with contextlib.suppress(OSError):  # it was never created
+            probe.unlink(missing_ok=True)
 
 
 def find_runs(runs_root: Path) -> list[RunDir]:

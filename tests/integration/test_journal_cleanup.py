@@ -1,5 +1,5 @@
 """`dit cleanup` against journals a crash or an adversary left: torn lines, records that reach
-outside the run, and node results that were never fetched.
+outside the run, and node results that were never fetched (kept on the node while they cannot be).
 
 Each test builds the run directory a local-mode driver killed after apply leaves behind (the
 inventory, the node directories with their fake /sys, a journal of real-looking changes) and runs
@@ -177,23 +177,83 @@ def test_cleanup_fetches_unfetched_node_results_into_raw_or_says_what_it_dropped
     assert "without being fetched" not in done.stdout + done.stderr
 
 
-def test_cleanup_says_which_node_results_it_could_not_keep(stale: StaleRun) -> None:
-    (stale.node_root / "results" / "profile.csv").write_text("stage,ns\n", encoding="utf-8")
+def test_cleanup_fetches_per_file_what_raw_lacks_and_leaves_what_collect_fetched(stale: StaleRun) -> None:
+    (stale.node_root / "results" / "profile.csv").write_text("stage,ns\n0,1\n", encoding="utf-8")
     (stale.node_root / "results" / "late.csv").write_text("written after collect\n", encoding="utf-8")
     raw = stale.run.path / "raw" / "device1"
-    raw.mkdir(parents=True)  # collect ran before late.csv was written: only profile.csv is in raw/
+    raw.mkdir(parents=True)  # collect ran before late.csv was written (and before profile.csv grew)
     (raw / "device1_profile.csv").write_text("stage,ns\n", encoding="utf-8")
 
     done = stale.cleanup()
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
+    assert (raw / "device1_late.csv").read_text(encoding="utf-8") == "written after collect\n"
+    assert (raw / "device1_profile.csv").read_text(encoding="utf-8") == "stage,ns\n"  # what collect fetched
+    assert not stale.node_root.exists()
+    assert f"fetched 1 file(s) of device1's results and logs the collect stage had not into {raw}" in output
+    assert "without being fetched" not in output
+    assert "results/late.csv" in stale.run.log.read_text(encoding="utf-8")
+
+
+def _block_raw(stale: StaleRun) -> Path:
+    """Make ``raw/device1/`` impossible to create, so that no fetch into it can succeed."""
+    (stale.node_root / "results" / "inference.csv").write_text("round,ns\n0,5\n", encoding="utf-8")
+    (stale.node_root / "logs").mkdir()
+    (stale.node_root / "logs" / "profile.err").write_text("warning\n", encoding="utf-8")
+    blocker = stale.run.path / "raw" / "device1"
+    blocker.write_text("not a directory\n", encoding="utf-8")
+    return blocker
+
+
+def test_a_result_that_cannot_be_fetched_keeps_the_node_directory_and_says_so(stale: StaleRun) -> None:
+    blocker = _block_raw(stale)
+
+    done = stale.cleanup()
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode != 0, output
+    assert "Traceback" not in output
     assert (
-        "removed from the nodes without being fetched into raw/: device1:results/late.csv (22 bytes)"
-        in output
+        f"device1: kept {stale.node_root} on the node: 2 file(s) there are not in {blocker} "
+        "(results/inference.csv (13 bytes), logs/profile.err (8 bytes)); "
+        "fetching failed: results/inference.csv: Not a directory"
+    ) in output
+    assert f"'dit cleanup --discard-results {stale.run.path}' deletes them" in output
+    assert "journal changes not undone" not in output  # the kept directory is the one thing left
+    # The results are where they were; everything else of the run is undone.
+    assert (stale.node_root / "results" / "inference.csv").read_text(encoding="utf-8") == "round,ns\n0,5\n"
+    assert (stale.node_root / "logs" / "profile.err").is_file()
+    assert stale.max_freq.read_text(encoding="utf-8").strip() == "1800000"
+    assert [c.op for c in Journal(stale.run.journal).pending()] == ["mkdir"]
+
+    # Once raw/ can take them, the next cleanup fetches them and removes the directory.
+    blocker.unlink()
+    again = stale.cleanup()
+    assert again.returncode == 0, again.stdout + again.stderr
+    raw = stale.run.path / "raw" / "device1"
+    assert (raw / "device1_inference.csv").read_text(encoding="utf-8") == "round,ns\n0,5\n"
+    assert (raw / "logs" / "device1_profile.err").read_text(encoding="utf-8") == "warning\n"
+    assert not stale.node_root.exists()
+    assert Journal(stale.run.journal).pending() == []
+
+
+def test_discard_results_deletes_what_cannot_be_fetched_and_says_what(stale: StaleRun) -> None:
+    _block_raw(stale)
+    done = subprocess.run(
+        [*DIT, "cleanup", "--discard-results", str(stale.run.path)],
+        cwd=REPO,
+        env=dit_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert "profile.csv" not in output.split("without being fetched", 1)[1]
-    logged = stale.run.log.read_text(encoding="utf-8")
-    assert "device1:results/late.csv (22 bytes)" in logged
+    output = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0, output
+    assert not stale.node_root.exists()
+    assert (
+        "deleted with --discard-results, never fetched into raw/: device1:results/inference.csv (13 bytes), "
+        "device1:logs/profile.err (8 bytes)"
+    ) in output
+    assert Journal(stale.run.journal).pending() == []
 
 
 def test_an_unreadable_journal_is_a_one_line_error_not_a_traceback(stale: StaleRun) -> None:

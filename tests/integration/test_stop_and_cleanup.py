@@ -1,4 +1,5 @@
-"""A run stopped with `dit stop`, or whose driver is killed with SIGKILL mid-profile, leaves nothing."""
+"""A run stopped with `dit stop`, or whose driver is killed with SIGKILL mid-profile, leaves nothing
+on the nodes, and every result the nodes held is in the run's raw/."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from dit.journal import Journal
+from dit.journal import Journal, collected_name
 from dit.procs import run_processes
 from dit.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
@@ -50,6 +51,20 @@ def start_run(scenario: Path, runs_dir: Path) -> tuple[subprocess.Popen[bytes], 
     raise AssertionError("the run never reached its profile stage")
 
 
+def node_results(run: RunDir) -> dict[str, dict[str, int]]:
+    """Every node's ``results/`` and ``logs/`` files (``results/<name>``: size in bytes)."""
+    found: dict[str, dict[str, int]] = {}
+    for host in ("edge", "device1", "device2"):
+        root = run.path / "nodes" / host / run.run_id
+        found[host] = {
+            f"{sub}/{path.name}": path.stat().st_size
+            for sub in ("results", "logs")
+            for path in sorted((root / sub).glob("*"))
+            if path.is_file()
+        }
+    return found
+
+
 def assert_clean(run: RunDir) -> None:
     assert run_processes(run.run_id) == []
     assert Journal(run.journal).pending() == []
@@ -71,12 +86,23 @@ def test_sigkill_mid_profile_then_cleanup(scenario_dir: Path, runs_dir: Path) ->
     assert Journal(run.journal).pending()
     lease = Path(os.environ["DIT_LOCAL_LEASE_DIR"]) / "lease.json"
     assert json.loads(lease.read_text())["run_id"] == run.run_id  # the dead driver still holds it
+    # What every node holds that collect never fetched (preflight's ping baseline is in raw/ already).
+    on_nodes = node_results(run)
+    for host in ("device1", "device2"):
+        assert (run.path / "raw" / host / f"{host}_ping_baseline.json").is_file()
+        assert {"results/monitor.csv", "logs/monitor.status.json"} <= set(on_nodes[host]), on_nodes[host]
 
     cleanup = subprocess.run(
         [*DIT, "cleanup", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=180
     )
     assert cleanup.returncode == 0, cleanup.stderr + cleanup.stdout
     assert_clean(run)
+    # ... all of it is in raw/ now, named as collect names it, and at least as long as it was.
+    for host, files in on_nodes.items():
+        for path, size in files.items():
+            kept = collected_name(run.path / "raw", host, path)
+            assert kept.is_file() and kept.stat().st_size >= size, (host, path)
+    assert "without being fetched" not in cleanup.stderr + cleanup.stdout
     assert not lease.exists()  # dit cleanup released it (journal record 'lease')
     for p in survivors:
         assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
