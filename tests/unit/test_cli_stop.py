@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dit.cli import app
 from dit.procs import process_identity
-from dit.rundir import DRIVER, STATUS, STOP, write_json
+from dit.rundir import DRIVER, STATUS, STOP, RunDir, write_json
 
 
 @pytest.fixture
@@ -84,3 +84,14 @@ def test_a_driver_without_a_recorded_identity_gets_only_the_stop_file(
     assert "STOP file" in output
     assert (run / STOP).exists()
     assert sleeper.poll() is None
+
+
+def test_discard_results_travels_to_the_driver_in_the_stop_file(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    plain = fake_run(tmp_path / "plain", "running", {"pid": sleeper.pid})  # reached by the STOP file only
+    stop(plain, "--wait", "0.5")
+    assert RunDir(plain).stop_requested() and not RunDir(plain).discard_requested()
+    run = fake_run(tmp_path, "running", {"pid": sleeper.pid, **process_identity(sleeper.pid)})
+    stop(run, "--wait", "0.5", "--discard-results")
+    assert RunDir(run).stop_requested() and RunDir(run).discard_requested()
