@@ -61,7 +61,9 @@ def _append_lines(path: Path, lines: Iterable[str]) -> None:
             # A writer was killed mid-line: end its fragment here, or this record would be glued
             # onto it and lost with it.
             data = b"\n" + data
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # a nearly full disk takes part of a write: the rest then raises ENOSPC, not lost
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except OSError as exc:  # a full disk: what was not appended stays pending, a later cleanup redoes it
         raise JournalError(f"{path}: cannot write the journal ({os_reason(exc)})") from None

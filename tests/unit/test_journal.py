@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,28 @@ def test_records_of_the_wrong_shape_are_skipped_not_crashed_on(tmp_path: Path) -
     journal = Journal(path)
     assert [c.id for c in journal.pending()] == ["b"]
     assert [p.split(": ", 1)[0] for p in journal.problems()] == [f"{path}:{n}" for n in (1, 2, 3, 4)]
+
+
+def test_a_short_write_on_a_nearly_full_disk_still_appends_whole_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))  # 7 bytes a call
+    journal = Journal(tmp_path / "journal.jsonl")
+    ids = journal.record_changes("device1", [{"op": "file", "undo": {"path": "/x", "prior": "1"}}], "m")
+    assert [c.id for c in journal.pending()] == ids
+    assert journal.problems() == []
+
+
+def test_a_full_disk_is_a_journal_error_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(_fd: int, _data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    path = tmp_path / "journal.jsonl"
+    with pytest.raises(
+        JournalError, match=r"journal\.jsonl: cannot write the journal \(no space left on device"
+    ):
+        Journal(path).mark_undone(["abc"])
