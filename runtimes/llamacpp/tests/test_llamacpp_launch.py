@@ -20,7 +20,7 @@ if str(SRC) not in sys.path:
 
 from dit.runtimes import LaunchContext, registry  # noqa: E402
 from dit.scenario import resolve, validate  # noqa: E402
-from dit_llamacpp import build, dit_runtime, launch, node, results  # noqa: E402
+from dit_llamacpp import build, dit_runtime, launch, node, results, source  # noqa: E402
 
 WILDCARD = "0.0.0.0"  # noqa: S104 - the address the guard must refuse
 IFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["192.168.1.20"], "wlan0": ["10.0.0.11"]}
@@ -239,7 +239,13 @@ def test_the_build_action_fetches_from_the_mirror_with_the_pinned_hash(runtime: 
     command = tasks[-1]["ansible.builtin.command"]
     # the cache (an input) travels as a variable: data, never pasted into the plays' template text
     assert command["creates"] == f"{{{{ llamacpp_cache }}}}/{build.SDIST_SHA256[:12]}/build.json"
-    assert plan.extravars == {"llamacpp_cache": "/var/cache/dit/llamacpp"}
+    assert plan.extravars["llamacpp_cache"] == "/var/cache/dit/llamacpp"
+    # the converter's source is unpacked (hash-checked) by the same action: no manual step
+    unpack = next(t for t in tasks if t["name"].startswith("Unpack the sdist's source"))[
+        "ansible.builtin.command"
+    ]
+    assert unpack["argv"][-2:] == ["--dest", "{{ llamacpp_source_dir }}"]
+    assert plan.extravars["llamacpp_source_dir"] == str(source.DEFAULT_DEST)
     assert command["argv"][-2:] == ["--jobs", "2"]
     mirror = action.plan({"mirror_url": "http://mirror.example/x"})
     fetch = next(t for t in mirror.plays[0]["tasks"] if "ansible.builtin.get_url" in t)[

@@ -33,7 +33,7 @@ from dit.runtimes import (
     helpers,
 )
 from dit.runtimes.helpers import EDGE, energy_summary, memory_limits, write_csv
-from dit_llamacpp import __version__, build, launch, results
+from dit_llamacpp import __version__, build, launch, results, source
 
 CONTROLLER_TAG = "llama-controller"
 WORKER_TAG = "llama-worker{rank}"
@@ -398,6 +398,8 @@ BUILD_INPUTS: dict[str, Any] = {
                         "<mirror>/sdists/ (dit_mirror_url) with its SHA-256 checked."),
         "mirror_url": {"description": "The mirror's URL (default: the node's dit_mirror_url).", "type": "string"},
         "cache": _abs("The build cache on each node.", str(build.DEFAULT_CACHE)),
+        "source_dir": _abs("Where the sdist's source is unpacked on each node, for the GGUF converter.",
+                           str(source.DEFAULT_DEST)),
         "jobs": {"description": "Parallel compile jobs (0: the node's CPU count).", "type": "integer",
                  "minimum": 0, "default": 0},
     },
@@ -409,7 +411,10 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
 
     The inputs reach the plays as variables (``llamacpp_*``, written unsafe: data), never as their text.
     """
-    extravars: dict[str, Any] = {"llamacpp_cache": str(inputs.get("cache", build.DEFAULT_CACHE))}
+    extravars: dict[str, Any] = {
+        "llamacpp_cache": str(inputs.get("cache", build.DEFAULT_CACHE)),
+        "llamacpp_source_dir": str(inputs.get("source_dir", source.DEFAULT_DEST)),
+    }
     cache = "{{ llamacpp_cache }}"
     work = f"{BASE}/llamacpp"
     archive = inputs.get("archive")
@@ -423,6 +428,8 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
          "ansible.builtin.file": {"path": work, "state": "directory", "mode": "0755"}},
         {"name": "Copy the build program", "ansible.builtin.copy": {"src": str(Path(build.__file__).resolve()),
                                                                     "dest": f"{work}/build.py", "mode": "0644"}},
+        {"name": "Copy the source unpacker", "ansible.builtin.copy": {"src": str(Path(source.__file__).resolve()),
+                                                                      "dest": f"{work}/source.py", "mode": "0644"}},
     ]  # fmt: skip
     if not archive:
         if inputs.get("mirror_url"):
@@ -439,6 +446,22 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
                 },
             }
         )
+    tasks.append(
+        {
+            "name": "Unpack the sdist's source where the GGUF converter looks (SHA-256 checked)",
+            "ansible.builtin.command": {
+                "argv": [
+                    PY,
+                    f"{work}/source.py",
+                    "--archive",
+                    archive_path,
+                    "--dest",
+                    "{{ llamacpp_source_dir }}",
+                ],
+                "creates": f"{{{{ llamacpp_source_dir }}}}/{source.top_name()}/{source.MARKER}",
+            },
+        }
+    )
     tasks.append(
         {
             "name": "Build rpc-server, llama-completion, llama-bench and llama-quantize (cached by the sdist's hash)",
