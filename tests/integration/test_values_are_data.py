@@ -112,6 +112,22 @@ def test_a_runtime_action_input_stays_literal_from_the_cli(tmp_path: Path) -> No
     assert f"CK{plant(marker)}: SHA-256 (no such file), expected {'0' * 64}" in failed, failed
 
 
+def test_llamacpp_s_mirror_url_stays_literal_from_the_dit_command(tmp_path: Path) -> None:
+    """The second path the issue reproduced, through ``dit runtimes act`` itself (the plug-in as ``./dev``
+    installs it): the fetch fails against a closed port, and nothing runs."""
+    from dit.runtimes import registry
+
+    if "llamacpp-rpc" not in registry.installed():
+        pytest.skip("the llamacpp-rpc plug-in is not installed here (./dev setup installs it)")
+    marker = tmp_path / "planted-mirror"
+    url = "http://127.0.0.1:1/x" + plant(marker)
+    done = dit("runtimes", "act", "llamacpp-rpc", "build", "--set", f"mirror_url={url}", "--set", "jobs=1",
+               cwd=tmp_path)  # fmt: skip
+    assert not marker.exists(), "an action input was rendered as a template"
+    assert done.returncode != 0, done.stdout
+    assert "/x{{ lookup('pipe'" in done.stdout + done.stderr, done.stdout[-3000:]  # the URL as given
+
+
 def test_a_runtime_action_input_stays_literal_from_nnpm(
     tmp_path: Path, nnpm: StartNnpm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
