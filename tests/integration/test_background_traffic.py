@@ -16,6 +16,7 @@ from rich.console import Console
 
 import dit.driver as driver_module
 from dit.analysis.links import iperf3_rate_bps
+from dit.ansible_data import load_unsafe_yaml, unsafe_yaml
 from dit.conditions.netem.check import aggregate_network
 from dit.driver import Driver, RunOptions
 from dit.inventory import RunInventory, local_inventory
@@ -41,10 +42,10 @@ def test_background_stream_recorded_shaping_and_link_test(
     def with_iperf3_test(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         inventory = original(run_dir, devices)
         path = Path(inventory.source)
-        data: dict[str, Any] = json.loads(path.read_text())
+        data: dict[str, Any] = load_unsafe_yaml(path.read_text())
         data["all"]["children"]["devices"]["hosts"]["device1"]["dit_iperf3_test"] = True
         data["all"]["children"]["devices"]["hosts"]["device1"]["dit_iperf3_seconds"] = 1
-        path.write_text(json.dumps(data))
+        path.write_text(unsafe_yaml(data))
         return inventory
 
     monkeypatch.setattr(driver_module, "local_inventory", with_iperf3_test)
