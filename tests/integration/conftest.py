@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
@@ -40,3 +43,15 @@ def nnpm() -> Iterator[StartNnpm]:
             return stack.enter_context(TestClient(app, base_url=base_url, headers=headers))
 
         yield start
+
+
+def loopback_inventory(path: Path, **more_devices: Mapping[str, Any]) -> Path:
+    """An inventory file of an edge and ``device1`` on this machine (local connection, loopback
+    addresses), plus ``more_devices`` by name with their host variables."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    devices = {"device1": {**local, "ansible_host": "127.0.0.2"}, **more_devices}
+    doc = {"all": {"vars": {"dit_python": sys.executable}, "children": {
+        "edge": {"hosts": {"edge": {**local, "ansible_host": "127.0.0.1"}}},
+        "devices": {"hosts": devices}}}}  # fmt: skip
+    path.write_text(yaml.safe_dump(doc), "utf-8")
+    return path

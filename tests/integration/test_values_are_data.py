@@ -20,7 +20,7 @@ import yaml
 
 from dit.runtimes import ops
 from tests.conftest import REPO
-from tests.integration.conftest import StartNnpm
+from tests.integration.conftest import StartNnpm, loopback_inventory
 
 pytestmark = pytest.mark.root
 LOOPBACK = {"host": "127.0.0.1"}
@@ -138,22 +138,7 @@ def test_a_runtime_action_input_stays_literal_from_nnpm(
 
     monkeypatch.syspath_prepend(str(install_fixture_package("runtime_pkg", tmp_path / "site")))
     registry.reset()
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "vars": {"dit_python": sys.executable},
-                    "children": {
-                        "edge": {"hosts": {"edge": {**local, "ansible_host": "127.0.0.1"}}},
-                        "devices": {"hosts": {"device1": {**local, "ansible_host": "127.0.0.2"}}},
-                    },
-                }
-            }
-        ),
-        "utf-8",
-    )
+    inventory = loopback_inventory(tmp_path / "inventory.yml")
     config = WebConfig(
         inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios", probe="off"
     )
@@ -186,14 +171,7 @@ def test_a_scenario_from_nnpm_stays_literal_in_its_dry_run(tmp_path: Path, nnpm:
     from dit.web.app import WebConfig
 
     scenario, markers = scenario_with_payloads(tmp_path)
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        yaml.safe_dump({"all": {"vars": {"dit_python": sys.executable}, "children": {
-            "edge": {"hosts": {"edge": {**local, "ansible_host": "127.0.0.1"}}},
-            "devices": {"hosts": {"device1": {**local, "ansible_host": "127.0.0.2"}}}}}}),
-        "utf-8",
-    )  # fmt: skip
+    inventory = loopback_inventory(tmp_path / "inventory.yml")
     config = WebConfig(
         inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=tmp_path / "scenarios", probe="off"
     )

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 
 from dit.runtimes import registry
 from dit.web.app import WebConfig
 from tests.conftest import REPO, install_fixture_package
-from tests.integration.conftest import StartNnpm
+from tests.integration.conftest import StartNnpm, loopback_inventory
 
 LOOPBACK = {"host": "127.0.0.1"}
 
@@ -42,34 +41,10 @@ def client(
     # the echo plug-in, found through its entry point, as an installed package would be
     monkeypatch.syspath_prepend(str(runtime_site))
     registry.reset()
-    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    inventory = tmp_path / "inventory.yml"
-    inventory.write_text(
-        yaml.safe_dump(
-            {
-                "all": {
-                    "vars": {"dit_python": sys.executable},
-                    "children": {
-                        "edge": {"hosts": {"edge": {**local, "ansible_host": "127.0.0.1"}}},
-                        "devices": {
-                            "hosts": {
-                                "device1": {**local, "ansible_host": "127.0.0.2"},
-                                # ssh to a port nothing answers on: the node does not answer
-                                "ghost": {
-                                    "ansible_connection": "ssh",
-                                    "ansible_host": "127.0.0.1",
-                                    "ansible_port": dead_port(),
-                                    "ansible_user": "nobody",
-                                    "ansible_ssh_common_args": "-o ConnectTimeout=3 -o BatchMode=yes",
-                                },
-                            }
-                        },
-                    },
-                }
-            }
-        ),
-        "utf-8",
-    )
+    # ssh to a port nothing answers on: the node does not answer
+    ghost = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": dead_port(),
+             "ansible_user": "nobody", "ansible_ssh_common_args": "-o ConnectTimeout=3 -o BatchMode=yes"}  # fmt: skip
+    inventory = loopback_inventory(tmp_path / "inventory.yml", ghost=ghost)
     config = WebConfig(
         inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios", probe="off"
     )
