@@ -154,6 +154,14 @@ def test_a_plan_that_pastes_an_input_is_refused_naming_it() -> None:
     ):
         ops.refuse_pasted(inputs, action.plan(inputs).plays, "runtime x's action paste")
     ops.refuse_pasted({"path": "plain/ck"}, paste({"path": "plain/ck"}).plays, "runtime x's action paste")
+    # a value that merely ends in a delimiter is not taken for a paste of every play's own "{{ ... }}"
+    honest = {
+        "hosts": "all",
+        "tasks": [{"ansible.builtin.command": {"argv": ["echo", "{{ dit_action_inputs.path }}"]}}],
+    }
+    ops.refuse_pasted({"path": "odd/name{{"}, [honest], "runtime x's action say")
+    with pytest.raises(ops.InputError):
+        ops.refuse_pasted({"path": "name{{"}, paste({"path": "name{{"}).plays, "runtime x's action paste")
 
 
 def test_action_inputs_are_typed_by_their_schema() -> None:

@@ -112,6 +112,8 @@ def check(
             verdicts = ops.check(chosen, inv, work, doc, _print_event if verbose else lambda _e: None)
     except InventoryError as exc:
         raise _fail(str(exc), 2) from None
+    except ops.InputError as exc:  # the runtime's check would paste a block value into its plays
+        raise _fail(f"{name}: {exc}", 2) from None
     table = Table(title=f"readiness for {name}")
     for column in ("node", "state", "checks", "reason"):
         table.add_column(column)

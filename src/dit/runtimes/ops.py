@@ -103,6 +103,8 @@ def refuse_pasted(values: Mapping[str, Any], plays: Sequence[Mapping[str, Any]] 
                 continue
             # from the delimiter to the next '/' (a runtime may make a path absolute or normalise it)
             piece = value[at:].split("/", 1)[0]
+            if len(piece) <= len(delimiter):  # a bare delimiter is in every play: look for the value
+                piece = value
             if any(piece in text for text in texts):
                 raise InputError([FieldError(where, (
                     f"{who} would paste this value into its playbook's template text, where "
