@@ -29,7 +29,13 @@ from pathlib import Path
 try:
     from dit_llamacpp.build import SDIST_NAME, SDIST_SHA256, SDIST_VERSION, sha256_of
 except ImportError:  # on a node: this file beside build.py, which is not a package there
-    from build import SDIST_NAME, SDIST_SHA256, SDIST_VERSION, sha256_of  # type: ignore[no-redef,import-not-found]
+    # imported by name at run time: a static "from build import" would have mypy resolve "build" to
+    # whatever it finds (the docs' build/ directory in a checkout, PyPA's build package)
+    import importlib
+
+    _beside = importlib.import_module("build")
+    SDIST_NAME, SDIST_SHA256, SDIST_VERSION = _beside.SDIST_NAME, _beside.SDIST_SHA256, _beside.SDIST_VERSION
+    sha256_of = _beside.sha256_of
 
 DEFAULT_DEST = Path("/var/cache/dit/src")
 MARKER = ".dit-source.json"
