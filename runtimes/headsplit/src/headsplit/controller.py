@@ -397,16 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(rc.threads)
     from headsplit import rpc
 
-    rpc.init(rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s)
-    listening = netif.listeners()
-    stray = netif.stray_listeners(rc.address, listening)
-    if stray:
-        print(
-            f"headsplit controller: refused: torch RPC listens on {', '.join(stray)}, not only on "
-            f"controller.address {rc.address}",
-            file=sys.stderr,
-        )
-        rpc.shutdown(graceful=False)
+    listening = rpc.init_listening_only_on(
+        rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s,
+        rc.address, "controller.address",
+    )  # fmt: skip
+    if listening is None:
         return 2
     code = 0
     try:
@@ -415,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
     except Exception as exc:  # a failed run is a result file with its error, not a traceback
         doc, code = {"error": f"{type(exc).__name__}: {exc}"}, 1
-    doc["listeners"] = [f"{host}:{port}" for host, port in listening]
+    doc["listeners"] = listening
     if code:
         print(f"headsplit controller: {doc['error']}", file=sys.stderr)
     # the result first: a shutdown after a failure may wait on a worker that is gone

@@ -88,6 +88,28 @@ def init(name: str, rank: int, world_size: int, address: str, port: int, timeout
     trpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)  # type: ignore[no-untyped-call, unused-ignore]
 
 
+def init_listening_only_on(
+    name: str, rank: int, world_size: int, address: str, port: int, timeout_s: float, own: str, field: str
+) -> list[str] | None:
+    """:func:`init` (``address``: the controller's rendezvous), then this process's listening sockets as
+    ``host:port``; None when one of them is not on its own address ``own`` (given by the block's
+    ``field``): the refusal is said on stderr with the stray sockets, and RPC is shut down."""
+    import sys
+
+    init(name, rank, world_size, address, port, timeout_s)
+    listening = netif.listeners()
+    stray = netif.stray_listeners(own, listening)
+    if stray:
+        who = "controller" if rank == 0 else "worker"
+        print(
+            f"headsplit {who}: refused: torch RPC listens on {', '.join(stray)}, not only on {field} {own}",
+            file=sys.stderr,
+        )
+        shutdown(graceful=False)
+        return None
+    return [f"{host}:{port}" for host, port in listening]
+
+
 def shutdown(graceful: bool = True) -> None:
     """Graceful: blocks until every member of the group has reached shutdown (and its outstanding
     calls are done). Not graceful: this process leaves at once (after a failed run)."""

@@ -46,16 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     from headsplit import rpc
 
     start_ns = time.time_ns()
-    rpc.init(entry.name, entry.rank, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s)
-    listening = netif.listeners()
-    stray = netif.stray_listeners(entry.address, listening)
-    if stray:
-        print(
-            f"headsplit worker: refused: torch RPC listens on {', '.join(stray)}, not only on "
-            f"workers[{entry.rank - 1}].address {entry.address}",
-            file=sys.stderr,
-        )
-        rpc.shutdown(graceful=False)
+    listening = rpc.init_listening_only_on(
+        entry.name, entry.rank, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s,
+        entry.address, f"workers[{entry.rank - 1}].address",
+    )  # fmt: skip
+    if listening is None:
         return 2
     rpc.shutdown()
     out = Path(rc.result).parent / f"worker{entry.rank}.json"
@@ -67,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": rc.threads,
         "start_ns": start_ns,
         "end_ns": time.time_ns(),
-        "listeners": [f"{host}:{port}" for host, port in listening],
+        "listeners": listening,
         **rpc.worker_report(),
     }
     out.write_text(json.dumps(doc, indent=1) + "\n")
