@@ -85,6 +85,15 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def check_archive(archive: Path, sha256: str, error: type[Exception]) -> None:
+    """The sdist ``archive`` exists and has the pinned ``sha256``; else ``error`` saying which."""
+    if not archive.is_file():
+        raise error(f"{archive}: no such sdist (mirror/build fetches it: mirror/sources.yaml sdists)")
+    actual = sha256_of(archive)
+    if actual != sha256:
+        raise error(f"{archive}: SHA-256 {actual} is not the pinned {sha256}")
+
+
 def cache_dir(cache: Path, sha256: str) -> Path:
     """Where the build of the archive with this SHA-256 lives."""
     return cache / sha256[:12]
@@ -150,11 +159,7 @@ def build(
     if cached is not None:
         log(f"llamacpp: cached build {cached.directory}")
         return cached
-    if not archive.is_file():
-        raise BuildError(f"{archive}: no such sdist (mirror/build fetches it: mirror/sources.yaml sdists)")
-    actual = sha256_of(archive)
-    if actual != sha256:
-        raise BuildError(f"{archive}: SHA-256 {actual} is not the pinned {sha256}")
+    check_archive(archive, sha256, BuildError)
     cmake = shutil.which("cmake")
     if cmake is None:
         raise BuildError("cmake not found (roles/llamacpp installs cmake and g++ from the mirror)")

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 try:
-    from dit_llamacpp.build import SDIST_NAME, SDIST_SHA256, SDIST_VERSION, sha256_of
+    from dit_llamacpp.build import SDIST_NAME, SDIST_SHA256, SDIST_VERSION, check_archive, sha256_of
 except ImportError:  # on a node: this file beside build.py, which is not a package there
     # imported by name at run time: a static "from build import" would have mypy resolve "build" to
     # whatever it finds (the docs' build/ directory in a checkout, PyPA's build package)
@@ -35,7 +35,7 @@ except ImportError:  # on a node: this file beside build.py, which is not a pack
 
     _beside = importlib.import_module("build")
     SDIST_NAME, SDIST_SHA256, SDIST_VERSION = _beside.SDIST_NAME, _beside.SDIST_SHA256, _beside.SDIST_VERSION
-    sha256_of = _beside.sha256_of
+    sha256_of, check_archive = _beside.sha256_of, _beside.check_archive
 
 DEFAULT_DEST = Path("/var/cache/dit/src")
 MARKER = ".dit-source.json"
@@ -126,11 +126,7 @@ def unpack(
     if done is not None:
         log(f"llamacpp source: already unpacked at {done}")
         return done
-    if not archive.is_file():
-        raise SourceError(f"{archive}: no such sdist (mirror/build fetches it: mirror/sources.yaml sdists)")
-    actual = sha256_of(archive)
-    if actual != sha256:
-        raise SourceError(f"{archive}: SHA-256 {actual} is not the pinned {sha256}")
+    check_archive(archive, sha256, SourceError)
     top = top_name(archive.name)
     target = dest / top
     dest.mkdir(parents=True, exist_ok=True)
