@@ -46,6 +46,23 @@ def _lease_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     return path
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``./dev test``), keep together on one worker, in order,
+    the tests of a module that share a module- or class-scoped fixture (a run several tests read, a
+    server and browser whose state the next test builds on): spread over workers, each would make the
+    run again. Every other test is scheduled on its own."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = any(
+            d.scope in ("module", "class", "package") for defs in info.name2fixturedefs.values() for d in defs
+        )
+        if shared and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 def write_scenario(directory: Path, **overrides: object) -> Path:
     """A small local scenario (the 4-stage fake model, two devices) with ``overrides`` applied."""
     doc: dict[str, object] = {

@@ -245,7 +245,8 @@ def test_stop_during_a_run_tears_down(page: Any, server: Server) -> None:
     shot(page, "10-stopped-teardown-done")
 
 
-def test_artifacts_written() -> None:
+def test_artifacts_written(server: Server) -> None:
+    """After the tests above (the module's server fixture keeps them in order on one xdist worker)."""
     names = sorted(p.name for p in Path(ARTIFACTS).glob("*.png"))
     assert len(names) >= 10, names
     assert time.time() - max(p.stat().st_mtime for p in Path(ARTIFACTS).glob("*.png")) < 3600

@@ -34,6 +34,7 @@ def mbits(log: str) -> list[float]:
     return [float(m.group(1)) * scale[m.group(2)] for m in INTERVAL.finditer(log)]
 
 
+@pytest.mark.serial  # the stream's rate is measured: alone, after the parallel pass
 def test_background_stream_recorded_shaping_and_link_test(
     scenario_dir: Path, runs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -104,6 +104,7 @@ def _teardown(tmp_path: Path, run_id: str, journal: Path) -> None:
     assert outcome.ok and not outcome.failures(), [e.message() for e in outcome.failures()]
 
 
+@pytest.mark.serial  # the share is measured: alone, after the parallel pass
 def test_a_busy_loop_in_a_30_percent_share_gets_30_percent_and_teardown_restores_the_tree(
     tmp_path: Path,
 ) -> None:

@@ -34,10 +34,10 @@ def _usable() -> str | None:
     for tool in ("ip", "ssh", "ssh-keygen"):
         if shutil.which(tool) is None:
             return f"needs {tool}"
-    probe = subprocess.run(["ip", "netns", "add", "dit-rack-probe"], capture_output=True)
+    probe = subprocess.run(["ip", "netns", "add", f"dit-rack-probe-{os.getpid()}"], capture_output=True)
     if probe.returncode != 0:
         return f"ip netns does not work here: {probe.stderr.decode().strip()}"
-    subprocess.run(["ip", "netns", "del", "dit-rack-probe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", f"dit-rack-probe-{os.getpid()}"], capture_output=True)
     return None
 
 
@@ -214,6 +214,7 @@ def test_the_rack_s_files_are_root_s_alone_and_sshd_checks_their_modes(rack: Rac
     assert "StrictModes yes\n" in config and "StrictModes no" not in config
 
 
+@pytest.mark.serial  # the share is measured: alone, after the parallel pass
 def test_a_busy_loop_gets_its_cpu_share(rack: RackHandle) -> None:
     """CPU time over wall time of a busy loop started over SSH inside device1's 30 % quota."""
     loop = (

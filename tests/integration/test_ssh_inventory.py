@@ -35,10 +35,10 @@ def _usable() -> str | None:
         return "needs openssh-server (./dev installs it as root)"
     if shutil.which("ip") is None:
         return "needs iproute2"
-    probe = subprocess.run(["ip", "netns", "add", "dit-probe"], capture_output=True)
+    probe = subprocess.run(["ip", "netns", "add", f"dit-probe-{os.getpid()}"], capture_output=True)
     if probe.returncode != 0:
         return f"ip netns does not work here: {probe.stderr.decode().strip()}"
-    subprocess.run(["ip", "netns", "del", "dit-probe"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", f"dit-probe-{os.getpid()}"], capture_output=True)
     return None
 
 

@@ -48,7 +48,8 @@ def _netns_works() -> str | None:
 
 
 SKIP = _netns_works()
-pytestmark = [pytest.mark.root, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
+# serial: the rates are measured with iperf3 (./dev test runs these alone, after the parallel pass)
+pytestmark = [pytest.mark.root, pytest.mark.serial, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
 
 @dataclass

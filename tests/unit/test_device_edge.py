@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 
 import pytest
 
+import dit.device.edge as edge_module
 from dit.device.common import ConfigError
 from dit.device.edge import (
     MAX_CAPACITY_REPETITIONS,
@@ -179,31 +179,44 @@ def test_executor_reports_a_failing_stage() -> None:
 
 
 class _Timed:
-    """A stage model whose every stage sleeps ``stage_s``: a pass of 2 stages lasts ``2 * stage_s``."""
+    """A stage model whose every stage takes ``stage_s`` on a clock of its own (``now_ns``, which the
+    test puts in place of ``time.monotonic_ns``): a pass of 2 stages lasts ``2 * stage_s``, whatever
+    else runs on the machine."""
 
     num_stages = 2
 
     def __init__(self, stage_s: float) -> None:
         self.stage_s = stage_s
         self.calls = 0
+        self.clock_ns = 0
+
+    def now_ns(self) -> int:
+        return self.clock_ns
 
     def make_input(self) -> bytes:
         return b""
 
     def run_stage(self, stage: int, x: bytes) -> bytes:
         self.calls += 1
-        time.sleep(self.stage_s)
+        self.clock_ns += round(self.stage_s * 1e9)
         return x
 
 
-def test_capacity_repetitions_last_the_minimum_duration() -> None:
+def _sized(model: _Timed, repetitions: int, min_s: float, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(edge_module.time, "monotonic_ns", model.now_ns)
+    try:
+        return capacity_repetitions(model, repetitions, min_s)
+    finally:
+        monkeypatch.undo()
+
+
+def test_capacity_repetitions_last_the_minimum_duration(monkeypatch: pytest.MonkeyPatch) -> None:
     m = _Timed(0.01)  # a pass is 20 ms; a repetition costs two passes: 40 ms
-    assert capacity_repetitions(m, 3, 0.0) == 3 and m.calls == 0  # 0: exactly the scenario's, no pass
-    reps = capacity_repetitions(m, 3, 1.0)
+    assert _sized(m, 3, 0.0, monkeypatch) == 3 and m.calls == 0  # 0: exactly the scenario's, no pass
+    assert _sized(m, 3, 1.0, monkeypatch) == 25  # 1 s / 40 ms
     assert m.calls == 4  # two timed passes
-    assert 15 <= reps <= 25  # 1 s / 40 ms = 25, fewer when the sleeps overran
-    assert capacity_repetitions(_Timed(0.5), 3, 1.0) == 3  # a slow model keeps its repetitions
-    assert capacity_repetitions(_Timed(0.000001), 3, 600.0) == MAX_CAPACITY_REPETITIONS
+    assert _sized(_Timed(0.5), 3, 1.0, monkeypatch) == 3  # a slow model keeps its repetitions
+    assert _sized(_Timed(0.000001), 3, 600.0, monkeypatch) == MAX_CAPACITY_REPETITIONS
 
 
 def _cfg(profile: object) -> dict[str, object]:
