@@ -67,6 +67,10 @@ def small_ch4_validation(directory: Path) -> Path:
     return path
 
 
+# Slow phase: two runs with busy load processes beside them (156 s of CI's default phase alone). Its fast
+# siblings in the default phase: test_policies_show_their_queueing_difference (a policy sweep) and the
+# rack example's dry run of every shipped scenario (test_dry_run.py).
+@pytest.mark.slow
 def test_ch4_validation_sweep_runs_both_policies_with_a_summary(tmp_path: Path) -> None:
     """The article's scenario, at a small size, in local mode: one run directory per policy."""
     runs = tmp_path / "runs"

@@ -29,6 +29,7 @@ BUILD_DELAY_S = 5.0
 LEAD_S = 0.01
 
 
+@pytest.mark.serial  # starts on time: alone, after the parallel pass
 @pytest.mark.slow  # a whole local run with two 5 s model builds (about 35 s; 90 s at load 10)
 def test_agents_that_prepare_longer_than_the_lead_start_on_time(scenario_dir: Path, runs_dir: Path) -> None:
     path = write_scenario(

@@ -21,7 +21,7 @@ from dit.models.equivalence import check_partition_equivalence
 
 pytest.importorskip("tensorflow")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # gaps between timed calls: alone
 
 SMALL: list[tuple[str, dict[str, Any]]] = [
     ("alexnet", {"fc_units": 64}),
