@@ -13,7 +13,7 @@ description:
     node or this run (O(run_id)) already does. Another run's lease is only replaced when its exact
     content is O(replaces); anything else found there fails the task and names the holder.
   - Whether a holder still lives is decided on the controller by the C(dit_lease) action plugin
-    (C(dit.lease)), which reads the lease through this module's plan mode, refuses a live or
+    (C(dit.run.lease)), which reads the lease through this module's plan mode, refuses a live or
     unverifiable holder, and passes O(replaces) only for a lease it decided to break
     (O(break_stale)).
   - The lease is released by C(dit_restore) (journal record C(lease)) at teardown or C(dit cleanup),

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from dit.web.topology import haversine_km, link_latency_ms
 from tests.e2e.conftest import ARTIFACTS, Server, shot
 

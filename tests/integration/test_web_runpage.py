@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from dit.optimise.api import optimise_run
 from dit.report import units
-from dit.rundir import RunDir, write_json
+from dit.run.rundir import RunDir, write_json
 from dit.web import runs as runs_mod
 from dit.web.app import WebConfig
 from dit.web.benchmark import PROFILING_FIELDS, benchmark_document

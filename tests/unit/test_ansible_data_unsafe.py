@@ -14,7 +14,7 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
 from dit.ansible_data import unsafe_yaml
-from dit.ansible_exec import write_extravars
+from dit.run.ansible_exec import write_extravars
 from dit.runtimes import ops, registry
 from dit.runtimes.base import Action, ActionPlan, Runtime
 

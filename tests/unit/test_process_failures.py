@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dit.cli import app
-from dit.procs import ProcessFailure, process_failures
-from dit.rundir import RunDir
+from dit.run.procs import ProcessFailure, process_failures
+from dit.run.rundir import RunDir
 
 
 def _records(raw: Path, host: str, entries: object) -> None:

@@ -3,7 +3,7 @@
 The stage playbooks are Jinja templates (``playbooks/*.yml.j2``) that ansible-lint cannot read as
 they are. This renders each into a temporary project next to the roles, custom modules and
 plugins, and runs ``ansible-lint --profile production`` on the result and on ``roles/``.
-``python -m dit.lint_playbooks`` exits with ansible-lint's status.
+``python -m dit.devtools.lint_playbooks`` exits with ansible-lint's status.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dit.ansible_exec import ansible_env, render_playbook
 from dit.conditions import EDGE_SERVICE_ORDER, conditions
 from dit.paths import content_root
+from dit.run.ansible_exec import ansible_env, render_playbook
 
 
 def main() -> int:

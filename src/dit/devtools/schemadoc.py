@@ -1,6 +1,6 @@
 """Render the scenario reference (Markdown) from the scenario JSON Schema.
 
-``python -m dit.schemadoc [OUT.md]`` writes it (``docs/scenario-reference.md`` is generated this
+``python -m dit.devtools.schemadoc [OUT.md]`` writes it (``docs/scenario-reference.md`` is generated this
 way, and a test keeps it equal to the schema).
 """
 
@@ -184,7 +184,7 @@ def render_reference(schema: SchemaNode) -> str:
         "# Scenario reference",
         "",
         "<!-- Generated from scenarios/scenario.schema.json and the installed runtimes' blocks by "
-        "`python -m dit.schemadoc docs/scenario-reference.md`; do not edit by hand. -->",
+        "`python -m dit.devtools.schemadoc docs/scenario-reference.md`; do not edit by hand. -->",
         "",
         str(schema.get("description", "")),
         "",
@@ -211,7 +211,7 @@ def render_reference(schema: SchemaNode) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) > 1 or (args and args[0].startswith("-")):
-        sys.stderr.write("usage: python -m dit.schemadoc [OUT.md]  (without OUT.md: to stdout)\n")
+        sys.stderr.write("usage: python -m dit.devtools.schemadoc [OUT.md]  (without OUT.md: to stdout)\n")
         return 0 if args[0] in ("-h", "--help") else 2
     text = render_reference(load_schema())
     if args:

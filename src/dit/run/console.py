@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dit.ansible_exec import HostEvent
+from dit.run.ansible_exec import HostEvent
 
 STAGES = ("preflight", "apply", "profile", "collect", "aggregate", "optimise", "teardown")
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "skipped": "dim"}
@@ -53,7 +53,7 @@ class Reporter:
                 self._log_failed(exc)
 
     def _log_failed(self, exc: OSError) -> None:
-        from dit.rundir import os_reason
+        from dit.run.rundir import os_reason
 
         self._log = None
         self.console.print(

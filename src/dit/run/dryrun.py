@@ -1,7 +1,7 @@
 """Dry runs (``dit run --check``): what preflight and apply would change on every node, changing nothing.
 
 The driver runs the preflight and apply playbooks in Ansible check mode with ``--diff``
-(:meth:`dit.driver.Driver.dry_run`): the modules read each node's current state and report what
+(:meth:`dit.run.driver.Driver.dry_run`): the modules read each node's current state and report what
 they would do, but write nothing, and the journal-before-change action plugins journal nothing in
 check mode (a plan is the answer). Profile, collect, aggregate and optimise do not run, and since
 nothing was started or changed there is no teardown.
@@ -31,10 +31,10 @@ from typing import Any
 
 from rich.console import Console
 
-from dit.ansible_exec import HostEvent
-from dit.driver import Driver, RunOptions
-from dit.journal import Journal
-from dit.procs import run_processes
+from dit.run.ansible_exec import HostEvent
+from dit.run.driver import Driver, RunOptions
+from dit.run.journal import Journal
+from dit.run.procs import run_processes
 from dit.scenario import Scenario
 
 STAGES = ("preflight", "apply")

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dit.ansible_data import load_unsafe_yaml, unsafe_yaml
-from dit.lease import local_lease_dir
-from dit.localmode import (
+from dit.conditions import HostContext, local_hostvars
+from dit.run.lease import local_lease_dir
+from dit.run.localmode import (
     LOCAL_CPU_SHARE_ENV,
     LOCAL_MEMORY_ENV,
     cpu_quota_usable,
@@ -26,7 +27,7 @@ from dit.localmode import (
     local_runtimes_dir,
     make_fake_sysfs,
 )
-from dit.rundir import DRIVER, RunDir, read_json
+from dit.run.rundir import DRIVER, RunDir, read_json
 
 EDGE = "edge"
 LOCAL_INVENTORY = "inventory.yml"  # local mode's generated inventory, in the run directory
@@ -70,6 +71,30 @@ class RunInventory:
             return "127.0.0.1"
         hostvars = self.hostvars.get(host, {})
         return str(hostvars.get("dit_inference_address") or hostvars.get("ansible_host") or host)
+
+
+def host_contexts(inv: RunInventory, run_id: str) -> dict[str, HostContext]:
+    """What each host's condition builders may know besides the scenario."""
+    addresses = {host: inv.address_of(host) for host in inv.hosts}
+    # Local mode applies the conditions for real where this machine can (cgroups): the conditions
+    # say which host variables that takes, unless the inventory sets them.
+    defaults = local_hostvars() if inv.local else {}
+    contexts: dict[str, HostContext] = {}
+    for host in inv.hosts:
+        hostvars = {**defaults, **inv.hostvars.get(host, {})}
+        contexts[host] = HostContext(
+            host=host,
+            role="edge" if host == inv.edge_host else "device",
+            local=inv.local,
+            run_id=run_id,
+            node_root=inv.node_root(host, run_id),
+            sysfs_root=str(hostvars.get("sysfs_root", "/sys")),
+            edge_host=inv.edge_host,
+            edge_address=inv.edge_address,
+            hostvars=hostvars,
+            addresses=addresses,
+        )
+    return contexts
 
 
 def local_cpu_split() -> tuple[list[int], list[int]]:

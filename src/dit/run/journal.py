@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import posixpath
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -27,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dit.rundir import os_reason
+from dit.run.rundir import os_reason
 
 if TYPE_CHECKING:
-    from dit.inventory import RunInventory
+    from dit.run.inventory import RunInventory
 
 
 class JournalError(Exception):
@@ -183,40 +182,22 @@ def _built_conditions(metadata: Path) -> dict[str, Any]:
 def undo_scopes(run_id: str, inventory: RunInventory, metadata: Path) -> dict[str, dict[str, Any]]:
     """What undoing the journal may touch on each host: ``dit_restore``'s scope parameters.
 
-    Taken from the inventory (the node's run directory, its sysfs root, its cgroup root) and from
-    the conditions the run built (``metadata``, the run's ``metadata.json``: the interfaces it
-    shaped and their dry-run logs), never from the journal itself; docs/journal.md says what each
-    allows.
+    Taken from the inventory (the node's run directory, its sysfs root, the lease directory) and,
+    through every condition's ``undo_scope`` hook (:func:`dit.conditions.undo_scope`), from the
+    conditions the run built (``metadata``, the run's ``metadata.json``) and the host's variables;
+    never from the journal itself. docs/journal.md says what each allows.
     """
-    from dit.conditions.memory import DEFAULT_CGROUP_ROOT
+    from dit.conditions import undo_scope  # here: the action plugins import this module, not the conditions
 
     conditions = _built_conditions(metadata)
     scopes: dict[str, dict[str, Any]] = {}
     for host in inventory.hosts:
         hostvars = inventory.hostvars.get(host, {})
-        netem = conditions.get(host, {}).get("netem") or {}
-        interfaces = []
-        if netem.get("netem_interface"):
-            interfaces.append(
-                {
-                    "dev": str(netem["netem_interface"]),
-                    "netns": str(netem.get("netem_netns") or ""),
-                    "log": str(netem.get("netem_log") or ""),
-                }
-            )
+        built = conditions.get(host)
         scopes[host] = {
             "node_root": inventory.node_root(host, run_id),
             "sysfs_root": str(hostvars.get("sysfs_root") or "/sys"),
-            # Local mode creates its cgroups under cgroup_memory_root() and cgroup_cpu_root(), inside
-            # this default; on cgroup v1 the memory and cpu roots differ: the scope is their common parent
-            # (a run's cgroup is still only a directory named dit-<run id>-<host> under it).
-            "cgroup_root": posixpath.commonpath(
-                [
-                    str(hostvars.get("dit_cgroup_root") or DEFAULT_CGROUP_ROOT),
-                    str(hostvars.get("dit_cpu_cgroup_root") or DEFAULT_CGROUP_ROOT),
-                ]
-            ),
-            "interfaces": interfaces,
+            **undo_scope(host, built if isinstance(built, dict) else {}, hostvars),
         }
         if hostvars.get("dit_lease_dir"):  # the node lease moved out of the node's dit directory
             scopes[host]["lease_dir"] = str(hostvars["dit_lease_dir"])

@@ -41,6 +41,21 @@ def disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+def describe_failure(exc: Exception, stage: str | None, run_dir: Path) -> str:
+    """One line for a failed stage: an OS error says which file and why in words (a full disk says
+    so and where), not ``[Errno 28]``; anything else is its own message."""
+    if not isinstance(exc, OSError):
+        return str(exc)
+    text = (
+        str(exc)
+        if isinstance(exc, RunDirError)
+        else (f"{exc.filename}: " if exc.filename else "") + os_reason(exc)
+    )
+    if disk_full(exc):
+        text += f" (the run directory {run_dir} is on it)"
+    return f"{stage}: {text}" if stage else text
+
+
 class RunDirError(OSError):
     """A run directory's file cannot be read or written. ``str()`` is one line naming the file and
     the reason; it stays an :class:`OSError` (errno, filename) for the callers that handle those."""

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dit.ansible_exec import HostEvent
+from dit.run.ansible_exec import HostEvent
 
 app = typer.Typer(
     no_args_is_help=False,
@@ -99,7 +99,7 @@ def check(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Print every task result.")] = False,
 ) -> None:
     """Readiness of every node for a runtime; exits 1 when a node is not ready."""
-    from dit.inventory import InventoryError
+    from dit.run.inventory import InventoryError
     from dit.runtimes import ops
     from dit.scenario.spec import DEFAULT_RUNTIME
 
@@ -141,7 +141,7 @@ def act(
     ] = None,
 ) -> None:
     """Run a maintenance action of a runtime on every node, its output streamed."""
-    from dit.inventory import InventoryError
+    from dit.run.inventory import InventoryError
     from dit.runtimes import ops
 
     chosen = _runtime(runtime)
@@ -190,7 +190,7 @@ def install(
     """Install a runtime at its pin into its own venv on every node, from the mirror, hashes required."""
     import os
 
-    from dit.inventory import InventoryError
+    from dit.run.inventory import InventoryError
     from dit.runtimes import ops
 
     mirror_dir = (mirror or Path(os.environ.get("DIT_MIRROR_DIR", "/srv/dit-mirror"))).resolve()

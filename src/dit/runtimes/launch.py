@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from dit.ansible_exec import StageOutcome
+from dit.run.ansible_exec import StageOutcome
 from dit.runtimes.base import LaunchContext, LaunchOutcome, LaunchSpec, Runtime
 
 LAUNCH_MODULE = "dit_launch"

@@ -1,7 +1,7 @@
 """Readiness checks and maintenance actions of a runtime, run through ansible-runner.
 
 Both take an inventory (``-i``) or, without one, local mode: a throwaway local-mode inventory (the edge
-and the given devices as directories on this machine, :func:`dit.inventory.local_inventory`). Every task
+and the given devices as directories on this machine, :func:`dit.run.inventory.local_inventory`). Every task
 result is handed to ``on_event`` as it happens (the CLI prints it, NNPM streams it to its terminal).
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 
-from dit.ansible_exec import HostEvent, StageOutcome, run_playbook
-from dit.inventory import RunInventory, load_inventory, local_inventory
+from dit.run.ansible_exec import HostEvent, StageOutcome, run_playbook
+from dit.run.inventory import RunInventory, load_inventory, local_inventory
 from dit.runtimes.base import (
     CHECK_PREFIX,
     Action,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.ansible_data import UnsafeText, load_unsafe_yaml, marked_yaml
-from dit.inventory import InventoryError, list_inventory
+from dit.run.inventory import InventoryError, list_inventory
 from dit.web.topology import Point
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")

@@ -2,7 +2,7 @@
 
 The browser only lays the values out: every duration, size and objective arrives here already written
 with its unit (``14.0 ms``, never ``14000000``), the raw number beside it for a tooltip. Stages come in
-run order (:data:`dit.reporter.STAGES`), phases with a label and what each one measures, optimiser
+run order (:data:`dit.run.console.STAGES`), phases with a label and what each one measures, optimiser
 results with the meaning of L, T, R and D and whether they are a prediction (a policy the run did not
 measure, or a run without inference), and the settings the run itself optimised with.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dit.report import units
-from dit.reporter import STAGES as STAGE_ORDER
+from dit.run.console import STAGES as STAGE_ORDER
 
 PHASE_COLUMNS: Final[dict[str, tuple[str, str]]] = {
     "host": ("device", "the device that sent the requests"),

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from dit.device.tags import RUN_ENV
-from dit.procs import pid_alive
 from dit.report import units
-from dit.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
+from dit.run.procs import pid_alive
+from dit.run.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
 from dit.web import runpage
 from dit.web.store import Store, Version
 

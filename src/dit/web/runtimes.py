@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dit.ansible_exec import HostEvent
+from dit.run.ansible_exec import HostEvent
 from dit.runtimes.base import CHECK_PREFIX, NodeReadiness, Runtime
 from dit.runtimes.base import Action as RuntimeAction
 

@@ -5,16 +5,18 @@ ready only once its CPU share is within ``tolerance_pct`` of its target over ``w
 ``timeout_s`` (:mod:`dit.device.load`); the ``dit_proc`` task that starts it waits for that ready file and
 returns its content. :func:`settle_records` picks each device's ``settle`` record out of the apply
 stage's results, :func:`settle_messages` turns them into report lines, a warning for every device that
-did not settle (timeout or stopped) — never silent. The driver stores the records in ``status.json`` as
-``settle`` (``{device: record}``; docs/raw-results.md).
+did not settle (timeout or stopped) — never silent. The load condition's ``applied`` hook hands the
+records to the driver, which stores them in ``status.json`` as ``settle`` (``{device: record}``;
+docs/raw-results.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dit.ansible_exec import StageOutcome
+if TYPE_CHECKING:  # a type only: discovering the conditions must not import ansible-runner
+    from dit.run.ansible_exec import StageOutcome
 
 LOAD_TAG = "load"
 

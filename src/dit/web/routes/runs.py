@@ -14,8 +14,8 @@ from fastapi import APIRouter, HTTPException, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from dit.device.tags import RUN_ENV
-from dit.procs import pid_alive
-from dit.rundir import RunDir
+from dit.run.procs import pid_alive
+from dit.run.rundir import RunDir
 from dit.scenario import expand, validate
 from dit.web import runpage
 from dit.web import runs as runs_mod
@@ -225,7 +225,7 @@ def get_optimise(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
 
 @router.post("/runs/{scenario}/{run}/optimise", response_model=None)
 async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[str, Any] | JSONResponse:
-    from dit.aggregate import AggregateError
+    from dit.analysis.run import AggregateError
     from dit.optimise import OptimiseError
     from dit.optimise.api import optimise_run
 
