@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from dit.conditions.cgroup_roots import cgroup_memory_root
 from dit.run.ansible_exec import ansible_env, run_stage
 from dit.run.journal import Journal
-from dit.run.localmode import cgroup_memory_root
 
 LIMIT_MB = 64
 ALLOCATE_MB = 256

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from dit.conditions.cgroup_roots import cgroup_cpu_root, cgroup_memory_root
 from dit.run.journal import Journal
-from dit.run.localmode import cgroup_cpu_root, cgroup_memory_root
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario

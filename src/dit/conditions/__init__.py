@@ -19,7 +19,7 @@ and may define these hooks, each called by the driver for every condition that h
   returns why the run must not start (``"memory limit refused: ..."``, prefixed with ``preflight:``
   in the run's error) or None. The first refusal stops the run before anything is applied;
 - ``applied(scenario, outcome) -> Applied | None`` (:data:`AppliedHook`): what the condition reads
-  out of the apply stage's results (a :class:`dit.run.ansible_exec.StageOutcome`) once it has run:
+  out of the apply stage's results (:class:`StageResults`) once it has run:
   fields for ``status.json`` and lines for the run log (the load condition's settle records);
 - ``aggregate(run) -> None`` (:data:`AggregateHook`): the condition's own analysis of a collected
   run (a :class:`dit.analysis.run.LoadedRun`), writing under ``aggregate/``; called after the
@@ -46,16 +46,15 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import posixpath
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from dit.scenario import Scenario
 
 if TYPE_CHECKING:
     from dit.analysis.run import LoadedRun
-    from dit.run.ansible_exec import StageOutcome
 
 EDGE_SERVICE_ORDER = 50
 
@@ -119,6 +118,24 @@ Builder = Callable[[Scenario, str, HostContext], "dict[str, Any] | None"]
 ProcessHook = Callable[[Scenario, str, HostContext], "ProcessSettings | None"]
 
 
+class TaskResult(Protocol):
+    """One task's result on one host, as a stage reports it (:class:`dit.run.ansible_exec.HostEvent`)."""
+
+    @property
+    def action(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def result(self) -> Mapping[str, Any]: ...
+
+
+class StageResults(Protocol):
+    """A stage's results per host, in task order (:class:`dit.run.ansible_exec.StageOutcome`)."""
+
+    @property
+    def results(self) -> Mapping[str, Sequence[TaskResult]]: ...
+
+
 @dataclass(frozen=True)
 class Applied:
     """What a condition has to say once the apply stage has run."""
@@ -143,7 +160,7 @@ NotesHook = Callable[[PreflightFacts], "list[str]"]
 #: ``aggregate(run)``: the condition's analysis of a collected run, written under ``aggregate/``.
 AggregateHook = Callable[["LoadedRun"], None]
 #: ``applied(scenario, outcome)``: what the condition reads from the apply stage's results, or None.
-AppliedHook = Callable[[Scenario, "StageOutcome"], "Applied | None"]
+AppliedHook = Callable[[Scenario, StageResults], "Applied | None"]
 #: ``undo_scope(host, built, hostvars)``: what undoing the condition's records may touch on the host.
 UndoScopeHook = Callable[[str, "Mapping[str, Any] | None", Mapping[str, Any]], "UndoScope | None"]
 #: ``local_hostvars()``: host variables local mode sets for every node the inventory leaves them unset on.
@@ -257,7 +274,7 @@ def aggregate_hooks() -> list[tuple[Condition, AggregateHook]]:
     return hooks
 
 
-def after_apply(scenario: Scenario, outcome: StageOutcome) -> list[Applied]:
+def after_apply(scenario: Scenario, outcome: StageResults) -> list[Applied]:
     """Every condition's ``applied`` reading of the apply stage, in condition order."""
     found: list[Applied] = []
     for module in _modules():

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
+from dit.conditions.cgroup_roots import cgroup_cpu_root
+
 PI4_FREQS_KHZ = tuple(range(600_000, 1_800_001, 100_000))
 EDGE_BASE_KHZ = 3_600_000
 EDGE_MAX_KHZ = 4_900_000
@@ -74,35 +76,6 @@ def snapshot_tree(root: Path) -> dict[str, str]:
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
-
-
-def cgroup_memory_root(base: Path = Path("/sys/fs/cgroup")) -> str:
-    """Where memory cgroups are created on this machine: local mode's ``dit_cgroup_root``.
-
-    Memory limits are applied for real in local mode. This is the cgroup v2 root when its
-    ``cgroup.controllers`` lists ``memory``, else the cgroup v1 memory hierarchy.
-    """
-    controllers = base / "cgroup.controllers"
-    if controllers.is_file() and "memory" in controllers.read_text(encoding="utf-8").split():
-        return str(base)
-    if (base / "memory" / "memory.limit_in_bytes").exists():
-        return str(base / "memory")
-    return str(base)
-
-
-def cgroup_cpu_root(base: Path = Path("/sys/fs/cgroup")) -> str:
-    """Where CPU cgroups are created on this machine: local mode's ``dit_cpu_cgroup_root``.
-
-    The cgroup v2 root when its ``cgroup.controllers`` lists ``cpu``, else the cgroup v1 cpu hierarchy
-    (``cpu``, or ``cpu,cpuacct`` where the two share one), else the v2 root (the role then refuses).
-    """
-    controllers = base / "cgroup.controllers"
-    if controllers.is_file() and "cpu" in controllers.read_text(encoding="utf-8").split():
-        return str(base)
-    for name in ("cpu", "cpu,cpuacct"):
-        if (base / name / "cpu.cfs_quota_us").exists():
-            return str(base / name)
-    return str(base)
 
 
 def cpu_quota_usable(base: Path = Path("/sys/fs/cgroup")) -> bool:

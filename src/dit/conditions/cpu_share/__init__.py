@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dit.conditions import Condition, HostContext, PreflightFacts, ProcessSettings, UndoScope
-from dit.run.localmode import cgroup_cpu_root
+from dit.conditions.cgroup_roots import cgroup_cpu_root
 from dit.scenario import Scenario
 
 CONDITION = Condition(

@@ -16,14 +16,11 @@ the order changes nothing for the edge.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dit.conditions import Applied, Condition, HostContext
+from dit.conditions import Applied, Condition, HostContext, StageResults
 from dit.conditions.load.settle import settle_messages, settle_records
 from dit.scenario import Scenario
-
-if TYPE_CHECKING:
-    from dit.run.ansible_exec import StageOutcome
 
 CONDITION = Condition(
     name="load",
@@ -78,7 +75,7 @@ def settle_config(scenario: Scenario) -> dict[str, float] | None:
     return {"timeout_s": settle.timeout_s, "tolerance_pct": settle.tolerance_pct, "window_s": settle.window_s}
 
 
-def applied(scenario: Scenario, outcome: StageOutcome) -> Applied | None:
+def applied(scenario: Scenario, outcome: StageResults) -> Applied | None:
     """Each device's settle record from the apply stage: into ``status.json`` as ``settle``, and said."""
     settled = settle_records(outcome, scenario.devices)
     if not settled:

@@ -13,15 +13,14 @@ docs/raw-results.md).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # a type only: discovering the conditions must not import ansible-runner
-    from dit.run.ansible_exec import StageOutcome
+from dit.conditions import StageResults
 
 LOAD_TAG = "load"
 
 
-def settle_records(outcome: StageOutcome, devices: Iterable[str]) -> dict[str, dict[str, Any]]:
+def settle_records(outcome: StageResults, devices: Iterable[str]) -> dict[str, dict[str, Any]]:
     """``{device: settle record}`` for every device whose load generator reported one."""
     records: dict[str, dict[str, Any]] = {}
     for device in devices:
