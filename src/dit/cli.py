@@ -631,7 +631,7 @@ def web(
 
 
 def _add_runtimes() -> None:
-    from dit.runtimes.cli import app as runtimes_app
+    from dit.runtime_ops.cli import app as runtimes_app
 
     app.add_typer(runtimes_app, name="runtimes")
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dit.runtimes import ops
+from dit.runtime_ops import plays as ops
 from tests.conftest import REPO
 from tests.integration.conftest import StartNnpm, loopback_inventory
 

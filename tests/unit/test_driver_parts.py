@@ -265,7 +265,7 @@ def test_the_runtimes_processes_use_the_nodes_interpreter_in_local_mode(tmp_path
     import sys
 
     from dit.run.inventory import local_inventory
-    from dit.runtimes.launch import launch_vars
+    from dit.run.launch import launch_vars
 
     driver = _driver(tmp_path, "name: n\nmodel: fake\ndevices: [device1]\ninference: {enabled: false}\n")
     driver.run = RunDir.create(tmp_path / "runs", "n", "0" * 64)

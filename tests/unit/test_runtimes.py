@@ -15,9 +15,10 @@ import pytest
 from dit.analysis.run import LoadedRun
 from dit.devtools.schemadoc import render_reference
 from dit.run.ansible_exec import HostEvent, StageOutcome
-from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, ops, registry
+from dit.run.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
+from dit.runtime_ops import plays as ops
+from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, registry
 from dit.runtimes.base import Action, ActionPlan, Results, uses_edge_service, write_summary
-from dit.runtimes.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
 from dit.runtimes.layers import LayersRuntime
 from dit.scenario import ScenarioError, expand, loads, resolve, validate
 from dit.scenario.schema import load_schema

@@ -31,6 +31,7 @@ from dit.conditions import (
 )
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.run import analyse, profile
+from dit.run import launch as runtime_launch
 from dit.run import preflight as gates
 from dit.run.ansible_exec import StageOutcome, run_stage
 from dit.run.collect import extract_collected, iperf3_vars, link_targets
@@ -46,7 +47,6 @@ from dit.run.stop import StopRequests
 from dit.run.teardown import teardown
 from dit.runtimes import LaunchContext, Runtime
 from dit.runtimes import envs as runtime_envs
-from dit.runtimes import launch as runtime_launch
 from dit.runtimes import registry as runtimes
 from dit.runtimes.base import node_facts_of, uses_edge_service
 from dit.scenario import Scenario

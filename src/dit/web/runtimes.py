@@ -1,10 +1,10 @@
 """Runtimes: each node's readiness for every installed runtime, and the runtimes' maintenance actions.
 
-Both run through :mod:`dit.runtimes.ops` (the code ``dit runtimes check|act`` runs: ansible-runner
+Both run through :mod:`dit.runtime_ops.plays` (the code ``dit runtimes check|act`` runs: ansible-runner
 against the NNPM inventory, with the driver's own environment), in a thread. Every task result is
 appended to the action's log in ``run.log``'s format (``<UTC time> <node> <stream> <text>``), which the
 terminal streams live. A node's readiness is only ever the check's verdict
-(:func:`dit.runtimes.ops.readiness_of`): ``ok`` when every check of the runtime ran on it and passed,
+(:func:`dit.runtime_ops.plays.readiness_of`): ``ok`` when every check of the runtime ran on it and passed,
 ``failed`` or ``unreachable`` with the reason otherwise — including when the check could not run at all.
 """
 
@@ -84,7 +84,7 @@ def event_line(action: Action, event: HostEvent) -> None:
         if isinstance(item, dict) and str(item.get("stdout") or "").strip():
             action.line(event.host, "stdout", str(item["stdout"]).strip()[-4000:])
     if action.kind == "check" and event.task.startswith(CHECK_PREFIX) and event.status != "skipped":
-        from dit.runtimes.ops import check_detail
+        from dit.runtime_ops.plays import check_detail
 
         action.checks.setdefault(event.host, {})[event.task.removeprefix(CHECK_PREFIX)] = {
             "ok": event.status in ("ok", "changed"),
@@ -139,7 +139,7 @@ class Actions:
 
     def check(self, runtime: Runtime, hosts: Sequence[str], scenario: Mapping[str, Any] | None) -> Action:
         """Readiness of ``hosts`` for ``runtime`` (for ``scenario``, e.g. ``{"model": {"name": ...}}``)."""
-        from dit.runtimes import ops
+        from dit.runtime_ops import plays as ops
 
         action = self._new("check", runtime.name, f"readiness for the runtime {runtime.name}", hosts)
 
@@ -164,7 +164,7 @@ class Actions:
         self, runtime: Runtime, spec: RuntimeAction, inputs: Mapping[str, Any], hosts: Sequence[str]
     ) -> Action:
         """Run ``spec`` (its inputs validated, defaults applied) on ``hosts``."""
-        from dit.runtimes import ops
+        from dit.runtime_ops import plays as ops
 
         action = self._new("maintenance", runtime.name, f"{runtime.name}: {spec.title}", hosts)
 

@@ -57,7 +57,8 @@ def listing(ctx: typer.Context) -> None:
     """The installed runtimes, their version and their scenario block's fields."""
     if ctx.invoked_subcommand is not None:
         return
-    from dit.runtimes import ops, registry
+    from dit.runtime_ops import plays as ops
+    from dit.runtimes import registry
 
     table = Table(title="installed runtimes")
     for column in ("runtime", "version", "title", "scenario block", "actions"):
@@ -100,7 +101,7 @@ def check(
 ) -> None:
     """Readiness of every node for a runtime; exits 1 when a node is not ready."""
     from dit.run.inventory import InventoryError
-    from dit.runtimes import ops
+    from dit.runtime_ops import plays as ops
     from dit.scenario.spec import DEFAULT_RUNTIME
 
     doc = _scenario_doc(scenario)
@@ -142,7 +143,7 @@ def act(
 ) -> None:
     """Run a maintenance action of a runtime on every node, its output streamed."""
     from dit.run.inventory import InventoryError
-    from dit.runtimes import ops
+    from dit.runtime_ops import plays as ops
 
     chosen = _runtime(runtime)
     try:
@@ -191,7 +192,7 @@ def install(
     import os
 
     from dit.run.inventory import InventoryError
-    from dit.runtimes import ops
+    from dit.runtime_ops import plays as ops
 
     mirror_dir = (mirror or Path(os.environ.get("DIT_MIRROR_DIR", "/srv/dit-mirror"))).resolve()
     try:
