@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_tc
+version_added: "0.1.0"
 short_description: Apply a tc qdisc/class/filter tree to an interface, restorable from the journal
 description:
   - O(objects) is the desired tree as built by C(dit.netem.build_tree) on the controller, in creation
@@ -58,14 +59,9 @@ options:
     description: The tc executable.
     type: str
     default: tc
-  _dit_plan:
-    description:
-      - Set by the C(dit_tc) action plugin, never by a playbook. The module reads the node's current
-        state and returns the C(journal) records (with the prior values needed to undo) without changing
-        anything; the plugin appends them to the run's journal before it runs the module for real.
-    type: bool
-    default: false
 extends_documentation_fragment:
+  - dit
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -74,11 +70,7 @@ attributes:
   diff_mode:
     support: full
     details: The tree before and after, one line per qdisc, class and filter.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

@@ -145,6 +145,7 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_MODULE_UTILS": str(root / "module_utils"),
         "ANSIBLE_ACTION_PLUGINS": str(root / "action_plugins"),
         "ANSIBLE_FILTER_PLUGINS": str(root / "filter_plugins"),
+        "ANSIBLE_DOC_FRAGMENT_PLUGINS": str(root / "doc_fragments"),
         "ANSIBLE_ROLES_PATH": str(root / "roles"),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_DEPRECATION_WARNINGS": "0",
