@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dit.run.inventory import InventoryError, load_inventory
-from dit.web.nodes import Inventory, NodeError
+from dit.web.services.nodes import Inventory, NodeError
 
 # What a plugin inventory could hand over: 'lab' and 'rack' contain each other.
 CYCLIC = {

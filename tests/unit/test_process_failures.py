@@ -67,8 +67,8 @@ def test_show_prints_a_degraded_run_with_its_reasons_and_stderr(tmp_path: Path) 
 
 
 def test_nnpm_lists_a_degraded_run_as_finished_with_its_failed_processes(tmp_path: Path) -> None:
-    from dit.web.runs import run_detail
-    from dit.web.store import Store
+    from dit.web.services.runs import run_detail
+    from dit.web.services.store import Store
 
     runs = tmp_path / "runs"
     run = RunDir(runs / "s" / "run1")

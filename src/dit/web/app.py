@@ -19,19 +19,19 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from dit.analysis.delay import OBJECTIVES
-from dit.web import floorplan
-from dit.web import runs as runs_mod
 from dit.web.config import WebConfig
-from dit.web.nodes import Inventory, NodeError
-from dit.web.probe import ProbeLoop, Target
 from dit.web.routes import nodes as nodes_routes
 from dit.web.routes import runs as runs_routes
 from dit.web.routes import runtimes as runtimes_routes
 from dit.web.routes import scenarios as scenarios_routes
 from dit.web.routes.common import Context, Ctx
-from dit.web.runtimes import Actions
 from dit.web.security import Guard
-from dit.web.store import Store
+from dit.web.services import floorplan
+from dit.web.services import runs as runs_mod
+from dit.web.services.nodes import Inventory, NodeError
+from dit.web.services.probe import ProbeLoop, Target
+from dit.web.services.runtimes import Actions
+from dit.web.services.store import Store
 
 STATIC = Path(__file__).resolve().parent / "static"
 # twice the largest floor-plan image: room for its base64 (4/3 of it) and the JSON around it; no other

@@ -12,10 +12,10 @@ from fastapi.responses import JSONResponse
 
 from dit.scenario import FieldError
 from dit.web.config import WebConfig
-from dit.web.nodes import Inventory
-from dit.web.probe import ProbeLoop
-from dit.web.runtimes import Actions
-from dit.web.store import Store
+from dit.web.services.nodes import Inventory
+from dit.web.services.probe import ProbeLoop
+from dit.web.services.runtimes import Actions
+from dit.web.services.store import Store
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dit.runtimes import registry
 from dit.runtimes.base import Runtime
 from dit.scenario.spec import DEFAULT_RUNTIME
 from dit.web.routes.common import Context, Ctx, close_websocket, context, json_body, unprocessable
-from dit.web.terminal import tail
+from dit.web.services.terminal import tail
 
 router = APIRouter(prefix="/api")
 

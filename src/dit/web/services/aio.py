@@ -1,4 +1,4 @@
-"""One way for the web manager to run a child process from the event loop, and always reap it.
+"""One way for NNPM to run a child process from the event loop, and always reap it.
 
 ``asyncio.create_subprocess_exec`` followed by ``wait_for(proc.communicate(), …)`` leaves the child
 running when the awaiting task is cancelled (the manager shutting down mid-probe, a client going

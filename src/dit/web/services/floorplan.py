@@ -23,7 +23,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from dit.web.nodes import NodeError
+from dit.web.services.nodes import NodeError
 
 MAX_BYTES = 8 * 1024 * 1024  # the largest image accepted
 MAX_SIDE = 20_000  # pixels, either side

@@ -3,9 +3,9 @@
 The file is an ordinary Ansible inventory (``dit run -i FILE`` uses it as is): the edge server in group
 ``edge``, the boards in group ``devices``, each host with ``ansible_host`` (its address), ``dit_lat`` /
 ``dit_lon`` (its place on a world map) and/or ``dit_plan_x`` / ``dit_plan_y`` (its place on the floor
-plan, in image pixels; see :mod:`dit.web.floorplan`), optionally ``dit_inference_address`` and ``dit_board`` (board
-facts: ``model``, ``memory_mb``, ``cores``, ``max_mhz``). NNPM edits only those host entries; groups,
-variables and hosts it does not manage are kept as written. A directory inventory (e.g.
+plan, in image pixels; see :mod:`dit.web.services.floorplan`), optionally ``dit_inference_address``
+and ``dit_board`` (board facts: ``model``, ``memory_mb``, ``cores``, ``max_mhz``). NNPM edits only those
+host entries; groups, variables and hosts it does not manage are kept as written. A directory inventory (e.g.
 ``inventories/rack.example/``) or any non-YAML source is read through ``ansible-inventory --list``
 and shown, but not edited.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from dit.ansible_data import UnsafeText, load_unsafe_yaml, marked_yaml
 from dit.run.inventory import InventoryError, list_inventory
-from dit.web.topology import Point
+from dit.web.services.topology import Point
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$")

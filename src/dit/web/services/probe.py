@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dit.web.aio import run_reaped
+from dit.web.services.aio import run_reaped
 
 PROBES = 3
 INTERVAL_S = 2.0

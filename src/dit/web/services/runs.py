@@ -27,8 +27,8 @@ from dit.device.tags import RUN_ENV
 from dit.report import units
 from dit.run.procs import pid_alive
 from dit.run.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
-from dit.web import runpage
-from dit.web.store import Store, Version
+from dit.web.services import runpage
+from dit.web.services.store import Store, Version
 
 NNPM_FILE = "nnpm.json"
 SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
