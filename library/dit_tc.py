@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Shape an interface with a tc tree (qdiscs, classes, filters) built by dit.netem (journaled)."""
+"""Shape an interface with a tc tree (qdiscs, classes, filters) built by dit.conditions.netem.tc (journaled)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ module: dit_tc
 version_added: "0.1.0"
 short_description: Apply a tc qdisc/class/filter tree to an interface, restorable from the journal
 description:
-  - O(objects) is the desired tree as built by C(dit.netem.build_tree) on the controller, in creation
-    order; each object carries the argv that creates it, the argv that changes it in place, and
+  - O(objects) is the desired tree as built by C(dit.conditions.netem.tc.build_tree) on the controller,
+    in creation order; each object carries the argv that creates it, the argv that changes it in place, and
     C(expect), the fields the kernel must report for it.
   - Reads the current tree (C(tc -j qdisc show dev IF), C(tc -d class show dev IF),
     C(tc filter show dev IF parent ...)) and compares. When every object is present with the
@@ -74,7 +74,7 @@ author: The dit developers
 """
 
 EXAMPLES = r"""
-- name: Shape wlan0 (tree built by dit.netem)
+- name: Shape wlan0 (tree built by dit.conditions.netem.tc)
   dit_tc:
     dev: wlan0
     objects:

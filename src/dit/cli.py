@@ -1,4 +1,5 @@
-"""The ``dit`` command: validate, run, stop, cleanup, ls, show, optimise, web."""
+"""The ``dit`` command: validate, run, stop, cleanup, ls, show, report, optimise, web, and the groups rack
+and runtimes."""
 
 from __future__ import annotations
 
