@@ -7,7 +7,6 @@ a section that was renamed.
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import pytest
@@ -17,6 +16,7 @@ import yaml
 import dit.cli
 from dit.conditions.cpu_share import period_us, quota_us
 from tests.conftest import REPO
+from tests.names import resolves
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 
@@ -71,17 +71,7 @@ NAMED = sorted(
 
 @pytest.mark.parametrize(("where", "name"), NAMED)
 def test_module_docs_and_role_readmes_name_modules_that_exist(where: str, name: str) -> None:
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            target: object = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            assert hasattr(target, attr), f"{where} names {name}, which does not exist"
-            target = getattr(target, attr)
-        return
-    pytest.fail(f"{where} names {name}, which does not import")
+    assert resolves(name), f"{where} names {name}, which does not exist"
 
 
 POINTERS = sorted(

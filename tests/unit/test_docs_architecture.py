@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.names import resolves
 
 DOC = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
 CODE = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", DOC, flags=re.S))  # inline code, not the diagram
@@ -45,16 +45,7 @@ def test_the_test_files_of_the_worked_example_exist() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_named_python_object_exists(name: str) -> None:
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            target: object = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            target = getattr(target, attr)
-        return
-    pytest.fail(f"docs/architecture.md names {name}, which does not import")
+    assert resolves(name), f"docs/architecture.md names {name}, which does not import"
 
 
 def test_entry_point_groups_are_as_the_page_says() -> None:
