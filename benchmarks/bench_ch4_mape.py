@@ -38,7 +38,7 @@ import yaml
 from dit.analysis.lateness import lateness_over_runs
 from dit.analysis.model_validation import validate_run
 from dit.models.catalogue import BUILTIN
-from dit.rundir import STATUS, read_json, runs_under
+from dit.run.rundir import STATUS, read_json, runs_under
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "ch4_validation.yaml"

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dit.localmode import make_fake_sysfs
+from dit.run.localmode import make_fake_sysfs
 
 
 def cpu_ticks(pid: int) -> int:

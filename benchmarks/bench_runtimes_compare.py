@@ -46,7 +46,7 @@ import yaml
 
 from dit.report.build import write_report
 from dit.report.rtt import RttRun, load_runs
-from dit.rundir import STATUS, read_json, runs_under
+from dit.run.rundir import STATUS, read_json, runs_under
 
 REPO = Path(__file__).resolve().parents[1]
 SCENARIO = REPO / "scenarios" / "ch6_compare.yaml"

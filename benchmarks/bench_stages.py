@@ -26,8 +26,8 @@ from pathlib import Path
 import ansible_runner
 import yaml
 
-from dit.ansible_exec import ansible_env
-from dit.inventory import local_inventory
+from dit.run.ansible_exec import ansible_env
+from dit.run.inventory import local_inventory
 
 FLOOR_PLAY = [
     {

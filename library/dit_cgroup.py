@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_cgroup
+version_added: "0.1.0"
 short_description: Create a cgroup with a memory limit or a CPU quota for the processes of a dit run
 description:
   - Creates the cgroup directory O(path) and sets its memory limit (O(memory_limit_bytes)) and/or its
@@ -56,14 +57,9 @@ options:
     description: Scenario field named in error messages.
     type: str
     default: memory_limit
-  _dit_plan:
-    description:
-      - Set by the C(dit_cgroup) action plugin, never by a playbook. The module reads the node's current
-        state and returns the C(journal) records (with the prior values needed to undo) without changing
-        anything; the plugin appends them to the run's journal before it runs the module for real.
-    type: bool
-    default: false
 extends_documentation_fragment:
+  - dit
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -72,11 +68,7 @@ attributes:
   diff_mode:
     support: full
     details: Returns whether the cgroup exists and its limit files before and after.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

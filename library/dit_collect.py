@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_collect
+version_added: "0.1.0"
 short_description: Ping the edge server, snapshot the node and pack the run's results
 description:
   - Sends O(ping_count) ICMP echo requests to O(ping_target) with C(ping) and records every RTT in
@@ -25,10 +26,6 @@ description:
   - Packs C(results/) and C(logs/) into O(archive) with every member prefixed by the host name.
   - Writes only inside the node's run root, which teardown removes.
 options:
-  host:
-    description: The inventory name of this node.
-    type: str
-    required: true
   node_root:
     description: The node's run root.
     type: path
@@ -66,6 +63,8 @@ options:
     type: float
     default: 30.0
 extends_documentation_fragment:
+  - dit.node
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -74,11 +73,7 @@ attributes:
   diff_mode:
     support: none
     details: The archive is a new file of the run; there is nothing to compare.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_facts
+version_added: "0.1.0"
 short_description: Read a node's kernel, CPU, memory, board and clock facts (changes nothing)
 description:
   - Reads what the run metadata records per node before anything changes, and the clock offset
@@ -59,6 +60,7 @@ options:
     type: dict
     default: {}
 extends_documentation_fragment:
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -67,11 +69,7 @@ attributes:
   diff_mode:
     support: none
     details: The module changes nothing.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_launch
+version_added: "0.1.0"
 short_description: Start a runtime's processes of a dit run, optionally waiting for them to exit
 description:
   - Starts every process of O(processes) as the leader of its own session (its own process group)
@@ -31,14 +32,6 @@ description:
   - Journaled through the C(dit_launch) action plugin (one process record per name, before any start;
     a record the prepare phase journaled is not written again by the start phase).
 options:
-  run_id:
-    description: The run id.
-    type: str
-    required: true
-  host:
-    description: The inventory name of this node.
-    type: str
-    required: true
   node_root:
     description: The node's run root (files, logs and results are relative to it).
     type: path
@@ -96,23 +89,16 @@ options:
     description: The node's process environment of the run (thread counts, seeds).
     type: dict
     default: {}
-  cgroup:
-    description:
-      - A cgroup directory (v1 or v2) every process joins before it executes, or a list of
-        them (on cgroup v1 one per hierarchy, e.g. the run's memory and cpu cgroups). A single path is
-        never split on commas.
-    type: raw
-  cpus:
-    description: CPU numbers the processes and their children are confined to.
-    type: list
-    elements: int
   _dit_plan:
     description:
       - Set by the C(dit_launch) action plugin, never by a playbook. Returns the C(journal) records (one
         process per name) without starting anything.
-    type: bool
-    default: false
 extends_documentation_fragment:
+  - dit
+  - dit.run
+  - dit.node
+  - dit.process
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -121,10 +107,8 @@ attributes:
   diff_mode:
     support: none
   platform:
-    support: full
-    platforms: posix
     details: Linux nodes (reads C(/proc)).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

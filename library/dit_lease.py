@@ -7,13 +7,14 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_lease
+version_added: "0.1.0"
 short_description: Take the lease of a dit node for one run
 description:
   - Writes O(holder) to O(path) (C(lease.json) in the node's dit directory) when no run holds the
     node or this run (O(run_id)) already does. Another run's lease is only replaced when its exact
     content is O(replaces); anything else found there fails the task and names the holder.
   - Whether a holder still lives is decided on the controller by the C(dit_lease) action plugin
-    (C(dit.lease)), which reads the lease through this module's plan mode, refuses a live or
+    (C(dit.run.lease)), which reads the lease through this module's plan mode, refuses a live or
     unverifiable holder, and passes O(replaces) only for a lease it decided to break
     (O(break_stale)).
   - The lease is released by C(dit_restore) (journal record C(lease)) at teardown or C(dit cleanup),
@@ -49,9 +50,9 @@ options:
       - Set by the C(dit_lease) action plugin, never by a playbook. The module reads the node's current
         lease and returns the C(journal) record (the release of this run's lease) without changing
         anything; the plugin appends it to the run's journal before it runs the module for real.
-    type: bool
-    default: false
 extends_documentation_fragment:
+  - dit
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -61,10 +62,8 @@ attributes:
     support: full
     details: The lease file's content before and after.
   platform:
-    support: full
-    platforms: posix
     details: Linux nodes (C(flock) on the lease's directory).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

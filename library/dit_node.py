@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_node
+version_added: "0.1.0"
 short_description: Create the run directory of a dit node
 description:
   - Creates O(path) (the node's run root) with C(results/) and C(logs/) inside and a C(.dit-run)
@@ -33,14 +34,9 @@ options:
     type: list
     elements: dict
     default: []
-  _dit_plan:
-    description:
-      - Set by the C(dit_node) action plugin, never by a playbook. The module reads the node's current
-        state and returns the C(journal) records (with the prior values needed to undo) without changing
-        anything; the plugin appends them to the run's journal before it runs the module for real.
-    type: bool
-    default: false
 extends_documentation_fragment:
+  - dit
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -49,11 +45,7 @@ attributes:
   diff_mode:
     support: partial
     details: Returns whether the run directory exists before and after; shipped files are listed in C(shipped), not diffed.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

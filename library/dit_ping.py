@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_ping
+version_added: "0.1.0"
 short_description: Measure the round-trip times of a node's links, changing nothing
 description:
   - Sends O(count) ICMP echo requests to every target of O(targets) at once (C(ping)) and returns
@@ -26,6 +27,7 @@ options:
     type: int
     default: 10
 extends_documentation_fragment:
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -35,10 +37,8 @@ attributes:
     support: none
     details: Nothing changes.
   platform:
-    support: full
-    platforms: posix
     details: Linux nodes (C(ping) from iputils).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

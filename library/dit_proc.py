@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_proc
+version_added: "0.1.0"
 short_description: Start a tagged background process of a dit run
 description:
   - Starts O(argv) as the leader of a new session (its own process group) with C(DIT_RUN_ID),
@@ -21,14 +22,6 @@ description:
     status record there (running, then its exit code), which C(dit_collect) checks before teardown.
   - Journaled through the C(dit_proc) action plugin (journal before change).
 options:
-  run_id:
-    description: The run id.
-    type: str
-    required: true
-  host:
-    description: The inventory name of this node.
-    type: str
-    required: true
   tag:
     description: The process tag, unique per run and host (for example C(edge)).
     type: str
@@ -59,23 +52,6 @@ options:
   config_path:
     description: Where O(config) is written (atomically); required with O(config).
     type: path
-  cgroup:
-    description:
-      - A cgroup directory (v1 or v2) the process joins before it executes, or a list of
-        them (on cgroup v1 one per hierarchy, e.g. the run's memory and cpu cgroups). A single path is
-        never split on commas.
-    type: raw
-  cpus:
-    description: CPU numbers the process and its children are confined to.
-    type: list
-    elements: int
-  _dit_plan:
-    description:
-      - Set by the C(dit_proc) action plugin, never by a playbook. The module reads the node's current
-        state and returns the C(journal) records (with the prior values needed to undo) without changing
-        anything; the plugin appends them to the run's journal before it runs the module for real.
-    type: bool
-    default: false
   _dit_adopt:
     description:
       - Set by the C(dit_proc) action plugin, never by a playbook, when this run's journal already
@@ -84,6 +60,11 @@ options:
     type: bool
     default: false
 extends_documentation_fragment:
+  - dit
+  - dit.run
+  - dit.node
+  - dit.process
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -92,11 +73,7 @@ attributes:
   diff_mode:
     support: partial
     details: Whether a process of this tag runs, before and after; only when nothing is started (check mode, plan, already started by this run).
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

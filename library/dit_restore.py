@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_restore
+version_added: "0.1.0"
 short_description: Replay a node's journal backwards and reap every process of the run
 description:
   - O(records) are this node's pending journal records, newest first. Each is undone in that order.
@@ -27,14 +28,6 @@ description:
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
     and the module fails loudly if any process carrying the run id survives.
 options:
-  run_id:
-    description: The run id.
-    type: str
-    required: true
-  host:
-    description: The inventory name of this node.
-    type: str
-    required: true
   records:
     description: Pending journal records of this node, newest first.
     type: list
@@ -81,6 +74,9 @@ options:
     type: bool
     default: true
 extends_documentation_fragment:
+  - dit.run
+  - dit.node
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -89,11 +85,7 @@ attributes:
   diff_mode:
     support: none
     details: Undo records restore prior content; the records themselves are the description of the change.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

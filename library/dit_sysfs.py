@@ -7,6 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: dit_sysfs
+version_added: "0.1.0"
 short_description: Set sysfs attributes (cpufreq limits, governor, turbo) with journal and validation
 description:
   - Each entry of O(files) names one attribute by a glob relative to O(root) (for example
@@ -70,14 +71,9 @@ options:
         description: Unit shown in messages.
         type: str
         default: ""
-  _dit_plan:
-    description:
-      - Set by the C(dit_sysfs) action plugin, never by a playbook. The module reads the node's current
-        state and returns the C(journal) records (with the prior values needed to undo) without changing
-        anything; the plugin appends them to the run's journal before it runs the module for real.
-    type: bool
-    default: false
 extends_documentation_fragment:
+  - dit
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -86,11 +82,7 @@ attributes:
   diff_mode:
     support: full
     details: One line per differing file, its path and content before and after.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""

@@ -1,16 +1,17 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Shape an interface with a tc tree (qdiscs, classes, filters) built by dit.netem (journaled)."""
+"""Shape an interface with a tc tree (qdiscs, classes, filters) built by dit.conditions.netem.tc (journaled)."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: dit_tc
+version_added: "0.1.0"
 short_description: Apply a tc qdisc/class/filter tree to an interface, restorable from the journal
 description:
-  - O(objects) is the desired tree as built by C(dit.netem.build_tree) on the controller, in creation
-    order; each object carries the argv that creates it, the argv that changes it in place, and
+  - O(objects) is the desired tree as built by C(dit.conditions.netem.tc.build_tree) on the controller,
+    in creation order; each object carries the argv that creates it, the argv that changes it in place, and
     C(expect), the fields the kernel must report for it.
   - Reads the current tree (C(tc -j qdisc show dev IF), C(tc -d class show dev IF),
     C(tc filter show dev IF parent ...)) and compares. When every object is present with the
@@ -58,14 +59,9 @@ options:
     description: The tc executable.
     type: str
     default: tc
-  _dit_plan:
-    description:
-      - Set by the C(dit_tc) action plugin, never by a playbook. The module reads the node's current
-        state and returns the C(journal) records (with the prior values needed to undo) without changing
-        anything; the plugin appends them to the run's journal before it runs the module for real.
-    type: bool
-    default: false
 extends_documentation_fragment:
+  - dit
+  - dit.linux
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -74,15 +70,11 @@ attributes:
   diff_mode:
     support: full
     details: The tree before and after, one line per qdisc, class and filter.
-  platform:
-    support: full
-    platforms: posix
-    details: Linux nodes (reads C(/proc) and sysfs).
-author: dit developers (!UNKNOWN)
+author: The dit developers
 """
 
 EXAMPLES = r"""
-- name: Shape wlan0 (tree built by dit.netem)
+- name: Shape wlan0 (tree built by dit.conditions.netem.tc)
   dit_tc:
     dev: wlan0
     objects:

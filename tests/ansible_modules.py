@@ -12,12 +12,15 @@ import importlib
 import importlib.util
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import ansible.module_utils
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = REPO / "library"
 MODULE_UTILS = REPO / "module_utils"
+DOC_FRAGMENTS = REPO / "doc_fragments" / "dit.py"
 
 
 def _add_module_utils() -> None:
@@ -45,3 +48,28 @@ def library_module(name: str, as_name: str | None = None) -> ModuleType:
 def library_names() -> list[str]:
     """Every module in library/ (a new module is covered without touching a test)."""
     return sorted(p.stem for p in LIBRARY.glob("*.py") if not p.name.startswith("_"))
+
+
+def doc_fragment(slug: str) -> str:
+    """The YAML of dit's doc fragment ``dit`` (DOCUMENTATION) or ``dit.<var>`` (doc_fragments/dit.py)."""
+    spec = importlib.util.spec_from_file_location("dit_doc_fragments", DOC_FRAGMENTS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    var = "DOCUMENTATION" if slug == "dit" else slug.partition(".")[2].upper()
+    text: str = getattr(module.ModuleDocFragment, var)
+    return text
+
+
+def with_dit_fragments(documentation: dict[str, Any]) -> dict[str, Any]:
+    """A module's DOCUMENTATION with dit's fragments merged in as ansible-doc merges them (the module's own
+    keys win); ansible.builtin's are left named, not merged."""
+    from ansible.utils.plugin_docs import merge_fragment
+
+    for slug in documentation.get("extends_documentation_fragment") or []:
+        if slug == "dit" or slug.startswith("dit."):
+            fragment = yaml.safe_load(doc_fragment(slug))
+            for key in ("options", "attributes"):
+                if key in fragment:
+                    merge_fragment(documentation.setdefault(key, {}), fragment[key])
+    return documentation

@@ -19,9 +19,9 @@ import pytest
 import yaml
 from rich.console import Console
 
-from dit.driver import RunOptions
-from dit.dryrun import DryRun, dry_run
-from dit.localmode import make_fake_sysfs
+from dit.run.driver import RunOptions
+from dit.run.dryrun import DryRun, dry_run
+from dit.run.localmode import make_fake_sysfs
 from dit.scenario import Scenario, load
 from tests.conftest import REPO, shipped_runtime
 

@@ -1,4 +1,5 @@
-"""The ``dit`` command: validate, run, stop, cleanup, ls, show, optimise, web."""
+"""The ``dit`` command: validate, run, stop, cleanup, ls, show, report, optimise, web, and the groups rack
+and runtimes."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from rich.table import Table
 
 from dit.rack.cli import rack_app
 from dit.report import units
-from dit.reporter import STAGES as STAGE_ORDER
-from dit.rundir import (
+from dit.run.console import STAGES as STAGE_ORDER
+from dit.run.rundir import (
     DRIVER,
     FINISHED_STATES,
     STATUS,
@@ -110,7 +111,7 @@ def run(
 
     Preflight leases every node to this run; a node another run holds is refused, naming the holder.
     """
-    from dit.driver import Driver, RunOptions
+    from dit.run.driver import Driver, RunOptions
 
     variants = _load(scenario)
     options = RunOptions(
@@ -123,14 +124,14 @@ def run(
     if as_json and not check:
         raise _fail("--json: only with --check", 2)
     if inventory is None:  # local mode: a malformed DIT_LOCAL_* fails here, before any run directory
-        from dit.localmode import check_local_settings
+        from dit.run.localmode import check_local_settings
 
         try:
             check_local_settings()
         except ValueError as exc:
             raise _fail(str(exc), 2) from exc
     if check:
-        from dit.dryrun import print_dry_runs
+        from dit.run.dryrun import print_dry_runs
 
         raise typer.Exit(print_dry_runs(variants, options, as_json, out))
     try:  # a read-only or full runs directory: one error before anything starts
@@ -187,7 +188,7 @@ def _driver_to_signal(run: RunDir) -> int | None:
     name an unrelated process by now (it is compared with the start time and command line the
     driver recorded).
     """
-    from dit.procs import identity_mismatch
+    from dit.run.procs import identity_mismatch
 
     state = _read_run_json(run.path / STATUS).get("state") if (run.path / STATUS).exists() else None
     if state != "running":
@@ -248,7 +249,7 @@ def stop(
         err.print(
             f"[yellow]warning:[/] {escape(str(exc))}: stopping the driver by its signal only", highlight=False
         )
-    from dit.procs import pid_alive
+    from dit.run.procs import pid_alive
 
     if pid:
         os.kill(pid, signal.SIGTERM)
@@ -272,9 +273,9 @@ def cleanup(
     Results the nodes still hold are fetched into RUN_DIR/raw/ first; a node's run directory holding
     a file that cannot be fetched is kept, unless --discard-results.
     """
-    from dit.driver import teardown
-    from dit.inventory import inventory_of
-    from dit.procs import pid_alive
+    from dit.run.inventory import inventory_of
+    from dit.run.procs import pid_alive
+    from dit.run.teardown import teardown
 
     if not (run_dir / DRIVER).exists():
         raise _fail(f"{run_dir} is not a dit run directory")
@@ -599,7 +600,8 @@ def web(
     DIT_NNPM_TOKEN (an environment variable, not an option: other users can read a command line).
     """
     try:
-        from dit.web.app import WebConfig, serve
+        from dit.web.app import serve
+        from dit.web.config import WebConfig
         from dit.web.security import TOKEN_ENV
     except ImportError as exc:
         raise _fail(f"dit web needs the web extra: pip install 'dit[web]' ({exc})") from None
@@ -630,7 +632,7 @@ def web(
 
 
 def _add_runtimes() -> None:
-    from dit.runtimes.cli import app as runtimes_app
+    from dit.runtime_ops.cli import app as runtimes_app
 
     app.add_typer(runtimes_app, name="runtimes")
 

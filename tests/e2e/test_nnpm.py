@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from dit.procs import run_processes
-from dit.rundir import RunDir
-from dit.web.topology import haversine_km, link_latency_ms
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
+from dit.web.services.topology import haversine_km, link_latency_ms
 from tests.e2e.conftest import ARTIFACTS, Server, shot
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dit.rundir import write_json
+from dit.run.rundir import write_json
 from tests.conftest import REPO
 from tests.e2e.conftest import Server, shot
 

@@ -14,15 +14,15 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-import dit.driver as driver_module
+import dit.run.driver as driver_module
 from dit.analysis.links import iperf3_rate_bps
 from dit.ansible_data import load_unsafe_yaml, unsafe_yaml
 from dit.conditions.netem.check import aggregate_network
-from dit.driver import Driver, RunOptions
-from dit.inventory import RunInventory, local_inventory
-from dit.journal import Journal
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.driver import Driver, RunOptions
+from dit.run.inventory import RunInventory, local_inventory
+from dit.run.journal import Journal
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from dit.scenario import load
 from tests.conftest import write_scenario
 

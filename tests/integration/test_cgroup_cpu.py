@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from dit.ansible_exec import ansible_env, run_stage
-from dit.journal import Journal
-from dit.localmode import cgroup_cpu_root, cpu_quota_usable
+from dit.conditions.cgroup_roots import cgroup_cpu_root
+from dit.run.ansible_exec import ansible_env, run_stage
+from dit.run.journal import Journal
+from dit.run.localmode import cpu_quota_usable
 
 SHARE_PCT = 30
 BUSY = "while True:\n    pass\n"

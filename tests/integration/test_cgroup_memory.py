@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dit.ansible_exec import ansible_env, run_stage
-from dit.journal import Journal
-from dit.localmode import cgroup_memory_root
+from dit.conditions.cgroup_roots import cgroup_memory_root
+from dit.run.ansible_exec import ansible_env, run_stage
+from dit.run.journal import Journal
 
 LIMIT_MB = 64
 ALLOCATE_MB = 256

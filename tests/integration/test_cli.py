@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from dit.ansible_exec import StageOutcome
-from dit.driver import Driver, RunOptions, RunResult
-from dit.journal import Journal
-from dit.localmode import cgroup_memory_root, snapshot_tree
-from dit.procs import pid_alive
+from dit.conditions.cgroup_roots import cgroup_memory_root
+from dit.run.ansible_exec import StageOutcome
+from dit.run.driver import Driver, RunOptions, RunResult
+from dit.run.journal import Journal
+from dit.run.localmode import snapshot_tree
+from dit.run.procs import pid_alive
 from dit.scenario import load
 from tests.conftest import write_scenario
 

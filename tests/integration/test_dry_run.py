@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import dit.driver
-import dit.dryrun
-import dit.inventory
+import dit.run.driver
+import dit.run.dryrun
+import dit.run.inventory
 from dit.cli import app
-from dit.dryrun import DryRun
-from dit.procs import run_processes
-from dit.rundir import find_runs
+from dit.run.dryrun import DryRun
+from dit.run.procs import run_processes
+from dit.run.rundir import find_runs
 from tests.conftest import REPO
 from tests.rack_dry_runs import SHIPPED, DryRuns, chosen_variants, dry_run_extremes, make_rack, snapshot
 
@@ -29,8 +29,8 @@ def test_dry_run_of_quickstart_in_local_mode_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: dict[str, Any] = {}
-    original_inventory = dit.inventory.local_inventory
-    original_report = dit.dryrun.report
+    original_inventory = dit.run.inventory.local_inventory
+    original_report = dit.run.dryrun.report
 
     def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> Any:
         inventory = original_inventory(run_dir, devices)
@@ -38,7 +38,7 @@ def test_dry_run_of_quickstart_in_local_mode_changes_nothing(
         seen["before"] = snapshot(run_dir / "nodes")  # the fake nodes as created, before preflight
         return inventory
 
-    def report(driver: dit.driver.Driver, error: str | None) -> DryRun:
+    def report(driver: dit.run.driver.Driver, error: str | None) -> DryRun:
         # the end of the dry run, before its temporary run directory is removed
         seen["work"] = driver.run.path
         seen["after"] = snapshot(driver.run.path / "nodes")
@@ -47,8 +47,8 @@ def test_dry_run_of_quickstart_in_local_mode_changes_nothing(
         seen["processes"] = run_processes(driver.run.run_id)
         return original_report(driver, error)
 
-    monkeypatch.setattr(dit.driver, "local_inventory", local_inventory)
-    monkeypatch.setattr(dit.dryrun, "report", report)
+    monkeypatch.setattr(dit.run.driver, "local_inventory", local_inventory)
+    monkeypatch.setattr(dit.run.dryrun, "report", report)
     runs = tmp_path / "runs"
     result = CliRunner().invoke(
         app, ["run", "--check", str(REPO / "scenarios" / "quickstart.yaml"), "--runs-dir", str(runs)]

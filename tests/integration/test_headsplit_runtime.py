@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from dit.journal import Journal
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.journal import Journal
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, free_port, install_fixture_package
 from tests.conftest import dit_with_site as dit
 from tests.conftest import env_with_site as env_with

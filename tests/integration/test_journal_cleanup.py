@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from dit.inventory import local_inventory
-from dit.journal import Journal
-from dit.rundir import DRIVER, RunDir, write_json
+from dit.run.inventory import local_inventory
+from dit.run.journal import Journal
+from dit.run.rundir import DRIVER, RunDir, write_json
 from tests.conftest import DIT, REPO, dit_env
 
 POLICY = "devices/system/cpu/cpufreq/policy0"

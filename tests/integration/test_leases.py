@@ -10,10 +10,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from dit.journal import Journal
-from dit.lease import BREAK_FLAG, process_started_s
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.journal import Journal
+from dit.run.lease import BREAK_FLAG, process_started_s
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
 from tests.integration.test_stop_and_cleanup import slow_scenario, start_run
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, free_port, install_fixture_package
 from tests.conftest import dit_with_site as dit
 from tests.conftest import env_with_site as env_with

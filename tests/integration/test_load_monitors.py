@@ -19,10 +19,10 @@ import psutil
 from rich.console import Console
 
 from dit.analysis.monitors import aggregate_monitors
-from dit.driver import Driver, RunOptions
-from dit.localmode import make_fake_sysfs, snapshot_tree
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.driver import Driver, RunOptions
+from dit.run.localmode import make_fake_sysfs, snapshot_tree
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from dit.scenario import load
 from tests.conftest import write_scenario
 

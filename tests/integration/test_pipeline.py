@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from dit.driver import Driver, RunOptions
-from dit.inventory import local_cpu_split
-from dit.journal import Journal
-from dit.localmode import cpu_quota_usable, default_cpu_share_pct
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.driver import Driver, RunOptions
+from dit.run.inventory import local_cpu_split
+from dit.run.journal import Journal
+from dit.run.localmode import cpu_quota_usable, default_cpu_share_pct
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from dit.scenario import load
 from tests.conftest import write_scenario
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dit.driver import Driver, RunOptions
-from dit.rundir import RunDir
+from dit.run.driver import Driver, RunOptions
+from dit.run.rundir import RunDir
 from dit.scenario import load
 from tests.conftest import write_scenario
 

@@ -17,9 +17,9 @@ import pytest
 from rich.console import Console
 
 from dit.device import build
-from dit.driver import Driver, RunOptions
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.driver import Driver, RunOptions
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from dit.scenario import load
 from tests.conftest import write_scenario
 

@@ -11,8 +11,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dit.ansible_exec import ansible_env
-from dit.journal import Journal
+from dit.run.ansible_exec import ansible_env
+from dit.run.journal import Journal
 from tests.conftest import REPO
 
 _spec = importlib.util.spec_from_file_location("dit_procs", REPO / "module_utils" / "dit_procs.py")

@@ -306,8 +306,8 @@ def test_rack_down_after_rack_up_was_killed_half_way(base: Path) -> None:
 
 
 def test_nnpm_shows_the_rack_nodes_on_the_map_probing_green(rack: RackHandle) -> None:
-    from dit.web.nodes import Inventory
-    from dit.web.probe import Target, ping
+    from dit.web.services.nodes import Inventory
+    from dit.web.services.probe import Target, ping
 
     nodes = Inventory(rack.inventory).nodes()
     assert sorted(n.name for n in nodes) == ["device1", "device2", "device3", "edge"]

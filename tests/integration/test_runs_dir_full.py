@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from dit.journal import Journal
-from dit.localmode import cgroup_cpu_root, cgroup_memory_root
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.conditions.cgroup_roots import cgroup_cpu_root, cgroup_memory_root
+from dit.run.journal import Journal
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root)")

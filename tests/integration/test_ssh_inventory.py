@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dit.journal import Journal
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.journal import Journal
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 SSHD = "/usr/sbin/sshd"

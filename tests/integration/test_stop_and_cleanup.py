@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psutil
 
-from dit.journal import Journal, collected_name
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.journal import Journal, collected_name
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
 
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from dit.ansible_exec import ansible_env
 from dit.conditions import HostContext
 from dit.conditions.netem import build
-from dit.journal import Journal
+from dit.run.ansible_exec import ansible_env
+from dit.run.journal import Journal
 from dit.scenario import loads
 
 REPO = Path(__file__).resolve().parents[2]

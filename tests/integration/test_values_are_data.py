@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dit.runtimes import ops
+from dit.runtime_ops import plays as ops
 from tests.conftest import REPO
 from tests.integration.conftest import StartNnpm, loopback_inventory
 
@@ -190,7 +190,7 @@ def test_a_scenario_from_nnpm_stays_literal_in_its_dry_run(tmp_path: Path, nnpm:
 def test_a_board_fact_typed_in_nnpm_stays_literal_when_a_playbook_reads_the_inventory(tmp_path: Path) -> None:
     """NNPM writes the node's fields into the user's inventory: unsafe, while the user's own templates
     in the same file stay templates."""
-    from dit.web.nodes import Inventory, check_node
+    from dit.web.services.nodes import Inventory, check_node
 
     marker = Path(tempfile.mkdtemp(prefix="dit-")) / "b"  # short: a board fact is at most 100 characters
     path = tmp_path / "inventory.yml"

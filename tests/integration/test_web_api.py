@@ -15,8 +15,8 @@ import yaml
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from dit.procs import run_processes
-from dit.rundir import RunDir, write_json
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir, write_json
 from dit.web.app import WebConfig
 from tests.conftest import REPO
 from tests.integration.conftest import StartNnpm

@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 
 from dit.optimise.api import optimise_run
 from dit.report import units
-from dit.rundir import RunDir, write_json
-from dit.web import runs as runs_mod
+from dit.run.rundir import RunDir, write_json
 from dit.web.app import WebConfig
-from dit.web.benchmark import PROFILING_FIELDS, benchmark_document
-from dit.web.plots import TIME_AXIS, monitor_axis, monitors_figure
+from dit.web.services import runs as runs_mod
+from dit.web.services.benchmark import PROFILING_FIELDS, benchmark_document
+from dit.web.services.plots import TIME_AXIS, monitor_axis, monitors_figure
 from tests.conftest import REPO
 from tests.integration.conftest import StartNnpm
 from tests.integration.test_web_api import finished_run

@@ -18,6 +18,7 @@ CONTENT = (
     "dit/_content/library/dit_restore.py",
     "dit/_content/module_utils/dit_procs.py",
     "dit/_content/action_plugins/dit_proc.py",
+    "dit/_content/doc_fragments/dit.py",
     "dit/_content/scenarios/scenario.schema.json",
     "dit/_content/scenarios/quickstart.yaml",
     "dit/device/agent.py",

@@ -27,8 +27,8 @@ import yaml
 
 from dit.device.common import build_model
 from dit.models.catalogue import entry
-from dit.procs import run_processes
-from dit.rundir import RunDir
+from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from dit.analysis.lateness import Lateness, lateness_over_runs, percentile_nearest_rank
 from dit.cli import app
-from dit.driver import start_waits
-from dit.rundir import STATUS, write_json
+from dit.run.profile import start_waits
+from dit.run.rundir import STATUS, write_json
 from dit.runtimes import LaunchOutcome
 
 

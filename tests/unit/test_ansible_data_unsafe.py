@@ -14,8 +14,9 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar
 
 from dit.ansible_data import unsafe_yaml
-from dit.ansible_exec import write_extravars
-from dit.runtimes import ops, registry
+from dit.run.ansible_exec import write_extravars
+from dit.runtime_ops import plays as ops
+from dit.runtimes import registry
 from dit.runtimes.base import Action, ActionPlan, Runtime
 
 PAYLOAD = "{{ lookup('pipe', 'touch /tmp/dit-planted') }}"

@@ -10,7 +10,7 @@ from typer.testing import CliRunner, Result
 
 from dit.analysis.aggregate import AggregateError, aggregate_run, read_model_inputs
 from dit.cli import app
-from dit.rundir import DRIVER, STATUS, write_json
+from dit.run.rundir import DRIVER, STATUS, write_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -136,7 +136,7 @@ def test_cleanup_with_a_corrupted_run_file_names_it(tmp_path: Path, name: str, t
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
 def test_a_status_json_that_cannot_be_read_is_kept_aside_and_written_anew(tmp_path: Path, text: str) -> None:
-    from dit.rundir import RunDir
+    from dit.run.rundir import RunDir
 
     run = fake_run(tmp_path)
     (run / STATUS).write_text(text, encoding="utf-8")

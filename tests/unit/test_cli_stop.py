@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dit.cli import app
-from dit.procs import process_identity
-from dit.rundir import DRIVER, STATUS, STOP, RunDir, write_json
+from dit.run.procs import process_identity
+from dit.run.rundir import DRIVER, STATUS, STOP, RunDir, write_json
 
 
 @pytest.fixture

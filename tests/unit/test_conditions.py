@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from dit import conditions as registry
-from dit.ansible_exec import render_playbook
 from dit.conditions import Condition, HostContext, build_conditions, process_settings
+from dit.run.ansible_exec import render_playbook
 from dit.scenario import loads
 
 SCENARIO = """

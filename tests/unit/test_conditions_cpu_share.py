@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from dit.conditions import HostContext, ProcessSettings, build_conditions, cpu_share, process_settings
-from dit.localmode import cgroup_cpu_root, default_cpu_share_pct, local_cpu_share
+from dit.conditions.cgroup_roots import cgroup_cpu_root
+from dit.run.localmode import default_cpu_share_pct, local_cpu_share
 from dit.scenario import ScenarioError, loads
 from tests.ansible_modules import library_module, module_util
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dit.conditions import HostContext, build_conditions, cpufreq, edge_frequency, memory, process_settings
-from dit.localmode import make_fake_sysfs
+from dit.run.localmode import make_fake_sysfs
 from dit.scenario import Scenario, loads
 from tests.ansible_modules import library_module, module_util
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from dit.ansible_exec import render_playbook
 from dit.conditions import EDGE_SERVICE_ORDER, HostContext, active, build_conditions, conditions
+from dit.run.ansible_exec import render_playbook
 from dit.scenario import loads
 
 SCENARIO = """

@@ -192,7 +192,7 @@ def test_the_tolerance_of_a_varying_delay_covers_half_its_range() -> None:
 
 
 def test_link_targets_name_the_edge_then_the_other_devices() -> None:
-    from dit.driver import link_targets
+    from dit.run.collect import link_targets
 
     addresses = {"edge": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12"}
     assert link_targets(("device1", "device2"), addresses, "edge") == {
@@ -247,7 +247,7 @@ def test_device_to_device_throughput_is_recorded_per_link(tmp_path: Path) -> Non
 
 
 def test_iperf3_device_links_give_each_target_one_server_port() -> None:
-    from dit.driver import IPERF3_D2D_PORT_OFFSET, iperf3_device_links
+    from dit.run.collect import IPERF3_D2D_PORT_OFFSET, iperf3_device_links
 
     addresses = {"edge": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12", "device3": "10.0.0.13"}
     clients, servers = iperf3_device_links(

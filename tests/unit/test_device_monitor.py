@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dit.device import monitor
-from dit.localmode import make_fake_sysfs
+from dit.run.localmode import make_fake_sysfs
 
 STAT_1 = """cpu  100 0 100 800 0 0 0 0 0 0
 cpu0 50 0 50 400 0 0 0 0 0 0

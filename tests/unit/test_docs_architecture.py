@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
+import ast
 import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
+from tests.names import resolves
 
 DOC = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
 CODE = re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", DOC, flags=re.S))  # inline code, not the diagram
@@ -42,19 +45,79 @@ def test_the_test_files_of_the_worked_example_exist() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_named_python_object_exists(name: str) -> None:
-    parts = name.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            target: object = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            target = getattr(target, attr)
-        return
-    pytest.fail(f"docs/architecture.md names {name}, which does not import")
+    assert resolves(name), f"docs/architecture.md names {name}, which does not import"
 
 
 def test_entry_point_groups_are_as_the_page_says() -> None:
     assert {"dit.optimisers", "dit.models", "dit.runtimes"} == GROUPS
     for group in ("dit.optimisers", "dit.models", "dit.runtimes"):
         assert f'[project.entry-points."{group}"]' in PYPROJECT
+
+
+# -- the claims of the page that hold the code's structure -----------------------------------------------
+SRC = REPO / "src" / "dit"
+CONDITIONS = sorted(p.name for p in (SRC / "conditions").iterdir() if (p / "__init__.py").is_file())
+#: outside conditions/, the modules that read one condition's own outputs or functions (the page names them)
+CONDITION_READERS = {"src/dit/report/rtt.py": {"netem"}, "src/dit/rack/plan.py": {"cpu_share"}}
+
+
+def _imports(path: Path) -> list[str]:
+    """Every module ``path`` imports, at the top or inside a function (relative imports resolved)."""
+    package = ".".join(path.relative_to(REPO / "src").with_suffix("").parts[:-1])
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = (
+                ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+            )
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    return found
+
+
+def test_the_top_level_of_the_package_holds_at_most_eight_modules() -> None:
+    modules = sorted(p.name for p in SRC.glob("*.py"))
+    assert len(modules) <= 8, f"src/dit/ holds {len(modules)} modules: {modules}; give the new one a package"
+
+
+@pytest.mark.parametrize("condition", CONDITIONS)
+def test_no_condition_is_named_outside_the_conditions(condition: str) -> None:
+    """The page: the driver discovers the conditions and names none; only the listed readers import one."""
+    named = [
+        str(path.relative_to(REPO))
+        for path in SRC.rglob("*.py")
+        if "conditions" not in path.relative_to(SRC).parts[:1]
+        and condition not in CONDITION_READERS.get(str(path.relative_to(REPO)), set())
+        and any(m.startswith(f"dit.conditions.{condition}") for m in _imports(path))
+    ]
+    assert not named, f"{named} import the {condition} condition: reach it through a hook of dit.conditions"
+
+
+@pytest.mark.parametrize("module", ["driver.py", "journal.py", "teardown.py"])
+def test_the_run_engine_spells_no_condition_name(module: str) -> None:
+    """Not even as a key of the built conditions (``conditions[host]["netem"]``): that is a hook's job."""
+    tree = ast.parse((SRC / "run" / module).read_text(encoding="utf-8"))
+    spelled = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in CONDITIONS
+    }
+    assert not spelled, f"src/dit/run/{module} names the conditions {sorted(spelled)}"
+
+
+@pytest.mark.parametrize("path", sorted(SRC.joinpath("device").glob("*.py")), ids=lambda p: p.name)
+def test_the_device_code_imports_only_the_standard_library_and_itself(path: Path) -> None:
+    """The page: device/ is stdlib only (it ships as a zipapp to boards with nothing else installed);
+    the zipapp builder alone reads the installed package to find the sources it packs."""
+    allowed = {"dit"} if path.name == "build.py" else set()
+    foreign = sorted(
+        module
+        for module in _imports(path)
+        if module.split(".")[0] not in sys.stdlib_module_names
+        and not module.startswith("dit.device")
+        and module not in allowed
+        and module != "__future__.annotations"
+    )
+    assert not foreign, f"src/dit/device/{path.name} imports {foreign}"

@@ -15,12 +15,13 @@ import pytest
 import yaml
 
 from dit.ansible_data import load_unsafe_yaml
-from dit.ansible_exec import render_playbook
-from dit.driver import Driver, RunOptions, StageFailed, extract_collected
-from dit.inventory import local_inventory
-from dit.localmode import make_fake_sysfs, snapshot_tree
 from dit.models.resolve import ModelError, resolve_model
-from dit.rundir import RunDir
+from dit.run.ansible_exec import render_playbook
+from dit.run.collect import extract_collected
+from dit.run.driver import Driver, RunOptions, StageFailed
+from dit.run.inventory import local_inventory
+from dit.run.localmode import make_fake_sysfs, snapshot_tree
+from dit.run.rundir import RunDir
 from dit.scenario import loads
 
 STAGES = ("preflight", "apply", "profile", "collect", "teardown")
@@ -146,7 +147,7 @@ def test_local_inventory_keeps_the_edge_server_off_the_devices_cpus(tmp_path: Pa
 
 
 def test_inference_addresses_of_every_host() -> None:
-    from dit.inventory import RunInventory
+    from dit.run.inventory import RunInventory
 
     hostvars = {
         "edge": {"ansible_host": "192.168.1.10", "dit_inference_address": "10.0.0.1"},
@@ -163,7 +164,7 @@ def test_inference_addresses_of_every_host() -> None:
 
 
 def test_the_driver_finds_the_edge_service_task_by_its_name(tmp_path: Path) -> None:
-    from dit.driver import EDGE_SERVICE_TASK
+    from dit.run.driver import EDGE_SERVICE_TASK
 
     plays = yaml.safe_load(render_playbook("apply", tmp_path, {}).read_text())
     tasks = [t for play in plays if play["hosts"] == "edge" for t in play["tasks"]]
@@ -263,8 +264,8 @@ def test_driver_calls_the_aggregate_hook_of_every_condition_package_with_one_loa
 def test_the_runtimes_processes_use_the_nodes_interpreter_in_local_mode(tmp_path: Path) -> None:
     import sys
 
-    from dit.inventory import local_inventory
-    from dit.runtimes.launch import launch_vars
+    from dit.run.inventory import local_inventory
+    from dit.run.launch import launch_vars
 
     driver = _driver(tmp_path, "name: n\nmodel: fake\ndevices: [device1]\ninference: {enabled: false}\n")
     driver.run = RunDir.create(tmp_path / "runs", "n", "0" * 64)

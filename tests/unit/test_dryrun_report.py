@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dit.ansible_exec import HostEvent
-from dit.dryrun import DryRun, change_of
+from dit.run.ansible_exec import HostEvent
+from dit.run.dryrun import DryRun, change_of
 
 
 def event(action: str, result: dict[str, Any], task: str = "t") -> HostEvent:

@@ -1,4 +1,4 @@
-"""dit.follow: device stdout/stderr followed live, from local files or through one ssh per host."""
+"""dit.run.follow: device stdout/stderr followed live, from local files or through one ssh per host."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import stat
 import time
 from pathlib import Path
 
-from dit.follow import FollowTarget, LogFollower, parse_remote_line, remote_command, split_line, ssh_argv
+from dit.run.follow import FollowTarget, LogFollower, parse_remote_line, remote_command, split_line, ssh_argv
 
 
 def wait_for(predicate: object, timeout: float = 10.0) -> None:
@@ -111,6 +111,6 @@ def test_remote_follower_through_ssh(tmp_path: Path) -> None:
 
 
 def _tagged(run_id: str) -> list[int]:
-    from dit.procs import run_processes
+    from dit.run.procs import run_processes
 
     return [p.pid for p in run_processes(run_id)]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dit.inventory import InventoryError, load_inventory
-from dit.web.nodes import Inventory, NodeError
+from dit.run.inventory import InventoryError, load_inventory
+from dit.web.services.nodes import Inventory, NodeError
 
 # What a plugin inventory could hand over: 'lab' and 'rack' contain each other.
 CYCLIC = {
@@ -52,7 +52,7 @@ def test_the_walk_survives_a_cycle_of_groups(tmp_path: Path, monkeypatch: pytest
 
 def test_the_walk_gives_up_after_its_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_ansible_inventory(tmp_path, monkeypatch, json.dumps(CYCLIC), 30)
-    monkeypatch.setattr("dit.inventory.ANSIBLE_INVENTORY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("dit.run.inventory.ANSIBLE_INVENTORY_TIMEOUT_S", 0.5)
     source = tmp_path / "slow"
     source.mkdir()
     start = time.monotonic()

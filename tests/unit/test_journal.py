@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dit.journal import Journal, JournalError
+from dit.run.journal import Journal, JournalError
 
 
 def test_pending_is_newest_first_and_excludes_undone(tmp_path: Path) -> None:

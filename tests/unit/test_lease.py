@@ -16,7 +16,7 @@ import pytest
 from ansible.module_utils import basic
 
 from dit.ansible_plugins.lease import LeaseAction
-from dit.lease import (
+from dit.run.lease import (
     BREAK_FLAG,
     Holder,
     State,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ansible_modules import library_module, library_names
+from tests.ansible_modules import library_module, library_names, with_dit_fragments
 
 MODULES = library_names()
 SUPPORT = {"full", "partial", "none", "N/A"}
@@ -42,7 +42,7 @@ def module_kwargs(name: str) -> dict[str, Any]:
 def docs(name: str) -> tuple[dict[str, Any], Any, Any]:
     module = library_module(name, as_name=f"contract_docs_{name}")
     return (
-        yaml.safe_load(module.DOCUMENTATION),
+        with_dit_fragments(yaml.safe_load(module.DOCUMENTATION)),
         yaml.safe_load(module.EXAMPLES),
         yaml.safe_load(module.RETURN),
     )

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dit.cli import app
-from dit.procs import ProcessFailure, process_failures
-from dit.rundir import RunDir
+from dit.run.procs import ProcessFailure, process_failures
+from dit.run.rundir import RunDir
 
 
 def _records(raw: Path, host: str, entries: object) -> None:
@@ -67,8 +67,8 @@ def test_show_prints_a_degraded_run_with_its_reasons_and_stderr(tmp_path: Path) 
 
 
 def test_nnpm_lists_a_degraded_run_as_finished_with_its_failed_processes(tmp_path: Path) -> None:
-    from dit.web.runs import run_detail
-    from dit.web.store import Store
+    from dit.web.services.runs import run_detail
+    from dit.web.services.store import Store
 
     runs = tmp_path / "runs"
     run = RunDir(runs / "s" / "run1")

@@ -1,4 +1,4 @@
-"""dit.roledoc: every role's README carries the variables table generated from its argument spec."""
+"""dit.devtools.roledoc: every role's README carries the variables table generated from its argument spec."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dit.roledoc import BEGIN, END, roles, updated_readme, variables_table
+from dit.devtools.roledoc import BEGIN, END, roles, updated_readme, variables_table
 from tests.conftest import REPO
 
 ROLES = roles(REPO)
@@ -56,11 +56,11 @@ def fake_role(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("role", ROLES, ids=[r.name for r in ROLES])
 def test_every_role_readme_carries_the_table_generated_from_its_argument_spec(role: Path) -> None:
     readme = role / "README.md"
-    assert readme.exists(), f"{readme} is missing: run python -m dit.roledoc"
+    assert readme.exists(), f"{readme} is missing: run python -m dit.devtools.roledoc"
     text = readme.read_text(encoding="utf-8")
     assert BEGIN in text and END in text, f"{readme} has no generated variables table"
     table = text[text.index(BEGIN) + len(BEGIN) + 1 : text.index(END)]
-    assert table == variables_table(role), f"{readme} is out of date: run python -m dit.roledoc"
+    assert table == variables_table(role), f"{readme} is out of date: run python -m dit.devtools.roledoc"
 
 
 def test_the_table_lists_type_default_and_description_in_spec_order(tmp_path: Path) -> None:

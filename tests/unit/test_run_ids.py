@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import dit.rundir
-from dit.rundir import RunDir
+import dit.run.rundir
+from dit.run.rundir import RunDir
 
 FROZEN = datetime(2026, 12, 1, 6, 0, 0, tzinfo=UTC)
 
@@ -22,7 +22,7 @@ class _FrozenClock(datetime):
 
 @pytest.fixture
 def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dit.rundir, "datetime", _FrozenClock)
+    monkeypatch.setattr(dit.run.rundir, "datetime", _FrozenClock)
 
 
 def test_two_runs_dirs_in_the_same_second_get_different_run_ids(tmp_path: Path, frozen: None) -> None:

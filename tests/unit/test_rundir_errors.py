@@ -12,10 +12,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from dit import rundir
 from dit.cli import app
-from dit.reporter import Reporter
-from dit.rundir import STOP, RunDir, RunDirError, check_writable, read_json, write_json
+from dit.run import rundir
+from dit.run.console import Reporter
+from dit.run.rundir import STOP, RunDir, RunDirError, check_writable, read_json, write_json
 from tests.conftest import write_scenario
 
 

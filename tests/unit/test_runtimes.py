@@ -13,14 +13,15 @@ from typing import Any
 import pytest
 
 from dit.analysis.run import LoadedRun
-from dit.ansible_exec import HostEvent, StageOutcome
-from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, ops, registry
+from dit.devtools.schemadoc import render_reference
+from dit.run.ansible_exec import HostEvent, StageOutcome
+from dit.run.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
+from dit.runtime_ops import plays as ops
+from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, registry
 from dit.runtimes.base import Action, ActionPlan, Results, uses_edge_service, write_summary
-from dit.runtimes.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
 from dit.runtimes.layers import LayersRuntime
 from dit.scenario import ScenarioError, expand, loads, resolve, validate
 from dit.scenario.schema import load_schema
-from dit.schemadoc import render_reference
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runtime_pkg"
 

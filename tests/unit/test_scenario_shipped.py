@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from dit.devtools.schemadoc import render_reference
 from dit.paths import content_root
 from dit.scenario import LOAD_REGIMES, expand, load, load_schema, load_yaml, schema_path, validate
-from dit.schemadoc import render_reference
 
 SCENARIOS = content_root() / "scenarios"
 SHIPPED = ["ch4_validation.yaml", "quickstart.yaml", "two_device_policies.yaml"]
@@ -171,7 +171,7 @@ def test_load_regimes_match_the_schema_description() -> None:
 def test_committed_reference_matches_the_schema() -> None:
     committed = (REPO / "docs" / "scenario-reference.md").read_text(encoding="utf-8")
     assert committed == render_reference(load_schema()), (
-        "run: python -m dit.schemadoc docs/scenario-reference.md"
+        "run: python -m dit.devtools.schemadoc docs/scenario-reference.md"
     )
 
 
@@ -207,8 +207,8 @@ def test_schema_json_is_stable_text() -> None:
 def test_schemadoc_takes_an_option_for_an_option_not_for_a_file_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`python -m dit.schemadoc --help` once wrote the reference into a file named --help."""
-    from dit.schemadoc import main
+    """`python -m dit.devtools.schemadoc --help` once wrote the reference into a file named --help."""
+    from dit.devtools.schemadoc import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["--help"]) == 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dit.ansible_exec import HostEvent, StageOutcome
-from dit.settle import settle_messages, settle_records
+from dit.conditions.load.settle import settle_messages, settle_records
+from dit.run.ansible_exec import HostEvent, StageOutcome
 
 
 def proc_event(host: str, task: str, ready: dict[str, Any] | None) -> HostEvent:

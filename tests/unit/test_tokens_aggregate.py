@@ -15,8 +15,8 @@ import yaml
 from dit.analysis.monitors import ENERGY_COLUMNS, aggregate_monitors, generation_energy_rows
 from dit.analysis.run import AggregateError, LoadedRun
 from dit.analysis.tokens import aggregate_tokens, headwise_ratio
+from dit.run.launch import launch_vars
 from dit.runtimes import LaunchContext
-from dit.runtimes.launch import launch_vars
 from dit.runtimes.layers import LayersRuntime, token_results
 from dit.scenario import ScenarioError, loads, resolve
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dit.web.aio import run_reaped
-from dit.web.probe import Target, ping
+from dit.web.services.aio import run_reaped
+from dit.web.services.probe import Target, ping
 
 
 def _children() -> set[int]:

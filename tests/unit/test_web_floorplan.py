@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from dit.web import probe
-from dit.web.floorplan import MAX_BYTES, decode_upload, image_size, plan_of, scale_from
-from dit.web.nodes import Inventory, NodeError, check_node
-from dit.web.topology import Point, distance_km, links, topology_delays
+from dit.web.services import probe
+from dit.web.services.floorplan import MAX_BYTES, decode_upload, image_size, plan_of, scale_from
+from dit.web.services.nodes import Inventory, NodeError, check_node
+from dit.web.services.topology import Point, distance_km, links, topology_delays
 
 
 def png(width: int, height: int) -> bytes:

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from dit.scenario import expand, load
-from dit.web.nodes import Inventory, NodeError, check_node
-from dit.web.probe import ProbeResult, Target, parse_ping, tcp_connect
-from dit.web.store import Store, diff, version_hash
-from dit.web.terminal import BACKLOG_BYTES, parse_line, read_lines, start_offset
+from dit.web.services.nodes import Inventory, NodeError, check_node
+from dit.web.services.probe import ProbeResult, Target, parse_ping, tcp_connect
+from dit.web.services.store import Store, diff, version_hash
+from dit.web.services.terminal import BACKLOG_BYTES, parse_line, read_lines, start_offset
 from tests.conftest import REPO
 
 DOC = {"name": "s1", "model": "fake", "devices": ["device1", "device2"], "repetitions": 2}
@@ -194,7 +194,7 @@ def test_runtime_actions_hand_ansible_runner_the_inventory_as_an_absolute_path(
     import ansible_runner
 
     from dit.runtimes import registry
-    from dit.web.runtimes import Actions
+    from dit.web.services.runtimes import Actions
 
     seen: dict[str, Any] = {}
 
@@ -241,7 +241,7 @@ class _ClosingSocket:
 def test_an_idle_terminal_tail_ends_when_its_page_closes(tmp_path: Path) -> None:
     # A run that is not finished and writes nothing: before, the tail slept and polled forever, so
     # a closed page kept its task alive and uvicorn's shutdown hung on it.
-    from dit.web.terminal import tail
+    from dit.web.services.terminal import tail
 
     log = tmp_path / "run.log"
     log.write_text("")

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dit.web.topology import (
+from dit.web.services.topology import (
     EARTH_RADIUS_KM,
     Point,
     haversine_km,

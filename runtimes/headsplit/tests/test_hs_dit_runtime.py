@@ -20,9 +20,9 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
+from dit.run.launch import launch_vars  # noqa: E402
+from dit.runtime_ops.plays import InputError, action_of, validate_inputs  # noqa: E402
 from dit.runtimes import LaunchContext, registry  # noqa: E402
-from dit.runtimes.launch import launch_vars  # noqa: E402
-from dit.runtimes.ops import InputError, action_of, validate_inputs  # noqa: E402
 from dit.scenario import expand, resolve, validate  # noqa: E402
 from headsplit.config import PRESETS  # noqa: E402
 from headsplit.dit_runtime import HeadSplitLaunchError  # noqa: E402

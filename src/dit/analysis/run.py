@@ -17,8 +17,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from dit.scenario import ScenarioError, load_yaml
-from dit.scenario.core import partition_vector
+# The scenario's leaf modules, not the package: dit.scenario's schema asks the runtimes' registry for their
+# blocks, and a runtime's parser takes a LoadedRun.
+from dit.scenario.errors import ScenarioError
+from dit.scenario.spec import partition_vector
+from dit.scenario.yamlio import load_yaml
 
 SCENARIO_FILE = "scenario.yaml"
 

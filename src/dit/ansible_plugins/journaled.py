@@ -28,7 +28,7 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-from dit.journal import Journal
+from dit.run.journal import Journal
 
 
 def _key(record: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 
 from dit.ansible_plugins.journaled import JournaledAction
-from dit.journal import Journal
+from dit.run.journal import Journal
 
 
 class ProcessAction(JournaledAction):

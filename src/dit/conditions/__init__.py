@@ -8,7 +8,7 @@ under ``library/`` if it writes privileged state). Its ``__init__`` defines
   variables for that host (keys exactly ``CONDITION.variables``), or None when the host has nothing
   to apply;
 
-and may define three hooks, each called by the driver for every condition that has it, in
+and may define these hooks, each called by the driver for every condition that has it, in
 ``order``, without the driver naming the condition:
 
 - ``process(scenario, host, ctx) -> ProcessSettings | None`` (:data:`ProcessHook`): environment,
@@ -18,11 +18,20 @@ and may define three hooks, each called by the driver for every condition that h
   :class:`PreflightFacts` (every node's ``dit_facts``, the built variables, the inventory); the hook
   returns why the run must not start (``"memory limit refused: ..."``, prefixed with ``preflight:``
   in the run's error) or None. The first refusal stops the run before anything is applied;
+- ``applied(scenario, outcome) -> Applied | None`` (:data:`AppliedHook`): what the condition reads
+  out of the apply stage's results (:class:`StageResults`) once it has run:
+  fields for ``status.json`` and lines for the run log (the load condition's settle records);
 - ``aggregate(run) -> None`` (:data:`AggregateHook`): the condition's own analysis of a collected
   run (a :class:`dit.analysis.run.LoadedRun`), writing under ``aggregate/``; called after the
   aggregate proper (:func:`dit.analysis.aggregate.aggregate_run`) for every condition, active or
   not, so a hook decides from the run what to write (netem's network self-check). A hook that needs
-  pandas imports it inside, so discovering the conditions stays cheap.
+  pandas imports it inside, so discovering the conditions stays cheap;
+- ``undo_scope(host, built, hostvars) -> UndoScope | None`` (:data:`UndoScopeHook`): what undoing
+  the condition's journal records may touch on the host (the cgroup hierarchy it creates cgroups in,
+  the interfaces it shaped), from the variables the run built for it (``built``, None when the host
+  had none) and the host's inventory variables, never from the journal (docs/journal.md);
+- ``local_hostvars() -> dict`` (:data:`LocalHostvarsHook`): host variables local mode sets for every
+  node unless its inventory does (where this machine creates the condition's cgroups).
 
 Builders and gates are pure (no host is touched, nothing is read but their arguments) and unit-tested
 with no host. The apply stage includes the role of every condition that some host needs, in ``order``:
@@ -36,10 +45,11 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+import posixpath
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from dit.scenario import Scenario
 
@@ -106,12 +116,55 @@ class PreflightFacts:
 Builder = Callable[[Scenario, str, HostContext], "dict[str, Any] | None"]
 #: ``process(scenario, host, ctx)``: how the run's device processes start on the host, or None.
 ProcessHook = Callable[[Scenario, str, HostContext], "ProcessSettings | None"]
+
+
+class TaskResult(Protocol):
+    """One task's result on one host, as a stage reports it (:class:`dit.run.ansible_exec.HostEvent`)."""
+
+    @property
+    def action(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def result(self) -> Mapping[str, Any]: ...
+
+
+class StageResults(Protocol):
+    """A stage's results per host, in task order (:class:`dit.run.ansible_exec.StageOutcome`)."""
+
+    @property
+    def results(self) -> Mapping[str, Sequence[TaskResult]]: ...
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What a condition has to say once the apply stage has run."""
+
+    status: Mapping[str, Any] = field(default_factory=dict)  # fields of status.json (docs/raw-results.md)
+    infos: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # said, never silent; the run goes on
+
+
+@dataclass(frozen=True)
+class UndoScope:
+    """What undoing a condition's journal records may touch on one host (``dit_restore``'s scope)."""
+
+    cgroup_roots: tuple[str, ...] = ()  # hierarchies the condition creates the run's cgroups under
+    interfaces: tuple[Mapping[str, str], ...] = ()  # ``{dev, netns, log}`` of every interface it shaped
+
+
 #: ``preflight(facts)``: why the run must not start (one sentence naming the nodes), or None.
 PreflightHook = Callable[[PreflightFacts], "str | None"]
 #: ``preflight_notes(facts)``: what the run will not do as asked, said plainly (does not refuse).
 NotesHook = Callable[[PreflightFacts], "list[str]"]
 #: ``aggregate(run)``: the condition's analysis of a collected run, written under ``aggregate/``.
 AggregateHook = Callable[["LoadedRun"], None]
+#: ``applied(scenario, outcome)``: what the condition reads from the apply stage's results, or None.
+AppliedHook = Callable[[Scenario, StageResults], "Applied | None"]
+#: ``undo_scope(host, built, hostvars)``: what undoing the condition's records may touch on the host.
+UndoScopeHook = Callable[[str, "Mapping[str, Any] | None", Mapping[str, Any]], "UndoScope | None"]
+#: ``local_hostvars()``: host variables local mode sets for every node the inventory leaves them unset on.
+LocalHostvarsHook = Callable[[], "dict[str, Any]"]
 
 
 def _modules() -> list[ModuleType]:
@@ -176,6 +229,15 @@ def process_settings(scenario: Scenario, contexts: Mapping[str, HostContext]) ->
     return out
 
 
+def process_vars(processes: Mapping[str, ProcessSettings]) -> dict[str, Any]:
+    """The stages' variables for starting the run's processes: ``{host: ...}`` environment, cgroups, CPUs."""
+    return {
+        "dit_process_env": {host: settings.env for host, settings in processes.items()},
+        "dit_process_cgroup": {host: list(s.cgroups) for host, s in processes.items() if s.cgroups},
+        "dit_process_cpus": {host: list(s.cpus) for host, s in processes.items() if s.cpus},
+    }
+
+
 def active(built: Mapping[str, Mapping[str, Any]]) -> list[Condition]:
     """The conditions some host needs, in apply order."""
     needed = {name for per_host in built.values() for name in per_host}
@@ -210,3 +272,47 @@ def aggregate_hooks() -> list[tuple[Condition, AggregateHook]]:
         if hook is not None:
             hooks.append((cast(Condition, module.CONDITION), hook))
     return hooks
+
+
+def after_apply(scenario: Scenario, outcome: StageResults) -> list[Applied]:
+    """Every condition's ``applied`` reading of the apply stage, in condition order."""
+    found: list[Applied] = []
+    for module in _modules():
+        hook = cast("AppliedHook | None", getattr(module, "applied", None))
+        applied = None if hook is None else hook(scenario, outcome)
+        if applied is not None:
+            found.append(applied)
+    return found
+
+
+def undo_scope(
+    host: str, built: Mapping[str, Mapping[str, Any]], hostvars: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``dit_restore``'s condition scope for ``host`` (``cgroup_root``, ``interfaces``) from every
+    condition's ``undo_scope`` hook; ``built`` is the host's ``{condition name: variables}``.
+
+    The cgroup root is the common parent of every condition's hierarchy (on cgroup v1 memory and cpu
+    are separate hierarchies; a run's cgroup is still only a directory ``dit-<run id>-<host>`` under it).
+    """
+    roots: list[str] = []
+    interfaces: list[dict[str, str]] = []
+    for module in _modules():
+        hook = cast("UndoScopeHook | None", getattr(module, "undo_scope", None))
+        name = cast(Condition, module.CONDITION).name
+        scope = None if hook is None else hook(host, built.get(name), hostvars)
+        if scope is not None:
+            roots += [r for r in scope.cgroup_roots if r not in roots]
+            interfaces += [dict(i) for i in scope.interfaces]
+    out: dict[str, Any] = {"interfaces": interfaces}
+    if roots:
+        out["cgroup_root"] = posixpath.commonpath(roots)
+    return out
+
+
+def local_hostvars() -> dict[str, Any]:
+    """The host variables local mode sets on every node, from every condition's ``local_hostvars``."""
+    out: dict[str, Any] = {}
+    for module in _modules():
+        hook = cast("LocalHostvarsHook | None", getattr(module, "local_hostvars", None))
+        out.update(hook() if hook is not None else {})
+    return out

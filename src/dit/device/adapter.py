@@ -80,13 +80,34 @@ class TimedPass(Protocol):
         ...
 
 
+@runtime_checkable
+class GeneratesTokens(Protocol):
+    """Optional: a decoder whose token generation the agent profiles (``tokens`` > 0).
+
+    The profiler lives with the model (it needs the framework), not in the device code: the model names
+    it as ``"module:function"``, called as ``profile(model, tokens=, repetitions=, warmup=,
+    origin_mono_ns=, results=, say=)`` and returning the ``generation`` record of ``done.json``.
+    """
+
+    generation_profiler: str
+
+    def generate(self, prompt: Any, max_new_tokens: int, stage_hook: Any = None) -> list[int]:
+        """Greedy generation of ``max_new_tokens`` tokens after ``prompt``."""
+        ...
+
+
 Builder = Callable[[Mapping[str, Any]], StageModel]
+
+
+def load_ref(ref: str, what: str = "model builder") -> Any:
+    """Import ``"package.module:function"`` and return the function."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{what} reference {ref!r} is not of the form 'module:function'")
+    return getattr(importlib.import_module(module_name), attr)
 
 
 def load_builder(ref: str) -> Builder:
     """Import ``"package.module:function"`` and return the builder."""
-    module_name, _, attr = ref.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"model builder reference {ref!r} is not of the form 'module:function'")
-    builder: Builder = getattr(importlib.import_module(module_name), attr)
+    builder: Builder = load_ref(ref)
     return builder

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from dit.device.adapter import StageModel
+from dit.device.adapter import GeneratesTokens, StageModel, load_ref
 from dit.device.client import (
     EdgeConnection,
     EquivalenceError,
@@ -253,33 +253,21 @@ def _on_record(
 
 
 def generate_tokens(
-    model: Any, tokens: int, repetitions: int, warmup: int, origin_mono_ns: int, results: Path
+    model: GeneratesTokens, tokens: int, repetitions: int, warmup: int, origin_mono_ns: int, results: Path
 ) -> dict[str, Any]:
-    """A decoder's token generation (``tokens`` > 0): ``tokens.csv`` from a generation without hooks
-    (per-token latency, start times for the energy), then ``heads.csv`` from the per-head profile."""
-    from dit.models.decoder_profile import (
-        profile_decoder,
-        time_generation,
-        write_heads_csv,
-        write_tokens_csv,
+    """A decoder's token generation (``tokens`` > 0), profiled by the model's own profiler (it needs
+    the framework, which the device code does not import): ``tokens.csv`` and ``heads.csv``."""
+    profile = load_ref(model.generation_profiler, "generation profiler")
+    record: dict[str, Any] = profile(
+        model,
+        tokens=tokens,
+        repetitions=repetitions,
+        warmup=warmup,
+        origin_mono_ns=origin_mono_ns,
+        results=results,
+        say=say,
     )
-
-    say(f"generating {tokens} tokens, {repetitions} repetitions after {warmup} warm-up")
-    timed = time_generation(
-        model, tokens=tokens, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin_mono_ns
-    )
-    write_tokens_csv(results / "tokens.csv", timed)
-    say("per-head profile of the generation")
-    prof = profile_decoder(model, tokens=tokens, repetitions=repetitions, warmup=warmup)
-    write_heads_csv(results / "heads.csv", prof)
-    summary = prof.summary()
-    return {
-        "tokens": tokens,
-        "records": len(prof.records),
-        "headwise_max_abs_diff": summary["headwise_max_abs_diff"],
-        "heads": summary["heads"],
-        "layers": summary["layers"],
-    }
+    return record
 
 
 def run_profile(cfg: Mapping[str, Any]) -> int:
@@ -329,7 +317,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
     model = build_model(spec)
     n = model.num_stages
-    if tokens and not (hasattr(model, "generate") and hasattr(model, "family")):
+    if tokens and not isinstance(model, GeneratesTokens):
         raise ConfigError(
             f"tokens: {tokens} tokens need a decoder model (gpt2, tinyllama, hf_decoder), not {model.name}"
         )
@@ -451,6 +439,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
     generation: dict[str, Any] = {}
     if tokens:
+        assert isinstance(model, GeneratesTokens)  # refused above otherwise
         generation = generate_tokens(model, tokens, repetitions, warmup, origin.mono_ns, results)
 
     write_json(

@@ -47,7 +47,7 @@ share is within ``tolerance_pct`` percentage points of the CPU target it is *ste
 (which the apply stage waits for) carries ``settle``: ``{"steady", "reason", "elapsed_s", "achieved_pct",
 "target_pct", "tolerance_pct", "window_s", "timeout_s"}``. After ``timeout_s`` without a steady window it
 reports ready anyway with ``steady: false, reason: "timeout"`` (the controller warns and records it: see
-:mod:`dit.settle`). The first target holds while settling (continuous mode redraws after it). Mode
+:mod:`dit.conditions.load.settle`). The first target holds while settling (continuous mode redraws after it). Mode
 ``processes`` has no duty cycle: it reports ``steady: true, reason: "no duty cycle"`` once its processes
 run.
 

@@ -318,3 +318,34 @@ def write_tokens_csv(path: Path, records: list[TokenRecord]) -> None:
         for r in records:
             writer.writerow(asdict(r))
     os.replace(tmp, path)
+
+
+def profile_generation(
+    model: HFDecoderModel,
+    *,
+    tokens: int,
+    repetitions: int,
+    warmup: int,
+    origin_mono_ns: int,
+    results: Path,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """The agent's token profile (:class:`dit.device.adapter.GeneratesTokens`): ``tokens.csv`` from a
+    generation without hooks (per-token latency, start times for the energy), then ``heads.csv`` from
+    the per-head profile; returns the ``generation`` record of ``done.json``."""
+    say(f"generating {tokens} tokens, {repetitions} repetitions after {warmup} warm-up")
+    timed = time_generation(
+        model, tokens=tokens, repetitions=repetitions, warmup=warmup, origin_mono_ns=origin_mono_ns
+    )
+    write_tokens_csv(results / "tokens.csv", timed)
+    say("per-head profile of the generation")
+    prof = profile_decoder(model, tokens=tokens, repetitions=repetitions, warmup=warmup)
+    write_heads_csv(results / "heads.csv", prof)
+    summary = prof.summary()
+    return {
+        "tokens": tokens,
+        "records": len(prof.records),
+        "headwise_max_abs_diff": summary["headwise_max_abs_diff"],
+        "heads": summary["heads"],
+        "layers": summary["layers"],
+    }

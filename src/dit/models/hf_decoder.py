@@ -223,6 +223,10 @@ def assign_torch_weights(model: Any, tensors: Mapping[str, np.ndarray]) -> None:
 class HFDecoderModel(ArrayStageModel):
     """A decoder-only LM split into embedding, decoder layers and head."""
 
+    # The agent profiles a generation with it (dit.device.adapter.GeneratesTokens): named, not imported,
+    # so the device code stays stdlib-only and this module needs no import of its profiler.
+    generation_profiler = "dit.models.decoder_profile:profile_generation"
+
     def __init__(
         self,
         name: str,

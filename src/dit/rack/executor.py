@@ -1,7 +1,7 @@
 """``dit rack up`` / ``status`` / ``down``: run the plan of :mod:`dit.rack.plan` on this machine.
 
 Every step is appended to ``<state dir>/journal.jsonl`` (the run journal's format,
-:mod:`dit.journal`) *before* it is taken, so ``rack down`` undoes everything newest first even
+:mod:`dit.run.journal`) *before* it is taken, so ``rack down`` undoes everything newest first even
 after ``rack up`` was killed half-way; undoing a step that never happened is harmless. Nothing
 that exists already is ever journaled: ``rack up`` refuses to start when any of its names or its
 subnet is taken, a step whose object appeared meanwhile is refused before it is journaled, and a
@@ -29,8 +29,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dit.journal import Journal
-from dit.localmode import make_fake_sysfs
 from dit.rack.plan import (
     DEFAULT_SUBNET,
     SSHD,
@@ -57,6 +55,8 @@ from dit.rack.plan import (
     sshd_argv,
     sshd_config,
 )
+from dit.run.journal import Journal
+from dit.run.localmode import make_fake_sysfs
 
 JOURNAL = "journal.jsonl"
 STATE = "rack.json"
@@ -95,7 +95,7 @@ def host_spec(
     state_dir: Path, devices: int, cpu_share_pct: int, memory_mb: int, name: str, subnet: str = DEFAULT_SUBNET
 ) -> RackSpec:
     """The spec for this machine: the edge gets CPU 0, the devices the others (like local mode)."""
-    from dit.inventory import local_cpu_split
+    from dit.run.inventory import local_cpu_split
 
     available = sorted(os.sched_getaffinity(0))
     edge_cpus, device_cpus = local_cpu_split()

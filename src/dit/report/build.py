@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 
 from dit.report import rtt, units
 from dit.report.units import MISSING
-from dit.reporter import STAGES as STAGE_ORDER
-from dit.rundir import read_json_object
+from dit.run.console import STAGES as STAGE_ORDER
+from dit.run.rundir import read_json_object
 
 PHASES: Final = ("local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns")
 PHASE_COLOURS: Final = ("#4878d0", "#ee854a", "#bbbbbb", "#d65f5f", "#6acc64", "#956cb4")

@@ -32,7 +32,7 @@ import yaml
 
 from dit.conditions.netem import shaping
 from dit.conditions.netem.tc import intended_delay_ms
-from dit.rundir import read_json_object
+from dit.run.rundir import read_json_object
 
 RECORDED: Final = "recorded, not applied"
 APPLIED: Final = "applied"

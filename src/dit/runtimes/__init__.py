@@ -1,8 +1,9 @@
 """Inference runtimes as plug-ins (entry-point group ``dit.runtimes``; docs/runtimes.md).
 
 :mod:`dit.runtimes.base` is the interface, :mod:`dit.runtimes.registry` finds the installed runtimes,
-:mod:`dit.runtimes.layers` is the built-in one, :mod:`dit.runtimes.launch` turns a runtime's launch
-into the profile stage's variables, :mod:`dit.runtimes.ops` runs readiness checks and maintenance actions.
+:mod:`dit.runtimes.layers` is the built-in one. What runs a runtime sits above: :mod:`dit.run.launch` turns
+its launch into the profile stage's variables, :mod:`dit.runtime_ops` plays its readiness checks and
+maintenance actions (``dit runtimes``).
 """
 
 from __future__ import annotations

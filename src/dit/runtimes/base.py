@@ -15,10 +15,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from dit.analysis.run import LoadedRun
 from dit.device.tags import START_AT_ENV
+
+if TYPE_CHECKING:  # an annotation only: importing the analysis here closed a circle through dit.scenario
+    from dit.analysis.run import LoadedRun
 
 __all__ = ["START_AT_ENV"]  # re-exported for runtimes: the variable their main processes read
 

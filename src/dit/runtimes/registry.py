@@ -156,13 +156,20 @@ def _declared_for_nodes(name: str) -> bool:
         return False
 
 
+_RESETS = [0]  # how many times reset() ran: what others cached of the discovered runtimes is stale after one
+
+
+def generation() -> int:
+    """Changes with every :func:`reset`: the scenario schema keys its validator on it (the registry
+    imports nothing of the scenario package, which asks the registry for the runtime blocks)."""
+    return _RESETS[0]
+
+
 def reset() -> None:
     """Forget what was discovered (after installing a plug-in in this process, in tests)."""
-    from dit.scenario import schema
-
     _discover.cache_clear()
     shipped.cache_clear()
-    schema.forget()
+    _RESETS[0] += 1
 
 
 def block_property() -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 from dit.scenario import schema as sch
 from dit.scenario.errors import FieldError, ScenarioError, sorted_unique
 from dit.scenario.pathexpr import Segment, parse_path, render_path
-from dit.scenario.spec import DEFAULT_RUNTIME, Scenario, build
+from dit.scenario.spec import DEFAULT_RUNTIME, Scenario, build, partition_vector
 from dit.scenario.yamlio import load_yaml
 
 #: The largest number of variants one scenario may expand to.
@@ -53,19 +53,6 @@ def _known_model(name: str) -> bool:
 
 
 # -- resolution ---------------------------------------------------------------------------------
-
-
-def partition_vector(entry: Any, device_count: int) -> list[int] | None:
-    """One ``inference.partition_points`` entry as an explicit vector, or None when it is neither form.
-
-    An integer p is the same point on every device, ``[p] * device_count``; a list of
-    ``device_count`` points is a vector in ``devices`` order already.
-    """
-    if isinstance(entry, int) and not isinstance(entry, bool):
-        return [entry] * device_count
-    if isinstance(entry, list) and len(entry) == device_count:
-        return [int(p) for p in entry]
-    return None
 
 
 def resolve(doc: Mapping[str, Any]) -> dict[str, Any]:

@@ -62,14 +62,21 @@ def load_schema() -> dict[str, Any]:
     return schema
 
 
-@functools.cache
 def _validator() -> Draft202012Validator:
+    from dit.runtimes.registry import generation
+
+    return _validator_of(generation())
+
+
+@functools.lru_cache(maxsize=1)
+def _validator_of(_generation: int) -> Draft202012Validator:
+    """The validator of the schema with the runtimes the registry knows in that generation."""
     return Draft202012Validator(load_schema())
 
 
 def forget() -> None:
     """Drop the cached validator (the installed runtimes changed)."""
-    _validator.cache_clear()
+    _validator_of.cache_clear()
 
 
 def root_schema() -> SchemaNode:

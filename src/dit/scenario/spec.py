@@ -246,3 +246,16 @@ __all__ = [
     "canonical_json",
     "content_hash",
 ]
+
+
+def partition_vector(entry: Any, device_count: int) -> list[int] | None:
+    """One ``inference.partition_points`` entry as an explicit vector, or None when it is neither form.
+
+    An integer p is the same point on every device, ``[p] * device_count``; a list of
+    ``device_count`` points is a vector in ``devices`` order already.
+    """
+    if isinstance(entry, int) and not isinstance(entry, bool):
+        return [entry] * device_count
+    if isinstance(entry, list) and len(entry) == device_count:
+        return [int(p) for p in entry]
+    return None

@@ -1,11 +1,14 @@
-"""NNPM, the web manager of the testbed (``dit web``): a client of the same driver the CLI uses.
+"""NNPM, the testbed's web manager: ``dit web`` starts it, :mod:`dit.web` is its code (one name, NNPM, in
+the docs and here; ``web`` is only the command and the package). A client of the same driver the CLI uses.
 
-Modules: :mod:`~dit.web.app` (the FastAPI application and its routes), :mod:`~dit.web.nodes` (the
-NNPM-managed YAML inventory), :mod:`~dit.web.topology` (great-circle link latencies → netem
-per-destination profiles), :mod:`~dit.web.probe` (three pings every two seconds per node),
-:mod:`~dit.web.store` (immutable scenario versions in SQLite), :mod:`~dit.web.runs` (runs started as
-``python -m dit run`` subprocesses, stopped with ``dit stop``), :mod:`~dit.web.terminal` (``run.log``
-tailed over a WebSocket), :mod:`~dit.web.runtimes` (readiness checks and maintenance actions),
-:mod:`~dit.web.plots` (server-rendered PNG plots). The page itself is ``static/`` (vanilla JS
-modules; Leaflet from the ``xstatic-leaflet`` package).
+- :mod:`~dit.web.app` builds the FastAPI application from :mod:`~dit.web.config` (``dit web``'s
+  options) and :mod:`~dit.web.security` (token, loopback, Origin, body limits);
+- :mod:`dit.web.routes`: the HTTP API, one router per concern (nodes, scenarios, runs, runtimes);
+- :mod:`dit.web.services`: what the routers call, testable without HTTP: the NNPM-managed YAML inventory
+  (``nodes``), great-circle link latencies → netem profiles (``topology``), the floor plan
+  (``floorplan``), three pings every two seconds per node (``probe``), immutable scenario versions in
+  SQLite (``store``), runs started as ``python -m dit run`` subprocesses and stopped with ``dit stop``
+  (``runs``, their page ``runpage``, ``benchmark``), ``run.log`` tailed over a WebSocket (``terminal``),
+  readiness checks and maintenance actions (``runtimes``), server-rendered PNG plots (``plots``);
+- ``static/``: the page (vanilla JS modules; Leaflet from the ``xstatic-leaflet`` package).
 """

@@ -11,7 +11,6 @@ import importlib
 import os
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,66 +19,24 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from dit.analysis.delay import OBJECTIVES
-from dit.web import floorplan
-from dit.web import runs as runs_mod
-from dit.web.nodes import Inventory, NodeError
-from dit.web.probe import ProbeLoop, Target
+from dit.web.config import WebConfig
 from dit.web.routes import nodes as nodes_routes
 from dit.web.routes import runs as runs_routes
 from dit.web.routes import runtimes as runtimes_routes
 from dit.web.routes import scenarios as scenarios_routes
 from dit.web.routes.common import Context, Ctx
-from dit.web.runtimes import Actions
-from dit.web.security import TOKEN_ENV, Guard, is_loopback, new_token, token_problem
-from dit.web.store import Store
+from dit.web.security import Guard
+from dit.web.services import floorplan
+from dit.web.services import runs as runs_mod
+from dit.web.services.nodes import Inventory, NodeError
+from dit.web.services.probe import ProbeLoop, Target
+from dit.web.services.runtimes import Actions
+from dit.web.services.store import Store
 
 STATIC = Path(__file__).resolve().parent / "static"
 # twice the largest floor-plan image: room for its base64 (4/3 of it) and the JSON around it; no other
 # body comes near
 MAX_BODY_BYTES = 2 * floorplan.MAX_BYTES
-
-
-@dataclass
-class WebConfig:
-    host: str = "127.0.0.1"
-    port: int = 8765
-    inventory: Path = Path("inventories/nnpm.yml")
-    runs_dir: Path = Path("runs")
-    scenarios_dir: Path = Path("scenarios")
-    tiles: str | None = None  # None: the map is a floor plan; else a URL template, tile dir or .mbtiles
-    tiles_attribution: str = "© OpenStreetMap contributors"
-    probe: str = "auto"
-    db: Path | None = None  # default: <runs_dir>/.nnpm/nnpm.sqlite
-    token: str | None = None  # None: a random one per start, unless no_token
-    no_token: bool = False  # loopback only: every local user can then drive NNPM
-    map_center: tuple[float, float] = (37.9838, 23.7275)  # Athens
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def exposed(self) -> bool:
-        return not is_loopback(self.host)
-
-    def ensure_token(self) -> str | None:
-        """The token every request needs (made here when none is given); None with ``no_token``.
-
-        :class:`ValueError` naming the option when ``no_token`` is asked for on a non-loopback bind, or
-        with a token, or when the given token is unfit.
-        """
-        if self.no_token:
-            if self.exposed:
-                raise ValueError(
-                    f"--no-token: NNPM bound to {self.host} would be open to the network; "
-                    "it is only for a loopback --host (127.0.0.1, ::1)"
-                )
-            if self.token:
-                raise ValueError(f"--no-token: {TOKEN_ENV} gives a token as well; unset one of them")
-            return None
-        if self.token is None:
-            self.token = new_token()
-        problem = token_problem(self.token)
-        if problem:
-            raise ValueError(f"{TOKEN_ENV}: {problem}")
-        return self.token
 
 
 def leaflet_dir() -> str:

@@ -22,7 +22,7 @@ while it profiles is its capacity during inference, and the load processes on it
 capacity, not from the other devices'. The default is set only where this machine can apply it
 (root and a cpu controller with CFS bandwidth); the scenario's value always wins, and
 ``DIT_LOCAL_CPU_SHARE`` (``auto`` — the default —, ``off`` or a percentage of one CPU) chooses; the
-measurements behind the default are in :func:`dit.localmode.local_cpu_share`.
+measurements behind the default are in :func:`dit.run.localmode.local_cpu_share`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from dit.conditions import Condition, HostContext, PreflightFacts, ProcessSettings
+from dit.conditions import Condition, HostContext, PreflightFacts, ProcessSettings, UndoScope
+from dit.conditions.cgroup_roots import cgroup_cpu_root
 from dit.scenario import Scenario
 
 CONDITION = Condition(
@@ -44,7 +45,9 @@ CONDITION = Condition(
 DEFAULT_CPU_CGROUP_ROOT = "/sys/fs/cgroup"
 SHORTEST_PERIOD_US = 2_000
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller cfs_quota_us (and cpu.max quota)
-DEFAULT_HOSTVAR = "dit_cpu_share_default_pct"  # local mode's default share (dit.inventory.local_inventory)
+DEFAULT_HOSTVAR = (
+    "dit_cpu_share_default_pct"  # local mode's default share (dit.run.inventory.local_inventory)
+)
 ADVICE = "a kernel with CONFIG_CFS_BANDWIDTH and the cpu cgroup controller"
 
 
@@ -161,3 +164,13 @@ def preflight(facts: PreflightFacts) -> str | None:
     """The CPU share gate (the condition's ``preflight`` hook): refuses what :func:`preflight_problems` finds."""
     problems = preflight_problems(facts.nodes, facts.built)
     return "cpu share refused: " + "; ".join(problems) if problems else None
+
+
+def undo_scope(host: str, built: Mapping[str, Any] | None, hostvars: Mapping[str, Any]) -> UndoScope:
+    """The cpu hierarchy: a run's cgroup is ``dit-<run id>-<host>`` under it."""
+    return UndoScope(cgroup_roots=(str(hostvars.get("dit_cpu_cgroup_root") or DEFAULT_CPU_CGROUP_ROOT),))
+
+
+def local_hostvars() -> dict[str, Any]:
+    """Local mode caps CPU shares for real, in this machine's cpu hierarchy."""
+    return {"dit_cpu_cgroup_root": cgroup_cpu_root()}

@@ -7,7 +7,7 @@ with the scenario seed and the device name (``load_seed`` is the scenario seed; 
 :func:`dit.device.load.load_rng`), so they are logged in ``load.csv`` with their monotonic time.
 The edge server never gets a load. With ``timing.settle.steady`` (the default) the generator reports
 ready only once its CPU share is at its target (or the settle timeout passed), so the apply stage ends
-with the loads steady; the controller records each device's settle record (:mod:`dit.settle`). Before
+with the loads steady; the controller records each device's settle record (:mod:`dit.conditions.load.settle`). Before
 the edge service, because the edge measures its capacity profile when it starts: in local mode and on
 the emulated rack the devices' load shares the machine with the edge, and a profile taken before the
 load mispredicted the edge's in-run stage times by up to 1.5x (docs/optimisers.md); on real boards
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dit.conditions import Condition, HostContext
+from dit.conditions import Applied, Condition, HostContext, StageResults
+from dit.conditions.load.settle import settle_messages, settle_records
 from dit.scenario import Scenario
 
 CONDITION = Condition(
@@ -72,3 +73,12 @@ def settle_config(scenario: Scenario) -> dict[str, float] | None:
     if not settle.steady:
         return None
     return {"timeout_s": settle.timeout_s, "tolerance_pct": settle.tolerance_pct, "window_s": settle.window_s}
+
+
+def applied(scenario: Scenario, outcome: StageResults) -> Applied | None:
+    """Each device's settle record from the apply stage: into ``status.json`` as ``settle``, and said."""
+    settled = settle_records(outcome, scenario.devices)
+    if not settled:
+        return None
+    infos, warnings = settle_messages(settled)
+    return Applied(status={"settle": settled}, infos=tuple(infos), warnings=tuple(warnings))

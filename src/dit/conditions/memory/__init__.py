@@ -16,7 +16,8 @@ import posixpath
 from collections.abc import Mapping
 from typing import Any
 
-from dit.conditions import Condition, HostContext, PreflightFacts, ProcessSettings
+from dit.conditions import Condition, HostContext, PreflightFacts, ProcessSettings, UndoScope
+from dit.conditions.cgroup_roots import cgroup_memory_root
 from dit.scenario import Scenario
 
 CONDITION = Condition(
@@ -105,3 +106,14 @@ def preflight(facts: PreflightFacts) -> str | None:
     """The memory gate (the condition's ``preflight`` hook): refuses what :func:`preflight_problems` finds."""
     problems = preflight_problems(facts.nodes, facts.built)
     return "memory limit refused: " + "; ".join(problems) if problems else None
+
+
+def undo_scope(host: str, built: Mapping[str, Any] | None, hostvars: Mapping[str, Any]) -> UndoScope:
+    """The memory hierarchy: a run's cgroup is ``dit-<run id>-<host>`` under it (limit or none: local mode
+    and an aborted run may leave one behind)."""
+    return UndoScope(cgroup_roots=(str(hostvars.get("dit_cgroup_root") or DEFAULT_CGROUP_ROOT),))
+
+
+def local_hostvars() -> dict[str, Any]:
+    """Local mode applies memory limits for real, in this machine's memory hierarchy."""
+    return {"dit_cgroup_root": cgroup_memory_root()}

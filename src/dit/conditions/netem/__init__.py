@@ -10,8 +10,9 @@ next to the node's run root instead of being run: this kernel has no ``sch_netem
 netem are recorded, rate-only trees run, and :func:`preflight_notes` says so in the run log.
 
 The package is the whole controller side of netem: the tc tree (:mod:`.tc`), the preflight gate
-(:func:`preflight`: a kernel without ``sch_netem``; :func:`preflight_notes`) and the network
-self-check of a collected run (:mod:`.check`, the :func:`aggregate` step). The node side ships
+(:func:`preflight`: a kernel without ``sch_netem``; :func:`preflight_notes`), the interfaces its undo
+may touch (:func:`undo_scope`) and the network self-check of a collected run (:mod:`.check`, the
+:func:`aggregate` step). The node side ships
 from elsewhere: the ``dit_tc`` module (``library/dit_tc.py``), the ``netem`` role and the
 delay-variation process (:mod:`dit.device.netem_vary`).
 
@@ -25,7 +26,7 @@ import ipaddress
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from dit.conditions import Condition, HostContext, PreflightFacts
+from dit.conditions import Condition, HostContext, PreflightFacts, UndoScope
 from dit.conditions.netem.tc import NetemError, build_tree, check_interface, needs_netem, netem_gate
 from dit.scenario import Scenario
 
@@ -174,3 +175,18 @@ def aggregate(run: LoadedRun) -> None:
     from dit.conditions.netem.check import aggregate_network  # pandas: only once a run is analysed
 
     aggregate_network(run)
+
+
+def undo_scope(host: str, built: Mapping[str, Any] | None, hostvars: Mapping[str, Any]) -> UndoScope | None:
+    """The interface the run shaped on ``host``: its ``tc`` undo records touch that one only."""
+    if not built or not built.get("netem_interface"):
+        return None
+    return UndoScope(
+        interfaces=(
+            {
+                "dev": str(built["netem_interface"]),
+                "netns": str(built.get("netem_netns") or ""),
+                "log": str(built.get("netem_log") or ""),
+            },
+        )
+    )

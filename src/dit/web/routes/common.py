@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, WebSocket
 from fastapi.requests import HTTPConnection
 from fastapi.responses import JSONResponse
 
 from dit.scenario import FieldError
-from dit.web.nodes import Inventory
-from dit.web.probe import ProbeLoop
-from dit.web.runtimes import Actions
-from dit.web.store import Store
-
-if TYPE_CHECKING:
-    from dit.web.app import WebConfig
+from dit.web.config import WebConfig
+from dit.web.services.nodes import Inventory
+from dit.web.services.probe import ProbeLoop
+from dit.web.services.runtimes import Actions
+from dit.web.services.store import Store
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Nodes on the map (the NNPM-managed inventory), the floor plan, map tiles, and the topology between nodes.
 
-The map is a floor plan (:mod:`dit.web.floorplan`) unless ``dit web --tiles`` configures a tile layer;
+The map is a floor plan (:mod:`dit.web.services.floorplan`) unless ``dit web --tiles`` configures a tile layer;
 positions, links and delays are those of the view in use (``map_mode``).
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, Response
 
-from dit.web import floorplan
-from dit.web.nodes import Node, NodeError, check_node
 from dit.web.routes.common import Context, Ctx, json_body
-from dit.web.topology import Point, links, topology_delays
+from dit.web.services import floorplan
+from dit.web.services.nodes import Node, NodeError, check_node
+from dit.web.services.topology import Point, links, topology_delays
 
 router = APIRouter()
 LOCAL_TILES = "/tiles/{z}/{x}/{y}.png"

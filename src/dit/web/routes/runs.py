@@ -14,13 +14,9 @@ from fastapi import APIRouter, HTTPException, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from dit.device.tags import RUN_ENV
-from dit.procs import pid_alive
-from dit.rundir import RunDir
+from dit.run.procs import pid_alive
+from dit.run.rundir import RunDir
 from dit.scenario import expand, validate
-from dit.web import runpage
-from dit.web import runs as runs_mod
-from dit.web.aio import run_reaped
-from dit.web.benchmark import PROFILING_FIELDS, benchmark_document, profiling_schema
 from dit.web.routes.common import (
     Context,
     Ctx,
@@ -30,7 +26,11 @@ from dit.web.routes.common import (
     json_body,
     unprocessable,
 )
-from dit.web.terminal import tail
+from dit.web.services import runpage
+from dit.web.services import runs as runs_mod
+from dit.web.services.aio import run_reaped
+from dit.web.services.benchmark import PROFILING_FIELDS, benchmark_document, profiling_schema
+from dit.web.services.terminal import tail
 
 router = APIRouter(prefix="/api")
 DRY_RUN_TIMEOUT_S = 600.0
@@ -68,7 +68,7 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
     chosen = version
     if kind == "benchmark":
         # the profiling-only pipeline: the same scenario without inference and optimisation, with the
-        # dialog's profiling options (dit.web.benchmark.PROFILING_FIELDS)
+        # dialog's profiling options (dit.web.services.benchmark.PROFILING_FIELDS)
         document, wrong = benchmark_document(version.document, body.get("profiling"))
         if wrong:
             return unprocessable(wrong)
@@ -162,7 +162,7 @@ def stop(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
 
 @router.get("/runs/{scenario}/{run}/plots/{plot}.png")
 async def plot(ctx: Ctx, scenario: str, run: str, plot: str) -> Response:
-    from dit.web.plots import layers_png, monitors_png
+    from dit.web.services.plots import layers_png, monitors_png
 
     agg = run_or_404(ctx, scenario, run).path / "aggregate"
     if plot == "validation":
@@ -225,7 +225,7 @@ def get_optimise(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
 
 @router.post("/runs/{scenario}/{run}/optimise", response_model=None)
 async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[str, Any] | JSONResponse:
-    from dit.aggregate import AggregateError
+    from dit.analysis.run import AggregateError
     from dit.optimise import OptimiseError
     from dit.optimise.api import optimise_run
 

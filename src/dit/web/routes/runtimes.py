@@ -9,11 +9,12 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
-from dit.runtimes import ops, registry
+from dit.runtime_ops import plays as ops
+from dit.runtimes import registry
 from dit.runtimes.base import Runtime
 from dit.scenario.spec import DEFAULT_RUNTIME
 from dit.web.routes.common import Context, Ctx, close_websocket, context, json_body, unprocessable
-from dit.web.terminal import tail
+from dit.web.services.terminal import tail
 
 router = APIRouter(prefix="/api")
 

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from dit.scenario import ScenarioError, expand, load_schema, load_yaml, validate
 from dit.web.routes.common import Context, Ctx, field_errors, json_body, unprocessable
 from dit.web.routes.nodes import map_points
-from dit.web.store import Version, diff, version_hash
-from dit.web.topology import network_block, topology_delays
+from dit.web.services.store import Version, diff, version_hash
+from dit.web.services.topology import network_block, topology_delays
 
 router = APIRouter(prefix="/api")
 

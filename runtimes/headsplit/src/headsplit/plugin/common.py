@@ -1,0 +1,37 @@
+"""What HeadSplit's plug-in modules share: file names, tags and directories on the node, the errors."""
+
+from __future__ import annotations
+
+from dit.analysis.run import AggregateError
+
+CONFIG_FILE = "headsplit.json"
+RESULT_FILE = "results/headsplit.json"
+RESULT_NAME = "headsplit.json"  # collected as raw/<controller>/<controller>_headsplit.json
+CONTROLLER_TAG = "hs-controller"
+WORKER_TAG = "hs-worker{rank}"
+STRATEGIES = ("layerwise", "roundrobin", "greedy")
+DEFAULT_PORT = 29500
+NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
+SHA256 = "^[0-9a-f]{64}$"
+SHA256_TEXT = "is not a SHA-256 (64 lower-case hexadecimal digits)"
+# Where the actions put files on a node (below its dit_remote_base) and where the launch finds them.
+FILES_DIR = "headsplit/files"
+SHARDS_DIR = "shards"  # below FILES_DIR/<pin>/: the per-worker shards of distribute-checkpoint
+SHARDS_JSON = "shards.json"
+PROFILES_DIR = "headsplit/profiles"
+
+# The readiness plays' and the actions' interpreter on a node: the block's ``python`` (passed as an
+# extra var), else the node's headsplit venv (``dit_headsplit_python``, see launch._runtime_python),
+# else the node's dit Python.
+PY = (
+    "{{ dit_headsplit_check_python | default(dit_headsplit_python) | default(dit_python)"
+    " | default(ansible_python_interpreter) | default('/usr/bin/python3') }}"
+)
+
+
+class HeadSplitLaunchError(ValueError):
+    """A runtime block the launch cannot turn into processes; the message names the field."""
+
+
+class HeadSplitResultsError(AggregateError):
+    """A results file that is not what the contract says; the message names the file and the field."""

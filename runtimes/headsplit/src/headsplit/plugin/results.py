@@ -1,0 +1,278 @@
+"""HeadSplit's results parser: ``results/headsplit.json`` checked field by field, the tables and the
+summary of one run (per-token timings, placement, energy)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dit.analysis.run import LoadedRun
+from dit.runtimes import (
+    Results,
+    SummaryValue,
+    helpers,
+)
+from dit.runtimes.helpers import energy_summary, write_csv
+from headsplit.plugin.common import (
+    RESULT_NAME,
+    HeadSplitResultsError,
+)
+
+# -- results ------------------------------------------------------------------------------------
+
+TOKEN_TIMINGS = (
+    "total_ns",
+    "attention_ns",
+    "projection_ns",
+    "ffn_ns",
+    "gather_ns",
+    "broadcast_ns",
+    "reexec_ns",
+)
+
+
+def _where(file: Path, field: str, problem: str) -> HeadSplitResultsError:
+    return HeadSplitResultsError(f"{file}: {field}: {problem}")
+
+
+def _int(file: Path, doc: Mapping[str, Any], key: str, where: str) -> int:
+    value = doc.get(key)
+    if key not in doc:
+        raise _where(file, f"{where}{key}", "is missing")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _where(file, f"{where}{key}", f"{value!r} is not an integer")
+    return value
+
+
+def _list(file: Path, doc: Mapping[str, Any], key: str, where: str, *, optional: bool = False) -> list[Any]:
+    value = doc.get(key)
+    if value is None and (optional or key in doc):
+        return []
+    if key not in doc:
+        raise _where(file, f"{where}{key}", "is missing")
+    if not isinstance(value, list):
+        raise _where(file, f"{where}{key}", f"{value!r} is not a list")
+    return value
+
+
+def _records(file: Path, doc: Mapping[str, Any], key: str, ints: Iterable[str]) -> list[Mapping[str, Any]]:
+    rows: list[Mapping[str, Any]] = []
+    for i, row in enumerate(_list(file, doc, key, "", optional=True)):
+        if not isinstance(row, Mapping):
+            raise _where(file, f"{key}[{i}]", f"{row!r} is not a mapping")
+        for name in ints:
+            _int(file, row, name, f"{key}[{i}].")
+        rows.append(row)
+    return rows
+
+
+def read_results(file: Path) -> dict[str, Any]:
+    """The controller's results file, checked field by field against the contract (HEADSPLIT.md)."""
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise HeadSplitResultsError(f"{file}: cannot be read ({exc.strerror})") from exc
+    except json.JSONDecodeError as exc:
+        raise HeadSplitResultsError(f"{file}: not JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise HeadSplitResultsError(f"{file}: the top level is not a mapping")
+    for key in ("tokens_generated", "start_ns", "end_ns"):
+        _int(file, doc, key, "")
+    if "prompt_tokens" in doc:  # optional: the prompt rate is left out without it
+        _int(file, doc, "prompt_tokens", "")
+    rate = doc.get("tokens_per_s")
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate):
+        raise _where(
+            file, "tokens_per_s", f"{rate!r} is not a number" if "tokens_per_s" in doc else "is missing"
+        )
+    for i, token in enumerate(_list(file, doc, "tokens", "")):
+        where = f"tokens[{i}]."
+        if not isinstance(token, Mapping):
+            raise _where(file, f"tokens[{i}]", f"{token!r} is not a mapping")
+        for key in ("index", *TOKEN_TIMINGS):
+            _int(file, token, key, where)
+        for key in ("speculated", "accepted", "rejected"):
+            for j, layer in enumerate(_list(file, token, key, where)):
+                if not isinstance(layer, int) or isinstance(layer, bool):
+                    raise _where(file, f"{where}{key}[{j}]", f"{layer!r} is not a layer index")
+        links = token.get("bytes")
+        if not isinstance(links, Mapping):
+            raise _where(
+                file, f"{where}bytes", "is missing" if "bytes" not in token else f"{links!r} is not a mapping"
+            )
+        for link, count in links.items():
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise _where(file, f"{where}bytes[{link!r}]", f"{count!r} is not a byte count")
+    _records(file, doc, "memory", ("token", "bytes"))
+    _records(file, doc, "replacements", ("token", "planning_ns", "migration_ns", "moved_units"))
+    _records(file, doc, "retries", ("time_ns", "attempt"))
+    for i, worker in enumerate(_list(file, doc, "workers", "")):
+        if not isinstance(worker, Mapping) or not isinstance(worker.get("name"), str):
+            raise _where(file, f"workers[{i}].name", "is missing")
+        for j, rtt in enumerate(_list(file, worker, "rtt_ns", f"workers[{i}].", optional=True)):
+            if not isinstance(rtt, int) or isinstance(rtt, bool):
+                raise _where(file, f"workers[{i}].rtt_ns[{j}]", f"{rtt!r} is not an integer")
+    oom = doc.get("oom")
+    if oom is not None:
+        if not isinstance(oom, Mapping):
+            raise _where(file, "oom", f"{oom!r} is neither null nor a mapping")
+        _int(file, oom, "token", "oom.")
+        if not isinstance(oom.get("worker"), str):
+            raise _where(file, "oom.worker", "is missing")
+    return doc
+
+
+def find_results(run: LoadedRun) -> tuple[str, Path]:
+    """The controller's host and its results file ``raw/<host>/<host>_headsplit.json``."""
+    return helpers.find_results(run, RESULT_NAME, error=HeadSplitResultsError)
+
+
+def _percentile(ordered: Sequence[int], q: float) -> int:
+    """Nearest-rank percentile of sorted values."""
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def parse(run: LoadedRun) -> Results:
+    """``raw/<controller>/<controller>_headsplit.json`` -> ``aggregate/hs_*.csv`` and summary values."""
+    controller, file = find_results(run)
+    doc = read_results(file)
+    out = run.aggregate_dir
+    tokens = list(doc["tokens"])
+    extra = sorted({k for t in tokens for k in t if k.endswith("_ns") and k not in TOKEN_TIMINGS})
+    timings = [*TOKEN_TIMINGS, *extra]
+    bytes_per_token = [sum(int(v) for v in t["bytes"].values()) for t in tokens]
+    tables = [
+        write_csv(
+            out / "hs_tokens.csv",
+            ["token", "token_id", *timings, "speculated", "accepted", "rejected", "bytes"],
+            (
+                [
+                    t["index"],
+                    t.get("token_id", ""),
+                    *(t.get(k, "") for k in timings),
+                    len(t["speculated"]),
+                    len(t["accepted"]),
+                    len(t["rejected"]),
+                    total,
+                ]
+                for t, total in zip(tokens, bytes_per_token, strict=True)
+            ),
+        ),
+        write_csv(
+            out / "hs_layers.csv",
+            ["token", "layer", "speculated", "accepted"],
+            (
+                [t["index"], layer, int(layer in t["speculated"]), int(layer in t["accepted"])]
+                for t in tokens
+                for layer in sorted({*t["speculated"], *t["accepted"], *t["rejected"]})
+            ),
+        ),
+        write_csv(
+            out / "hs_links.csv",
+            ["token", "link", "bytes"],
+            ([t["index"], link, count] for t in tokens for link, count in sorted(t["bytes"].items())),
+        ),
+        write_csv(
+            out / "hs_memory.csv",
+            ["token", "worker", "bytes"],
+            ([m["token"], m.get("worker", ""), m["bytes"]] for m in doc.get("memory") or []),
+        ),
+        write_csv(
+            out / "hs_replacements.csv",
+            ["token", "worker", "planning_ns", "migration_ns", "moved_units"],
+            (
+                [r["token"], r.get("worker", ""), r["planning_ns"], r["migration_ns"], r["moved_units"]]
+                for r in doc.get("replacements") or []
+            ),
+        ),
+        write_csv(
+            out / "hs_retries.csv",
+            ["time_ns", "worker", "call", "attempt", "error"],
+            (
+                [r["time_ns"], r.get("worker", ""), r.get("call", ""), r["attempt"], r.get("error", "")]
+                for r in doc.get("retries") or []
+            ),
+        ),
+        write_csv(
+            out / "hs_rtt.csv",
+            ["worker", "host", "sample", "rtt_ns"],
+            (
+                [w["name"], w.get("host", ""), i, rtt]
+                for w in doc.get("workers") or []
+                for i, rtt in enumerate(w.get("rtt_ns") or [])
+            ),
+        ),
+    ]
+
+    # the shared LLM columns (docs/runtimes.md, "LLM summary columns"): token 0 is the prompt's prefill,
+    # the tokens after it the decode; a column this run cannot measure is left out, never approximated
+    generated = int(doc["tokens_generated"])
+    wall_ns = int(doc["end_ns"]) - int(doc["start_ns"])
+    values = [
+        SummaryValue("tokens_generated", generated, "", "int", "tokens generated"),
+        SummaryValue("tokens_per_s", generated * 1e9 / wall_ns if wall_ns > 0 else None, "1/s", "float",
+                     "generated tokens / (prefill + decode) wall time"),
+    ]  # fmt: skip
+    decode = sorted(int(t["total_ns"]) for t in tokens if t["index"] > 0)
+    if decode:
+        values += [
+            SummaryValue("generation_tokens_per_s", len(decode) * 1e9 / sum(decode) if sum(decode) else None,
+                         "1/s", "float", "tokens after the first / decode time (prefill excluded)"),
+            SummaryValue("token_latency_mean", round(statistics.fmean(decode)), "ns", "int",
+                         "mean latency of a generated token (prefill excluded)"),
+            SummaryValue("token_latency_p50", _percentile(decode, 50), "ns", "int", "median token latency"),
+            SummaryValue("token_latency_p99", _percentile(decode, 99), "ns", "int", "99th percentile token latency"),
+        ]  # fmt: skip
+    prefill = [int(t["total_ns"]) for t in tokens if t["index"] == 0]
+    if prefill:
+        values.append(
+            SummaryValue("prefill_latency", prefill[0], "ns", "int", "token 0: the prompt's prefill")
+        )
+        prompt = doc.get("prompt_tokens")
+        if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > 0 and prefill[0] > 0:
+            values.append(
+                SummaryValue("prompt_tokens_per_s", prompt * 1e9 / prefill[0], "1/s", "float",
+                             "prompt tokens / prefill time")
+            )  # fmt: skip
+    total = sum(int(t["total_ns"]) for t in tokens)
+    for part in ("attention", "projection", "ffn"):
+        share = 100.0 * sum(int(t[f"{part}_ns"]) for t in tokens) / total if total else None
+        values.append(SummaryValue(f"{part}_share", share, "%", "float", f"{part} time / token time"))
+    speculated = sum(len(t["speculated"]) for t in tokens)
+    accepted = sum(len(t["accepted"]) for t in tokens)
+    rejected = sum(len(t["rejected"]) for t in tokens)
+    values += [
+        SummaryValue("speculation_acceptance", 100.0 * accepted / speculated if speculated else None, "%", "float",
+                     "speculated layer transitions whose attention was kept"),
+        SummaryValue("reexecutions", rejected, "", "int", "speculative attentions re-executed on the exact input"),
+        SummaryValue("replacements", len(doc.get("replacements") or []), "", "int", "placement re-runs (memory)"),
+        SummaryValue("retries", len(doc.get("retries") or []), "", "int", "RPC retries after a stall"),
+        SummaryValue("bytes_total", sum(bytes_per_token), "B", "int", "bytes moved between processes"),
+        SummaryValue("bytes_per_token", statistics.fmean(bytes_per_token) if tokens else None, "B", "float",
+                     "mean bytes moved per token"),
+    ]  # fmt: skip
+    placement = doc.get("placement")
+    if isinstance(placement, Mapping) and isinstance(placement.get("planning_ns"), int):
+        values.append(
+            SummaryValue("placement_planning", placement["planning_ns"], "ns", "int", "initial placement")
+        )
+    oom = doc.get("oom")
+    if isinstance(oom, Mapping):
+        values += [
+            SummaryValue(
+                "oom_token", int(oom["token"]), "", "int", "token at which a worker ran out of memory"
+            ),
+            SummaryValue("oom_worker", str(oom["worker"]), "", "str", "the worker that ran out of memory"),
+        ]
+    start, end = int(doc["start_ns"]), int(doc["end_ns"])
+    hosts = [
+        controller,
+        *(str(w["host"]) for w in doc.get("workers") or [] if isinstance(w.get("host"), str)),
+    ]
+    values += energy_summary(run, hosts, start, end, int(doc["tokens_generated"]), "the generation")
+    return Results(tables=tuple(tables), summary=tuple(values))

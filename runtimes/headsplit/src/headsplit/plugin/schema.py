@@ -1,0 +1,176 @@
+"""The scenario's ``runtime`` block of HeadSplit as a JSON Schema (merged into dit's by the testbed)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dit.runtimes.helpers import EDGE
+from headsplit.config import PRESETS
+from headsplit.plugin.common import (
+    DEFAULT_PORT,
+    NODE_NAME,
+    SHA256,
+    SHA256_TEXT,
+    STRATEGIES,
+)
+
+
+def block_schema() -> dict[str, Any]:
+    """The JSON Schema of the scenario's ``runtime`` block (``name: headsplit`` added by dit)."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "model": {
+                "title": "Model",
+                "description": "The decoder, a preset of headsplit.config: `gpt2-small` and `tinyllama` at "
+                "full size, `gpt2-tiny`, `llama-tiny` and `tinyllama-half` reduced (laptops, CI). Weights are "
+                "seeded unless `checkpoint` is given.",
+                "enum": sorted(PRESETS),
+                "default": "gpt2-tiny",
+            },
+            "checkpoint": {
+                "title": "Checkpoint",
+                "description": "A real checkpoint on the machine running dit: a safetensors file (shapes from "
+                "`model`) or a Hugging Face-format directory (config.json + safetensors, maybe sharded; "
+                "the model comes from its config.json), with its pin; the `distribute-checkpoint` action "
+                "puts it (or per-worker shards of it) on the nodes, the processes verify it.",
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["path", "sha256"],
+                "properties": {
+                    "path": {
+                        "description": "The checkpoint file or directory.",
+                        "type": "string",
+                        "minLength": 1,
+                    },
+                    "sha256": {
+                        "description": "Its pin: a file's SHA-256; a directory's manifest hash "
+                        "(`python -m headsplit.checkpoint DIR` prints it; docs/headsplit.md).",
+                        "type": "string",
+                        "pattern": SHA256,
+                        "x-pattern-text": SHA256_TEXT,
+                    },
+                    "shards": {
+                        "description": "The directory `distribute-checkpoint` (mode placement) wrote its "
+                        "per-worker shards into on this machine (with shards.json): every worker reads only "
+                        "its own shard and the run uses the placement they were cut for.",
+                        "type": "string",
+                        "minLength": 1,
+                    },
+                },
+            },
+            "controller": {
+                "title": "Controller node",
+                "description": "Where the controller (rank 0: embedding, LM head, placement) runs: `edge` (the "
+                "edge server, the default; the article's controller is its own board) or a device that is "
+                "not a worker.",
+                "type": "string",
+                "pattern": NODE_NAME,
+                "default": EDGE,
+            },
+            "workers": {
+                "title": "Workers",
+                "description": "The devices that run a worker (rank 1, 2, ... in this order); every device "
+                "of the scenario when absent. The article uses 4.",
+                "type": "array",
+                "minItems": 1,
+                "uniqueItems": True,
+                "items": {"type": "string", "pattern": NODE_NAME},
+            },
+            "strategy": {
+                "title": "Placement strategy",
+                "description": "`layerwise`: contiguous layers per worker (EdgeShard-style baseline); "
+                "`roundrobin`: heads dealt in turn; `greedy`: FFN and projection first, then heads, "
+                "balancing memory, costed with the measured RTT + 15 %.",
+                "enum": list(STRATEGIES),
+                "default": "greedy",
+            },
+            "speculation": {
+                "title": "Cross-layer speculation",
+                "description": "Start the next layer's attention on Z while the FFN runs; keep it when "
+                "||FFN(Z)|| / ||Z|| < tau, else re-execute.",
+                "type": "boolean",
+                "default": False,
+            },
+            "tau": {
+                "title": "Tolerance",
+                "description": "The speculation tolerance on ||FFN(Z)|| / ||Z||; 0 makes speculation exact.",
+                "type": "number",
+                "minimum": 0,
+                "default": 0.05,
+            },
+            "speculation_profile": {
+                "title": "Speculation profile",
+                "description": "The offline profile (which layer transitions speculate), a path on the machine "
+                "running dit as `build-speculation-profile` fetched it; without one every transition "
+                "speculates.",
+                "type": "string",
+                "minLength": 1,
+            },
+            "tokens": {
+                "title": "Tokens",
+                "description": "Tokens to generate after the prompt.",
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 4096,
+                "default": 16,
+            },
+            "prompt": {
+                "title": "Prompt",
+                "description": "The prompt (byte-level tokens: id = byte % vocab).",
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 8192,
+                "default": "Heads expose the parallelism that layers hide.",
+            },
+            "memory_threshold": {
+                "title": "Re-placement threshold",
+                "description": "Re-run the placement when a worker's memory passes this fraction of its limit.",
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 1,
+                "default": 0.85,
+            },
+            "rpc_timeout_s": {
+                "title": "RPC timeout",
+                "description": "Seconds after which a stalled RPC is retried.",
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 3600,
+                "default": 30,
+            },
+            "rpc_retries": {
+                "title": "RPC retries",
+                "description": "Retries of a stalled RPC before the run fails.",
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 10,
+                "default": 3,
+            },
+            "port": {
+                "title": "Rendezvous port",
+                "description": "TCP port of torch RPC's rendezvous on the controller.",
+                "type": "integer",
+                "minimum": 1024,
+                "maximum": 65535,
+                "default": DEFAULT_PORT,
+            },
+            "threads": {
+                "title": "Threads",
+                "description": "torch threads of every process.",
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 256,
+                "default": 1,
+            },
+            "python": {
+                "title": "Runtime interpreter",
+                "description": "The interpreter of headsplit's venv on every node (absolute path); without it "
+                "the node's `dit_headsplit_python`, else its dit Python.",
+                "type": "string",
+                "pattern": "^/",
+                "x-pattern-text": "is not an absolute path",
+            },
+        },
+    }

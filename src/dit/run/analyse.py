@@ -1,0 +1,40 @@
+"""The controller's two stages: aggregate (every analysis step over one loaded run) and optimise."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from dit.analysis.run import LoadedRun
+from dit.conditions import aggregate_hooks
+from dit.runtimes import Runtime
+from dit.scenario import Scenario
+
+
+def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None]) -> None:
+    """The monitor traces, the power models, the runtime's results and every condition's own step."""
+    from dit.analysis.monitors import aggregate_monitors
+    from dit.analysis.power_model import write_power_models
+    from dit.runtimes.base import write_summary
+
+    # The traces first: energy.csv and the power model are inputs of the runtime's results
+    # (the layers runtime's model validation compares predicted with measured energy).
+    aggregate_monitors(analysed)
+    write_power_models(analysed)
+    results = runtime.parse_results(analysed)
+    write_summary(analysed.aggregate_dir, runtime.name, results)
+    for value in results.summary:
+        say(f"{runtime.name}: {value.name} = {value.value}" + (f" {value.unit}" if value.unit else ""))
+    for _condition, step in aggregate_hooks():
+        step(analysed)
+
+
+def optimise(analysed: LoadedRun, scenario: Scenario) -> dict[str, Any]:
+    """The scenario's optimisation over the aggregate: the optimum as ``optimise/*.json`` holds it."""
+    from dit.optimise.api import optimise_run
+
+    opt = scenario.optimisation
+    result = optimise_run(analysed, opt.algorithm, opt.objective, opt.policy, None)
+    data: dict[str, Any] = json.loads(result.to_json())
+    return data

@@ -1,0 +1,103 @@
+"""The collect stage's helpers: which links it measures, and the nodes' archives unpacked into ``raw/``."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dit.run.errors import StageFailed
+from dit.run.rundir import RunDirError
+from dit.scenario import Scenario
+
+#: Offset of the device-to-device iperf3 servers from the collect stage's iperf3 port base (the edge's
+#: servers use base + device index): the server on device i listens on base + 500 + i.
+IPERF3_D2D_PORT_OFFSET = 500
+
+
+def link_targets(
+    devices: Iterable[str], addresses: Mapping[str, str], edge_host: str
+) -> dict[str, list[dict[str, str]]]:
+    """``{device: [{"target", "address"}]}``: each device's link to the edge server (named ``edge``,
+    as the analysis names it), then to every other device, in scenario order."""
+    names = list(devices)
+    return {
+        device: [{"target": "edge", "address": addresses[edge_host]}]
+        + [{"target": other, "address": addresses[other]} for other in names if other != device]
+        for device in names
+    }
+
+
+def throughput_testers(scenario: Scenario) -> list[str]:
+    """The devices whose links the collect stage measures with iperf3 (``measure_throughput``)."""
+    return [d for d in scenario.devices if scenario.network.get(d, {}).get("measure_throughput")]
+
+
+def iperf3_device_links(
+    testers: Iterable[str], devices: Iterable[str], addresses: Mapping[str, str]
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """The device-to-device iperf3 tests of the collect stage: ``(clients, servers)``.
+
+    ``clients[tester]`` lists ``{"target", "address", "port_offset"}`` for every other device of the
+    scenario (in scenario order); ``servers[device]`` is ``{"address", "port_offset"}`` for every
+    device some tester measures towards. Each target runs one server and the testers take turns
+    (the playbook runs one test at a time), so a port per target suffices.
+    """
+    names = list(devices)
+    chosen = [t for t in names if t in set(testers)]
+    clients: dict[str, list[dict[str, Any]]] = {}
+    servers: dict[str, dict[str, Any]] = {}
+    for tester in chosen:
+        for target in names:
+            if target == tester:
+                continue
+            offset = IPERF3_D2D_PORT_OFFSET + names.index(target)
+            clients.setdefault(tester, []).append(
+                {"target": target, "address": addresses[target], "port_offset": offset}
+            )
+            servers[target] = {"address": addresses[target], "port_offset": offset}
+    return clients, servers
+
+
+def iperf3_vars(scenario: Scenario, addresses: Mapping[str, str]) -> dict[str, Any]:
+    """The collect stage's iperf3 variables: the testers, and their device-to-device clients and servers."""
+    testers = throughput_testers(scenario)
+    clients, servers = iperf3_device_links(testers, scenario.devices, addresses)
+    return {
+        "dit_iperf3_devices": testers,
+        "dit_iperf3_d2d_clients": clients,
+        "dit_iperf3_d2d_servers": servers,
+    }
+
+
+def extract_collected(raw_dir: Path, host: str) -> list[str]:
+    """Unpack ``raw/<host>.tar.gz`` (members already prefixed with the host) into ``raw/<host>/``."""
+    archive = raw_dir / f"{host}.tar.gz"
+    dest = raw_dir / host
+    dest.mkdir(parents=True, exist_ok=True)
+    names: list[str] = []
+    with tarfile.open(archive, "r:gz") as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            sub, _, name = member.name.partition("/")
+            target_dir = dest if sub == "results" else dest / sub
+            target_dir.mkdir(parents=True, exist_ok=True)
+            if "/" in name or name.startswith(".") or not name.startswith(f"{host}_"):
+                raise StageFailed(f"collect: unexpected member {member.name!r} in {archive}")
+            source = tar.extractfile(member)
+            if source is None:
+                continue
+            # Whole or absent: teardown takes a file in raw/ for fetched and removes the node's copy.
+            target, part = target_dir / name, target_dir / f".{name}.part"
+            try:
+                part.write_bytes(source.read())
+                os.replace(part, target)
+            except OSError as exc:
+                part.unlink(missing_ok=True)
+                raise RunDirError(target, "write", exc) from None
+            names.append(str(target.relative_to(raw_dir)))
+    archive.unlink()
+    return names

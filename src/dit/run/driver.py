@@ -1,0 +1,482 @@
+"""The driver: sequences the seven stages of one scenario run and always tears down.
+
+preflight → apply → profile → collect run as Ansible playbooks against the run's inventory;
+aggregate and optimise touch no node and run here, in the driver process. Teardown
+(:mod:`dit.run.teardown`) runs whatever happened before it: a failed stage, Ctrl-C, SIGTERM or
+``dit stop``. It replays the journal backwards and verifies that no process carrying the run id is left.
+The driver names no condition: it builds their variables and calls their hooks (:mod:`dit.conditions`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dit.analysis.run import LoadedRun
+from dit.conditions import (
+    EDGE_SERVICE_ORDER,
+    HostContext,
+    PreflightFacts,
+    active,
+    after_apply,
+    build_conditions,
+    process_settings,
+    process_vars,
+)
+from dit.models.resolve import ResolvedModel, resolve_model
+from dit.run import analyse, profile
+from dit.run import launch as runtime_launch
+from dit.run import preflight as gates
+from dit.run.ansible_exec import StageOutcome, run_stage
+from dit.run.collect import extract_collected, iperf3_vars, link_targets
+from dit.run.console import Reporter
+from dit.run.errors import StageFailed, Stopped
+from dit.run.follow import LogFollower, targets_for
+from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
+from dit.run.lease import controller_holder
+from dit.run.procs import ProcessFailure, process_failures
+from dit.run.provenance import add_metadata, run_metadata, write_run_files
+from dit.run.rundir import RunDir, describe_failure, write_json
+from dit.run.stop import StopRequests
+from dit.run.teardown import teardown
+from dit.runtimes import LaunchContext, Runtime
+from dit.runtimes import envs as runtime_envs
+from dit.runtimes import registry as runtimes
+from dit.runtimes.base import node_facts_of, uses_edge_service
+from dit.scenario import Scenario
+
+__all__ = ["EDGE_SERVICE_TASK", "Driver", "RunOptions", "RunResult", "StageFailed", "Stopped"]
+
+EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
+# The start instant for the edge service, in the edge's run root: not the prepared processes' start_at.json,
+# which a plug-in's own process on the edge may wait for (the service would then profile beside it).
+EDGE_START_AT_FILE = "edge_start_at.json"
+
+
+@dataclass
+class RunOptions:
+    runs_root: Path
+    inventory: str | None = None  # None: local mode
+    allow_stand_in: bool = True
+    check: bool = False  # dry run: preflight and apply in Ansible check mode only (Driver.dry_run)
+    break_stale_lease: bool = False  # take nodes whose lease holder is gone or unverifiable (dit.run.lease)
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    label: str
+    state: str  # completed | degraded (a device process failed; see status.json) | failed | stopped
+    error: str | None
+    stage_ns: dict[str, int]
+    lateness_ns: dict[str, int]
+    optimum: dict[str, Any] | None = None
+
+
+class Driver:
+    """Runs one (already swept) scenario in its own run directory."""
+
+    def __init__(self, scenario: Scenario, options: RunOptions) -> None:
+        self.scenario = scenario
+        self.options = options
+        self.local = options.inventory is None
+        # The run directory comes later (execute, dry_run): its stop request is looked up when asked.
+        self.stop = StopRequests(lambda: self.run.stop_requested(), self.reporter_warn)  # noqa: PLW0108
+        self.stage_ns: dict[str, int] = {}
+        self.lateness_ns: dict[str, int] = {}
+        self.edge_port: int | None = None
+        self.runtime_pythons: dict[str, str] = {}  # host -> the runtime's venv interpreter (preflight)
+        self.model: ResolvedModel | None = None
+        self.reporter: Reporter | None = None
+        self.inventory: RunInventory | None = None
+        self.follower: LogFollower | None = None
+        self.outcomes: dict[str, StageOutcome] = {}
+        self.process_failures: list[ProcessFailure] = []
+        self.current_stage: str | None = None
+
+    @property
+    def inv(self) -> RunInventory:
+        if self.inventory is None:
+            raise RuntimeError("the run's inventory is not set up yet")
+        return self.inventory
+
+    # -- the run -----------------------------------------------------------------------------
+    def execute(self) -> RunResult:
+        scn = self.scenario
+        self.run = run = RunDir.create(self.options.runs_root, scn.name, scn.hash)
+        write_run_files(run, scn, self.options.inventory, self.local)
+        run.set_status(state="running", stage=None, label=scn.label, started_wall_ns=time.time_ns())
+        self.reporter = Reporter(run.log, self.options.console, f"{scn.label} → {run.path}")
+        error: str | None = None
+        state = "completed"
+        optimum: dict[str, Any] | None = None
+        with self.stop.signals(), self.reporter.live():
+            try:
+                self.inventory = self._inventory()
+                self._prepare()
+                self._preflight()
+                self._apply()
+                self._follow()
+                self._profile()
+                self._collect()
+                self._aggregate()
+                optimum = self._optimise()
+            except Stopped as exc:
+                state, error = "stopped", f"stopped by {exc}"
+            except Exception as exc:
+                state, error = "failed", describe_failure(exc, self.current_stage, run.path)
+                self.reporter.error(error)
+            finally:
+                self._unfollow()
+                self.stop.in_teardown = True
+                teardown_error, self.stage_ns["teardown"] = teardown(
+                    run, self.inventory, self.reporter, discard_results=run.discard_requested()
+                )
+                self.stop.in_teardown = False
+                if teardown_error:
+                    state = "failed"
+                    error = f"{error}; {teardown_error}" if error else teardown_error
+        if state == "completed" and self.process_failures:
+            state, error = "degraded", "; ".join(f.describe() for f in self.process_failures)
+        unwritten = run.try_set_status(
+            state=state,
+            stage=None,
+            error=error,
+            degraded=[f.to_dict() for f in self.process_failures],
+            finished_wall_ns=time.time_ns(),
+            stage_ns=self.stage_ns,
+            lateness_ns=self.lateness_ns,
+        )
+        if unwritten:  # the run is over all the same: the console has its end state
+            self.reporter.warn(f"the run's end state is not recorded: {unwritten}")
+        self.reporter.info(f"run {state}: {run.path}" + (f" ({error})" if error else ""))
+        self.reporter.close()
+        return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
+
+    def dry_run(self, work_dir: Path) -> str | None:
+        """Preflight and apply in Ansible check mode in a run directory under ``work_dir``.
+
+        Nothing is journaled, changed or started, so there is no teardown; the stages' results are
+        in :attr:`outcomes` (:mod:`dit.run.dryrun` reads them). Returns the error, or None.
+        """
+        if not self.options.check:
+            raise ValueError("Driver.dry_run needs RunOptions(check=True)")
+        self.run = RunDir.create(work_dir, self.scenario.name, self.scenario.hash)
+        self.reporter = Reporter(self.run.log, self.options.console, f"{self.scenario.label} (dry run)")
+        error: str | None = None
+        with self.stop.signals(), self.reporter.live():
+            try:
+                self.inventory = self._inventory()
+                self._prepare()
+                self._preflight()
+                self._apply()
+            except Stopped as exc:
+                error = f"stopped by {exc}"
+            except Exception as exc:
+                error = str(exc)
+                self.reporter.error(error)
+        self.reporter.close()
+        return error
+
+    def _inventory(self) -> RunInventory:
+        if self.options.inventory is None:
+            return local_inventory(self.run.path, self.scenario.devices)
+        return load_inventory(self.options.inventory, self.scenario.devices)
+
+    def _prepare(self) -> None:
+        from dit.device.build import build_zipapp
+
+        scn = self.scenario
+        spec = scn.model.adapter_spec(scn.seed)
+        self.model = resolve_model(
+            scn.model.name, spec["params"], spec["input"], scn.seed, self.local, self.options.allow_stand_in
+        )
+        if self.model.stand_in_for:
+            self.reporter_warn(
+                f"model {self.model.stand_in_for}: its framework is not installed here; "
+                "the fake model with the same stages stands in for it (recorded in metadata.json)"
+            )
+        device_dir = self.run.path / "device"
+        device_dir.mkdir(exist_ok=True)
+        self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
+        self.contexts = self._host_contexts()
+        self.conditions = build_conditions(scn, self.contexts)
+        self.processes = process_settings(scn, self.contexts)
+
+    def _host_contexts(self) -> dict[str, HostContext]:
+        return host_contexts(self.inv, self.run.run_id)
+
+    def _common_vars(self) -> dict[str, Any]:
+        return {
+            "dit_run_id": self.run.run_id,
+            "dit_journal_path": str(self.run.journal),
+            **process_vars(self.processes),
+        }
+
+    def _begin(self, stage: str) -> int:
+        assert self.reporter is not None
+        self.stop.check()
+        self.current_stage = stage
+        self.run.set_status(stage=stage)
+        self.reporter.stage(stage, "running")
+        return time.monotonic_ns()
+
+    def _end(self, stage: str, start_ns: int, state: str) -> None:
+        """Record a stage's wall time in status.json at once (atomic write), not only at the end:
+        a driver killed later in the run still leaves the times of the stages that ended."""
+        assert self.reporter is not None
+        self.stage_ns[stage] = time.monotonic_ns() - start_ns
+        self.run.set_status(stage_ns=self.stage_ns)
+        self.reporter.stage(stage, state, self.stage_ns[stage] / 1e6)
+
+    def _stage(
+        self, stage: str, extravars: dict[str, Any], render_context: dict[str, Any] | None = None
+    ) -> StageOutcome:
+        assert self.reporter is not None
+        start = self._begin(stage)
+        self.outcomes[stage] = outcome = run_stage(
+            stage,
+            self.run.path / "ansible" / stage,
+            self.inv.source,
+            self.inv.limit,
+            {**self._common_vars(), **extravars},
+            self.reporter.event,
+            self.stop.should_cancel,
+            forks=max(5, len(self.inv.hosts)),
+            render_context=render_context,
+            check=self.options.check,
+        )
+        if outcome.status == "canceled" or (self.stop.reason and stage != "teardown"):
+            self._end(stage, start, "failed")
+            raise Stopped(self.stop.reason or "cancel")
+        if not outcome.ok or outcome.failures():
+            self._end(stage, start, "failed")
+            failures = "; ".join(f"{e.host}: {e.message()}" for e in outcome.failures())
+            raise StageFailed(f"{stage} failed: {failures or outcome.status}")
+        self._end(stage, start, "done")
+        return outcome
+
+    def _timed(self, stage: str, work: Callable[[], Any]) -> Any:
+        start = self._begin(stage)
+        try:
+            result = work()
+        except Exception:
+            self._end(stage, start, "failed")
+            raise
+        self._end(stage, start, "done")
+        return result
+
+    # -- stages ------------------------------------------------------------------------------
+    def _preflight(self) -> None:
+        env = runtime_envs.expected_env(self.runtime.name)
+        outcome = self._stage(
+            "preflight",
+            {
+                "dit_lease": controller_holder(self.run.run_id, self.run.path).to_json(),
+                "dit_break_stale_lease": self.options.break_stale_lease,
+                "dit_runtime_env": env.dirname or "",
+                "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
+                    self.runtime.block_schema(), self.scenario.runtime
+                ),
+                "dit_ping_targets": self._ping_targets(),
+                "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
+            },
+        )
+        nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
+        assert self.model is not None
+        pythons = runtime_envs.pythons_of(self.inv.hosts, self.inv.hostvars)
+        record = runtime_envs.runtime_record(
+            self.runtime.name, self.runtime.version, self.scenario.runtime, env, nodes, pythons
+        )
+        self.runtime_pythons = record.pythons
+        for warning in record.warnings:
+            self.reporter_warn(warning)
+        metadata = run_metadata(
+            self.run.run_id,
+            self.scenario,
+            local=self.local,
+            inventory=self.inv.source,
+            model={"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
+            runtime=record.metadata,
+            conditions=self.conditions,
+            processes=self.processes,
+            nodes=nodes,
+        )
+        write_json(self.run.path / "metadata.json", metadata)
+        self._ntp_gate(nodes)
+        self._condition_gates(nodes)
+        edge, warn = self.inv.edge_host, self.reporter_warn
+        gates.runtime_gate(self.runtime, self.scenario, edge, nodes, check=self.options.check, warn=warn)
+
+    def _ntp_gate(self, nodes: dict[str, Any]) -> None:
+        gates.ntp_gate(self.scenario, nodes)
+
+    def _condition_gates(self, nodes: dict[str, Any]) -> None:
+        facts = PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
+        gates.condition_gates(facts, self.reporter_warn)
+
+    def _edge_profiles_at_start(self) -> bool:
+        """The edge service profiles its capacity again from the start instant: when it profiles at all
+        and the runtime's devices use it (a plug-in's own inference would send it no request to end it)."""
+        return self.scenario.edge.profile_capacity and uses_edge_service(self.runtime)
+
+    def _apply(self) -> None:
+        needed = active(self.conditions)
+        assert self.model is not None
+        edge_root = self.contexts[self.inv.edge_host].node_root
+        start_at = f"{edge_root}/{EDGE_START_AT_FILE}" if self._edge_profiles_at_start() else None
+        outcome = self._stage(
+            "apply",
+            {
+                "dit_device_pyz": str(self.pyz),
+                "dit_edge_config": profile.edge_config(
+                    self.scenario, self.run.run_id, self.model.spec, start_at
+                ),
+                "dit_conditions": self.conditions,
+            },
+            {
+                "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
+                "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
+            },
+        )
+        if self.options.check:
+            return  # a dry run started nothing: no port to read, nothing to settle
+        # The edge service's own task: conditions after it start tagged processes with dit_proc too.
+        ready = (outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}).get(
+            "ready"
+        ) or {}
+        if "port" not in ready:
+            raise StageFailed("apply: the edge service did not report its port")
+        self.edge_port = int(ready["port"])
+        self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
+        for applied in after_apply(self.scenario, outcome):
+            if applied.status:
+                self.run.set_status(**applied.status)
+            for line in applied.infos:
+                self.reporter_info(line)
+            for line in applied.warnings:
+                self.reporter_warn(line)
+        settle = float(self.scenario.timing.settle_s)
+        if settle > 0:
+            self.reporter_info(f"settling for {settle} s")
+            deadline = time.monotonic() + settle
+            while time.monotonic() < deadline:
+                self.stop.check()
+                time.sleep(min(0.1, settle))
+
+    def _follow(self) -> None:
+        """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.run.follow`)."""
+        if self.reporter is None:
+            return
+        self.follower = LogFollower(targets_for(self.contexts), self.run.run_id, self.reporter.line)
+        self.follower.start()
+
+    def _unfollow(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
+
+    def reporter_info(self, text: str) -> None:
+        if self.reporter is not None:
+            self.reporter.info(text)
+
+    def reporter_warn(self, text: str) -> None:
+        if self.reporter is not None:
+            self.reporter.warn(text)
+
+    def _launch_context(self) -> LaunchContext:
+        assert self.model is not None
+        return profile.launch_context(
+            self.scenario,
+            self.run.run_id,
+            self.contexts,
+            edge_host=self.inv.edge_host,
+            local=self.local,
+            model=self.model.spec,
+            edge_port=self.edge_port,
+            runtime_pythons=self.runtime_pythons,
+        )
+
+    def _profile(self) -> None:
+        lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
+        launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
+        stage_vars: dict[str, Any] = {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns}
+        if self._edge_profiles_at_start():  # the start task writes the instant on the edge too
+            stage_vars["dit_edge_start_at_file"] = EDGE_START_AT_FILE
+        outcome = self._stage("profile", stage_vars)
+        outcomes = runtime_launch.outcomes(outcome, launched)
+        self.lateness_ns.update(self.runtime.started(outcomes))
+        start_wait = profile.start_waits(outcomes)
+        margins = runtime_launch.start_margins(outcome, launched)
+        for host, margin_ns in margins.items():
+            if host in start_wait:
+                start_wait[host]["start_margin_ns"] = margin_ns
+        late = profile.late_start(margins)
+        if late:
+            self.reporter_warn(late)
+        if start_wait:  # how each agent waited for the start instant (absolute sleep, SCHED_FIFO, spin)
+            self.run.set_status(start_wait=start_wait)
+            add_metadata(self.run.path / "metadata.json", start_wait=start_wait)
+        lateness = profile.lateness_line(self.lateness_ns)
+        if lateness:
+            self.reporter_info(lateness)
+
+    def _ping_targets(self) -> dict[str, list[dict[str, str]]]:
+        """Every device's links: to the edge server, then to each other device of the scenario."""
+        return link_targets(self.scenario.devices, self._addresses(), self.inv.edge_host)
+
+    def _addresses(self) -> dict[str, str]:
+        return {h: self.inv.address_of(h) for h in self.inv.hosts}
+
+    def _collect(self) -> None:
+        raw = self.run.path / "raw"
+        self._stage(
+            "collect",
+            {
+                **iperf3_vars(self.scenario, self._addresses()),
+                "dit_edge_address": self.inv.edge_address,
+                "dit_edge_port_actual": self.edge_port,
+                "dit_raw_dir": str(raw),
+                "dit_ping_targets": self._ping_targets(),
+                "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
+            },
+        )
+        for host in self.inv.hosts:
+            extract_collected(raw, host)
+        self.process_failures = process_failures(raw, self.inv.hosts)
+        for failure in self.process_failures:
+            self.reporter_warn(failure.describe() + "".join(f"\n  {line}" for line in failure.stderr_tail))
+
+    @cached_property
+    def runtime(self) -> Runtime:
+        """The scenario's runtime (docs/runtimes.md); validation made sure it is installed."""
+        return runtimes.get(str(self.scenario.runtime["name"]))
+
+    @cached_property
+    def analysed(self) -> LoadedRun:
+        """The run directory as the analysis steps see it: ``scenario.yaml`` read once for all of them."""
+        return LoadedRun(self.run.path)
+
+    def _aggregate(self) -> None:
+        self._timed("aggregate", lambda: analyse.aggregate(self.analysed, self.runtime, self.reporter_info))
+
+    def _optimise(self) -> dict[str, Any] | None:
+        if not self.scenario.optimisation.enabled:
+            assert self.reporter is not None
+            self.reporter.stage("optimise", "skipped")
+            return None
+        opt = self.scenario.optimisation
+        result: dict[str, Any] = self._timed(
+            "optimise", lambda: analyse.optimise(self.analysed, self.scenario)
+        )
+        self.reporter_info(
+            f"optimum ({opt.algorithm}, {opt.objective}, {opt.policy}): {result.get('vector')}"
+        )
+        return result

@@ -1,0 +1,101 @@
+"""The apply and profile stages' inputs and readings: the edge service's config, the runtime's launch
+context, and how each host's processes met the start instant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dit.conditions import HostContext
+from dit.runtimes import LaunchContext, LaunchOutcome
+from dit.runtimes import envs as runtime_envs
+from dit.scenario import Scenario
+
+
+def edge_config(
+    scenario: Scenario, run_id: str, model: Mapping[str, Any], start_at_file: str | None
+) -> dict[str, Any]:
+    """The edge inference service's config (``dit_edge_config``); ``start_at_file`` is where the profile
+    stage announces the start instant when the service profiles its capacity again from it."""
+    edge = scenario.edge
+    return {
+        "run_id": run_id,
+        "policy": edge.policy,
+        "admission": edge.admission,
+        "devices": list(scenario.devices),
+        "model": dict(model),
+        "profile": (
+            {
+                "repetitions": scenario.repetitions,
+                "warmup": scenario.warmup,
+                "min_seconds": edge.profile_min_s,
+            }
+            if edge.profile_capacity
+            else None
+        ),
+        "start_at_file": start_at_file,
+    }
+
+
+def launch_context(
+    scenario: Scenario,
+    run_id: str,
+    contexts: Mapping[str, HostContext],
+    *,
+    edge_host: str,
+    local: bool,
+    model: Mapping[str, Any],
+    edge_port: int | None,
+    runtime_pythons: Mapping[str, str],
+) -> LaunchContext:
+    """What the scenario's runtime may know when it describes its processes."""
+    return LaunchContext(
+        run_id=run_id,
+        block=scenario.runtime,
+        scenario=scenario.to_dict(),
+        edge_host=edge_host,
+        devices=scenario.devices,
+        addresses={host: ctx.addresses[host] for host, ctx in contexts.items()},
+        node_roots={host: ctx.node_root for host, ctx in contexts.items()},
+        pythons=runtime_envs.pythons_of(list(contexts), {h: c.hostvars for h, c in contexts.items()}),
+        local=local,
+        model=model,
+        edge_port=edge_port,
+        runtime_pythons=dict(runtime_pythons),
+    )
+
+
+def start_waits(outcomes: Iterable[LaunchOutcome]) -> dict[str, dict[str, Any]]:
+    """How each host's main process waited for the start instant: the ``start_sched`` record of a
+    result file (the layers runtime's ``origin.json``: policy, absolute-clock sleep, final spin)."""
+    out: dict[str, dict[str, Any]] = {}
+    for outcome in outcomes:
+        for doc in outcome.results.values():
+            sched = doc.get("start_sched") if isinstance(doc, Mapping) else None
+            if isinstance(sched, Mapping):
+                out[outcome.host] = dict(sched)
+    return out
+
+
+def late_start(margins_ns: Mapping[str, int]) -> str | None:
+    """The warning for hosts whose start task ran after the start instant (a negative margin), or None."""
+    late = {h: -m for h, m in margins_ns.items() if m < 0}
+    if not late:
+        return None
+    return (
+        "the start task reached "
+        + ", ".join(f"{h} {ns / 1e6:.0f} ms" for h, ns in late.items())
+        + " after the start instant, so their processes started late: raise timing.start_lead_s"
+    )
+
+
+def lateness_line(lateness_ns: Mapping[str, int]) -> str | None:
+    """Each device's start lateness in ms and the worst, or None when none was measured."""
+    if not lateness_ns:
+        return None
+    worst = max(lateness_ns.items(), key=lambda item: item[1])
+    return (
+        "start lateness: "
+        + ", ".join(f"{d} {ns / 1e6:.3f} ms" for d, ns in lateness_ns.items())
+        + f" (worst {worst[0]})"
+    )

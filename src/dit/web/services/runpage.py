@@ -1,0 +1,196 @@
+"""What the run page shows, in the units the CLI and ``dit report`` use (:mod:`dit.report.units`).
+
+The browser only lays the values out: every duration, size and objective arrives here already written
+with its unit (``14.0 ms``, never ``14000000``), the raw number beside it for a tooltip. Stages come in
+run order (:data:`dit.run.console.STAGES`), phases with a label and what each one measures, optimiser
+results with the meaning of L, T, R and D and whether they are a prediction (a policy the run did not
+measure, or a run without inference), and the settings the run itself optimised with.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from dit.report import units
+from dit.run.console import STAGES as STAGE_ORDER
+
+PHASE_COLUMNS: Final[dict[str, tuple[str, str]]] = {
+    "host": ("device", "the device that sent the requests"),
+    "round": ("round", "index of the partition vector, from 0"),
+    "partition_point": ("p", "partition point: stages 1..p ran on the device, the rest on the edge server"),
+    "n": ("n", "requests averaged"),
+    "request_bytes": ("request", "size of the request: the output of stage p sent to the edge server"),
+    "local_ns": ("local", "the device ran stages 1..p"),
+    "transmission_ns": ("transmission", "the request travelled to the edge server (until its ACK)"),
+    "barrier_ns": (
+        "barrier",
+        "the edge server waited for every device's request of the round (batch admission)",
+    ),
+    "queue_ns": ("queue", "the request waited in the edge server's queue under its scheduling policy"),
+    "remote_ns": ("remote", "the edge server ran stages p+1..N"),
+    "return_ns": ("return", "the result travelled back to the device"),
+    "total_ns": ("total", "the device's delay: the sum of the six phases"),
+    "ack_overlap_ns": (
+        "ACK overlap",
+        "taken off the raw transmission: the ACK's trip the server already counted",
+    ),
+    "max_abs_diff": ("max |diff|", "largest difference between the partitioned and the whole model's output"),
+}
+"""(label, meaning) of every column of ``aggregate/phases_summary.csv``."""
+
+TERMS: Final[dict[str, tuple[str, str]]] = {
+    "L": ("local", "the device computes stages 1..p (its profiled cumulative latency at p)"),
+    "T": (
+        "transmission",
+        "stage p's output reaches the edge server: bytes * 8 / rate + RTT / 2 (0 when p = N)",
+    ),
+    "R": (
+        "remote",
+        "the edge server computes stages p+1..N, waiting for the other requests under the policy",
+    ),
+    "D": ("delay", "the device's delay under the model: D = L + T + R"),
+    "E": ("energy", "the device's energy per inference from its fitted power model"),
+}
+"""The delay model's per-device terms (:mod:`dit.analysis.delay`), as the optimiser table names them."""
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def cell(column: str, raw: str) -> dict[str, Any]:
+    """One phases cell: the text to show (with its unit) and the raw number, if it is one."""
+    value = _number(raw)
+    if value is None:
+        return {"text": raw or units.MISSING, "value": None}
+    if column.endswith("_ns"):
+        return {"text": units.duration(value), "value": value}
+    if column.endswith("_bytes"):
+        return {"text": units.size(value), "value": value}
+    if column == "max_abs_diff":
+        return {"text": f"{value:.3g}", "value": value}
+    return {"text": raw, "value": value}
+
+
+def phase_table(path: Path, limit: int = 500) -> dict[str, Any] | None:
+    """``phases_summary.csv`` as columns (key, label, meaning) and rows of cells; None without the file."""
+    if not path.is_file():
+        return None
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, [])
+        rows = [row for _, row in zip(range(limit), reader, strict=False)]
+    columns = [
+        {"key": c, "label": PHASE_COLUMNS.get(c, (c.removesuffix("_ns"), ""))[0],
+         "description": PHASE_COLUMNS.get(c, ("", ""))[1],
+         "unit": "ns" if c.endswith("_ns") else "B" if c.endswith("_bytes") else ""}
+        for c in header
+    ]  # fmt: skip
+    return {
+        "columns": columns,
+        "rows": [[cell(c, v) for c, v in zip(header, row, strict=False)] for row in rows],
+    }
+
+
+def stage_rows(stage_ns: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The stages in the order the driver runs them (unknown ones after), each with its wall time."""
+    order = [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]
+    rows = []
+    for stage in order:
+        value = stage_ns[stage]
+        ns = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        rows.append({"stage": stage, "ns": ns, "text": units.duration(ns)})
+    return rows
+
+
+def model_view(model: Any) -> dict[str, Any] | None:
+    """``metadata.json``'s model as plain text parts: its name, what it stands in for, its parameters."""
+    if not isinstance(model, Mapping):
+        return None
+    spec = model.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    name = spec.get("name") or model.get("name")
+    params = spec.get("params")
+    return {
+        "name": None if name is None else str(name),
+        "stand_in_for": model.get("stand_in_for"),
+        "params": dict(params) if isinstance(params, Mapping) and params else None,
+    }
+
+
+def run_settings(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """What the run optimised with and what it measured, from its ``scenario.yaml``.
+
+    ``algorithm``, ``objective``, ``policy``: the run's own optimisation settings (the optimise stage's,
+    :func:`dit.optimise.api.resolve_settings`), the defaults of the Optimise dialog. ``measured_policy``:
+    the edge server's scheduling policy during inference (None when no inference ran), the only policy
+    whose predictions the run's measurements can confirm.
+    """
+    from dit.optimise import OptimiseError
+    from dit.optimise.api import resolve_settings
+
+    try:
+        algorithm, objective, policy = resolve_settings(scenario, None, None, None)
+    except OptimiseError:
+        algorithm, objective, policy = "greedy", "total_delay", "RR"
+    inference = scenario.get("inference")
+    ran = bool(inference.get("enabled", True)) if isinstance(inference, Mapping) else True
+    edge = scenario.get("edge_server")
+    measured = edge.get("policy") if isinstance(edge, Mapping) else None
+    return {
+        "algorithm": algorithm,
+        "objective": objective,
+        "policy": policy,
+        "inference": ran,
+        "measured_policy": str(measured).upper() if ran and measured else None,
+    }
+
+
+def objective_text(objective: str, value: Any, unit: str) -> str:
+    """The optimum's objective in a readable unit (``99.7 ms``, ``1.23 ms²``, ``621 mJ``)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return units.MISSING if value is None else str(value)
+    return units.with_unit(value, unit)
+
+
+def optimise_view(result: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """One ``optimise/*.json`` with its values written out and whether it is a prediction.
+
+    A result is a *prediction* when the run measured no inference or measured it under another
+    scheduling policy than the one the search assumed: nothing in the run confirms its delays.
+    """
+    out = dict(result)
+    unit = str(result.get("objective_unit", ""))
+    out["objective_text"] = objective_text(
+        str(result.get("objective", "")), result.get("objective_value"), unit
+    )
+    out["search_text"] = units.duration(result.get("search_wall_ns"))
+    rows = []
+    for entry in result.get("per_device") or []:
+        if not isinstance(entry, Mapping):
+            continue
+        row = dict(entry)
+        for term in ("L", "T", "R", "D"):
+            row[f"{term}_text"] = units.duration(entry.get(f"{term}_ns"))
+        if "E_j" in entry:
+            row["E_text"] = units.energy(entry.get("E_j"))
+        rows.append(row)
+    out["per_device"] = rows
+    measured = settings.get("measured_policy")
+    policy = str(result.get("policy", "")).upper()
+    out["measured"] = measured is not None and policy == measured
+    if measured is None:
+        out["prediction_reason"] = "the run measured no inference: nothing confirms these delays"
+    elif policy != measured:
+        out["prediction_reason"] = (
+            f"the edge server ran {measured} during the run, not {policy}: these delays are predicted, not measured"
+        )
+    return out

@@ -1,0 +1,288 @@
+"""Runs as NNPM sees them: started with the CLI's own driver, stopped with ``dit stop``, read from disk.
+
+- **Start**: a saved version is written to ``<runs>/.nnpm/scenarios/<hash>.yaml`` and run as
+  ``python -m dit run FILE --runs-dir RUNS [-i INVENTORY]`` in its own session (so the run lives in
+  its own process, survives a restart of the server, and the server stays responsive). The driver
+  writes ``driver.json`` with its pid; NNPM finds the run directories of its launch by that pid and
+  writes ``nnpm.json`` (version hash, launch id, kind, mode) into each.
+- **Stop**: ``python -m dit stop RUN_DIR``, exactly what the CLI does (``STOP`` file + SIGTERM; the
+  driver tears down fully).
+- **Read**: ``status.json``, ``driver.json``, ``nnpm.json``, ``metadata.json``, the aggregate CSVs.
+  A run started from the CLI is traced to its version through the variant hashes in the store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dit.device.tags import RUN_ENV
+from dit.report import units
+from dit.run.procs import pid_alive
+from dit.run.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
+from dit.web.services import runpage
+from dit.web.services.store import Store, Version
+
+NNPM_FILE = "nnpm.json"
+SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+STATES_DONE = FINISHED_STATES
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Launch:
+    id: str
+    version: str
+    kind: str
+    mode: str
+    pid: int
+    log: Path
+    argv: list[str]
+
+
+def run_key(run: RunDir, runs_root: Path) -> str:
+    """``<scenario>/<directory>``: how the API names a run."""
+    return str(run.path.relative_to(runs_root.resolve()))
+
+
+def run_dir_of(runs_root: Path, scenario: str, name: str) -> RunDir:
+    if not (SEGMENT.match(scenario) and SEGMENT.match(name)):
+        raise RunNotFound(f"{scenario}/{name}")
+    path = runs_root / scenario / name
+    if not (path / STATUS).is_file() and not (path / DRIVER).is_file():
+        raise RunNotFound(f"{scenario}/{name}")
+    return RunDir(path)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return dict(data) if isinstance(data, dict) else {}
+
+
+def run_summary(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
+    status = run.status() if (run.path / STATUS).exists() else {}
+    driver = _read(run.path / DRIVER)
+    nnpm = _read(run.path / NNPM_FILE)
+    pid = int(driver.get("pid") or 0)
+    state = str(status.get("state") or "starting")
+    alive = bool(pid) and pid_alive(pid)
+    if state == "running" and not alive and pid and driver.get("host") == os.uname().nodename:
+        state = "dead"  # the driver died without finishing: `dit cleanup` undoes it
+    started = status.get("started_wall_ns")
+    finished = status.get("finished_wall_ns")
+    end = finished if finished else (time.time_ns() if state == "running" else status.get("updated_wall_ns"))
+    variant = driver.get("scenario_hash")
+    version = nnpm.get("version") or (store.version_of_variant(str(variant)) if variant else None)
+    return {
+        "key": run_key(run, runs_root),
+        "run_id": run.run_id,
+        "scenario": run.path.parent.name,
+        "label": status.get("label", run.path.parent.name),
+        "state": state,
+        "stage": status.get("stage"),
+        "error": status.get("error"),
+        "degraded": status.get("degraded") or [],  # device processes that failed (state "degraded")
+        "started_wall_ns": started,
+        "finished_wall_ns": finished,
+        "duration_s": round((int(end) - int(started)) / 1e9, 3) if started and end else None,
+        "version": version,
+        "variant_hash": variant,
+        "kind": nnpm.get("kind"),
+        "mode": nnpm.get("mode") or ("local" if driver.get("local", True) else "inventory"),
+        "launch": nnpm.get("launch"),
+        "driver_pid": pid or None,
+        "driver_alive": alive,
+    }
+
+
+def list_runs(runs_root: Path, store: Store) -> list[dict[str, Any]]:
+    rows = [run_summary(run, runs_root, store) for run in find_runs(runs_root)]
+    rows.sort(key=lambda r: r.get("started_wall_ns") or 0, reverse=True)
+    return rows
+
+
+def nnpm_dir(runs_root: Path) -> Path:
+    return runs_root / ".nnpm"
+
+
+def version_file(version: Version, runs_root: Path) -> Path:
+    """``<runs>/.nnpm/scenarios/<hash>.yaml``: the saved version as a file ``dit run`` can read."""
+    folder = nnpm_dir(runs_root) / "scenarios"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{version.hash}.yaml"
+    if not path.exists():
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(version.yaml(), encoding="utf-8")
+        os.replace(tmp, path)
+    return path
+
+
+def launch(
+    version: Version,
+    kind: str,
+    mode: str,
+    runs_root: Path,
+    inventory: Path | None,
+    store: Store,
+    python: str = sys.executable,
+) -> Launch:
+    """Start ``dit run`` on ``version`` in its own session; recorded in the store."""
+    base = nnpm_dir(runs_root)
+    (base / "launches").mkdir(parents=True, exist_ok=True)
+    scenario_file = version_file(version, runs_root)
+    argv = [python, "-m", "dit", "run", str(scenario_file), "--runs-dir", str(runs_root)]
+    if mode == "inventory":
+        if inventory is None:
+            raise ValueError("no inventory: start dit web with --inventory to run on the nodes")
+        argv += ["-i", str(inventory)]
+    launch_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+    log = base / "launches" / f"{launch_id}.log"
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop(RUN_ENV, None)
+    env["DIT_NNPM_LAUNCH"] = launch_id
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=str(Path.cwd()),
+        )
+    record = Launch(launch_id, version.hash, kind, mode, proc.pid, log, argv)
+    store.add_launch(launch_id, version.hash, kind, mode, proc.pid, argv, str(log))
+    _CHILDREN[proc.pid] = proc
+    return record
+
+
+# Popen objects of launched runs, so their exit status is collected (no zombies) while the server lives.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def reap_children() -> None:
+    for pid, proc in list(_CHILDREN.items()):
+        if proc.poll() is not None:
+            del _CHILDREN[pid]
+
+
+def tag_runs(runs_root: Path, store: Store) -> list[Path]:
+    """Write ``nnpm.json`` into the run directories of NNPM's launches that do not have it yet."""
+    launches = {int(row["pid"]): row for row in store.launches() if row.get("pid")}
+    tagged: list[Path] = []
+    if not launches:
+        return tagged
+    for run in find_runs(runs_root):
+        marker = run.path / NNPM_FILE
+        if marker.exists():
+            continue
+        driver = _read(run.path / DRIVER)
+        row = launches.get(int(driver.get("pid") or 0))
+        if row is None:
+            continue
+        if (run.path / DRIVER).stat().st_mtime_ns < int(row["created_ns"]) - 1_000_000_000:
+            continue  # an older run whose driver had the same (since reused) pid
+        write_json(
+            marker,
+            {
+                "version": row["version_hash"],
+                "launch": row["id"],
+                "kind": row["kind"],
+                "mode": row["mode"],
+                "argv": row["argv"],
+                "variant_hash": driver.get("scenario_hash"),
+            },
+        )
+        tagged.append(run.path)
+    return tagged
+
+
+def stop_run(run: RunDir, python: str = sys.executable) -> subprocess.Popen[bytes]:
+    """``dit stop RUN_DIR`` in the background (it returns once the teardown has finished)."""
+    argv = [python, "-m", "dit", "stop", str(run.path)]
+    log = run.path / "nnpm-stop.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    _CHILDREN[proc.pid] = proc
+    return proc
+
+
+def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
+    summary = run_summary(run, runs_root, store)
+    status = run.status() if (run.path / STATUS).exists() else {}
+    metadata = _read(run.path / "metadata.json")
+    agg = run.path / "aggregate"
+    phases = runpage.phase_table(agg / "phases_summary.csv")
+    settings = runpage.run_settings(read_scenario(run.path))
+    optimise = (
+        sorted(p.name for p in (run.path / "optimise").glob("*.json"))
+        if (run.path / "optimise").is_dir()
+        else []
+    )
+    return {
+        **summary,
+        "stage_ns": status.get("stage_ns", {}),
+        "stages": runpage.stage_rows(status.get("stage_ns") or {}),  # in run order, with units
+        "duration_text": units.duration(summary["duration_s"] * 1e9) if summary["duration_s"] else "",
+        "model": runpage.model_view(metadata.get("model")),
+        "settings": settings,  # the run's own optimisation settings and the policy it measured
+        "inference_ran": bool(phases and phases["rows"]),
+        "lateness_ns": status.get("lateness_ns", {}),
+        "teardown": status.get("teardown"),
+        "metadata": {
+            "mode": metadata.get("mode"),
+            "model": metadata.get("model"),
+            "dit": metadata.get("dit"),
+            "controller": metadata.get("controller"),
+            "versions": metadata.get("versions"),
+            "scenario": {k: v for k, v in (metadata.get("scenario") or {}).items() if k != "document"},
+        },
+        "devices": list((metadata.get("scenario") or {}).get("document", {}).get("devices", [])),
+        "phases": phases,
+        "summary": runtime_summary(agg),
+        "plots": {
+            "layers": (agg / "layers.csv").is_file(),
+            "monitors": (agg / "monitors.csv").is_file(),
+            "validation": (agg / "validation.png").is_file(),
+        },
+        "optimise": optimise,
+        "finished": summary["state"] in STATES_DONE,
+        "aggregated": (agg / "layers.csv").is_file() and (agg / "links.csv").is_file(),
+    }
+
+
+def read_scenario(path: Path) -> dict[str, Any]:
+    """The run's ``scenario.yaml`` (resolved by the driver); empty when missing or unreadable."""
+    from dit.scenario import ScenarioError, load_yaml
+
+    try:
+        return load_yaml(path / "scenario.yaml")
+    except (ScenarioError, OSError):
+        return {}
+
+
+def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
+    """The runtime's ``aggregate/summary.json`` (runtime, tables, named values with units), if written."""
+    doc = _read(aggregate / "summary.json")
+    if not doc or not isinstance(doc.get("values"), list):
+        return None
+    values = [
+        {k: v.get(k) for k in ("name", "value", "unit", "type", "description")}
+        for v in doc["values"]
+        if isinstance(v, dict) and isinstance(v.get("name"), str)
+    ]
+    return {"runtime": str(doc.get("runtime", "")), "values": values}
