@@ -44,6 +44,7 @@ from dit.conditions import (
     preflight_notes,
     preflight_refusals,
     process_settings,
+    resolve_conditions,
 )
 from dit.follow import LogFollower, targets_for
 from dit.inventory import RunInventory, load_inventory, local_inventory
@@ -542,6 +543,11 @@ class Driver:
             res = outcome.result_of(host, "dit_facts")
             nodes[host] = dict(res.get("dit_facts", {})) if res else {}
         assert self.model is not None
+        # Variables that depend on the nodes' facts (netem's backend) are settled before the metadata
+        # records the conditions, so the metadata says what is applied.
+        self.conditions = resolve_conditions(
+            PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
+        )
         record = runtime_envs.runtime_record(
             self.runtime.name,
             self.runtime.version,

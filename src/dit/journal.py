@@ -197,13 +197,15 @@ def undo_scopes(run_id: str, inventory: RunInventory, metadata: Path) -> dict[st
         netem = conditions.get(host, {}).get("netem") or {}
         interfaces = []
         if netem.get("netem_interface"):
-            interfaces.append(
-                {
-                    "dev": str(netem["netem_interface"]),
-                    "netns": str(netem.get("netem_netns") or ""),
-                    "log": str(netem.get("netem_log") or ""),
-                }
-            )
+            interface = {
+                "dev": str(netem["netem_interface"]),
+                "netns": str(netem.get("netem_netns") or ""),
+                "log": str(netem.get("netem_log") or ""),
+            }
+            userspace = netem.get("netem_userspace") or {}
+            if netem.get("netem_backend") == "userspace" and userspace.get("chain"):
+                interface["chain"] = str(userspace["chain"])  # the iptables chain it may remove
+            interfaces.append(interface)
         scopes[host] = {
             "node_root": inventory.node_root(host, run_id),
             "sysfs_root": str(hostvars.get("sysfs_root") or "/sys"),

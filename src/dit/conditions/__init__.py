@@ -8,7 +8,7 @@ under ``library/`` if it writes privileged state). Its ``__init__`` defines
   variables for that host (keys exactly ``CONDITION.variables``), or None when the host has nothing
   to apply;
 
-and may define three hooks, each called by the driver for every condition that has it, in
+and may define four hooks, each called by the driver for every condition that has it, in
 ``order``, without the driver naming the condition:
 
 - ``process(scenario, host, ctx) -> ProcessSettings | None`` (:data:`ProcessHook`): environment,
@@ -18,6 +18,9 @@ and may define three hooks, each called by the driver for every condition that h
   :class:`PreflightFacts` (every node's ``dit_facts``, the built variables, the inventory); the hook
   returns why the run must not start (``"memory limit refused: ..."``, prefixed with ``preflight:``
   in the run's error) or None. The first refusal stops the run before anything is applied;
+- ``resolve(facts) -> {host: variables}`` (:data:`ResolveHook`): variables that depend on what
+  preflight found on the nodes (netem's backend), applied to the built variables before the run's
+  metadata is written;
 - ``aggregate(run) -> None`` (:data:`AggregateHook`): the condition's own analysis of a collected
   run (a :class:`dit.analysis.run.LoadedRun`), writing under ``aggregate/``; called after the
   aggregate proper (:func:`dit.analysis.aggregate.aggregate_run`) for every condition, active or
@@ -108,6 +111,9 @@ Builder = Callable[[Scenario, str, HostContext], "dict[str, Any] | None"]
 ProcessHook = Callable[[Scenario, str, HostContext], "ProcessSettings | None"]
 #: ``preflight(facts)``: why the run must not start (one sentence naming the nodes), or None.
 PreflightHook = Callable[[PreflightFacts], "str | None"]
+#: ``resolve(facts)``: ``{host: variables}`` for the hosts whose variables depend on the preflight
+#: facts (called once, after preflight, before anything is applied); other hosts keep their build.
+ResolveHook = Callable[[PreflightFacts], "Mapping[str, Mapping[str, Any]]"]
 #: ``preflight_notes(facts)``: what the run will not do as asked, said plainly (does not refuse).
 NotesHook = Callable[[PreflightFacts], "list[str]"]
 #: ``aggregate(run)``: the condition's analysis of a collected run, written under ``aggregate/``.
@@ -191,6 +197,26 @@ def preflight_refusals(facts: PreflightFacts) -> list[str]:
         if refusal:
             refusals.append(refusal)
     return refusals
+
+
+def resolve_conditions(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
+    """The built variables once every condition's ``resolve`` hook has seen the preflight facts.
+
+    A hook returns ``{host: variables}`` for the hosts whose variables depend on what preflight
+    found (netem: which backend applies where the kernel lacks ``sch_netem``); the other hosts
+    keep what ``build`` gave. The driver calls this before it writes ``metadata.json``, so the
+    metadata holds what is applied.
+    """
+    out = {host: dict(per_host) for host, per_host in facts.built.items()}
+    for module in _modules():
+        hook = cast("ResolveHook | None", getattr(module, "resolve", None))
+        if hook is None:
+            continue
+        name = cast(Condition, module.CONDITION).name
+        view = PreflightFacts(facts.scenario, facts.nodes, out, facts.hostvars, facts.local)
+        for host, variables in hook(view).items():
+            out.setdefault(host, {})[name] = dict(variables)
+    return out
 
 
 def preflight_notes(facts: PreflightFacts) -> list[str]:
