@@ -19,7 +19,7 @@ description:
   - Journaled through the C(dit_nfqueue) action plugin. With O(_dit_plan) the module returns the
     records that undo it, newest last (delete the jump, flush the chain, delete the chain), and
     changes nothing. C(dit_restore) runs them only for the chain and interface of the run's undo scope.
-  - The rules carry no C(--queue-bypass): while no emulator listens the shaped traffic is dropped,
+  - The rules carry no C(--queue-bypass), so while no emulator listens the shaped traffic is dropped,
     never passed undelayed.
 options:
   chain:
