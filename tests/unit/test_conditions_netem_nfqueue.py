@@ -130,3 +130,11 @@ def test_local_mode_refuses_an_explicit_userspace_backend() -> None:
         NetemError, match=r"network\.device1\.network_backend: userspace is not available in local mode"
     ):
         build_conditions(scenario, {"device1": ctx("device1", local=True)})
+
+
+def test_rate_only_without_any_cap_leaves_no_tree() -> None:
+    assert rate_only({"destinations": {"a": {"delay_ms": 20}, "b": {"loss_pct": 10}}}) == {}
+    assert rate_only({"rate_mbit": 5, "destinations": {"a": {"delay_ms": 20}}}) == {
+        "rate_mbit": 5,
+        "destinations": {"a": {}},
+    }

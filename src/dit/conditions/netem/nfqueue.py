@@ -59,12 +59,16 @@ def iptables_prefix(netns: str | None = None) -> list[str]:
 
 def rate_only(block: Mapping[str, Any]) -> dict[str, Any]:
     """``block`` without what netem does (delay, jitter, loss, variation): what tbf/htb still shape."""
-    out = {k: v for k, v in block.items() if k not in (*NETEM_KEYS, "variation")}
-    if block.get("destinations"):
-        out["destinations"] = {
-            key: {k: v for k, v in conf.items() if k not in NETEM_KEYS}
-            for key, conf in block["destinations"].items()
-        }
+    out = {k: v for k, v in block.items() if k not in (*NETEM_KEYS, "variation", "destinations")}
+    dests = {
+        key: {k: v for k, v in conf.items() if k not in NETEM_KEYS}
+        for key, conf in (block.get("destinations") or {}).items()
+    }
+    # Destinations keep their (unshaped) classes while some rate is capped, so traffic to them
+    # escapes the main cap as under netem; with no cap at all there is no tc tree.
+    if any(conf.get("rate_mbit") is not None for conf in (out, *dests.values())):
+        if dests:
+            out["destinations"] = dests
     return out
 
 
