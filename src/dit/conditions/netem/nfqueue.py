@@ -66,9 +66,8 @@ def rate_only(block: Mapping[str, Any]) -> dict[str, Any]:
     }
     # Destinations keep their (unshaped) classes while some rate is capped, so traffic to them
     # escapes the main cap as under netem; with no cap at all there is no tc tree.
-    if any(conf.get("rate_mbit") is not None for conf in (out, *dests.values())):
-        if dests:
-            out["destinations"] = dests
+    if dests and any(conf.get("rate_mbit") is not None for conf in (out, *dests.values())):
+        out["destinations"] = dests
     return out
 
 
