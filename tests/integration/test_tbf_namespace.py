@@ -342,7 +342,8 @@ def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and
     os.kill(pid, 9)
     time.sleep(0.2)
     assert _ping(link, "10.203.0.2", 3, "0.1")[0] == 0
-    assert not (node_root / "results" / "link_emulator.json").exists()  # killed: no stats, named by the check
+    # killed: its last snapshot says running, never stopped (collect's process check names it failed)
+    assert json.loads((node_root / "results" / "link_emulator.json").read_text())["state"] == "running"
 
     # The journal replay (teardown, dit cleanup) with the run's scope, plus a record outside the run.
     journal = Journal(tmp_path / "journal.jsonl")

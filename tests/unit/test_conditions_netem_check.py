@@ -296,6 +296,18 @@ def test_a_userspace_link_is_checked_and_a_dead_emulator_fails_it(tmp_path: Path
     aggregate_network(tmp_path)
     one = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index("device").loc["device1"]
     assert str(one["emulator"]).startswith("dead") and not bool(one["pass"])
+    emulator_file.write_text(
+        json.dumps(stats)
+    )  # a snapshot from collect, but the process check found it dead
+    processes = [{"tag": "link-emulator", "failed": True, "state": "exited", "exit_code": -9}]
+    processes_file = tmp_path / "raw" / "device1" / "device1_processes.json"
+    processes_file.write_text(json.dumps(processes))
+    aggregate_network(tmp_path)
+    one = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index("device").loc["device1"]
+    assert str(one["emulator"]).startswith("dead: the collect stage found it exited") and not bool(
+        one["pass"]
+    )
+    processes_file.unlink()
     stats["kernel"] = {"4112": {"queue_dropped": 7, "user_dropped": 1}}
     emulator_file.write_text(json.dumps(stats))
     aggregate_network(tmp_path)

@@ -35,10 +35,12 @@ The delay of the main profile varies over time through the same path as netem's:
 ``tc qdisc change``, sends each step's delay to this process's control socket (a UNIX datagram
 socket, ``{"delay_ms": ...}``), logging the change in ``netem_changes.csv`` as it does for tc.
 
-At exit (SIGTERM) every held packet is released at once and ``link_emulator.json`` is written to
-the results directory: per profile the packets, drops, and a histogram of ``actual - scheduled``
-hold time (no per-packet log on the hot path). A process killed outright writes nothing, and that
-absence is what the network self-check names as a degraded link.
+``link_emulator.json`` in the results directory holds per profile the packets, drops, and a
+histogram of ``actual - scheduled`` hold time (no per-packet log on the hot path); it is rewritten
+about every second (``state: running``: the collect stage fetches it while the emulator still
+shapes the self-check's pings) and at exit (SIGTERM: every held packet is released at once,
+``state: stopped``). A process killed outright stops writing; the collect stage's process check
+reports it failed, and the network self-check names its link as degraded.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ SPIN_NS = 200_000  # the last 200 µs before a release are a busy wait (select w
 FIFO_PRIORITY = 20
 MCL_CURRENT, MCL_FUTURE = 1, 2
 PR_SET_TIMERSLACK = 29
+SNAPSHOT_NS = 1_000_000_000  # link_emulator.json is rewritten about every second while running ...
+SNAPSHOT_GAP_NS = 5_000_000  # ... when no release is due within 5 ms
 # Histogram of (actual - scheduled) hold time: upper bounds in µs, the last bucket open.
 ERROR_BOUNDS_US = (0, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 50_000)
 
@@ -490,6 +494,14 @@ class Emulator:
         self.sock.close()
 
 
+def snapshot(path: Path, data: Mapping[str, Any]) -> None:
+    """Replace ``path`` atomically, without the fsync of ``write_json``: on an SD card an fsync can
+    stall for tens of milliseconds, and this runs between releases (the final write fsyncs)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def _control_socket(path: str | None) -> socket.socket | None:
     if not path:
         return None
@@ -551,6 +563,26 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
     old_fd = signal.set_wakeup_fd(wake_w.fileno())
     changes: list[tuple[int, float]] = []
     started = time.monotonic_ns()
+
+    def stats(state: str, counters: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "host": cfg.get("host"),
+            "device": cfg.get("device", cfg.get("host")),
+            "backend": "userspace",
+            "state": state,
+            "started_mono_ns": started,
+            "written_mono_ns": time.monotonic_ns(),
+            "stopped_by": signal.Signals(stop[0]).name if stop else ("" if state == "running" else "error"),
+            "realtime": granted,
+            "spin_us": SPIN_NS / 1e3,
+            "maxlen": maxlen,
+            "socket_overflows": emulator.enobufs,
+            "kernel": counters,
+            "delay_changes": [{"t_mono_ns": t, "delay_ms": d} for t, d in changes],
+            "profiles": [p.summary() for p in emulator.profiles.values()],
+        }
+
+    next_snapshot = started
     if cfg.get("ready_file"):
         write_json(Path(str(cfg["ready_file"])), {"host": cfg.get("host"), "t_mono_ns": started, **granted})
     readers: list[Any] = [emulator.sock, wake_r] + ([ctl] if ctl is not None else [])
@@ -561,9 +593,22 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
             emulator.send(emulator.receive(now))
             emulator.release(emulator.schedule.pop_due(now), now)
             due = emulator.schedule.next_due()
-            wait_ns = None if due is None else due - time.monotonic_ns()
+            # A snapshot for the collect stage (which runs while the emulator still shapes the pings),
+            # written where no release is close, or late rather than never.
+            if now >= next_snapshot and (
+                due is None or due - now > SNAPSHOT_GAP_NS or now - next_snapshot > SNAPSHOT_NS
+            ):
+                snapshot(results / STATS_FILE, stats("running", kernel_queue_counters(emulator.profiles)))
+                next_snapshot = now + SNAPSHOT_NS
+                continue
+            now = time.monotonic_ns()
+            wait_ns = None if due is None else due - now
             if wait_ns is None or wait_ns > SPIN_NS:
-                timeout = None if wait_ns is None else (wait_ns - SPIN_NS) / 1e9
+                timeout_ns = None if wait_ns is None else wait_ns - SPIN_NS
+                if wait_ns is None or wait_ns > SNAPSHOT_GAP_NS:  # wake for the snapshot too
+                    snapshot_in = max(0, next_snapshot - now)
+                    timeout_ns = snapshot_in if timeout_ns is None else min(timeout_ns, snapshot_in)
+                timeout = None if timeout_ns is None else timeout_ns / 1e9
                 ready, _, _ = select.select(readers, [], [], timeout)
                 if ctl is not None and ctl in ready:
                     _control(ctl, main, changes)
@@ -585,22 +630,5 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
             with contextlib.suppress(OSError):
                 os.unlink(ctl.getsockname())
             ctl.close()
-        write_json(
-            results / STATS_FILE,
-            {
-                "host": cfg.get("host"),
-                "device": cfg.get("device", cfg.get("host")),
-                "backend": "userspace",
-                "started_mono_ns": started,
-                "stopped_mono_ns": time.monotonic_ns(),
-                "stopped_by": signal.Signals(stop[0]).name if stop else "error",
-                "realtime": granted,
-                "spin_us": SPIN_NS / 1e3,
-                "maxlen": maxlen,
-                "socket_overflows": emulator.enobufs,
-                "kernel": counters,
-                "delay_changes": [{"t_mono_ns": t, "delay_ms": d} for t, d in changes],
-                "profiles": [p.summary() for p in emulator.profiles.values()],
-            },
-        )
+        write_json(results / STATS_FILE, stats("stopped", counters))
     return 0

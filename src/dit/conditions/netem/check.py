@@ -44,7 +44,9 @@ from dit.analysis.links import iperf3_rate_bps
 from dit.analysis.run import LoadedRun, raw_file
 from dit.conditions.netem import backend as netem_backend
 from dit.conditions.netem import shaping as netem_shaping
+from dit.conditions.netem.nfqueue import EMULATOR_TAG
 from dit.conditions.netem.tc import intended_delay_ms
+from dit.procs import PROCESSES_FILE
 
 CHECK_COLUMNS = (
     "device",
@@ -135,10 +137,16 @@ def _throughput_mbit(run_dir: Path, device: str, target: str) -> float | None:
 def emulator_state(run_dir: Path, device: str) -> tuple[str, bool]:
     """What the device's link emulator reported at exit, and whether its link can pass the check.
 
-    No ``<device>_link_emulator.json``: the emulator was killed or crashed before teardown; the
-    rules stayed (fail closed), so its shaped traffic was dropped from then on. A full kernel queue
+    The collect stage's process check found it failed (``<device>_processes.json``), or it left no
+    ``<device>_link_emulator.json``: it was killed or crashed; the rules stayed (fail closed), so
+    its shaped traffic was dropped from then on. A full kernel queue
     or an overflowing socket dropped packets the scenario did not ask to lose.
     """
+    processes = _read_json(raw_file(run_dir, device, PROCESSES_FILE))
+    for entry in processes if isinstance(processes, list) else []:
+        if isinstance(entry, Mapping) and entry.get("tag") == EMULATOR_TAG and entry.get("failed"):
+            state = entry.get("state", "failed")
+            return f"dead: the collect stage found it {state} (its shaped traffic was dropped since)", False
     stats = _read_json(raw_file(run_dir, device, "link_emulator.json"))
     if not isinstance(stats, Mapping):
         return "dead: no link_emulator.json (killed or crashed; its shaped traffic was dropped)", False
