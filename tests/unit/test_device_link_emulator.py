@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import select
 import socket
 import struct
+from pathlib import Path
 
 from dit.device import link_emulator as le
 
@@ -116,3 +118,25 @@ def test_histogram_buckets_and_quantiles() -> None:
     assert counts[le.bucket(5_000)] == 1 and counts[le.bucket(150_000)] == 1
     assert summary["max_error_us"] == 150.0
     assert le.quantile_upto_us(counts, 0.5) == 10 and le.quantile_upto_us(counts, 0.99) == 200
+
+
+def test_a_control_socket_deeper_than_an_af_unix_address_still_binds_and_takes_changes(
+    tmp_path: Path,
+) -> None:
+    from dit.device.netem_vary import _send_control
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    path = str(deep / "link-emulator.sock")
+    assert len(path) > 108
+    ctl = le._control_socket(path)
+    assert ctl is not None
+    try:
+        assert _send_control(path, 12.5) == (True, "")
+        main = _profile(delay_ms=1)
+        changes: list[tuple[int, float]] = []
+        select.select([ctl], [], [], 1)
+        le._control(ctl, main, changes)
+        assert main.delay_ns == 12_500_000 and [d for _, d in changes] == [12.5]
+    finally:
+        ctl.close()

@@ -56,7 +56,7 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,13 +502,29 @@ def snapshot(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+@contextlib.contextmanager
+def unix_address(path: str) -> Iterator[str]:
+    """``path`` as an AF_UNIX address. Addresses hold at most 107 bytes and a node's run directory
+    can be longer, so a long path goes through its directory's descriptor (``/proc/self/fd/N/name``),
+    open while the address is in use (bind, sendto)."""
+    if len(os.fsencode(path)) < 100:
+        yield path
+        return
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    finally:
+        os.close(fd)
+
+
 def _control_socket(path: str | None) -> socket.socket | None:
     if not path:
         return None
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     ctl = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    ctl.bind(path)
+    with unix_address(path) as address:
+        ctl.bind(address)
     os.chmod(path, 0o600)
     ctl.setblocking(False)
     return ctl
@@ -628,7 +644,7 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
             signal.signal(sig, handler)
         if ctl is not None:
             with contextlib.suppress(OSError):
-                os.unlink(ctl.getsockname())
+                os.unlink(str(cfg.get("control_socket")))
             ctl.close()
         write_json(results / STATS_FILE, stats("stopped", counters))
     return 0

@@ -122,9 +122,11 @@ def _append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
 
 def _send_control(path: str, delay_ms: float) -> tuple[bool, str]:
     """One delay change to the link emulator's control socket."""
+    from dit.device.link_emulator import unix_address
+
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.sendto(json.dumps({"delay_ms": delay_ms}).encode("utf-8"), path)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock, unix_address(path) as address:
+            sock.sendto(json.dumps({"delay_ms": delay_ms}).encode("utf-8"), address)
     except OSError as exc:
         return False, f"link emulator control socket {path}: {exc}"
     return True, ""
