@@ -8,7 +8,8 @@ and ``iperf3``.
 
 Prints, with the load average:
 
-- per added delay: the ping RTT minus the unshaped RTT, its median and p99 error against the delay,
+- per added delay: a UDP echo's RTT (microsecond timestamps; ping prints 100 µs steps above 10 ms)
+  minus the unshaped RTT, its median and p99 error against the delay,
   and the emulator's own ``actual - scheduled`` hold-time histogram (p50 / p99 bucket bounds);
 - loss 1 % and 10 % over ``--loss-packets`` pings each, against the binomial 99.7 % interval;
 - jitter: the standard deviation of the RTT with 20 ms ± 5 ms (uniform: 5/sqrt(3) = 2.89 ms asked);
@@ -22,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -127,6 +129,49 @@ def ping(address: str, count: int, interval: str) -> tuple[int, list[float]]:
     return received, rtts
 
 
+ECHO_PORT = 7007
+# The probes run at SCHED_FIFO as the emulator does: on a loaded machine a SCHED_OTHER Python echo
+# waits milliseconds for a core, which would be measured as the emulator's error.
+REALTIME = ("chrt", "-f", "10") if shutil.which("chrt") else ()
+ECHO_SERVER = (
+    "import socket\n"
+    "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.bind(('0.0.0.0',PORT))\n"
+    "while True:\n"
+    "    d,a=s.recvfrom(2048)\n"
+    "    s.sendto(d,a)\n"
+).replace("PORT", str(ECHO_PORT))
+# UDP probes with microsecond timestamps (ping prints 3 significant digits: 100 µs steps above 10 ms).
+ECHO_CLIENT = """
+import json, select, socket, struct, sys, time
+address, count, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setblocking(False)
+sent, rtts, start = {}, {}, time.monotonic_ns()
+i, deadline = 0, None
+while True:
+    now = time.monotonic_ns()
+    if i < count and now >= start + int(i * gap * 1e9):
+        sent[i] = time.monotonic_ns(); s.sendto(struct.pack("!I", i) + b"x" * 60, (address, PORT)); i += 1
+        if i == count: deadline = now + 3_000_000_000
+    if deadline is not None and (len(rtts) == count or now > deadline): break
+    wait = max(0.0, (start + int(i * gap * 1e9) - now) / 1e9) if i < count else 0.05
+    if select.select([s], [], [], min(wait, 0.05))[0]:
+        while True:
+            try: data = s.recv(2048)
+            except BlockingIOError: break
+            seq = struct.unpack("!I", data[:4])[0]; rtts[seq] = (time.monotonic_ns() - sent[seq]) / 1e3
+print(json.dumps([rtts[k] for k in sorted(rtts)]))
+""".replace("PORT", str(ECHO_PORT))
+
+
+def echo_rtts_us(address: str, count: int, gap_s: float) -> list[float]:
+    out = subprocess.run(
+        in_a(*REALTIME, sys.executable, "-c", ECHO_CLIENT, address, str(count), str(gap_s)),
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    rtts: list[float] = json.loads(out)
+    return rtts
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
@@ -191,20 +236,21 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="dit-bench-link-"))
     setup()
     emulator = start_emulator(work)
+    echo = subprocess.Popen(["ip", "netns", "exec", NS_B, *REALTIME, sys.executable, "-c", ECHO_SERVER])
     try:
         ready = json.loads((work / "ready").read_text())
         print(f"emulator: SCHED_FIFO {ready.get('sched_fifo')}, mlockall {ready.get('mlockall')}")
-        _, base = ping(ADDRESSES["plain"], args.pings, "0.01")
+        base = echo_rtts_us(ADDRESSES["plain"], args.pings, 0.01)
         baseline = statistics.median(base)
-        print(f"unshaped RTT median {baseline * 1000:.1f} µs")
-        print("delay_ms  median_err_us  p99_err_us  max_err_us  (ping RTT - unshaped RTT - delay)")
+        print(f"unshaped UDP RTT median {baseline:.1f} µs")
+        print("delay_ms  median_err_us  p99_err_us  max_err_us  (UDP echo RTT - unshaped RTT - delay)")
         for delay in args.delays:
             set_delay(work, delay)
-            received, rtts = ping(ADDRESSES["main"], args.pings, "0.01")
-            errors = [(r - baseline - delay) * 1000 for r in rtts]
+            rtts = echo_rtts_us(ADDRESSES["main"], args.pings, 0.01)
+            errors = [r - baseline - delay * 1000 for r in rtts]
             print(
                 f"{delay:8g}  {statistics.median(errors):13.1f}  {percentile(errors, 99):10.1f}  "
-                f"{max(errors):10.1f}  ({received}/{args.pings} replies)"
+                f"{max(errors):10.1f}  ({len(rtts)}/{args.pings} replies)"
             )
         for name, p in (("loss1", 0.01), ("loss10", 0.10)):
             received, _ = ping(ADDRESSES[name], args.loss_packets, "0.001")
@@ -214,7 +260,7 @@ def main() -> None:
             print(
                 f"loss {p:.0%}: {lost}/{args.loss_packets} lost, {inside} the binomial ±3 sd [{low:.0f}, {high:.0f}]"
             )
-        _, rtts = ping(ADDRESSES["jitter"], args.jitter_pings, "0.02")
+        rtts = [r / 1000 for r in echo_rtts_us(ADDRESSES["jitter"], args.jitter_pings, 0.02)]
         asked = 5 / math.sqrt(3)
         sd = statistics.stdev(rtts) if len(rtts) > 1 else float("nan")
         print(f"jitter 20 ms ± 5 ms: RTT sd {sd:.3f} ms, asked {asked:.3f} ms ({(sd / asked - 1) * 100:+.1f} %), "
@@ -234,6 +280,8 @@ def main() -> None:
             f"{per_k:.1f} % per 1000 packets/s"
         )
     finally:
+        echo.kill()
+        echo.wait(timeout=10)
         emulator.terminate()
         emulator.wait(timeout=10)
         teardown()

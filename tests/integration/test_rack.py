@@ -289,23 +289,8 @@ def test_dit_cleanup_after_the_driver_is_killed_removes_the_rules_and_the_link_e
         [*DIT, "run", "scenarios/quickstart.yaml", "-i", str(rack.inventory), "--runs-dir", str(runs)],
         cwd=REPO, env=dit_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and driver.poll() is None:
-            ps = subprocess.run(["pgrep", "-f", "link-emulator.json"], capture_output=True, text=True).stdout
-            if ps.strip():
-                break
-            time.sleep(0.2)
-        assert driver.poll() is None, "the run ended before its link emulator was seen"
-        time.sleep(1.0)  # the rules go in right after the emulator is ready
-    finally:
-        driver.kill()
-        driver.wait(timeout=30)
-    (run_dir,) = (runs / "quickstart").iterdir()
-    run_id = f"{run_dir.parent.name}-{run_dir.name}"
     from dit.conditions.netem.nfqueue import chain_name
 
-    chain = chain_name(run_id, "device1")
     namespaces = [
         line.split()[0]
         for line in subprocess.run(
@@ -321,7 +306,23 @@ def test_dit_cleanup_after_the_driver_is_killed_removes_the_rules_and_the_link_e
             for ns in namespaces
         )  # fmt: skip
 
-    assert chain in rules(), "the kill came before the rules were installed"
+    chain = ""
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and driver.poll() is None:
+            found = list((runs / "quickstart").glob("*")) if (runs / "quickstart").is_dir() else []
+            if found and not chain:
+                chain = chain_name(f"quickstart-{found[0].name}", "device1")
+            if chain and chain in rules():
+                break  # the emulator runs and the rules are in: the middle of apply
+            time.sleep(0.2)
+        assert driver.poll() is None, "the run ended before its rules were seen"
+    finally:
+        driver.kill()
+        driver.wait(timeout=30)
+    (run_dir,) = (runs / "quickstart").iterdir()
+    assert chain in rules() and "NFQUEUE" in rules()
+    assert subprocess.run(["pgrep", "-f", "link-emulator.json"], capture_output=True).returncode == 0
     cleanup = dit("cleanup", str(run_dir), timeout=600)
     assert cleanup.returncode == 0, cleanup.stdout[-3000:] + cleanup.stderr[-3000:]
     assert chain not in rules() and "NFQUEUE" not in rules()
