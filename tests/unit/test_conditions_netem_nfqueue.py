@@ -138,3 +138,10 @@ def test_rate_only_without_any_cap_leaves_no_tree() -> None:
         "rate_mbit": 5,
         "destinations": {"a": {}},
     }
+
+
+def test_a_rate_only_block_is_netem_s_without_a_choice_to_settle() -> None:
+    (scenario,) = loads("name: r\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {rate_mbit: 10}\n")
+    variables = netem.build(scenario, "device1", ctx("device1", local=False))
+    assert variables is not None
+    assert (variables["netem_backend"], variables["netem_userspace"]) == ("netem", {})

@@ -186,7 +186,8 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
         "netem_log": log,
         "netem_protected_interfaces": [management] if management else [],
         "netem_variation": variation,
-        "netem_backend": "netem" if ctx.local else requested,
+        # Settled after preflight by resolve(); a rate-only block needs no backend choice.
+        "netem_backend": requested if userspace else "netem",
         "netem_userspace": userspace,
     }
 
