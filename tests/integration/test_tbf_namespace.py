@@ -287,16 +287,25 @@ def _chains(ln: Link) -> str:
 def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and_is_undone(
     link: Link, tmp_path: Path
 ) -> None:
-    """No sch_netem here: the link emulator behind NFQUEUE applies a 20 ms delay towards one address
-    and 10 % loss towards another, leaves a third alone; killed, it drops (fail closed); the journal
-    replay removes the rules and the process, and refuses a record for a chain outside the run."""
+    """No sch_netem here: the link emulator behind NFQUEUE applies a 20 ms delay towards one address,
+    10 % loss towards another, a square-wave delay (netem-vary through its control socket) to the
+    rest, and leaves a rate-only destination alone; killed, it drops (fail closed); the journal
+    replay removes the rules, the tc tree and the processes, and refuses a record for a chain
+    outside the run."""
     from dit.conditions import PreflightFacts
     from dit.conditions.netem import resolve
     from dit.device.build import build_zipapp
 
-    unshaped = "10.203.0.4"
-    subprocess.run(["ip", "-n", link.ns_b, "addr", "add", f"{unshaped}/24", "dev", link.peer], check=True)
-    network = "{destinations: {10.203.0.2: {delay_ms: 20}, 10.203.0.3: {loss_pct: 10}}}"
+    before = snapshot(link)
+    unshaped, varying = "10.203.0.4", "10.203.0.5"
+    for address in (unshaped, varying):
+        subprocess.run(["ip", "-n", link.ns_b, "addr", "add", f"{address}/24", "dev", link.peer], check=True)
+    # The main profile's delay is a square wave (5 / 30 ms, 1 s period) driven by netem-vary; the
+    # unshaped address is a rate-only destination (a RETURN rule and an htb class, no queue).
+    network = (
+        "{variation: {kind: square, low_ms: 5, high_ms: 30, period_s: 1}, destinations: {10.203.0.2: "
+        "{delay_ms: 20}, 10.203.0.3: {loss_pct: 10}, 10.203.0.4: {rate_mbit: 1000}}}"
+    )
     (scenario,) = loads(f"name: ns\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {network}\n")
     node_root = tmp_path / "node"
     (node_root / "results").mkdir(parents=True)
@@ -310,7 +319,8 @@ def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and
     nodes = {"device1": {"netem": {"available": False}, "nfqueue": {"available": True}}}
     facts = PreflightFacts(scenario, nodes, {"device1": {"netem": built}}, {}, local=False)
     variables = resolve(facts)["device1"]
-    assert variables["netem_backend"] == "userspace" and variables["netem_tree"] == []
+    assert variables["netem_backend"] == "userspace"
+    assert {o["expect"]["kind"] for o in variables["netem_tree"]} == {"htb", "u32"}  # the rate part only
     plan = variables["netem_userspace"]
     extra = {
         **variables, "dit_journal_path": str(tmp_path / "journal.jsonl"), "dit_run_id": "ns-test",
@@ -325,6 +335,7 @@ def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and
     replies, delayed = _ping(link, "10.203.0.2", 20, "0.05")
     _, direct = _ping(link, unshaped, 5, "0.05")
     lossy, _ = _ping(link, "10.203.0.3", 400, "0.005")
+    _, square = _ping(link, varying, 60, "0.04")  # 2.4 s: both halves of the wave, at least twice
     delayed.sort()
     print(f"userspace 20 ms: ping min {delayed[0]:.3f} median {delayed[10]:.3f} ms; unshaped max {max(direct):.3f} ms;"
           f" 10 % loss: {400 - lossy}/400 lost")  # fmt: skip
@@ -332,6 +343,10 @@ def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and
     assert delayed[10] < 35.0  # not a timing check: catches a delay applied twice
     assert max(direct) < 20.0  # per destination only: another address is not delayed
     assert 12 <= 400 - lossy <= 72  # 10 % of 400 within about 4.7 standard deviations (6)
+    print(f"square 5/30 ms: {sum(r < 20 for r in square)} pings low, {sum(r >= 30 for r in square)} high")
+    assert min(square) >= 5.0 and any(r < 20 for r in square) and any(r >= 30 for r in square)
+    changes = (node_root / "results" / "netem_changes.csv").read_text().splitlines()
+    assert len(changes) >= 3 and all(line.split(",")[3] == "1" for line in changes[1:])  # every step ok
 
     # Fail closed: with the emulator gone, the shaped traffic is dropped, never passed undelayed.
     pid = int(
@@ -362,4 +377,9 @@ def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and
     assert "1 journal record(s) refused" in restore.stdout
     assert "DIT-" not in _chains(link)
     assert subprocess.run(["pgrep", "-f", "link-emulator.json"], capture_output=True).returncode == 1
+    assert (
+        subprocess.run(["pgrep", "-f", str(node_root / "netem-vary.json")], capture_output=True).returncode
+        == 1
+    )
+    assert snapshot(link) == before  # the rate part's htb tree is gone too
     assert _ping(link, "10.203.0.2", 3, "0.1")[1] and max(_ping(link, "10.203.0.2", 3, "0.1")[1]) < 20.0
