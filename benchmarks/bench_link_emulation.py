@@ -84,8 +84,9 @@ def teardown() -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
-def start_emulator(work: Path) -> subprocess.Popen[bytes]:
+def start_emulator(work: Path, spin_us: float) -> subprocess.Popen[bytes]:
     config = {
+        "spin_us": spin_us,
         "run_id": "bench", "host": "bench", "seed": 1, "results_dir": str(work / "results"),
         "ready_file": str(work / "ready"), "control_socket": str(work / "ctl"),
         "queues": [
@@ -227,6 +228,9 @@ def main() -> None:
     parser.add_argument("--jitter-pings", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=3)
     parser.add_argument("--rate", type=int, default=2000, help="packets/s of the CPU measurement")
+    parser.add_argument(
+        "--spin-us", type=float, default=200.0, help="the emulator's busy wait before a release"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
     if args.smoke:
@@ -235,11 +239,14 @@ def main() -> None:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     work = Path(tempfile.mkdtemp(prefix="dit-bench-link-"))
     setup()
-    emulator = start_emulator(work)
+    emulator = start_emulator(work, args.spin_us)
     echo = subprocess.Popen(["ip", "netns", "exec", NS_B, *REALTIME, sys.executable, "-c", ECHO_SERVER])
     try:
         ready = json.loads((work / "ready").read_text())
-        print(f"emulator: SCHED_FIFO {ready.get('sched_fifo')}, mlockall {ready.get('mlockall')}")
+        print(
+            f"emulator: SCHED_FIFO {ready.get('sched_fifo')}, mlockall {ready.get('mlockall')}, "
+            f"spin {args.spin_us:g} µs"
+        )
         base = echo_rtts_us(ADDRESSES["plain"], args.pings, 0.01)
         baseline = statistics.median(base)
         print(f"unshaped UDP RTT median {baseline:.1f} µs")

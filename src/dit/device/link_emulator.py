@@ -553,11 +553,13 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
     ``{queue, name, delay_ms, jitter_ms, loss_pct}``, the first one the main profile whose delay
     ``netem-vary`` changes), optional ``maxlen`` (packets per queue), ``control_socket`` (path of
     the UNIX datagram socket netem-vary sends delay changes to), ``ready_file`` (written once every
-    queue is bound) and ``realtime`` (default true: ask for SCHED_FIFO and mlockall).
+    queue is bound), ``realtime`` (default true: ask for SCHED_FIFO and mlockall) and ``spin_us``
+    (the busy wait before each release, :data:`SPIN_NS` by default).
     """
     profiles = _profiles(cfg)
     results = Path(require(cfg, "results_dir", str))
     maxlen = int(cfg.get("maxlen", DEFAULT_MAXLEN))
+    spin_ns = round(float(cfg.get("spin_us", SPIN_NS / 1e3)) * 1e3)
     results.mkdir(parents=True, exist_ok=True)
     granted = (
         realtime() if cfg.get("realtime", True) else {"sched_fifo": "not asked", "mlockall": "not asked"}
@@ -590,7 +592,7 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
             "written_mono_ns": time.monotonic_ns(),
             "stopped_by": signal.Signals(stop[0]).name if stop else ("" if state == "running" else "error"),
             "realtime": granted,
-            "spin_us": SPIN_NS / 1e3,
+            "spin_us": spin_ns / 1e3,
             "maxlen": maxlen,
             "socket_overflows": emulator.enobufs,
             "kernel": counters,
@@ -619,8 +621,8 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
                 continue
             now = time.monotonic_ns()
             wait_ns = None if due is None else due - now
-            if wait_ns is None or wait_ns > SPIN_NS:
-                timeout_ns = None if wait_ns is None else wait_ns - SPIN_NS
+            if wait_ns is None or wait_ns > spin_ns:
+                timeout_ns = None if wait_ns is None else wait_ns - spin_ns
                 if wait_ns is None or wait_ns > SNAPSHOT_GAP_NS:  # wake for the snapshot too
                     snapshot_in = max(0, next_snapshot - now)
                     timeout_ns = snapshot_in if timeout_ns is None else min(timeout_ns, snapshot_in)
