@@ -329,6 +329,8 @@ def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and
     proc = playbook(tmp_path, "apply", "    - ansible.builtin.include_role:\n        name: netem\n", extra)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert f"-A POSTROUTING -o {link.dev} -j {plan['chain']}" in _chains(link)
+    again = playbook(tmp_path, "apply", "    - ansible.builtin.include_role:\n        name: netem\n", extra)
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]  # idempotent
     ready = json.loads((node_root / "link-emulator.ready").read_text())
     print(f"link emulator: SCHED_FIFO {ready['sched_fifo']}, mlockall {ready['mlockall']}")
 
