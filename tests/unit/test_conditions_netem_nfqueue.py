@@ -145,3 +145,14 @@ def test_a_rate_only_block_is_netem_s_without_a_choice_to_settle() -> None:
     variables = netem.build(scenario, "device1", ctx("device1", local=False))
     assert variables is not None
     assert (variables["netem_backend"], variables["netem_userspace"]) == ("netem", {})
+
+
+def test_preflight_refuses_the_userspace_backend_where_iptables_is_missing() -> None:
+    no_iptables = {"available": False, "reason": "iptables is not installed (provisioning installs it)"}
+    scenario, built = _resolved({h: {**NO_NETEM, "nfqueue": no_iptables} for h in ("device1", "device2")},
+                                dit_network_backend="userspace")  # fmt: skip
+    assert built["device1"]["netem"]["netem_backend"] == "userspace"
+    nodes = {h: {**NO_NETEM, "nfqueue": no_iptables} for h in ("device1", "device2")}
+    refusal = netem.preflight(PreflightFacts(scenario, nodes, built, {}, local=False))
+    assert refusal is not None and "device1: network.device1 needs the userspace backend" in refusal
+    assert "iptables is not installed" in refusal

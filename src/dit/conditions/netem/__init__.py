@@ -224,7 +224,8 @@ def resolve(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
 
 
 def preflight(facts: PreflightFacts) -> str | None:
-    """The netem gate: a device that needs ``sch_netem`` on a kernel without it (not in local mode,
+    """The netem gate: a device that needs ``sch_netem`` on a kernel without it and gets no userspace
+    backend, or gets the userspace backend on a node without NFQUEUE or iptables (not in local mode,
     which records the tc commands instead of running them)."""
     if facts.local:
         return None
@@ -234,6 +235,16 @@ def preflight(facts: PreflightFacts) -> str | None:
         if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace"
     }
     problems = netem_gate(network, facts.nodes, facts.hostvars)
+    for device in facts.scenario.network:
+        if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace":
+            continue
+        nfqueue = (facts.nodes.get(device) or {}).get("nfqueue")
+        if isinstance(nfqueue, Mapping) and nfqueue.get("available") is False:
+            problems.append(
+                f"{device}: network.{device} needs the userspace backend (no sch_netem, or network_backend: "
+                f"userspace), but {nfqueue.get('reason', 'NFQUEUE is not available')}; install iptables "
+                "(provisioning does) or a kernel with sch_netem"
+            )
     return "network shaping refused: " + "; ".join(problems) if problems else None
 
 
