@@ -91,7 +91,8 @@ dit_facts:
     runtime_env {venv, installed, python, stamp, packages [{name, version}]} of C(runtime_env);
     checkpoints [{path, sha256, size} or {path, error}] of C(checkpoints);
     runtime_facts {name: {path, content} or {path, error}} of C(runtime_facts);
-    netem {available (true, false or null when nothing tells), source or reason} for the netem preflight gate.
+    netem {available (true, false or null when nothing tells), source or reason} for the netem preflight gate;
+    nfqueue {available, source or reason, iptables} for the network condition's userspace backend.
   returned: always
   type: dict
 """
@@ -335,6 +336,38 @@ def _netem(release: str, modules: str = "/lib/modules", sys_module: str = "/sys/
     return {"available": None, "reason": "no module tree and no kernel config to tell"}
 
 
+def _nfqueue(
+    release: str, proc: str = "/proc/net/netfilter/nfnetlink_queue", sys_module: str = "/sys/module"
+) -> dict[str, Any]:
+    """Whether the network condition's userspace backend can run here: nfnetlink_queue in the kernel
+    (its proc file, a loaded module, or the kernel config) and an C(iptables) program.
+    """
+    iptables = shutil.which("iptables") or next(
+        (p for p in ("/usr/sbin/iptables", "/sbin/iptables") if os.access(p, os.X_OK)), None
+    )
+    kernel = None
+    if os.path.exists(proc):
+        kernel = "nfnetlink_queue loaded"
+    elif os.path.isdir(os.path.join(sys_module, "nfnetlink_queue")):
+        kernel = "nfnetlink_queue module loaded"
+    else:
+        for line in (_kernel_config(release) or "").splitlines():
+            if line.startswith("CONFIG_NETFILTER_NETLINK_QUEUE=") and line.split("=", 1)[1].strip() in (
+                "y",
+                "m",
+            ):
+                kernel = "CONFIG_NETFILTER_NETLINK_QUEUE=" + line.split("=", 1)[1].strip()
+    if kernel is None:
+        return {"available": False, "iptables": iptables, "reason": "no nfnetlink_queue in this kernel"}
+    if iptables is None:
+        return {
+            "available": False,
+            "source": kernel,
+            "reason": "iptables is not installed (provisioning installs it)",
+        }
+    return {"available": True, "source": kernel, "iptables": iptables}
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec={
@@ -368,6 +401,7 @@ def main() -> None:
     facts.update(_memory_controller())
     facts.update(_cpu_controller())
     facts["netem"] = _netem(uname.release)
+    facts["nfqueue"] = _nfqueue(uname.release)
     sys_dir = _sys_dir(module.params["sysfs_root"])
     facts.update(
         {

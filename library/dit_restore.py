@@ -52,7 +52,7 @@ options:
     default: /sys/fs/cgroup
   interfaces:
     description:
-      - "The interfaces the run shaped, each C({dev, netns, log}): tc undos only on these (undo scope)."
+      - "The interfaces the run shaped, each C({dev, netns, log, chain}): tc undos only on these, iptables undos only for C(chain) (undo scope)."
     type: list
     elements: dict
     default: []

@@ -20,7 +20,9 @@ the undo then acts on the resolved path. The rules (also in docs/journal.md):
 - ``lease``: only ``lease.json`` in the node's dit directory (or ``dit_lease_dir``), for this run id;
 - ``command``: only the ``tc`` argv shapes ``dit_tc`` journals (``qdisc del … root``, ``qdisc add``,
   ``class add … htb``, ``filter add … u32 match … flowid``), on an interface the run shaped, and
-  with ``dry_run`` only into that interface's declared log.
+  with ``dry_run`` only into that interface's declared log; or the ``iptables`` argv ``dit_nfqueue``
+  journals (``-t mangle -D POSTROUTING -o IF -j CHAIN``, ``-F CHAIN``, ``-X CHAIN``, maybe through
+  ``ip netns exec NS``) for the chain the run installed on that interface (the userspace backend).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ CPU_SYSFS = "devices/system/cpu"  # the only sysfs subtree dit's modules write (
 # Where tc may be run from: the bare name (found on the module's PATH) or a system directory;
 # never a path a journal could point at a binary of its own.
 TC_PROGRAMS = ("tc", "/sbin/tc", "/usr/sbin/tc", "/bin/tc", "/usr/bin/tc")
+IPTABLES_PROGRAMS = ("iptables", "/sbin/iptables", "/usr/sbin/iptables")
+IP_PROGRAMS = ("ip", "/sbin/ip", "/usr/sbin/ip", "/bin/ip", "/usr/bin/ip")
+NFQUEUE_CHAIN = re.compile(r"^DIT-[0-9a-f]{12}$")  # dit.conditions.netem.nfqueue.chain_name
 QDISC_KINDS = ("pfifo", "bfifo", "pfifo_fast", "tbf", "htb", "netem")  # dit_tc's render_qdisc_options
 OPTION_WORDS = frozenset(
     [
@@ -111,10 +116,13 @@ class Scope:
         self.interfaces: dict[
             tuple[str, str], str
         ] = {}  # (dev, netns) -> the real path of its dry-run log ("" for none)
+        self.chains: set[tuple[str, str, str]] = set()  # (chain, dev, netns) the userspace backend installed
         for item in interfaces or ():
             log = item.get("log") or ""
             key = (str(item.get("dev") or ""), str(item.get("netns") or ""))
             self.interfaces[key] = os.path.realpath(log) if log else ""
+            if item.get("chain"):
+                self.chains.add((str(item["chain"]), *key))
 
     # -- areas ---------------------------------------------------------------------------------
     def in_node_area(self, real: str) -> bool:
@@ -211,6 +219,8 @@ class Scope:
         argv = undo.get("argv")
         if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise Refused("its argv is not a list of strings")
+        if argv and (argv[0] in IPTABLES_PROGRAMS or argv[0] in IP_PROGRAMS):
+            return self._check_iptables(undo, argv)
         dev, netns = tc_target(argv)
         if (dev, netns) not in self.interfaces:
             raise Refused(
@@ -226,6 +236,51 @@ class Scope:
                 raise Refused(f"its dry-run log {undo.get('log')!r} is not the log declared for {dev}")
             return {**undo, "log": log}
         return undo
+
+    def _check_iptables(self, undo: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+        chain, dev, netns = iptables_target(argv)
+        if dev is None:
+            if not any(c == chain and n == netns for c, _, n in self.chains):
+                raise Refused(f"chain {chain} is not the chain this run installed ({self._chains()})")
+        elif (chain, dev, netns) not in self.chains:
+            raise Refused(f"the jump from {dev} to {chain} is not one this run installed ({self._chains()})")
+        return {**undo, "dry_run": False}
+
+    def _chains(self) -> str:
+        return (
+            ", ".join(sorted(f"{c} on {d}" + (f" in netns {n}" if n else "") for c, d, n in self.chains))
+            or "none"
+        )
+
+
+def iptables_target(argv: list[str]) -> tuple[str, str | None, str]:
+    """``(chain, dev or None, netns)`` of an argv of the shapes dit_nfqueue journals; :class:`Refused`
+    for any other."""
+
+    def bad(why: str) -> Refused:
+        return Refused(f"argv {argv} is not an iptables undo dit_nfqueue journals: {why}")
+
+    rest, netns = list(argv), ""
+    if rest and rest[0] in IP_PROGRAMS:
+        if len(rest) < 5 or rest[1:3] != ["netns", "exec"]:
+            raise bad("expected ip netns exec <netns> iptables ...")
+        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", rest[3]) or rest[3].startswith("-"):
+            raise bad("bad netns")
+        netns, rest = rest[3], rest[4:]
+    if not rest or rest[0] not in IPTABLES_PROGRAMS:
+        raise bad(f"the program must be one of {', '.join(IPTABLES_PROGRAMS)}")
+    if rest[1:4] != ["-w", "-t", "mangle"]:
+        raise bad("expected -w -t mangle")
+    tail = rest[4:]
+    if len(tail) == 2 and tail[0] in ("-F", "-X") and NFQUEUE_CHAIN.match(tail[1]):
+        return tail[1], None, netns
+    if (
+        len(tail) == 6 and tail[:3] == ["-D", "POSTROUTING", "-o"] and tail[4] == "-j"
+        and NFQUEUE_CHAIN.match(tail[5]) and re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", tail[3])
+        and not tail[3].startswith("-")
+    ):  # fmt: skip
+        return tail[5], tail[3], netns
+    raise bad("expected -F CHAIN, -X CHAIN or -D POSTROUTING -o IF -j CHAIN of a DIT- chain")
 
 
 def tc_target(argv: list[str]) -> tuple[str, str]:

@@ -486,12 +486,57 @@ def show(
         for row in frame.itertuples(index=False):
             table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
+    _show_network(run_dir / "aggregate" / "netem_check.csv")
     for result in sorted((run_dir / "optimise").glob("*.json")):
         data = _read_run_json(result)
         value = data.get("objective_value")
         unit = str(data.get("objective_unit", ""))
         shown = units.with_unit(value, unit) if isinstance(value, (int, float)) else str(value)
         out.print(f"optimise {result.stem}: vector {data.get('vector')} objective {shown}")
+
+
+def _show_network(path: Path) -> None:
+    """The network self-check per link: which backend applied it, intended vs measured, pass."""
+    if not path.is_file():
+        return
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise _fail(f"{path}: not a readable CSV ({exc})") from None
+    if frame.empty:
+        return
+    table = Table(title="network self-check")
+    for column in (
+        "device",
+        "target",
+        "backend",
+        "shaping",
+        "intended",
+        "measured - baseline",
+        "pass",
+        "emulator",
+    ):
+        table.add_column(column, justify="right" if column in ("intended", "measured - baseline") else "left")
+
+    def cell(value: Any) -> str:
+        return "-" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+
+    for row in frame.to_dict("records"):
+        measured, baseline = row.get("measured_rtt_ms"), row.get("baseline_rtt_ms")
+        added = (
+            None
+            if measured is None or pd.isna(measured)
+            else measured - (0 if pd.isna(baseline) else baseline)
+        )
+        table.add_row(
+            escape(cell(row.get("device"))), escape(cell(row.get("target"))),
+            escape(cell(row.get("backend") or "netem")), escape(cell(row.get("shaping"))),
+            f"{row.get('intended_delay_ms', 0):.2f} ms", "-" if added is None else f"{added:.2f} ms",
+            cell(row.get("pass")), escape(cell(row.get("emulator"))),
+        )  # fmt: skip
+    out.print(table)
 
 
 def _phase_cell(column: str, value: Any) -> str:

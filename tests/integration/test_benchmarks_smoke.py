@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -31,12 +32,14 @@ class Needs:
     root: bool = False  # network namespaces, cgroups
     cgroup_v1_cpu: bool = False
     llamacpp: bool = False  # the llama.cpp binaries built and the converter's source unpacked
+    programs: tuple[str, ...] = ()  # on PATH
 
 
 NEEDS: dict[str, Needs] = {
     "bench_ch4_mape.py": Needs(root=True),  # ch4's load conditions (cgroups)
     "bench_cpu_share_grain.py": Needs(root=True, cgroup_v1_cpu=True),
     "bench_headsplit_rpc.py": Needs(modules=("torch",)),
+    "bench_link_emulation.py": Needs(root=True, programs=("iptables", "iperf3", "ping")),
     "bench_keras_timestamp_cost.py": Needs(modules=("tensorflow",)),
     "bench_profiler_overhead.py": Needs(modules=("tensorflow",)),
     "bench_rack_scaling.py": Needs(root=True),
@@ -59,6 +62,9 @@ def _why_not(needs: Needs) -> str | None:
         return f"needs {', '.join(missing)} (./dev slow installs the extras: pip install -e '.[keras,llm]')"
     if needs.root and os.geteuid() != 0:
         return "needs root (network namespaces, cgroups)"
+    missing_programs = [p for p in needs.programs if shutil.which(p) is None]
+    if missing_programs:
+        return f"needs {', '.join(missing_programs)} on PATH"
     if needs.cgroup_v1_cpu and not Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists():
         return "needs a cgroup v1 cpu hierarchy with CFS bandwidth at /sys/fs/cgroup/cpu"
     if needs.llamacpp:

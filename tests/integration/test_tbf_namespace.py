@@ -260,3 +260,129 @@ def test_a_failure_in_the_middle_of_apply_is_undone_from_the_journal(link: Link,
     assert [q["kind"] for q in snapshot(link)[0]] == ["htb"]  # half applied
     teardown(tmp_path, link)
     assert snapshot(link) == before
+
+
+def _ping(ln: Link, address: str, count: int, interval: str) -> tuple[int, list[float]]:
+    """``(replies, rtts_ms)`` of ``count`` pings from the shaped namespace."""
+    proc = subprocess.run(
+        ["ip", "netns", "exec", ln.ns_a, "ping", "-n", "-c", str(count), "-i", interval, "-W", "1", address],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    rtts = [
+        float(w.split("=")[1])
+        for line in proc.stdout.splitlines()
+        for w in line.split()
+        if w.startswith("time=")
+    ]
+    return len(rtts), rtts
+
+
+def _chains(ln: Link) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", ln.ns_a, "iptables", "-w", "-t", "mangle", "-S"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("iptables") is None, reason="iptables is not installed")
+def test_the_userspace_backend_delays_and_drops_per_destination_fails_closed_and_is_undone(
+    link: Link, tmp_path: Path
+) -> None:
+    """No sch_netem here: the link emulator behind NFQUEUE applies a 20 ms delay towards one address,
+    10 % loss towards another, a square-wave delay (netem-vary through its control socket) to the
+    rest, and leaves a rate-only destination alone; killed, it drops (fail closed); the journal
+    replay removes the rules, the tc tree and the processes, and refuses a record for a chain
+    outside the run."""
+    from dit.conditions import PreflightFacts
+    from dit.conditions.netem import resolve
+    from dit.device.build import build_zipapp
+
+    before = snapshot(link)
+    unshaped, varying = "10.203.0.4", "10.203.0.5"
+    for address in (unshaped, varying):
+        subprocess.run(["ip", "-n", link.ns_b, "addr", "add", f"{address}/24", "dev", link.peer], check=True)
+    # The main profile's delay is a square wave (5 / 30 ms, 1 s period) driven by netem-vary; the
+    # unshaped address is a rate-only destination (a RETURN rule and an htb class, no queue).
+    network = (
+        "{variation: {kind: square, low_ms: 5, high_ms: 30, period_s: 1}, destinations: {10.203.0.2: "
+        "{delay_ms: 20}, 10.203.0.3: {loss_pct: 10}, 10.203.0.4: {rate_mbit: 1000}}}"
+    )
+    (scenario,) = loads(f"name: ns\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {network}\n")
+    node_root = tmp_path / "node"
+    (node_root / "results").mkdir(parents=True)
+    build_zipapp(node_root / "dit-device.pyz")
+    ctx = HostContext(
+        "device1", "device", False, "ns-test", str(node_root), "/", "edge", "10.203.0.2",
+        {"dit_inference_interface": link.dev, "dit_netns": link.ns_a},
+    )  # fmt: skip
+    built = build(scenario, "device1", ctx)
+    assert built is not None
+    nodes = {"device1": {"netem": {"available": False}, "nfqueue": {"available": True}}}
+    facts = PreflightFacts(scenario, nodes, {"device1": {"netem": built}}, {}, local=False)
+    variables = resolve(facts)["device1"]
+    assert variables["netem_backend"] == "userspace"
+    assert {o["expect"]["kind"] for o in variables["netem_tree"]} == {"htb", "u32"}  # the rate part only
+    plan = variables["netem_userspace"]
+    extra = {
+        **variables, "dit_journal_path": str(tmp_path / "journal.jsonl"), "dit_run_id": "ns-test",
+        "dit_node_root": str(node_root), "dit_python": sys.executable,
+    }  # fmt: skip
+    proc = playbook(tmp_path, "apply", "    - ansible.builtin.include_role:\n        name: netem\n", extra)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"-A POSTROUTING -o {link.dev} -j {plan['chain']}" in _chains(link)
+    again = playbook(tmp_path, "apply", "    - ansible.builtin.include_role:\n        name: netem\n", extra)
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout[-3000:]  # idempotent
+    ready = json.loads((node_root / "link-emulator.ready").read_text())
+    print(f"link emulator: SCHED_FIFO {ready['sched_fifo']}, mlockall {ready['mlockall']}")
+
+    replies, delayed = _ping(link, "10.203.0.2", 20, "0.05")
+    _, direct = _ping(link, unshaped, 5, "0.05")
+    lossy, _ = _ping(link, "10.203.0.3", 400, "0.005")
+    _, square = _ping(link, varying, 60, "0.04")  # 2.4 s: both halves of the wave, at least twice
+    delayed.sort()
+    print(f"userspace 20 ms: ping min {delayed[0]:.3f} median {delayed[10]:.3f} ms; unshaped max {max(direct):.3f} ms;"
+          f" 10 % loss: {400 - lossy}/400 lost")  # fmt: skip
+    assert replies == 20 and delayed[0] >= 20.0  # every reply held at least the delay
+    assert delayed[10] < 35.0  # not a timing check: catches a delay applied twice
+    assert max(direct) < 20.0  # per destination only: another address is not delayed
+    assert 12 <= 400 - lossy <= 72  # 10 % of 400 within about 4.7 standard deviations (6)
+    print(f"square 5/30 ms: {sum(r < 20 for r in square)} pings low, {sum(r >= 30 for r in square)} high")
+    assert min(square) >= 5.0 and any(r < 20 for r in square) and any(r >= 30 for r in square)
+    changes = (node_root / "results" / "netem_changes.csv").read_text().splitlines()
+    assert len(changes) >= 3 and all(line.split(",")[3] == "1" for line in changes[1:])  # every step ok
+
+    # Fail closed: with the emulator gone, the shaped traffic is dropped, never passed undelayed.
+    pid = int(
+        subprocess.run(["pgrep", "-f", "link-emulator.json"], capture_output=True, text=True).stdout.split()[
+            0
+        ]
+    )
+    os.kill(pid, 9)
+    time.sleep(0.2)
+    assert _ping(link, "10.203.0.2", 3, "0.1")[0] == 0
+    # killed: its last snapshot says running, never stopped (collect's process check names it failed)
+    assert json.loads((node_root / "results" / "link_emulator.json").read_text())["state"] == "running"
+
+    # The journal replay (teardown, dit cleanup) with the run's scope, plus a record outside the run.
+    journal = Journal(tmp_path / "journal.jsonl")
+    foreign = {"op": "command", "undo": {"argv": ["ip", "netns", "exec", link.ns_a, "iptables", "-w", "-t",
+                                                  "mangle", "-X", "DIT-ffffffffffff"]}}  # fmt: skip
+    records = [foreign, *journal.pending_by_host().get("localhost", [])]
+    tasks = (
+        "    - dit_restore:\n        run_id: ns-test\n        host: localhost\n"
+        "        records: '{{ dit_records }}'\n        interfaces: '{{ dit_interfaces }}'\n"
+        "      register: restored\n      ignore_errors: true\n"
+    )
+    scope = [{"dev": link.dev, "netns": link.ns_a, "log": "", "chain": plan["chain"]}]
+    restore = playbook(tmp_path, "teardown", tasks, {"dit_records": records, "dit_interfaces": scope})
+    # The foreign record fails the task (named, nothing done for it); every record of the run is undone.
+    assert "DIT-ffffffffffff is not the chain this run installed" in restore.stdout, restore.stdout[-3000:]
+    assert "1 journal record(s) refused" in restore.stdout
+    assert "DIT-" not in _chains(link)
+    assert subprocess.run(["pgrep", "-f", "link-emulator.json"], capture_output=True).returncode == 1
+    assert (
+        subprocess.run(["pgrep", "-f", str(node_root / "netem-vary.json")], capture_output=True).returncode
+        == 1
+    )
+    assert snapshot(link) == before  # the rate part's htb tree is gone too
+    assert _ping(link, "10.203.0.2", 3, "0.1")[1] and max(_ping(link, "10.203.0.2", 3, "0.1")[1]) < 20.0

@@ -270,3 +270,66 @@ def test_iperf3_device_links_give_each_target_one_server_port() -> None:
         "device3": {"address": "10.0.0.13", "port_offset": off + 2},
     }
     assert iperf3_device_links([], ["device1", "device2"], addresses) == ({}, {})
+
+
+def test_a_userspace_link_is_checked_and_a_dead_emulator_fails_it(tmp_path: Path) -> None:
+    write_run(tmp_path)
+    conditions = {
+        "device1": {"netem": {"netem_dry_run": False, "netem_backend": "userspace"}},
+        "device2": {"netem": {"netem_dry_run": False, "netem_backend": "netem"}},
+    }
+    (tmp_path / "metadata.json").write_text(json.dumps({"mode": "inventory", "conditions": conditions}))
+    stats = {"realtime": {"sched_fifo": 20}, "socket_overflows": 0, "kernel": {"4112": {"queue_dropped": 0}}}
+    emulator_file = tmp_path / "raw" / "device1" / "device1_link_emulator.json"
+    emulator_file.write_text(json.dumps(stats))
+    aggregate_network(tmp_path)
+    check = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index("device")
+    one = check.loc["device1"]
+    assert (one["backend"], one["shaping"], one["emulator"], bool(one["pass"])) == (
+        "userspace",
+        "applied",
+        "ok",
+        True,
+    )
+    assert check.loc["device2"]["backend"] == "netem" and pd.isna(check.loc["device2"]["emulator"])
+    emulator_file.unlink()  # killed before teardown: no stats, its link dropped traffic
+    aggregate_network(tmp_path)
+    one = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index("device").loc["device1"]
+    assert str(one["emulator"]).startswith("dead") and not bool(one["pass"])
+    emulator_file.write_text(
+        json.dumps(stats)
+    )  # a snapshot from collect, but the process check found it dead
+    processes = [{"tag": "link-emulator", "failed": True, "state": "exited", "exit_code": -9}]
+    processes_file = tmp_path / "raw" / "device1" / "device1_processes.json"
+    processes_file.write_text(json.dumps(processes))
+    aggregate_network(tmp_path)
+    one = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index("device").loc["device1"]
+    assert str(one["emulator"]).startswith("dead: the collect stage found it exited") and not bool(
+        one["pass"]
+    )
+    processes_file.unlink()
+    stats["kernel"] = {"4112": {"queue_dropped": 7, "user_dropped": 1}}
+    emulator_file.write_text(json.dumps(stats))
+    aggregate_network(tmp_path)
+    one = pd.read_csv(tmp_path / "aggregate" / "netem_check.csv").set_index("device").loc["device1"]
+    assert str(one["emulator"]).startswith("overflow: 8 packets") and not bool(one["pass"])
+
+
+def test_dit_show_names_the_backend_and_the_verdict_of_every_link(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dit.cli import app
+    from dit.run.rundir import STATUS, write_json
+
+    run = tmp_path / "20260101T000000Z-aa"
+    (run / "aggregate").mkdir(parents=True)
+    write_json(run / STATUS, {"state": "done", "label": "n"})
+    pd.DataFrame(
+        [{"device": "device1", "target": "edge", "backend": "userspace", "shaping": "applied",
+          "intended_delay_ms": 20.0, "measured_rtt_ms": 20.4, "baseline_rtt_ms": 0.1, "pass": True,
+          "emulator": "ok"}]
+    ).to_csv(run / "aggregate" / "netem_check.csv", index=False)  # fmt: skip
+    result = CliRunner().invoke(app, ["show", str(run)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "network self-check" in result.output
+    assert "userspace" in result.output and "20.00 ms" in result.output and "20.30 ms" in result.output

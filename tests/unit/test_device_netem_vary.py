@@ -140,3 +140,35 @@ def test_sigterm_ends_the_command_at_once_as_a_clean_stop(tmp_path: Path) -> Non
     finally:
         proc.kill()
     assert len(list(csv.DictReader((results / "netem_changes.csv").open()))) == 1
+
+
+def test_with_a_control_socket_each_step_goes_to_the_link_emulator(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "emulator.sock"
+    emulator = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    emulator.bind(str(path))
+    results = tmp_path / "results"
+    config = {
+        "run_id": "r1",
+        "host": "device1",
+        "seed": 7,
+        "results_dir": str(results),
+        "variation": {"kind": "square", "low_ms": 5, "high_ms": 45, "period_s": 0.02},
+        "control_socket": str(path),
+        "max_steps": 3,
+    }
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    try:
+        assert agent_main(["netem-vary", "--config", str(tmp_path / "c.json")]) == 0
+        emulator.settimeout(1)
+        sent = [json.loads(emulator.recv(256)) for _ in range(3)]
+    finally:
+        emulator.close()
+    assert sent == [{"delay_ms": 5.0}, {"delay_ms": 45.0}, {"delay_ms": 5.0}]
+    rows = list(csv.DictReader((results / "netem_changes.csv").open()))
+    assert [(r["delay_ms"], r["ok"], r["dry_run"]) for r in rows] == [
+        ("5", "1", "0"),
+        ("45", "1", "0"),
+        ("5", "1", "0"),
+    ]

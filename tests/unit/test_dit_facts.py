@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,3 +115,19 @@ def test_runtime_facts_option_is_documented_and_read_as_json(tmp_path: Path) -> 
     (tmp_path / "bad.json").write_text("{not json")
     assert facts._runtime_fact(str(tmp_path / "bad.json"))["error"].startswith("not JSON")
     assert facts._runtime_fact("build.json") == {"path": "build.json", "error": "not an absolute path"}
+
+
+def test_nfqueue_needs_the_kernel_queue_and_iptables(tmp_path: Path, monkeypatch: Any) -> None:
+    facts = _facts_module()
+    proc = tmp_path / "nfnetlink_queue"
+    monkeypatch.setattr(facts, "_kernel_config", lambda release: "CONFIG_NETFILTER_NETLINK_QUEUE=n\n")
+    missing = facts._nfqueue("0-test", str(tmp_path / "absent"), str(tmp_path))
+    assert missing["available"] is False and "no nfnetlink_queue" in missing["reason"]
+    proc.write_text("")
+    monkeypatch.setattr(facts.shutil, "which", lambda name: "/usr/sbin/iptables")
+    found = facts._nfqueue("0-test", str(proc), str(tmp_path))
+    assert found == {"available": True, "source": "nfnetlink_queue loaded", "iptables": "/usr/sbin/iptables"}
+    monkeypatch.setattr(facts.shutil, "which", lambda name: None)
+    monkeypatch.setattr(facts.os, "access", lambda path, mode: False)
+    no_tool = facts._nfqueue("0-test", str(proc), str(tmp_path))
+    assert no_tool["available"] is False and "iptables is not installed" in no_tool["reason"]

@@ -45,6 +45,20 @@ def test_tc_names_the_commands_and_whether_they_would_only_be_recorded() -> None
     assert details[2:] == ("tree - qdisc noqueue 0: root {}", "tree + qdisc netem 1: root {}")
 
 
+def test_the_userspace_backend_s_iptables_commands_are_listed() -> None:
+    chain = "DIT-0123456789ab"
+    result = {
+        "changed": True,
+        "commands": [["iptables", "-w", "-t", "mangle", "-N", chain], ["iptables", "-w", "-t", "mangle", "-I",
+                     "POSTROUTING", "1", "-o", "wlan0", "-j", chain]],
+        "diff": {"before": "\n", "after": f"-A {chain} -j NFQUEUE --queue-num 4112\n"},
+    }  # fmt: skip
+    change = change_of("apply", event("dit_nfqueue", result))
+    assert change.kind == "iptables"
+    assert change.details == (f"iptables -w -t mangle -N {chain}",
+                              f"iptables -w -t mangle -I POSTROUTING 1 -o wlan0 -j {chain}")  # fmt: skip
+
+
 def test_render_shortens_the_node_run_directory_and_says_when_nothing_changes() -> None:
     run = "/var/tmp/dit/quickstart-x"
     report = DryRun("quickstart", "inventory", ["edge", "device1"], node_dirs={"edge": run})

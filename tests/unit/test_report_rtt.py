@@ -206,3 +206,12 @@ def test_rates_orders_of_magnitude_apart_go_on_a_log_axis() -> None:
     assert ax.get_yscale() == "log" and ax.get_ylabel() == TOKENS_AXIS + ", log scale"
     assert ax.get_xlim()[0] < 0.0 < ax.get_xlim()[1]  # one RTT: still an axis around it
     assert rtt_figure({"a": [(0.0, 9.0), (5.0, 20.0)]}).axes[0].get_yscale() == "linear"
+
+
+def test_an_rtt_the_userspace_link_emulator_applied_says_so(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", LC_F32, {d: 5.0 for d in DEVICES}, 20.0, netem_dry_run=False)
+    meta = json.loads((run / "metadata.json").read_text())
+    for device in DEVICES:
+        meta["conditions"][device]["netem"]["netem_backend"] = "userspace"
+    (run / "metadata.json").write_text(json.dumps(meta, sort_keys=True))
+    assert rtt.load_run(run).netem == rtt.APPLIED_USERSPACE

@@ -214,3 +214,42 @@ def test_the_node_lease_of_this_run_only(tmp_path: Path) -> None:
     assert "not this node's lease" in _refused(scope, "lease", {"path": "/etc/shadow", "run_id": RUN})
     moved = _scope(tmp_path, lease_dir=str(tmp_path / "leases"))
     moved.check("lease", {"path": str(tmp_path / "leases" / "lease.json"), "run_id": RUN})
+
+
+CHAIN = "DIT-0123456789ab"
+
+
+def _nfqueue_module() -> ModuleType:
+    return _load("dit_nfqueue_module", REPO / "library" / "dit_nfqueue.py")
+
+
+def test_iptables_undo_only_for_the_chain_the_run_installed(tmp_path: Path) -> None:
+    interfaces = [{"dev": "wlan0", "netns": "ns1", "log": "", "chain": CHAIN}]
+    scope = _scope(tmp_path, interfaces=interfaces)
+    # exactly what dit_nfqueue journals is accepted
+    for record in _nfqueue_module().undo_records("ns1", CHAIN, ["-o", "wlan0", "-j", CHAIN]):
+        assert scope.check(record["op"], record["undo"])["argv"] == record["undo"]["argv"]
+    pre = ["ip", "netns", "exec", "ns1", "iptables", "-w", "-t", "mangle"]
+    other = "DIT-ffffffffffff"
+    assert "not the chain this run installed" in _refused(scope, "command", {"argv": [*pre, "-X", other]})
+    assert "not one this run installed" in _refused(
+        scope, "command", {"argv": [*pre, "-D", "POSTROUTING", "-o", "eth0", "-j", CHAIN]}
+    )
+    assert "not the chain this run installed" in _refused(
+        scope,
+        "command",
+        {"argv": ["iptables", "-w", "-t", "mangle", "-F", CHAIN]},  # another namespace
+    )
+    for argv in (
+        [*pre, "-F"],  # every chain of the table
+        [*pre, "-F", "POSTROUTING"],
+        ["ip", "netns", "exec", "ns1", "sh", "-c", "iptables -F"],
+        ["iptables", "-w", "-t", "filter", "-X", CHAIN],
+        [*pre, "-A", "POSTROUTING", "-j", "ACCEPT"],
+    ):
+        assert "dit_nfqueue journals" in _refused(scope, "command", {"argv": argv})
+    # a scope without the userspace backend takes no iptables undo at all
+    plain = _scope(tmp_path)
+    assert "not the chain this run installed (none)" in _refused(
+        plain, "command", {"argv": [*pre, "-X", CHAIN]}
+    )

@@ -21,6 +21,9 @@ and may define these hooks, each called by the driver for every condition that h
 - ``applied(scenario, outcome) -> Applied | None`` (:data:`AppliedHook`): what the condition reads
   out of the apply stage's results (:class:`StageResults`) once it has run:
   fields for ``status.json`` and lines for the run log (the load condition's settle records);
+- ``resolve(facts) -> {host: variables}`` (:data:`ResolveHook`): variables that depend on what
+  preflight found on the nodes (netem's backend), applied to the built variables before the run's
+  metadata is written;
 - ``aggregate(run) -> None`` (:data:`AggregateHook`): the condition's own analysis of a collected
   run (a :class:`dit.analysis.run.LoadedRun`), writing under ``aggregate/``; called after the
   aggregate proper (:func:`dit.analysis.aggregate.aggregate_run`) for every condition, active or
@@ -155,6 +158,9 @@ class UndoScope:
 
 #: ``preflight(facts)``: why the run must not start (one sentence naming the nodes), or None.
 PreflightHook = Callable[[PreflightFacts], "str | None"]
+#: ``resolve(facts)``: ``{host: variables}`` for the hosts whose variables depend on the preflight
+#: facts (called once, after preflight, before anything is applied); other hosts keep their build.
+ResolveHook = Callable[[PreflightFacts], "Mapping[str, Mapping[str, Any]]"]
 #: ``preflight_notes(facts)``: what the run will not do as asked, said plainly (does not refuse).
 NotesHook = Callable[[PreflightFacts], "list[str]"]
 #: ``aggregate(run)``: the condition's analysis of a collected run, written under ``aggregate/``.
@@ -253,6 +259,26 @@ def preflight_refusals(facts: PreflightFacts) -> list[str]:
         if refusal:
             refusals.append(refusal)
     return refusals
+
+
+def resolve_conditions(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
+    """The built variables once every condition's ``resolve`` hook has seen the preflight facts.
+
+    A hook returns ``{host: variables}`` for the hosts whose variables depend on what preflight
+    found (netem: which backend applies where the kernel lacks ``sch_netem``); the other hosts
+    keep what ``build`` gave. The driver calls this before it writes ``metadata.json``, so the
+    metadata holds what is applied.
+    """
+    out = {host: dict(per_host) for host, per_host in facts.built.items()}
+    for module in _modules():
+        hook = cast("ResolveHook | None", getattr(module, "resolve", None))
+        if hook is None:
+            continue
+        name = cast(Condition, module.CONDITION).name
+        view = PreflightFacts(facts.scenario, facts.nodes, out, facts.hostvars, facts.local)
+        for host, variables in hook(view).items():
+            out.setdefault(host, {})[name] = dict(variables)
+    return out
 
 
 def preflight_notes(facts: PreflightFacts) -> list[str]:

@@ -42,6 +42,7 @@ from dit.device.common import (
     write_json,
 )
 from dit.device.edge import run_edge
+from dit.device.link_emulator import run_link_emulator
 from dit.device.load import run_load
 from dit.device.monitor import run_monitor
 from dit.device.netem_vary import run_netem_vary
@@ -471,6 +472,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
 
 COMMANDS: dict[str, Callable[[Mapping[str, Any]], int]] = {
     "edge": run_edge,
+    "link-emulator": run_link_emulator,
     "load": run_load,
     "monitor": run_monitor,
     "netem-vary": run_netem_vary,

@@ -16,7 +16,10 @@ changes the qdisc with the ``tc qdisc change`` argv the controller built, with t
 ``"{delay}"`` replaced by the step's delay, and appends every change to ``netem_changes.csv``
 in the results directory with its ``time.monotonic_ns()``; aggregate aligns it onto the device's
 origin. In dry-run mode (local mode: this kernel has no ``sch_netem``) it appends the argv to a
-JSON-lines log instead of running it.
+JSON-lines log instead of running it. With the userspace backend (no ``sch_netem``, the link
+emulator of :mod:`dit.device.link_emulator` holds the packets) each step goes to the emulator's
+control socket (``control_socket``: a UNIX datagram ``{"delay_ms": ...}``) instead of ``tc``, and is
+logged the same way.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import csv
 import json
 import math
 import random
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -116,6 +120,18 @@ def _append_jsonl(path: Path, record: Mapping[str, Any]) -> None:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
 
 
+def _send_control(path: str, delay_ms: float) -> tuple[bool, str]:
+    """One delay change to the link emulator's control socket."""
+    from dit.device.link_emulator import unix_address
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock, unix_address(path) as address:
+            sock.sendto(json.dumps({"delay_ms": delay_ms}).encode("utf-8"), address)
+    except OSError as exc:
+        return False, f"link emulator control socket {path}: {exc}"
+    return True, ""
+
+
 def run_netem_vary(cfg: Mapping[str, Any]) -> int:
     """The ``netem-vary`` command.
 
@@ -123,14 +139,20 @@ def run_netem_vary(cfg: Mapping[str, Any]) -> int:
     scenario block), ``template`` (the ``tc qdisc change`` argv with ``"{delay}"``), ``dry_run``
     (bool), ``log`` (the JSON-lines log of recorded argv, with ``dry_run``), optional
     ``ready_file`` (written after step 0) and ``max_steps`` (stop after that many steps; runs until
-    SIGTERM otherwise).
+    SIGTERM otherwise). With ``control_socket`` (the userspace backend's link emulator) the steps
+    go there and ``template`` is not needed.
     """
     host = str(require(cfg, "host", str))
     device = str(cfg.get("device", host))
     seed = cfg.get("seed", 0)
     results = Path(require(cfg, "results_dir", str))
     variation = require(cfg, "variation", dict)
-    template = [str(a) for a in require(cfg, "template", list)]
+    control = str(cfg.get("control_socket") or "")
+    template = (
+        [str(a) for a in cfg.get("template") or []]
+        if control
+        else [str(a) for a in require(cfg, "template", list)]
+    )
     dry_run = bool(cfg.get("dry_run", False))
     log: Path | None = None
     if dry_run:
@@ -140,7 +162,8 @@ def run_netem_vary(cfg: Mapping[str, Any]) -> int:
     max_steps = cfg.get("max_steps")
     ready_file = cfg.get("ready_file")
     try:
-        change_argv(template, 0.0)
+        if not control:
+            change_argv(template, 0.0)
         iterator = steps(variation, seed, device)
     except (ValueError, KeyError) as exc:
         raise ConfigError(str(exc)) from exc
@@ -162,12 +185,15 @@ def run_netem_vary(cfg: Mapping[str, Any]) -> int:
                 pass
             if stop.requested:
                 break
-            argv = change_argv(template, step.delay_ms)
             t_ns = time.monotonic_ns()
             ok, error = True, ""
-            if log is not None:
+            if control:
+                ok, error = _send_control(control, step.delay_ms)
+            elif log is not None:
+                argv = change_argv(template, step.delay_ms)
                 _append_jsonl(log, {"argv": argv, "t_mono_ns": t_ns, "source": "netem-vary"})
             else:
+                argv = change_argv(template, step.delay_ms)
                 proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
                 ok = proc.returncode == 0
                 error = "" if ok else (proc.stderr or proc.stdout).strip()[-300:]

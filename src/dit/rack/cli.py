@@ -69,8 +69,9 @@ def up(
         raise _fail(str(exc)) from None
     if not state["netem"]["available"]:
         out.print(
-            "[yellow]this kernel has no sch_netem[/]: runs on this rack record the netem commands "
-            "instead of running them (dit_tc_dry_run: netem); tbf/htb/u32 shaping is real.",
+            "[yellow]this kernel has no sch_netem[/]: delay, jitter and loss on this rack are applied by "
+            "the userspace link emulator (NFQUEUE, network_backend: auto) where iptables is installed, "
+            "else recorded (dit_tc_dry_run: netem); tbf/htb/u32 shaping is real.",
             highlight=False,
         )
     out.print(f"rack up: edge + {devices} devices; inventory {escape(state['inventory'])}", highlight=False)
@@ -90,7 +91,7 @@ def status(state_dir: StateDir = DEFAULT_STATE_DIR) -> None:
     table = Table(
         title=f"rack {spec['name']} ({state.get('bridge', '?')}): cpu share {spec['cpu_share_pct']} %, "
         f"memory {spec['memory_mb']} MiB per device, cgroup v{state['cgroup_version']}, "
-        f"netem {'real' if state['netem']['available'] else 'recorded'}"
+        f"netem {'real' if state['netem']['available'] else 'absent (userspace link emulator)'}"
     )
     for column in ("node", "address", "netns", "cgroup", "link", "ssh", "processes"):
         table.add_column(column)

@@ -12,8 +12,10 @@ The figures of ``dit report``'s "Tokens/s against RTT" section (:mod:`dit.report
   a varying delay counts with its mean), averaged over the pairs of the runtime's workers; with one
   worker, its delay (the controller's node, the edge server, is never shaped by a scenario);
 - **whether that RTT was applied**: :func:`dit.conditions.netem.shaping` of each delayed worker
-  from the run's recorded conditions: on a kernel without ``sch_netem`` (this machine, the emulated
-  rack) or in local mode the tc commands are only recorded, and the run measured without the delay;
+  from the run's recorded conditions: in local mode, or on a kernel without ``sch_netem`` and
+  without the userspace backend, the tc commands are only recorded and the run measured without the
+  delay; where the userspace link emulator applied it (this machine's emulated rack) the point
+  says so (:data:`APPLIED_USERSPACE`);
 - the summary values both LLM runtimes write: ``tokens_per_s`` (1/s) and ``token_latency_mean``
   (ns) from ``aggregate/summary.json``.
 """
@@ -30,12 +32,13 @@ from typing import Any, Final
 
 import yaml
 
-from dit.conditions.netem import shaping
+from dit.conditions.netem import backend, shaping
 from dit.conditions.netem.tc import intended_delay_ms
 from dit.run.rundir import read_json_object
 
 RECORDED: Final = "recorded, not applied"
 APPLIED: Final = "applied"
+APPLIED_USERSPACE: Final = "applied (userspace link emulator)"  # no sch_netem: NFQUEUE and the emulator
 UNKNOWN: Final = "not in the metadata"
 NO_DELAY: Final = ""
 EDGE: Final = "edge"
@@ -52,7 +55,7 @@ class RttRun:
     others: tuple[tuple[str, str], ...]  # swept paths besides network and runtime, as (path, value)
     rtt_ms: float
     rtt_uniform: bool  # every pair of workers has the same added RTT
-    netem: str  # RECORDED, APPLIED, UNKNOWN, or NO_DELAY when no worker is delayed
+    netem: str  # RECORDED, APPLIED, APPLIED_USERSPACE, UNKNOWN, or NO_DELAY when no worker is delayed
     tokens_per_s: float | None
     token_latency_ns: float | None
     variant: str = ""
@@ -130,7 +133,9 @@ def netem_state(meta: Mapping[str, Any], network: Mapping[str, Any], workers: Se
     states = {shaping(meta, w) for w in delayed}
     if "recorded" in states:
         return RECORDED
-    return APPLIED if states == {"applied"} else UNKNOWN
+    if states != {"applied"}:
+        return UNKNOWN
+    return APPLIED_USERSPACE if "userspace" in {backend(meta, w) for w in delayed} else APPLIED
 
 
 def _plain(value: Any) -> str:

@@ -28,6 +28,7 @@ from dit.conditions import (
     build_conditions,
     process_settings,
     process_vars,
+    resolve_conditions,
 )
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.run import analyse, profile
@@ -291,6 +292,11 @@ class Driver:
         )
         nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
         assert self.model is not None
+        # Variables that depend on the nodes' facts (netem's backend) are settled before the metadata
+        # records the conditions, so the metadata says what is applied.
+        self.conditions = resolve_conditions(
+            PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
+        )
         pythons = runtime_envs.pythons_of(self.inv.hosts, self.inv.hostvars)
         record = runtime_envs.runtime_record(
             self.runtime.name, self.runtime.version, self.scenario.runtime, env, nodes, pythons

@@ -42,6 +42,7 @@ KINDS = {
     "dit_node": "directory",
     "dit_sysfs": "sysfs",
     "dit_tc": "tc",
+    "dit_nfqueue": "iptables",
     "dit_cgroup": "cgroup",
     "dit_proc": "process",
 }
@@ -53,7 +54,7 @@ class Change:
 
     stage: str
     task: str
-    kind: str  # directory | sysfs | tc | cgroup | process | other
+    kind: str  # directory | sysfs | tc | iptables | cgroup | process | other
     details: tuple[str, ...]  # what exactly: "path: before -> after", tc lines, the argv
 
     def to_json(self) -> dict[str, Any]:
@@ -169,6 +170,8 @@ def _details(kind: str, module: str, res: Mapping[str, Any]) -> list[str]:
                 "(these tc commands would be recorded in the node's tc log, not run: local mode or dit_tc_dry_run)"
             )
         return details + [f"tree {line}" for line in _diff_lines(res.get("diff"))]
+    if kind == "iptables":
+        return [" ".join(str(a) for a in argv) for argv in res.get("commands") or []]
     if kind == "process":
         argv = " ".join(str(a) for a in args.get("argv") or [])
         details = [f"start '{args.get('tag', module)}': {argv}".rstrip()]

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dit.conditions import Condition, HostContext, PreflightFacts, UndoScope
+from dit.conditions.netem.nfqueue import build_userspace, choose_backend, rate_only, requested_backend
 from dit.conditions.netem.tc import NetemError, build_tree, check_interface, needs_netem, netem_gate
 from dit.scenario import Scenario
 
@@ -45,8 +46,11 @@ CONDITION = Condition(
         "netem_log",
         "netem_protected_interfaces",
         "netem_variation",
+        "netem_backend",
+        "netem_userspace",
     ),
 )
+EMULATOR_SOCKET = "link-emulator.sock"  # beside the node's run files: netem-vary sends it the delay
 
 
 def dry_run_log(ctx: HostContext) -> str:
@@ -99,14 +103,33 @@ def recorded(block: Mapping[str, Any], local: bool, dry_run_var: object) -> bool
     return bool(local or dry_run_var)
 
 
-def shaping(metadata: Mapping[str, Any], device: str) -> str:
-    """How a run treated ``device``'s netem tree, from its ``metadata.json``: ``recorded`` (only
-    logged: local mode, or a kernel without ``sch_netem``), ``applied``, or ``none`` (no tree)."""
+def _built(metadata: Mapping[str, Any], device: str) -> Mapping[str, Any] | None:
     conditions = metadata.get("conditions") or {}
     netem = (conditions.get(device) or {}).get("netem") if isinstance(conditions, Mapping) else None
-    if isinstance(netem, Mapping):
+    return netem if isinstance(netem, Mapping) else None
+
+
+def shaping(metadata: Mapping[str, Any], device: str) -> str:
+    """How a run treated ``device``'s network condition, from its ``metadata.json``: ``recorded``
+    (only logged: local mode, or a kernel without ``sch_netem`` and no userspace backend),
+    ``applied``, or ``none`` (no tree)."""
+    netem = _built(metadata, device)
+    if netem is not None:
+        if netem.get("netem_backend") == "userspace":
+            return "applied"
         return "recorded" if netem.get("netem_dry_run") else "applied"
     return "recorded" if metadata.get("mode") == "local" else "none"
+
+
+def backend(metadata: Mapping[str, Any], device: str) -> str:
+    """Which backend applied ``device``'s delay, jitter and loss: ``netem``, ``userspace`` (the link
+    emulator behind NFQUEUE), or ``""`` when the device has no network condition. Runs from before
+    the backends existed were netem."""
+    netem = _built(metadata, device)
+    if netem is None:
+        return ""
+    value = str(netem.get("netem_backend") or "netem")
+    return "netem" if value == "auto" else value
 
 
 def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:
@@ -122,9 +145,30 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
         for key in block.get("destinations") or {}
     }
     netns = str(ctx.hostvars.get("dit_netns") or "") or None
+    requested = requested_backend(block, ctx.hostvars, where)
     shaping = build_tree(block, dev, device=host, seed=scenario.seed, destinations=destinations, netns=netns)
     if shaping is None:
         return None
+    userspace: dict[str, Any] = {}
+    # Local mode records the netem commands: every device shares the loopback, so a queue cannot yet
+    # tell one device's packets from another's (no per-device source address).
+    if not ctx.local and requested != "netem" and needs_netem(block):
+        userspace = build_userspace(
+            block, dev, device=host, run_id=ctx.run_id, seed=scenario.seed, destinations=destinations,
+            netns=netns,
+        )  # fmt: skip
+        rates = build_tree(
+            rate_only(block), dev, device=host, seed=scenario.seed, destinations=destinations, netns=netns
+        )
+        userspace["tree"] = [o.to_dict() for o in rates.objects] if rates is not None else []
+        userspace["dry_run"] = bool(ctx.hostvars.get("dit_tc_dry_run") is True)
+        userspace["control_socket"] = f"{ctx.node_root}/{EMULATOR_SOCKET}"
+        userspace["seed"] = scenario.seed
+    elif requested == "userspace" and ctx.local:
+        raise NetemError(
+            f"{where}.network_backend: userspace is not available in local mode yet (every device shares "
+            "the loopback); use auto (local mode records the netem commands) or an inventory"
+        )
     dry_run = recorded(block, ctx.local, ctx.hostvars.get("dit_tc_dry_run", False))
     log = dry_run_log(ctx) if dry_run else ""
     variation: dict[str, Any] = {}
@@ -143,13 +187,65 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
         "netem_log": log,
         "netem_protected_interfaces": [management] if management else [],
         "netem_variation": variation,
+        # Settled after preflight by resolve(); a rate-only block needs no backend choice.
+        "netem_backend": requested if userspace else "netem",
+        "netem_userspace": userspace,
     }
 
 
+def resolve(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
+    """The backend of every device left at ``auto`` or ``userspace``, from its preflight facts.
+
+    A device that gets the userspace backend keeps only the rate part of its tc tree (real, even
+    where ``dit_tc_dry_run: netem`` records netem trees), its variation goes to the emulator's
+    control socket instead of ``tc qdisc change``, and ``netem_backend`` says which applied (in
+    ``metadata.json``, so every report and the undo scope read it from there).
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for host, per_host in facts.built.items():
+        variables = per_host.get("netem")
+        if not isinstance(variables, Mapping) or variables.get("netem_backend") not in ("auto", "userspace"):
+            continue
+        plan = variables.get("netem_userspace") or {}
+        chosen, _why = choose_backend(str(variables["netem_backend"]), facts.nodes.get(host) or {})
+        updated = dict(variables)
+        if chosen == "userspace" and plan:
+            updated["netem_tree"] = list(plan.get("tree") or [])
+            updated["netem_dry_run"] = bool(plan.get("dry_run"))
+            updated["netem_log"] = variables.get("netem_log") if plan.get("dry_run") else ""
+            if variables.get("netem_variation"):
+                vary = {k: v for k, v in variables["netem_variation"].items() if k != "template"}
+                updated["netem_variation"] = {**vary, "control_socket": plan["control_socket"]}
+            updated["netem_backend"] = "userspace"
+        else:
+            updated["netem_backend"] = "netem"
+            updated["netem_userspace"] = {}
+        out[host] = updated
+    return out
+
+
 def preflight(facts: PreflightFacts) -> str | None:
-    """The netem gate: a device that needs ``sch_netem`` on a kernel without it (not in local mode,
+    """The netem gate: a device that needs ``sch_netem`` on a kernel without it and gets no userspace
+    backend, or gets the userspace backend on a node without NFQUEUE or iptables (not in local mode,
     which records the tc commands instead of running them)."""
-    problems = [] if facts.local else netem_gate(facts.scenario.network, facts.nodes, facts.hostvars)
+    if facts.local:
+        return None
+    network = {
+        device: block
+        for device, block in facts.scenario.network.items()
+        if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace"
+    }
+    problems = netem_gate(network, facts.nodes, facts.hostvars)
+    for device in facts.scenario.network:
+        if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace":
+            continue
+        nfqueue = (facts.nodes.get(device) or {}).get("nfqueue")
+        if isinstance(nfqueue, Mapping) and nfqueue.get("available") is False:
+            problems.append(
+                f"{device}: network.{device} needs the userspace backend (no sch_netem, or network_backend: "
+                f"userspace), but {nfqueue.get('reason', 'NFQUEUE is not available')}; install iptables "
+                "(provisioning does) or a kernel with sch_netem"
+            )
     return "network shaping refused: " + "; ".join(problems) if problems else None
 
 
@@ -157,6 +253,13 @@ def preflight_notes(facts: PreflightFacts) -> list[str]:
     """Say plainly which devices lack ``sch_netem`` and only record their netem commands."""
     notes: list[str] = []
     for device, block in facts.scenario.network.items():
+        built = (facts.built.get(device) or {}).get("netem") or {}
+        if built.get("netem_backend") == "userspace":
+            _, why = choose_backend("auto", facts.nodes.get(device) or {})
+            notes.append(
+                f"{device}: network.{device} is applied by the userspace link emulator (NFQUEUE): {why}"
+            )
+            continue
         dry_run_var = facts.hostvars.get(device, {}).get("dit_tc_dry_run", False)
         if facts.local or not dry_run_var or not needs_netem(block):
             continue
@@ -178,15 +281,16 @@ def aggregate(run: LoadedRun) -> None:
 
 
 def undo_scope(host: str, built: Mapping[str, Any] | None, hostvars: Mapping[str, Any]) -> UndoScope | None:
-    """The interface the run shaped on ``host``: its ``tc`` undo records touch that one only."""
+    """The interface the run shaped on ``host``: its ``tc`` undo records touch that one only; with the
+    userspace backend its iptables undo records touch the run's own chain only."""
     if not built or not built.get("netem_interface"):
         return None
-    return UndoScope(
-        interfaces=(
-            {
-                "dev": str(built["netem_interface"]),
-                "netns": str(built.get("netem_netns") or ""),
-                "log": str(built.get("netem_log") or ""),
-            },
-        )
-    )
+    interface = {
+        "dev": str(built["netem_interface"]),
+        "netns": str(built.get("netem_netns") or ""),
+        "log": str(built.get("netem_log") or ""),
+    }
+    userspace = built.get("netem_userspace") or {}
+    if built.get("netem_backend") == "userspace" and userspace.get("chain"):
+        interface["chain"] = str(userspace["chain"])
+    return UndoScope(interfaces=(interface,))

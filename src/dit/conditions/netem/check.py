@@ -14,7 +14,12 @@ unshaped at preflight (``<device>_ping_baseline.json``), and ``difference_ms = m
 delay)``, and for a varying delay at least half its range (``(high_ms - low_ms) / 2``, pings sample
 it at random phases). ``pass`` is whether ``|difference_ms| <= tolerance_ms``; it is empty when the
 link was not measured or its tree was only recorded (``shaping`` = ``recorded``: local mode, or a
-kernel without ``sch_netem``; the difference is then about ``-intended``). ``throughput_mbit`` is
+kernel without ``sch_netem`` and no userspace backend; the difference is then about ``-intended``).
+``backend`` says what applied the delay: ``netem`` (tc) or ``userspace`` (the link emulator behind
+NFQUEUE); with ``userspace``, ``emulator`` says how the emulator ended (``ok``; ``dead`` when it left
+no ``<device>_link_emulator.json``: killed or crashed, its traffic dropped since, fail closed;
+``overflow`` when a full queue or socket dropped packets) and a link whose emulator is not ``ok``
+does not pass. ``throughput_mbit`` is
 the link's iperf3 throughput when collect measured it (``network.<device>.measure_throughput``:
 ``<device>_iperf3.json`` towards the edge, ``<device>_iperf3_<target>.json`` towards a device).
 
@@ -37,8 +42,11 @@ import pandas as pd
 
 from dit.analysis.links import iperf3_rate_bps
 from dit.analysis.run import LoadedRun, raw_file
+from dit.conditions.netem import backend as netem_backend
 from dit.conditions.netem import shaping as netem_shaping
+from dit.conditions.netem.nfqueue import EMULATOR_TAG
 from dit.conditions.netem.tc import intended_delay_ms
+from dit.run.procs import PROCESSES_FILE
 
 CHECK_COLUMNS = (
     "device",
@@ -46,6 +54,8 @@ CHECK_COLUMNS = (
     "address",
     "variation",
     "shaping",
+    "backend",
+    "emulator",
     "intended_delay_ms",
     "measured_rtt_ms",
     "measured_rtt_min_ms",
@@ -124,6 +134,35 @@ def _throughput_mbit(run_dir: Path, device: str, target: str) -> float | None:
     return None if rate is None else round(rate / 1e6, 3)
 
 
+def emulator_state(run_dir: Path, device: str) -> tuple[str, bool]:
+    """What the device's link emulator reported at exit, and whether its link can pass the check.
+
+    The collect stage's process check found it failed (``<device>_processes.json``), or it left no
+    ``<device>_link_emulator.json``: it was killed or crashed; the rules stayed (fail closed), so
+    its shaped traffic was dropped from then on. A full kernel queue
+    or an overflowing socket dropped packets the scenario did not ask to lose.
+    """
+    processes = _read_json(raw_file(run_dir, device, PROCESSES_FILE))
+    for entry in processes if isinstance(processes, list) else []:
+        if isinstance(entry, Mapping) and entry.get("tag") == EMULATOR_TAG and entry.get("failed"):
+            state = entry.get("state", "failed")
+            return f"dead: the collect stage found it {state} (its shaped traffic was dropped since)", False
+    stats = _read_json(raw_file(run_dir, device, "link_emulator.json"))
+    if not isinstance(stats, Mapping):
+        return "dead: no link_emulator.json (killed or crashed; its shaped traffic was dropped)", False
+    dropped = sum(
+        int(c.get("queue_dropped", 0)) + int(c.get("user_dropped", 0))
+        for c in (stats.get("kernel") or {}).values()
+        if isinstance(c, Mapping)
+    )
+    overflows = int(stats.get("socket_overflows") or 0)
+    if dropped or overflows:
+        return f"overflow: {dropped} packets dropped by a full queue, {overflows} socket overflows", False
+    realtime = stats.get("realtime") or {}
+    fifo = realtime.get("sched_fifo") if isinstance(realtime, Mapping) else None
+    return ("ok" if isinstance(fifo, int) else f"ok (SCHED_FIFO {fifo})"), True
+
+
 def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
     """The rows of ``netem_check.csv`` (see the module docstring)."""
     loaded = LoadedRun.of(run)
@@ -137,6 +176,8 @@ def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
         if not isinstance(block, Mapping):
             continue
         shaping = netem_shaping(metadata, device)
+        backend = netem_backend(metadata, device)
+        emulator, healthy = emulator_state(run_dir, device) if backend == "userspace" else ("", True)
         baseline = {
             str(e.get("target", "edge")): _mean_ms(e.get("rtt_ns"))[0]
             for e in _entries(_read_json(raw_file(run_dir, device, "ping_baseline.json")))
@@ -155,6 +196,8 @@ def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
             difference = None if measured is None else measured - (base or 0.0) - intended
             tolerance = tolerance_ms(block, intended)
             verdict = None if difference is None or shaping == "recorded" else abs(difference) <= tolerance
+            if verdict is not None and not healthy:
+                verdict = False
             rows.append(
                 {
                     "device": device,
@@ -162,6 +205,8 @@ def netem_check(run: LoadedRun | Path) -> pd.DataFrame:
                     "address": address,
                     "variation": (block.get("variation") or {}).get("kind", "constant"),
                     "shaping": shaping,
+                    "backend": backend,
+                    "emulator": emulator,
                     "intended_delay_ms": intended,
                     "measured_rtt_ms": measured,
                     "measured_rtt_min_ms": fastest,

@@ -1,0 +1,158 @@
+"""The network condition's userspace backend (pure): iptables rules, queues, the backend choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dit.conditions import PreflightFacts, build_conditions, netem, resolve_conditions
+from dit.conditions.netem import backend, shaping
+from dit.conditions.netem.nfqueue import (
+    QUEUES_PER_NODE,
+    build_userspace,
+    chain_name,
+    choose_backend,
+    queue_base,
+    rate_only,
+)
+from dit.conditions.netem.tc import NetemError
+from dit.scenario import loads
+from tests.unit.test_conditions_network import SCENARIO, ctx
+
+NO_NETEM = {"kernel": "6.1-test", "netem": {"available": False, "reason": "not built"}}
+NFQUEUE = {"available": True, "source": "nfnetlink_queue loaded", "iptables": "/usr/sbin/iptables"}
+
+
+def test_rules_select_destinations_as_the_tc_filters_do() -> None:
+    block = {
+        "delay_ms": 20,
+        "jitter_ms": 2,
+        "destinations": {"edge": {"delay_ms": 40, "loss_pct": 10}, "10.9.0.0/16": {"rate_mbit": 5}},
+    }
+    plan = build_userspace(
+        block,
+        "wlan0",
+        device="device1",
+        run_id="r1",
+        destinations={"edge": "10.9.0.1", "10.9.0.0/16": "10.9.0.0/16"},
+    )
+    base = queue_base("r1", "device1")
+    assert plan["chain"] == chain_name("r1", "device1") and len(plan["chain"]) <= 28
+    # most specific first: the edge's /32 before the /16 (which is rate only: RETURN, no delay)
+    assert plan["rules"] == [
+        ["-d", "10.9.0.1/32", "-j", "NFQUEUE", "--queue-num", str(base + 1)],
+        ["-d", "10.9.0.0/16", "-j", "RETURN"],
+        ["-j", "NFQUEUE", "--queue-num", str(base)],
+    ]
+    assert plan["jump"] == ["-o", "wlan0", "-j", plan["chain"]]
+    assert [
+        (q["queue"], q["name"], q["delay_ms"], q["jitter_ms"], q["loss_pct"]) for q in plan["queues"]
+    ] == [
+        (base, "main", 20.0, 2.0, 0.0),
+        (base + 1, "edge", 40.0, 0.0, 10.0),
+    ]
+    assert all("--queue-bypass" not in rule for rule in plan["rules"])  # fail closed
+    assert base >= 1024 and base + QUEUES_PER_NODE <= 65536
+    assert queue_base("r1", "device2") != base and chain_name("r2", "device1") != plan["chain"]
+
+
+def test_a_varying_delay_starts_at_its_first_step_and_ipv6_is_refused() -> None:
+    square = {"variation": {"kind": "square", "low_ms": 5, "high_ms": 25, "period_s": 4}}
+    plan = build_userspace(square, "wlan0", device="d", run_id="r")
+    assert plan["queues"][0]["delay_ms"] == 5 and plan["rules"][-1][:2] == ["-j", "NFQUEUE"]
+    with pytest.raises(NetemError, match=r"network.d.destinations.v6: .*IPv6"):
+        build_userspace({"destinations": {"v6": {"delay_ms": 1}}}, "wlan0", device="d", run_id="r",
+                        destinations={"v6": "fd00::1"})  # fmt: skip
+
+
+def test_rate_only_keeps_what_tbf_and_htb_shape() -> None:
+    block = {
+        "delay_ms": 5,
+        "rate_mbit": 10,
+        "variation": {"kind": "square"},
+        "destinations": {"a": {"loss_pct": 1, "rate_mbit": 2}},
+    }
+    assert rate_only(block) == {"rate_mbit": 10, "destinations": {"a": {"rate_mbit": 2}}}
+
+
+def test_auto_takes_netem_where_the_kernel_has_it_else_userspace() -> None:
+    assert choose_backend("auto", {"netem": {"available": True}})[0] == "netem"
+    assert choose_backend("auto", {"netem": {"available": None}})[0] == "netem"
+    assert choose_backend("auto", {**NO_NETEM, "nfqueue": NFQUEUE})[0] == "userspace"
+    assert choose_backend("auto", {**NO_NETEM, "nfqueue": {"available": False}})[0] == "netem"
+    assert choose_backend("netem", {**NO_NETEM, "nfqueue": NFQUEUE})[0] == "netem"
+
+
+def _resolved(nodes: dict[str, Any], **hostvars: Any) -> tuple[Any, dict[str, Any]]:
+    (scenario,) = loads(SCENARIO.replace("target: device2", "target: edge"))
+    hosts = ("edge", "device1", "device2", "device3")
+    built = build_conditions(scenario, {h: ctx(h, local=False, **hostvars) for h in hosts})
+    facts = PreflightFacts(scenario, nodes, built, {h: hostvars for h in hosts}, local=False)
+    return scenario, resolve_conditions(facts)
+
+
+def test_resolve_applies_the_userspace_backend_without_sch_netem() -> None:
+    scenario, built = _resolved({h: {**NO_NETEM, "nfqueue": NFQUEUE} for h in ("device1", "device2")},
+                                dit_tc_dry_run="netem")  # fmt: skip
+    d1, d2 = built["device1"]["netem"], built["device2"]["netem"]
+    assert d1["netem_backend"] == "userspace" and d1["netem_dry_run"] is False
+    kinds = [o["expect"].get("kind") for o in d1["netem_tree"]]
+    assert "netem" not in kinds and "htb" in kinds  # the /16 rate cap stays on htb, for real
+    assert d1["netem_userspace"]["queues"][0]["delay_ms"] == 20
+    # device2 varies its delay: netem-vary now drives the emulator's control socket, not tc
+    assert "template" not in d2["netem_variation"]
+    assert d2["netem_variation"]["control_socket"] == "/var/tmp/dit/run-1/link-emulator.sock"
+    assert [o["expect"]["kind"] for o in d2["netem_tree"]] == ["tbf"]
+    facts = PreflightFacts(scenario, {"device1": NO_NETEM, "device2": NO_NETEM}, built, {}, local=False)
+    assert netem.preflight(facts) is None  # no sch_netem, yet nothing to refuse: userspace applies it
+    metadata = {"conditions": built, "mode": "inventory"}
+    assert (backend(metadata, "device1"), shaping(metadata, "device1")) == ("userspace", "applied")
+    assert backend(metadata, "device3") == ""
+
+
+def test_resolve_keeps_netem_where_the_kernel_has_it_or_when_asked() -> None:
+    _, built = _resolved(
+        {h: {"netem": {"available": True}, "nfqueue": NFQUEUE} for h in ("device1", "device2")}
+    )
+    assert built["device1"]["netem"]["netem_backend"] == "netem"
+    assert built["device1"]["netem"]["netem_userspace"] == {}
+    _, asked = _resolved({h: {**NO_NETEM, "nfqueue": NFQUEUE} for h in ("device1", "device2")},
+                         dit_network_backend="netem")  # fmt: skip
+    assert asked["device1"]["netem"]["netem_backend"] == "netem"
+
+
+def test_local_mode_refuses_an_explicit_userspace_backend() -> None:
+    (scenario,) = loads(
+        SCENARIO.replace("    jitter_ms: 2\n", "    jitter_ms: 2\n    network_backend: userspace\n")
+    )
+    with pytest.raises(
+        NetemError, match=r"network\.device1\.network_backend: userspace is not available in local mode"
+    ):
+        build_conditions(scenario, {"device1": ctx("device1", local=True)})
+
+
+def test_rate_only_without_any_cap_leaves_no_tree() -> None:
+    assert rate_only({"destinations": {"a": {"delay_ms": 20}, "b": {"loss_pct": 10}}}) == {}
+    assert rate_only({"rate_mbit": 5, "destinations": {"a": {"delay_ms": 20}}}) == {
+        "rate_mbit": 5,
+        "destinations": {"a": {}},
+    }
+
+
+def test_a_rate_only_block_is_netem_s_without_a_choice_to_settle() -> None:
+    (scenario,) = loads("name: r\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {rate_mbit: 10}\n")
+    variables = netem.build(scenario, "device1", ctx("device1", local=False))
+    assert variables is not None
+    assert (variables["netem_backend"], variables["netem_userspace"]) == ("netem", {})
+
+
+def test_preflight_refuses_the_userspace_backend_where_iptables_is_missing() -> None:
+    no_iptables = {"available": False, "reason": "iptables is not installed (provisioning installs it)"}
+    scenario, built = _resolved({h: {**NO_NETEM, "nfqueue": no_iptables} for h in ("device1", "device2")},
+                                dit_network_backend="userspace")  # fmt: skip
+    assert built["device1"]["netem"]["netem_backend"] == "userspace"
+    nodes = {h: {**NO_NETEM, "nfqueue": no_iptables} for h in ("device1", "device2")}
+    refusal = netem.preflight(PreflightFacts(scenario, nodes, built, {}, local=False))
+    assert refusal is not None and "device1: network.device1 needs the userspace backend" in refusal
+    assert "iptables is not installed" in refusal
