@@ -105,21 +105,29 @@ def teardown(
             if reporter is not None and not seen.failed_fetch(event):
                 reporter.event(event)
 
-        outcome = _teardown_playbook(
-            run,
-            inventory,
-            {
-                "dit_run_id": run.run_id,
-                "dit_journal_path": str(run.journal),
-                "dit_undo": pending,
-                "dit_undo_scope": undo_scopes(run.run_id, inventory, run.path / "metadata.json"),
-                "dit_raw_dir": str(raw),
-                "dit_fetched": fetched_before,
-                "dit_discard_results": discard_results,
-            },
-            on_event,
-            notes,
-        )
+        undo, sent = pending, set[str]()
+        for _ in range(2):
+            sent |= {str(record.get("id")) for records in undo.values() for record in records}
+            outcome = _teardown_playbook(
+                run,
+                inventory,
+                {
+                    "dit_run_id": run.run_id,
+                    "dit_journal_path": str(run.journal),
+                    "dit_undo": undo,
+                    "dit_undo_scope": undo_scopes(run.run_id, inventory, run.path / "metadata.json"),
+                    "dit_raw_dir": str(raw),
+                    "dit_fetched": fetched_before,
+                    "dit_discard_results": discard_results,
+                },
+                on_event,
+                notes,
+            )
+            # A change journaled after the journal was read above (a stage's task that was still
+            # running as a stop arrived: its journal record lands first, by design) gets a second pass.
+            undo = _late_records(journal, sent)
+            if not undo:
+                break
         warnings.extend(seen.refused)
         try:
             journal.mark_undone(seen.undone)
@@ -210,6 +218,16 @@ def _kept_message(run: RunDir, host: str, result: Mapping[str, Any], fetch_error
         f"{host}: kept {', '.join(str(k) for k in result.get('kept', []))} on the node: {len(unfetched)} "
         f"file(s) there are not in {run.path / 'raw' / host} ({shown}){why}"
     )
+
+
+def _late_records(journal: Journal, sent: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """The pending records per host that teardown has not yet sent to the nodes."""
+    try:
+        pending = journal.pending_by_host()
+    except JournalError:
+        return {}  # unreadable: reported by the caller's own read
+    late = {host: [r for r in records if str(r.get("id")) not in sent] for host, records in pending.items()}
+    return {host: records for host, records in late.items() if records}
 
 
 def _teardown_playbook(

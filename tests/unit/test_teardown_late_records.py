@@ -1,0 +1,46 @@
+"""Teardown undoes a change journaled after it read the journal (a task still running as a stop arrived)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dit.run import teardown as stages_teardown
+from dit.run.ansible_exec import HostEvent, StageOutcome
+from dit.run.inventory import RunInventory
+from dit.run.journal import Journal
+from dit.run.rundir import RunDir
+
+
+def test_a_record_journaled_during_the_replay_gets_a_second_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = RunDir.create(tmp_path / "runs", "late", "0" * 64)
+    journal = Journal(run.journal)
+    (early,) = journal.record_changes(
+        "device1", [{"op": "lease", "undo": {"path": "/x/lease.json"}}], "dit_lease"
+    )
+    inventory = RunInventory(str(tmp_path / "inventory.yml"), True, "edge", ("device1",), "127.0.0.1", {})
+    sent: list[dict[str, Any]] = []
+
+    def playbook(
+        run: RunDir, inventory: RunInventory, extravars: dict[str, Any], on_event: Any, notes: list[str]
+    ) -> StageOutcome:
+        undo = extravars["dit_undo"]
+        sent.append(undo)
+        if len(sent) == 1:  # the stage's late task journals its change while the first replay runs
+            journal.record_changes(
+                "device1", [{"op": "lease", "undo": {"path": "/y/lease.json"}}], "dit_lease"
+            )
+        ids = [r["id"] for records in undo.values() for r in records]
+        on_event(HostEvent("device1", "ansible", "changed", "replay", "dit_restore", {"undone": ids}))
+        return StageOutcome("teardown", "successful", 0)
+
+    monkeypatch.setattr(stages_teardown, "_teardown_playbook", playbook)
+    monkeypatch.setattr(stages_teardown, "run_processes", lambda run_id: [])
+    error, _ = stages_teardown.teardown(run, inventory, None)
+    assert [r["id"] for r in sent[0]["device1"]] == [early]
+    assert len(sent) == 2 and [r["undo"]["path"] for r in sent[1]["device1"]] == ["/y/lease.json"]
+    assert journal.pending() == [] and error is None, error
