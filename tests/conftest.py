@@ -118,6 +118,16 @@ def dit_with_site(site: Path, *args: str, timeout: float = 600) -> subprocess.Co
     )  # fmt: skip
 
 
+def process_tag(proc: object) -> str | None:
+    """A run process's ``DIT_TAG``, or None once it has exited (between listing and reading it)."""
+    import psutil
+
+    try:
+        return proc.environ().get("DIT_TAG")  # type: ignore[attr-defined,no-any-return]
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on (now)."""
     with socket.socket() as sock:

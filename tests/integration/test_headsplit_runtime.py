@@ -24,7 +24,7 @@ import pytest
 from dit.run.journal import Journal
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
-from tests.conftest import DIT, REPO, free_port, install_fixture_package
+from tests.conftest import DIT, REPO, free_port, install_fixture_package, process_tag
 from tests.conftest import dit_with_site as dit
 from tests.conftest import env_with_site as env_with
 
@@ -220,7 +220,7 @@ def test_sigkill_of_the_driver_mid_generation_then_cleanup_leaves_no_controller_
         found = list(runs.glob("*/*/status.json"))
         if found:
             run = RunDir(found[0].parent)
-            procs = {p.environ().get("DIT_TAG", ""): p for p in run_processes(run.run_id)}
+            procs = {(process_tag(p) or ""): p for p in run_processes(run.run_id)}
             started = {"hs-worker1", "hs-worker2", "hs-controller"} <= set(procs)
             if started and generating(procs["hs-controller"].pid):
                 break
@@ -238,7 +238,7 @@ def test_sigkill_of_the_driver_mid_generation_then_cleanup_leaves_no_controller_
     lease = _lease_dir / "lease.json"
     assert run.run_id in lease.read_text(encoding="utf-8")  # the killed driver still holds the machine
     time.sleep(0.5)
-    survivors = {p.environ().get("DIT_TAG") for p in run_processes(run.run_id)}
+    survivors = {process_tag(p) for p in run_processes(run.run_id)}
     assert {"hs-controller", "hs-worker1", "hs-worker2"} <= survivors  # nothing reaped them yet
     cleaned = dit(site, "cleanup", str(run.path))
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr

@@ -29,6 +29,10 @@ SCENARIOS = sorted(REPO.glob("roles/*/molecule/default/molecule.yml"))
 # Roles whose scenario changes real kernel state (cgroups) and therefore needs root.
 NEEDS_ROOT = {"cgroup_memory", "cgroup_cpu"}
 JOBS = 2  # scenarios at once: CI's machine has two cores
+# In ./dev test's serial pass: the scenarios already keep both cores busy, and the netem scenario's
+# verify failed once beside the parallel pass (its tc dry-run log gone between idempotence and verify;
+# not explained yet).
+pytestmark = pytest.mark.serial
 
 
 def in_order(steps: list[str], sequence: list[str]) -> bool:

@@ -130,6 +130,7 @@ def test_local_pipeline_runs_all_stages_and_leaves_nothing(
     assert (run_dir / "nodes" / "device1" / "sys").is_dir()
 
 
+@pytest.mark.serial  # compares queueing times: alone, after the parallel pass
 def test_policies_show_their_queueing_difference(scenario_dir: Path, runs_dir: Path) -> None:
     """device1 offloads a long job (p=1 of 4), device2 a short one (p=3): SJF serves device2 first,
     RR interleaves them so that device1's queueing includes device2's stage and vice versa."""

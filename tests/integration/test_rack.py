@@ -323,11 +323,13 @@ def test_dit_cleanup_after_the_driver_is_killed_removes_the_rules_and_the_link_e
         driver.wait(timeout=30)
     (run_dir,) = (runs / "quickstart").iterdir()
     assert chain in rules() and "NFQUEUE" in rules()
-    assert subprocess.run(["pgrep", "-f", "link-emulator.json"], capture_output=True).returncode == 0
+    # this run's emulator only (another test's may run beside it under ./dev test's parallel pass)
+    emulator = f"{run_dir.parent.name}-{run_dir.name}/.*link-emulator.json"
+    assert subprocess.run(["pgrep", "-f", emulator], capture_output=True).returncode == 0
     cleanup = dit("cleanup", str(run_dir), timeout=600)
     assert cleanup.returncode == 0, cleanup.stdout[-3000:] + cleanup.stderr[-3000:]
     assert chain not in rules() and "NFQUEUE" not in rules()
-    assert subprocess.run(["pgrep", "-f", "link-emulator.json"], capture_output=True).returncode == 1
+    assert subprocess.run(["pgrep", "-f", emulator], capture_output=True).returncode == 1
 
 
 def test_rack_down_leaves_nothing(base: Path) -> None:

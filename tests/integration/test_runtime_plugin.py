@@ -21,7 +21,7 @@ import pytest
 from dit.run.journal import Journal
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
-from tests.conftest import DIT, REPO, free_port, install_fixture_package
+from tests.conftest import DIT, REPO, free_port, install_fixture_package, process_tag
 from tests.conftest import dit_with_site as dit
 from tests.conftest import env_with_site as env_with
 
@@ -157,7 +157,7 @@ def test_sigkill_of_the_driver_then_cleanup_reaps_the_runtimes_processes(
         found = list(runs.glob("*/*/status.json"))
         if found:
             run = RunDir(found[0].parent)
-            tags = sorted(p.environ().get("DIT_TAG", "") for p in run_processes(run.run_id))
+            tags = sorted((process_tag(p) or "") for p in run_processes(run.run_id))
             if tags.count("echo-worker") == 2 and "echo-controller" in tags:
                 break
         assert proc.poll() is None, "the run ended before the runtime's processes started"
@@ -169,7 +169,7 @@ def test_sigkill_of_the_driver_then_cleanup_reaps_the_runtimes_processes(
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     time.sleep(0.5)
-    survivors = {p.environ().get("DIT_TAG") for p in run_processes(run.run_id)}
+    survivors = {process_tag(p) for p in run_processes(run.run_id)}
     assert {"echo-worker", "echo-controller"} <= survivors  # nothing reaped them yet
     cleaned = dit(runtime_site, "cleanup", str(run.path))
     assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr

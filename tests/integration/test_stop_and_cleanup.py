@@ -15,7 +15,7 @@ import psutil
 from dit.run.journal import Journal, collected_name
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
-from tests.conftest import DIT, REPO, dit_env, write_scenario
+from tests.conftest import DIT, REPO, dit_env, process_tag, write_scenario
 
 
 def slow_scenario(directory: Path) -> Path:
@@ -42,7 +42,7 @@ def start_run(scenario: Path, runs_dir: Path) -> tuple[subprocess.Popen[bytes], 
         found = list(runs_dir.glob("*/*/status.json"))
         if found:
             run = RunDir(found[0].parent)
-            agents = [p for p in run_processes(run.run_id) if p.environ().get("DIT_TAG") == "profile"]
+            agents = [p for p in run_processes(run.run_id) if process_tag(p) == "profile"]
             if run.status().get("stage") == "profile" and len(agents) == 2:
                 return proc, run
         assert proc.poll() is None, "the run ended before its profile stage"
@@ -82,7 +82,7 @@ def test_sigkill_mid_profile_then_cleanup(scenario_dir: Path, runs_dir: Path) ->
     assert all(isinstance(ns, int) and ns > 0 for ns in stage_ns.values())
     # The device agents and the edge service outlive their driver: only the journal knows them.
     survivors = run_processes(run.run_id)
-    assert {p.environ().get("DIT_TAG") for p in survivors} >= {"profile", "edge"}
+    assert {process_tag(p) for p in survivors} >= {"profile", "edge"}
     assert Journal(run.journal).pending()
     lease = Path(os.environ["DIT_LOCAL_LEASE_DIR"]) / "lease.json"
     assert json.loads(lease.read_text())["run_id"] == run.run_id  # the dead driver still holds it
