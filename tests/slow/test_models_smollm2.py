@@ -73,7 +73,13 @@ def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(model: Any, tm
     assert checkpoint.checkpoint_sha256(d) == pin
     cfg = checkpoint.directory_config(d)
     assert cfg is not None and (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta) == (30, 9, 3, 1e5)
-    ids = model.tokenizer(PROMPT)["input_ids"]
+    from headsplit.dit_runtime import prompt_ids
+
+    # the launch tokenizes `prompt` with the model's own tokenizer for model: smollm2-135m
+    ids = prompt_ids(
+        {"model": "smollm2-135m", "prompt": PROMPT, "checkpoint": {"path": str(d), "sha256": pin}}
+    )
+    assert ids == model.tokenizer(PROMPT)["input_ids"]
     n = 32
     want = model.generate(ids, n)
     plan = shard.plan_for(cfg, 2, "greedy", 1 << 31, len(ids) + n)

@@ -29,7 +29,7 @@ def load_pretrained(path: Any, attn_implementation: str = "sdpa") -> tuple[Any, 
     torch = import_torch()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         str(path.parent),
         gguf_file=path.name,
         dtype=torch.float32,
