@@ -163,7 +163,7 @@ def test_tokens_is_a_field_of_the_layers_block_without_a_default() -> None:
     with pytest.raises(ScenarioError) as bad:
         loads(BASE.format(model="fake") + "runtime: {tokens: 8}\n")
     assert [str(e) for e in bad.value.errors] == [
-        "runtime.tokens: token generation needs a decoder model (gpt2, tinyllama, hf_decoder), not 'fake'"
+        "runtime.tokens: token generation needs a decoder model (gpt2, tinyllama, hf_decoder, smollm2-135m), not 'fake'"
     ]
     with pytest.raises(ScenarioError) as negative:
         loads(BASE.format(model="gpt2") + "runtime: {tokens: -1}\n")

@@ -205,6 +205,7 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
         "speculation_profile": "/var/tmp/dit/headsplit/profiles/speculation-gpt2-tiny-tau0.02.json",
         "tokens": 8,
         "prompt": "Heads expose the parallelism that layers hide.",
+        "prompt_ids": None,
         "memory_threshold": 0.85,
         "rpc_timeout_s": 30.0,
         "rpc_retries": 3,
@@ -490,3 +491,36 @@ def test_distribute_checkpoint_sends_a_directory_with_its_manifest(headsplit: An
     verify = play["tasks"][-1]["ansible.builtin.command"]["argv"][-3:-1]
     assert [_rendered(plan, a, {"sha256": "a" * 64}) for a in verify] == [
         f"/var/tmp/dit/headsplit/files/{'a' * 64}/tiny-llama", "--sha256"]  # fmt: skip
+
+
+def test_the_trained_smollm2_preset_needs_its_converted_checkpoint(headsplit: Any) -> None:
+    """(issue 32) model: smollm2-135m is the trained model: without a checkpoint its weights would be
+    seeded noise, so the launch refuses, saying which directory to give."""
+    assert PRESETS["smollm2-135m"].rope_theta == 100000.0 and PRESETS["smollm2-135m"].n_kv_heads == 3
+    block = {"name": "headsplit", "model": "smollm2-135m", "workers": ["device1", "device2"]}
+    with pytest.raises(
+        HeadSplitLaunchError,
+        match=r"runtime\.checkpoint: model smollm2-135m .*dit\.models\.convert smollm2-135m",
+    ):
+        launch_vars(headsplit, context(block), HOSTS)
+
+
+def test_the_controller_takes_the_prompt_in_the_models_own_tokens() -> None:
+    pytest.importorskip("torch")
+    from headsplit.controller import ConfigError, parse_config
+
+    config: dict[str, Any] = {
+        "model": {"preset": "gpt2-tiny"}, "checkpoint": None,
+        "controller": {"host": "edgeserver", "address": "10.0.0.1", "port": 29600},
+        "workers": [{"rank": 1, "name": "worker1", "host": "device1", "address": "10.0.0.11",
+                     "memory_limit_bytes": 0}],
+        "strategy": "greedy", "speculation": False, "tau": 0.0, "speculation_profile": None, "tokens": 4,
+        "prompt": "ignored when prompt_ids are given", "prompt_ids": [1, 2, 511],
+    }  # fmt: skip
+    assert parse_config(config).prompt_ids == (1, 2, 511)
+    config["prompt_ids"] = None
+    assert parse_config(config).prompt_ids is None
+    for bad in ([], [512], [-1], ["a"], [True]):
+        config["prompt_ids"] = bad
+        with pytest.raises(ConfigError, match=r"prompt_ids: .* token ids in 0\.\.511"):
+            parse_config(config)

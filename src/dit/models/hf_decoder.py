@@ -245,6 +245,7 @@ class HFDecoderModel(ArrayStageModel):
         self.spec = dict(spec)
         self.weights = weights
         self.prompt_len = prompt_len
+        self.tokenizer: Any = None  # the model's own tokenizer when it has one (trained models)
         base = getattr(model, family.base)
         self.base = base
         self.embed = getattr(base, family.embed)

@@ -144,8 +144,8 @@ class LayersRuntime:
                     "minimum": 0,
                     "maximum": 4096,
                     "description": (
-                        "Decoder models (gpt2, tinyllama, hf_decoder): tokens generated after the prompt, "
-                        "with per-token latency (aggregate/tokens.csv), per-head / projection / FFN times "
+                        "Decoder models (gpt2, tinyllama, hf_decoder, smollm2-135m): tokens generated after "
+                        "the prompt, with per-token latency (aggregate/tokens.csv), per-head / projection / FFN times "
                         "(aggregate/heads.csv) and energy per token (energy.csv). Absent or 0: no generation."
                     ),
                 }

@@ -194,7 +194,7 @@ def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldE
 
 
 #: The models that generate tokens (``runtime.tokens`` of the built-in runtime).
-DECODERS = ("gpt2", "tinyllama", "hf_decoder")
+DECODERS = ("gpt2", "tinyllama", "hf_decoder", "smollm2-135m")
 
 
 def _n(count: int, noun: str) -> str:

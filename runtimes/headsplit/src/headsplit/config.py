@@ -62,6 +62,11 @@ PRESETS: dict[str, ModelConfig] = {
     # the catalogue's decoders (src/dit/models/catalogue.json), full size
     "gpt2-small": ModelConfig("gpt2-small", "gpt2", 12, 12, 12, 768, 3072, 50257, 1024),
     "tinyllama": ModelConfig("tinyllama", "llama", 22, 32, 4, 2048, 5632, 32000, 2048),
+    # trained (the catalogue's smollm2-135m): the shape of the directory `python -m dit.models.convert
+    # smollm2-135m DIR` writes; its weights come from that directory as `checkpoint`
+    "smollm2-135m": ModelConfig(
+        "smollm2-135m", "llama", 30, 9, 3, 576, 1536, 49152, 8192, norm_eps=1e-5, rope_theta=100000.0
+    ),
     # reduced depth/width, same structure: laptops and CI
     "gpt2-tiny": ModelConfig("gpt2-tiny", "gpt2", 4, 4, 4, 64, 256, 512, 256),
     "llama-tiny": ModelConfig("llama-tiny", "llama", 4, 8, 2, 64, 176, 512, 256),

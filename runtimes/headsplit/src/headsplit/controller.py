@@ -64,6 +64,8 @@ class RunConfig:
     placement: dict[str, str] | None  # explicit unit key -> worker (overrides strategy)
     replacement: bool  # False: a static placement (no re-placement when memory runs short)
     plan_tokens: int | None  # context the first placement must fit (None: prompt + tokens)
+    # the prompt in the model's own tokens (tokenized where dit runs); None: byte-level tokens of prompt
+    prompt_ids: tuple[int, ...] | None = None
 
 
 def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
@@ -171,6 +173,13 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
     prof = doc.get("speculation_profile")
     if prof is not None and not isinstance(prof, str):
         raise ConfigError(f"speculation_profile: expected null or a path, got {prof!r}")
+    ids = doc.get("prompt_ids")
+    if ids is not None and (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < cfg.vocab for i in ids)
+    ):
+        raise ConfigError(f"prompt_ids: expected null or a non-empty list of token ids in 0..{cfg.vocab - 1}")
     return RunConfig(
         model=cfg,
         checkpoint=ck,
@@ -192,6 +201,7 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
         placement=placement,
         replacement=bool(doc.get("replacement", True)),
         plan_tokens=plan_tokens,
+        prompt_ids=tuple(ids) if ids is not None else None,
     )
 
 
@@ -276,7 +286,7 @@ def run(rc: RunConfig) -> dict[str, Any]:
                 "memory_bytes": limits[w.name],
             }
         )
-    prompt_ids = model.tokenize(rc.prompt, cfg)
+    prompt_ids = list(rc.prompt_ids) if rc.prompt_ids is not None else model.tokenize(rc.prompt, cfg)
     model.check_positions(cfg, len(prompt_ids), rc.tokens)
     context = len(prompt_ids) + rc.tokens
     replan: Callable[[engine.Placement, int], engine.Placement] | None = None

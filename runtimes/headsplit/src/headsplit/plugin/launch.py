@@ -3,6 +3,7 @@ their ``headsplit.json`` config and where on the node they find checkpoints, sha
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -132,6 +133,45 @@ def model_doc(block: Mapping[str, Any], n_workers: int) -> dict[str, Any]:
     return {"preset": str(block.get("model", "gpt2-tiny"))}
 
 
+#: Presets with trained weights and their own tokenizer: the dit catalogue model of the same name.
+TRAINED = ("smollm2-135m",)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenize(model: str, text: str) -> tuple[int, ...]:
+    try:
+        from transformers import AutoTokenizer
+
+        from dit.models.catalogue import entry
+        from dit.models.packaged import ensure_packaged
+        from dit.models.weights import WeightsError
+    except ImportError as exc:
+        raise HeadSplitLaunchError(
+            f"runtime.model: {model} tokenizes the prompt with its own tokenizer, which needs dit[llm] "
+            f"(transformers, gguf) on the machine running dit ({exc})"
+        ) from None
+    try:
+        path, _ = ensure_packaged(entry(model))
+    except WeightsError as exc:
+        raise HeadSplitLaunchError(f"runtime.model: {model}: {exc}") from None
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return tuple(int(i) for i in tokenizer(text)["input_ids"])
+
+
+def prompt_ids(block: Mapping[str, Any]) -> list[int] | None:
+    """The prompt in a trained model's own tokens, tokenized here (the nodes' HeadSplit venvs have no
+    tokenizer); None for the other presets (byte-level tokens on the controller)."""
+    name = str(block.get("model", "gpt2-tiny"))
+    if name not in TRAINED:
+        return None
+    if not isinstance(block.get("checkpoint"), Mapping):
+        raise HeadSplitLaunchError(
+            f"runtime.checkpoint: model {name} runs its trained weights: give the directory "
+            f"`python -m dit.models.convert {name} DIR` writes and the pin it prints"
+        )
+    return list(_tokenize(name, str(block.get("prompt", "")) or "Hello"))
+
+
 def profile_on_node(ctx: LaunchContext, host: str, path: str) -> str:
     """Where ``build-speculation-profile`` put the profile on ``host`` (local mode: the path itself)."""
     if ctx.local:
@@ -182,6 +222,7 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
         "speculation_profile": profile_on_node(ctx, host, str(profile)) if isinstance(profile, str) else None,
         "tokens": int(block.get("tokens", 16)),
         "prompt": str(block.get("prompt", "")),
+        "prompt_ids": prompt_ids(block),
         "memory_threshold": float(block.get("memory_threshold", 0.85)),
         "rpc_timeout_s": float(block.get("rpc_timeout_s", 30)),
         "rpc_retries": int(block.get("rpc_retries", 3)),

@@ -25,7 +25,9 @@ def block_schema() -> dict[str, Any]:
                 "title": "Model",
                 "description": "The decoder, a preset of headsplit.config: `gpt2-small` and `tinyllama` at "
                 "full size, `gpt2-tiny`, `llama-tiny` and `tinyllama-half` reduced (laptops, CI). Weights are "
-                "seeded unless `checkpoint` is given.",
+                "seeded unless `checkpoint` is given. `smollm2-135m` is the trained SmolLM2-135M-Instruct: it "
+                "needs `checkpoint` (the directory `python -m dit.models.convert smollm2-135m DIR` writes) "
+                "and its prompt is tokenized with the model's own tokenizer on the machine running dit.",
                 "enum": sorted(PRESETS),
                 "default": "gpt2-tiny",
             },
