@@ -46,5 +46,7 @@ def test_netem_without_an_interface_or_a_tree_is_refused_naming_both(tmp_path: P
         cwd=tmp_path,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "netem: netem_interface and netem_tree must be set" in proc.stdout, proc.stdout
+    assert "netem: netem_interface and netem_tree (or the userspace plan) must be set" in proc.stdout, (
+        proc.stdout
+    )
     assert "Shape the inference interface with the tc tree]" not in proc.stdout  # refused before dit_tc
