@@ -73,7 +73,7 @@ def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(model: Any, tm
     assert checkpoint.checkpoint_sha256(d) == pin
     cfg = checkpoint.directory_config(d)
     assert cfg is not None and (cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.rope_theta) == (30, 9, 3, 1e5)
-    from headsplit.dit_runtime import prompt_ids
+    from headsplit.plugin.launch import prompt_ids
 
     # the launch tokenizes `prompt` with the model's own tokenizer for model: smollm2-135m
     ids = prompt_ids(
