@@ -122,8 +122,10 @@ def process_tag(proc: object) -> str | None:
     """A run process's ``DIT_TAG``, or None once it has exited (between listing and reading it)."""
     import psutil
 
+    from dit.device.tags import TAG_ENV
+
     try:
-        return proc.environ().get("DIT_TAG")  # type: ignore[attr-defined,no-any-return]
+        return proc.environ().get(TAG_ENV)  # type: ignore[attr-defined,no-any-return]
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return None
 
