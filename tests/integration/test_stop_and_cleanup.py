@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import time
@@ -16,6 +17,7 @@ from dit.run.journal import Journal, collected_name
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, process_tag, write_scenario
+from tests.integration.leases import assert_refused_and_untouched, dit, lease_file, only_run, tiny_scenario
 
 
 def slow_scenario(directory: Path) -> Path:
@@ -113,34 +115,46 @@ def test_sigkill_mid_profile_then_cleanup(scenario_dir: Path, runs_dir: Path) ->
     assert again.returncode == 0
 
 
-def test_dit_stop_tears_down_a_running_run(scenario_dir: Path, runs_dir: Path) -> None:
-    proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
-    stop = subprocess.run(
-        [*DIT, "stop", str(run.path)], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=180
-    )
-    assert stop.returncode == 0, stop.stderr
-    assert proc.wait(timeout=60) == 1
-    status = run.status()
+def test_a_held_run_refuses_a_second_run_and_cleanup_then_dit_stop_tears_it_down(
+    scenario_dir: Path, tmp_path: Path
+) -> None:
+    """One running run, three things asserted about it (each once its own test with its own run):
+    a second run on the machine is refused by the lease and changes nothing; ``dit cleanup`` refuses
+    while its driver runs; ``dit stop`` tears it down, releases the lease, and the next run proceeds.
+
+    The SIGTERM that ``dit stop`` sends is the signal the driver gets from a user's ``kill`` too.
+    """
+    proc, first = start_run(slow_scenario(scenario_dir), tmp_path / "runs-a")
+    try:
+        held = json.loads(lease_file().read_text())
+        assert held["run_id"] == first.run_id and held["controller_pid"] == proc.pid
+        before = lease_file().read_bytes()
+        quick = write_scenario(scenario_dir, name="quick")
+        refused = dit("run", str(quick), "--runs-dir", str(tmp_path / "runs-b"))
+        assert refused.returncode == 1
+        message = " ".join(refused.stderr.split())
+        for part in (f"is leased by run {first.run_id}", f"pid {proc.pid}", platform.node(), "still running"):
+            assert part in message, part
+        assert_refused_and_untouched(only_run(tmp_path / "runs-b"), before)
+        assert first.status()["state"] == "running"  # the holder went on undisturbed
+
+        not_now = dit("cleanup", str(first.path))
+        assert not_now.returncode != 0
+        assert "still running" in not_now.stderr
+        assert first.status()["state"] == "running"
+
+        stop = dit("stop", str(first.path))
+        assert stop.returncode == 0, stop.stderr
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=180)
+    status = first.status()
     assert status["state"] == "stopped"
     assert status["teardown"]["ok"] is True
-    assert_clean(run)
-
-
-def test_cleanup_refuses_while_the_driver_runs(scenario_dir: Path, runs_dir: Path) -> None:
-    proc, run = start_run(slow_scenario(scenario_dir), runs_dir)
-    try:
-        refused = subprocess.run(
-            [*DIT, "cleanup", str(run.path)],
-            cwd=REPO,
-            env=dit_env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert refused.returncode != 0
-        assert "still running" in refused.stderr
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
-    assert run.status()["state"] == "stopped"
-    assert_clean(run)
+    assert_clean(first)
+    assert not lease_file().exists()
+    after = dit("run", str(tiny_scenario(scenario_dir)), "--runs-dir", str(tmp_path / "runs-c"))
+    assert after.returncode == 0, after.stderr[-3000:]
+    assert not lease_file().exists()
