@@ -59,6 +59,19 @@ options:
         is missing, unreadable, larger than 1 MiB or not JSON.
     type: dict
     default: {}
+  ping_targets:
+    description:
+      - The node's links to ping before anything is shaped (the netem check's unshaped baseline), each
+        C(target) (the other node's inventory name), C(address), optional C(tcp_port). They are pinged
+        while the facts are read, in the same module call (preflight used to spend a second module call,
+        C(dit_ping), on it). Returned as C(pings); empty, nothing is pinged.
+    type: list
+    elements: dict
+    default: []
+  ping_count:
+    description: Echo requests per target of O(ping_targets).
+    type: int
+    default: 10
 extends_documentation_fragment:
   - dit.linux
   - ansible.builtin.action_common_attributes
@@ -95,6 +108,11 @@ dit_facts:
     nfqueue {available, source or reason, iptables} for the network condition's userspace backend.
   returned: always
   type: dict
+pings:
+  description: One link record per target of O(ping_targets) (target, address, method, sent, received, rtt_ns).
+  returned: when O(ping_targets) is not empty
+  type: list
+  elements: dict
 """
 
 import hashlib
@@ -105,9 +123,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_ping import ping_all
 
 
 def _read(path: str, default: str = "") -> str:
@@ -379,9 +399,22 @@ def main() -> None:
             "checkpoints": {"type": "list", "elements": "str", "default": []},
             "checkpoint_dir": {"type": "path", "default": "/opt/dit/checkpoints"},
             "runtime_facts": {"type": "dict", "default": {}},
+            "ping_targets": {"type": "list", "elements": "dict", "default": []},
+            "ping_count": {"type": "int", "default": 10},
         },
         supports_check_mode=True,
     )
+    targets = module.params["ping_targets"]
+    for index, item in enumerate(targets):
+        if not item.get("address"):
+            module.fail_json(msg=f"ping_targets[{index}]: no address")
+    if targets and not 1 <= module.params["ping_count"] <= 1000:
+        module.fail_json(msg="ping_count: {} is outside 1..1000".format(module.params["ping_count"]))
+    # The pings take count x 0.2 s of waiting: they run while the facts are read.
+    pinged: list[list[dict[str, Any]]] = []
+    pinger = threading.Thread(target=lambda: pinged.append(ping_all(targets, module.params["ping_count"])))
+    if targets:
+        pinger.start()
     mem = _meminfo()
     uname = platform.uname()
     facts: dict[str, Any] = {
@@ -427,7 +460,10 @@ def main() -> None:
             str(name): _runtime_fact(str(path))
             for name, path in sorted(module.params["runtime_facts"].items())
         }
-    module.exit_json(changed=False, dit_facts=facts)
+    if not targets:
+        module.exit_json(changed=False, dit_facts=facts)
+    pinger.join()
+    module.exit_json(changed=False, dit_facts=facts, pings=pinged[0] if pinged else [])
 
 
 if __name__ == "__main__":

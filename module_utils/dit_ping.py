@@ -2,7 +2,7 @@
 # Shared by dit's Ansible modules: round-trip times to the run's other nodes (stdlib only, runs on the node).
 """Ping the links of a node: ``count`` ICMP echo requests per target, every RTT in integer nanoseconds.
 
-Used by ``dit_collect`` (the run's measured links, ``results/ping.json``) and ``dit_ping`` (preflight's
+Used by ``dit_collect`` (the run's measured links, ``results/ping.json``) and ``dit_facts`` (preflight's
 unshaped baseline). Targets are pinged in parallel, one thread each, so N links take the time of one.
 Without a ``ping`` binary, a target with a TCP port falls back to timing TCP connects to it.
 """

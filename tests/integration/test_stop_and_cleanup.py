@@ -39,7 +39,8 @@ def start_run(scenario: Path, runs_dir: Path) -> tuple[subprocess.Popen[bytes], 
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 120
+    # a bound, not a measurement: preflight and apply took 120 s at load average 11 (two suites at once)
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         found = list(runs_dir.glob("*/*/status.json"))
         if found:

@@ -4,23 +4,51 @@ and the hardware (board revision, CPU, SD card) read by library/dit_facts.py."""
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from tests.ansible_modules import library_module
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _facts_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dit_facts_under_test", REPO / "library" / "dit_facts.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return library_module("dit_facts", "dit_facts_under_test")
+
+
+def _main(args: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """dit_facts' ``main`` with ``args``, in this process: the JSON it exits with."""
+    facts = _facts_module()
+    with patch_module_args(args), pytest.raises(SystemExit):
+        facts.main()
+    out: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return out
+
+
+def test_the_links_are_pinged_in_the_same_module_call_as_the_facts_are_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Preflight's one module call per node: the facts and the unshaped ping baseline together."""
+    got = _main(
+        {"local_mode": True, "sysfs_root": str(tmp_path), "ping_count": 2,
+         "ping_targets": [{"target": "edge", "address": "127.0.0.1"}]},
+        capsys,
+    )  # fmt: skip
+    assert got["changed"] is False and "failed" not in got, got
+    assert got["dit_facts"]["ntp"]["source"] == "local"
+    (link,) = got["pings"]
+    assert (link["target"], link["address"], link["sent"]) == ("edge", "127.0.0.1", 2)
+    assert link["method"] in ("icmp", "none") and len(link["rtt_ns"]) == link["received"]
+    without = _main({"local_mode": True, "sysfs_root": str(tmp_path)}, capsys)
+    assert "pings" not in without and without["dit_facts"]["ntp"]["source"] == "local"
+    refused = _main({"local_mode": True, "ping_targets": [{"target": "edge"}]}, capsys)
+    assert refused["failed"] is True and refused["msg"] == "ping_targets[0]: no address"
 
 
 def test_runtime_lists_every_package_of_the_interpreter_with_its_version() -> None:
@@ -61,30 +89,14 @@ def test_sd_card_and_cpufreq_are_read_from_the_sysfs_root(tmp_path: Path) -> Non
     assert facts._sys_dir("/") == "/sys" and facts._sys_dir(str(tmp_path)) == str(tmp_path)
 
 
-def test_module_records_runtime_and_hardware_facts(tmp_path: Path) -> None:
-    args = tmp_path / "args.json"
+def test_module_records_runtime_and_hardware_facts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     sysfs = tmp_path / "sys"
     policy = sysfs / "devices/system/cpu/cpufreq/policy0"
     policy.mkdir(parents=True)
     (policy / "cpuinfo_max_freq").write_text("1800000\n")
-    args.write_text(
-        json.dumps(
-            {
-                "ANSIBLE_MODULE_ARGS": {
-                    "local_mode": True,
-                    "sysfs_root": str(sysfs),
-                    "runtime_python": sys.executable,
-                }
-            }
-        )
-    )
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "library" / "dit_facts.py"), str(args)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result = json.loads(proc.stdout)
+    result = _main({"local_mode": True, "sysfs_root": str(sysfs), "runtime_python": sys.executable}, capsys)
     assert result["changed"] is False
     node = result["dit_facts"]
     assert node["cpu_max_khz"] == 1800000

@@ -29,12 +29,12 @@ def node_facts(
         broken = (outcome.result_of(host, "dit_lease") or {}).get("lease_broken")
         if broken:
             warn(str(broken))
-        baseline = (outcome.result_of(host, "dit_ping") or {}).get("pings")
+        res = outcome.result_of(host, "dit_facts")
+        baseline = (res or {}).get("pings")
         if isinstance(baseline, list):
             target = raw_dir / host / f"{host}_ping_baseline.json"
             target.parent.mkdir(parents=True, exist_ok=True)
             write_json(target, baseline)
-        res = outcome.result_of(host, "dit_facts")
         nodes[host] = dict(res.get("dit_facts", {})) if res else {}
     return nodes
 
