@@ -59,6 +59,8 @@ def test_background_stream_recorded_shaping_and_link_test(
         background_traffic={"device1": {"bitrate_mbit": 8}},
         network={
             "device2": {
+                # the recorded tc path under test (auto would take the userspace backend as root)
+                "network_backend": "netem",
                 "jitter_ms": 1,
                 "variation": {"kind": "square", "low_ms": 10, "high_ms": 30, "period_s": 1},
                 "destinations": {"edge": {"delay_ms": 40}},

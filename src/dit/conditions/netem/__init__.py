@@ -150,25 +150,28 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     if shaping is None:
         return None
     userspace: dict[str, Any] = {}
-    # Local mode records the netem commands: every device shares the loopback, so a queue cannot yet
-    # tell one device's packets from another's (no per-device source address).
-    if not ctx.local and requested != "netem" and needs_netem(block):
+    # Local mode: every device shares the loopback, so the emulator's chain selects the device by its
+    # own source address (the inventory's dit_source_address); a destination naming another device
+    # is the loopback too and cannot be told from the edge, so such a block keeps the recorded tc tree.
+    source = str(ctx.hostvars.get("dit_source_address") or "") if ctx.local else ""
+    local_blocker = _local_userspace_blocker(block, ctx, source, where) if ctx.local else None
+    if local_blocker and requested == "userspace":
+        raise NetemError(
+            f"{where}.network_backend: userspace is not available in local mode here: {local_blocker}"
+        )
+    if requested != "netem" and needs_netem(block) and local_blocker is None:
         userspace = build_userspace(
             block, dev, device=host, run_id=ctx.run_id, seed=scenario.seed, destinations=destinations,
-            netns=netns,
+            netns=netns, source=source or None,
         )  # fmt: skip
         rates = build_tree(
             rate_only(block), dev, device=host, seed=scenario.seed, destinations=destinations, netns=netns
         )
         userspace["tree"] = [o.to_dict() for o in rates.objects] if rates is not None else []
-        userspace["dry_run"] = bool(ctx.hostvars.get("dit_tc_dry_run") is True)
+        # local mode still records tc (a rate cap on the shared loopback would cap every node)
+        userspace["dry_run"] = bool(ctx.local or ctx.hostvars.get("dit_tc_dry_run") is True)
         userspace["control_socket"] = f"{ctx.node_root}/{EMULATOR_SOCKET}"
         userspace["seed"] = scenario.seed
-    elif requested == "userspace" and ctx.local:
-        raise NetemError(
-            f"{where}.network_backend: userspace is not available in local mode yet (every device shares "
-            "the loopback); use auto (local mode records the netem commands) or an inventory"
-        )
     dry_run = recorded(block, ctx.local, ctx.hostvars.get("dit_tc_dry_run", False))
     log = dry_run_log(ctx) if dry_run else ""
     variation: dict[str, Any] = {}
@@ -193,6 +196,25 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     }
 
 
+def _local_userspace_blocker(
+    block: Mapping[str, Any], ctx: HostContext, source: str, where: str
+) -> str | None:
+    """Why local mode cannot give this device the userspace backend (None: it can)."""
+    if not source:
+        return "the inventory gives the device no dit_source_address of its own"
+    others = sorted(
+        key
+        for key in block.get("destinations") or {}
+        if key != ctx.edge_host and key in (getattr(ctx, "addresses", None) or {})
+    )
+    if others:
+        return (
+            f"{where}.destinations names {', '.join(others)}, another local node on the shared loopback "
+            "address, which the emulator cannot tell from the edge; shape towards the edge only, or use an inventory"
+        )
+    return None
+
+
 def resolve(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
     """The backend of every device left at ``auto`` or ``userspace``, from its preflight facts.
 
@@ -207,7 +229,9 @@ def resolve(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
         if not isinstance(variables, Mapping) or variables.get("netem_backend") not in ("auto", "userspace"):
             continue
         plan = variables.get("netem_userspace") or {}
-        chosen, _why = choose_backend(str(variables["netem_backend"]), facts.nodes.get(host) or {})
+        chosen, _why = choose_backend(
+            str(variables["netem_backend"]), facts.nodes.get(host) or {}, facts.local
+        )
         updated = dict(variables)
         if chosen == "userspace" and plan:
             updated["netem_tree"] = list(plan.get("tree") or [])
@@ -228,13 +252,15 @@ def preflight(facts: PreflightFacts) -> str | None:
     """The netem gate: a device that needs ``sch_netem`` on a kernel without it and gets no userspace
     backend, or gets the userspace backend on a node without NFQUEUE or iptables (not in local mode,
     which records the tc commands instead of running them)."""
-    if facts.local:
-        return None
-    network = {
-        device: block
-        for device, block in facts.scenario.network.items()
-        if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace"
-    }
+    network = (
+        {}
+        if facts.local
+        else {
+            device: block
+            for device, block in facts.scenario.network.items()
+            if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace"
+        }
+    )
     problems = netem_gate(network, facts.nodes, facts.hostvars)
     for device in facts.scenario.network:
         if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace":
@@ -255,7 +281,7 @@ def preflight_notes(facts: PreflightFacts) -> list[str]:
     for device, block in facts.scenario.network.items():
         built = (facts.built.get(device) or {}).get("netem") or {}
         if built.get("netem_backend") == "userspace":
-            _, why = choose_backend("auto", facts.nodes.get(device) or {})
+            _, why = choose_backend("auto", facts.nodes.get(device) or {}, facts.local)
             notes.append(
                 f"{device}: network.{device} is applied by the userspace link emulator (NFQUEUE): {why}"
             )
