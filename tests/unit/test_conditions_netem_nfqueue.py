@@ -218,6 +218,18 @@ def test_local_mode_cannot_tell_another_device_from_the_edge() -> None:
         _local("{network_backend: userspace, destinations: {device2: {delay_ms: 30}}}")
 
 
+def test_local_mode_keeps_recording_for_a_runtime_that_does_not_send_from_the_device_s_address() -> None:
+    """HeadSplit's RPC leaves from 127.0.0.1: a chain selecting the device's own address would delay
+    its pings and not its traffic, so the run would claim a delay its runtime never saw."""
+    head = "name: l\nmodel: fake\ndevices: [device1]\nruntime: {name: headsplit}\nnetwork:\n"
+    (scenario,) = loads(head + "  device1: {delay_ms: 5}\n")
+    host = ctx("device1", local=True, dit_source_address="127.9.8.2")
+    assert build_conditions(scenario, {"device1": host})["device1"]["netem"]["netem_userspace"] == {}
+    (asked,) = loads(head + "  device1: {delay_ms: 5, network_backend: userspace}\n")
+    with pytest.raises(NetemError, match="runtime 'headsplit' does not send from the device's own loopback"):
+        build_conditions(asked, {"device1": host})
+
+
 def test_local_mode_refuses_an_explicit_userspace_backend_the_node_cannot_run() -> None:
     scenario, built = _local("{delay_ms: 20, network_backend: userspace}")
     nodes = {"device1": {**NO_NETEM, "nfqueue": {"available": False, "reason": "not root (iptables ...)"}}}

@@ -50,6 +50,7 @@ CONDITION = Condition(
         "netem_userspace",
     ),
 )
+LOCAL_SOURCE_RUNTIME = "layers"  # the runtime whose traffic leaves from a local device's own address
 EMULATOR_SOCKET = "link-emulator.sock"  # beside the node's run files: netem-vary sends it the delay
 
 
@@ -154,7 +155,7 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     # own source address (the inventory's dit_source_address); a destination naming another device
     # is the loopback too and cannot be told from the edge, so such a block keeps the recorded tc tree.
     source = str(ctx.hostvars.get("dit_source_address") or "") if ctx.local else ""
-    local_blocker = _local_userspace_blocker(block, ctx, source, where) if ctx.local else None
+    local_blocker = _local_userspace_blocker(scenario, block, ctx, source, where) if ctx.local else None
     if local_blocker and requested == "userspace":
         raise NetemError(
             f"{where}.network_backend: userspace is not available in local mode here: {local_blocker}"
@@ -197,11 +198,20 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
 
 
 def _local_userspace_blocker(
-    block: Mapping[str, Any], ctx: HostContext, source: str, where: str
+    scenario: Scenario, block: Mapping[str, Any], ctx: HostContext, source: str, where: str
 ) -> str | None:
     """Why local mode cannot give this device the userspace backend (None: it can)."""
     if not source:
         return "the inventory gives the device no dit_source_address of its own"
+    runtime = str(scenario.runtime.get("name") or LOCAL_SOURCE_RUNTIME)
+    if runtime != LOCAL_SOURCE_RUNTIME:
+        # HeadSplit's and llama.cpp's RPC listen and connect on the loopback's 127.0.0.1: the chain,
+        # which selects the device's own address, would leave their traffic undelayed while the
+        # pings (and the self-check) showed the delay
+        return (
+            f"runtime {runtime!r} does not send from the device's own loopback address (only the "
+            f"{LOCAL_SOURCE_RUNTIME} runtime does), so its traffic could not be selected; use an inventory"
+        )
     others = sorted(
         key
         for key in block.get("destinations") or {}
