@@ -236,3 +236,18 @@ def test_local_mode_refuses_an_explicit_userspace_backend_the_node_cannot_run() 
     resolved = resolve_conditions(PreflightFacts(scenario, nodes, built, {}, local=True))
     refusal = netem.preflight(PreflightFacts(scenario, nodes, resolved, {}, local=True))
     assert refusal is not None and "needs the userspace backend" in refusal and "not root" in refusal
+
+
+def test_an_ipv6_inference_network_is_not_left_to_the_ipv4_only_backend() -> None:
+    """iptables sees IPv4 only: the main profile would leave an IPv6 inference network undelayed."""
+    (scenario,) = loads("name: v6\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {delay_ms: 5}\n")
+    host = replace(ctx("device1", local=False), edge_address="fd00::1")
+    built = netem.build(scenario, "device1", host)
+    assert built is not None and built["netem_userspace"] == {}  # auto: netem's tree (and its gate)
+    (asked,) = loads(
+        "name: v6\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {delay_ms: 5, network_backend: userspace}\n"
+    )
+    with pytest.raises(
+        NetemError, match=r"network\.device1\.network_backend: .*fd00::1 is IPv6 .* IPv4 only"
+    ):
+        netem.build(asked, "device1", host)

@@ -155,12 +155,13 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     # own source address (the inventory's dit_source_address); a destination naming another device
     # is the loopback too and cannot be told from the edge, so such a block keeps the recorded tc tree.
     source = str(ctx.hostvars.get("dit_source_address") or "") if ctx.local else ""
-    local_blocker = _local_userspace_blocker(scenario, block, ctx, source, where) if ctx.local else None
-    if local_blocker and requested == "userspace":
-        raise NetemError(
-            f"{where}.network_backend: userspace is not available in local mode here: {local_blocker}"
-        )
-    if requested != "netem" and needs_netem(block) and local_blocker is None:
+    blocker = _local_userspace_blocker(scenario, block, ctx, source, where) if ctx.local else None
+    if blocker and requested == "userspace":
+        raise NetemError(f"{where}.network_backend: userspace is not available in local mode here: {blocker}")
+    blocker = blocker or _ipv6_blocker(host, ctx)
+    if blocker and requested == "userspace":
+        raise NetemError(f"{where}.network_backend: userspace cannot shape this device: {blocker}")
+    if requested != "netem" and needs_netem(block) and blocker is None:
         userspace = build_userspace(
             block, dev, device=host, run_id=ctx.run_id, seed=scenario.seed, destinations=destinations,
             netns=netns, source=source or None,
@@ -195,6 +196,25 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
         "netem_backend": requested if userspace else "netem",
         "netem_userspace": userspace,
     }
+
+
+def _ipv6_blocker(host: str, ctx: HostContext) -> str | None:
+    """Why the userspace backend cannot shape ``host``'s inference traffic because it is IPv6 (its
+    iptables rules see IPv4 only: the main profile would leave IPv6 packets undelayed); None: IPv4."""
+    for who, address in (
+        ("the edge", ctx.edge_address),
+        (host, (getattr(ctx, "addresses", None) or {}).get(host)),
+    ):
+        try:
+            parsed = ipaddress.ip_address(str(address or ""))
+        except ValueError:
+            continue  # a host name: resolved on the node, not here
+        if parsed.version == 6:
+            return (
+                f"{who}'s inference address {parsed} is IPv6 and the userspace backend (iptables) shapes IPv4 "
+                "only; use network_backend: netem on a kernel with sch_netem, or an IPv4 inference network"
+            )
+    return None
 
 
 def _local_userspace_blocker(
