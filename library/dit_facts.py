@@ -385,6 +385,14 @@ def _nfqueue(
             "source": kernel,
             "reason": "iptables is not installed (provisioning installs it)",
         }
+    if os.geteuid() != 0:
+        # iptables and binding a queue need CAP_NET_ADMIN: a local-mode run as a user records instead
+        return {
+            "available": False,
+            "source": kernel,
+            "iptables": iptables,
+            "reason": "not root (iptables and NFQUEUE need CAP_NET_ADMIN)",
+        }
     return {"available": True, "source": kernel, "iptables": iptables}
 
 

@@ -20,12 +20,31 @@ from typing import Any
 RTT = re.compile(r"time[=<]([0-9.]+) ms")
 
 
-def ping(name: str, address: str, count: int, tcp_port: int | None = None) -> dict[str, Any]:
-    """One link: ``{"target", "address", "sent", "received", "rtt_ns", "method", ...}``."""
+def ping(
+    name: str, address: str, count: int, tcp_port: int | None = None, source: str | None = None
+) -> dict[str, Any]:
+    """One link: ``{"target", "address", "sent", "received", "rtt_ns", "method", ...}``.
+
+    ``source`` (local mode: the device's own loopback address) is the address the requests leave
+    from, so the device's network condition applies to them as to its inference traffic.
+    """
     record: dict[str, Any] = {"target": name, "address": address, "sent": count, "received": 0, "rtt_ns": []}
+    if source:
+        record["source"] = source
     program = shutil.which("ping")
     if program:
-        argv = [program, "-n", "-c", str(count), "-i", "0.2", "-W", "1", address]
+        argv = [
+            program,
+            "-n",
+            "-c",
+            str(count),
+            "-i",
+            "0.2",
+            "-W",
+            "1",
+            *(["-I", source] if source else []),
+            address,
+        ]
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=count * 2 + 10, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -43,7 +62,9 @@ def ping(name: str, address: str, count: int, tcp_port: int | None = None) -> di
     for _ in range(count):
         start = time.monotonic_ns()
         try:
-            with socket.create_connection((address, tcp_port), timeout=1.0):
+            with socket.create_connection(
+                (address, tcp_port), timeout=1.0, source_address=(source, 0) if source else None
+            ):
                 rtts.append(time.monotonic_ns() - start)
         except OSError:
             pass
@@ -53,14 +74,14 @@ def ping(name: str, address: str, count: int, tcp_port: int | None = None) -> di
 
 
 def ping_all(targets: list[dict[str, Any]], count: int, tcp_port: int | None = None) -> list[dict[str, Any]]:
-    """Every target (``{"target": name, "address": ..., "tcp_port": optional}``) at once; results in
+    """Every target (``{"target": name, "address": ..., "tcp_port", "source": optional}``) at once; results in
     the order of ``targets``. ``tcp_port`` is the fallback port of the ``edge`` target."""
     results: list[dict[str, Any]] = [{} for _ in targets]
 
     def one(index: int, item: dict[str, Any]) -> None:
         name = str(item.get("target") or item.get("address"))
         port = item.get("tcp_port", tcp_port if name == "edge" else None)
-        results[index] = ping(name, str(item["address"]), count, port)
+        results[index] = ping(name, str(item["address"]), count, port, str(item.get("source") or "") or None)
 
     threads = [threading.Thread(target=one, args=(i, t), daemon=True) for i, t in enumerate(targets)]
     for thread in threads:

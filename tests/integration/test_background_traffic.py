@@ -59,6 +59,8 @@ def test_background_stream_recorded_shaping_and_link_test(
         background_traffic={"device1": {"bitrate_mbit": 8}},
         network={
             "device2": {
+                # the recorded tc path under test (auto would take the userspace backend as root)
+                "network_backend": "netem",
                 "jitter_ms": 1,
                 "variation": {"kind": "square", "low_ms": 10, "high_ms": 30, "period_s": 1},
                 "destinations": {"edge": {"delay_ms": 40}},
@@ -77,8 +79,12 @@ def test_background_stream_recorded_shaping_and_link_test(
     rates = mbits(client_log)
     assert len(rates) >= 2, client_log
     assert 7.0 <= sum(rates[1:]) / len(rates[1:]) <= 9.0, rates
+    # from device1's own loopback address (local mode), which its network condition would select
+    inventory = load_unsafe_yaml((run_dir / "inventory.yml").read_text())
+    source = inventory["all"]["children"]["devices"]["hosts"]["device1"]["dit_source_address"]
+    assert source.startswith("127.") and source != "127.0.0.1"
     assert (
-        "Accepted connection from 127.0.0.1" in (raw / "edge" / "edge_iperf3_server_device1.log").read_text()
+        f"Accepted connection from {source}" in (raw / "edge" / "edge_iperf3_server_device1.log").read_text()
     )
 
     # The link test: iperf3 JSON towards the edge, preferred by links.csv.

@@ -201,6 +201,25 @@ def test_link_targets_name_the_edge_then_the_other_devices() -> None:
     }
 
 
+def test_a_device_with_its_own_source_address_pings_from_it() -> None:
+    """Local mode: a device's pings leave from its own loopback address, which its network
+    condition's rules select, so the measured RTT carries its delay."""
+    from dit.run.collect import link_targets
+    from tests.ansible_modules import module_util
+
+    addresses = {"edge": "127.0.0.1", "device1": "127.0.0.1", "device2": "127.0.0.1"}
+    targets = link_targets(("device1", "device2"), addresses, "edge", {"device1": "127.7.7.2"})
+    assert targets["device1"][0] == {"target": "edge", "address": "127.0.0.1", "source": "127.7.7.2"}
+    assert targets["device2"] == [
+        {"target": "edge", "address": "127.0.0.1"},
+        {"target": "device1", "address": "127.7.7.2"},  # at its own address: not the edge's rule
+    ]
+    (record,) = module_util("dit_ping").ping_all(targets["device1"][:1], 1)
+    assert record["source"] == "127.7.7.2"
+    if record["method"] == "icmp":
+        assert record["argv"][-3:] == ["-I", "127.7.7.2", "127.0.0.1"] and record["received"] == 1
+
+
 def test_ping_all_pings_every_target_at_once_in_order() -> None:
     from tests.ansible_modules import module_util
 

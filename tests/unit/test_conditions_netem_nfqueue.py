@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -156,3 +157,97 @@ def test_preflight_refuses_the_userspace_backend_where_iptables_is_missing() -> 
     refusal = netem.preflight(PreflightFacts(scenario, nodes, built, {}, local=False))
     assert refusal is not None and "device1: network.device1 needs the userspace backend" in refusal
     assert "iptables is not installed" in refusal
+
+
+def test_a_source_address_confines_the_chain_to_the_device_s_own_packets() -> None:
+    plan = build_userspace({"delay_ms": 20}, "lo", device="device1", run_id="r", source="127.9.8.2",
+                           destinations={})  # fmt: skip
+    # every local device's chain hangs off -o lo: another address returns before any queue
+    assert plan["rules"][0] == ["!", "-s", "127.9.8.2/32", "-j", "RETURN"]
+    assert plan["rules"][1][:2] == ["-j", "NFQUEUE"] and len(plan["rules"]) == 2
+    assert plan["jump"] == ["-o", "lo", "-j", plan["chain"]]
+    with pytest.raises(NetemError, match=r"source address '127\.0\.0\.0/8' is not one IPv4 address"):
+        build_userspace({"delay_ms": 20}, "lo", device="device1", run_id="r", source="127.0.0.0/8")
+
+
+def test_local_mode_auto_takes_the_userspace_backend_wherever_it_runs() -> None:
+    with_netem = {"netem": {"available": True}, "nfqueue": NFQUEUE}
+    assert choose_backend("auto", with_netem, local=True)[0] == "userspace"
+    not_root = {**NO_NETEM, "nfqueue": {"available": False, "reason": "not root"}}
+    chosen, why = choose_backend("auto", not_root, local=True)
+    assert chosen == "netem" and "local mode records" in why and "not root" in why
+
+
+def _local(block: str) -> tuple[Any, dict[str, Any]]:
+    """device1's ``network`` block built as local mode builds it: every node on the loopback, each
+    device with its own source address."""
+    (scenario,) = loads(f"name: l\nmodel: fake\ndevices: [device1, device2]\nnetwork:\n  device1: {block}\n")
+    loopback = {h: "127.0.0.1" for h in ("edge", "device1", "device2")}
+    hosts = {"edge": replace(ctx("edge", local=True), addresses=loopback)}
+    for index, host in enumerate(("device1", "device2")):
+        source = f"127.9.8.{index + 2}"
+        hosts[host] = replace(ctx(host, local=True, dit_source_address=source), addresses=loopback)
+    return scenario, build_conditions(scenario, hosts)
+
+
+def test_local_mode_builds_the_userspace_backend_from_the_device_s_source_address() -> None:
+    scenario, built = _local("{delay_ms: 20, rate_mbit: 50, destinations: {edge: {delay_ms: 30}}}")
+    plan = built["device1"]["netem"]["netem_userspace"]
+    assert plan["rules"][0] == ["!", "-s", "127.9.8.2/32", "-j", "RETURN"]
+    assert plan["rules"][1][:2] == ["-d", "127.0.0.1/32"]
+    assert plan["dry_run"] is True  # the rate cap on the shared loopback stays recorded
+    facts = PreflightFacts(scenario, {"device1": {**NO_NETEM, "nfqueue": NFQUEUE}}, built, {}, local=True)
+    resolved = resolve_conditions(facts)["device1"]["netem"]
+    assert resolved["netem_backend"] == "userspace" and resolved["netem_dry_run"] is True
+    assert resolved["netem_tree"] and "netem" not in [o["expect"].get("kind") for o in resolved["netem_tree"]]
+    assert netem.preflight(PreflightFacts(scenario, facts.nodes, {"device1": {"netem": resolved}}, {},
+                                          local=True)) is None  # fmt: skip
+    metadata = {"conditions": {"device1": {"netem": resolved}}, "mode": "local"}
+    assert (backend(metadata, "device1"), shaping(metadata, "device1")) == ("userspace", "applied")
+    # not root here: the facts say so, auto records as before and preflight has nothing to refuse
+    nodes = {"device1": {**NO_NETEM, "nfqueue": {"available": False, "reason": "not root"}}}
+    recorded = resolve_conditions(PreflightFacts(scenario, nodes, built, {}, local=True))["device1"]["netem"]
+    assert recorded["netem_backend"] == "netem" and recorded["netem_dry_run"] is True
+    assert shaping({"conditions": {"device1": {"netem": recorded}}, "mode": "local"}, "device1") == "recorded"
+
+
+def test_local_mode_cannot_tell_another_device_from_the_edge() -> None:
+    _, built = _local("{destinations: {device2: {delay_ms: 30}}}")
+    assert built["device1"]["netem"]["netem_userspace"] == {}  # auto: recorded, as before
+    with pytest.raises(NetemError, match=r"network\.device1\.destinations names device2, another local node"):
+        _local("{network_backend: userspace, destinations: {device2: {delay_ms: 30}}}")
+
+
+def test_local_mode_keeps_recording_for_a_runtime_that_does_not_send_from_the_device_s_address() -> None:
+    """HeadSplit's RPC leaves from 127.0.0.1: a chain selecting the device's own address would delay
+    its pings and not its traffic, so the run would claim a delay its runtime never saw."""
+    head = "name: l\nmodel: fake\ndevices: [device1]\nruntime: {name: headsplit}\nnetwork:\n"
+    (scenario,) = loads(head + "  device1: {delay_ms: 5}\n")
+    host = ctx("device1", local=True, dit_source_address="127.9.8.2")
+    assert build_conditions(scenario, {"device1": host})["device1"]["netem"]["netem_userspace"] == {}
+    (asked,) = loads(head + "  device1: {delay_ms: 5, network_backend: userspace}\n")
+    with pytest.raises(NetemError, match="runtime 'headsplit' does not send from the device's own loopback"):
+        build_conditions(asked, {"device1": host})
+
+
+def test_local_mode_refuses_an_explicit_userspace_backend_the_node_cannot_run() -> None:
+    scenario, built = _local("{delay_ms: 20, network_backend: userspace}")
+    nodes = {"device1": {**NO_NETEM, "nfqueue": {"available": False, "reason": "not root (iptables ...)"}}}
+    resolved = resolve_conditions(PreflightFacts(scenario, nodes, built, {}, local=True))
+    refusal = netem.preflight(PreflightFacts(scenario, nodes, resolved, {}, local=True))
+    assert refusal is not None and "needs the userspace backend" in refusal and "not root" in refusal
+
+
+def test_an_ipv6_inference_network_is_not_left_to_the_ipv4_only_backend() -> None:
+    """iptables sees IPv4 only: the main profile would leave an IPv6 inference network undelayed."""
+    (scenario,) = loads("name: v6\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {delay_ms: 5}\n")
+    host = replace(ctx("device1", local=False), edge_address="fd00::1")
+    built = netem.build(scenario, "device1", host)
+    assert built is not None and built["netem_userspace"] == {}  # auto: netem's tree (and its gate)
+    (asked,) = loads(
+        "name: v6\nmodel: fake\ndevices: [device1]\nnetwork:\n  device1: {delay_ms: 5, network_backend: userspace}\n"
+    )
+    with pytest.raises(
+        NetemError, match=r"network\.device1\.network_backend: .*fd00::1 is IPv6 .* IPv4 only"
+    ):
+        netem.build(asked, "device1", host)

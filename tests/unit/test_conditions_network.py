@@ -189,3 +189,15 @@ def test_the_netem_preflight_says_when_the_tree_is_recorded_instead() -> None:
     assert "device1" in note and "kernel 6.1-test has no sch_netem" in note
     assert "records the netem commands" in note
     assert preflight_notes(facts) == [note]  # what the driver logs as a preflight warning
+
+
+def test_a_local_device_s_background_stream_leaves_from_its_own_address() -> None:
+    """Local mode: iperf3 binds the device's own loopback address, which its network condition selects."""
+    (scenario,) = loads(SCENARIO.replace("target: device2", "target: edge"))
+    hosts = contexts(local=True) | {"device1": ctx("device1", local=True, dit_source_address="127.9.8.2")}
+    built = build_conditions(scenario, hosts)
+    assert built["device1"]["background_traffic"]["background_traffic_client"]["argv"][-2:] == [
+        "-B",
+        "127.9.8.2",
+    ]
+    assert "-B" not in built["device3"]["background_traffic"]["background_traffic_client"]["argv"]

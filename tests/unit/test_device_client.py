@@ -235,3 +235,15 @@ def test_run_inference_iterates_vectors_then_repetitions_and_writes_csv(tmp_path
         assert row["max_abs_diff"] == ""
     with pytest.raises(ValueError, match="has no position 5"):
         run_inference(model, None, device="d", vectors=[[0]], device_index=5, repetitions=1, origin_mono_ns=0)
+
+
+def test_the_connection_leaves_from_the_device_s_own_source_address() -> None:
+    """Local mode: the agent's connection to the edge leaves from the device's own loopback address,
+    which the userspace link emulator's rules select."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        conn = EdgeConnection("127.0.0.1", srv.getsockname()[1], source="127.7.7.3")
+        conn.connect()
+        peer, _ = srv.accept()
+        with peer:
+            assert peer.getpeername()[0] == "127.7.7.3"
+        conn.close()

@@ -137,8 +137,13 @@ def test_nfqueue_needs_the_kernel_queue_and_iptables(tmp_path: Path, monkeypatch
     assert missing["available"] is False and "no nfnetlink_queue" in missing["reason"]
     proc.write_text("")
     monkeypatch.setattr(facts.shutil, "which", lambda name: "/usr/sbin/iptables")
+    monkeypatch.setattr(facts.os, "geteuid", lambda: 0)
     found = facts._nfqueue("0-test", str(proc), str(tmp_path))
     assert found == {"available": True, "source": "nfnetlink_queue loaded", "iptables": "/usr/sbin/iptables"}
+    # local mode as a user: iptables and the queue need CAP_NET_ADMIN, so auto records instead
+    monkeypatch.setattr(facts.os, "geteuid", lambda: 1000)
+    user = facts._nfqueue("0-test", str(proc), str(tmp_path))
+    assert user["available"] is False and user["reason"].startswith("not root")
     monkeypatch.setattr(facts.shutil, "which", lambda name: None)
     monkeypatch.setattr(facts.os, "access", lambda path, mode: False)
     no_tool = facts._nfqueue("0-test", str(proc), str(tmp_path))

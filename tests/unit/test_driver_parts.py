@@ -42,6 +42,22 @@ def test_local_inventory_has_edge_and_devices_with_fake_sysfs(tmp_path: Path) ->
     assert (edge_sysfs / "devices/system/cpu/intel_pstate/no_turbo").read_text().strip() == "0"
 
 
+def test_local_devices_send_from_loopback_addresses_of_their_own(tmp_path: Path) -> None:
+    """Each local device its own 127.A.B.x source address (the userspace link emulator's rules select
+    a device by it), distinct per device and per run, clear of the edge's 127.0.0.1."""
+    import ipaddress
+
+    inv = local_inventory(tmp_path / "a", ("device1", "device2"))
+    first = [inv.source_of(d) for d in ("device1", "device2")]
+    assert inv.source_of("edge") == "" and len(set(first)) == 2
+    for address in first:
+        parsed = ipaddress.ip_address(address)
+        assert parsed.is_loopback and parsed not in ipaddress.ip_network("127.0.0.0/16")
+    assert local_inventory(tmp_path / "b", ("device1",)).source_of("device1") != first[0]
+    data = load_unsafe_yaml(Path(inv.source).read_text())
+    assert data["all"]["children"]["devices"]["hosts"]["device2"]["dit_source_address"] == first[1]
+
+
 def test_local_devices_stand_for_a_board_s_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A local device's load takes its memory targets from a Pi 4's 4096 MiB, not this machine's
     MemTotal (DIT_LOCAL_MEMORY_MB: auto, off or MiB); the edge has no load."""

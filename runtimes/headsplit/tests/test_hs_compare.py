@@ -12,13 +12,20 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def fake_run(
-    root: Path, name: str, block: dict[str, Any], point: list[Any], rate: float, oom: int | None = None
+    root: Path,
+    name: str,
+    block: dict[str, Any],
+    point: list[Any],
+    rate: float,
+    oom: int | None = None,
+    conditions: dict[str, Any] | None = None,
 ) -> None:
     run = root / "ch6" / name
     (run / "aggregate").mkdir(parents=True)
     meta = {
         "scenario": {"label": f"ch6[{name}]", "sweep_point": point},
         "runtime": {"name": "headsplit", "version": "0.1.0", "block": {"name": "headsplit", **block}},
+        "conditions": conditions or {},
     }
     (run / "metadata.json").write_text(json.dumps(meta), encoding="utf-8")
     values = [{"name": "tokens_per_s", "value": rate, "unit": "1/s", "type": "float"}]
@@ -66,11 +73,27 @@ def test_speedups_are_over_the_layerwise_run_of_the_same_rtt(tmp_path: Path) -> 
         "greedy-5": (None, 7),  # out of memory: no speedup
     }
     table = run_compare(str(tmp_path / "ch6" / "greedy-0"), str(tmp_path / "ch6" / "layerwise-0")).stdout
-    assert table.splitlines()[0].split() == ["variant", "strategy", "speculation", "tokens/s", "speedup"]
+    assert table.splitlines()[0].split() == [
+        "variant", "strategy", "speculation", "network", "tokens/s", "speedup",
+    ]  # fmt: skip
     assert [line.split() for line in table.splitlines()[1:]] == [
-        ["ch6[greedy-0]", "greedy", "yes", "6.00", "1.50x"],
-        ["ch6[layerwise-0]", "layerwise", "no", "4.00", "1.00x"],
+        ["ch6[greedy-0]", "greedy", "yes", "none", "6.00", "1.50x"],
+        ["ch6[layerwise-0]", "layerwise", "no", "none", "4.00", "1.00x"],
     ]
+
+
+def test_the_table_names_what_applied_the_added_rtt(tmp_path: Path) -> None:
+    """The link emulator, netem, or only recorded (an RTT column that measured no added delay)."""
+    block = {"strategy": "layerwise", "speculation": False}
+    emulated = {"device1": {"netem": {"netem_backend": "userspace", "netem_dry_run": True}}}
+    recorded = {"device1": {"netem": {"netem_backend": "netem", "netem_dry_run": True}}}
+    both = {**emulated, "device2": {"netem": {"netem_backend": "auto", "netem_dry_run": False}}}
+    for name, conditions in (("emulated", emulated), ("recorded", recorded), ("both", both)):
+        fake_run(tmp_path, name, block, [["network", name]], 1.0, conditions=conditions)
+    done = run_compare("--json", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    got = {Path(r["run"]).name: r["network"] for r in json.loads(done.stdout)}
+    assert got == {"emulated": "userspace", "recorded": "recorded", "both": "netem+userspace"}
 
 
 def test_a_sweep_without_layerwise_has_no_speedup_and_bad_input_is_named(tmp_path: Path) -> None:

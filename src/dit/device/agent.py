@@ -352,6 +352,7 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
             _int(edge, "port", "inference.edge", minimum=1),
             connect_timeout_s=float(inf.get("connect_timeout_s", 30.0)),
             timeout_s=float(inf.get("timeout_s", 600.0)),
+            source=str(edge.get("source") or "") or None,
         )
 
     reference = reference_output(model) if tolerance is not None else None

@@ -118,8 +118,11 @@ class EdgeConnection:
         connect_timeout_s: float = 30.0,
         timeout_s: float | None = 600.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        source: str | None = None,
     ) -> None:
         self.host, self.port = host, int(port)
+        # local mode: the device's own loopback address, which its network condition's rules select
+        self.source = source or None
         self.connect_timeout_s = connect_timeout_s
         self.timeout_s = timeout_s
         self.max_frame_bytes = max_frame_bytes
@@ -132,7 +135,11 @@ class EdgeConnection:
         delay = 0.05
         while True:
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
+                sock = socket.create_connection(
+                    (self.host, self.port),
+                    timeout=self.connect_timeout_s,
+                    source_address=(self.source, 0) if self.source else None,
+                )
                 break
             except OSError as exc:
                 if time.monotonic() + delay > deadline:

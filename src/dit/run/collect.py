@@ -18,16 +18,29 @@ IPERF3_D2D_PORT_OFFSET = 500
 
 
 def link_targets(
-    devices: Iterable[str], addresses: Mapping[str, str], edge_host: str
+    devices: Iterable[str],
+    addresses: Mapping[str, str],
+    edge_host: str,
+    sources: Mapping[str, str] | None = None,
 ) -> dict[str, list[dict[str, str]]]:
     """``{device: [{"target", "address"}]}``: each device's link to the edge server (named ``edge``,
-    as the analysis names it), then to every other device, in scenario order."""
+    as the analysis names it), then to every other device, in scenario order. A device with a source
+    address (``sources``: local mode's own loopback address) pings from it (``source``), so its
+    network condition applies to the pings as to its inference traffic, and is pinged at it, so a
+    destination rule towards the edge (127.0.0.1, every local node's address) does not select it."""
     names = list(devices)
-    return {
-        device: [{"target": "edge", "address": addresses[edge_host]}]
-        + [{"target": other, "address": addresses[other]} for other in names if other != device]
-        for device in names
-    }
+    own = dict(sources or {})
+    out: dict[str, list[dict[str, str]]] = {}
+    for device in names:
+        links = [{"target": "edge", "address": addresses[edge_host]}]
+        links += [
+            {"target": other, "address": own.get(other) or addresses[other]}
+            for other in names
+            if other != device
+        ]
+        source = own.get(device)
+        out[device] = [{**link, "source": source} for link in links] if source else links
+    return out
 
 
 def throughput_testers(scenario: Scenario) -> list[str]:

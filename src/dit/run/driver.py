@@ -436,7 +436,8 @@ class Driver:
 
     def _ping_targets(self) -> dict[str, list[dict[str, str]]]:
         """Every device's links: to the edge server, then to each other device of the scenario."""
-        return link_targets(self.scenario.devices, self._addresses(), self.inv.edge_host)
+        sources = {d: self.inv.source_of(d) for d in self.scenario.devices if self.inv.source_of(d)}
+        return link_targets(self.scenario.devices, self._addresses(), self.inv.edge_host, sources)
 
     def _addresses(self) -> dict[str, str]:
         return {h: self.inv.address_of(h) for h in self.inv.hosts}

@@ -6,6 +6,8 @@ Either way the stages address two groups: ``edge`` (exactly one host, the edge s
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import json
 import os
 import shutil
@@ -63,6 +65,11 @@ class RunInventory:
         base = str(self.hostvars.get(host, {}).get("dit_remote_base", DEFAULT_REMOTE_BASE))
         return f"{base}/{run_id}"
 
+    def source_of(self, host: str) -> str:
+        """The address ``host``'s inference traffic leaves from when it must be told apart ("" else):
+        in local mode each device's own loopback address (:func:`local_source_address`)."""
+        return str(self.hostvars.get(host, {}).get("dit_source_address") or "")
+
     def address_of(self, host: str) -> str:
         """Where the other nodes reach ``host`` on the inference network."""
         if host == self.edge_host:
@@ -109,6 +116,27 @@ def local_cpu_split() -> tuple[list[int], list[int]]:
     return available[:1], available[1:]
 
 
+LOCAL_SOURCE_NETWORK = ipaddress.ip_network("127.0.0.0/8")  # all of it is loopback on Linux
+
+
+def local_source_address(run_dir: Path, index: int) -> str:
+    """Local mode's source address of the ``index``-th device: ``127.A.B.(index + 2)``.
+
+    Every local node is this machine, so without its own source address one device's packets could
+    not be told from another's (the userspace link emulator's rules select a device by it). ``A.B``
+    comes from the run directory, so two local runs at once never share an address and one run's
+    iptables rules never select another run's packets; 127.0.0.1 (the edge) and 127.0.0.0/16 stay
+    clear of it.
+    """
+    if not 0 <= index < 250:
+        raise InventoryError(
+            f"local mode gives at most 250 devices their own loopback address, not {index + 1}"
+        )
+    digest = int.from_bytes(hashlib.sha256(str(run_dir.resolve()).encode()).digest()[:2], "big")
+    second = 1 + digest % 255
+    return str(LOCAL_SOURCE_NETWORK.network_address + (second << 16) + ((digest >> 8) << 8) + index + 2)
+
+
 def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     """Generate the local-mode inventory: one directory per node under ``run_dir/nodes``."""
     nodes = run_dir / "nodes"
@@ -129,7 +157,11 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
         }
 
     edge_vars = host(EDGE, "edge") | {"dit_edge_bind": "127.0.0.1", "dit_inference_address": "127.0.0.1"}
-    device_vars = {name: host(name, "device") | {"dit_inference_interface": "lo"} for name in devices}
+    device_vars = {
+        name: host(name, "device")
+        | {"dit_inference_interface": "lo", "dit_source_address": local_source_address(run_dir, index)}
+        for index, name in enumerate(devices)
+    }
     edge_cpus, device_cpus = local_cpu_split()
     if edge_cpus:
         edge_vars["dit_cpu_affinity"] = edge_cpus

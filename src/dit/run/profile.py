@@ -62,6 +62,11 @@ def launch_context(
         model=model,
         edge_port=edge_port,
         runtime_pythons=dict(runtime_pythons),
+        source_addresses={
+            host: str(ctx.hostvars["dit_source_address"])
+            for host, ctx in contexts.items()
+            if ctx.hostvars.get("dit_source_address")
+        },
     )
 
 

@@ -47,6 +47,9 @@ class LaunchContext:
     # host -> the interpreter of the runtime's own venv on that node (<runtimes dir>/<name>-<pin12>/bin/python,
     # installed by ``dit runtimes install``), else that node's ``dit_python``; empty when built by hand
     runtime_pythons: Mapping[str, str] = field(default_factory=dict)
+    # host -> the address its inference traffic leaves from, where the network condition must tell the
+    # nodes apart (local mode: each device's own loopback address); absent: the kernel picks
+    source_addresses: Mapping[str, str] = field(default_factory=dict)
 
     def runtime_python(self, host: str) -> str:
         """The interpreter the runtime's processes on ``host`` run with: its venv's, else ``dit_python``."""

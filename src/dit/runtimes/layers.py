@@ -209,7 +209,15 @@ class LayersRuntime:
                     "vectors": [list(v) for v in inference.get("partition_points", ())],
                     "device_index": index,
                     "repetitions": inference.get("repetitions", 1),
-                    "edge": {"host": ctx.addresses[ctx.edge_host], "port": ctx.edge_port},
+                    "edge": {
+                        "host": ctx.addresses[ctx.edge_host],
+                        "port": ctx.edge_port,
+                        **(
+                            {"source": ctx.source_addresses[device]}
+                            if ctx.source_addresses.get(device)
+                            else {}
+                        ),
+                    },
                     "equivalence": {
                         "enabled": equivalence.get("enabled", False),
                         "tolerance": float(equivalence.get("tolerance", 0.0)),

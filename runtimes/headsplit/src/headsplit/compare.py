@@ -5,7 +5,10 @@ dit runs each sweep variant into its own run directory and its results parser se
 point and the runtime block) and ``aggregate/summary.json`` (``tokens_per_s``). Variants are grouped
 by their sweep point without the strategy and speculation (a swept whole ``runtime`` block counts
 with those two fields left out); in each group the ``layerwise`` run without speculation is the
-baseline and every run's speedup is its tokens/s over the baseline's. Standard library only.
+baseline and every run's speedup is its tokens/s over the baseline's. The ``network`` column says
+what applied each run's added RTT (``metadata.json`` → ``conditions.<device>.netem``): ``netem``,
+``userspace`` (the link emulator, where the kernel has no ``sch_netem``), ``recorded`` (logged, not
+applied: its RTT column measures no added delay) or ``none``. Standard library only.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Variant:
     tokens_per_s: float | None
     oom_token: int | None
     speedup: float | None = None
+    network: str = "none"  # what applied the added RTT: netem, userspace, recorded (several: joined by +)
 
 
 class CompareError(ValueError):
@@ -62,6 +66,21 @@ def _others(point: Iterable[Any]) -> str:
     return json.dumps(kept, sort_keys=True)
 
 
+def network_backends(meta: Mapping[str, Any]) -> str:
+    """How a run's network conditions were applied, from its ``metadata.json`` (module docstring)."""
+    conditions = meta.get("conditions")
+    found: set[str] = set()
+    for per_host in conditions.values() if isinstance(conditions, Mapping) else ():
+        netem = per_host.get("netem") if isinstance(per_host, Mapping) else None
+        if not isinstance(netem, Mapping):
+            continue
+        chosen = str(netem.get("netem_backend") or "netem")
+        if chosen != "userspace":  # auto unsettled, or a run from before the backends: netem's tree
+            chosen = "recorded" if netem.get("netem_dry_run") else "netem"
+        found.add(chosen)
+    return "+".join(sorted(found)) or "none"
+
+
 def load_variant(run: Path) -> Variant:
     meta = _read(run / "metadata.json")
     scenario = meta.get("scenario")
@@ -89,6 +108,7 @@ def load_variant(run: Path) -> Variant:
         others=_others(point),
         tokens_per_s=float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None,
         oom_token=int(oom) if isinstance(oom, int) and not isinstance(oom, bool) else None,
+        network=network_backends(meta),
     )
 
 
@@ -122,12 +142,13 @@ def compare(variants: Sequence[Variant]) -> list[Variant]:
 
 
 def render(rows: Sequence[Variant]) -> str:
-    header = ("variant", "strategy", "speculation", "tokens/s", "speedup")
+    header = ("variant", "strategy", "speculation", "network", "tokens/s", "speedup")
     body = [
         (
             r.label,
             r.strategy,
             "yes" if r.speculation else "no",
+            r.network,
             "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.2f}",
             (f"oom at token {r.oom_token}" if r.oom_token is not None else "-")
             if r.speedup is None
@@ -161,7 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         doc = [
             {"run": str(r.path), "label": r.label, "strategy": r.strategy, "speculation": r.speculation,
-             "tokens_per_s": r.tokens_per_s, "oom_token": r.oom_token, "speedup": r.speedup}
+             "network": r.network, "tokens_per_s": r.tokens_per_s, "oom_token": r.oom_token,
+             "speedup": r.speedup}
             for r in rows
         ]  # fmt: skip
         print(json.dumps(doc, indent=2))

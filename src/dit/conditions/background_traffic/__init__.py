@@ -85,6 +85,9 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
                     "-i", "1", "--forceflush", "--logfile", f"{results}/background_traffic.log"]  # fmt: skip
             if protocol == "udp":
                 argv.insert(3, "-u")
+            source = str(ctx.hostvars.get("dit_source_address") or "") if ctx.local else ""
+            if source:  # local mode: from the device's own address, which its network condition selects
+                argv += ["-B", source]
             client = {
                 "tag": "iperf3-client",
                 "target": target,

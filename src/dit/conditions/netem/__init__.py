@@ -50,6 +50,7 @@ CONDITION = Condition(
         "netem_userspace",
     ),
 )
+LOCAL_SOURCE_RUNTIME = "layers"  # the runtime whose traffic leaves from a local device's own address
 EMULATOR_SOCKET = "link-emulator.sock"  # beside the node's run files: netem-vary sends it the delay
 
 
@@ -150,25 +151,29 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     if shaping is None:
         return None
     userspace: dict[str, Any] = {}
-    # Local mode records the netem commands: every device shares the loopback, so a queue cannot yet
-    # tell one device's packets from another's (no per-device source address).
-    if not ctx.local and requested != "netem" and needs_netem(block):
+    # Local mode: every device shares the loopback, so the emulator's chain selects the device by its
+    # own source address (the inventory's dit_source_address); a destination naming another device
+    # is the loopback too and cannot be told from the edge, so such a block keeps the recorded tc tree.
+    source = str(ctx.hostvars.get("dit_source_address") or "") if ctx.local else ""
+    blocker = _local_userspace_blocker(scenario, block, ctx, source, where) if ctx.local else None
+    if blocker and requested == "userspace":
+        raise NetemError(f"{where}.network_backend: userspace is not available in local mode here: {blocker}")
+    blocker = blocker or _ipv6_blocker(host, ctx)
+    if blocker and requested == "userspace":
+        raise NetemError(f"{where}.network_backend: userspace cannot shape this device: {blocker}")
+    if requested != "netem" and needs_netem(block) and blocker is None:
         userspace = build_userspace(
             block, dev, device=host, run_id=ctx.run_id, seed=scenario.seed, destinations=destinations,
-            netns=netns,
+            netns=netns, source=source or None,
         )  # fmt: skip
         rates = build_tree(
             rate_only(block), dev, device=host, seed=scenario.seed, destinations=destinations, netns=netns
         )
         userspace["tree"] = [o.to_dict() for o in rates.objects] if rates is not None else []
-        userspace["dry_run"] = bool(ctx.hostvars.get("dit_tc_dry_run") is True)
+        # local mode still records tc (a rate cap on the shared loopback would cap every node)
+        userspace["dry_run"] = bool(ctx.local or ctx.hostvars.get("dit_tc_dry_run") is True)
         userspace["control_socket"] = f"{ctx.node_root}/{EMULATOR_SOCKET}"
         userspace["seed"] = scenario.seed
-    elif requested == "userspace" and ctx.local:
-        raise NetemError(
-            f"{where}.network_backend: userspace is not available in local mode yet (every device shares "
-            "the loopback); use auto (local mode records the netem commands) or an inventory"
-        )
     dry_run = recorded(block, ctx.local, ctx.hostvars.get("dit_tc_dry_run", False))
     log = dry_run_log(ctx) if dry_run else ""
     variation: dict[str, Any] = {}
@@ -193,6 +198,53 @@ def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | N
     }
 
 
+def _ipv6_blocker(host: str, ctx: HostContext) -> str | None:
+    """Why the userspace backend cannot shape ``host``'s inference traffic because it is IPv6 (its
+    iptables rules see IPv4 only: the main profile would leave IPv6 packets undelayed); None: IPv4."""
+    for who, address in (
+        ("the edge", ctx.edge_address),
+        (host, (getattr(ctx, "addresses", None) or {}).get(host)),
+    ):
+        try:
+            parsed = ipaddress.ip_address(str(address or ""))
+        except ValueError:
+            continue  # a host name: resolved on the node, not here
+        if parsed.version == 6:
+            return (
+                f"{who}'s inference address {parsed} is IPv6 and the userspace backend (iptables) shapes IPv4 "
+                "only; use network_backend: netem on a kernel with sch_netem, or an IPv4 inference network"
+            )
+    return None
+
+
+def _local_userspace_blocker(
+    scenario: Scenario, block: Mapping[str, Any], ctx: HostContext, source: str, where: str
+) -> str | None:
+    """Why local mode cannot give this device the userspace backend (None: it can)."""
+    if not source:
+        return "the inventory gives the device no dit_source_address of its own"
+    runtime = str(scenario.runtime.get("name") or LOCAL_SOURCE_RUNTIME)
+    if runtime != LOCAL_SOURCE_RUNTIME:
+        # HeadSplit's and llama.cpp's RPC listen and connect on the loopback's 127.0.0.1: the chain,
+        # which selects the device's own address, would leave their traffic undelayed while the
+        # pings (and the self-check) showed the delay
+        return (
+            f"runtime {runtime!r} does not send from the device's own loopback address (only the "
+            f"{LOCAL_SOURCE_RUNTIME} runtime does), so its traffic could not be selected; use an inventory"
+        )
+    others = sorted(
+        key
+        for key in block.get("destinations") or {}
+        if key != ctx.edge_host and key in (getattr(ctx, "addresses", None) or {})
+    )
+    if others:
+        return (
+            f"{where}.destinations names {', '.join(others)}, another local node on the shared loopback "
+            "address, which the emulator cannot tell from the edge; shape towards the edge only, or use an inventory"
+        )
+    return None
+
+
 def resolve(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
     """The backend of every device left at ``auto`` or ``userspace``, from its preflight facts.
 
@@ -207,7 +259,9 @@ def resolve(facts: PreflightFacts) -> dict[str, dict[str, Any]]:
         if not isinstance(variables, Mapping) or variables.get("netem_backend") not in ("auto", "userspace"):
             continue
         plan = variables.get("netem_userspace") or {}
-        chosen, _why = choose_backend(str(variables["netem_backend"]), facts.nodes.get(host) or {})
+        chosen, _why = choose_backend(
+            str(variables["netem_backend"]), facts.nodes.get(host) or {}, facts.local
+        )
         updated = dict(variables)
         if chosen == "userspace" and plan:
             updated["netem_tree"] = list(plan.get("tree") or [])
@@ -228,13 +282,15 @@ def preflight(facts: PreflightFacts) -> str | None:
     """The netem gate: a device that needs ``sch_netem`` on a kernel without it and gets no userspace
     backend, or gets the userspace backend on a node without NFQUEUE or iptables (not in local mode,
     which records the tc commands instead of running them)."""
-    if facts.local:
-        return None
-    network = {
-        device: block
-        for device, block in facts.scenario.network.items()
-        if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace"
-    }
+    network = (
+        {}
+        if facts.local
+        else {
+            device: block
+            for device, block in facts.scenario.network.items()
+            if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace"
+        }
+    )
     problems = netem_gate(network, facts.nodes, facts.hostvars)
     for device in facts.scenario.network:
         if ((facts.built.get(device) or {}).get("netem") or {}).get("netem_backend") != "userspace":
@@ -255,7 +311,7 @@ def preflight_notes(facts: PreflightFacts) -> list[str]:
     for device, block in facts.scenario.network.items():
         built = (facts.built.get(device) or {}).get("netem") or {}
         if built.get("netem_backend") == "userspace":
-            _, why = choose_backend("auto", facts.nodes.get(device) or {})
+            _, why = choose_backend("auto", facts.nodes.get(device) or {}, facts.local)
             notes.append(
                 f"{device}: network.{device} is applied by the userspace link emulator (NFQUEUE): {why}"
             )

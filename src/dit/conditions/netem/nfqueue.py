@@ -80,8 +80,13 @@ def build_userspace(
     seed: int | str = 0,
     destinations: Mapping[str, str] | None = None,
     netns: str | None = None,
+    source: str | None = None,
 ) -> dict[str, Any]:
     """The rules and queues of ``network.<device>`` for the userspace backend.
+
+    ``source`` (local mode: the device's own loopback address) confines the chain to the packets
+    the device sends from it: every local device's chain hangs off the same ``-o lo``, so the
+    chain's first rule returns every packet from another address.
 
     Returns ``{"chain", "dev", "netns", "rules", "jump", "queues"}``: ``rules`` are the chain's rule
     specifications in order (what ``iptables -S CHAIN`` prints after ``-A CHAIN``), ``jump`` the
@@ -118,6 +123,11 @@ def build_userspace(
     if main.has_netem or varying:
         queues.append(_queue(base, "main", Profile(main_delay, main.jitter_ms, main.loss_pct)))
     rules: list[list[str]] = []
+    if source:
+        sender = parse_network(source, f"{where}: the device's source address")
+        if sender.version != 4 or sender.num_addresses != 1:
+            raise NetemError(f"{where}: source address {source!r} is not one IPv4 address")
+        rules.append(["!", "-s", _cidr(sender), "-j", "RETURN"])
     for index, (network, key, profile) in enumerate(entries):
         if profile.has_netem:
             queue = base + 1 + index
@@ -159,12 +169,14 @@ def requested_backend(block: Mapping[str, Any], hostvars: Mapping[str, Any], whe
     return str(value)
 
 
-def choose_backend(requested: str, node: Mapping[str, Any]) -> tuple[str, str]:
+def choose_backend(requested: str, node: Mapping[str, Any], local: bool = False) -> tuple[str, str]:
     """``(backend, why)`` for a device whose profile needs netem, from its preflight facts.
 
     ``auto`` takes netem where the kernel has it (or nothing says it lacks it) and the userspace
     backend where it lacks it and NFQUEUE and iptables are there; otherwise netem (whose gate then
-    refuses or records, as before).
+    refuses or records, as before). In local mode (``local``) ``auto`` takes the userspace backend
+    wherever it can run, sch_netem or not: a tc tree on the shared loopback cannot tell one device's
+    packets from another's, the emulator's rules select each device's source address.
     """
     netem: Mapping[str, Any] = node.get("netem") or {}
     nfqueue: Mapping[str, Any] = node.get("nfqueue") or {}
@@ -172,6 +184,13 @@ def choose_backend(requested: str, node: Mapping[str, Any]) -> tuple[str, str]:
     nfqueue = nfqueue if isinstance(nfqueue, Mapping) else {}
     if requested != "auto":
         return requested, f"network_backend: {requested}"
+    if local:
+        if nfqueue.get("available"):
+            return (
+                "userspace",
+                "local mode: each device's own loopback address, NFQUEUE and iptables are there",
+            )
+        return "netem", f"local mode records the netem commands ({nfqueue.get('reason', 'no NFQUEUE facts')})"
     if netem.get("available") is not False:
         return "netem", "the kernel has sch_netem"
     if nfqueue.get("available"):
