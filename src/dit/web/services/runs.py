@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.device.tags import RUN_ENV
-from dit.report import units
+from dit.report import labels, units
 from dit.run.procs import pid_alive
 from dit.run.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
 from dit.web.services import runpage
@@ -253,6 +253,11 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         },
         "devices": list((metadata.get("scenario") or {}).get("document", {}).get("devices", [])),
         "phases": phases,
+        # which node's power is modelled (a fake sensor), said wherever power or energy is shown
+        "power": {
+            "sensors": labels.power_sensors(agg),
+            "fake_note": labels.fake_sensor_note(labels.fake_power_nodes(agg)),
+        },
         "summary": runtime_summary(agg),
         "plots": {
             "layers": (agg / "layers.csv").is_file(),

@@ -1,0 +1,68 @@
+"""What a figure is, said next to it: a fake sensor's power, a prediction the run did not measure.
+
+One place for these labels so the report, the run page, ``dit show`` and NNPM's optimiser read alike
+(issue 36: NNPM must never present a modelled number as a measured one).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from dit.analysis.delay import ENERGY_OBJECTIVES
+
+__all__ = ["ENERGY_OBJECTIVES", "fake_power_nodes", "fake_sensor_note", "measured_policy", "power_sensors",
+           "prediction_reason"]  # fmt: skip
+
+FAKE_SENSORS: Final = frozenset({"fake"})
+"""``power.json``'s ``sensor`` values that model power instead of measuring it (dit.device.power)."""
+
+
+def power_sensors(agg: Path) -> dict[str, str]:
+    """node -> sensor, from ``aggregate/power_summary.csv`` (empty without the file or its column)."""
+    path = agg / "power_summary.csv"
+    if not path.is_file():
+        return {}
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return {}
+    return {str(r.get("node") or ""): str(r.get("sensor") or "") for r in rows if r.get("node")}
+
+
+def fake_power_nodes(agg: Path) -> list[str]:
+    """The nodes whose power and energy come from a fake sensor, sorted."""
+    return sorted(node for node, sensor in power_sensors(agg).items() if sensor in FAKE_SENSORS)
+
+
+def fake_sensor_note(nodes: list[str]) -> str:
+    """One sentence saying which nodes' power is modelled, not measured ("" when none)."""
+    if not nodes:
+        return ""
+    which = ", ".join(nodes)
+    return (
+        f"Fake power sensor on {which} (local mode): power and energy there are modelled from the node's "
+        "CPU activity, not measured."
+    )
+
+
+def measured_policy(scenario: Mapping[str, Any]) -> str | None:
+    """The edge server's scheduling policy during inference, upper case; None when no inference ran."""
+    inference = scenario.get("inference")
+    ran = bool(inference.get("enabled", True)) if isinstance(inference, Mapping) else True
+    edge = scenario.get("edge_server")
+    policy = edge.get("policy") if isinstance(edge, Mapping) else None
+    return str(policy).upper() if ran and policy else None
+
+
+def prediction_reason(policy: str, measured: str | None) -> str | None:
+    """Why an optimiser result under ``policy`` is a prediction, or None when the run measured it."""
+    policy = policy.upper()
+    if measured is None:
+        return "the run measured no inference: nothing confirms these delays"
+    if policy != measured:
+        return f"the edge server ran {measured} during the run, not {policy}: these delays are predicted, not measured"
+    return None
