@@ -234,7 +234,8 @@ $("bench-button").addEventListener("click", openBenchmark);
 
 // every option the dialog offers, as a nested object; an emptied field is null (back to the default)
 function benchProfiling() {
-  const { value } = state.benchForm.read();
+  const { value, errors } = state.benchForm.read();
+  if (errors.length) throw { errors, message: "fix these fields first" };  // never send a dropped field as its default
   const out = {};
   for (const path of state.benchmark.fields) {
     const parts = path.split(".");
@@ -250,8 +251,8 @@ function benchProfiling() {
 $("bench-form").addEventListener("submit", async (event) => {
   if (event.submitter && event.submitter.value === "cancel") return;
   event.preventDefault();
-  const body = { version: state.saved.hash, kind: "benchmark", mode: $("bench-mode").value, profiling: benchProfiling() };
   try {
+    const body = { version: state.saved.hash, kind: "benchmark", mode: $("bench-mode").value, profiling: benchProfiling() };
     const res = await api("/api/runs", { method: "POST", body });
     $("bench-dialog").close();
     state.run = { launch: res.launch, key: null, label: `${res.version.name} (benchmark)` };
@@ -395,6 +396,10 @@ function renderRun(d) {
     ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage } }, el("td", {}, s.stage), el("td", { class: "num", title: s.ns !== null ? `${s.ns} ns` : null }, s.text))));
   renderSummary(d.summary);
   renderPhases(d);
+  // a fake sensor's power is a model of the node's activity: said above the plots that show it
+  const powerNote = (d.power && d.power.fake_note) || "";
+  $("run-power-note").textContent = powerNote;
+  $("run-power-note").hidden = !powerNote;
   const plots = $("run-plots");
   const want = [["layers", "Per-layer latency", "latency (ms) per stage and cumulative up to each partition point"],
     ["monitors", "Monitors", "each metric in its unit against the time from the run's common origin (s)"]].filter(([k]) => d.plots[k]);
@@ -436,7 +441,9 @@ function renderOptimise(opt, detail) {
         el("span", { class: "small" }, ` · ${r.vectors_evaluated} vectors in ${r.search_text}`),
         r.measured ? el("span", { class: "badge measured", title: `the edge server ran ${r.policy} during the run` }, "measured policy")
           : el("span", { class: "badge prediction", title: r.prediction_reason }, "prediction"),
-        r.measured ? null : el("div", { class: "small prediction-reason" }, r.prediction_reason)),
+        r.measured ? null : el("div", { class: "small prediction-reason" }, r.prediction_reason),
+        r.energy_note ? el("span", { class: "badge fake-sensor", title: r.energy_note }, "fake sensor") : null,
+        r.energy_note ? el("div", { class: "small energy-note" }, r.energy_note) : null),
       el("tr", {}, el("th", {}, "device"), el("th", { title: "partition point: stages 1..p on the device" }, "p"),
         el("th", { title: "the largest feasible partition point of the device" }, "max p"),
         ...keys.map((k) => el("th", { class: "num", title: `${terms[k][0]} ${k}: ${terms[k][1]}`, dataset: { term: k } }, `${terms[k][0]} ${k}`))),
