@@ -50,3 +50,17 @@ def test_dit_show_labels_an_energy_optimum_over_a_fake_sensor(tmp_path: Path) ->
     line = next(x for x in shown.output.splitlines() if "exhaustive-energy-RR" in x)
     assert "(fake power sensor)" in line
     assert "Fake power sensor on device1" in shown.output
+
+
+def test_monitor_plot_names_a_fake_sensors_power_line() -> None:
+    import pandas as pd
+
+    from dit.web.services.plots import monitors_figure
+
+    frame = pd.DataFrame(
+        {"node": ["device1", "device1", "edge", "edge"], "t_ns": [0, 10**9, 0, 10**9],
+         "metric": ["power_w", "power_w", "cpu_pct", "cpu_pct"], "value": [2.5, 2.7, 30.0, 40.0]}
+    )  # fmt: skip
+    fig = monitors_figure(frame, ["device1", "edge"])  # edge has no power line: nothing to label there
+    legends = [t.get_text() for ax in fig.axes for t in ax.get_legend().get_texts()]  # type: ignore[attr-defined]
+    assert "device1 (fake sensor)" in legends and "edge" in legends
