@@ -160,11 +160,12 @@ def _stages(status: Mapping[str, Any]) -> Section:
     return section
 
 
-def _phases(agg: Path, round_: int | None) -> Section:
+def _phases(agg: Path, round_: int | None, status: Mapping[str, Any]) -> Section:
     section = Section("Phases per device", "phases")
     phases = _csv(agg / "phases.csv")
     if phases is None or phases.empty or not set(PHASES) <= set(phases.columns):
-        section.note = "No inference ran in this run (no aggregate/phases.csv)."
+        # a stopped or refused run says what happened, not that it was a run without inference
+        section.note = labels.run_outcome(status) or "No inference ran in this run (no aggregate/phases.csv)."
         return section
     rounds = sorted(int(r) for r in phases["round"].unique())
     chosen = round_ if round_ is not None and round_ in rounds else rounds[0]
@@ -445,7 +446,7 @@ def run_sections(run_dir: Path, round_: int | None = None) -> tuple[str, list[Se
         _facts(run_dir, status, meta),
         _stages(status),
         _runtime(agg),
-        _phases(agg, round_),
+        _phases(agg, round_, status),
         _layers(agg),
         _feasibility(agg),
         _monitors(agg),

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from dit.analysis.delay import ENERGY_OBJECTIVES
+from dit.run.console import STAGES
 
 __all__ = ["ENERGY_OBJECTIVES", "fake_power_nodes", "fake_sensor_note", "measured_policy", "power_sensors",
-           "prediction_reason"]  # fmt: skip
+           "prediction_reason", "run_outcome"]  # fmt: skip
 
 FAKE_SENSORS: Final = frozenset({"fake"})
 """``power.json``'s ``sensor`` values that model power instead of measuring it (dit.device.power)."""
@@ -65,4 +66,41 @@ def prediction_reason(policy: str, measured: str | None) -> str | None:
         return "the run measured no inference: nothing confirms these delays"
     if policy != measured:
         return f"the edge server ran {measured} during the run, not {policy}: these delays are predicted, not measured"
+    return None
+
+
+LEASE_REFUSALS: Final = ("is leased by", "is not a lease dit can read")
+"""Phrases of :func:`dit.run.lease.decide`'s refusals, as they reach a failed run's error."""
+
+
+def _stage_reached(status: Mapping[str, Any]) -> str | None:
+    """The stage a run ended in: recorded by the driver (``ended_stage``), else the stage after the last
+    one with a wall time (runs written before the driver recorded it)."""
+    recorded = status.get("ended_stage")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    stage_ns = status.get("stage_ns")
+    done = [s for s in STAGES if isinstance(stage_ns, Mapping) and s in stage_ns and s != "teardown"]
+    if not done:
+        return STAGES[0] if STAGES else None
+    after = STAGES.index(done[-1]) + 1
+    return STAGES[after] if after < len(STAGES) and STAGES[after] != "teardown" else None
+
+
+def run_outcome(status: Mapping[str, Any]) -> str | None:
+    """Why a finished run has no results, in one sentence; None for a run that ran to its end.
+
+    A stopped run says at which stage it stopped, a run a node's lease refused says so with the
+    holder; neither reads as "no inference ran (a benchmark)", which would misstate the experiment.
+    """
+    state = str(status.get("state") or "")
+    error = str(status.get("error") or "")
+    stage = _stage_reached(status)
+    where = f"during the {stage} stage" if stage else "before its first stage"
+    if state == "stopped":
+        return f"Stopped {where}" + (f" ({error})" if error else "") + ": the stages after it did not run."
+    if state == "failed" and any(p in error for p in LEASE_REFUSALS):
+        return f"Refused by a node's lease {where}: {error}."
+    if state == "failed":
+        return f"Failed {where}" + (f": {error}" if error else "") + "."
     return None

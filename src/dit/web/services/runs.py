@@ -241,6 +241,7 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "model": runpage.model_view(metadata.get("model")),
         "settings": settings,  # the run's own optimisation settings and the policy it measured
         "inference_ran": bool(phases and phases["rows"]),
+        "outcome_note": labels.run_outcome(status),  # a stopped, refused or failed run: what happened
         "lateness_ns": status.get("lateness_ns", {}),
         "teardown": status.get("teardown"),
         "metadata": {

@@ -362,6 +362,8 @@ function renderPhases(d) {
   const phases = d.phases;
   $("run-phases-box").hidden = !d.inference_ran;
   $("run-no-inference").hidden = d.inference_ran || !d.finished;
+  // a stopped or refused run says so (and where), never "a benchmark profiles only"
+  $("run-no-inference").textContent = d.outcome_note || "No inference ran in this run (a benchmark profiles only): no phases, nothing to optimise.";
   if (!d.inference_ran) { $("run-phases").replaceChildren(); return; }
   $("run-phases").replaceChildren(
     el("thead", {}, el("tr", {}, ...phases.columns.map((c) => el("th", { title: c.description, dataset: { column: c.key }, class: c.unit ? "num" : "" },
