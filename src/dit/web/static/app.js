@@ -166,7 +166,14 @@ $("topology-button").addEventListener("click", async () => {
   editScenario(res.document);
   const box = $("save-result");
   box.hidden = false;
-  box.textContent = res.edge ? `per-destination delays from the map applied (edge: ${res.edge})` + (res.not_on_map.length ? `; not on the map: ${res.not_on_map.join(", ")}` : "") : "the map has no edge server";
+  if (!res.edge) { box.textContent = "the map has no edge server"; return; }
+  // every link says which delay applies and where it comes from: a typed delay is kept, never overridden silently
+  const ms = (v) => `${Number(v).toPrecision(4)} ms`;
+  const line = (l) => l.source === "typed"
+    ? `${l.device} → ${l.peer}: ${ms(l.delay_ms)} typed, kept (the map says ${ms(l.map_ms)})`
+    : `${l.device} → ${l.peer}: ${ms(l.delay_ms)} from the map` + (l.previous_ms !== undefined ? ` (was ${ms(l.previous_ms)})` : "");
+  box.replaceChildren(el("div", {}, `per-destination delays from the map (edge: ${res.edge})` + (res.not_on_map.length ? `; not on the map: ${res.not_on_map.join(", ")}` : "")),
+    el("ul", { id: "map-links", class: "small" }, ...(res.links || []).map((l) => el("li", { dataset: { device: l.device, peer: l.peer, source: l.source } }, line(l)))));
 });
 
 async function startRun(kind) {
