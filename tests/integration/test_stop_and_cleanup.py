@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from dit.report.labels import run_outcome
+from dit.run.console import STAGES
 from dit.run.journal import Journal, collected_name
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
@@ -123,6 +125,9 @@ def test_dit_stop_tears_down_a_running_run(scenario_dir: Path, runs_dir: Path) -
     status = run.status()
     assert status["state"] == "stopped"
     assert status["teardown"]["ok"] is True
+    # the stage it stopped in is kept, and said (issue 36): not "no inference ran (a benchmark)"
+    assert status["ended_stage"] in STAGES
+    assert (run_outcome(status) or "").startswith(f"Stopped during the {status['ended_stage']} stage")
     assert_clean(run)
 
 
