@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dit.rack.cli import rack_app
-from dit.report import units
+from dit.report import labels, units
 from dit.run.console import STAGES as STAGE_ORDER
 from dit.run.rundir import (
     DRIVER,
@@ -487,12 +487,20 @@ def show(
             table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
     _show_network(run_dir / "aggregate" / "netem_check.csv")
+    fake_power = labels.fake_power_nodes(run_dir / "aggregate")
+    energy_shown = False
     for result in sorted((run_dir / "optimise").glob("*.json")):
         data = _read_run_json(result)
         value = data.get("objective_value")
         unit = str(data.get("objective_unit", ""))
         shown = units.with_unit(value, unit) if isinstance(value, (int, float)) else str(value)
-        out.print(f"optimise {result.stem}: vector {data.get('vector')} objective {shown}")
+        # an energy optimum over a fake sensor's power is a model's number: say so on the same line
+        fake = ""
+        if fake_power and data.get("objective") in labels.ENERGY_OBJECTIVES:
+            fake, energy_shown = " [yellow](fake power sensor)[/]", True
+        out.print(f"optimise {escape(result.stem)}: vector {data.get('vector')} objective {shown}{fake}")
+    if energy_shown:
+        out.print(f"[yellow]{escape(labels.fake_sensor_note(fake_power))}[/]")
 
 
 def _show_network(path: Path) -> None:

@@ -124,9 +124,21 @@ def test_build_scenario_in_dialog_and_save(page: Any, server: Server) -> None:
     shot(page, "04-scenario-field-error")
 
     fill(page, "repetitions", "2")
+    fill(page, "network.device2.delay_ms", "20")  # typed: the map must not override it (issue 36)
     page.click("#topology-button")  # the map's latencies as per-destination netem profiles
     page.wait_for_selector("#scenario-form [data-path='network.device1'] .map-key")
     assert page.locator("#scenario-form [data-path='network.device1'] .map-key").input_value() == "edge"
+    # each link says which delay applies and where it comes from; the typed 20 ms is kept
+    kept = page.locator("#map-links li[data-device=device2][data-peer=edge]")
+    assert kept.get_attribute("data-source") == "typed" and "20.00 ms typed, kept" in kept.inner_text()
+    assert (
+        page.locator("#map-links li[data-device=device1][data-peer=edge]").get_attribute("data-source")
+        == "map"
+    )
+    assert page.locator("#scenario-form [data-path='network.device2'] .map-key").count() == 0
+    assert page.locator("#scenario-form [name='network.device2.delay_ms']").input_value() == "20"
+    page.locator("#map-links").scroll_into_view_if_needed()
+    shot(page, "05a-map-delays-typed-kept")
     page.click("#save-button")
     page.wait_for_selector("#version-hash")
     digest = page.locator("#version-hash").inner_text()
@@ -134,6 +146,7 @@ def test_build_scenario_in_dialog_and_save(page: Any, server: Server) -> None:
     assert [s["latest"]["hash"] for s in stored] == [digest]
     version = api(page, f"/api/versions/{digest}")
     assert version["document"]["network"]["device1"]["destinations"]["edge"]["delay_ms"] > 5
+    assert version["document"]["network"]["device2"] == {"delay_ms": 20}
     shot(page, "05-scenario-saved")
 
 

@@ -61,7 +61,13 @@ def runs(server: Server) -> dict[str, Path]:
                 f"{node},{t},cpu0_freq_khz,{1_500_000 - (i % 3) * 300_000}",
                 f"{node},{t},thermal_zone0_temp_c,{45 + i / 8:.2f}",
             ]
+        if node == "device1":  # local mode's fake sensor (issue 36: labelled, never shown as measured)
+            rows += [f"{node},{i * 250_000_000},power_w,{2.5 + (i % 5) * 0.1:.2f}" for i in range(40)]
     (demo / "aggregate" / "monitors.csv").write_text("\n".join(rows) + "\n", "utf-8")
+    (demo / "aggregate" / "power_summary.csv").write_text(
+        "node,sensor,samples,duration_ns,energy_j,mean_power_w\ndevice1,fake,40,9750000000,26.3,2.7\n",
+        "utf-8",
+    )
 
     bench = _fixture_run(server.runs, BENCH, [s for s in RUN_ORDER if s != "optimise"])
     scenario = (bench / "scenario.yaml").read_text("utf-8")
@@ -111,6 +117,10 @@ def test_the_run_page_reads_like_the_cli(page: Any, runs: dict[str, Path]) -> No
         "() => (document.querySelector('#run-plots img[data-plot=monitors]') || {}).naturalWidth > 0"
     )
     assert "common origin (s)" in page.locator("#run-plots img[data-plot=monitors]").get_attribute("alt")
+    # the monitors plot holds device1's power from the fake sensor: said above it, never plain
+    note = page.locator("#run-power-note")
+    assert note.is_visible() and "Fake power sensor on device1" in note.inner_text()
+    assert "not measured" in note.inner_text()
     page.wait_for_function(
         "() => document.querySelector('#run-plots img[data-plot=layers]').naturalWidth > 0"
     )
@@ -219,6 +229,45 @@ def test_form_errors_are_red_current_and_linked_and_the_diff_reads_old_to_new(pa
     assert page.locator("#diff-output .line").first.evaluate("l => getComputedStyle(l).whiteSpace") == "pre"
     shot(page, "34-diff-older-newer")
     page.click("#diff-dialog button[value=close]")
+
+
+def test_a_number_the_browser_cannot_read_is_an_error_at_its_field(page: Any) -> None:
+    """Issue 36 item 4: "2e" in Warm-up is not dropped and saved as the default: the field says why."""
+    page.click("#tab-scenarios")
+    page.click("#new-scenario")
+    fill(page, "name", "pages_badnumber")
+    fill(page, "devices", "device1")
+    warmup = page.locator("#scenario-form [name='warmup']")
+    warmup.press_sequentially("2e")  # a number input takes "e" (an exponent) and reads "" while it is bad
+    assert warmup.evaluate("i => i.validity.badInput")
+    page.click("#save-button")
+    page.wait_for_selector("#form-errors:not([hidden])")
+    assert page.locator("#error-list li a").all_inner_texts() == ["warmup"]
+    error = page.locator("#scenario-form .field[data-path='warmup'] .field-error").inner_text()
+    assert "is not a number" in error
+    assert page.locator("#save-result").is_hidden() and page.locator("#run-button").is_disabled()
+    shot(page, "36-bad-number-at-field")
+    warmup.fill("2")
+    page.click("#save-button")
+    page.wait_for_selector("#version-hash")
+    assert page.locator("#form-errors").is_hidden()
+
+
+def test_saving_a_file_unchanged_gives_the_cli_hash(page: Any) -> None:
+    """Issue 36 item 6: the form writes back only what the file holds, so the version is the CLI run's."""
+    from dit.scenario import expand, load_yaml
+
+    cli_hash = expand(load_yaml(REPO / "scenarios" / "quickstart.yaml"))[
+        0
+    ].hash  # the run's, as `dit run` names it
+    page.click("#tab-scenarios")
+    page.click("#file-list li:text-is('quickstart.yaml')")
+    page.wait_for_function(
+        "() => document.querySelector(\"#scenario-form [name='name']\").value === 'quickstart'"
+    )
+    page.click("#save-button")
+    page.wait_for_selector("#version-hash")
+    assert page.locator("#version-hash").inner_text() == cli_hash
 
 
 def test_benchmarking_is_a_dialog_and_its_run_page_offers_no_optimise(

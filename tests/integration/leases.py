@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from dit.report.labels import run_outcome
 from dit.run.journal import Journal
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
@@ -46,6 +47,8 @@ def assert_refused_and_untouched(run: RunDir, before: bytes) -> None:
     """Refused in preflight: no change journaled, no node directory, no process, the lease intact."""
     status = run.status()
     assert status["state"] == "failed" and status["teardown"]["ok"] is True
+    # its report and run page say a lease refused it (issue 36), not "no inference ran"
+    assert (run_outcome(status) or "").startswith("Refused by a node's lease during the preflight stage")
     assert Journal(run.journal).records() == []
     assert not any((run.path / "nodes").glob(f"*/{run.run_id}"))
     assert run_processes(run.run_id) == []

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from dit.report.labels import run_outcome
+from dit.run.console import STAGES
 from dit.run.journal import Journal, collected_name
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
@@ -154,6 +156,9 @@ def test_a_held_run_refuses_a_second_run_and_cleanup_then_dit_stop_tears_it_down
     status = first.status()
     assert status["state"] == "stopped"
     assert status["teardown"]["ok"] is True
+    # the stage it stopped in is kept, and said (issue 36): not "no inference ran (a benchmark)"
+    assert status["ended_stage"] in STAGES
+    assert (run_outcome(status) or "").startswith(f"Stopped during the {status['ended_stage']} stage")
     assert_clean(first)
     assert not lease_file().exists()
     after = dit("run", str(tiny_scenario(scenario_dir)), "--runs-dir", str(tmp_path / "runs-c"))

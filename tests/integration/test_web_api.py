@@ -412,3 +412,19 @@ def test_run_report_downloads_as_one_self_contained_file(env: Any) -> None:
     )
     assert '<section id="phases">' in got.text and "fixture_small" in got.text
     assert client.get("/api/runs/fixture_small/nope/report").status_code == 404
+
+
+def test_a_file_saved_unchanged_has_the_cli_hash_and_bad_numbers_are_field_errors(env: Any) -> None:
+    """Issue 36 items 4 and 6, the API's side: the hash is the CLI run's; "2e" is refused at its field."""
+    from dit.scenario import expand, load_yaml
+
+    client, _, _ = env
+    cli_hash = expand(load_yaml(REPO / "scenarios" / "quickstart.yaml"))[0].hash
+    document = client.get("/api/scenarios/files/quickstart.yaml").json()["document"]
+    saved = client.post("/api/scenarios", json={"document": document}).json()["version"]
+    assert saved["hash"] == cli_hash
+    assert client.get(f"/api/versions/{cli_hash}").json()["document"] == document  # stored as written
+    refused = client.post("/api/scenarios", json={"document": {**DOC, "warmup": "2e"}})
+    assert refused.status_code == 422
+    assert [e["path"] for e in refused.json()["errors"]] == ["warmup"]
+    assert client.get("/api/scenarios/api_quick/versions").json()["versions"] == []

@@ -75,3 +75,70 @@ def test_not_a_run(tmp_path: Path) -> None:
         build_report(tmp_path)
     with pytest.raises(ReportError, match="is not a directory"):
         build_report(tmp_path / "missing")
+
+
+def _fake_power(run: Path) -> None:
+    """device1's power from local mode's fake sensor, as aggregate_monitors writes it (power_summary.csv)."""
+    import json
+
+    import pandas as pd
+
+    agg = run / "aggregate"
+    (agg / "power_summary.csv").write_text(
+        "node,sensor,samples,duration_ns,energy_j,mean_power_w\ndevice1,fake,40,9750000000,26.3,2.7\n"
+        "edge,ina260,40,9750000000,50.0,5.1\n"
+    )
+    (agg / "monitors.csv").write_text(
+        "node,t_ns,metric,value\n" + "".join(f"device1,{i * 250_000_000},power_w,2.{i}\n" for i in range(9))
+    )
+    (agg / "energy.csv").write_text(
+        "device,round,repetition,partition_point,start_ns,total_ns,energy_j,mean_power_w,samples,tokens,"
+        "energy_per_token_j,edp_js\ndevice1,0,0,0,0,14000000,0.04,2.7,3,,,0.00056\n"
+    )
+    validation = pd.read_csv(agg / "validation.csv")
+    validation["energy_ape_pct"] = 5.7
+    validation.to_csv(agg / "validation.csv", index=False)
+    # an energy optimum under RR: the run measured SJF, so a prediction, over a fake sensor's energy
+    own = next((run / "optimise").glob("*.json"))
+    result = json.loads(own.read_text())
+    result.update(objective="energy", objective_value=0.04, objective_unit="J", policy="RR")
+    (run / "optimise" / "exhaustive-energy-RR.json").write_text(json.dumps(result))
+
+
+def _section(html: str, anchor: str) -> str:
+    start = html.index(f'<section id="{anchor}">')
+    return html[start : html.index("</section>", start)]
+
+
+def test_fake_sensor_power_and_energy_are_labelled(tmp_path: Path) -> None:
+    """Issue 36 item 2: every power/energy figure from a fake sensor says so; a real sensor's does not."""
+    run = report_run(tmp_path / "run")
+    _fake_power(run)
+    html = build_report(run)
+    power = _section(html, "power")
+    assert "Fake power sensor on device1 (local mode)" in power and "not measured" in power
+    assert "<td>device1 (fake sensor)</td><td>fake</td>" in power  # the energy table names the sensor
+    assert "power trace (fake sensor: modelled, not measured)" in power
+    assert "edge (fake sensor)" not in html  # the INA260 node is not labelled fake
+    validation = _section(html, "validation")
+    assert "energy model MAPE 5.70 % against a fake power sensor on device1" in validation
+    optimise = _section(html, "optimise")
+    assert 'class="badge fake-sensor"' in optimise
+
+
+def test_report_marks_predictions(tmp_path: Path) -> None:
+    """Issue 36 item 2: a policy the run did not measure keeps its "prediction" badge, as on the run page."""
+    run = report_run(tmp_path / "run")
+    _fake_power(run)
+    optimise = _section(build_report(run), "optimise")
+    tables = optimise.split("<table>")[1:]
+    measured = next(t for t in tables if "· SJF:" in t)
+    predicted = next(t for t in tables if "· RR:" in t)
+    assert "badge prediction" not in measured  # the edge server ran SJF: measured
+    assert '<span class="badge prediction"' in predicted
+    assert "the edge server ran SJF during the run, not RR" in predicted
+
+
+def test_report_of_a_run_without_power_labels_nothing(tmp_path: Path) -> None:
+    html = build_report(report_run(tmp_path / "run")).lower()
+    assert "fake sensor" not in html and "fake power" not in html

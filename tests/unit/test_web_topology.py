@@ -9,6 +9,7 @@ import pytest
 from dit.web.services.topology import (
     EARTH_RADIUS_KM,
     Point,
+    apply_map_delays,
     haversine_km,
     link_latency_ms,
     network_block,
@@ -68,3 +69,29 @@ def test_network_block_edge_links_by_default_and_keeps_the_rest() -> None:
     both = network_block(delays, ["device1", "device2"], "edge", device_links=True)
     assert both["device1"]["destinations"] == {"edge": {"delay_ms": 12.5}, "device2": {"delay_ms": 20.0}}
     assert base["device1"]["destinations"] == {"10.0.0.9/32": {"delay_ms": 3}}  # not mutated
+
+
+def test_apply_map_delays_keeps_a_typed_delay_and_says_so() -> None:
+    """Issue 36 item 1: device1's typed 20 ms is not overridden by the map's 5.01 ms, and every link
+    says which value applies and where it comes from."""
+    delays = {"device1": {"edge": 5.013}, "device2": {"edge": 5.02}}
+    base = {
+        "device1": {"delay_ms": 20},
+        "device2": {"destinations": {"edge": {"delay_ms": 9, "loss_pct": 1}}},
+    }
+    block, links = apply_map_delays(delays, ["device1", "device2"], "edge", base=base)
+    assert block["device1"] == {"delay_ms": 20}  # no destination written over the typed delay
+    assert block["device2"]["destinations"]["edge"] == {"delay_ms": 5.02, "loss_pct": 1}
+    assert links == [
+        {"device": "device1", "peer": "edge", "map_ms": 5.013, "delay_ms": 20, "source": "typed"},
+        {
+            "device": "device2",
+            "peer": "edge",
+            "map_ms": 5.02,
+            "previous_ms": 9,
+            "delay_ms": 5.02,
+            "source": "map",
+        },
+    ]
+    assert network_block(delays, ["device1"], "edge", base=base) == {"device1": {"delay_ms": 20}, **{
+        "device2": base["device2"]}}  # fmt: skip

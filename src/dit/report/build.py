@@ -20,7 +20,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from matplotlib.figure import Figure
 
-from dit.report import rtt, units
+from dit.report import labels, rtt, units
 from dit.report.units import MISSING
 from dit.run.console import STAGES as STAGE_ORDER
 from dit.run.rundir import read_json_object
@@ -52,11 +52,14 @@ class Section:
     title: str
     anchor: str
     note: str = ""
-    tables: list[dict[str, Any]] = field(default_factory=list)  # {"caption", "columns", "rows"}
+    # {"caption", "columns", "rows", "badges": [{"kind", "text", "reason"}]}
+    tables: list[dict[str, Any]] = field(default_factory=list)
     figures: list[dict[str, str]] = field(default_factory=list)  # {"caption", "src"}
 
     def table(self, caption: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        self.tables.append({"caption": caption, "columns": list(columns), "rows": [list(r) for r in rows]})
+        self.tables.append(
+            {"caption": caption, "columns": list(columns), "rows": [list(r) for r in rows], "badges": []}
+        )
 
     def figure(self, caption: str, figure: Figure) -> None:
         self.figures.append({"caption": caption, "src": png_data_uri(figure)})
@@ -77,6 +80,16 @@ def _csv(path: Path) -> pd.DataFrame | None:
     except (OSError, ValueError):
         return None
     return frame
+
+
+def _scenario(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved ``scenario.yaml``; empty when missing or unreadable (the report still renders)."""
+    from dit.scenario import ScenarioError, load_yaml
+
+    try:
+        return load_yaml(run_dir / "scenario.yaml")
+    except (ScenarioError, OSError):
+        return {}
 
 
 def is_run_dir(path: Path) -> bool:
@@ -147,11 +160,12 @@ def _stages(status: Mapping[str, Any]) -> Section:
     return section
 
 
-def _phases(agg: Path, round_: int | None) -> Section:
+def _phases(agg: Path, round_: int | None, status: Mapping[str, Any]) -> Section:
     section = Section("Phases per device", "phases")
     phases = _csv(agg / "phases.csv")
     if phases is None or phases.empty or not set(PHASES) <= set(phases.columns):
-        section.note = "No inference ran in this run (no aggregate/phases.csv)."
+        # a stopped or refused run says what happened, not that it was a run without inference
+        section.note = labels.run_outcome(status) or "No inference ran in this run (no aggregate/phases.csv)."
         return section
     rounds = sorted(int(r) for r in phases["round"].unique())
     chosen = round_ if round_ is not None and round_ in rounds else rounds[0]
@@ -276,22 +290,30 @@ def _power(agg: Path) -> Section:
     if (power is None or power.empty) and (energy is None or energy.empty):
         section.note = "No power trace (give a device a `power` monitor)."
         return section
+    sensors = labels.power_sensors(agg)
+    fake = labels.fake_power_nodes(agg)
+    section.note = labels.fake_sensor_note(fake)
+
+    def who(node: Any) -> str:  # a fake sensor's node named so in every table row and legend
+        return f"{node} (fake sensor)" if str(node) in fake else str(node)
+
     if power is not None and not power.empty:
         figure = Figure(figsize=(8.0, 2.6))
         ax = figure.subplots()
         for node, rows in power.groupby("node", sort=True):
-            ax.plot(rows["t_ns"] / 1e9, rows["value"], label=str(node), linewidth=1)
+            ax.plot(rows["t_ns"] / 1e9, rows["value"], label=who(node), linewidth=1)
         ax.set_xlabel("time from the run's common origin (s)")
         ax.set_ylabel("power (W)")
         ax.legend(fontsize="small")
-        section.figure("power trace", figure)
+        section.figure("power trace" + (" (fake sensor: modelled, not measured)" if fake else ""), figure)
     if energy is not None and not energy.empty:
         grouped = energy.dropna(subset=["energy_j"]).groupby(["device", "round"], sort=True)
         section.table(
             "energy per inference (mean over repetitions)",
-            ("device", "round", "p", "energy", "mean power", "delay", "EDP"),
+            ("device", "sensor", "round", "p", "energy", "mean power", "delay", "EDP"),
             [
-                (device, int(str(rnd)), int(rows["partition_point"].iloc[0]), units.energy(rows["energy_j"].mean()),
+                (who(device), sensors.get(str(device)) or MISSING, int(str(rnd)),
+                 int(rows["partition_point"].iloc[0]), units.energy(rows["energy_j"].mean()),
                  units.power(rows["mean_power_w"].mean()), units.duration(rows["total_ns"].mean()),
                  f"{rows['edp_js'].mean() * 1e3:.3g} mJ·s")
                 for (device, rnd), rows in grouped
@@ -302,7 +324,7 @@ def _power(agg: Path) -> Section:
             "power model (least squares over the requests' phases, docs/optimisers.md)",
             ("device", "idle", "computing", "transmitting", "method", "requests", "residual"),
             [
-                (r["device"], units.power(r["idle_w"]), units.power(r["compute_w"]), units.power(r["transmit_w"]),
+                (who(r["device"]), units.power(r["idle_w"]), units.power(r["compute_w"]), units.power(r["transmit_w"]),
                  r["method"], int(r["requests"]), units.energy(r["rmse_j"]))
                 for _, r in model.iterrows()
             ],
@@ -321,6 +343,9 @@ def _validation(agg: Path) -> Section:
     note = f"Delay model MAPE {errors.mean():.2f} % over {len(errors)} (round, device) points"
     if "energy_ape_pct" in frame.columns and frame["energy_ape_pct"].notna().any():
         note += f"; energy model MAPE {frame['energy_ape_pct'].dropna().mean():.2f} %"
+        fake = labels.fake_power_nodes(agg)
+        if fake:  # the "measurement" the energy model is compared with is itself a model there
+            note += f" against a fake power sensor on {', '.join(fake)} (modelled, not measured)"
     section.note = note + "."
     if png.is_file():
         src = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
@@ -343,6 +368,8 @@ def _optimise(run_dir: Path) -> Section:
     if not results:
         section.note = "The optimiser did not run."
         return section
+    measured = labels.measured_policy(_scenario(run_dir))
+    fake = labels.fake_power_nodes(run_dir / "aggregate")
     for path in results:
         data = read_json_object(path)
         if not data:
@@ -367,6 +394,15 @@ def _optimise(run_dir: Path) -> Section:
             ("device", "p", "max p", "local L", "transmission T", "remote R", "delay D"),
             rows,
         )
+        # the same badges as NNPM's run page: what the run did not measure is marked, never left plain
+        badges = section.tables[-1]["badges"]
+        reason = labels.prediction_reason(str(data.get("policy", "")), measured)
+        if reason is not None:
+            badges.append({"kind": "prediction", "text": "prediction", "reason": reason})
+        if objective in labels.ENERGY_OBJECTIVES and fake:
+            badges.append(
+                {"kind": "fake-sensor", "text": "fake sensor", "reason": labels.fake_sensor_note(fake)}
+            )
     return section
 
 
@@ -410,7 +446,7 @@ def run_sections(run_dir: Path, round_: int | None = None) -> tuple[str, list[Se
         _facts(run_dir, status, meta),
         _stages(status),
         _runtime(agg),
-        _phases(agg, round_),
+        _phases(agg, round_, status),
         _layers(agg),
         _feasibility(agg),
         _monitors(agg),

@@ -149,6 +149,9 @@ class Driver:
         unwritten = run.try_set_status(
             state=state,
             stage=None,
+            # the stage a stopped or failed run ended in: its report says "stopped during apply", not
+            # "no inference ran" (status.stage is cleared here, stage_ns holds only the stages that ended)
+            ended_stage=self.current_stage if state in ("stopped", "failed") else None,
             error=error,
             degraded=[f.to_dict() for f in self.process_failures],
             finished_wall_ns=time.time_ns(),

@@ -14,6 +14,7 @@ from fastapi import APIRouter, HTTPException, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 
 from dit.device.tags import RUN_ENV
+from dit.report import labels
 from dit.run.procs import pid_alive
 from dit.run.rundir import RunDir
 from dit.scenario import expand, validate
@@ -213,13 +214,14 @@ def get_optimise(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
     """The run's optimiser results, values written with units, each marked measured or predicted."""
     rundir = run_or_404(ctx, scenario, run)
     settings = runpage.run_settings(runs_mod.read_scenario(rundir.path))
+    fake_power = labels.fake_power_nodes(rundir.path / "aggregate")
     folder = rundir.path / "optimise"
     results = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         with contextlib.suppress(ValueError, OSError):
             data = json.loads(path.read_text(encoding="utf-8"))
             if isinstance(data, dict):
-                results.append({"file": path.name, **runpage.optimise_view(data, settings)})
+                results.append({"file": path.name, **runpage.optimise_view(data, settings, fake_power)})
     return {"results": results, "settings": settings, "terms": runpage.TERMS}
 
 
@@ -247,7 +249,9 @@ async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[
     except (OptimiseError, AggregateError) as exc:
         return unprocessable([{"path": "", "message": str(exc)}])
     settings_of_run = runpage.run_settings(runs_mod.read_scenario(rundir.path))
-    data: dict[str, Any] = runpage.optimise_view(json.loads(result.to_json()), settings_of_run)
+    data: dict[str, Any] = runpage.optimise_view(
+        json.loads(result.to_json()), settings_of_run, labels.fake_power_nodes(rundir.path / "aggregate")
+    )
     data["file"] = result.output_path.name
     data["validation_png"] = (rundir.path / "aggregate" / "validation.png").is_file()
     return data

@@ -12,7 +12,7 @@ from dit.scenario import ScenarioError, expand, load_schema, load_yaml, validate
 from dit.web.routes.common import Context, Ctx, field_errors, json_body, unprocessable
 from dit.web.routes.nodes import map_points
 from dit.web.services.store import Version, diff, version_hash
-from dit.web.services.topology import network_block, topology_delays
+from dit.web.services.topology import apply_map_delays, topology_delays
 
 router = APIRouter(prefix="/api")
 
@@ -89,13 +89,14 @@ async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONRes
     edge = next((p.name for p in valid if p.role == "edge"), None)
     delays = topology_delays(valid)
     missing = [d for d in devices if d not in delays]
-    network = network_block(
+    network, links = apply_map_delays(
         delays, devices, edge, bool(body.get("device_links")), document.get("network") or {}
     )
     out = dict(document)
     if network:
         out["network"] = network
-    return {"document": out, "edge": edge, "delays": delays, "not_on_map": missing}
+    # per link: the delay that applies and where it comes from (typed values are kept, and said so)
+    return {"document": out, "edge": edge, "delays": delays, "not_on_map": missing, "links": links}
 
 
 @router.get("/scenarios/{name}/versions")

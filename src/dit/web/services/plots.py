@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import io
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
+
+from dit.report import labels
 
 _LOCK = threading.Lock()  # pyplot is not thread-safe; the figures are small
 
@@ -105,8 +108,11 @@ def monitor_metrics(frame: pd.DataFrame) -> list[str]:
     return wanted[:4] or sorted(present)[:4]
 
 
-def monitors_figure(frame: pd.DataFrame) -> object:
-    """One panel per metric on a shared time axis from the common origin, each y axis with its unit."""
+def monitors_figure(frame: pd.DataFrame, fake_power: Sequence[str] = ()) -> object:
+    """One panel per metric on a shared time axis from the common origin, each y axis with its unit.
+
+    ``fake_power``: nodes whose ``power_w`` comes from a fake sensor; their power line says so.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +128,8 @@ def monitors_figure(frame: pd.DataFrame) -> object:
         label, divisor = monitor_axis(metric)
         sub = frame[frame["metric"] == metric]
         for node, rows in sub.groupby("node"):
-            ax.plot(rows["t_ns"] / 1e9, rows["value"] / divisor, label=str(node), linewidth=1)
+            name = f"{node} (fake sensor)" if metric == "power_w" and str(node) in fake_power else str(node)
+            ax.plot(rows["t_ns"] / 1e9, rows["value"] / divisor, label=name, linewidth=1)
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
@@ -134,5 +141,6 @@ def monitors_figure(frame: pd.DataFrame) -> object:
 def monitors_png(csv_path: Path) -> bytes:
     """The monitor traces of ``aggregate/monitors.csv`` (tidy: node, t_ns, metric, value)."""
     frame = pd.read_csv(csv_path)
+    fake_power = labels.fake_power_nodes(csv_path.parent)  # power_summary.csv beside it
     with _LOCK:
-        return _png(monitors_figure(frame))
+        return _png(monitors_figure(frame, fake_power))

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from dit.report import units
+from dit.report import labels, units
 from dit.run.console import STAGES as STAGE_ORDER
 
 PHASE_COLUMNS: Final[dict[str, tuple[str, str]]] = {
@@ -143,14 +143,12 @@ def run_settings(scenario: Mapping[str, Any]) -> dict[str, Any]:
         algorithm, objective, policy = "greedy", "total_delay", "RR"
     inference = scenario.get("inference")
     ran = bool(inference.get("enabled", True)) if isinstance(inference, Mapping) else True
-    edge = scenario.get("edge_server")
-    measured = edge.get("policy") if isinstance(edge, Mapping) else None
     return {
         "algorithm": algorithm,
         "objective": objective,
         "policy": policy,
         "inference": ran,
-        "measured_policy": str(measured).upper() if ran and measured else None,
+        "measured_policy": labels.measured_policy(scenario),
     }
 
 
@@ -161,11 +159,15 @@ def objective_text(objective: str, value: Any, unit: str) -> str:
     return units.with_unit(value, unit)
 
 
-def optimise_view(result: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+def optimise_view(
+    result: Mapping[str, Any], settings: Mapping[str, Any], fake_power: list[str] | None = None
+) -> dict[str, Any]:
     """One ``optimise/*.json`` with its values written out and whether it is a prediction.
 
     A result is a *prediction* when the run measured no inference or measured it under another
     scheduling policy than the one the search assumed: nothing in the run confirms its delays.
+    ``fake_power``: the nodes whose power came from a fake sensor; a result that shows energy (an
+    energy objective or an E column) then carries ``energy_note`` saying the energy is modelled.
     """
     out = dict(result)
     unit = str(result.get("objective_unit", ""))
@@ -185,12 +187,15 @@ def optimise_view(result: Mapping[str, Any], settings: Mapping[str, Any]) -> dic
         rows.append(row)
     out["per_device"] = rows
     measured = settings.get("measured_policy")
-    policy = str(result.get("policy", "")).upper()
-    out["measured"] = measured is not None and policy == measured
-    if measured is None:
-        out["prediction_reason"] = "the run measured no inference: nothing confirms these delays"
-    elif policy != measured:
-        out["prediction_reason"] = (
-            f"the edge server ran {measured} during the run, not {policy}: these delays are predicted, not measured"
-        )
+    reason = labels.prediction_reason(
+        str(result.get("policy", "")), None if measured is None else str(measured)
+    )
+    out["measured"] = reason is None
+    if reason is not None:
+        out["prediction_reason"] = reason
+    shows_energy = str(result.get("objective")) in labels.ENERGY_OBJECTIVES or any(
+        "E_text" in r for r in rows
+    )
+    if shows_energy and fake_power:
+        out["energy_note"] = labels.fake_sensor_note(fake_power)
     return out

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.device.tags import RUN_ENV
-from dit.report import units
+from dit.report import labels, units
 from dit.run.procs import pid_alive
 from dit.run.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
 from dit.web.services import runpage
@@ -241,6 +241,7 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "model": runpage.model_view(metadata.get("model")),
         "settings": settings,  # the run's own optimisation settings and the policy it measured
         "inference_ran": bool(phases and phases["rows"]),
+        "outcome_note": labels.run_outcome(status),  # a stopped, refused or failed run: what happened
         "lateness_ns": status.get("lateness_ns", {}),
         "teardown": status.get("teardown"),
         "metadata": {
@@ -253,6 +254,11 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         },
         "devices": list((metadata.get("scenario") or {}).get("document", {}).get("devices", [])),
         "phases": phases,
+        # which node's power is modelled (a fake sensor), said wherever power or energy is shown
+        "power": {
+            "sensors": labels.power_sensors(agg),
+            "fake_note": labels.fake_sensor_note(labels.fake_power_nodes(agg)),
+        },
         "summary": runtime_summary(agg),
         "plots": {
             "layers": (agg / "layers.csv").is_file(),

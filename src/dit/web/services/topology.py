@@ -97,13 +97,30 @@ def network_block(
     device_links: bool = False,
     base: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The scenario's ``network`` block with the topology's per-destination delays merged in.
+    """The scenario's ``network`` block with the topology's per-destination delays merged in
+    (:func:`apply_map_delays` without its account of what it kept and changed)."""
+    return apply_map_delays(delays, devices, edge, device_links, base)[0]
+
+
+def apply_map_delays(
+    delays: Mapping[str, Mapping[str, float]],
+    devices: Sequence[str],
+    edge: str | None,
+    device_links: bool = False,
+    base: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The ``network`` block with the map's per-destination delays merged in, and one note per link.
 
     For each of ``devices`` (those the topology knows): its link to ``edge`` and, with
     ``device_links``, to the scenario's other devices. ``base`` (the scenario's existing ``network``
     block) is kept: other fields stay, and so do destinations the topology does not name.
+    A device whose block has a typed ``delay_ms`` keeps it: a destination delay would override it on
+    that link, so the map's value is not written there (note ``kept``, issue 36: never silently).
+    Notes: ``{"device", "peer", "delay_ms", "map_ms", "source"}`` — ``source`` ``typed`` (kept),
+    ``map`` (written; ``previous_ms`` when it replaced another destination value).
     """
     out: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items() if isinstance(v, Mapping)}
+    notes: list[dict[str, Any]] = []
     for dev in devices:
         peers = delays.get(dev)
         if not peers:
@@ -112,10 +129,23 @@ def network_block(
         if not wanted:
             continue
         block = out.setdefault(dev, {})
+        typed = block.get("delay_ms")
         dests = dict(block.get("destinations") or {})
         for peer in wanted:
             profile = dict(dests.get(peer) or {})
-            profile["delay_ms"] = peers[peer]
+            map_ms = peers[peer]
+            note: dict[str, Any] = {"device": dev, "peer": peer, "map_ms": map_ms}
+            if typed is not None and "delay_ms" not in profile:
+                notes.append({**note, "delay_ms": typed, "source": "typed"})
+                continue
+            previous = profile.get("delay_ms")
+            if previous is not None and previous != map_ms:
+                note["previous_ms"] = previous
+            profile["delay_ms"] = map_ms
             dests[peer] = profile
-        block["destinations"] = dests
-    return out
+            notes.append({**note, "delay_ms": map_ms, "source": "map"})
+        if dests:
+            block["destinations"] = dests
+        elif not block:
+            del out[dev]
+    return out, notes

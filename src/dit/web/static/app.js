@@ -166,7 +166,14 @@ $("topology-button").addEventListener("click", async () => {
   editScenario(res.document);
   const box = $("save-result");
   box.hidden = false;
-  box.textContent = res.edge ? `per-destination delays from the map applied (edge: ${res.edge})` + (res.not_on_map.length ? `; not on the map: ${res.not_on_map.join(", ")}` : "") : "the map has no edge server";
+  if (!res.edge) { box.textContent = "the map has no edge server"; return; }
+  // every link says which delay applies and where it comes from: a typed delay is kept, never overridden silently
+  const ms = (v) => `${Number(v).toPrecision(4)} ms`;
+  const line = (l) => l.source === "typed"
+    ? `${l.device} → ${l.peer}: ${ms(l.delay_ms)} typed, kept (the map says ${ms(l.map_ms)})`
+    : `${l.device} → ${l.peer}: ${ms(l.delay_ms)} from the map` + (l.previous_ms !== undefined ? ` (was ${ms(l.previous_ms)})` : "");
+  box.replaceChildren(el("div", {}, `per-destination delays from the map (edge: ${res.edge})` + (res.not_on_map.length ? `; not on the map: ${res.not_on_map.join(", ")}` : "")),
+    el("ul", { id: "map-links", class: "small" }, ...(res.links || []).map((l) => el("li", { dataset: { device: l.device, peer: l.peer, source: l.source } }, line(l)))));
 });
 
 async function startRun(kind) {
@@ -234,7 +241,8 @@ $("bench-button").addEventListener("click", openBenchmark);
 
 // every option the dialog offers, as a nested object; an emptied field is null (back to the default)
 function benchProfiling() {
-  const { value } = state.benchForm.read();
+  const { value, errors } = state.benchForm.read();
+  if (errors.length) throw { errors, message: "fix these fields first" };  // never send a dropped field as its default
   const out = {};
   for (const path of state.benchmark.fields) {
     const parts = path.split(".");
@@ -250,8 +258,8 @@ function benchProfiling() {
 $("bench-form").addEventListener("submit", async (event) => {
   if (event.submitter && event.submitter.value === "cancel") return;
   event.preventDefault();
-  const body = { version: state.saved.hash, kind: "benchmark", mode: $("bench-mode").value, profiling: benchProfiling() };
   try {
+    const body = { version: state.saved.hash, kind: "benchmark", mode: $("bench-mode").value, profiling: benchProfiling() };
     const res = await api("/api/runs", { method: "POST", body });
     $("bench-dialog").close();
     state.run = { launch: res.launch, key: null, label: `${res.version.name} (benchmark)` };
@@ -361,6 +369,8 @@ function renderPhases(d) {
   const phases = d.phases;
   $("run-phases-box").hidden = !d.inference_ran;
   $("run-no-inference").hidden = d.inference_ran || !d.finished;
+  // a stopped or refused run says so (and where), never "a benchmark profiles only"
+  $("run-no-inference").textContent = d.outcome_note || "No inference ran in this run (a benchmark profiles only): no phases, nothing to optimise.";
   if (!d.inference_ran) { $("run-phases").replaceChildren(); return; }
   $("run-phases").replaceChildren(
     el("thead", {}, el("tr", {}, ...phases.columns.map((c) => el("th", { title: c.description, dataset: { column: c.key }, class: c.unit ? "num" : "" },
@@ -395,6 +405,10 @@ function renderRun(d) {
     ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage } }, el("td", {}, s.stage), el("td", { class: "num", title: s.ns !== null ? `${s.ns} ns` : null }, s.text))));
   renderSummary(d.summary);
   renderPhases(d);
+  // a fake sensor's power is a model of the node's activity: said above the plots that show it
+  const powerNote = (d.power && d.power.fake_note) || "";
+  $("run-power-note").textContent = powerNote;
+  $("run-power-note").hidden = !powerNote;
   const plots = $("run-plots");
   const want = [["layers", "Per-layer latency", "latency (ms) per stage and cumulative up to each partition point"],
     ["monitors", "Monitors", "each metric in its unit against the time from the run's common origin (s)"]].filter(([k]) => d.plots[k]);
@@ -436,7 +450,9 @@ function renderOptimise(opt, detail) {
         el("span", { class: "small" }, ` · ${r.vectors_evaluated} vectors in ${r.search_text}`),
         r.measured ? el("span", { class: "badge measured", title: `the edge server ran ${r.policy} during the run` }, "measured policy")
           : el("span", { class: "badge prediction", title: r.prediction_reason }, "prediction"),
-        r.measured ? null : el("div", { class: "small prediction-reason" }, r.prediction_reason)),
+        r.measured ? null : el("div", { class: "small prediction-reason" }, r.prediction_reason),
+        r.energy_note ? el("span", { class: "badge fake-sensor", title: r.energy_note }, "fake sensor") : null,
+        r.energy_note ? el("div", { class: "small energy-note" }, r.energy_note) : null),
       el("tr", {}, el("th", {}, "device"), el("th", { title: "partition point: stages 1..p on the device" }, "p"),
         el("th", { title: "the largest feasible partition point of the device" }, "max p"),
         ...keys.map((k) => el("th", { class: "num", title: `${terms[k][0]} ${k}: ${terms[k][1]}`, dataset: { term: k } }, `${terms[k][0]} ${k}`))),

@@ -65,9 +65,9 @@ export class SchemaForm {
 
   read() {
     this.clearErrors();
-    this.jsonErrors = [];
+    this.inputErrors = [];
     const value = this.readTop();
-    return { value: value || {}, errors: this.jsonErrors };
+    return { value: value || {}, errors: this.inputErrors };
   }
 
   // -- builders: each returns {node(s), read() -> value | undefined} ------------------------------
@@ -106,7 +106,8 @@ export class SchemaForm {
       for (const [key, r] of readers) {
         const v = r();
         if (key === null) Object.assign(out, v || {});
-        else if (v !== undefined && !(isEmpty(v) && !top)) out[key] = v;
+        // an empty block is kept only where the document had it (top level): `runtime: {}` is not added
+        else if (v !== undefined && !(isEmpty(v) && !(top && value && key in value))) out[key] = v;
       }
       return out;
     };
@@ -218,7 +219,9 @@ export class SchemaForm {
   boolField(sub, raw, value, path, key) {
     const def = sub.default ?? raw.default ?? false;
     const box = el("input", { type: "checkbox", name: renderPath(path), checked: value ?? def });
-    return { node: this.field(path, this.label(key, sub, raw), box), read: () => box.checked };
+    // an untouched default stays unwritten: the saved document is what the user wrote, so its hash is
+    // the CLI's for the same file (issue 36)
+    return { node: this.field(path, this.label(key, sub, raw), box), read: () => (value === undefined && box.checked === def ? undefined : box.checked) };
   }
 
   numberField(sub, raw, value, path, key) {
@@ -228,10 +231,25 @@ export class SchemaForm {
       min: sub.minimum ?? sub.exclusiveMinimum, max: sub.maximum ?? sub.exclusiveMaximum,
       placeholder: def !== undefined ? String(def) : "",
     });
+    // A number input the browser cannot parse ("2e") reads as "": without this check the field would be
+    // dropped and the default saved in its place, silently (issue 36). It is an error at the field.
     const read = () => {
-      if (input.value.trim() === "") return undefined;
-      const n = Number(input.value);
-      return Number.isNaN(n) ? input.value : n;
+      const text = input.value.trim();
+      if (input.validity && input.validity.badInput) {
+        this.inputErrors.push({ path: renderPath(path), message: `is not a number: write ${sub.type === "integer" ? "a whole number, e.g. 5" : "a number, e.g. 5, 2.5 or 2e3"}` });
+        return undefined;
+      }
+      if (text === "") return undefined;
+      const n = Number(text);
+      if (!Number.isFinite(n)) {
+        this.inputErrors.push({ path: renderPath(path), message: `${JSON.stringify(text)} is not a number` });
+        return undefined;
+      }
+      if (sub.type === "integer" && !Number.isInteger(n)) {
+        this.inputErrors.push({ path: renderPath(path), message: `${text} is not a whole number` });
+        return undefined;
+      }
+      return n;
     };
     const unit = unitOf(key, sub, raw);
     const unitNode = unit ? el("span", { class: "unit", title: (raw.description || sub.description || "") }, unit) : null;
@@ -249,7 +267,13 @@ export class SchemaForm {
     const read = () => {
       const parts = input.value.split(",").map((s) => s.trim()).filter((s) => s !== "");
       if (!parts.length) return undefined;
-      return items.type === "string" ? parts : parts.map((p) => (Number.isNaN(Number(p)) ? p : Number(p)));
+      if (items.type === "string") return parts;
+      const bad = parts.filter((p) => !Number.isFinite(Number(p)) || (items.type === "integer" && !Number.isInteger(Number(p))));
+      if (bad.length) {
+        this.inputErrors.push({ path: renderPath(path), message: `${bad.join(", ")}: not ${items.type === "integer" ? "whole numbers" : "numbers"} (write e.g. 1, 2, 3)` });
+        return undefined;
+      }
+      return parts.map(Number);
     };
     if (path.length === 1 && key === "devices") {
       input.addEventListener("change", () => {
@@ -267,7 +291,7 @@ export class SchemaForm {
       const t = area.value.trim();
       if (!t) return undefined;
       try { return JSON.parse(t); } catch {
-        this.jsonErrors.push({ path: renderPath(path), message: "is not valid JSON" });
+        this.inputErrors.push({ path: renderPath(path), message: "is not valid JSON" });
         return undefined;
       }
     };

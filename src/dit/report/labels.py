@@ -1,0 +1,106 @@
+"""What a figure is, said next to it: a fake sensor's power, a prediction the run did not measure.
+
+One place for these labels so the report, the run page, ``dit show`` and NNPM's optimiser read alike
+(issue 36: NNPM must never present a modelled number as a measured one).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from dit.analysis.delay import ENERGY_OBJECTIVES
+from dit.run.console import STAGES
+
+__all__ = ["ENERGY_OBJECTIVES", "fake_power_nodes", "fake_sensor_note", "measured_policy", "power_sensors",
+           "prediction_reason", "run_outcome"]  # fmt: skip
+
+FAKE_SENSORS: Final = frozenset({"fake"})
+"""``power.json``'s ``sensor`` values that model power instead of measuring it (dit.device.power)."""
+
+
+def power_sensors(agg: Path) -> dict[str, str]:
+    """node -> sensor, from ``aggregate/power_summary.csv`` (empty without the file or its column)."""
+    path = agg / "power_summary.csv"
+    if not path.is_file():
+        return {}
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return {}
+    return {str(r.get("node") or ""): str(r.get("sensor") or "") for r in rows if r.get("node")}
+
+
+def fake_power_nodes(agg: Path) -> list[str]:
+    """The nodes whose power and energy come from a fake sensor, sorted."""
+    return sorted(node for node, sensor in power_sensors(agg).items() if sensor in FAKE_SENSORS)
+
+
+def fake_sensor_note(nodes: list[str]) -> str:
+    """One sentence saying which nodes' power is modelled, not measured ("" when none)."""
+    if not nodes:
+        return ""
+    which = ", ".join(nodes)
+    return (
+        f"Fake power sensor on {which} (local mode): power and energy there are modelled from the node's "
+        "CPU activity, not measured."
+    )
+
+
+def measured_policy(scenario: Mapping[str, Any]) -> str | None:
+    """The edge server's scheduling policy during inference, upper case; None when no inference ran."""
+    inference = scenario.get("inference")
+    ran = bool(inference.get("enabled", True)) if isinstance(inference, Mapping) else True
+    edge = scenario.get("edge_server")
+    policy = edge.get("policy") if isinstance(edge, Mapping) else None
+    return str(policy).upper() if ran and policy else None
+
+
+def prediction_reason(policy: str, measured: str | None) -> str | None:
+    """Why an optimiser result under ``policy`` is a prediction, or None when the run measured it."""
+    policy = policy.upper()
+    if measured is None:
+        return "the run measured no inference: nothing confirms these delays"
+    if policy != measured:
+        return f"the edge server ran {measured} during the run, not {policy}: these delays are predicted, not measured"
+    return None
+
+
+LEASE_REFUSALS: Final = ("is leased by", "is not a lease dit can read")
+"""Phrases of :func:`dit.run.lease.decide`'s refusals, as they reach a failed run's error."""
+
+
+def _stage_reached(status: Mapping[str, Any]) -> str | None:
+    """The stage a run ended in: recorded by the driver (``ended_stage``), else the stage after the last
+    one with a wall time (runs written before the driver recorded it)."""
+    recorded = status.get("ended_stage")
+    if isinstance(recorded, str) and recorded:
+        return recorded
+    stage_ns = status.get("stage_ns")
+    done = [s for s in STAGES if isinstance(stage_ns, Mapping) and s in stage_ns and s != "teardown"]
+    if not done:
+        return STAGES[0] if STAGES else None
+    after = STAGES.index(done[-1]) + 1
+    return STAGES[after] if after < len(STAGES) and STAGES[after] != "teardown" else None
+
+
+def run_outcome(status: Mapping[str, Any]) -> str | None:
+    """Why a finished run has no results, in one sentence; None for a run that ran to its end.
+
+    A stopped run says at which stage it stopped, a run a node's lease refused says so with the
+    holder; neither reads as "no inference ran (a benchmark)", which would misstate the experiment.
+    """
+    state = str(status.get("state") or "")
+    error = str(status.get("error") or "")
+    stage = _stage_reached(status)
+    where = f"during the {stage} stage" if stage else "before its first stage"
+    if state == "stopped":
+        return f"Stopped {where}" + (f" ({error})" if error else "") + ": the stages after it did not run."
+    if state == "failed" and any(p in error for p in LEASE_REFUSALS):
+        return f"Refused by a node's lease {where}: {error}."
+    if state == "failed":
+        return f"Failed {where}" + (f": {error}" if error else "") + "."
+    return None
