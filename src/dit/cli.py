@@ -615,6 +615,12 @@ def simulate(
     placement: Annotated[
         str | None, typer.Option(help="layerwise, roundrobin or greedy: overrides the file's placement.")
     ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --replay: fit the per-call cost on this other run (a prediction, not a fit)."
+        ),
+    ] = None,
 ) -> None:
     """Simulate decoder generation over heterogeneous devices (HeadSplit's placements), or replay a run."""
     if (spec is None) == (replay is None):
@@ -628,7 +634,7 @@ def simulate(
         raise _fail(f"dit simulate needs the sim extra (pip install 'dit[sim]'): {exc}", 2) from None
     try:
         if replay is not None:
-            out.print(format_replay(replay_run(replay)), highlight=False)
+            out.print(format_replay(replay_run(replay, calibration)), highlight=False)
         else:
             assert spec is not None
             out.print(format_result(*run_file(spec, placement)), highlight=False)

@@ -11,10 +11,12 @@ Inputs, all from the run directory:
   two workers, the measured RTT and rate of that link.
 
 Calibration. HeadSplit's ``flops_per_s`` is a matmul micro-benchmark; a call of a small unit also pays a
-fixed cost (Python, the RPC handler) that FLOPs do not show. One ``call_overhead_s`` for every device is
-fitted from the run's own ``ffn_ns`` (the FFN workers' compute, summed over layers): the mean, over the
-decode tokens, of (measured - FLOPs / flops_per_s) per FFN call, at least 0. The per-token latencies the
-simulation is then compared with include everything else (attention, links, gather) uncalibrated.
+fixed cost (Python, torch RPC, on a loaded machine several milliseconds) that FLOPs do not show. One
+``call_overhead_s`` for every device is fitted so that the mean simulated decode latency equals the
+measured one (:func:`fit_call_s`), on the replayed run itself or, with ``calibration``, on another run.
+Fitted on the run itself, the MAPE measures how well the simulation follows the token-to-token latency
+(context growth, links), not an independent prediction; fitted on another run (another strategy or
+network condition), it is a prediction.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ import csv
 import json
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dit.sim._headsplit import PRESETS, ModelConfig, Unit, placement_from_json, unit_flops
+from dit.sim._headsplit import PRESETS, ModelConfig, placement_from_json
 from dit.sim.engine import CONTROLLER, Device, Link, SimConfig, SimError, SimResult, simulate
 
 DEFAULT_BANDWIDTH_BYTES_PER_S = (
@@ -42,6 +44,7 @@ class Replay:
     measured_token_s: list[float]
     measured_tokens_per_s: float
     decode_from: int  # the first decode token (1 when token 0 is the prefill)
+    speculation: bool = False  # the run speculated; the simulation did not
 
     @property
     def simulated_tokens_per_s(self) -> float:
@@ -106,8 +109,11 @@ def _links(run_dir: Path, host_of: Mapping[str, str]) -> tuple[dict[str, float],
     return rates, links
 
 
-def replay(run_dir: Path) -> Replay:
-    """Simulate the HeadSplit run in ``run_dir`` as it ran; :class:`SimError` says what is missing."""
+def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
+    """Simulate the HeadSplit run in ``run_dir`` as it ran; :class:`SimError` says what is missing.
+
+    The per-call cost is fitted on ``run_dir`` itself, or on the run ``calibration`` when given (then the
+    MAPE is a prediction: nothing of ``run_dir``'s timings went into the simulation)."""
     file = results_file(run_dir)
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
@@ -118,10 +124,8 @@ def replay(run_dir: Path) -> Replay:
     tokens = doc.get("tokens") or []
     if not workers or not tokens:
         raise SimError(f"{file}: workers and tokens must be non-empty (the run generated nothing)")
-    if doc.get("speculation"):
-        raise SimError(
-            f"{file}: speculation: the simulator does not model speculation yet; replay a run without it"
-        )
+    # speculation is not modelled: its runs are simulated as exact decoding (said in the output)
+    speculation = bool(doc.get("speculation"))
     host_of = {str(w["name"]): str(w.get("host", w["name"])) for w in workers}
     rates, links = _links(run_dir, host_of)
     devices = [
@@ -141,42 +145,50 @@ def replay(run_dir: Path) -> Replay:
     prompt = int(doc.get("prompt_tokens") or 0)
     decode_from = 1 if prompt > 0 else 0
     measured = [int(t["total_ns"]) / 1e9 for t in tokens]
-    overhead = _ffn_overhead_s(model, devices, placement, tokens[decode_from:], prompt)
-    devices = [
-        Device(d.name, d.flops_per_s, d.memory_bytes, d.rtt_s, d.bandwidth_bytes_per_s, overhead)
-        for d in devices
-    ]
-    config = SimConfig(model, devices, placement, len(tokens), prompt, links)
+    base = SimConfig(model, devices, placement, len(tokens), prompt, links)
+    overhead = (
+        fitted_call_s(replay(calibration).config)
+        if calibration is not None
+        else fit_call_s(base, measured, decode_from)
+    )
+    config = replace(base, devices=[replace(d, call_overhead_s=overhead) for d in devices])
     result = simulate(config)
     wall = (
         (int(doc["end_ns"]) - int(doc["start_ns"])) / 1e9
         if "end_ns" in doc and "start_ns" in doc
         else sum(measured)
     )
-    return Replay(config, result, measured, len(tokens) / wall if wall > 0 else 0.0, decode_from)
+    return Replay(config, result, measured, len(tokens) / wall if wall > 0 else 0.0, decode_from, speculation)
 
 
-def _ffn_overhead_s(
-    model: ModelConfig, devices: list[Device], placement: Mapping[Unit, str], tokens: list[Any], prompt: int
-) -> float:
-    speed = {d.name: d.flops_per_s for d in devices}
-    per_token_flops_s = sum(
-        unit_flops(model, Unit(layer, "ffn"), 1) / speed[placement[Unit(layer, "ffn")]]
-        for layer in range(model.n_layers)
-    )
-    excess = [
-        (int(t["ffn_ns"]) / 1e9 - per_token_flops_s) / model.n_layers
-        for t in tokens
-        if t.get("ffn_ns") is not None
+def fitted_call_s(config: SimConfig) -> float:
+    """The per-call cost a replay fitted (the same on every device)."""
+    return config.devices[0].call_overhead_s if config.devices else 0.0
+
+
+def fit_call_s(config: SimConfig, measured_s: list[float], decode_from: int) -> float:
+    """The per-call cost that makes the mean simulated decode latency the measured one (at least 0).
+
+    The simulated latency is linear in the cost (every call on the critical path pays it once): two
+    simulations give its intercept and slope."""
+    decode = measured_s[decode_from:]
+    if not decode:
+        return 0.0
+    probe = 1e-3
+    runs = [
+        simulate(replace(config, devices=[replace(d, call_overhead_s=c) for d in config.devices]))
+        for c in (0.0, probe)
     ]
-    return max(statistics.fmean(excess), 0.0) if excess else 0.0
+    s0, s1 = (statistics.fmean(r.token_s[decode_from:]) for r in runs)
+    slope = (s1 - s0) / probe
+    return max((statistics.fmean(decode) - s0) / slope, 0.0) if slope > 0 else 0.0
 
 
 def format_replay(r: Replay) -> str:
     """What ``dit simulate --replay`` prints: per-token latency and tokens/s, simulated beside measured."""
     dec_sim = r.result.token_s[r.decode_from :]
     dec_meas = r.measured_token_s[r.decode_from :]
-    overhead_ms = r.config.devices[0].call_overhead_s * 1e3
+    overhead_ms = fitted_call_s(r.config) * 1e3
     lines = [
         f"model {r.config.model.name}, {len(r.config.devices)} workers, {len(r.result.token_s)} tokens "
         f"(prompt {r.config.prompt_tokens}), fitted call overhead {overhead_ms:.3f} ms",
@@ -187,6 +199,10 @@ def format_replay(r: Replay) -> str:
         else "no decode token",
         f"MAPE {r.mape_percent:.1f} %",
     ]
+    if r.speculation:
+        lines.append(
+            "note: the run speculated; the simulator does not model speculation (simulated without it)"
+        )
     if r.result.oom:
         lines.append(f"simulated out of memory: {r.result.oom}")
     return "\n".join(lines)
