@@ -45,6 +45,7 @@ class Milp:
         """The optimum (objective, values); :class:`MilpError` when HiGHS does not prove one in time."""
         h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy ships no annotations for it
         h.setOptionValue("output_flag", False)
+        h.setOptionValue("log_to_console", False)
         h.setOptionValue("time_limit", float(time_limit_s))
         h.setOptionValue("mip_rel_gap", 0.0)  # exact: the heuristics' gaps are measured against it
         h.setOptionValue("mip_abs_gap", 0.0)
