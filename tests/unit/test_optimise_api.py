@@ -99,7 +99,7 @@ def test_exhaustive_limit_reaches_the_caller(small: Path) -> None:
 
 def test_unknown_names(small: Path) -> None:
     with pytest.raises(
-        OptimiseError, match="unknown optimiser 'annealing'; available: exhaustive, greedy, trend"
+        OptimiseError, match="unknown optimiser 'annealing'; available: exact, exhaustive, greedy, trend"
     ):
         optimise_run(small, "annealing", None, None, None)
     with pytest.raises(OptimiseError, match="unknown objective 'latency'"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dit.optimise.milp import Milp
 from dit.sim._headsplit import (
     DTYPE_BYTES,
     STRATEGIES,
@@ -36,7 +37,6 @@ from dit.sim._headsplit import (
     place,
     unit_flops,
 )
-from dit.sim.milp import Milp
 from headsplit.placement import RTT_MARGIN, estimate_token_s
 from headsplit.units import kv_cache_bytes_per_token, kv_weight_bytes, weight_bytes
 
