@@ -87,3 +87,20 @@ def test_headsplit_placements_are_the_ones_headsplit_makes() -> None:
 def test_a_unit_on_an_unknown_device_is_refused_naming_it() -> None:
     with pytest.raises(SimError, match=r"L0.head0 is on 'c'"):
         simulate(SimConfig(TINY, [A, B], {**SPLIT, Unit(0, "head", 0): "c"}, tokens=1))
+
+
+def test_accepted_speculation_overlaps_the_next_layers_heads_with_the_ffn() -> None:
+    # As the hand-computed token, but layer 1's heads start on Z when a's projection ends (0.378):
+    # Z to b 0.052 -> 0.430, heads 0.208 -> 0.638, while a's FFN ends at 0.890; accepted, b's projection
+    # still needs the true X from a: 0.890 + 0.052 -> 0.942, projection 0.064 -> 1.006, FFN 0.256 ->
+    # 1.262, output to the controller 0.062 -> 1.324 (against 1.532 without speculation).
+    result = simulate(SimConfig(TINY, [A, B], SPLIT, tokens=1, speculation=True, acceptance=(1.0,)))
+    assert result.token_s == [pytest.approx(1.324, abs=1e-9)]
+    assert (result.speculated, result.reexecuted) == (1, 0)
+
+
+def test_rejected_speculation_re_executes_and_is_never_faster() -> None:
+    plain = simulate(SimConfig(TINY, [A, B], SPLIT, tokens=3)).token_s
+    rejected = simulate(SimConfig(TINY, [A, B], SPLIT, tokens=3, speculation=True, acceptance=(0.0,)))
+    assert rejected.reexecuted == rejected.speculated == 3
+    assert all(r >= p - 1e-12 for r, p in zip(rejected.token_s, plain, strict=True))

@@ -30,6 +30,7 @@ next token; over ``memory_bytes`` without it, generation stops there (out of mem
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +116,11 @@ class SimConfig:
     replacement: bool = False
     threshold: float = 0.85
     controller_bandwidth_bytes_per_s: float = math.inf
+    # cross-layer speculation: layer l + 1's heads start on layer l's Z while l's FFN runs, and are
+    # kept with probability acceptance[l + 1] (cycled when shorter than the model), else re-executed
+    speculation: bool = False
+    acceptance: Sequence[float] = (1.0,)
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,8 @@ class SimResult:
     oom: str | None  # the device that ran out of memory, and when; None when all tokens were generated
     events: int  # simulated events (computations and messages)
     placement: Placement
+    speculated: int = 0  # layers whose heads started on the previous layer's Z
+    reexecuted: int = 0  # of those, rejected and run again on the true X
 
     @property
     def total_s(self) -> float:
@@ -163,6 +171,8 @@ def _check(cfg: SimConfig) -> dict[str, Device]:
             raise SimError(f"placement: {u.key()} is on {w!r}, not one of the devices {sorted(devices)}")
     if cfg.tokens < 1:
         raise SimError(f"tokens: must be >= 1, got {cfg.tokens}")
+    if not cfg.acceptance or any(not 0 <= a <= 1 for a in cfg.acceptance):
+        raise SimError(f"acceptance: each probability must be in [0, 1], got {list(cfg.acceptance)}")
     return devices
 
 
@@ -180,6 +190,8 @@ class _Run:
         self.wire: dict[tuple[str, str], simpy.Resource] = {}
         self.events = 0
         self.placement: Placement = dict(cfg.placement)
+        self.rng = random.Random(cfg.seed)
+        self.speculated = self.reexecuted = 0
         self._layout()
 
     def _layout(self) -> None:
@@ -227,15 +239,37 @@ class _Run:
         proj_f = unit_flops(m, Unit(0, "proj"), mean_ctx) * positions
         ffn_f = unit_flops(m, Unit(0, "ffn"), mean_ctx) * positions
         src = CONTROLLER
-        for stage, proj, ffn in self.layers:
-            parts = [
-                env.process(self._heads(src, w, proj, n, g, head_f, kv_f, positions))
-                for w, (n, g) in stage.items()
-            ]
-            if proj not in stage:  # X for the residual; a head device already has it
-                parts.append(env.process(self.send(src, proj, hidden_b)))
+        speculative: list[Any] = []  # this layer's head stages, started early on the previous Z
+        accepted = False
+        for layer, (stage, proj, ffn) in enumerate(self.layers):
+            if speculative and accepted:
+                # the heads ran on Z; the projection still needs the true X (the FFN's output)
+                parts = list(speculative)
+                if proj != src:
+                    parts.append(env.process(self.send(src, proj, hidden_b)))
+            else:
+                # no speculation, or rejected: the heads run (again) on the true X
+                parts = [
+                    env.process(self._heads(src, w, proj, n, g, head_f, kv_f, positions))
+                    for w, (n, g) in stage.items()
+                ]
+                if speculative:
+                    self.reexecuted += 1
+                if proj not in stage:  # X for the residual; a head device already has it
+                    parts.append(env.process(self.send(src, proj, hidden_b)))
             yield simpy.AllOf(env, parts)
             yield env.process(self.compute(proj, proj_f / self.devices[proj].flops_per_s))
+            speculative, accepted = [], False
+            if self.cfg.speculation and positions == 1 and layer + 1 < len(self.layers):
+                # cross-layer speculation: the next layer's heads start on Z (at the projection's
+                # worker) while the FFN runs; kept with the layer's acceptance probability
+                next_stage, next_proj, _ = self.layers[layer + 1]
+                speculative = [
+                    env.process(self._heads(proj, w, next_proj, n, g, head_f, kv_f, positions))
+                    for w, (n, g) in next_stage.items()
+                ]
+                accepted = self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]
+                self.speculated += 1
             yield env.process(self.send(proj, ffn, hidden_b))
             yield env.process(self.compute(ffn, ffn_f / self.devices[ffn].flops_per_s))
             src = ffn
@@ -301,4 +335,5 @@ def simulate(cfg: SimConfig) -> SimResult:
             break
     result.events = run.events
     result.placement = run.placement
+    result.speculated, result.reexecuted = run.speculated, run.reexecuted
     return result

@@ -44,7 +44,7 @@ class Replay:
     measured_token_s: list[float]
     measured_tokens_per_s: float
     decode_from: int  # the first decode token (1 when token 0 is the prefill)
-    speculation: bool = False  # the run speculated; the simulation did not
+    speculation: bool = False  # the run speculated
 
     @property
     def simulated_tokens_per_s(self) -> float:
@@ -124,7 +124,6 @@ def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
     tokens = doc.get("tokens") or []
     if not workers or not tokens:
         raise SimError(f"{file}: workers and tokens must be non-empty (the run generated nothing)")
-    # speculation is not modelled: its runs are simulated as exact decoding (said in the output)
     speculation = bool(doc.get("speculation"))
     host_of = {str(w["name"]): str(w.get("host", w["name"])) for w in workers}
     rates, links = _links(run_dir, host_of)
@@ -145,7 +144,16 @@ def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
     prompt = int(doc.get("prompt_tokens") or 0)
     decode_from = 1 if prompt > 0 else 0
     measured = [int(t["total_ns"]) / 1e9 for t in tokens]
-    base = SimConfig(model, devices, placement, len(tokens), prompt, links)
+    base = SimConfig(
+        model,
+        devices,
+        placement,
+        len(tokens),
+        prompt,
+        links,
+        speculation=speculation,
+        acceptance=(_acceptance(tokens),),
+    )
     overhead = (
         fitted_call_s(replay(calibration).config)
         if calibration is not None
@@ -159,6 +167,13 @@ def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
         else sum(measured)
     )
     return Replay(config, result, measured, len(tokens) / wall if wall > 0 else 0.0, decode_from, speculation)
+
+
+def _acceptance(tokens: list[Any]) -> float:
+    """The run's share of speculated layers that were kept (1 when it never speculated)."""
+    speculated = sum(len(t.get("speculated") or []) for t in tokens)
+    accepted = sum(len(t.get("accepted") or []) for t in tokens)
+    return accepted / speculated if speculated else 1.0
 
 
 def fitted_call_s(config: SimConfig) -> float:
@@ -201,7 +216,8 @@ def format_replay(r: Replay) -> str:
     ]
     if r.speculation:
         lines.append(
-            "note: the run speculated; the simulator does not model speculation (simulated without it)"
+            f"speculation: every layer speculated, kept with the run's acceptance {r.config.acceptance[0]:.2f}"
+            " (the run may speculate fewer layers)"
         )
     if r.result.oom:
         lines.append(f"simulated out of memory: {r.result.oom}")

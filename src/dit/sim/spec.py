@@ -9,6 +9,8 @@
     plan_tokens: 1000             # context the placement plans for (default prompt_tokens + tokens)
     replacement: true             # re-place at threshold x memory (HeadSplit's replace)
     threshold: 0.85
+    speculation: true             # cross-layer speculation (next layer's heads on Z during the FFN)
+    acceptance: [1.0, 0.9, 0.8]   # per layer (cycled), or one probability; seed: 0 draws them
     devices:                      # each: name, flops_per_s, memory_mb, rtt_ms, bandwidth_mbps,
       - {name: pi, count: 5, flops_per_s: 2.0e9, memory_mb: 4096, rtt_ms: 10, bandwidth_mbps: 100}
     links:                        # optional, overrides the access links between two endpoints
@@ -49,6 +51,9 @@ _TOP_KEYS = {
     "threshold",
     "devices",
     "links",
+    "speculation",
+    "acceptance",
+    "seed",
     "name",
     "description",
 }
@@ -161,6 +166,18 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
     threshold = _number(doc, "threshold", "", default=0.85)
     if not 0 < threshold <= 1:
         raise SimError(f"threshold: {threshold} is not in (0, 1]")
+    speculation = doc.get("speculation", False)
+    if not isinstance(speculation, bool):
+        raise SimError(f"speculation: {speculation!r} is not true or false")
+    acceptance = doc.get("acceptance", 1.0)
+    acceptance = acceptance if isinstance(acceptance, list) else [acceptance]
+    if not acceptance or any(
+        isinstance(a, bool) or not isinstance(a, int | float) or not 0 <= a <= 1 for a in acceptance
+    ):
+        raise SimError(
+            f"acceptance: {doc.get('acceptance')!r} is not a probability or a list of them (per layer)"
+        )
+    seed = _int(doc, "seed", default=0)
     devices = devices_from(doc.get("devices"))
     links = links_from(doc.get("links"), {d.name for d in devices})
     bandwidth = min(d.bandwidth_bytes_per_s for d in devices)
@@ -174,7 +191,19 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
         )
     except PlacementError as exc:
         raise SimError(f"placement: {strategy} finds no placement that fits: {exc}") from None
-    return SimConfig(model, devices, placement, tokens, prompt, links, replacement, threshold)
+    return SimConfig(
+        model,
+        devices,
+        placement,
+        tokens,
+        prompt,
+        links,
+        replacement,
+        threshold,
+        speculation=speculation,
+        acceptance=tuple(float(a) for a in acceptance),
+        seed=seed,
+    )
 
 
 def load(path: Path, strategy: str | None = None) -> SimConfig:
