@@ -64,3 +64,9 @@ def test_rr_is_refused_naming_what_exact_solves() -> None:
 
 def test_exact_is_registered_as_an_optimiser() -> None:
     assert "exact" in available() and load("exact") is exact
+
+
+def test_the_solver_prints_nothing_on_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+    """HiGHS's constructor prints a banner on fd 1; ``dit optimise --json`` must stay JSON."""
+    exact(Problem(synthetic_model(np.random.default_rng(3), 2, 3, (3, 3)), "SJF", "total_delay"))
+    assert capfd.readouterr().out == ""

@@ -7,6 +7,8 @@ release since 1.5 has, rather than the expression layer, whose spelling changed 
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -14,6 +16,20 @@ import highspy
 import numpy as np
 
 INF = math.inf
+
+
+def _quiet_highs() -> highspy.Highs:
+    """A solver without HiGHS's banner: its constructor prints it on the process's stdout before any
+    option can be set, which would corrupt ``dit optimise --json``."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+            return highspy.Highs()  # type: ignore[no-untyped-call]  # highspy ships no annotations for it
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class MilpError(RuntimeError):
@@ -43,7 +59,7 @@ class Milp:
 
     def solve(self, time_limit_s: float = 60.0) -> tuple[float, list[float]]:
         """The optimum (objective, values); :class:`MilpError` when HiGHS does not prove one in time."""
-        h = highspy.Highs()  # type: ignore[no-untyped-call]  # highspy ships no annotations for it
+        h = _quiet_highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("log_to_console", False)
         h.setOptionValue("time_limit", float(time_limit_s))
