@@ -8,6 +8,7 @@ pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
 from dit.sim._headsplit import ModelConfig, Unit, place
 from dit.sim.engine import Device, SimConfig, SimError, simulate
+from dit.sim.galaxy import head_shares, simulate_galaxy
 from dit.sim.spec import worker_specs
 
 # d = 8, head_dim = 4, ffn 16, two heads with a KV head each: per unit at 1 key
@@ -104,3 +105,13 @@ def test_rejected_speculation_re_executes_and_is_never_faster() -> None:
     rejected = simulate(SimConfig(TINY, [A, B], SPLIT, tokens=3, speculation=True, acceptance=(0.0,)))
     assert rejected.reexecuted == rejected.speculated == 3
     assert all(r >= p - 1e-12 for r, p in zip(rejected.token_s, plain, strict=True))
+
+
+def test_galaxy_one_token_takes_the_hand_computed_time() -> None:
+    # shares 1/3 (a) and 2/3 (b); one head each. X to both: 0.062. Attention + projection rows:
+    # a (80 + 128 + 128/3) / 1000 = 0.250667 -> 0.312667; all-reduce of 32 B over 2: 2 steps of
+    # 0.02 + 16/1000 -> 0.384667; FFN 512/3/1000 = 1024/3/2000 = 0.170667 -> 0.555333; all-reduce -> 0.627333.
+    # Layer 1: + 0.250667 + 0.072 + 0.170667 + 0.072 -> 1.192667; a's output to the controller +0.042.
+    result = simulate_galaxy(SimConfig(TINY, [A, B], SPLIT, tokens=1, partitioning="galaxy"))
+    assert result.token_s == [pytest.approx(1.234667, abs=1e-6)]
+    assert head_shares(32, [1.0, 2.0, 5.0]) == [4, 8, 20]

@@ -51,7 +51,7 @@ def test_a_small_file_simulates_through_the_command(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ("placement: greedy", "placement: 'best' is not one of layerwise, roundrobin, greedy"),
+        ("placement: greedy", "placement: 'best' is not one of layerwise, roundrobin, greedy, galaxy"),
         ("flops_per_s: 1.0e+9", "devices[0].flops_per_s: '1.0e9' is not a number >= 0"),
         ("rtt_ms: 5", "devices[0].rttms: unknown key; valid: bandwidth_mbps, call_overhead_ms, count"),
         ("a: pi1", "links[0].a: 'pi9' is not a device name or 'controller'"),

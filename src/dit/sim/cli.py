@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from dit.sim.engine import SimResult, simulate
+from dit.sim.galaxy import simulate_galaxy
 from dit.sim.spec import load
 
 
@@ -14,7 +15,7 @@ def run_file(path: Path, strategy: str | None = None) -> tuple[SimResult, float]
     """Simulate the YAML file ``path`` (``strategy`` overrides its placement); the result and its wall time (s)."""
     config = load(path, strategy)
     t0 = time.perf_counter()
-    result = simulate(config)
+    result = simulate_galaxy(config) if config.partitioning == "galaxy" else simulate(config)
     return result, time.perf_counter() - t0
 
 

@@ -121,6 +121,7 @@ class SimConfig:
     speculation: bool = False
     acceptance: Sequence[float] = (1.0,)
     seed: int = 0
+    partitioning: str = "headsplit"  # or "galaxy" (dit.sim.galaxy, which ignores ``placement``)
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
     model: tinyllama              # a HeadSplit preset (headsplit.config.PRESETS)
     tokens: 1000                  # tokens to generate
     prompt_tokens: 8              # 0: no prefill token
-    placement: greedy             # layerwise | roundrobin | greedy (HeadSplit's own code places)
+    placement: greedy             # layerwise | roundrobin | greedy (HeadSplit's own code places),
+                                  # or galaxy (dit.sim.galaxy: tensor parallel over every device)
     plan_tokens: 1000             # context the placement plans for (default prompt_tokens + tokens)
     replacement: true             # re-place at threshold x memory (HeadSplit's replace)
     threshold: 0.85
@@ -25,11 +26,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
-from dit.sim._headsplit import PRESETS, STRATEGIES, PlacementError, WorkerSpec, place
+from dit.sim._headsplit import PRESETS, STRATEGIES, PlacementError, Strategy, WorkerSpec, all_units, place
 from dit.sim.engine import CONTROLLER, Device, Link, SimConfig, SimError
 
 _DEVICE_KEYS = {
@@ -157,8 +158,8 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
     tokens = _int(doc, "tokens", minimum=1)
     prompt = _int(doc, "prompt_tokens", default=0)
     strategy = strategy or doc.get("placement", "greedy")
-    if strategy not in STRATEGIES:
-        raise SimError(f"placement: {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if strategy not in (*STRATEGIES, "galaxy"):
+        raise SimError(f"placement: {strategy!r} is not one of {', '.join(STRATEGIES)}, galaxy")
     plan = _int(doc, "plan_tokens", default=prompt + tokens, minimum=1)
     replacement = doc.get("replacement", False)
     if not isinstance(replacement, bool):
@@ -181,11 +182,21 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
     devices = devices_from(doc.get("devices"))
     links = links_from(doc.get("links"), {d.name for d in devices})
     bandwidth = min(d.bandwidth_bytes_per_s for d in devices)
+    if strategy == "galaxy":  # every device in every layer (dit.sim.galaxy); no unit placement
+        return SimConfig(
+            model,
+            devices,
+            dict.fromkeys(all_units(model), devices[0].name),
+            tokens,
+            prompt,
+            links,
+            partitioning="galaxy",
+        )
     try:
         placement = place(
             model,
             worker_specs(devices),
-            strategy,  # checked against STRATEGIES above
+            cast("Strategy", strategy),  # checked against STRATEGIES above
             context_tokens=plan,
             bandwidth_bytes_per_s=bandwidth,
         )
