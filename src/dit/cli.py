@@ -607,7 +607,7 @@ def optimise(
 
 @app.command()
 def simulate(
-    spec: Annotated[Path | None, typer.Argument(help="A simulation file (scenarios/sim_*.yaml).")] = None,
+    spec: Annotated[Path | None, typer.Argument(help="A simulation file (scenarios/sim/*.yaml).")] = None,
     replay: Annotated[
         Path | None,
         typer.Option("--replay", help="A finished HeadSplit run: simulate it beside its measurements."),

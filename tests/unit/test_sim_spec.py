@@ -29,7 +29,7 @@ links:
 """
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("sim_*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("sim/*.yaml")), ids=lambda p: p.name)
 def test_the_shipped_simulation_files_load(path: Path) -> None:
     config = load(path)
     assert config.tokens >= 1 and len(config.devices) >= 2 and config.placement
