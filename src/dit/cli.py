@@ -613,7 +613,8 @@ def simulate(
         typer.Option("--replay", help="A finished HeadSplit run: simulate it beside its measurements."),
     ] = None,
     placement: Annotated[
-        str | None, typer.Option(help="layerwise, roundrobin, greedy or galaxy: overrides the file's placement.")
+        str | None,
+        typer.Option(help="layerwise, roundrobin, greedy or galaxy: overrides the file's placement."),
     ] = None,
     calibration: Annotated[
         Path | None,
