@@ -614,6 +614,44 @@ def optimise(
 
 
 @app.command()
+def simulate(
+    spec: Annotated[Path | None, typer.Argument(help="A simulation file (scenarios/sim/*.yaml).")] = None,
+    replay: Annotated[
+        Path | None,
+        typer.Option("--replay", help="A finished HeadSplit run: simulate it beside its measurements."),
+    ] = None,
+    placement: Annotated[
+        str | None,
+        typer.Option(help="layerwise, roundrobin, greedy or galaxy: overrides the file's placement."),
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --replay: fit the per-call cost on this other run (a prediction, not a fit)."
+        ),
+    ] = None,
+) -> None:
+    """Simulate decoder generation over heterogeneous devices (HeadSplit's placements), or replay a run."""
+    if (spec is None) == (replay is None):
+        raise _fail("give either a simulation file or --replay RUN_DIR", 2)
+    try:
+        from dit.sim.cli import format_result, run_file
+        from dit.sim.engine import SimError
+        from dit.sim.replay import format_replay
+        from dit.sim.replay import replay as replay_run
+    except ImportError as exc:
+        raise _fail(f"dit simulate needs the sim extra (pip install 'dit[sim]'): {exc}", 2) from None
+    try:
+        if replay is not None:
+            out.print(format_replay(replay_run(replay, calibration)), highlight=False)
+        else:
+            assert spec is not None
+            out.print(format_result(*run_file(spec, placement)), highlight=False)
+    except SimError as exc:
+        raise _fail(str(exc), 2) from None
+
+
+@app.command()
 def web(
     host: Annotated[
         str, typer.Option(help="Address to bind; anything but loopback is reachable from the network.")

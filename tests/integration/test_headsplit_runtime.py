@@ -176,6 +176,15 @@ def test_a_local_headsplit_run_through_all_stages(site: Path, tmp_path: Path) ->
     logs = {p.name for p in run_dir.glob("raw/*/logs/*_hs-*.out")}  # the testbed's tagged processes
     assert logs == {"edge_hs-controller.out", "device1_hs-worker1.out", "device2_hs-worker2.out"}
     assert run_processes(RunDir(run_dir).run_id) == []
+    # the simulator replays the same run (docs/simulator.md: within 30 % on a local 4-token run, where
+    # the loaded machine's RPC jitter alone moves a token by 15 %)
+    if importlib.util.find_spec("simpy") is not None:
+        replayed = dit(site, "simulate", "--replay", str(run_dir))
+        assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+        mape = [line for line in replayed.stdout.splitlines() if line.startswith("MAPE ")]
+        assert len(mape) == 1 and mape[0].endswith(" %"), replayed.stdout
+        assert float(mape[0].split()[1]) <= 30, replayed.stdout
+        assert "tokens/s" in replayed.stdout
 
 
 def generating(pid: int) -> bool:

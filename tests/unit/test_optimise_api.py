@@ -99,7 +99,7 @@ def test_exhaustive_limit_reaches_the_caller(small: Path) -> None:
 
 def test_unknown_names(small: Path) -> None:
     with pytest.raises(
-        OptimiseError, match="unknown optimiser 'annealing'; available: exhaustive, greedy, trend"
+        OptimiseError, match="unknown optimiser 'annealing'; available: exact, exhaustive, greedy, trend"
     ):
         optimise_run(small, "annealing", None, None, None)
     with pytest.raises(OptimiseError, match="unknown objective 'latency'"):
@@ -166,3 +166,11 @@ def test_a_misbehaving_plugin_is_reported(small: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(registry, "load", lambda name: outside)
     with pytest.raises(OptimiseError, match=r"returned \[3, 3\], outside the feasible ranges"):
         optimise_run(small, "outside", None, None, None)
+
+
+def test_exact_through_dit_optimise_matches_exhaustive_on_a_run(small: Path) -> None:
+    pytest.importorskip("highspy", reason="the sim extra (HiGHS) is not installed")
+    exact = optimise_run(small, "exact", "total_delay", "SJF", None)
+    best = optimise_run(small, "exhaustive", "total_delay", "SJF", None)
+    assert exact.objective_value == pytest.approx(best.objective_value)
+    assert exact.output_path.name == "exact-total_delay-SJF.json" and exact.output_path.is_file()

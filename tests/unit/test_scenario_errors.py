@@ -239,7 +239,7 @@ def test_continuous_only_fields() -> None:
 def test_unknown_optimiser() -> None:
     assert messages(doc(optimisation={"algorithm": "annealing"})) == [
         "optimisation.algorithm: unknown optimiser 'annealing' "
-        "(registered under dit.optimisers: exhaustive, greedy, trend)"
+        "(registered under dit.optimisers: exact, exhaustive, greedy, trend)"
     ]
     assert validate(doc(optimisation={"enabled": False, "algorithm": "annealing"})) == []
 

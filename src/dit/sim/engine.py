@@ -1,0 +1,340 @@
+"""The discrete-event simulation of decoder-only generation over N heterogeneous devices (SimPy).
+
+One token at a time (autoregressive decoding: token ``t + 1`` needs token ``t``), each layer as HeadSplit
+runs it:
+
+1. **broadcast** - every device holding a query head of layer ``l`` receives the layer input X
+   (``4 * hidden`` bytes) from the device of the previous layer's FFN (the controller for layer 0);
+2. **attention** - each such device computes its heads of the layer one after the other, and once per
+   (layer, KV head) group the k and v of the new token (grouped-query attention replicates the KV head on
+   every device holding a head of its group);
+3. **gather** - each head device sends its heads' outputs (``4 * head_dim`` bytes each) to the device of
+   the layer's projection, which also receives X for the residual; the projection starts when all arrived;
+4. **projection**, Z (``4 * hidden`` bytes) to the FFN's device, **FFN**; the last FFN's output goes back
+   to the controller, which closes the token.
+
+Costs. A unit's compute time on device ``w`` is its FLOPs at the token's context length (HeadSplit's
+:func:`headsplit.placement.unit_flops`, :func:`~headsplit.placement.kv_flops`) over ``w``'s
+``flops_per_s``, plus ``w``'s ``call_overhead_s`` once per call (one call per device per stage). A
+message of ``b`` bytes from ``a`` to ``c`` costs the link's round trip (a pull: HeadSplit's workers fetch
+what they need) plus ``b`` over the link's bandwidth; the bandwidth part holds the directed link (two
+messages on one link queue), the round trip does not. A device computes one unit at a time.
+
+Memory: after each token, every device's bytes at the new context length
+(:func:`headsplit.placement.bytes_by_worker`: weights, one KV copy per group it holds, the cache growing
+one token per step). Over ``threshold * memory_bytes`` with re-placement on, HeadSplit's
+:func:`~headsplit.placement.replace` moves units and the migration's bytes cross the links before the
+next token; over ``memory_bytes`` without it, generation stops there (out of memory), as a real run would.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import simpy
+
+from dit.sim._headsplit import (
+    DTYPE_BYTES,
+    ModelConfig,
+    Placement,
+    PlacementError,
+    Unit,
+    WorkerSpec,
+    bytes_by_worker,
+    kv_flops,
+    migration_bytes,
+    moves,
+    replace,
+    unit_flops,
+)
+
+CONTROLLER = "controller"
+
+
+@dataclass(frozen=True)
+class Device:
+    """One worker: its speed, its memory limit, its access link."""
+
+    name: str
+    flops_per_s: float
+    memory_bytes: int
+    rtt_s: float  # round trip to the controller
+    bandwidth_bytes_per_s: float
+    call_overhead_s: float = 0.0  # fixed cost of one call (framework, RPC handling), per stage
+
+
+@dataclass(frozen=True)
+class Link:
+    """A measured or assumed link between two endpoints (a device or the controller), both directions."""
+
+    a: str
+    b: str
+    rtt_s: float
+    bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Network:
+    """Round trip and bandwidth between any two endpoints: an explicit :class:`Link` where there is one,
+    else the devices' access links (worker to worker through one access point: the mean of their round
+    trips, the smaller bandwidth; HeadSplit's placement assumes the same)."""
+
+    devices: Mapping[str, Device]
+    links: Mapping[frozenset[str], Link] = field(default_factory=dict)
+    controller_bandwidth_bytes_per_s: float = math.inf
+
+    def rtt_s(self, a: str, b: str) -> float:
+        link = self.links.get(frozenset((a, b)))
+        if link is not None:
+            return link.rtt_s
+        if a == CONTROLLER:
+            return self.devices[b].rtt_s
+        if b == CONTROLLER:
+            return self.devices[a].rtt_s
+        return (self.devices[a].rtt_s + self.devices[b].rtt_s) / 2
+
+    def bandwidth(self, a: str, b: str) -> float:
+        link = self.links.get(frozenset((a, b)))
+        if link is not None:
+            return link.bandwidth_bytes_per_s
+        ends = [self.devices[x].bandwidth_bytes_per_s for x in (a, b) if x != CONTROLLER]
+        return min([*ends, self.controller_bandwidth_bytes_per_s])
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    model: ModelConfig
+    devices: Sequence[Device]
+    placement: Placement
+    tokens: int  # tokens generated (token 0, the prompt's prefill, included when prompt_tokens > 0)
+    prompt_tokens: int = 0
+    links: Sequence[Link] = ()
+    replacement: bool = False
+    threshold: float = 0.85
+    controller_bandwidth_bytes_per_s: float = math.inf
+    # cross-layer speculation: layer l + 1's heads start on layer l's Z while l's FFN runs, and are
+    # kept with probability acceptance[l + 1] (cycled when shorter than the model), else re-executed
+    speculation: bool = False
+    acceptance: Sequence[float] = (1.0,)
+    seed: int = 0
+    partitioning: str = "headsplit"  # or "galaxy" (dit.sim.galaxy, which ignores ``placement``)
+
+
+@dataclass(frozen=True)
+class Migration:
+    token: int
+    moved_units: int
+    bytes: int
+    seconds: float
+
+
+@dataclass
+class SimResult:
+    token_s: list[float]  # simulated latency of each token (token 0: the prefill when there is a prompt)
+    memory: list[dict[str, int]]  # each device's bytes after each token
+    migrations: list[Migration]
+    oom: str | None  # the device that ran out of memory, and when; None when all tokens were generated
+    events: int  # simulated events (computations and messages)
+    placement: Placement
+    speculated: int = 0  # layers whose heads started on the previous layer's Z
+    reexecuted: int = 0  # of those, rejected and run again on the true X
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.token_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_s) / self.total_s if self.total_s > 0 else math.inf
+
+
+class SimError(ValueError):
+    """A simulation input that cannot be simulated; the message names the field."""
+
+
+def _check(cfg: SimConfig) -> dict[str, Device]:
+    devices: dict[str, Device] = {}
+    for i, d in enumerate(cfg.devices):
+        if d.name in devices or d.name == CONTROLLER:
+            raise SimError(f"devices[{i}].name: {d.name!r} is used twice or is the controller's name")
+        for attr in ("flops_per_s", "bandwidth_bytes_per_s"):
+            if not getattr(d, attr) > 0:
+                raise SimError(f"devices[{i}].{attr}: must be > 0, got {getattr(d, attr)}")
+        if d.rtt_s < 0 or d.call_overhead_s < 0 or d.memory_bytes <= 0:
+            raise SimError(f"devices[{i}]: rtt_s and call_overhead_s must be >= 0 and memory_bytes > 0")
+        devices[d.name] = d
+    for u, w in cfg.placement.items():
+        if w not in devices:
+            raise SimError(f"placement: {u.key()} is on {w!r}, not one of the devices {sorted(devices)}")
+    if cfg.tokens < 1:
+        raise SimError(f"tokens: must be >= 1, got {cfg.tokens}")
+    if not cfg.acceptance or any(not 0 <= a <= 1 for a in cfg.acceptance):
+        raise SimError(f"acceptance: each probability must be in [0, 1], got {list(cfg.acceptance)}")
+    return devices
+
+
+class _Run:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.devices = _check(cfg)
+        self.net = Network(
+            self.devices,
+            {frozenset((k.a, k.b)): k for k in cfg.links},
+            cfg.controller_bandwidth_bytes_per_s,
+        )
+        self.env = simpy.Environment()
+        self.cpu = {name: simpy.Resource(self.env, capacity=1) for name in self.devices}
+        self.wire: dict[tuple[str, str], simpy.Resource] = {}
+        self.events = 0
+        self.placement: Placement = dict(cfg.placement)
+        self.rng = random.Random(cfg.seed)
+        self.speculated = self.reexecuted = 0
+        self._layout()
+
+    def _layout(self) -> None:
+        """Per layer: each head device's heads and groups, the projection's and the FFN's device."""
+        m = self.cfg.model
+        self.layers: list[tuple[dict[str, tuple[int, int]], str, str]] = []
+        for layer in range(m.n_layers):
+            heads: dict[str, list[int]] = {}
+            for h in range(m.n_heads):
+                heads.setdefault(self.placement[Unit(layer, "head", h)], []).append(h)
+            stage = {w: (len(hs), len({m.kv_head_of(h) for h in hs})) for w, hs in heads.items()}
+            self.layers.append(
+                (stage, self.placement[Unit(layer, "proj")], self.placement[Unit(layer, "ffn")])
+            )
+
+    # -- primitives ----------------------------------------------------------------------------------
+    def compute(self, device: str, seconds: float) -> Generator[Any, Any, None]:
+        self.events += 1
+        with self.cpu[device].request() as slot:
+            yield slot
+            yield self.env.timeout(seconds + self.devices[device].call_overhead_s)
+
+    def send(self, src: str, dst: str, n_bytes: float) -> Generator[Any, Any, None]:
+        if src == dst:
+            return
+        self.events += 1
+        yield self.env.timeout(self.net.rtt_s(src, dst))
+        wire = self.wire.get((src, dst))
+        if wire is None:
+            wire = self.wire[(src, dst)] = simpy.Resource(self.env, capacity=1)
+        with wire.request() as slot:
+            yield slot
+            yield self.env.timeout(n_bytes / self.net.bandwidth(src, dst))
+
+    # -- one token -----------------------------------------------------------------------------------
+    def token(self, context: int, positions: int) -> Generator[Any, Any, None]:
+        """One forward pass over ``positions`` new tokens (1 when decoding, the prompt for the prefill)
+        attending to ``context`` keys at the last of them."""
+        m, env = self.cfg.model, self.env
+        hidden_b = DTYPE_BYTES * m.hidden * positions
+        # the prefill's mean context is about half its last one; a decode step's is its own
+        mean_ctx = context if positions == 1 else max((context + 1) // 2, 1)
+        head_f = unit_flops(m, Unit(0, "head", 0), mean_ctx) * positions
+        kv_f = kv_flops(m) * positions
+        proj_f = unit_flops(m, Unit(0, "proj"), mean_ctx) * positions
+        ffn_f = unit_flops(m, Unit(0, "ffn"), mean_ctx) * positions
+        src = CONTROLLER
+        speculative: list[Any] = []  # this layer's head stages, started early on the previous Z
+        accepted = False
+        for layer, (stage, proj, ffn) in enumerate(self.layers):
+            if speculative and accepted:
+                # the heads ran on Z; the projection still needs the true X (the FFN's output)
+                parts = list(speculative)
+                if proj != src:
+                    parts.append(env.process(self.send(src, proj, hidden_b)))
+            else:
+                # no speculation, or rejected: the heads run (again) on the true X
+                parts = [
+                    env.process(self._heads(src, w, proj, n, g, head_f, kv_f, positions))
+                    for w, (n, g) in stage.items()
+                ]
+                if speculative:
+                    self.reexecuted += 1
+                if proj not in stage:  # X for the residual; a head device already has it
+                    parts.append(env.process(self.send(src, proj, hidden_b)))
+            yield simpy.AllOf(env, parts)
+            yield env.process(self.compute(proj, proj_f / self.devices[proj].flops_per_s))
+            speculative, accepted = [], False
+            if self.cfg.speculation and positions == 1 and layer + 1 < len(self.layers):
+                # cross-layer speculation: the next layer's heads start on Z (at the projection's
+                # worker) while the FFN runs; kept with the layer's acceptance probability
+                next_stage, next_proj, _ = self.layers[layer + 1]
+                speculative = [
+                    env.process(self._heads(proj, w, next_proj, n, g, head_f, kv_f, positions))
+                    for w, (n, g) in next_stage.items()
+                ]
+                accepted = self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]
+                self.speculated += 1
+            yield env.process(self.send(proj, ffn, hidden_b))
+            yield env.process(self.compute(ffn, ffn_f / self.devices[ffn].flops_per_s))
+            src = ffn
+        yield env.process(self.send(src, CONTROLLER, DTYPE_BYTES * m.hidden))
+
+    def _heads(
+        self, src: str, w: str, proj: str, n: int, groups: int, head_f: float, kv_f: float, positions: int
+    ) -> Generator[Any, Any, None]:
+        m = self.cfg.model
+        yield self.env.process(self.send(src, w, DTYPE_BYTES * m.hidden * positions))
+        yield self.env.process(self.compute(w, (n * head_f + groups * kv_f) / self.devices[w].flops_per_s))
+        yield self.env.process(self.send(w, proj, DTYPE_BYTES * m.head_dim * n * positions))
+
+    # -- memory --------------------------------------------------------------------------------------
+    def memory(self, token: int, context: int, result: SimResult) -> bool:
+        """Record the devices' bytes at ``context``; re-place or stop when over. False: out of memory."""
+        cfg, m = self.cfg, self.cfg.model
+        used = bytes_by_worker(m, self.placement, context)
+        result.memory.append({d: used.get(d, 0) for d in self.devices})
+        over = [d for d, b in used.items() if b > cfg.threshold * self.devices[d].memory_bytes]
+        if cfg.replacement and over and token + 1 < cfg.tokens:
+            specs = [
+                WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9)) for d in cfg.devices
+            ]
+            ahead = max(cfg.prompt_tokens + cfg.tokens - context, 1)
+            try:
+                new = replace(m, specs, self.placement, tokens_so_far=context, tokens_ahead=ahead)
+            except PlacementError as exc:
+                result.oom = f"{exc.worker} at token {token}: re-placement found no room ({exc})"
+                return False
+            moved = moves(self.placement, new)
+            if moved:
+                n_bytes = migration_bytes(m, self.placement, new, context)
+                start = self.env.now
+                # each moved unit's share of the bytes crosses its own link; the links run in parallel
+                share = n_bytes / len(moved)
+                sends = [self.env.process(self.send(a, b, share)) for _, a, b in moved]
+                self.env.run(until=simpy.AllOf(self.env, sends))
+                result.migrations.append(Migration(token, len(moved), n_bytes, self.env.now - start))
+                self.placement = new
+                self._layout()
+                used = bytes_by_worker(m, self.placement, context)
+        for d, b in used.items():
+            if b > self.devices[d].memory_bytes:
+                limit_mb = self.devices[d].memory_bytes / 1e6
+                result.oom = f"{d} at token {token}: {b / 1e6:.1f} MB over its {limit_mb:.1f} MB"
+                return False
+        return True
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Simulate ``cfg.tokens`` tokens; token 0 is the prompt's prefill when ``prompt_tokens`` > 0."""
+    run = _Run(cfg)
+    result = SimResult([], [], [], None, 0, run.placement)
+    for t in range(cfg.tokens):
+        prefill = t == 0 and cfg.prompt_tokens > 0
+        # keys attended: the prompt and the tokens fed so far (token t feeds the one token t-1 produced)
+        context = cfg.prompt_tokens + t if cfg.prompt_tokens > 0 else t + 1
+        start = run.env.now
+        run.env.run(until=run.env.process(run.token(context, cfg.prompt_tokens if prefill else 1)))
+        result.token_s.append(run.env.now - start)
+        if not run.memory(t, context, result):
+            break
+    result.events = run.events
+    result.placement = run.placement
+    result.speculated, result.reexecuted = run.speculated, run.reexecuted
+    return result
