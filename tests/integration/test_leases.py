@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from dit.run.journal import Journal
-from dit.run.lease import BREAK_FLAG, process_started_s
+from dit.run.lease_decision import BREAK_FLAG, process_started_s
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
