@@ -50,7 +50,7 @@ def echo_scenario(directory: Path, **block: object) -> Path:
 
 
 def test_not_installed_in_this_process() -> None:
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
 
     assert "echo" not in registry.installed()
 

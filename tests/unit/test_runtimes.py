@@ -16,9 +16,10 @@ from dit.analysis.run import LoadedRun
 from dit.devtools.schemadoc import render_reference
 from dit.run.ansible_exec import HostEvent, StageOutcome
 from dit.run.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
+from dit.runtime_api import registry
+from dit.runtime_api.interface import Action, ActionPlan, Results, uses_edge_service, write_summary
 from dit.runtime_ops import plays as ops
-from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, registry
-from dit.runtimes.base import Action, ActionPlan, Results, uses_edge_service, write_summary
+from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue
 from dit.runtimes.layers import LayersRuntime
 from dit.scenario import ScenarioError, expand, loads, resolve, validate
 from dit.scenario.schema import load_schema
@@ -120,6 +121,33 @@ def test_sweeps_sweep_runtime_fields(echo: Any) -> None:
     with pytest.raises(ScenarioError) as info:
         expand(bad)
     assert any("runtime.placement" in str(e) and "'gredy' is not one of" in str(e) for e in info.value.errors)
+
+
+def test_a_runtime_checks_its_block_against_the_scenario_at_validate_time(echo: Any) -> None:
+    assert messages(doc(runtime={"name": "echo", "workers": ["device1", "device9"]})) == [
+        "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2)"
+    ]
+    assert messages(doc(runtime={"name": "echo", "workers": ["device2"]})) == []
+    # a sweep that makes the list wrong is refused at the value that does
+    raw = doc(runtime={"name": "echo"}, devices=["device1", "device2"],
+              sweep={"path": "runtime.workers", "values": [["device1"], ["device3"]]})  # fmt: skip
+    assert messages(raw) == [
+        "sweep.values[1]: runtime.workers=[\"device3\"]: runtime.workers[0]: 'device3' is not a device of "
+        "the scenario "
+        "(devices: device1, device2)"
+    ]
+
+
+def test_a_runtime_whose_check_fails_is_refused_by_name_not_by_a_traceback(
+    echo: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(block: Any, scenario: Any) -> Any:
+        raise KeyError("devices")
+
+    monkeypatch.setattr(echo, "check_block", broken)
+    assert messages(doc(runtime={"name": "echo"})) == [
+        "runtime: runtime 'echo' failed to check its block: KeyError: 'devices'"
+    ]
 
 
 def test_partition_optimisation_needs_the_layers_runtime(echo: Any) -> None:

@@ -21,8 +21,9 @@ if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
 from dit.run.launch import launch_vars  # noqa: E402
+from dit.runtime_api import registry  # noqa: E402
 from dit.runtime_ops.plays import InputError, action_of, validate_inputs  # noqa: E402
-from dit.runtimes import LaunchContext, registry  # noqa: E402
+from dit.runtimes import LaunchContext  # noqa: E402
 from dit.scenario import expand, resolve, validate  # noqa: E402
 from headsplit.config import PRESETS  # noqa: E402
 from headsplit.dit_runtime import HeadSplitLaunchError  # noqa: E402

@@ -18,7 +18,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-from dit.runtimes import LaunchContext, registry  # noqa: E402
+from dit.runtime_api import registry  # noqa: E402
+from dit.runtimes import LaunchContext  # noqa: E402
 from dit.scenario import resolve, validate  # noqa: E402
 from dit_llamacpp import build, dit_runtime, launch, node, results, source  # noqa: E402
 

@@ -16,7 +16,7 @@ def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None])
     """The monitor traces, the power models, the runtime's results and every condition's own step."""
     from dit.analysis.monitors import aggregate_monitors
     from dit.analysis.power_model import write_power_models
-    from dit.runtimes.base import write_summary
+    from dit.runtime_api.interface import write_summary
 
     # The traces first: energy.csv and the power model are inputs of the runtime's results
     # (the layers runtime's model validation compares predicted with measured energy).

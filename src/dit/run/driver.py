@@ -40,16 +40,16 @@ from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
 from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
-from dit.run.lease import controller_holder
+from dit.run.lease_decision import controller_holder
 from dit.run.procs import ProcessFailure, process_failures
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
 from dit.run.rundir import RunDir, describe_failure, write_json
 from dit.run.stop import StopRequests
 from dit.run.teardown import teardown
+from dit.runtime_api import registry as runtimes
+from dit.runtime_api.interface import node_facts_of, uses_edge_service
 from dit.runtimes import LaunchContext, Runtime
 from dit.runtimes import envs as runtime_envs
-from dit.runtimes import registry as runtimes
-from dit.runtimes.base import node_facts_of, uses_edge_service
 from dit.scenario import Scenario
 
 __all__ = ["EDGE_SERVICE_TASK", "Driver", "RunOptions", "RunResult", "StageFailed", "Stopped"]
@@ -66,7 +66,9 @@ class RunOptions:
     inventory: str | None = None  # None: local mode
     allow_stand_in: bool = True
     check: bool = False  # dry run: preflight and apply in Ansible check mode only (Driver.dry_run)
-    break_stale_lease: bool = False  # take nodes whose lease holder is gone or unverifiable (dit.run.lease)
+    break_stale_lease: bool = (
+        False  # take nodes whose lease holder is gone or unverifiable (dit.run.lease_decision)
+    )
     console: Console = field(default_factory=lambda: Console(stderr=True))
 
 

@@ -32,7 +32,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def _runtime(name: str) -> Any:
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
 
     try:
         return registry.get(name)
@@ -57,8 +57,8 @@ def listing(ctx: typer.Context) -> None:
     """The installed runtimes, their version and their scenario block's fields."""
     if ctx.invoked_subcommand is not None:
         return
+    from dit.runtime_api import registry
     from dit.runtime_ops import plays as ops
-    from dit.runtimes import registry
 
     table = Table(title="installed runtimes")
     for column in ("runtime", "version", "title", "scenario block", "actions"):
