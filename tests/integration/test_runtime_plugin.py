@@ -64,6 +64,13 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     refused = dit(runtime_site, "validate", str(bad))
     assert refused.returncode == 2
     assert "runtime.placement: 'gredy' is not one of round_robin, greedy" in refused.stderr
+    # the runtime's own check of its block against the scenario, before any run starts
+    stray = dit(runtime_site, "validate", str(echo_scenario(tmp_path, workers=["device1", "device9"])))
+    assert stray.returncode == 2
+    assert (
+        "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2)"
+        in stray.stderr
+    )
 
     ready = dit(runtime_site, "runtimes", "check", "--runtime", "echo")
     assert ready.returncode == 0, ready.stdout + ready.stderr

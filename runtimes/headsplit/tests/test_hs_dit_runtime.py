@@ -254,6 +254,35 @@ def test_launch_refuses_workers_that_are_not_devices(
         headsplit.launch(context({"name": "headsplit", **block}))
 
 
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        (
+            {"workers": ["device1", "device9"]},
+            "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2, device3)",
+        ),
+        (
+            {"controller": "device1", "workers": ["device1", "device2"]},
+            "runtime.workers[0]: 'device1' is the controller's node; it cannot also run a worker",
+        ),
+        (
+            {"controller": "board7"},
+            "runtime.controller: 'board7' is neither the edge server nor a device of the scenario "
+            "(devices: device1, device2, device3)",
+        ),
+        (
+            {"controller": "device3"},
+            "runtime.workers: absent, so every device works, and 'device3' is the controller's node; "
+            "list the workers without it",
+        ),
+    ],
+)
+def test_validate_refuses_workers_and_controllers_that_are_not_nodes(
+    headsplit: Any, block: dict[str, Any], message: str
+) -> None:
+    assert messages(doc(runtime={"name": "headsplit", **block})) == [message]
+
+
 def test_a_device_may_be_the_controller(headsplit: Any) -> None:
     block = {"name": "headsplit", "controller": "device3", "workers": ["device1", "device2"]}
     specs = launch_vars(headsplit, context(block), HOSTS)

@@ -168,6 +168,15 @@ def _context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
     return LaunchContext(**values)
 
 
+def test_validate_refuses_a_worker_that_is_not_a_device(runtime: Any) -> None:
+    bad = _doc(runtime={"name": "llamacpp-rpc", "workers": ["device1", "device9"]})
+    assert [str(e) for e in validate(bad)] == [
+        "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2, device3)"
+    ]
+    # without workers every device but the controller's node works: a device may be the controller
+    assert validate(_doc(runtime={"name": "llamacpp-rpc", "controller": "device3"})) == []
+
+
 def test_the_block_is_validated_with_the_field_named(runtime: Any) -> None:
     assert validate(_doc(runtime={"name": "llamacpp-rpc", "quant": "Q8_0"})) == []
     errors = [str(e) for e in validate(_doc(runtime={"name": "llamacpp-rpc", "quant": "Q5"}))]
