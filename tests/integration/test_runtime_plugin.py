@@ -21,7 +21,7 @@ import pytest
 from dit.run.journal import Journal
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
-from tests.conftest import DIT, REPO, free_port, install_fixture_package, process_tag
+from tests.conftest import DIT, REPO, install_fixture_package, process_tag
 from tests.conftest import dit_with_site as dit
 from tests.conftest import env_with_site as env_with
 
@@ -42,7 +42,7 @@ def echo_scenario(directory: Path, **block: object) -> Path:
         "seed": 3,
         "inference": {"enabled": False},
         "timing": {"start_lead_s": 1.0},
-        "runtime": {"name": "echo", "port": free_port(), **block},
+        "runtime": {"name": "echo", **block},  # no port: the workers take the ports the testbed sets aside
     }
     path = directory / "echo.yaml"
     path.write_text(json.dumps(doc), encoding="utf-8")
@@ -94,6 +94,11 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     assert set(status["stage_ns"]) >= {"preflight", "apply", "profile", "collect", "aggregate", "teardown"}
     metadata = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
     assert metadata["runtime"]["name"] == "echo" and metadata["runtime"]["block"]["rounds"] == 4
+    # two local devices (both 127.0.0.1) got ports of their own, recorded; the workers listened on them
+    ports = metadata["runtime_ports"]
+    assert set(ports) == {"edge", "device1", "device2"}
+    every = [port for node in ports.values() for port in node]
+    assert len(every) == 12 and len(set(every)) == 12
 
     with (run_dir / "aggregate" / "echo_rtt.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,14 @@ from dit.devtools.schemadoc import render_reference
 from dit.run.ansible_exec import HostEvent, StageOutcome
 from dit.run.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
 from dit.runtime_api import registry
-from dit.runtime_api.interface import Action, ActionPlan, Results, uses_edge_service, write_summary
+from dit.runtime_api.interface import (
+    PORTS_PER_NODE,
+    Action,
+    ActionPlan,
+    Results,
+    uses_edge_service,
+    write_summary,
+)
 from dit.runtime_ops import plays as ops
 from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue
 from dit.runtimes.layers import LayersRuntime
@@ -75,7 +83,6 @@ def test_the_installed_runtimes_block_is_merged_with_defaults(echo: Any) -> None
         "rounds": 3,
         "payload_bytes": 1024,
         "interval_ms": 0,
-        "port": 47100,
         "placement": "round_robin",
     }
 
@@ -212,6 +219,35 @@ def test_the_fixture_launches_workers_then_a_timed_controller(echo: Any) -> None
     assert "device1=10.0.0.11:47000,device2=10.0.0.12:47001" in controller["argv"]
     assert controller["result_files"] == ["results/echo_done.json"]
     assert "def controller" in controller["files"]["echo_node.py"]
+
+
+def test_two_local_devices_get_free_ports_of_their_own_in_argv_and_environment(echo: Any) -> None:
+    from dit.run.profile import NODE_PORT_BASE, allocate_ports
+
+    hosts = ("edge", "device1", "device2")
+    ports = allocate_ports("echo-20261204-abc", hosts, local=True)
+    assert set(ports) == set(hosts) and all(len(p) == PORTS_PER_NODE for p in ports.values())
+    every = [port for node in ports.values() for port in node]
+    assert len(set(every)) == len(every)  # every local node is 127.0.0.1: no two share a port
+    for port in every:  # and each is free (the allocation released them)
+        with socket.create_server(("127.0.0.1", port)):
+            pass
+    # on nodes of their own (leased to this run) the range is fixed
+    assert allocate_ports("r", ("edge", "device1"), local=False)["device1"] == tuple(
+        range(NODE_PORT_BASE, NODE_PORT_BASE + PORTS_PER_NODE)
+    )
+
+    block = resolve(doc(runtime={"name": "echo", "rounds": 2}))["runtime"]
+    ctx = context(block, ports=ports, local=True)
+    specs = launch_vars(echo, ctx, hosts)
+    for device in ("device1", "device2"):
+        (worker,) = specs[device]["background"]
+        assert worker["argv"][5:7] == ["--port", str(ports[device][0])]
+        assert worker["env"]["DIT_PORTS"] == ",".join(map(str, ports[device]))
+    (controller,) = specs["edge"]["main"]
+    assert controller["env"]["DIT_PORTS"] == ",".join(map(str, ports["edge"]))
+    with pytest.raises(LookupError, match=r"no port 4 on 'device1': the testbed sets aside 4 per node"):
+        ctx.port("device1", 4)
 
 
 def test_layers_launches_the_device_agent_with_todays_configuration() -> None:

@@ -10,7 +10,7 @@ The driver names no condition: it builds their variables and calls their hooks (
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -399,7 +399,7 @@ class Driver:
         if self.reporter is not None:
             self.reporter.warn(text)
 
-    def _launch_context(self) -> LaunchContext:
+    def _launch_context(self, ports: Mapping[str, tuple[int, ...]]) -> LaunchContext:
         assert self.model is not None
         return profile.launch_context(
             self.scenario,
@@ -410,11 +410,14 @@ class Driver:
             model=self.model.spec,
             edge_port=self.edge_port,
             runtime_pythons=self.runtime_pythons,
+            ports=ports,
         )
 
     def _profile(self) -> None:
         lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
-        launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
+        ports = profile.allocate_ports(self.run.run_id, self.inv.hosts, local=self.local)
+        add_metadata(self.run.path / "metadata.json", runtime_ports=ports)
+        launched = runtime_launch.launch_vars(self.runtime, self._launch_context(ports), self.inv.hosts)
         stage_vars: dict[str, Any] = {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns}
         if self._edge_profiles_at_start():  # the start task writes the instant on the edge too
             stage_vars["dit_edge_start_at_file"] = EDGE_START_AT_FILE

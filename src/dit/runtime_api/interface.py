@@ -26,6 +26,12 @@ ValueType = Literal["int", "float", "str", "bool"]
 NodeState = Literal["ok", "failed", "unreachable"]
 
 
+#: How many TCP ports the testbed sets aside per node for a run's runtime (:meth:`LaunchContext.port`).
+PORTS_PER_NODE = 4
+#: The environment variable every launched process finds its node's ports in (comma-separated).
+PORTS_ENV = "DIT_PORTS"
+
+
 @dataclass(frozen=True)
 class LaunchContext:
     """What a runtime may know when it describes its processes (one run, one scenario variant)."""
@@ -44,10 +50,24 @@ class LaunchContext:
     # host -> the interpreter of the runtime's own venv on that node (<runtimes dir>/<name>-<pin12>/bin/python,
     # installed by ``dit runtimes install``), else that node's ``dit_python``; empty when built by hand
     runtime_pythons: Mapping[str, str] = field(default_factory=dict)
+    # host -> the TCP ports the testbed set aside for this run's runtime on that node (free when the run
+    # started in local mode, where every node is 127.0.0.1; a fixed range on a leased node); recorded
+    # in metadata.json (``runtime_ports``) and in every process's environment (``DIT_PORTS``)
+    ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def runtime_python(self, host: str) -> str:
         """The interpreter the runtime's processes on ``host`` run with: its venv's, else ``dit_python``."""
         return self.runtime_pythons.get(host) or self.pythons[host]
+
+    def port(self, host: str, index: int = 0) -> int:
+        """The ``index``-th port set aside for the runtime on ``host`` (:data:`PORTS_PER_NODE` per node)."""
+        ports = self.ports.get(host, ())
+        if not 0 <= index < len(ports):
+            raise LookupError(
+                f"no port {index} on {host!r}: the testbed sets aside {len(ports)} per node "
+                f"(hosts: {', '.join(sorted(self.ports)) or 'none'})"
+            )
+        return ports[index]
 
 
 @dataclass(frozen=True)
