@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dit import units
 from dit.rack.cli import rack_app
-from dit.report import units
 from dit.run.console import STAGES as STAGE_ORDER
 from dit.run.rundir import (
     DRIVER,
@@ -486,6 +486,7 @@ def show(
         for row in frame.itertuples(index=False):
             table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
+    _show_runtime_summary(run_dir / "aggregate" / "summary.json")
     _show_network(run_dir / "aggregate" / "netem_check.csv")
     for result in sorted((run_dir / "optimise").glob("*.json")):
         data = _read_run_json(result)
@@ -493,6 +494,24 @@ def show(
         unit = str(data.get("objective_unit", ""))
         shown = units.with_unit(value, unit) if isinstance(value, (int, float)) else str(value)
         out.print(f"optimise {result.stem}: vector {data.get('vector')} objective {shown}")
+
+
+def _show_runtime_summary(path: Path) -> None:
+    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale."""
+    if not path.is_file():
+        return
+    doc = _read_run_json(path)
+    values = [v for v in doc.get("values") or [] if isinstance(v, dict) and "name" in v]
+    if not values:
+        return
+    table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
+    table.add_column("value")
+    table.add_column("", justify="right")
+    table.add_column("what")
+    for value in values:
+        shown = units.with_unit(value.get("value"), str(value.get("unit", "")))
+        table.add_row(escape(str(value["name"])), escape(shown), escape(str(value.get("description", ""))))
+    out.print(table)
 
 
 def _show_network(path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from dit import units
 from dit.analysis.run import LoadedRun
 from dit.conditions import aggregate_hooks
 from dit.runtimes import Runtime
@@ -25,7 +26,7 @@ def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None])
     results = runtime.parse_results(analysed)
     write_summary(analysed.aggregate_dir, runtime.name, results)
     for value in results.summary:
-        say(f"{runtime.name}: {value.name} = {value.value}" + (f" {value.unit}" if value.unit else ""))
+        say(f"{runtime.name}: {value.name} = {units.with_unit(value.value, value.unit)}")
     for _condition, step in aggregate_hooks():
         step(analysed)
 
