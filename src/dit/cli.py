@@ -450,6 +450,9 @@ def show(
     for stage in [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]:
         stages.add_row(stage, units.duration(stage_ns[stage]))
     out.print(stages)
+    skipped = status.get("skipped")
+    for stage, why in (skipped if isinstance(skipped, dict) else {}).items():
+        out.print(f"{escape(str(stage))}: skipped ({escape(str(why))})")
     lateness = _ns_field(status, "lateness_ns", run.path / STATUS)
     if lateness:
         recorded = status.get("start_wait")

@@ -91,6 +91,7 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     (run_dir,) = (tmp_path / "runs" / "echo").iterdir()
     status = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
     assert status["state"] == "completed"
+    assert status["skipped"] == {"optimise": "no optimiser for runtime echo"}
     assert set(status["stage_ns"]) >= {"preflight", "apply", "profile", "collect", "aggregate", "teardown"}
     metadata = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
     assert metadata["runtime"]["name"] == "echo" and metadata["runtime"]["block"]["rounds"] == 4
@@ -123,6 +124,8 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     log = (run_dir / "run.log").read_text(encoding="utf-8")
     assert "[echo-controller] 4 rounds to 2 workers" in log
     assert "[echo-worker] echoed 4 messages" in log
+    assert "optimise skipped: no optimiser for runtime echo" in log
+    assert "echo: payload = 256 bytes" in log and "echo: round_trips = 8" in log
     assert run_processes(RunDir(run_dir).run_id) == []
 
 

@@ -157,3 +157,19 @@ def test_run_log_says_the_runtimes_summary_values_in_their_units(
     said: list[str] = []
     analyse.aggregate(LoadedRun(tmp_path), Stub(), said.append)  # type: ignore[arg-type]
     assert said == ["stub: throughput = 63.0 1/s", "stub: ttft = 12.3 ms"]
+
+
+def test_the_optimise_stage_says_why_it_is_skipped(tmp_path: Path) -> None:
+    from dit.run.analyse import optimise_skipped
+    from dit.scenario import expand
+
+    base = {"name": "o", "model": "fake", "devices": ["device1"], "inference": {"enabled": False}}
+    (plugin,) = expand({**base, "runtime": {"name": "headsplit"}})
+    assert optimise_skipped(plugin) == "no optimiser for runtime headsplit"
+    (off,) = expand({**base, "optimisation": {"enabled": False}})
+    assert optimise_skipped(off) == "optimisation.enabled is false"
+    run = fake_run(
+        tmp_path, "20260101T000000Z-aa", {}, skipped={"optimise": "no optimiser for runtime headsplit"}
+    )
+    result = CliRunner().invoke(app, ["show", str(run)], terminal_width=200)
+    assert "optimise: skipped (no optimiser for runtime headsplit)" in result.output

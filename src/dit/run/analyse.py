@@ -11,6 +11,7 @@ from dit.analysis.run import LoadedRun
 from dit.conditions import aggregate_hooks
 from dit.runtimes import Runtime
 from dit.scenario import Scenario
+from dit.scenario.spec import DEFAULT_RUNTIME
 
 
 def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None]) -> None:
@@ -29,6 +30,17 @@ def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None])
         say(f"{runtime.name}: {value.name} = {units.with_unit(value.value, value.unit)}")
     for _condition, step in aggregate_hooks():
         step(analysed)
+
+
+def optimise_skipped(scenario: Scenario) -> str | None:
+    """Why the optimise stage does not run for ``scenario`` (status.json and ``dit show`` say it), or None.
+    The optimisers search the partition vectors of the layer profile only the default runtime measures."""
+    if scenario.optimisation.enabled:
+        return None
+    name = str(scenario.runtime.get("name", DEFAULT_RUNTIME))
+    if name != DEFAULT_RUNTIME:
+        return f"no optimiser for runtime {name}"
+    return "optimisation.enabled is false"
 
 
 def optimise(analysed: LoadedRun, scenario: Scenario) -> dict[str, Any]:

@@ -479,9 +479,12 @@ class Driver:
         self._timed("aggregate", lambda: analyse.aggregate(self.analysed, self.runtime, self.reporter_info))
 
     def _optimise(self) -> dict[str, Any] | None:
-        if not self.scenario.optimisation.enabled:
+        skipped = analyse.optimise_skipped(self.scenario)
+        if skipped is not None:
             assert self.reporter is not None
             self.reporter.stage("optimise", "skipped")
+            self.reporter_info(f"optimise skipped: {skipped}")
+            self.run.set_status(skipped={"optimise": skipped})
             return None
         opt = self.scenario.optimisation
         result: dict[str, Any] = self._timed(
