@@ -74,7 +74,7 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
 
     ready = dit(runtime_site, "runtimes", "check", "--runtime", "echo")
     assert ready.returncode == 0, ready.stdout + ready.stderr
-    assert "python ok, tcp ok" in ready.stdout
+    assert "python ok (3." in ready.stdout and "tcp ok (listens)" in ready.stdout
 
     action = dit(
         runtime_site, "runtimes", "act", "echo", "say", "--set", "message=hello-from-echo", "--set", "count=2"

@@ -522,3 +522,15 @@ def test_only_a_runtime_that_uses_the_edge_service_gets_its_profile_at_the_start
     assert uses_edge_service(echo) is False  # a plug-in that does not say so brings its own
     for name, runtime in registry.installed().items():
         assert uses_edge_service(runtime) is (name == "layers"), name
+
+
+def test_passing_readiness_checks_show_their_detail_as_failing_ones_do() -> None:
+    from dit.runtime_api.interface import CheckResult
+    from dit.runtime_ops.cli import checks_cell
+
+    checks = (
+        CheckResult("python", True, "3.11.7"),
+        CheckResult("tcp", True, ""),
+        CheckResult("gguf", False, "/models/x.gguf: no such file"),
+    )
+    assert checks_cell(checks) == "python ok (3.11.7), tcp ok, gguf FAILED"
