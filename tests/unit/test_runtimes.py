@@ -168,10 +168,27 @@ def test_the_scenario_reference_documents_every_installed_runtime(echo: Any) -> 
     text = render_reference(load_schema())
     assert "## `runtime`" in text
     assert (
-        "| `runtime.placement` | `round_robin` \\| `greedy` | `round_robin` (when name is echo) | "
+        "| `runtime.placement` | `round_robin` \\| `greedy` | `round_robin` | "
         "Order in which the controller visits the workers. Only when name is echo. |"
     ) in text
     assert "| `runtime.name` | " + " \\| ".join(f"`{name}`" for name in registry.installed()) + " |" in text
+
+
+def test_the_reference_has_one_row_per_runtime_field_with_that_runtimes_default(echo: Any) -> None:
+    text = render_reference(load_schema())
+    rows = [line for line in text.splitlines() if line.startswith("| `runtime.")]
+    # the default runtime's block again (for a block without a name) makes no "Only ." row
+    assert not [row for row in rows if "Only ." in row]
+    for field in ("runtime.port", "runtime.tokens"):
+        conditions = [
+            row.rsplit("Only when name is ", 1)[1].split(".")[0] for row in rows if f"`{field}`" in row
+        ]
+        assert len(conditions) == len(set(conditions)), (field, conditions)  # one row per runtime
+    # each row's default is its runtime's own, not another runtime's of the same field name
+    (echo_port,) = [row for row in rows if "`runtime.port`" in row and "Only when name is echo." in row]
+    assert echo_port.split(" | ")[2] == ""  # echo's port has no default: the testbed's port then
+    (layers_tokens,) = [row for row in rows if "`runtime.tokens`" in row and "when name is layers" in row]
+    assert layers_tokens.split(" | ")[2] == ""
 
 
 def test_a_broken_plugin_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
