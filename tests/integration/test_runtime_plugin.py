@@ -125,6 +125,7 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     assert "[echo-controller] 4 rounds to 2 workers" in log
     assert "[echo-worker] echoed 4 messages" in log
     assert "optimise skipped: no optimiser for runtime echo" in log
+    assert "edge service not started: runtime echo does not use it" in log
     assert "echo: payload = 256 bytes" in log and "echo: round_trips = 8" in log
     assert run_processes(RunDir(run_dir).run_id) == []
 

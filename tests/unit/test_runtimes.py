@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dit.analysis.run import LoadedRun
 from dit.devtools.schemadoc import render_reference
@@ -551,3 +552,14 @@ def test_passing_readiness_checks_show_their_detail_as_failing_ones_do() -> None
         CheckResult("gguf", False, "/models/x.gguf: no such file"),
     )
     assert checks_cell(checks) == "python ok (3.11.7), tcp ok, gguf FAILED"
+
+
+def test_the_edge_service_starts_only_for_a_runtime_that_uses_it(tmp_path: Path) -> None:
+    from dit.run.ansible_exec import render_playbook
+
+    def plays(edge_service: bool) -> list[str]:
+        path = render_playbook("apply", tmp_path / str(edge_service), {"edge_service": edge_service})
+        return [play["name"] for play in yaml.safe_load(path.read_text(encoding="utf-8"))]
+
+    assert "Apply - start the edge inference service" in plays(True)
+    assert "Apply - start the edge inference service" not in plays(False)

@@ -352,18 +352,23 @@ class Driver:
             {
                 "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
                 "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
+                # a runtime that brings its own inference gets no edge service profiling the edge's CPU
+                "edge_service": uses_edge_service(self.runtime),
             },
         )
         if self.options.check:
             return  # a dry run started nothing: no port to read, nothing to settle
-        # The edge service's own task: conditions after it start tagged processes with dit_proc too.
-        ready = (outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}).get(
-            "ready"
-        ) or {}
-        if "port" not in ready:
-            raise StageFailed("apply: the edge service did not report its port")
-        self.edge_port = int(ready["port"])
-        self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
+        if uses_edge_service(self.runtime):
+            # The edge service's own task: conditions after it start tagged processes with dit_proc too.
+            ready = (outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}).get(
+                "ready"
+            ) or {}
+            if "port" not in ready:
+                raise StageFailed("apply: the edge service did not report its port")
+            self.edge_port = int(ready["port"])
+            self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
+        else:
+            self.reporter_info(f"edge service not started: runtime {self.runtime.name} does not use it")
         for applied in after_apply(self.scenario, outcome):
             if applied.status:
                 self.run.set_status(**applied.status)
