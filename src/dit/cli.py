@@ -508,8 +508,8 @@ def _show_runtime_summary(path: Path) -> None:
     if not values:
         return
     table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
-    table.add_column("value")
-    table.add_column("", justify="right")
+    table.add_column("name")
+    table.add_column("value", justify="right")
     table.add_column("what")
     for value in values:
         shown = units.with_unit(value.get("value"), str(value.get("unit", "")))
