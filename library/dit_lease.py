@@ -14,7 +14,7 @@ description:
     node or this run (O(run_id)) already does. Another run's lease is only replaced when its exact
     content is O(replaces); anything else found there fails the task and names the holder.
   - Whether a holder still lives is decided on the controller by the C(dit_lease) action plugin
-    (C(dit.run.lease)), which reads the lease through this module's plan mode, refuses a live or
+    (C(dit.run.lease_decision)), which reads the lease through this module's plan mode, refuses a live or
     unverifiable holder, and passes O(replaces) only for a lease it decided to break
     (O(break_stale)).
   - The lease is released by C(dit_restore) (journal record C(lease)) at teardown or C(dit cleanup),
@@ -97,7 +97,7 @@ journal:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_lease import LeaseError, LeaseHeld, read_text, run_id_of, take
+from ansible.module_utils.dit_lease_file import LeaseError, LeaseHeld, read_text, run_id_of, take
 
 
 def main() -> None:

@@ -145,7 +145,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_lease import release as release_lease
+from ansible.module_utils.dit_lease_file import release as release_lease
 from ansible.module_utils.dit_procs import find_tagged, reap
 from ansible.module_utils.dit_undo_scope import Refused, Scope
 

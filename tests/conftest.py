@@ -21,7 +21,7 @@ DIT = [sys.executable, "-m", "dit"]
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_lease_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Local runs lease this machine (dit.run.lease): a test session must not contend with the user's
+    """Local runs lease this machine (dit.run.lease_decision): a test session must not contend with the user's
     own runs or another session's. Module-scoped fixtures that run dit see this directory."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DIT_LOCAL_LEASE_DIR", str(tmp_path_factory.mktemp("lease")))
@@ -184,7 +184,7 @@ def shipped_runtime(path: Path) -> Iterator[str]:
     of a shipped scenario needs it; the test is skipped when neither gives it (e.g. CI without it).
     Yields the name of the scenario's own ``runtime`` block.
     """
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
 
     names = scenario_runtimes(path)
     missing = [name for name in names if name not in registry.installed()]

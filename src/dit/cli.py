@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dit import units
 from dit.rack.cli import rack_app
-from dit.report import labels, units
+from dit.report import labels
 from dit.run.console import STAGES as STAGE_ORDER
 from dit.run.rundir import (
     DRIVER,
@@ -450,6 +451,9 @@ def show(
     for stage in [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]:
         stages.add_row(stage, units.duration(stage_ns[stage]))
     out.print(stages)
+    skipped = status.get("skipped")
+    for stage, why in (skipped if isinstance(skipped, dict) else {}).items():
+        out.print(f"{escape(str(stage))}: skipped ({escape(str(why))})")
     lateness = _ns_field(status, "lateness_ns", run.path / STATUS)
     if lateness:
         recorded = status.get("start_wait")
@@ -486,6 +490,7 @@ def show(
         for row in frame.itertuples(index=False):
             table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
+    _show_runtime_summary(run_dir / "aggregate" / "summary.json")
     _show_network(run_dir / "aggregate" / "netem_check.csv")
     fake_power = labels.fake_power_nodes(run_dir / "aggregate")
     energy_shown = False
@@ -501,6 +506,24 @@ def show(
         out.print(f"optimise {escape(result.stem)}: vector {data.get('vector')} objective {shown}{fake}")
     if energy_shown:
         out.print(f"[yellow]{escape(labels.fake_sensor_note(fake_power))}[/]")
+
+
+def _show_runtime_summary(path: Path) -> None:
+    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale."""
+    if not path.is_file():
+        return
+    doc = _read_run_json(path)
+    values = [v for v in doc.get("values") or [] if isinstance(v, dict) and "name" in v]
+    if not values:
+        return
+    table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
+    table.add_column("name")
+    table.add_column("value", justify="right")
+    table.add_column("what")
+    for value in values:
+        shown = units.with_unit(value.get("value"), str(value.get("unit", "")))
+        table.add_row(escape(str(value["name"])), escape(shown), escape(str(value.get("description", ""))))
+    out.print(table)
 
 
 def _show_network(path: Path) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dit.runtimes.base import Results, SummaryValue, write_summary
+from dit.runtime_api.interface import Results, SummaryValue, write_summary
 from tests.conftest import dit_env, free_port, install_fixture_package
 from tests.e2e.conftest import Server, shot, web_server
 from tests.integration.test_web_api import finished_run

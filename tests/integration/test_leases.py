@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from dit.run.journal import Journal
-from dit.run.lease import BREAK_FLAG, process_started_s
+from dit.run.lease_decision import BREAK_FLAG, process_started_s
 from tests.conftest import write_scenario
 from tests.integration.leases import assert_refused_and_untouched, dit, lease_file, only_run, tiny_scenario
 

@@ -21,7 +21,7 @@ import pytest
 from dit.run.journal import Journal
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
-from tests.conftest import DIT, REPO, free_port, install_fixture_package, process_tag
+from tests.conftest import DIT, REPO, install_fixture_package, process_tag
 from tests.conftest import dit_with_site as dit
 from tests.conftest import env_with_site as env_with
 
@@ -42,7 +42,7 @@ def echo_scenario(directory: Path, **block: object) -> Path:
         "seed": 3,
         "inference": {"enabled": False},
         "timing": {"start_lead_s": 1.0},
-        "runtime": {"name": "echo", "port": free_port(), **block},
+        "runtime": {"name": "echo", **block},  # no port: the workers take the ports the testbed sets aside
     }
     path = directory / "echo.yaml"
     path.write_text(json.dumps(doc), encoding="utf-8")
@@ -50,7 +50,7 @@ def echo_scenario(directory: Path, **block: object) -> Path:
 
 
 def test_not_installed_in_this_process() -> None:
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
 
     assert "echo" not in registry.installed()
 
@@ -64,10 +64,17 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     refused = dit(runtime_site, "validate", str(bad))
     assert refused.returncode == 2
     assert "runtime.placement: 'gredy' is not one of round_robin, greedy" in refused.stderr
+    # the runtime's own check of its block against the scenario, before any run starts
+    stray = dit(runtime_site, "validate", str(echo_scenario(tmp_path, workers=["device1", "device9"])))
+    assert stray.returncode == 2
+    assert (
+        "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2)"
+        in stray.stderr
+    )
 
     ready = dit(runtime_site, "runtimes", "check", "--runtime", "echo")
     assert ready.returncode == 0, ready.stdout + ready.stderr
-    assert "python ok, tcp ok" in ready.stdout
+    assert "python ok (3." in ready.stdout and "tcp ok (listens)" in ready.stdout
 
     action = dit(
         runtime_site, "runtimes", "act", "echo", "say", "--set", "message=hello-from-echo", "--set", "count=2"
@@ -84,9 +91,15 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     (run_dir,) = (tmp_path / "runs" / "echo").iterdir()
     status = json.loads((run_dir / "status.json").read_text(encoding="utf-8"))
     assert status["state"] == "completed"
+    assert status["skipped"] == {"optimise": "no optimiser for runtime echo"}
     assert set(status["stage_ns"]) >= {"preflight", "apply", "profile", "collect", "aggregate", "teardown"}
     metadata = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
     assert metadata["runtime"]["name"] == "echo" and metadata["runtime"]["block"]["rounds"] == 4
+    # two local devices (both 127.0.0.1) got ports of their own, recorded; the workers listened on them
+    ports = metadata["runtime_ports"]
+    assert set(ports) == {"edge", "device1", "device2"}
+    every = [port for node in ports.values() for port in node]
+    assert len(every) == 12 and len(set(every)) == 12
 
     with (run_dir / "aggregate" / "echo_rtt.csv").open(encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
@@ -111,6 +124,9 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     log = (run_dir / "run.log").read_text(encoding="utf-8")
     assert "[echo-controller] 4 rounds to 2 workers" in log
     assert "[echo-worker] echoed 4 messages" in log
+    assert "optimise skipped: no optimiser for runtime echo" in log
+    assert "edge service not started: runtime echo does not use it" in log
+    assert "echo: payload = 256 bytes" in log and "echo: round_trips = 8" in log
     assert run_processes(RunDir(run_dir).run_id) == []
 
 

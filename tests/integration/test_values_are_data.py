@@ -115,7 +115,7 @@ def test_a_runtime_action_input_stays_literal_from_the_cli(tmp_path: Path) -> No
 def test_llamacpp_s_mirror_url_stays_literal_from_the_dit_command(tmp_path: Path) -> None:
     """The second path the issue reproduced, through ``dit runtimes act`` itself (the plug-in as ``./dev``
     installs it): the fetch fails against a closed port, and nothing runs."""
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
 
     if "llamacpp-rpc" not in registry.installed():
         pytest.skip("the llamacpp-rpc plug-in is not installed here (./dev setup installs it)")
@@ -132,7 +132,7 @@ def test_a_runtime_action_input_stays_literal_from_nnpm(
     tmp_path: Path, nnpm: StartNnpm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The echo plug-in's ``say`` through ``POST /api/runtimes/actions``: the message is printed as given."""
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
     from dit.web.app import WebConfig
     from tests.conftest import install_fixture_package
 

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from fastapi.testclient import TestClient
 
+from dit import units
 from dit.optimise.api import optimise_run
-from dit.report import units
 from dit.run.rundir import RunDir, write_json
 from dit.web.app import WebConfig
 from dit.web.services import runs as runs_mod

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from dit.runtimes import registry
+from dit.runtime_api import registry
 from dit.web.app import WebConfig
 from tests.conftest import REPO, install_fixture_package
 from tests.integration.conftest import StartNnpm, loopback_inventory
@@ -151,7 +151,7 @@ def test_a_maintenance_action_streams_its_ansible_output_to_the_terminal(client:
 def test_the_run_detail_carries_the_runtimes_summary_values_with_units(
     client: TestClient, tmp_path: Path
 ) -> None:
-    from dit.runtimes.base import Results, SummaryValue, write_summary
+    from dit.runtime_api.interface import Results, SummaryValue, write_summary
     from tests.integration.test_web_api import finished_run
 
     run = finished_run(tmp_path / "runs")

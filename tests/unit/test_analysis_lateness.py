@@ -98,3 +98,78 @@ def test_the_start_wait_is_taken_from_a_result_file_with_start_sched() -> None:
         LaunchOutcome("device2", "profile", 0, {"results/origin.json": None}),
     ]
     assert start_waits(outcomes) == {"device1": sched}
+
+
+SUMMARY = {
+    "runtime": "echo",
+    "tables": ["echo_rtt.csv"],
+    "values": [
+        {"name": "throughput", "value": 63.04866216641814, "unit": "1/s", "type": "float", "description": ""},
+        {
+            "name": "rtt_mean",
+            "value": 1_234_567,
+            "unit": "ns",
+            "type": "int",
+            "description": "Mean round trip.",
+        },
+        {"name": "payload", "value": 2048, "unit": "B", "type": "int", "description": ""},
+    ],
+}
+
+
+def test_show_prints_the_runtimes_summary_values_in_their_units(tmp_path: Path) -> None:
+    run = fake_run(tmp_path, "20260101T000000Z-aa", {})
+    (run / "aggregate").mkdir()
+    write_json(run / "aggregate" / "summary.json", SUMMARY)
+    result = CliRunner().invoke(app, ["show", str(run)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "runtime echo" in result.output
+    lines = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") >= 3}
+    assert "63.0 1/s" in lines["throughput"] and "63.048" not in result.output
+    assert "1.23 ms" in lines["rtt_mean"] and "Mean round trip." in lines["rtt_mean"]
+    assert "2.05 kB" in lines["payload"]
+
+
+def test_run_log_says_the_runtimes_summary_values_in_their_units(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dit.analysis import monitors, power_model
+    from dit.analysis.run import LoadedRun
+    from dit.run import analyse
+    from dit.runtimes import Results, SummaryValue
+
+    monkeypatch.setattr(monitors, "aggregate_monitors", lambda run: None)
+    monkeypatch.setattr(power_model, "write_power_models", lambda run: None)
+    monkeypatch.setattr(analyse, "aggregate_hooks", lambda: [])
+
+    class Stub:
+        name = "stub"
+
+        def parse_results(self, run: Any) -> Results:
+            return Results(
+                tables=(),
+                summary=(
+                    SummaryValue("throughput", 63.04866216641814, "1/s", "float"),
+                    SummaryValue("ttft", 12_345_678, "ns", "int"),
+                ),
+            )
+
+    said: list[str] = []
+    analyse.aggregate(LoadedRun(tmp_path), Stub(), said.append)  # type: ignore[arg-type]
+    assert said == ["stub: throughput = 63.0 1/s", "stub: ttft = 12.3 ms"]
+
+
+def test_the_optimise_stage_says_why_it_is_skipped(tmp_path: Path) -> None:
+    from dit.run.analyse import optimise_skipped
+    from dit.scenario import expand
+
+    base = {"name": "o", "model": "fake", "devices": ["device1"], "inference": {"enabled": False}}
+    (plugin,) = expand({**base, "runtime": {"name": "headsplit"}})
+    assert optimise_skipped(plugin) == "no optimiser for runtime headsplit"
+    (off,) = expand({**base, "optimisation": {"enabled": False}})
+    assert optimise_skipped(off) == "optimisation.enabled is false"
+    run = fake_run(
+        tmp_path, "20260101T000000Z-aa", {}, skipped={"optimise": "no optimiser for runtime headsplit"}
+    )
+    result = CliRunner().invoke(app, ["show", str(run)], terminal_width=200)
+    assert "optimise: skipped (no optimiser for runtime headsplit)" in result.output

@@ -15,9 +15,9 @@ from ansible.template import Templar
 
 from dit.ansible_data import unsafe_yaml
 from dit.run.ansible_exec import write_extravars
+from dit.runtime_api import registry
+from dit.runtime_api.interface import Action, ActionPlan, Runtime
 from dit.runtime_ops import plays as ops
-from dit.runtimes import registry
-from dit.runtimes.base import Action, ActionPlan, Runtime
 
 PAYLOAD = "{{ lookup('pipe', 'touch /tmp/dit-planted') }}"
 

@@ -121,3 +121,14 @@ def test_the_device_code_imports_only_the_standard_library_and_itself(path: Path
         and module != "__future__.annotations"
     )
     assert not foreign, f"src/dit/device/{path.name} imports {foreign}"
+
+
+@pytest.mark.parametrize("path", sorted(SRC.joinpath("runtime_api").glob("*.py")), ids=lambda p: p.name)
+def test_the_runtime_interface_and_registry_import_nothing_above_the_scenario(path: Path) -> None:
+    """The page: the scenario schema asks the registry for each runtime's block, so runtime_api/ stands
+    below the scenario and imports none of what stands above it (not even for an annotation)."""
+    above = {"scenario", "analysis", "run", "runtimes", "runtime_ops", "web", "cli"}
+    upward = sorted(
+        m for m in _imports(path) if m.split(".")[0] == "dit" and m.split(".")[1:2] in ([a] for a in above)
+    )
+    assert not upward, f"src/dit/runtime_api/{path.name} imports {upward}"

@@ -288,7 +288,7 @@ def test_the_runtimes_processes_use_the_nodes_interpreter_in_local_mode(tmp_path
     driver.inventory = local_inventory(driver.run.path, ("device1",))
     driver.contexts = driver._host_contexts()
     driver.model = resolve_model("fake", {"profile": "tiny"}, {"kind": "synthetic", "seed": 1}, 1, True, True)
-    ctx = driver._launch_context()
+    ctx = driver._launch_context({})
     assert ctx.pythons == {"edge": sys.executable, "device1": sys.executable}
     (agent,) = launch_vars(driver.runtime, ctx, driver.inv.hosts)["device1"]["main"]
     assert agent["argv"][0] == sys.executable  # the venv's, which has the model's framework

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dit.report import units
+from dit import units
 from dit.report.build import ReportError, build_report, write_report
 from tests.report_fixtures import report_run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dit.runtimes import registry
+from dit.runtime_api import registry
 from dit.scenario import validate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,20 +5,30 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dit.analysis.run import LoadedRun
 from dit.devtools.schemadoc import render_reference
 from dit.run.ansible_exec import HostEvent, StageOutcome
 from dit.run.launch import LaunchError, check_specs, launch_vars, outcomes, start_margins
+from dit.runtime_api import registry
+from dit.runtime_api.interface import (
+    PORTS_PER_NODE,
+    Action,
+    ActionPlan,
+    Results,
+    uses_edge_service,
+    write_summary,
+)
 from dit.runtime_ops import plays as ops
-from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue, registry
-from dit.runtimes.base import Action, ActionPlan, Results, uses_edge_service, write_summary
+from dit.runtimes import LaunchContext, LaunchOutcome, LaunchSpec, ReadinessPlan, SummaryValue
 from dit.runtimes.layers import LayersRuntime
 from dit.scenario import ScenarioError, expand, loads, resolve, validate
 from dit.scenario.schema import load_schema
@@ -74,7 +84,6 @@ def test_the_installed_runtimes_block_is_merged_with_defaults(echo: Any) -> None
         "rounds": 3,
         "payload_bytes": 1024,
         "interval_ms": 0,
-        "port": 47100,
         "placement": "round_robin",
     }
 
@@ -122,6 +131,33 @@ def test_sweeps_sweep_runtime_fields(echo: Any) -> None:
     assert any("runtime.placement" in str(e) and "'gredy' is not one of" in str(e) for e in info.value.errors)
 
 
+def test_a_runtime_checks_its_block_against_the_scenario_at_validate_time(echo: Any) -> None:
+    assert messages(doc(runtime={"name": "echo", "workers": ["device1", "device9"]})) == [
+        "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2)"
+    ]
+    assert messages(doc(runtime={"name": "echo", "workers": ["device2"]})) == []
+    # a sweep that makes the list wrong is refused at the value that does
+    raw = doc(runtime={"name": "echo"}, devices=["device1", "device2"],
+              sweep={"path": "runtime.workers", "values": [["device1"], ["device3"]]})  # fmt: skip
+    assert messages(raw) == [
+        "sweep.values[1]: runtime.workers=[\"device3\"]: runtime.workers[0]: 'device3' is not a device of "
+        "the scenario "
+        "(devices: device1, device2)"
+    ]
+
+
+def test_a_runtime_whose_check_fails_is_refused_by_name_not_by_a_traceback(
+    echo: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(block: Any, scenario: Any) -> Any:
+        raise KeyError("devices")
+
+    monkeypatch.setattr(echo, "check_block", broken)
+    assert messages(doc(runtime={"name": "echo"})) == [
+        "runtime: runtime 'echo' failed to check its block: KeyError: 'devices'"
+    ]
+
+
 def test_partition_optimisation_needs_the_layers_runtime(echo: Any) -> None:
     raw = doc(runtime={"name": "echo"}, optimisation={"enabled": True, "algorithm": "greedy"})
     assert "optimisation.enabled: partition optimisation needs the layers runtime, not 'echo'" in messages(
@@ -133,10 +169,27 @@ def test_the_scenario_reference_documents_every_installed_runtime(echo: Any) -> 
     text = render_reference(load_schema())
     assert "## `runtime`" in text
     assert (
-        "| `runtime.placement` | `round_robin` \\| `greedy` | `round_robin` (when name is echo) | "
+        "| `runtime.placement` | `round_robin` \\| `greedy` | `round_robin` | "
         "Order in which the controller visits the workers. Only when name is echo. |"
     ) in text
     assert "| `runtime.name` | " + " \\| ".join(f"`{name}`" for name in registry.installed()) + " |" in text
+
+
+def test_the_reference_has_one_row_per_runtime_field_with_that_runtimes_default(echo: Any) -> None:
+    text = render_reference(load_schema())
+    rows = [line for line in text.splitlines() if line.startswith("| `runtime.")]
+    # the default runtime's block again (for a block without a name) makes no "Only ." row
+    assert not [row for row in rows if "Only ." in row]
+    for field in ("runtime.port", "runtime.tokens"):
+        conditions = [
+            row.rsplit("Only when name is ", 1)[1].split(".")[0] for row in rows if f"`{field}`" in row
+        ]
+        assert len(conditions) == len(set(conditions)), (field, conditions)  # one row per runtime
+    # each row's default is its runtime's own, not another runtime's of the same field name
+    (echo_port,) = [row for row in rows if "`runtime.port`" in row and "Only when name is echo." in row]
+    assert echo_port.split(" | ")[2] == ""  # echo's port has no default: the testbed's port then
+    (layers_tokens,) = [row for row in rows if "`runtime.tokens`" in row and "when name is layers" in row]
+    assert layers_tokens.split(" | ")[2] == ""
 
 
 def test_a_broken_plugin_is_reported_not_fatal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,6 +237,35 @@ def test_the_fixture_launches_workers_then_a_timed_controller(echo: Any) -> None
     assert "device1=10.0.0.11:47000,device2=10.0.0.12:47001" in controller["argv"]
     assert controller["result_files"] == ["results/echo_done.json"]
     assert "def controller" in controller["files"]["echo_node.py"]
+
+
+def test_two_local_devices_get_free_ports_of_their_own_in_argv_and_environment(echo: Any) -> None:
+    from dit.run.profile import NODE_PORT_BASE, allocate_ports
+
+    hosts = ("edge", "device1", "device2")
+    ports = allocate_ports("echo-20261204-abc", hosts, local=True)
+    assert set(ports) == set(hosts) and all(len(p) == PORTS_PER_NODE for p in ports.values())
+    every = [port for node in ports.values() for port in node]
+    assert len(set(every)) == len(every)  # every local node is 127.0.0.1: no two share a port
+    for port in every:  # and each is free (the allocation released them)
+        with socket.create_server(("127.0.0.1", port)):
+            pass
+    # on nodes of their own (leased to this run) the range is fixed
+    assert allocate_ports("r", ("edge", "device1"), local=False)["device1"] == tuple(
+        range(NODE_PORT_BASE, NODE_PORT_BASE + PORTS_PER_NODE)
+    )
+
+    block = resolve(doc(runtime={"name": "echo", "rounds": 2}))["runtime"]
+    ctx = context(block, ports=ports, local=True)
+    specs = launch_vars(echo, ctx, hosts)
+    for device in ("device1", "device2"):
+        (worker,) = specs[device]["background"]
+        assert worker["argv"][5:7] == ["--port", str(ports[device][0])]
+        assert worker["env"]["DIT_PORTS"] == ",".join(map(str, ports[device]))
+    (controller,) = specs["edge"]["main"]
+    assert controller["env"]["DIT_PORTS"] == ",".join(map(str, ports["edge"]))
+    with pytest.raises(LookupError, match=r"no port 4 on 'device1': the testbed sets aside 4 per node"):
+        ctx.port("device1", 4)
 
 
 def test_layers_launches_the_device_agent_with_todays_configuration() -> None:
@@ -458,3 +540,26 @@ def test_only_a_runtime_that_uses_the_edge_service_gets_its_profile_at_the_start
     assert uses_edge_service(echo) is False  # a plug-in that does not say so brings its own
     for name, runtime in registry.installed().items():
         assert uses_edge_service(runtime) is (name == "layers"), name
+
+
+def test_passing_readiness_checks_show_their_detail_as_failing_ones_do() -> None:
+    from dit.runtime_api.interface import CheckResult
+    from dit.runtime_ops.cli import checks_cell
+
+    checks = (
+        CheckResult("python", True, "3.11.7"),
+        CheckResult("tcp", True, ""),
+        CheckResult("gguf", False, "/models/x.gguf: no such file"),
+    )
+    assert checks_cell(checks) == "python ok (3.11.7), tcp ok, gguf FAILED"
+
+
+def test_the_edge_service_starts_only_for_a_runtime_that_uses_it(tmp_path: Path) -> None:
+    from dit.run.ansible_exec import render_playbook
+
+    def plays(edge_service: bool) -> list[str]:
+        path = render_playbook("apply", tmp_path / str(edge_service), {"edge_service": edge_service})
+        return [play["name"] for play in yaml.safe_load(path.read_text(encoding="utf-8"))]
+
+    assert "Apply - start the edge inference service" in plays(True)
+    assert "Apply - start the edge inference service" not in plays(False)

@@ -36,7 +36,8 @@ def _restore_module() -> ModuleType:
     )
     sys.modules.setdefault("ansible.module_utils.dit_undo_scope", scope_utils)
     sys.modules.setdefault(
-        "ansible.module_utils.dit_lease", _load("dit_lease", REPO / "module_utils" / "dit_lease.py")
+        "ansible.module_utils.dit_lease_file",
+        _load("dit_lease_file", REPO / "module_utils" / "dit_lease_file.py"),
     )
     return _load("dit_restore_module", REPO / "library" / "dit_restore.py")
 

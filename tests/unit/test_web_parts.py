@@ -193,7 +193,7 @@ def test_runtime_actions_hand_ansible_runner_the_inventory_as_an_absolute_path(
     # because ansible-runner took the relative path for inventory content
     import ansible_runner
 
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
     from dit.web.services.runtimes import Actions
 
     seen: dict[str, Any] = {}

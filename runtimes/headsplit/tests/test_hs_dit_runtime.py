@@ -21,8 +21,9 @@ if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
 from dit.run.launch import launch_vars  # noqa: E402
+from dit.runtime_api import registry  # noqa: E402
 from dit.runtime_ops.plays import InputError, action_of, validate_inputs  # noqa: E402
-from dit.runtimes import LaunchContext, registry  # noqa: E402
+from dit.runtimes import LaunchContext  # noqa: E402
 from dit.scenario import expand, resolve, validate  # noqa: E402
 from headsplit.config import PRESETS  # noqa: E402
 from headsplit.dit_runtime import HeadSplitLaunchError  # noqa: E402
@@ -251,6 +252,35 @@ def test_launch_refuses_workers_that_are_not_devices(
 ) -> None:
     with pytest.raises(HeadSplitLaunchError, match=message.replace("[", r"\[").replace("]", r"\]")):
         headsplit.launch(context({"name": "headsplit", **block}))
+
+
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        (
+            {"workers": ["device1", "device9"]},
+            "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2, device3)",
+        ),
+        (
+            {"controller": "device1", "workers": ["device1", "device2"]},
+            "runtime.workers[0]: 'device1' is the controller's node; it cannot also run a worker",
+        ),
+        (
+            {"controller": "board7"},
+            "runtime.controller: 'board7' is neither the edge server nor a device of the scenario "
+            "(devices: device1, device2, device3)",
+        ),
+        (
+            {"controller": "device3"},
+            "runtime.workers: absent, so every device works, and 'device3' is the controller's node; "
+            "list the workers without it",
+        ),
+    ],
+)
+def test_validate_refuses_workers_and_controllers_that_are_not_nodes(
+    headsplit: Any, block: dict[str, Any], message: str
+) -> None:
+    assert messages(doc(runtime={"name": "headsplit", **block})) == [message]
 
 
 def test_a_device_may_be_the_controller(headsplit: Any) -> None:

@@ -19,7 +19,7 @@ if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
 from dit.analysis.run import LoadedRun  # noqa: E402
-from dit.runtimes.base import write_summary  # noqa: E402
+from dit.runtime_api.interface import write_summary  # noqa: E402
 from headsplit.dit_runtime import HeadSplitResultsError, HeadSplitRuntime  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

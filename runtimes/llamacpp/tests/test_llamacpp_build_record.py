@@ -20,8 +20,8 @@ REPO = Path(__file__).resolve().parents[3]
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
+from dit.runtime_api.interface import node_facts_of, preflight_of  # noqa: E402
 from dit.runtimes import RuntimePreflight  # noqa: E402
-from dit.runtimes.base import node_facts_of, preflight_of  # noqa: E402
 from dit.runtimes.envs import RuntimeEnv, runtime_record  # noqa: E402
 from dit_llamacpp import build, dit_runtime  # noqa: E402
 

@@ -18,7 +18,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 if str(SRC) not in sys.path:
     sys.path.insert(0, str(SRC))
 
-from dit.runtimes import LaunchContext, registry  # noqa: E402
+from dit.runtime_api import registry  # noqa: E402
+from dit.runtimes import LaunchContext  # noqa: E402
 from dit.scenario import resolve, validate  # noqa: E402
 from dit_llamacpp import build, dit_runtime, launch, node, results, source  # noqa: E402
 
@@ -165,6 +166,15 @@ def _context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
     }  # fmt: skip
     values.update(overrides)
     return LaunchContext(**values)
+
+
+def test_validate_refuses_a_worker_that_is_not_a_device(runtime: Any) -> None:
+    bad = _doc(runtime={"name": "llamacpp-rpc", "workers": ["device1", "device9"]})
+    assert [str(e) for e in validate(bad)] == [
+        "runtime.workers[1]: 'device9' is not a device of the scenario (devices: device1, device2, device3)"
+    ]
+    # without workers every device but the controller's node works: a device may be the controller
+    assert validate(_doc(runtime={"name": "llamacpp-rpc", "controller": "device3"})) == []
 
 
 def test_the_block_is_validated_with_the_field_named(runtime: Any) -> None:

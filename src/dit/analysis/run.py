@@ -24,6 +24,8 @@ from dit.scenario.spec import partition_vector
 from dit.scenario.yamlio import load_yaml
 
 SCENARIO_FILE = "scenario.yaml"
+#: Every node's process list (``dit_collect`` writes it into the node's results/): ``raw/<host>/<host>_processes.json``.
+PROCESSES_FILE = "processes.json"
 
 
 class AggregateError(Exception):

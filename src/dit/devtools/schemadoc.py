@@ -130,12 +130,18 @@ def _rows(node: SchemaNode, root: SchemaNode, path: str, seen: set[str]) -> Iter
             for key in then.get("required", []):
                 conditional.setdefault(key, []).append(cond)
             for key, sub in then.get("properties", {}).items():
-                if "default" in sub:
+                # a default that depends on a condition, of a field the object itself declares; a field
+                # of one branch only (a runtime's block) has its own row with that branch's default
+                if "default" in sub and key in branch.get("properties", {}):
                     cond_defaults[key] = f"{_code(sub['default'])} ({cond})"
         children: list[tuple[str, SchemaNode]] = [(k, v) for k, v in branch.get("properties", {}).items()]
         only: dict[int, str] = {}  # a field of one if/then branch (a runtime's block): the condition
         for rule in branch.get("allOf", []):
             cond = condition_text(rule.get("if", {}))
+            if not cond:
+                # a condition the reference cannot word (the default runtime's block again, for a block
+                # without a name): that block's rows come from its named rule
+                continue
             for key, sub in rule.get("then", {}).get("properties", {}).items():
                 if key not in branch.get("properties", {}):
                     only[len(children)] = cond

@@ -1,4 +1,4 @@
-"""``dit report`` (:mod:`dit.report.build`) and the unit formatting every view shares (:mod:`dit.report.units`).
+"""``dit report`` (:mod:`dit.report.build`): one self-contained HTML file per run or sweep.
 
-Kept free of imports so that ``dit.report.units`` stays cheap for the CLI.
+The unit formatting it shares with ``dit show``, NNPM and ``run.log`` is :mod:`dit.units`.
 """

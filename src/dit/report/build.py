@@ -2,7 +2,7 @@
 
 Everything is read from the run directory (docs/interchange.md, docs/raw-results.md): no network, no
 CDN, images inlined as PNG data URIs, styles in the page. Every number carries a unit at a readable
-scale (:mod:`dit.report.units`). A section whose inputs the run does not have says so instead of
+scale (:mod:`dit.units`). A section whose inputs the run does not have says so instead of
 disappearing, so two reports read alike. docs/report.md lists the sections and their sources.
 """
 
@@ -20,10 +20,11 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from matplotlib.figure import Figure
 
-from dit.report import labels, rtt, units
-from dit.report.units import MISSING
+from dit import units
+from dit.report import labels, rtt
 from dit.run.console import STAGES as STAGE_ORDER
 from dit.run.rundir import read_json_object
+from dit.units import MISSING
 
 PHASES: Final = ("local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns")
 PHASE_COLOURS: Final = ("#4878d0", "#ee854a", "#bbbbbb", "#d65f5f", "#6acc64", "#956cb4")

@@ -6,17 +6,19 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from dit import units
 from dit.analysis.run import LoadedRun
 from dit.conditions import aggregate_hooks
 from dit.runtimes import Runtime
 from dit.scenario import Scenario
+from dit.scenario.spec import DEFAULT_RUNTIME
 
 
 def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None]) -> None:
     """The monitor traces, the power models, the runtime's results and every condition's own step."""
     from dit.analysis.monitors import aggregate_monitors
     from dit.analysis.power_model import write_power_models
-    from dit.runtimes.base import write_summary
+    from dit.runtime_api.interface import write_summary
 
     # The traces first: energy.csv and the power model are inputs of the runtime's results
     # (the layers runtime's model validation compares predicted with measured energy).
@@ -25,9 +27,20 @@ def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None])
     results = runtime.parse_results(analysed)
     write_summary(analysed.aggregate_dir, runtime.name, results)
     for value in results.summary:
-        say(f"{runtime.name}: {value.name} = {value.value}" + (f" {value.unit}" if value.unit else ""))
+        say(f"{runtime.name}: {value.name} = {units.with_unit(value.value, value.unit)}")
     for _condition, step in aggregate_hooks():
         step(analysed)
+
+
+def optimise_skipped(scenario: Scenario) -> str | None:
+    """Why the optimise stage does not run for ``scenario`` (status.json and ``dit show`` say it), or None.
+    The optimisers search the partition vectors of the layer profile only the default runtime measures."""
+    if scenario.optimisation.enabled:
+        return None
+    name = str(scenario.runtime.get("name", DEFAULT_RUNTIME))
+    if name != DEFAULT_RUNTIME:
+        return f"no optimiser for runtime {name}"
+    return "optimisation.enabled is false"
 
 
 def optimise(analysed: LoadedRun, scenario: Scenario) -> dict[str, Any]:

@@ -10,7 +10,7 @@ The driver names no condition: it builds their variables and calls their hooks (
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -40,16 +40,16 @@ from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
 from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
-from dit.run.lease import controller_holder
+from dit.run.lease_decision import controller_holder
 from dit.run.procs import ProcessFailure, process_failures
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
 from dit.run.rundir import RunDir, describe_failure, write_json
 from dit.run.stop import StopRequests
 from dit.run.teardown import teardown
+from dit.runtime_api import registry as runtimes
+from dit.runtime_api.interface import node_facts_of, uses_edge_service
 from dit.runtimes import LaunchContext, Runtime
 from dit.runtimes import envs as runtime_envs
-from dit.runtimes import registry as runtimes
-from dit.runtimes.base import node_facts_of, uses_edge_service
 from dit.scenario import Scenario
 
 __all__ = ["EDGE_SERVICE_TASK", "Driver", "RunOptions", "RunResult", "StageFailed", "Stopped"]
@@ -66,7 +66,9 @@ class RunOptions:
     inventory: str | None = None  # None: local mode
     allow_stand_in: bool = True
     check: bool = False  # dry run: preflight and apply in Ansible check mode only (Driver.dry_run)
-    break_stale_lease: bool = False  # take nodes whose lease holder is gone or unverifiable (dit.run.lease)
+    break_stale_lease: bool = (
+        False  # take nodes whose lease holder is gone or unverifiable (dit.run.lease_decision)
+    )
     console: Console = field(default_factory=lambda: Console(stderr=True))
 
 
@@ -353,18 +355,23 @@ class Driver:
             {
                 "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
                 "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
+                # a runtime that brings its own inference gets no edge service profiling the edge's CPU
+                "edge_service": uses_edge_service(self.runtime),
             },
         )
         if self.options.check:
             return  # a dry run started nothing: no port to read, nothing to settle
-        # The edge service's own task: conditions after it start tagged processes with dit_proc too.
-        ready = (outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}).get(
-            "ready"
-        ) or {}
-        if "port" not in ready:
-            raise StageFailed("apply: the edge service did not report its port")
-        self.edge_port = int(ready["port"])
-        self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
+        if uses_edge_service(self.runtime):
+            # The edge service's own task: conditions after it start tagged processes with dit_proc too.
+            ready = (outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}).get(
+                "ready"
+            ) or {}
+            if "port" not in ready:
+                raise StageFailed("apply: the edge service did not report its port")
+            self.edge_port = int(ready["port"])
+            self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
+        else:
+            self.reporter_info(f"edge service not started: runtime {self.runtime.name} does not use it")
         for applied in after_apply(self.scenario, outcome):
             if applied.status:
                 self.run.set_status(**applied.status)
@@ -400,7 +407,7 @@ class Driver:
         if self.reporter is not None:
             self.reporter.warn(text)
 
-    def _launch_context(self) -> LaunchContext:
+    def _launch_context(self, ports: Mapping[str, tuple[int, ...]]) -> LaunchContext:
         assert self.model is not None
         return profile.launch_context(
             self.scenario,
@@ -411,11 +418,14 @@ class Driver:
             model=self.model.spec,
             edge_port=self.edge_port,
             runtime_pythons=self.runtime_pythons,
+            ports=ports,
         )
 
     def _profile(self) -> None:
         lead_ns = int(float(self.scenario.timing.start_lead_s) * 1e9)
-        launched = runtime_launch.launch_vars(self.runtime, self._launch_context(), self.inv.hosts)
+        ports = profile.allocate_ports(self.run.run_id, self.inv.hosts, local=self.local)
+        add_metadata(self.run.path / "metadata.json", runtime_ports=ports)
+        launched = runtime_launch.launch_vars(self.runtime, self._launch_context(ports), self.inv.hosts)
         stage_vars: dict[str, Any] = {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns}
         if self._edge_profiles_at_start():  # the start task writes the instant on the edge too
             stage_vars["dit_edge_start_at_file"] = EDGE_START_AT_FILE
@@ -478,9 +488,12 @@ class Driver:
         self._timed("aggregate", lambda: analyse.aggregate(self.analysed, self.runtime, self.reporter_info))
 
     def _optimise(self) -> dict[str, Any] | None:
-        if not self.scenario.optimisation.enabled:
+        skipped = analyse.optimise_skipped(self.scenario)
+        if skipped is not None:
             assert self.reporter is not None
             self.reporter.stage("optimise", "skipped")
+            self.reporter_info(f"optimise skipped: {skipped}")
+            self.run.set_status(skipped={"optimise": skipped})
             return None
         opt = self.scenario.optimisation
         result: dict[str, Any] = self._timed(

@@ -19,7 +19,7 @@ from typing import Any
 
 from dit.ansible_data import load_unsafe_yaml, unsafe_yaml
 from dit.conditions import HostContext, local_hostvars
-from dit.run.lease import local_lease_dir
+from dit.run.lease_decision import local_lease_dir
 from dit.run.localmode import (
     LOCAL_CPU_SHARE_ENV,
     LOCAL_MEMORY_ENV,

@@ -1,6 +1,6 @@
 """A runtime's launch in the profile stage: its specs checked, as playbook variables, outcomes back.
 
-The runtime only describes processes (:class:`~dit.runtimes.base.LaunchSpec`); ``playbooks/profile.yml.j2``
+The runtime only describes processes (:class:`~dit.runtime_api.interface.LaunchSpec`); ``playbooks/profile.yml.j2``
 starts them with the testbed's ``dit_launch`` module (own session, ``DIT_RUN_ID``, the node's cgroup,
 CPUs and environment, journaled before the start, reaped at teardown and by ``dit cleanup``).
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from dit.run.ansible_exec import StageOutcome
-from dit.runtimes.base import LaunchContext, LaunchOutcome, LaunchSpec, Runtime
+from dit.runtime_api.interface import PORTS_ENV, LaunchContext, LaunchOutcome, LaunchSpec, Runtime
 
 LAUNCH_MODULE = "dit_launch"
 MAIN_TASK = "Run the runtime's main processes from the start instant"  # its name in profile.yml.j2
@@ -67,7 +67,10 @@ def launch_vars(runtime: Runtime, ctx: LaunchContext, hosts: Sequence[str]) -> d
     out: dict[str, dict[str, Any]] = {}
     for spec in specs:
         node = out.setdefault(spec.host, {"background": [], "main": []})
-        node["main" if spec.main else "background"].append(spec.to_json())
+        doc = spec.to_json()
+        if ctx.ports.get(spec.host):  # the testbed's value: a spec cannot claim other ports as the node's
+            doc["env"][PORTS_ENV] = ",".join(str(p) for p in ctx.ports[spec.host])
+        node["main" if spec.main else "background"].append(doc)
     return out
 
 

@@ -14,8 +14,8 @@ from dit.conditions import PreflightFacts, preflight_notes, preflight_refusals
 from dit.run.ansible_exec import StageOutcome
 from dit.run.errors import StageFailed
 from dit.run.rundir import write_json
+from dit.runtime_api.interface import preflight_of
 from dit.runtimes import Runtime, RuntimePreflight
-from dit.runtimes.base import preflight_of
 from dit.scenario import Scenario
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import psutil
 
+from dit.analysis.run import PROCESSES_FILE
 from dit.device.tags import RUN_ENV
 
 
@@ -69,8 +70,6 @@ def identity_mismatch(pid: int, identity: dict[str, object]) -> str | None:
 
 
 # --------------------------------------------------------------------------- device process exits
-
-PROCESSES_FILE = "processes.json"  # written by dit_collect into each node's results/
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,13 @@ context, and how each host's processes met the start instant."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import hashlib
+import socket
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dit.conditions import HostContext
+from dit.runtime_api.interface import PORTS_PER_NODE
 from dit.runtimes import LaunchContext, LaunchOutcome
 from dit.runtimes import envs as runtime_envs
 from dit.scenario import Scenario
@@ -37,6 +40,52 @@ def edge_config(
     }
 
 
+#: On a node of its own the runtime's ports are this fixed range: a node is leased to one run at a time.
+NODE_PORT_BASE = 47200
+#: Local mode picks among these, below Linux's ephemeral range (32768-60999) so that no client socket
+#: of another process takes a port between the allocation and the runtime's listen.
+LOCAL_PORTS = range(20000, 32000)
+
+
+def _bindable(port: int) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def allocate_ports(
+    run_id: str, hosts: Sequence[str], *, local: bool, count: int = PORTS_PER_NODE
+) -> dict[str, tuple[int, ...]]:
+    """Per host, ``count`` TCP ports for the run's runtime. In local mode every node is this machine's
+    127.0.0.1, so the ports are distinct across the nodes and free now (each bound once, all together,
+    then released); they start at an offset of the run id's, so that two local runs rarely probe the same."""
+    if not local:
+        return {host: tuple(range(NODE_PORT_BASE, NODE_PORT_BASE + count)) for host in hosts}
+    wanted = len(hosts) * count
+    start = int(hashlib.sha256(run_id.encode()).hexdigest(), 16) % len(LOCAL_PORTS)
+    held: list[socket.socket] = []
+    found: list[int] = []
+    try:
+        for step in range(len(LOCAL_PORTS)):
+            if len(found) == wanted:
+                break
+            port = LOCAL_PORTS[(start + step) % len(LOCAL_PORTS)]
+            sock = _bindable(port)
+            if sock is not None:
+                held.append(sock)
+                found.append(port)
+    finally:
+        for sock in held:
+            sock.close()
+    if len(found) < wanted:
+        raise OSError(f"only {len(found)} of the {wanted} local TCP ports the runtime needs are free")
+    return {host: tuple(found[i * count : (i + 1) * count]) for i, host in enumerate(hosts)}
+
+
 def launch_context(
     scenario: Scenario,
     run_id: str,
@@ -47,6 +96,7 @@ def launch_context(
     model: Mapping[str, Any],
     edge_port: int | None,
     runtime_pythons: Mapping[str, str],
+    ports: Mapping[str, tuple[int, ...]],
 ) -> LaunchContext:
     """What the scenario's runtime may know when it describes its processes."""
     return LaunchContext(
@@ -67,6 +117,7 @@ def launch_context(
             for host, ctx in contexts.items()
             if ctx.hostvars.get("dit_source_address")
         },
+        ports=dict(ports),
     )
 
 

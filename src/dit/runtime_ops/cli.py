@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dit.run.ansible_exec import HostEvent
+from dit.runtime_api.interface import CheckResult
 
 app = typer.Typer(
     no_args_is_help=False,
@@ -32,7 +34,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
 
 
 def _runtime(name: str) -> Any:
-    from dit.runtimes import registry
+    from dit.runtime_api import registry
 
     try:
         return registry.get(name)
@@ -57,8 +59,8 @@ def listing(ctx: typer.Context) -> None:
     """The installed runtimes, their version and their scenario block's fields."""
     if ctx.invoked_subcommand is not None:
         return
+    from dit.runtime_api import registry
     from dit.runtime_ops import plays as ops
-    from dit.runtimes import registry
 
     table = Table(title="installed runtimes")
     for column in ("runtime", "version", "title", "scenario block", "actions"):
@@ -86,6 +88,15 @@ def _scenario_doc(path: Path | None) -> dict[str, Any] | None:
         raise typer.Exit(2) from None
     except OSError as exc:
         raise _fail(f"{path}: {exc.strerror or exc}", 2) from None
+
+
+def checks_cell(checks: Sequence[CheckResult]) -> str:
+    """A node's checks in one cell: a passing one with its detail (a version, a path), as a failing one's
+    detail is the row's reason: ``python ok (3.11.7), tcp ok (listens), gguf FAILED``."""
+    return ", ".join(
+        f"{c.name} ok ({c.detail})" if c.ok and c.detail else f"{c.name} {'ok' if c.ok else 'FAILED'}"
+        for c in checks
+    )
 
 
 @app.command()
@@ -120,7 +131,7 @@ def check(
         table.add_column(column)
     colour = {"ok": "green", "failed": "red", "unreachable": "red"}
     for verdict in verdicts:
-        checks = ", ".join(f"{c.name} {'ok' if c.ok else 'FAILED'}" for c in verdict.checks)
+        checks = checks_cell(verdict.checks)
         table.add_row(
             verdict.host,
             f"[{colour[verdict.state]}]{verdict.state}[/]",

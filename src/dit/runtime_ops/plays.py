@@ -19,7 +19,7 @@ from jsonschema import Draft202012Validator
 
 from dit.run.ansible_exec import HostEvent, StageOutcome, run_playbook
 from dit.run.inventory import RunInventory, load_inventory, local_inventory
-from dit.runtimes.base import (
+from dit.runtime_api.interface import (
     CHECK_PREFIX,
     Action,
     ActionPlan,

@@ -1,6 +1,6 @@
 """Inference runtimes as plug-ins (entry-point group ``dit.runtimes``; docs/runtimes.md).
 
-:mod:`dit.runtimes.base` is the interface, :mod:`dit.runtimes.registry` finds the installed runtimes,
+:mod:`dit.runtime_api.interface` is the interface, :mod:`dit.runtime_api.registry` finds the installed runtimes,
 :mod:`dit.runtimes.layers` is the built-in one. What runs a runtime sits above: :mod:`dit.run.launch` turns
 its launch into the profile stage's variables, :mod:`dit.runtime_ops` plays its readiness checks and
 maintenance actions (``dit runtimes``).
@@ -8,9 +8,10 @@ maintenance actions (``dit runtimes``).
 
 from __future__ import annotations
 
-from dit.runtimes.base import (
+from dit.runtime_api.interface import (
     Action,
     ActionPlan,
+    BlockProblem,
     CheckResult,
     LaunchContext,
     LaunchOutcome,
@@ -27,6 +28,7 @@ from dit.runtimes.base import (
 __all__ = [
     "Action",
     "ActionPlan",
+    "BlockProblem",
     "CheckResult",
     "LaunchContext",
     "LaunchOutcome",

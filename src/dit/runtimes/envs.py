@@ -6,7 +6,7 @@ reads that venv on every node (``dit_facts``: installed or not, its stamp, its p
 of every checkpoint the scenario's runtime block names and the runtime's custom facts (JSON files its
 ``node_facts`` names); :func:`runtime_record` turns the facts into the
 ``runtime`` entry of ``metadata.json`` and the per-host interpreter of the launch
-(:attr:`dit.runtimes.base.LaunchContext.runtime_pythons`): the venv's ``bin/python`` where it is
+(:attr:`dit.runtime_api.interface.LaunchContext.runtime_pythons`): the venv's ``bin/python`` where it is
 installed, else the node's ``dit_python``.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.mirror.runtimes import RuntimeSource, declared
-from dit.runtimes.base import JSONSchema
+from dit.runtime_api.interface import JSONSchema
 
 CHECKPOINT_FIELDS = ("checkpoint", "checkpoints")
 CHECKPOINT_KEYWORD = "x-dit-checkpoint"  # a block property marked ``"x-dit-checkpoint": true`` names files

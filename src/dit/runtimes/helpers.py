@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
-from dit.runtimes.base import SummaryValue
+from dit.runtime_api.interface import BlockProblem, SummaryValue
 
 EDGE = "edge"  # the scenario's name for the edge server (a controller's usual node)
 MIB = 1024 * 1024
@@ -26,6 +26,51 @@ ErrorType = Callable[[str], Exception]
 
 class RuntimeBlockError(ValueError):
     """The ``runtime`` block names nodes the launch cannot use; the message names the field."""
+
+
+def _controller(
+    block: Mapping[str, Any], edge_host: str, devices: Sequence[str], default: str
+) -> str | BlockProblem:
+    name = str(block.get("controller", default))
+    if name in (EDGE, edge_host):
+        return edge_host
+    if name not in devices:
+        return BlockProblem(
+            ("controller",),
+            f"{name!r} is neither the edge server nor a device of the scenario (devices: {', '.join(devices)})",
+        )
+    return name
+
+
+def _workers(
+    block: Mapping[str, Any], devices: Sequence[str], controller: str, default_excludes_controller: bool
+) -> list[str] | BlockProblem:
+    listed = block.get("workers")
+    if isinstance(listed, list):
+        workers = [str(w) for w in listed]
+    else:
+        workers = [d for d in devices if not (default_excludes_controller and d == controller)]
+        if controller in workers:
+            return BlockProblem(
+                ("workers",),
+                f"absent, so every device works, and {controller!r} is the controller's node; "
+                "list the workers without it",
+            )
+    if not workers:
+        return BlockProblem(("workers",), "needs at least 1 worker")
+    for index, worker in enumerate(workers):
+        if worker not in devices:
+            return BlockProblem(
+                ("workers", index),
+                f"{worker!r} is not a device of the scenario (devices: {', '.join(devices)})",
+            )
+        if worker == controller:
+            return BlockProblem(
+                ("workers", index), f"{worker!r} is the controller's node; it cannot also run a worker"
+            )
+        if worker in workers[:index]:
+            return BlockProblem(("workers", index), f"{worker!r} is listed twice")
+    return workers
 
 
 def controller_host(
@@ -38,15 +83,10 @@ def controller_host(
 ) -> str:
     """The controller's node: ``runtime.controller`` (``edge`` or the edge host's name: the edge server;
     else a device of the scenario), ``default`` when absent."""
-    name = str(block.get("controller", default))
-    if name in (EDGE, edge_host):
-        return edge_host
-    if name not in devices:
-        raise error(
-            f"runtime.controller: {name!r} is neither the edge server nor a device of the scenario "
-            f"(devices: {', '.join(devices)})"
-        )
-    return name
+    found = _controller(block, edge_host, devices, default)
+    if isinstance(found, BlockProblem):
+        raise error(str(found))
+    return found
 
 
 def worker_hosts(
@@ -59,31 +99,29 @@ def worker_hosts(
 ) -> list[str]:
     """The workers, in order: ``runtime.workers``, else every device (without the controller's node
     when ``default_excludes_controller``). Each must be a device, listed once, and not the controller."""
-    listed = block.get("workers")
-    if isinstance(listed, list):
-        workers = [str(w) for w in listed]
-    else:
-        workers = [d for d in devices if not (default_excludes_controller and d == controller)]
-        if controller in workers:
-            raise error(
-                f"runtime.workers: absent, so every device works, and {controller!r} is the controller's "
-                "node; list the workers without it"
-            )
-    if not workers:
-        raise error("runtime.workers: needs at least 1 worker")
-    for index, worker in enumerate(workers):
-        if worker not in devices:
-            raise error(
-                f"runtime.workers[{index}]: {worker!r} is not a device of the scenario "
-                f"(devices: {', '.join(devices)})"
-            )
-        if worker == controller:
-            raise error(
-                f"runtime.workers[{index}]: {worker!r} is the controller's node; it cannot also run a worker"
-            )
-        if worker in workers[:index]:
-            raise error(f"runtime.workers[{index}]: {worker!r} is listed twice")
-    return workers
+    found = _workers(block, devices, controller, default_excludes_controller)
+    if isinstance(found, BlockProblem):
+        raise error(str(found))
+    return found
+
+
+def node_problems(
+    block: Mapping[str, Any],
+    scenario: Mapping[str, Any],
+    *,
+    default_excludes_controller: bool,
+    default: str = EDGE,
+) -> list[BlockProblem]:
+    """:func:`controller_host` and :func:`worker_hosts` at validate time, as a runtime's ``check_block``
+    returns them: the controller and the workers against the scenario's devices (the edge server is
+    ``edge`` there: the inventory, and so the edge host's name, is not known yet)."""
+    raw = scenario.get("devices")
+    devices = [str(d) for d in raw] if isinstance(raw, list) else []
+    controller = _controller(block, EDGE, devices, default)
+    if isinstance(controller, BlockProblem):
+        return [controller]
+    workers = _workers(block, devices, controller, default_excludes_controller)
+    return [workers] if isinstance(workers, BlockProblem) else []
 
 
 def memory_limit_bytes(scenario: Mapping[str, Any], device: str) -> int:

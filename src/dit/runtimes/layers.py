@@ -16,7 +16,7 @@ from typing import Any
 
 from dit.analysis.run import LoadedRun
 from dit.paths import content_root
-from dit.runtimes.base import (
+from dit.runtime_api.interface import (
     Action,
     ActionPlan,
     LaunchContext,

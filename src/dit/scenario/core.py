@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dit.runtime_api import registry
+from dit.runtime_api.interface import check_block_of
 from dit.scenario import schema as sch
 from dit.scenario.errors import FieldError, ScenarioError, sorted_unique
 from dit.scenario.pathexpr import Segment, parse_path, render_path
@@ -366,10 +368,30 @@ def _plain_doc(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[FieldError]
 def _check_one(doc: dict[str, Any]) -> tuple[list[FieldError], dict[str, Any]]:
     """Schema + semantic errors of one document (its sweep ignored) and its resolution."""
     errors = sch.schema_errors(doc)
+    schema_ok = not errors
     base = {k: v for k, v in doc.items() if k != "sweep"}
     resolved = resolve(base)
     errors += semantic_errors(base, resolved)
+    if schema_ok:  # a runtime's own check may rely on its block being what its schema says
+        errors += runtime_errors(resolved)
     return errors, resolved
+
+
+def runtime_errors(d: Mapping[str, Any]) -> list[FieldError]:
+    """The installed runtime's own check of its block against the resolved scenario ``d``."""
+    block = d.get("runtime")
+    block = block if isinstance(block, dict) else {"name": DEFAULT_RUNTIME}
+    name = str(block.get("name", DEFAULT_RUNTIME))
+    runtime = registry.installed().get(name)
+    if runtime is None:
+        return []  # the schema refused the name already
+    try:
+        problems = check_block_of(runtime, block, d)
+    except Exception as exc:  # a plug-in's bug must read as a refusal naming it, not a traceback
+        return [
+            FieldError("runtime", f"runtime {name!r} failed to check its block: {type(exc).__name__}: {exc}")
+        ]
+    return [FieldError(render_path(["runtime", *p.path]), p.message) for p in problems]
 
 
 def _analyse(

@@ -15,6 +15,7 @@ from typing import Any
 from jsonschema import Draft202012Validator, ValidationError
 
 from dit.paths import content_root
+from dit.runtime_api.registry import block_property, generation
 from dit.scenario.errors import FieldError
 from dit.scenario.pathexpr import Segment, render_path
 
@@ -54,17 +55,12 @@ def _schema_text() -> str:
 
 def load_schema() -> dict[str, Any]:
     """A fresh copy of the scenario JSON Schema, with the ``runtime`` block of every installed runtime."""
-    # imported here: the registry loads the runtimes, which import the scenario package themselves
-    from dit.runtimes.registry import block_property
-
     schema: dict[str, Any] = json.loads(_schema_text())
     schema["properties"]["runtime"] = block_property()
     return schema
 
 
 def _validator() -> Draft202012Validator:
-    from dit.runtimes.registry import generation
-
     return _validator_of(generation())
 
 
@@ -263,7 +259,7 @@ def _render(error: ValidationError) -> list[FieldError]:
         return out
     if kind == "enum":
         # a value the field knows but cannot take here says why and what to do (an in-repo runtime that
-        # is not installed: dit.runtimes.registry.block_property)
+        # is not installed: dit.runtime_api.registry.block_property)
         hints = error.schema.get("x-enum-hints") if isinstance(error.schema, Mapping) else None
         if isinstance(hints, Mapping) and isinstance(inst, str) and inst in hints:
             return [FieldError(where, str(hints[inst]))]

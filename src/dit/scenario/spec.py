@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
+from dit.runtime_api.registry import DEFAULT
 from dit.scenario.frozen import FrozenDict, freeze, thaw
 from dit.scenario.yamlio import dump_yaml
 
 #: The runtime of a scenario without a ``runtime`` block (docs/runtimes.md).
-DEFAULT_RUNTIME: Final = "layers"
+DEFAULT_RUNTIME: Final = DEFAULT
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,14 @@ from typing import Any
 from dit.analysis.run import LoadedRun
 from dit.runtimes import (
     Action,
+    BlockProblem,
     LaunchContext,
     LaunchSpec,
     ReadinessPlan,
     Results,
     RuntimeBase,
 )
-from dit.runtimes.helpers import EDGE
+from dit.runtimes.helpers import EDGE, node_problems
 from headsplit import __version__
 from headsplit.plugin.actions import (
     CHECKPOINT_INPUTS,
@@ -113,6 +114,10 @@ class HeadSplitRuntime(RuntimeBase):
     name = "headsplit"
     version = __version__
     title = "HeadSplit: attention heads across workers over torch RPC, cross-layer speculation"
+
+    def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
+        """At ``dit validate``: the controller and the workers are nodes of this scenario."""
+        return node_problems(block, scenario, default_excludes_controller=False)
 
     def block_schema(self) -> Mapping[str, Any]:
         return block_schema()

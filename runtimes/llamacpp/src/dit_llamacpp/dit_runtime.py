@@ -23,6 +23,7 @@ from dit.analysis.run import AggregateError, LoadedRun, raw_file
 from dit.runtimes import (
     Action,
     ActionPlan,
+    BlockProblem,
     LaunchContext,
     LaunchSpec,
     ReadinessPlan,
@@ -32,7 +33,7 @@ from dit.runtimes import (
     SummaryValue,
     helpers,
 )
-from dit.runtimes.helpers import EDGE, energy_summary, memory_limits, write_csv
+from dit.runtimes.helpers import EDGE, energy_summary, memory_limits, node_problems, write_csv
 from dit_llamacpp import __version__, build, launch, results, source
 
 CONTROLLER_TAG = "llama-controller"
@@ -590,6 +591,10 @@ class LlamaCppRpcRuntime(RuntimeBase):
     name = "llamacpp-rpc"
     version = __version__
     title = "llama.cpp RPC: rpc-server on each worker, the controller splitting the layers over them"
+
+    def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
+        """At ``dit validate``: the controller and the workers are nodes of this scenario."""
+        return node_problems(block, scenario, default_excludes_controller=True)
 
     def block_schema(self) -> Mapping[str, Any]:
         return block_schema()

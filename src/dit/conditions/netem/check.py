@@ -41,12 +41,11 @@ from typing import Any
 import pandas as pd
 
 from dit.analysis.links import iperf3_rate_bps
-from dit.analysis.run import LoadedRun, raw_file
+from dit.analysis.run import PROCESSES_FILE, LoadedRun, raw_file
 from dit.conditions.netem import backend as netem_backend
 from dit.conditions.netem import shaping as netem_shaping
 from dit.conditions.netem.nfqueue import EMULATOR_TAG
 from dit.conditions.netem.tc import intended_delay_ms
-from dit.run.procs import PROCESSES_FILE
 
 CHECK_COLUMNS = (
     "device",

@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 
+from dit.runtime_api import registry
+from dit.runtime_api.interface import Runtime
 from dit.runtime_ops import plays as ops
-from dit.runtimes import registry
-from dit.runtimes.base import Runtime
 from dit.scenario.spec import DEFAULT_RUNTIME
 from dit.web.routes.common import Context, Ctx, close_websocket, context, json_body, unprocessable
 from dit.web.services.terminal import tail

@@ -1,4 +1,4 @@
-"""What the run page shows, in the units the CLI and ``dit report`` use (:mod:`dit.report.units`).
+"""What the run page shows, in the units the CLI and ``dit report`` use (:mod:`dit.units`).
 
 The browser only lays the values out: every duration, size and objective arrives here already written
 with its unit (``14.0 ms``, never ``14000000``), the raw number beside it for a tooltip. Stages come in
@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from dit.report import labels, units
+from dit import units
+from dit.report import labels
 from dit.run.console import STAGES as STAGE_ORDER
 
 PHASE_COLUMNS: Final[dict[str, tuple[str, str]]] = {

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dit import units
 from dit.device.tags import RUN_ENV
-from dit.report import labels, units
+from dit.report import labels
 from dit.run.procs import pid_alive
 from dit.run.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
 from dit.web.services import runpage

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from dit.run.ansible_exec import HostEvent
-from dit.runtimes.base import CHECK_PREFIX, NodeReadiness, Runtime
-from dit.runtimes.base import Action as RuntimeAction
+from dit.runtime_api.interface import CHECK_PREFIX, NodeReadiness, Runtime
+from dit.runtime_api.interface import Action as RuntimeAction
 
 __all__ = ["Action", "Actions"]
 

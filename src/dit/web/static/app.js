@@ -362,7 +362,7 @@ function modelText(m) {
   return m.name + (m.stand_in_for ? ` (stand-in for ${m.stand_in_for})` : "") + (params ? ` · ${params}` : "");
 }
 
-// the phases table: every duration in its unit (the server writes them with dit.report.units), the
+// the phases table: every duration in its unit (the server writes them with dit.units), the
 // raw value as the cell's tooltip, what each phase measures as its header's tooltip; the first column
 // stays put when the table scrolls sideways
 function renderPhases(d) {
@@ -430,7 +430,7 @@ function renderSummary(summary) {
       el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit)), el("td", { class: "small" }, v.description || ""))));
 }
 
-// Optimiser results: the objective and every term in a readable unit (dit.report.units, as the CLI), the
+// Optimiser results: the objective and every term in a readable unit (dit.units, as the CLI), the
 // delay model's terms named and explained, and a result under a policy the run did not measure marked as
 // a prediction.
 function renderOptimise(opt, detail) {

@@ -8,7 +8,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from dit.ansible_plugins.journaled import JournaledAction
-from dit.run.lease import Decision, State, classify, decide
+from dit.run.lease_decision import Decision, State, classify, decide
 
 
 class LeaseAction(JournaledAction):

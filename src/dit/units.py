@@ -72,7 +72,7 @@ def rate(bits_per_s: float | None) -> str:
 
 
 def with_unit(value: object, unit: str) -> str:
-    """A runtime summary value (``dit.runtimes.base.SummaryValue``) in its unit, rescaled where known."""
+    """A runtime summary value (``dit.runtime_api.interface.SummaryValue``) in its unit, rescaled where known."""
     if value is None:
         return MISSING
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from ansible.module_utils import basic
 
-from dit.ansible_plugins.lease import LeaseAction
-from dit.run.lease import (
+from dit.ansible_plugins.lease_action import LeaseAction
+from dit.run.lease_decision import (
     BREAK_FLAG,
     Holder,
     State,
@@ -130,9 +130,11 @@ def test_the_holder_round_trips_and_names_this_process(tmp_path: Path) -> None:
     assert classify(json.dumps(me.to_json()), ME + "x", me.controller_host)[0] is State.LIVE
 
 
-# -- the node side (module_utils/dit_lease.py) -------------------------------------------------
+# -- the node side (module_utils/dit_lease_file.py) -------------------------------------------------
 def node() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dit_lease_utils", REPO / "module_utils" / "dit_lease.py")
+    spec = importlib.util.spec_from_file_location(
+        "dit_lease_utils", REPO / "module_utils" / "dit_lease_file.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -2,7 +2,7 @@
 # Shared by dit's Ansible modules: a node's lease file (stdlib only, runs on the node).
 """Read, take (compare-and-swap) and release a dit node's lease file.
 
-The controller decides (``dit.run.lease``); these only act, under an exclusive ``flock`` on the lease's
+The controller decides (``dit.run.lease_decision``); these only act, under an exclusive ``flock`` on the lease's
 directory so that the hosts of one machine (local mode) and two controllers never interleave a
 read-check-write. The file is replaced atomically, so a reader never sees half a lease.
 """

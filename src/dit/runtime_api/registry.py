@@ -18,13 +18,13 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from dit.paths import content_root
-from dit.runtimes.base import Runtime
-from dit.scenario.spec import DEFAULT_RUNTIME as DEFAULT
+from dit.runtime_api.interface import Runtime
 
 GROUP = "dit.runtimes"
+DEFAULT: Final = "layers"  # the runtime of a scenario without a runtime block
 BUILTIN: Mapping[str, str] = {"layers": "dit.runtimes.layers:LayersRuntime"}
 
 
@@ -43,7 +43,9 @@ def _load(target: str) -> Any:
 def _instantiate(obj: Any) -> Runtime:
     runtime = obj() if isinstance(obj, type) else obj
     if not isinstance(runtime, Runtime):
-        raise TypeError(f"{obj!r} does not implement the runtime interface (dit.runtimes.base.Runtime)")
+        raise TypeError(
+            f"{obj!r} does not implement the runtime interface (dit.runtime_api.interface.Runtime)"
+        )
     return runtime
 
 
@@ -160,8 +162,7 @@ _RESETS = [0]  # how many times reset() ran: what others cached of the discovere
 
 
 def generation() -> int:
-    """Changes with every :func:`reset`: the scenario schema keys its validator on it (the registry
-    imports nothing of the scenario package, which asks the registry for the runtime blocks)."""
+    """Changes with every :func:`reset`: the scenario schema keys its validator on it."""
     return _RESETS[0]
 
 

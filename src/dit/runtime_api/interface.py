@@ -15,18 +15,21 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from dit.device.tags import START_AT_ENV
-
-if TYPE_CHECKING:  # an annotation only: importing the analysis here closed a circle through dit.scenario
-    from dit.analysis.run import LoadedRun
 
 __all__ = ["START_AT_ENV"]  # re-exported for runtimes: the variable their main processes read
 
 JSONSchema = Mapping[str, Any]
 ValueType = Literal["int", "float", "str", "bool"]
 NodeState = Literal["ok", "failed", "unreachable"]
+
+
+#: How many TCP ports the testbed sets aside per node for a run's runtime (:meth:`LaunchContext.port`).
+PORTS_PER_NODE = 4
+#: The environment variable every launched process finds its node's ports in (comma-separated).
+PORTS_ENV = "DIT_PORTS"
 
 
 @dataclass(frozen=True)
@@ -50,10 +53,24 @@ class LaunchContext:
     # host -> the address its inference traffic leaves from, where the network condition must tell the
     # nodes apart (local mode: each device's own loopback address); absent: the kernel picks
     source_addresses: Mapping[str, str] = field(default_factory=dict)
+    # host -> the TCP ports the testbed set aside for this run's runtime on that node (free when the run
+    # started in local mode, where every node is 127.0.0.1; a fixed range on a leased node); recorded
+    # in metadata.json (``runtime_ports``) and in every process's environment (``DIT_PORTS``)
+    ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
     def runtime_python(self, host: str) -> str:
         """The interpreter the runtime's processes on ``host`` run with: its venv's, else ``dit_python``."""
         return self.runtime_pythons.get(host) or self.pythons[host]
+
+    def port(self, host: str, index: int = 0) -> int:
+        """The ``index``-th port set aside for the runtime on ``host`` (:data:`PORTS_PER_NODE` per node)."""
+        ports = self.ports.get(host, ())
+        if not 0 <= index < len(ports):
+            raise LookupError(
+                f"no port {index} on {host!r}: the testbed sets aside {len(ports)} per node "
+                f"(hosts: {', '.join(sorted(self.ports)) or 'none'})"
+            )
+        return ports[index]
 
 
 @dataclass(frozen=True)
@@ -264,6 +281,57 @@ class RuntimePreflight:
     nodes: Mapping[str, Mapping[str, Mapping[str, Any]]]
 
 
+@dataclass(frozen=True)
+class BlockProblem:
+    """What a runtime's :meth:`RuntimeBase.check_block` finds wrong with its block at ``dit validate``.
+
+    ``path`` is inside the ``runtime`` block (``("workers", 1)`` is ``runtime.workers[1]``); ``message``
+    says what is wrong and what would be valid, e.g. ``'device9' is not a device of this scenario
+    (devices: device1, device2)``.
+    """
+
+    path: tuple[str | int, ...]
+    message: str
+
+    @property
+    def where(self) -> str:
+        """The field as ``dit validate`` names it: ``runtime.workers[1]``."""
+        text = "runtime"
+        for part in self.path:
+            text += f"[{part}]" if isinstance(part, int) else f".{part}"
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+class CollectedRun(Protocol):
+    """A collected run directory as :meth:`Runtime.parse_results` reads it. The testbed passes a
+    :class:`dit.analysis.run.LoadedRun`; this interface sits below the analysis (the scenario schema asks
+    the registry for runtime blocks), so it names the members instead of importing the class."""
+
+    path: Path
+
+    @property
+    def scenario(self) -> dict[str, Any]:
+        """``scenario.yaml`` of the run, read once."""
+        ...
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The scenario's devices, in order."""
+        ...
+
+    @property
+    def aggregate_dir(self) -> Path:
+        """``aggregate/`` of the run, where a runtime writes its tables."""
+        ...
+
+    def raw_file(self, host: str, name: str) -> Path:
+        """``raw/<host>/<host>_<name>`` of the run."""
+        ...
+
+
 @runtime_checkable
 class Runtime(Protocol):
     """An inference runtime, as the testbed uses it (see docs/runtimes.md)."""
@@ -303,7 +371,7 @@ class Runtime(Protocol):
         """Per host, how late the main process started after the common instant (ns); may be empty."""
         ...
 
-    def parse_results(self, run: LoadedRun) -> Results:
+    def parse_results(self, run: CollectedRun) -> Results:
         """Raw files (``raw/<host>/<host>_*``) -> tables under ``aggregate/`` and summary values."""
         ...
 
@@ -327,6 +395,12 @@ class RuntimeBase:
     def started(self, outcomes: Sequence[LaunchOutcome]) -> Mapping[str, int]:
         return {}
 
+    def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> Sequence[BlockProblem]:
+        """What is wrong with the block against the rest of the scenario (``dit validate`` and every
+        load call it after the schema passed, once per sweep variant). ``block`` is the ``runtime``
+        block with its schema's defaults; ``scenario`` the whole resolved document. Nothing by default."""
+        return ()
+
     def node_facts(self, block: Mapping[str, Any]) -> Mapping[str, str]:
         """Custom node facts: fact name -> the absolute path of a JSON file that preflight reads on
         every node (``dit_facts``) and records per node in metadata.json's ``runtime.nodes``."""
@@ -335,6 +409,15 @@ class RuntimeBase:
     def preflight(self, facts: RuntimePreflight) -> str | None:
         """Why the run must not start (one sentence naming the nodes and the fix), or None."""
         return None
+
+
+def check_block_of(
+    runtime: Runtime, block: Mapping[str, Any], scenario: Mapping[str, Any]
+) -> list[BlockProblem]:
+    """The runtime's validate-time problems with its block (optional: none without ``check_block``)."""
+    hook = getattr(runtime, "check_block", None)
+    found = hook(block, scenario) if callable(hook) else ()
+    return list(found or ())
 
 
 def node_facts_of(runtime: Runtime, block: Mapping[str, Any]) -> dict[str, str]:
