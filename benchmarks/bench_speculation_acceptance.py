@@ -13,6 +13,14 @@ expected saving on ``--workers`` workers) lets speculate, and the article's Tiny
 The timings behind the saving are this machine's (shared: see the load average printed); the
 acceptances do not depend on them.
 
+``--generate N`` (default 16; 0 skips it): then N tokens of greedy decoding after "The capital of
+France is" through HeadSplit's engine (in process, greedy placement on ``--workers`` workers), exact
+(no speculation), and with speculation at each tau on the layers that tau's profile lets speculate:
+per tau the speculated and accepted transitions, the token agreement with the exact ids (and the first
+position that differs), the text, and the CPU time over the exact run's. In one process the workers
+run one after another, so the time ratio shows the work speculation adds or saves, not a parallel
+speedup.
+
 ``--smoke``: gpt2-tiny's seeded weights and byte-level tokens over one window, the same code path in
 seconds, for CI without the wheel.
 """
@@ -26,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 if importlib.util.find_spec("headsplit") is None:  # a checkout whose venv lacks the runtime
@@ -39,6 +48,9 @@ from headsplit.config import ModelConfig, preset
 
 # The article (docs/headsplit.md, "Figures"): TinyLlama-1.1B, 84 % of layer transitions accepted at tau = 0.05.
 ARTICLE = "article (TinyLlama-1.1B): 84 % acceptance at tau = 0.05"
+
+
+PROMPT = "The capital of France is"
 
 
 def smollm2(tmp: Path) -> tuple[ModelConfig, hs_model.Weights, list[int]]:
@@ -68,6 +80,7 @@ def main() -> None:
     ap.add_argument("--max-windows", type=int, default=None, help="at most this many windows")
     ap.add_argument("--workers", type=int, default=4, help="workers the attention is spread over (saving)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--generate", type=int, default=16, help="tokens generated per tau (0: none)")
     ap.add_argument("--smoke", action="store_true", help="seeded gpt2-tiny, one window: the code path (CI)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -78,9 +91,12 @@ def main() -> None:
             cfg = preset("gpt2-tiny")
             w = hs_model.seeded_weights(cfg)
             ids = hs_model.tokenize(speculation.DEFAULT_CORPUS.read_text(), cfg)
-            a.window, a.max_windows = 16, 1
+            a.window, a.max_windows, a.generate = 16, 1, min(a.generate, 4)
+            prompt: list[int] = hs_model.tokenize(PROMPT, cfg)
+            decode: Callable[[list[int]], str] = lambda ids: "(byte-level ids: no text)"  # noqa: E731
         else:
             cfg, w, ids = smollm2(Path(tmp))
+            prompt, decode = smollm2_prompt()
         loaded = time.perf_counter()
         m = speculation.measure(cfg, w, ids, window=a.window, max_windows=a.max_windows)
         measured = time.perf_counter()
@@ -106,6 +122,58 @@ def main() -> None:
             f"{doc['speculate_layers']}"
         )
     print(ARTICLE)
+    if a.generate > 0:
+        generate(cfg, w, m, prompt, decode, a.generate, a.workers)
+
+
+def smollm2_prompt() -> tuple[list[int], Callable[[list[int]], str]]:
+    from headsplit.plugin.launch import model_tokenizer
+
+    tok = model_tokenizer("smollm2-135m")
+    return [int(i) for i in tok(PROMPT)["input_ids"]], lambda ids: str(tok.decode(ids))
+
+
+def generate(
+    cfg: ModelConfig,
+    w: hs_model.Weights,
+    m: speculation.Measurement,
+    prompt: list[int],
+    decode: Callable[[list[int]], str],
+    n: int,
+    workers: int,
+) -> None:
+    from headsplit import engine
+    from headsplit.placement import WorkerSpec, place
+
+    names = [f"worker{i}" for i in range(1, workers + 1)]
+    specs = [WorkerSpec(x, 1 << 40, 1e9, 1_000_000) for x in names]
+    placement = place(cfg, specs, "greedy", context_tokens=len(prompt) + n)
+
+    def run(spec: bool, tau: float, layers: list[int] | None) -> tuple[engine.EngineResult, float]:
+        tr = engine.InProcessTransport.from_weights(cfg, w, placement, names)
+        only = frozenset(layers) if layers is not None else None
+        opts = engine.EngineOptions(speculation=spec, tau=tau, speculate_layers=only)
+        start = time.process_time()
+        res = engine.Engine(cfg, tr, placement, w, opts).generate(prompt, n)
+        return res, time.process_time() - start
+
+    run(False, 0.0, None)  # warm-up: the first generation pays for allocations
+    exact, exact_s = run(False, 0.0, None)
+    print(f"generate {n} tokens after {PROMPT!r}, greedy placement on {workers} workers, in process; "
+          f"exact: {exact_s:.1f} s CPU, {decode(exact.generated)!r}")  # fmt: skip
+    for tau in (0.0, *speculation.TAUS):
+        layers = speculation.summarise(cfg, m, tau, workers=workers)["speculate_layers"] if tau else None
+        res, secs = run(True, tau, layers)
+        spec = sum(len(t["speculated"]) for t in res.tokens)
+        kept = sum(len(t["accepted"]) for t in res.tokens)
+        same = [i < len(res.generated) and res.generated[i] == t for i, t in enumerate(exact.generated)]
+        first = next((i for i, ok in enumerate(same) if not ok), None)
+        print(
+            f"tau={tau:g} ({'every transition' if layers is None else f'{len(layers)} profiled transitions'}): "
+            f"speculated {spec}, accepted {kept} ({100 * kept / spec if spec else 0:.1f}%), agreement "
+            f"{100 * sum(same) / len(same):.1f}% (first difference {first}), CPU {secs / exact_s:.2f}x exact; "
+            f"{decode(res.generated)!r}"
+        )
 
 
 if __name__ == "__main__":
