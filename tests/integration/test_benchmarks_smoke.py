@@ -43,6 +43,7 @@ NEEDS: dict[str, Needs] = {
     "bench_keras_timestamp_cost.py": Needs(modules=("tensorflow",)),
     "bench_profiler_overhead.py": Needs(modules=("tensorflow",)),
     "bench_rack_scaling.py": Needs(root=True),
+    "bench_speculation_acceptance.py": Needs(modules=("torch",)),
     "bench_runtimes_compare.py": Needs(modules=("torch", "transformers"), root=True, llamacpp=True),
     "bench_tbf_rate.py": Needs(root=True),
 }

@@ -39,7 +39,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("name", "variants"), [("ch6_headsplit", 20), ("ch6_heterogeneous", 4), ("ch6_tolerance", 4)]
+    ("name", "variants"),
+    [("ch6_headsplit", 20), ("ch6_heterogeneous", 4), ("ch6_tolerance", 4), ("ch6_smollm2", 4)],
 )
 def test_the_ch6_scenarios_validate_with_the_runtime_installed(site: Path, name: str, variants: int) -> None:
     done = dit(site, "validate", f"scenarios/{name}.yaml")

@@ -74,11 +74,19 @@ def test_speedups_are_over_the_layerwise_run_of_the_same_rtt(tmp_path: Path) -> 
     }
     table = run_compare(str(tmp_path / "ch6" / "greedy-0"), str(tmp_path / "ch6" / "layerwise-0")).stdout
     assert table.splitlines()[0].split() == [
-        "variant", "strategy", "speculation", "network", "tokens/s", "speedup",
+        "variant", "strategy", "speculation", "network", "tokens/s", "speedup", "agreement",
     ]  # fmt: skip
     assert [line.split() for line in table.splitlines()[1:]] == [
-        ["ch6[greedy-0]", "greedy", "yes", "none", "6.00", "1.50x"],
-        ["ch6[layerwise-0]", "layerwise", "no", "none", "4.00", "1.00x"],
+        [
+            "ch6[greedy-0]",
+            "greedy",
+            "yes",
+            "none",
+            "6.00",
+            "1.50x",
+            "-",
+        ],  # no hs_generated.json: no agreement
+        ["ch6[layerwise-0]", "layerwise", "no", "none", "4.00", "1.00x", "-"],
     ]
 
 
@@ -103,3 +111,17 @@ def test_a_sweep_without_layerwise_has_no_speedup_and_bad_input_is_named(tmp_pat
     (tmp_path / "ch6" / "tau0" / "metadata.json").write_text("{", encoding="utf-8")
     broken = run_compare(str(tmp_path))
     assert broken.returncode == 2 and "metadata.json: not JSON" in broken.stderr
+
+
+def test_agreement_with_the_exact_run_of_the_same_model_and_prompt(tmp_path: Path) -> None:
+    """Fidelity for tau > 0 (issue 32, item 6): ids against the tau = 0 run's, per position."""
+    for tau, ids in ((0, [1, 2, 3, 4]), (0.05, [1, 2, 9, 4]), (0.3, [1, 7])):
+        block = {"strategy": "greedy", "speculation": True, "tau": tau, "model": "smollm2-135m", "tokens": 4}
+        fake_run(tmp_path, f"tau{tau}", block, [["runtime.tau", tau]], 3.0)
+        gen = tmp_path / "ch6" / f"tau{tau}" / "aggregate" / "hs_generated.json"
+        gen.write_text(json.dumps({"model": "smollm2-135m", "ids": ids, "text": None}), encoding="utf-8")
+    done = run_compare("--json", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    got = {Path(r["run"]).name: (r["agreement"], r["first_difference"]) for r in json.loads(done.stdout)}
+    assert got == {"tau0": (1.0, None), "tau0.05": (0.75, 2), "tau0.3": (0.25, 1)}
+    assert run_compare(str(tmp_path)).stdout.splitlines()[2].split()[-1] == "75.0%"

@@ -389,6 +389,43 @@ def test_build_speculation_profile_runs_on_the_edge_then_distributes(headsplit: 
     assert distribute["tasks"][1]["ansible.builtin.copy"]["src"] == fetch["dest"]
 
 
+def test_build_speculation_profile_of_a_trained_model_sends_its_tokens(
+    headsplit: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """smollm2-135m (issue 32, item 5): the corpus tokenized here with the model's own tokenizer goes to
+    the edge as data, the profile reads the distributed checkpoint; without one it is refused."""
+    from headsplit.plugin import actions
+
+    seen: list[str] = []
+    monkeypatch.setattr(actions, "model_tokens", lambda model, text: seen.append(text) or (7, 8, 9))
+    action = action_of(headsplit, "build-speculation-profile")
+    sha = "ab" * 32
+    inputs = validate_inputs(action, {"model": "smollm2-135m", "checkpoint": str(tmp_path / "smollm2-135m"),
+                                      "sha256": sha, "out": str(tmp_path)})  # fmt: skip
+    plan = action.plan(inputs)
+    build = plan.plays[0]  # type: ignore[index]
+    assert seen == [actions.DEFAULT_CORPUS.read_text(encoding="utf-8")]
+    assert plan.extravars["hs_corpus_ids"] == [7, 8, 9]
+    copy_ids = build["tasks"][1]["ansible.builtin.copy"]
+    assert copy_ids["content"] == "{{ hs_corpus_ids | to_json }}"  # Ansible's filter: JSON, as data
+    argv = [_rendered(plan, a) for a in build["tasks"][2]["ansible.builtin.command"]["argv"]]
+    i = argv.index("--checkpoint")
+    assert argv[i : i + 4] == [
+        "--checkpoint",
+        f"/var/tmp/dit/headsplit/files/{sha}/smollm2-135m",
+        "--sha256",
+        sha,
+    ]
+    assert argv[argv.index("--ids") + 1] == _rendered(plan, copy_ids["dest"])
+    assert 'smollm2-135m"' not in json.dumps(build)  # the paths are data (variables), not the plays' text
+    with pytest.raises(
+        HeadSplitLaunchError, match="checkpoint: model smollm2-135m is measured on its trained"
+    ):
+        action.plan(validate_inputs(action, {"model": "smollm2-135m"}))
+    with pytest.raises(HeadSplitLaunchError, match="sha256: checkpoint and sha256 go together"):
+        action.plan(validate_inputs(action, {"model": "gpt2-tiny", "checkpoint": "x"}))
+
+
 # -- real checkpoints: a Hugging Face directory, per-worker shards (issue 13, item 2) ----------------
 
 LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -60,7 +60,12 @@ def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
         "hs_replacements.csv",
         "hs_retries.csv",
         "hs_rtt.csv",
+        "hs_generated.json",
     ]
+    # a seeded preset's byte-level ids are kept, not decoded
+    assert json.loads((run.aggregate_dir / "hs_generated.json").read_text()) == {
+        "model": "gpt2-tiny", "ids": [5, 17, 300, 42], "text": None}  # fmt: skip
+    assert "generated_text" not in values(results)
     tokens = rows(run.aggregate_dir / "hs_tokens.csv")
     assert [t["token"] for t in tokens] == ["0", "1", "2", "3"]
     assert list(tokens[0]) == [
@@ -128,6 +133,28 @@ def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
     assert "oom_token" not in got and "energy_per_token" not in got  # no power trace in this run
     summary = json.loads(write_summary(run.aggregate_dir, "headsplit", results).read_text(encoding="utf-8"))
     assert summary["tables"][0] == "hs_tokens.csv"
+
+
+def test_a_trained_model_s_ids_are_decoded_by_its_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """smollm2-135m (issue 32, item 3): the results carry the ids and their text, decoded here by the
+    model's own tokenizer (stubbed: the real one is the slow test's)."""
+    from headsplit.plugin import launch
+
+    class Tok:
+        def decode(self, ids: list[int]) -> str:
+            return " Paris" if ids == [5, 17, 300, 42] else "?"
+
+    monkeypatch.setattr(launch, "model_tokenizer", lambda model: Tok())
+    run = make_run(tmp_path, "results_ok.json")
+    (run.path / "scenario.yaml").write_text(
+        "name: hs\ndevices: [device1, device2]\nruntime: {name: headsplit, model: smollm2-135m}\n"
+    )
+    results = HeadSplitRuntime().parse_results(run)
+    assert values(results)["generated_text"] == (" Paris", "", "str")
+    got = json.loads((run.aggregate_dir / "hs_generated.json").read_text())
+    assert got == {"model": "smollm2-135m", "ids": [5, 17, 300, 42], "text": " Paris"}
 
 
 def test_one_token_has_no_decode_columns_rather_than_the_prefill_s(tmp_path: Path) -> None:

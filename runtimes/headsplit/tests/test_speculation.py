@@ -88,3 +88,39 @@ def test_default_corpus_is_shipped_and_hashed() -> None:
     cfg = preset("gpt2-tiny")
     doc = speculation.build(cfg, model.seeded_weights(cfg), 0.05, max_windows=2)
     assert doc["corpus"]["sha256"] == hashlib.sha256(raw).hexdigest()
+
+
+def test_acceptance_table_per_tau_from_one_pass() -> None:
+    """One pass gives every tau's acceptance (issue 32, item 5): the crafted layers accept everything
+    (ratio 0) or nothing (ratio huge) at every tau, and the table agrees with each tau's profile."""
+    cfg, w = crafted()
+    m = speculation.measure(cfg, w, model.tokenize(TEXT, cfg), window=32)  # type: ignore[arg-type]
+    table = speculation.acceptance(m, speculation.TAUS)
+    assert [row["0.05"] for row in table] == [1.0, 0.0, 1.0]
+    assert list(table[0]) == ["0.02", "0.05", "0.1", "0.2", "0.3"]
+    for tau in speculation.TAUS:
+        doc = speculation.summarise(cfg, m, tau)  # type: ignore[arg-type]
+        assert [t["acceptance"] for t in doc["transitions"]] == [row[f"{tau:g}"] for row in table]
+        assert doc["acceptance_by_tau"] == table
+
+
+def test_profile_over_given_ids_not_bytes(tmp_path: Path) -> None:
+    """A trained model's corpus arrives in its own tokens (--ids): those are profiled, not the bytes."""
+    cfg = preset("llama-tiny")
+    w = model.seeded_weights(cfg)
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    doc = speculation.profile(cfg, w, TEXT, 0.05, window=32, ids=ids)
+    assert doc["positions"] == len(ids)
+    f = tmp_path / "ids.json"
+    f.write_text(json.dumps(ids))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TEXT)
+    out = tmp_path / "p.json"
+    argv = ["--model", "llama-tiny", "--out", str(out), "--corpus", str(corpus), "--ids", str(f)]
+    assert speculation.main(argv) == 0
+    got = speculation.load_profile(out)
+    assert got["positions"] == len(ids) and got["corpus"]["tokens"] == len(ids)
+    with pytest.raises(speculation.ProfileError, match="corpus ids: 99999 is outside the vocabulary"):
+        speculation.profile(cfg, w, TEXT, 0.05, ids=[1, 99999])
+    f.write_text('{"not": "a list"}')
+    assert speculation.main(argv) == 2

@@ -8,7 +8,12 @@ with those two fields left out); in each group the ``layerwise`` run without spe
 baseline and every run's speedup is its tokens/s over the baseline's. The ``network`` column says
 what applied each run's added RTT (``metadata.json`` → ``conditions.<device>.netem``): ``netem``,
 ``userspace`` (the link emulator, where the kernel has no ``sch_netem``), ``recorded`` (logged, not
-applied: its RTT column measures no added delay) or ``none``. Standard library only.
+applied: its RTT column measures no added delay) or ``none``.
+
+Fidelity (issue 32, item 6): every run's generated ids (``aggregate/hs_generated.json``) are compared
+with those of an exact run of the same model, prompt and length (no speculation, or tau = 0: the ids
+of single-process greedy decoding): the agreement is the share of the exact run's positions where the
+ids are equal, with the first position that differs. Standard library only.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ class Variant:
     oom_token: int | None
     speedup: float | None = None
     network: str = "none"  # what applied the added RTT: netem, userspace, recorded (several: joined by +)
+    ids: tuple[int, ...] | None = None
+    exact: bool = False  # no speculation, or tau = 0: greedy decoding's own ids
+    fidelity_key: str = ""  # model, prompt, tokens: which runs' ids are comparable
+    agreement: float | None = None
+    first_difference: int | None = None
 
 
 class CompareError(ValueError):
@@ -100,15 +110,27 @@ def load_variant(run: Path) -> Variant:
     }
     rate = values.get("tokens_per_s")
     oom = values.get("oom_token")
+    ids = None
+    gen_file = run / "aggregate" / "hs_generated.json"
+    if gen_file.is_file():
+        raw = _read(gen_file).get("ids")
+        if not isinstance(raw, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
+            raise CompareError(f"{gen_file}: ids: not a list of token ids")
+        ids = tuple(raw)
+    speculation = bool(block.get("speculation", False))
+    key = json.dumps([block.get("model", "gpt2-tiny"), block.get("prompt"), block.get("tokens")])
     return Variant(
         path=run,
         label=str(scenario.get("label", run.name)),
         strategy=str(block.get("strategy", "greedy")),
-        speculation=bool(block.get("speculation", False)),
+        speculation=speculation,
         others=_others(point),
         tokens_per_s=float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None,
         oom_token=int(oom) if isinstance(oom, int) and not isinstance(oom, bool) else None,
         network=network_backends(meta),
+        ids=ids,
+        exact=not speculation or float(block.get("tau", 0.05)) == 0.0,
+        fidelity_key=key,
     )
 
 
@@ -131,18 +153,32 @@ def compare(variants: Sequence[Variant]) -> list[Variant]:
     for v in variants:
         if v.strategy == BASELINE and not v.speculation and v.tokens_per_s and v.oom_token is None:
             baselines.setdefault(v.others, v.tokens_per_s)
+    exact: dict[str, tuple[int, ...]] = {}
+    for v in variants:
+        if v.exact and v.ids is not None and v.oom_token is None:
+            exact.setdefault(v.fidelity_key, v.ids)
     out = []
     for v in variants:
         base = baselines.get(v.others)
         speedup = (
             v.tokens_per_s / base if base and v.tokens_per_s is not None and v.oom_token is None else None
         )
-        out.append(Variant(**{**v.__dict__, "speedup": speedup}))
+        agreement, first = _agreement(exact.get(v.fidelity_key), v.ids)
+        out.append(Variant(**{**v.__dict__, "speedup": speedup, "agreement": agreement,
+                              "first_difference": first}))  # fmt: skip
     return out
 
 
+def _agreement(ref: tuple[int, ...] | None, ids: tuple[int, ...] | None) -> tuple[float | None, int | None]:
+    """Share of ``ref``'s positions where ``ids`` has the same token, and the first that differs."""
+    if not ref or ids is None:
+        return None, None
+    same = [i < len(ids) and ids[i] == t for i, t in enumerate(ref)]
+    return sum(same) / len(ref), next((i for i, ok in enumerate(same) if not ok), None)
+
+
 def render(rows: Sequence[Variant]) -> str:
-    header = ("variant", "strategy", "speculation", "network", "tokens/s", "speedup")
+    header = ("variant", "strategy", "speculation", "network", "tokens/s", "speedup", "agreement")
     body = [
         (
             r.label,
@@ -153,6 +189,7 @@ def render(rows: Sequence[Variant]) -> str:
             (f"oom at token {r.oom_token}" if r.oom_token is not None else "-")
             if r.speedup is None
             else f"{r.speedup:.2f}x",
+            "-" if r.agreement is None else f"{100 * r.agreement:.1f}%",
         )
         for r in rows
     ]
@@ -183,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = [
             {"run": str(r.path), "label": r.label, "strategy": r.strategy, "speculation": r.speculation,
              "network": r.network, "tokens_per_s": r.tokens_per_s, "oom_token": r.oom_token,
-             "speedup": r.speedup}
+             "speedup": r.speedup, "agreement": r.agreement, "first_difference": r.first_difference}
             for r in rows
         ]  # fmt: skip
         print(json.dumps(doc, indent=2))

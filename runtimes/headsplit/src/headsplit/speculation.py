@@ -26,6 +26,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,29 +52,40 @@ def _canonical(doc: dict[str, Any]) -> bytes:
     ).encode()
 
 
-def profile(
+TAUS = (0.02, 0.05, 0.1, 0.2, 0.3)  # the tolerances the acceptance table reports (issue 32)
+
+
+@dataclass
+class Measurement:
+    """What one pass over the corpus gives: per layer, every position's ||FFN(Z)|| / ||Z|| and the
+    timed decode steps' attention and FFN times (ns). Any tau's profile is derived from it."""
+
+    ratios: list[list[float]]
+    attn_ns: list[list[int]]
+    ffn_ns: list[list[int]]
+    window: int
+    windows: int
+
+
+def measure(
     cfg: ModelConfig,
     w: model.Weights,
-    text: str,
-    tau: float,
+    ids: list[int],
     *,
     window: int = 64,
-    workers: int = 4,
     max_windows: int | None = None,
-) -> dict[str, Any]:
-    """The profile document (without corpus identity or sha256; see ``build``)."""
-    if tau < 0:
-        raise ProfileError(f"tau: must be >= 0, got {tau}")
-    if workers < 1:
-        raise ProfileError(f"workers: must be >= 1, got {workers}")
+) -> Measurement:
+    """The exact forward pass over ``ids`` cut into windows (each: a prefill, then a timed decode step)."""
     window = min(window, cfg.max_positions)
     if window < 2:
         raise ProfileError(f"window: must be >= 2, got {window}")
-    ids = model.tokenize(text, cfg)
     chunks = [ids[i : i + window] for i in range(0, len(ids) - 1, window)]
     chunks = [c for c in chunks if len(c) >= 2][: max_windows or None]
     if not chunks:
         raise ProfileError(f"corpus: too short ({len(ids)} tokens) for one window of >= 2 tokens")
+    bad = [i for i in ids if not 0 <= i < cfg.vocab]
+    if bad:
+        raise ProfileError(f"corpus ids: {bad[0]} is outside the vocabulary 0..{cfg.vocab - 1}")
     L = cfg.n_layers
     heads = [
         {h: model.unit_weights(cfg, w, Unit(i, "head", h)) for h in range(cfg.n_heads)} for i in range(L)
@@ -105,37 +118,78 @@ def profile(
                         attn_ns[i].append(t1 - t0)
                         ffn_ns[i].append(t3 - t2)
                     x = z + delta
+    return Measurement(ratios, attn_ns, ffn_ns, window, len(chunks))
+
+
+def acceptance(m: Measurement, taus: Sequence[float]) -> list[dict[str, float]]:
+    """Per layer transition l -> l+1, the share of positions with ratio < tau, for each tau."""
+    return [
+        {f"{tau:g}": sum(1 for r in m.ratios[i] if r < tau) / len(m.ratios[i]) for tau in taus}
+        for i in range(len(m.ratios) - 1)
+    ]
+
+
+def summarise(cfg: ModelConfig, m: Measurement, tau: float, *, workers: int = 4) -> dict[str, Any]:
+    """The profile document at ``tau`` (without corpus identity or sha256; see ``build``)."""
+    if tau < 0:
+        raise ProfileError(f"tau: must be >= 0, got {tau}")
+    if workers < 1:
+        raise ProfileError(f"workers: must be >= 1, got {workers}")
+    L = len(m.ratios)
     transitions = []
     for i in range(L - 1):
-        p = sum(1 for r in ratios[i] if r < tau) / len(ratios[i])
-        t_a = statistics.median(attn_ns[i + 1]) / workers
-        t_f = statistics.median(ffn_ns[i])
+        p = sum(1 for r in m.ratios[i] if r < tau) / len(m.ratios[i])
+        t_a = statistics.median(m.attn_ns[i + 1]) / workers
+        t_f = statistics.median(m.ffn_ns[i])
         saving = p * min(t_a, t_f) - (1 - p) * max(0.0, t_a - t_f)
         transitions.append(
             {
                 "layer": i,
                 "to": i + 1,
                 "acceptance": p,
-                "ratio_median": statistics.median(ratios[i]),
+                "ratio_median": statistics.median(m.ratios[i]),
                 "attention_ns": int(t_a),
                 "ffn_ns": int(t_f),
                 "expected_saving_ns": int(saving),
                 "speculate": p >= MIN_ACCEPTANCE and saving > 0,
             }
         )
-    positions = len(ratios[0])
+    positions = len(m.ratios[0])
     return {
         "version": PROFILE_VERSION,
         "model": cfg.to_json(),
         "tau": tau,
-        "window": window,
+        "window": m.window,
         "workers": workers,
         "positions": positions,
         "rule": {"min_acceptance": MIN_ACCEPTANCE, "min_expected_saving_ns": 0},
         "transitions": transitions,
         "speculate_layers": [t["layer"] for t in transitions if t["speculate"]],
         "overall_acceptance": statistics.fmean(t["acceptance"] for t in transitions) if transitions else 0.0,
+        "acceptance_by_tau": acceptance(m, TAUS),
     }
+
+
+def profile(
+    cfg: ModelConfig,
+    w: model.Weights,
+    text: str,
+    tau: float,
+    *,
+    window: int = 64,
+    workers: int = 4,
+    max_windows: int | None = None,
+    ids: list[int] | None = None,
+) -> dict[str, Any]:
+    """The profile document over ``text`` in byte-level tokens, or over ``ids`` (a trained model's own
+    tokens) when given."""
+    if tau < 0:
+        raise ProfileError(f"tau: must be >= 0, got {tau}")
+    if workers < 1:
+        raise ProfileError(f"workers: must be >= 1, got {workers}")
+    tokens = model.tokenize(text, cfg) if ids is None else ids
+    m = measure(cfg, w, tokens, window=window, max_windows=max_windows)
+    return summarise(cfg, m, tau, workers=workers)
 
 
 def build(
@@ -154,6 +208,9 @@ def build(
         raise ProfileError(f"corpus: {exc}") from None
     doc = profile(cfg, w, raw.decode("utf-8", errors="replace"), tau, **kw)
     doc["corpus"] = {"path": str(corpus), "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+    if kw.get("ids") is not None:
+        # the corpus in the model's own tokens (tokenized where a tokenizer is: the machine running dit)
+        doc["corpus"]["tokens"] = len(kw["ids"])
     doc["checkpoint_sha256"] = checkpoint_sha256
     doc["sha256"] = hashlib.sha256(_canonical(doc)).hexdigest()
     return doc
@@ -179,6 +236,16 @@ def load_profile(path: str | Path) -> dict[str, Any]:
     return doc
 
 
+def _read_ids(path: Path) -> list[int]:
+    try:
+        ids = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"--ids {path}: {exc}") from None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ProfileError(f"--ids {path}: expected a JSON list of token ids")
+    return ids
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m headsplit.speculation", description="Build a speculation profile."
@@ -187,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--out", required=True)
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
+    ap.add_argument(
+        "--ids",
+        help="a JSON list: the corpus in the model's own tokens (a trained model; else byte-level tokens)",
+    )
     ap.add_argument("--checkpoint", help="safetensors file or HF directory (else seeded weights)")
     ap.add_argument("--sha256", help="the checkpoint's pinned SHA-256 (required with --checkpoint)")
     ap.add_argument("--window", type=int, default=64)
@@ -206,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             w = model.load_checkpoint(cfg, a.checkpoint, a.sha256)
         else:
             w = model.seeded_weights(cfg)
+        ids = _read_ids(Path(a.ids)) if a.ids else None
         doc = build(
             cfg,
             w,
@@ -215,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             window=a.window,
             workers=a.workers,
             max_windows=a.max_windows,
+            ids=ids,
         )
     except ValueError as exc:
         print(f"headsplit speculation: {exc}", file=sys.stderr)

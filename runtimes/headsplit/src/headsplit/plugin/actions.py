@@ -27,6 +27,10 @@ from headsplit.plugin.common import (
     STRATEGIES,
     HeadSplitLaunchError,
 )
+from headsplit.plugin.launch import TRAINED, model_tokens
+
+# headsplit's own corpus (headsplit.speculation.DEFAULT_CORPUS, without importing torch here)
+DEFAULT_CORPUS = Path(ckpt.__file__).parent / "data" / "corpus.txt"
 
 CHECKPOINT_INPUTS: dict[str, Any] = {
     "type": "object",
@@ -65,8 +69,14 @@ PROFILE_INPUTS: dict[str, Any] = {
         "model": {"description": "The model preset.", "enum": sorted(PRESETS), "default": "gpt2-tiny"},
         "tau": {"description": "The tolerance the profile is built for.", "type": "number", "minimum": 0,
                 "default": 0.05},
-        "corpus": {"description": "A text corpus on the edge server (default: headsplit's own).",
+        "corpus": {"description": "A text corpus on the edge server (default: headsplit's own); for a trained "
+                   "model (smollm2-135m) a file on this machine, tokenized here with the model's own tokenizer.",
                    "type": "string", "minLength": 1},
+        "checkpoint": {"description": "The checkpoint the profile measures, as given to distribute-checkpoint "
+                       "(its path on this machine; the edge server reads its distributed copy); without it the "
+                       "preset's seeded weights. A trained model needs it.", "type": "string", "minLength": 1},
+        "sha256": {"description": "The checkpoint's pin (with checkpoint).", "type": "string", "pattern": SHA256,
+                   "x-pattern-text": SHA256_TEXT},
         "out": {"description": "Directory on this machine the profile is fetched into.", "type": "string",
                 "minLength": 1, "default": "headsplit-profiles"},
     },
@@ -257,7 +267,7 @@ def profile_name(model: str, tau: float) -> str:
 def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
     """Run ``python -m headsplit.speculation`` on the edge server, fetch the profile, distribute it."""
     model, tau = str(inputs.get("model", "gpt2-tiny")), float(inputs.get("tau", 0.05))
-    extravars = {
+    extravars: dict[str, Any] = {
         "hs_profile_name": profile_name(model, tau),
         "hs_profile_model": model,
         "hs_out_dir": os.path.abspath(str(inputs.get("out", "headsplit-profiles"))),
@@ -266,7 +276,45 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
     on_edge = f"{BASE}/{PROFILES_DIR}/{name}"
     argv = [PY, "-m", "headsplit.speculation", "--model", "{{ hs_profile_model }}", "--tau", f"{tau:g}",
             "--out", on_edge]  # fmt: skip
-    if inputs.get("corpus"):
+    ids_task: list[dict[str, Any]] = []
+    if bool(inputs.get("checkpoint")) != bool(inputs.get("sha256")):
+        missing = "sha256" if inputs.get("checkpoint") else "checkpoint"
+        raise HeadSplitLaunchError(
+            f"{missing}: checkpoint and sha256 go together (the checkpoint and its pin)"
+        )
+    if inputs.get("checkpoint"):
+        local = os.path.abspath(str(inputs["checkpoint"]))
+        extravars |= {
+            "hs_ck_sha256": str(inputs["sha256"]),
+            "hs_ck_name": posixpath.basename(local.rstrip("/")),
+        }
+        # where distribute-checkpoint put it on the edge server
+        argv += ["--checkpoint", f"{BASE}/{FILES_DIR}/{{{{ hs_ck_sha256 }}}}/{{{{ hs_ck_name }}}}",
+                 "--sha256", "{{ hs_ck_sha256 }}"]  # fmt: skip
+    if model in TRAINED:
+        if not inputs.get("checkpoint"):
+            raise HeadSplitLaunchError(
+                f"checkpoint: model {model} is measured on its trained weights: give the directory "
+                f"`python -m dit.models.convert {model} DIR` wrote (distributed by distribute-checkpoint) "
+                "and its pin as sha256"
+            )
+        # the nodes' HeadSplit venvs have no tokenizer: the corpus goes to the edge in the model's tokens
+        corpus = Path(str(inputs.get("corpus") or DEFAULT_CORPUS))
+        try:
+            text = corpus.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise HeadSplitLaunchError(f"corpus: {corpus}: {exc.strerror}") from None
+        extravars |= {"hs_corpus_ids": list(model_tokens(model, text)), "hs_corpus": str(corpus)}
+        on_edge_ids = f"{BASE}/{PROFILES_DIR}/{name}.ids.json"
+        ids_task = [{"name": "The corpus in the model's own tokens",
+                     "ansible.builtin.copy": {"content": "{{ hs_corpus_ids | to_json }}", "dest": on_edge_ids,
+                                              "mode": "0644"}}]  # fmt: skip
+        # --corpus names the text the ids came from (its SHA-256 goes in the profile); a path here, so
+        # the edge reads the installed copy of the default and only an explicit corpus must be there too
+        argv += ["--ids", on_edge_ids]
+        if inputs.get("corpus"):
+            argv += ["--corpus", "{{ hs_corpus }}"]
+    elif inputs.get("corpus"):
         extravars["hs_corpus"] = str(inputs["corpus"])
         argv += ["--corpus", "{{ hs_corpus }}"]
     build = {
@@ -278,6 +326,7 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
                 "name": "The profiles directory",
                 "ansible.builtin.file": {"path": f"{BASE}/{PROFILES_DIR}", "state": "directory", "mode": "0755"},
             },
+            *ids_task,
             {"name": "Build the profile", "ansible.builtin.command": {"argv": argv}, "changed_when": True},
             {
                 "name": "SHA-256 of the profile",

@@ -137,8 +137,9 @@ def model_doc(block: Mapping[str, Any], n_workers: int) -> dict[str, Any]:
 TRAINED = ("smollm2-135m",)
 
 
-@functools.lru_cache(maxsize=8)
-def _tokenize(model: str, text: str) -> tuple[int, ...]:
+@functools.lru_cache(maxsize=2)
+def model_tokenizer(model: str) -> Any:
+    """A trained model's own tokenizer, from its verified packaged file (nothing is downloaded)."""
     try:
         from transformers import AutoTokenizer
 
@@ -147,15 +148,20 @@ def _tokenize(model: str, text: str) -> tuple[int, ...]:
         from dit.models.weights import WeightsError
     except ImportError as exc:
         raise HeadSplitLaunchError(
-            f"runtime.model: {model} tokenizes the prompt with its own tokenizer, which needs dit[llm] "
+            f"runtime.model: {model} tokenizes with its own tokenizer, which needs dit[llm] "
             f"(transformers, gguf) on the machine running dit ({exc})"
         ) from None
     try:
         path, _ = ensure_packaged(entry(model))
     except WeightsError as exc:
         raise HeadSplitLaunchError(f"runtime.model: {model}: {exc}") from None
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return tuple(int(i) for i in tokenizer(text)["input_ids"])
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+@functools.lru_cache(maxsize=8)
+def model_tokens(model: str, text: str) -> tuple[int, ...]:
+    """``text`` in a trained model's own tokens."""
+    return tuple(int(i) for i in model_tokenizer(model)(text)["input_ids"])
 
 
 def prompt_ids(block: Mapping[str, Any]) -> list[int] | None:
@@ -169,7 +175,7 @@ def prompt_ids(block: Mapping[str, Any]) -> list[int] | None:
             f"runtime.checkpoint: model {name} runs its trained weights: give the directory "
             f"`python -m dit.models.convert {name} DIR` writes and the pin it prints"
         )
-    return list(_tokenize(name, str(block.get("prompt", "")) or "Hello"))
+    return list(model_tokens(name, str(block.get("prompt", "")) or "Hello"))
 
 
 def profile_on_node(ctx: LaunchContext, host: str, path: str) -> str:

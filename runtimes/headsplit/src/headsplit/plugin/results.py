@@ -19,6 +19,7 @@ from dit.runtimes import (
 from dit.runtimes.helpers import energy_summary, write_csv
 from headsplit.plugin.common import (
     RESULT_NAME,
+    HeadSplitLaunchError,
     HeadSplitResultsError,
 )
 
@@ -135,6 +136,32 @@ def _percentile(ordered: Sequence[int], q: float) -> int:
     """Nearest-rank percentile of sorted values."""
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[rank - 1]
+
+
+def decode(model: str, ids: Sequence[int]) -> str | None:
+    """``ids`` as text by a trained model's own tokenizer; None for a preset without one (byte-level
+    ids of seeded weights are not text) or when the tokenizer cannot be loaded here."""
+    from headsplit.plugin.launch import TRAINED, model_tokenizer
+
+    if model not in TRAINED:
+        return None
+    try:
+        return str(model_tokenizer(model).decode(list(ids)))
+    except HeadSplitLaunchError:
+        return None
+
+
+def _generated(run: LoadedRun, doc: Mapping[str, Any], out: Path) -> tuple[Path, str | None] | None:
+    """``aggregate/hs_generated.json``: the generated ids and, for a trained model, their text."""
+    ids = doc.get("generated")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return None
+    block = run.scenario.get("runtime")
+    model = str(block.get("model", "gpt2-tiny")) if isinstance(block, Mapping) else "gpt2-tiny"
+    text = decode(model, ids)
+    path = out / "hs_generated.json"
+    path.write_text(json.dumps({"model": model, "ids": ids, "text": text}, indent=1) + "\n", encoding="utf-8")
+    return path, text
 
 
 def parse(run: LoadedRun) -> Results:
@@ -269,6 +296,12 @@ def parse(run: LoadedRun) -> Results:
             ),
             SummaryValue("oom_worker", str(oom["worker"]), "", "str", "the worker that ran out of memory"),
         ]
+    decoded = _generated(run, doc, out)
+    if decoded is not None:
+        tables.append(decoded[0])
+        if decoded[1] is not None:
+            values.append(SummaryValue("generated_text", decoded[1], "", "str",
+                                       "the generated tokens decoded by the model's own tokenizer"))  # fmt: skip
     start, end = int(doc["start_ns"]), int(doc["end_ns"])
     hosts = [
         controller,
