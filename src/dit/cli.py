@@ -1,5 +1,5 @@
-"""The ``dit`` command: validate, run, stop, cleanup, ls, show, report, optimise, web, and the groups rack
-and runtimes."""
+"""The ``dit`` command: validate, run, stop, cleanup, ls, show, report, optimise, simulate, web, and the
+groups rack and runtimes."""
 
 from __future__ import annotations
 

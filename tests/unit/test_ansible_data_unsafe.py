@@ -109,6 +109,8 @@ def _planted(schema: Mapping[str, Any], base: Mapping[str, Any]) -> Iterator[tup
 
 BASE_INPUTS: dict[tuple[str, str], dict[str, Any]] = {
     ("headsplit", "distribute-checkpoint"): {"path": "/nonexistent/ck.safetensors", "sha256": "0" * 64},
+    # a checkpoint goes with its pin (issue 32): planting either alone is refused before any play
+    ("headsplit", "build-speculation-profile"): {"checkpoint": "/nonexistent/ck", "sha256": "0" * 64},
 }
 
 

@@ -42,9 +42,13 @@ def _preflight(block: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """What the driver does with every node's dit_facts (all nodes here read this machine's files)."""
     runtime = dit_runtime.LlamaCppRpcRuntime()
     paths = node_facts_of(runtime, block)
-    read = ("import json, sys, dit_facts; paths = json.loads(sys.argv[1]); "
+    # dit_facts imports its shared code as Ansible ships it (ansible.module_utils.dit_ping): the
+    # checkout's module_utils/ joins that package's path first, as tests/ansible_modules.py does
+    read = ("import json, sys, ansible.module_utils as u; u.__path__.append(sys.argv[2]); import dit_facts; "
+            "paths = json.loads(sys.argv[1]); "
             "print(json.dumps({n: dit_facts._runtime_fact(p) for n, p in paths.items()}))")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", read, json.dumps(paths)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", read, json.dumps(paths), str(REPO / "module_utils")],
+                          capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(REPO / "library")}, timeout=60, check=True)  # fmt: skip
     facts = {host: {"runtime_facts": json.loads(done.stdout)} for host in HOSTS}
     record = runtime_record(runtime.name, runtime.version, block, RuntimeEnv(None, None, None), facts,
