@@ -321,9 +321,9 @@ class _Run:
         return True
 
 
-def simulate(cfg: SimConfig) -> SimResult:
-    """Simulate ``cfg.tokens`` tokens; token 0 is the prompt's prefill when ``prompt_tokens`` > 0."""
-    run = _Run(cfg)
+def generate(run: _Run, cfg: SimConfig) -> SimResult:
+    """``run`` (the head-level engine or a subclass, e.g. Galaxy's) through ``cfg.tokens`` tokens, token
+    0 the prompt's prefill when ``prompt_tokens`` > 0, until they end or memory stops them."""
     result = SimResult([], [], [], None, 0, run.placement)
     for t in range(cfg.tokens):
         prefill = t == 0 and cfg.prompt_tokens > 0
@@ -336,5 +336,12 @@ def simulate(cfg: SimConfig) -> SimResult:
             break
     result.events = run.events
     result.placement = run.placement
+    return result
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Simulate ``cfg.tokens`` tokens with HeadSplit's engine (placement, speculation, re-placement)."""
+    run = _Run(cfg)
+    result = generate(run, cfg)
     result.speculated, result.reexecuted = run.speculated, run.reexecuted
     return result

@@ -28,7 +28,7 @@ from typing import Any
 import simpy
 
 from dit.sim._headsplit import DTYPE_BYTES, Unit, kv_flops, unit_flops
-from dit.sim.engine import CONTROLLER, SimConfig, SimResult, _Run
+from dit.sim.engine import CONTROLLER, SimConfig, SimResult, _Run, generate
 from headsplit.units import kv_cache_bytes_per_token, kv_weight_bytes, weight_bytes
 
 
@@ -121,15 +121,4 @@ class _GalaxyRun(_Run):
 def simulate_galaxy(cfg: SimConfig) -> SimResult:
     """Simulate ``cfg`` with Galaxy's partitioning (its ``placement`` is ignored; speculation and
     re-placement do not apply)."""
-    run = _GalaxyRun(cfg)
-    result = SimResult([], [], [], None, 0, run.placement)
-    for t in range(cfg.tokens):
-        prefill = t == 0 and cfg.prompt_tokens > 0
-        context = cfg.prompt_tokens + t if cfg.prompt_tokens > 0 else t + 1
-        start = run.env.now
-        run.env.run(until=run.env.process(run.token(context, cfg.prompt_tokens if prefill else 1)))
-        result.token_s.append(run.env.now - start)
-        if not run.memory(t, context, result):
-            break
-    result.events = run.events
-    return result
+    return generate(_GalaxyRun(cfg), cfg)
