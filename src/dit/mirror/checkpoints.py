@@ -10,10 +10,11 @@
 The pin of a file is its SHA-256; of a directory, the SHA-256 of its manifest: ``<sha256>  <name>\\n``
 per member (``config.json``, ``model.safetensors.index.json`` when present, every top-level
 ``*.safetensors``), sorted by name -- the same definition as ``headsplit.checkpoint`` (a test checks
-they agree; the testbed does not import the runtime). ``mirror/build`` checks the source against the
-pin and copies it to ``checkpoints/<sha256>/<name of file or directory>``; a directory's copy gets its
-manifest as ``SHA256SUMS``. Every copied file is in the mirror's manifest.json, so ``mirror/verify``
-re-hashes it; nothing is downloaded.
+they agree; the testbed does not import the runtime), in :mod:`dit.models.checkpoint_pin`.
+``mirror/build`` checks the source against the pin and copies it to
+``checkpoints/<sha256>/<name of file or directory>``; a directory's copy gets its manifest as
+``SHA256SUMS``. Every copied file is in the mirror's manifest.json, so ``mirror/verify`` re-hashes it;
+nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from typing import Any
 import yaml
 
 from dit.mirror.manifest import sha256_file
+from dit.models.checkpoint_pin import SUMS, manifest, manifest_text
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-MEMBERS = ("config.json", "model.safetensors.index.json")
-SUMS = "SHA256SUMS"
 
 
 class CheckpointMirrorError(RuntimeError):
@@ -84,18 +84,6 @@ def load_checkpoints(sources_file: Path) -> tuple[CheckpointSource, ...]:
     if not isinstance(doc, dict):
         raise CheckpointMirrorError(f"{sources_file}: not a mapping")
     return parse_checkpoints(doc.get("checkpoints"), sources_file.parent, f"{sources_file}: checkpoints")
-
-
-def manifest(directory: Path) -> dict[str, str]:
-    names = sorted(
-        [p.name for p in directory.glob("*.safetensors") if p.is_file()]
-        + [n for n in MEMBERS if (directory / n).is_file()]
-    )
-    return {n: sha256_file(directory / n) for n in names}
-
-
-def manifest_text(sums: dict[str, str]) -> str:
-    return "".join(f"{sums[n]}  {n}\n" for n in sorted(sums))
 
 
 def pin_of(path: Path) -> str:

@@ -11,7 +11,7 @@
   head to the embedding; HeadSplit reads ``lm_head.weight``, so the head is written out and the
   config says ``tie_word_embeddings: false`` (the same numbers either way);
 * ``SHA256SUMS``: the manifest whose SHA-256 is the directory's pin (HeadSplit's definition,
-  :mod:`dit.mirror.checkpoints`).
+  :mod:`dit.models.checkpoint_pin`, which the mirror uses too).
 
 The same GGUF and the same library versions give the same bytes, so the pin is stable; it prints
 the pin, which ``checkpoint.sha256`` in a HeadSplit block takes.
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dit.mirror.checkpoints import SUMS, manifest, manifest_text
+from dit.models.checkpoint_pin import SUMS, manifest, manifest_text
 from dit.models.weights import WeightsError, save_safetensors
 
 CONFIG_KEYS = (
