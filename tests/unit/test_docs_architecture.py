@@ -82,6 +82,15 @@ def test_the_top_level_of_the_package_holds_at_most_eight_modules() -> None:
     assert len(modules) <= 8, f"src/dit/ holds {len(modules)} modules: {modules}; give the new one a package"
 
 
+def test_the_driver_class_stays_a_sequencer_of_at_most_400_lines() -> None:
+    """docs/architecture.md: ``driver.py`` sequences the stages; what a stage reads of its outcome lives
+    beside it (``preflight.py``, ``apply.py``, ``profile.py``, ``collect.py``, ...), not in the class."""
+    tree = ast.parse((SRC / "run" / "driver.py").read_text(encoding="utf-8"))
+    (driver,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Driver"]
+    lines = (driver.end_lineno or driver.lineno) - driver.lineno + 1
+    assert lines <= 400, f"the Driver class has {lines} lines: move a stage's reading beside it (dit/run/)"
+
+
 @pytest.mark.parametrize("condition", CONDITIONS)
 def test_no_condition_is_named_outside_the_conditions(condition: str) -> None:
     """The page: the driver discovers the conditions and names none; only the listed readers import one."""

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dit.run.errors import StageFailed
+from dit.run.procs import ProcessFailure, process_failures
 from dit.run.rundir import RunDirError
 from dit.scenario import Scenario
 
@@ -114,3 +115,11 @@ def extract_collected(raw_dir: Path, host: str) -> list[str]:
             names.append(str(target.relative_to(raw_dir)))
     archive.unlink()
     return names
+
+
+def collected(raw: Path, hosts: Sequence[str]) -> list[ProcessFailure]:
+    """After the collect stage: every host's packed results unpacked into ``raw/<host>/``, and the
+    device processes that failed (their ``processes.json`` records)."""
+    for host in hosts:
+        extract_collected(raw, host)
+    return process_failures(raw, hosts)

@@ -24,7 +24,6 @@ from dit.conditions import (
     HostContext,
     PreflightFacts,
     active,
-    after_apply,
     build_conditions,
     process_settings,
     process_vars,
@@ -32,16 +31,18 @@ from dit.conditions import (
 )
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.run import analyse, profile
+from dit.run import apply as applying
 from dit.run import launch as runtime_launch
 from dit.run import preflight as gates
 from dit.run.ansible_exec import StageOutcome, run_stage
-from dit.run.collect import extract_collected, iperf3_vars, link_targets
+from dit.run.apply import EDGE_SERVICE_TASK
+from dit.run.collect import collected, iperf3_vars, link_targets
 from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
 from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
 from dit.run.lease_decision import controller_holder
-from dit.run.procs import ProcessFailure, process_failures
+from dit.run.procs import ProcessFailure
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
 from dit.run.rundir import RunDir, describe_failure, write_json
 from dit.run.stop import StopRequests
@@ -54,7 +55,6 @@ from dit.scenario import Scenario
 
 __all__ = ["EDGE_SERVICE_TASK", "Driver", "RunOptions", "RunResult", "StageFailed", "Stopped"]
 
-EDGE_SERVICE_TASK = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
 # The start instant for the edge service, in the edge's run root: not the prepared processes' start_at.json,
 # which a plug-in's own process on the edge may wait for (the service would then profile beside it).
 EDGE_START_AT_FILE = "edge_start_at.json"
@@ -362,30 +362,12 @@ class Driver:
         if self.options.check:
             return  # a dry run started nothing: no port to read, nothing to settle
         if uses_edge_service(self.runtime):
-            # The edge service's own task: conditions after it start tagged processes with dit_proc too.
-            ready = (outcome.result_of(self.inv.edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}).get(
-                "ready"
-            ) or {}
-            if "port" not in ready:
-                raise StageFailed("apply: the edge service did not report its port")
-            self.edge_port = int(ready["port"])
+            self.edge_port = applying.edge_port(outcome, self.inv.edge_host)
             self.reporter_info(f"edge service listening on {self.inv.edge_address}:{self.edge_port}")
         else:
             self.reporter_info(f"edge service not started: runtime {self.runtime.name} does not use it")
-        for applied in after_apply(self.scenario, outcome):
-            if applied.status:
-                self.run.set_status(**applied.status)
-            for line in applied.infos:
-                self.reporter_info(line)
-            for line in applied.warnings:
-                self.reporter_warn(line)
-        settle = float(self.scenario.timing.settle_s)
-        if settle > 0:
-            self.reporter_info(f"settling for {settle} s")
-            deadline = time.monotonic() + settle
-            while time.monotonic() < deadline:
-                self.stop.check()
-                time.sleep(min(0.1, settle))
+        applying.report_applied(self.scenario, outcome, self.run, self.reporter_info, self.reporter_warn)
+        applying.settle(float(self.scenario.timing.settle_s), self.stop, self.reporter_info)
 
     def _follow(self) -> None:
         """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.run.follow`)."""
@@ -468,9 +450,7 @@ class Driver:
                 "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
             },
         )
-        for host in self.inv.hosts:
-            extract_collected(raw, host)
-        self.process_failures = process_failures(raw, self.inv.hosts)
+        self.process_failures = collected(raw, self.inv.hosts)
         for failure in self.process_failures:
             self.reporter_warn(failure.describe() + "".join(f"\n  {line}" for line in failure.stderr_tail))
 

@@ -1,0 +1,53 @@
+"""The apply stage's reading: the edge service's port, what the conditions report after apply, the
+settle wait (the driver's :meth:`~dit.run.driver.Driver._apply` runs the stage and calls these)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Final
+
+from dit.conditions import after_apply
+from dit.run.ansible_exec import StageOutcome
+from dit.run.errors import StageFailed
+from dit.run.rundir import RunDir
+from dit.run.stop import StopRequests
+from dit.scenario import Scenario
+
+EDGE_SERVICE_TASK: Final = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
+
+
+def edge_port(outcome: StageOutcome, edge_host: str) -> int:
+    """The port the edge service reported from its start task (conditions after it use dit_proc too)."""
+    ready = (outcome.result_of(edge_host, "dit_proc", task=EDGE_SERVICE_TASK) or {}).get("ready") or {}
+    if "port" not in ready:
+        raise StageFailed("apply: the edge service did not report its port")
+    return int(ready["port"])
+
+
+def report_applied(
+    scenario: Scenario,
+    outcome: StageOutcome,
+    run: RunDir,
+    info: Callable[[str], None],
+    warn: Callable[[str], None],
+) -> None:
+    """Every condition's ``after_apply`` hook: its status fields into status.json, its lines said."""
+    for applied in after_apply(scenario, outcome):
+        if applied.status:
+            run.set_status(**applied.status)
+        for line in applied.infos:
+            info(line)
+        for line in applied.warnings:
+            warn(line)
+
+
+def settle(seconds: float, stop: StopRequests, info: Callable[[str], None]) -> None:
+    """Wait ``timing.settle_s`` after apply, a stop request heard within 0.1 s."""
+    if seconds <= 0:
+        return
+    info(f"settling for {seconds} s")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        stop.check()
+        time.sleep(min(0.1, seconds))
