@@ -19,6 +19,8 @@ from dit.cli import app
 from dit.run.dryrun import DryRun
 from dit.run.procs import run_processes
 from dit.run.rundir import find_runs
+from dit.runtime_api import registry as runtimes
+from dit.runtime_api.interface import uses_edge_service
 from tests.conftest import REPO
 from tests.rack_dry_runs import SHIPPED, DryRuns, chosen_variants, dry_run_extremes, make_rack, snapshot
 
@@ -136,7 +138,9 @@ def test_rack_example_dry_runs_every_shipped_scenario(
             kinds = [c.kind for c in result.changes.get(host, [])]
             assert "directory" in kinds, f"{host}: {kinds}"  # its run directory, at least
         edge = result.changes["edgeserver"]
-        assert any(c.kind == "process" and "start 'edge'" in c.details[0] for c in edge)
+        # the edge inference service only for a runtime whose devices send it requests (issue 33)
+        serves = any(c.kind == "process" and "start 'edge'" in c.details[0] for c in edge)
+        assert serves == uses_edge_service(runtimes.get(str(variant.runtime["name"]))), variant.label
         for device, block in variant.network.items():  # the rack's interface, from its group_vars
             tc = [d for c in result.changes[device] if c.kind == "tc" for d in c.details]
             netem = any(f"dev wlan0 root handle 1: netem delay {block['delay_ms']:g}ms" in d for d in tc)
