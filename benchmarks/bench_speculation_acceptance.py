@@ -21,14 +21,22 @@ position that differs), the text, and the CPU time over the exact run's. In one 
 run one after another, so the time ratio shows the work speculation adds or saves, not a parallel
 speedup.
 
-``--smoke``: gpt2-tiny's seeded weights and byte-level tokens over one window, the same code path in
-seconds, for CI without the wheel.
+``--perplexity`` (issue 32, item 6): the fidelity table instead, at tau in {0, 0.05, 0.2, 0.3}, each
+with speculation on the tau's profiled transitions and on every transition (a run without a profile):
+the token agreement of the ``--generate`` tokens with the exact run's and the teacher-forced
+perplexity of HeadSplit's held-out paragraph (``headsplit/data/heldout.txt``, in no profile's corpus)
+through the same engine (:meth:`headsplit.engine.Engine.perplexity`), with transformers' own float32
+perplexity of the same ids beside (the tau = 0 value must equal it).
+
+``--smoke``: gpt2-tiny's seeded weights and byte-level tokens over one window (and a 17-byte piece of
+the held-out paragraph), both code paths in seconds, for CI without the wheel.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import statistics
 import sys
@@ -45,12 +53,14 @@ import torch
 from headsplit import model as hs_model
 from headsplit import speculation
 from headsplit.config import ModelConfig, preset
+from headsplit.plugin.common import HELD_OUT
 
 # The article (docs/headsplit.md, "Figures"): TinyLlama-1.1B, 84 % of layer transitions accepted at tau = 0.05.
 ARTICLE = "article (TinyLlama-1.1B): 84 % acceptance at tau = 0.05"
 
 
 PROMPT = "The capital of France is"
+PERPLEXITY_TAUS = (0.0, 0.05, 0.2, 0.3)  # the fidelity table's tolerances (issue 32, item 6)
 
 
 def smollm2(tmp: Path) -> tuple[ModelConfig, hs_model.Weights, list[int]]:
@@ -81,6 +91,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4, help="workers the attention is spread over (saving)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--generate", type=int, default=16, help="tokens generated per tau (0: none)")
+    ap.add_argument("--perplexity", action="store_true", help="the fidelity table: agreement and perplexity")
     ap.add_argument("--smoke", action="store_true", help="seeded gpt2-tiny, one window: the code path (CI)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -94,9 +105,12 @@ def main() -> None:
             a.window, a.max_windows, a.generate = 16, 1, min(a.generate, 4)
             prompt: list[int] = hs_model.tokenize(PROMPT, cfg)
             decode: Callable[[list[int]], str] = lambda ids: "(byte-level ids: no text)"  # noqa: E731
+            paragraph = hs_model.tokenize(HELD_OUT.read_text(encoding="utf-8").strip(), cfg)[:17]
+            reference: float | None = None
         else:
             cfg, w, ids = smollm2(Path(tmp))
             prompt, decode = smollm2_prompt()
+            paragraph, reference = held_out_smollm2() if a.perplexity else ([], None)
         loaded = time.perf_counter()
         m = speculation.measure(cfg, w, ids, window=a.window, max_windows=a.max_windows)
         measured = time.perf_counter()
@@ -122,8 +136,10 @@ def main() -> None:
             f"{doc['speculate_layers']}"
         )
     print(ARTICLE)
-    if a.generate > 0:
+    if a.generate > 0 and not a.perplexity:
         generate(cfg, w, m, prompt, decode, a.generate, a.workers)
+    if a.perplexity or a.smoke:  # the smoke takes both code paths
+        fidelity(cfg, w, m, prompt, max(a.generate, 1), a.workers, paragraph, reference)
 
 
 def smollm2_prompt() -> tuple[list[int], Callable[[list[int]], str]]:
@@ -131,6 +147,73 @@ def smollm2_prompt() -> tuple[list[int], Callable[[list[int]], str]]:
 
     tok = model_tokenizer("smollm2-135m")
     return [int(i) for i in tok(PROMPT)["input_ids"]], lambda ids: str(tok.decode(ids))
+
+
+def held_out_smollm2() -> tuple[list[int], float]:
+    """The held-out paragraph in SmolLM2's own tokens and transformers' float32 perplexity of them (the
+    dequantised GGUF, one full-sequence forward: exp of the model's own mean cross-entropy)."""
+    from dit.models.catalogue import entry
+    from dit.models.packaged import ensure_packaged
+    from dit.models.smollm2 import load_pretrained
+
+    path, _ = ensure_packaged(entry("smollm2-135m"))
+    hf, tok = load_pretrained(path)
+    ids = [int(i) for i in tok(HELD_OUT.read_text(encoding="utf-8").strip())["input_ids"]]
+    with torch.no_grad():
+        loss = float(hf(torch.tensor([ids]), labels=torch.tensor([ids])).loss)
+    return ids, math.exp(loss)
+
+
+def fidelity(
+    cfg: ModelConfig,
+    w: hs_model.Weights,
+    m: speculation.Measurement,
+    prompt: list[int],
+    n: int,
+    workers: int,
+    paragraph: list[int],
+    reference: float | None,
+) -> None:
+    """Per tau and speculating set: agreement of n generated tokens with the exact ones, and the
+    held-out paragraph's perplexity through the same engine configuration."""
+    from headsplit import engine
+    from headsplit.placement import WorkerSpec, place
+
+    names = [f"worker{i}" for i in range(1, workers + 1)]
+    specs = [WorkerSpec(x, 1 << 40, 1e9, 1_000_000) for x in names]
+    placement = place(cfg, specs, "greedy", context_tokens=max(len(prompt) + n, len(paragraph)))
+
+    def engine_for(spec: bool, tau: float, layers: list[int] | None) -> engine.Engine:
+        tr = engine.InProcessTransport.from_weights(cfg, w, placement, names)
+        only = frozenset(layers) if layers is not None else None
+        return engine.Engine(
+            cfg, tr, placement, w, engine.EngineOptions(speculation=spec, tau=tau, speculate_layers=only)
+        )
+
+    exact = engine_for(False, 0.0, None).generate(prompt, n).generated
+    print(
+        f"held-out paragraph: {len(paragraph)} tokens ({len(paragraph) - 1} predictions); greedy placement "
+        f"on {workers} workers, in process; agreement over {n} tokens after {PROMPT!r}"
+        + ("" if reference is None else f"; transformers float32 perplexity {reference:.4f}")
+    )
+    print(
+        f"{'tau':>5} {'speculating':>22} {'agreement':>10} {'first diff':>10} {'perplexity':>10} "
+        f"{'accepted':>16} {'s':>5}"
+    )
+    for tau in PERPLEXITY_TAUS:
+        profiled = speculation.summarise(cfg, m, tau, workers=workers)["speculate_layers"]
+        for label, layers in ((f"profiled ({len(profiled)})", profiled), ("every transition", None)):
+            if tau == 0 and layers is not None:
+                continue  # tau = 0 keeps nothing: every transition is the one row
+            started = time.perf_counter()
+            got = engine_for(True, tau, layers).generate(prompt, n).generated
+            same = [i < len(got) and got[i] == t for i, t in enumerate(exact)]
+            first = next((i for i, ok in enumerate(same) if not ok), None)
+            p = engine_for(True, tau, layers).perplexity(paragraph)
+            print(
+                f"{tau:>5g} {label:>22} {100 * sum(same) / len(same):9.1f}% {first!s:>10} {p.perplexity:10.4f} "
+                f"{p.accepted:>7}/{p.speculated:<8} {time.perf_counter() - started:5.0f}"
+            )
 
 
 def generate(

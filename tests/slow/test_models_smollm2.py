@@ -94,8 +94,27 @@ def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(model: Any, tm
         st.load(*engine.build_share(cfg, w, [Unit.parse(k) for k in share["units"]]))
         states[worker] = st
     cw = hs_model.load_checkpoint(cfg, d, pin, names=hs_model.controller_tensor_names(cfg))
-    res = engine.Engine(
+    eng = engine.Engine(
         cfg, engine.InProcessTransport(states), plan, cw, engine.EngineOptions(speculation=True, tau=0.0)
-    ).generate(ids, n)
+    )
+    res = eng.generate(ids, n)
     assert res.generated == want
     assert "Paris" in model.tokenizer.decode(res.generated)
+    # item 6: the held-out paragraph's teacher-forced perplexity through the same engine (after the
+    # generation, as the controller runs it) equals transformers' own float32 perplexity of those ids
+    import math
+
+    import torch
+
+    from headsplit.plugin.common import HELD_OUT
+    from headsplit.plugin.launch import perplexity_config
+
+    doc = perplexity_config({"model": "smollm2-135m", "perplexity": True})
+    assert doc is not None and doc["text"] == HELD_OUT.read_text(encoding="utf-8").strip()
+    assert doc["ids"] == model.tokenizer(doc["text"])["input_ids"] and len(doc["ids"]) > 100
+    paragraph = doc["ids"][:48]  # its first 48 tokens: the same proof in 47 decode steps (the CI budget)
+    with torch.no_grad():
+        loss = float(model.model(torch.tensor([paragraph]), labels=torch.tensor([paragraph])).loss)
+    got = eng.perplexity(paragraph)
+    assert got.tokens == len(paragraph) - 1 and got.accepted == 0
+    assert got.perplexity == pytest.approx(math.exp(loss), rel=1e-4)

@@ -74,7 +74,7 @@ def test_speedups_are_over_the_layerwise_run_of_the_same_rtt(tmp_path: Path) -> 
     }
     table = run_compare(str(tmp_path / "ch6" / "greedy-0"), str(tmp_path / "ch6" / "layerwise-0")).stdout
     assert table.splitlines()[0].split() == [
-        "variant", "strategy", "speculation", "network", "tokens/s", "speedup", "agreement",
+        "variant", "strategy", "speculation", "network", "tokens/s", "speedup", "agreement", "perplexity",
     ]  # fmt: skip
     assert [line.split() for line in table.splitlines()[1:]] == [
         [
@@ -85,8 +85,9 @@ def test_speedups_are_over_the_layerwise_run_of_the_same_rtt(tmp_path: Path) -> 
             "6.00",
             "1.50x",
             "-",
-        ],  # no hs_generated.json: no agreement
-        ["ch6[layerwise-0]", "layerwise", "no", "none", "4.00", "1.00x", "-"],
+            "-",
+        ],  # no hs_generated.json: no agreement; no hs_quality.json: no perplexity
+        ["ch6[layerwise-0]", "layerwise", "no", "none", "4.00", "1.00x", "-", "-"],
     ]
 
 
@@ -124,4 +125,27 @@ def test_agreement_with_the_exact_run_of_the_same_model_and_prompt(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     got = {Path(r["run"]).name: (r["agreement"], r["first_difference"]) for r in json.loads(done.stdout)}
     assert got == {"tau0": (1.0, None), "tau0.05": (0.75, 2), "tau0.3": (0.25, 1)}
-    assert run_compare(str(tmp_path)).stdout.splitlines()[2].split()[-1] == "75.0%"
+    assert run_compare(str(tmp_path)).stdout.splitlines()[2].split()[-2] == "75.0%"
+
+
+def test_the_perplexity_column_reads_hs_quality_json(tmp_path: Path) -> None:
+    """The other side of fidelity (issue 32, item 6): the held-out paragraph's perplexity per run, "-"
+    for a run that did not measure it; a malformed file is named."""
+    for tau, ppl in ((0, 9.5), (0.3, 12.25), (0.05, None)):
+        block = {"strategy": "greedy", "speculation": True, "tau": tau, "model": "smollm2-135m", "tokens": 4}
+        fake_run(tmp_path, f"tau{tau}", block, [["runtime.tau", tau]], 3.0)
+        if ppl is not None:
+            quality = tmp_path / "ch6" / f"tau{tau}" / "aggregate" / "hs_quality.json"
+            quality.write_text(json.dumps({"model": "smollm2-135m", "perplexity": ppl, "tau": tau}))
+    done = run_compare("--json", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    got = {Path(r["run"]).name: r["perplexity"] for r in json.loads(done.stdout)}
+    assert got == {"tau0": 9.5, "tau0.3": 12.25, "tau0.05": None}
+    table = run_compare(str(tmp_path)).stdout.splitlines()
+    assert table[0].split()[-1] == "perplexity"
+    assert {line.split()[0]: line.split()[-1] for line in table[1:]} == {
+        "ch6[tau0]": "9.500", "ch6[tau0.05]": "-", "ch6[tau0.3]": "12.250"
+    }  # fmt: skip
+    (tmp_path / "ch6" / "tau0" / "aggregate" / "hs_quality.json").write_text('{"perplexity": "low"}')
+    broken = run_compare(str(tmp_path))
+    assert broken.returncode == 2 and "hs_quality.json: perplexity: 'low' is not a number" in broken.stderr

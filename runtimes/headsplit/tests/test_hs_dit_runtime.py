@@ -88,6 +88,7 @@ def test_the_block_is_merged_with_its_defaults(headsplit: Any) -> None:
         "tau": 0.05,
         "tokens": 16,
         "prompt": "Heads expose the parallelism that layers hide.",
+        "perplexity": False,
         "memory_threshold": 0.85,
         "rpc_timeout_s": 30,
         "rpc_retries": 3,
@@ -113,6 +114,15 @@ def test_the_block_is_merged_with_its_defaults(headsplit: Any) -> None:
         ),
         ({"checkpoint": {"path": "w.safetensors"}}, "runtime.checkpoint.sha256: is required"),
         ({"stratgy": "greedy"}, "runtime.stratgy: unknown field; did you mean 'strategy'?"),
+        ({"perplexity": "yes"}, "runtime.perplexity: expected true or false, got string 'yes'"),
+        (
+            {"perplexity_paragraph": "/no/such/paragraph.txt"},
+            "runtime.perplexity_paragraph: has no effect without runtime.perplexity: true",
+        ),
+        (
+            {"perplexity": True, "perplexity_paragraph": "/no/such/paragraph.txt"},
+            "runtime.perplexity_paragraph: /no/such/paragraph.txt: No such file or directory",
+        ),
     ],
 )
 def test_errors_in_the_block_name_the_path(headsplit: Any, block: dict[str, Any], message: str) -> None:
@@ -207,6 +217,7 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
         "tokens": 8,
         "prompt": "Heads expose the parallelism that layers hide.",
         "prompt_ids": None,
+        "perplexity": None,
         "memory_threshold": 0.85,
         "rpc_timeout_s": 30.0,
         "rpc_retries": 3,
@@ -591,3 +602,54 @@ def test_the_controller_takes_the_prompt_in_the_models_own_tokens() -> None:
         config["prompt_ids"] = bad
         with pytest.raises(ConfigError, match=r"prompt_ids: .* token ids in 0\.\.511"):
             parse_config(config)
+
+
+# -- perplexity of a held-out paragraph (issue 32, item 6) --------------------------------------------
+
+
+def _controller_config(headsplit: Any, block: dict[str, Any]) -> dict[str, Any]:
+    specs = launch_vars(headsplit, context({"name": "headsplit", "workers": ["device1"], **block}), HOSTS)
+    config: dict[str, Any] = json.loads(specs["edgeserver"]["main"][0]["files"]["headsplit.json"])
+    return config
+
+
+def test_perplexity_sends_the_held_out_paragraph_or_the_one_named(
+    headsplit: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``perplexity: true``: the held-out paragraph (not in the speculation corpus) goes to the
+    controller as text, byte-level for the seeded presets, in the model's own tokens (tokenized here)
+    for the trained one; ``perplexity_paragraph`` names another file; a bad one is named at validate."""
+    from headsplit.plugin import common, launch
+
+    held_out = common.HELD_OUT.read_text(encoding="utf-8").strip()
+    assert held_out not in (SRC / "headsplit" / "data" / "corpus.txt").read_text(encoding="utf-8")
+    assert _controller_config(headsplit, {"perplexity": True})["perplexity"] == {
+        "text": held_out,
+        "ids": None,
+    }
+    own = tmp_path / "paragraph.txt"
+    own.write_text("  Another paragraph.\n", encoding="utf-8")
+    config = _controller_config(headsplit, {"perplexity": True, "perplexity_paragraph": str(own)})
+    assert config["perplexity"] == {"text": "Another paragraph.", "ids": None}
+    assert (
+        messages(doc(runtime={"name": "headsplit", "perplexity": True, "perplexity_paragraph": str(own)}))
+        == []
+    )
+    own.write_bytes(b"\xff\xfe not text")
+    (got,) = messages(
+        doc(runtime={"name": "headsplit", "perplexity": True, "perplexity_paragraph": str(own)})
+    )
+    assert got.startswith(f"runtime.perplexity_paragraph: {own}: not UTF-8 text"), got
+    with pytest.raises(HeadSplitLaunchError, match=r"runtime\.perplexity_paragraph: .*not UTF-8 text"):
+        _controller_config(headsplit, {"perplexity": True, "perplexity_paragraph": str(own)})
+    # the trained model: its own tokens (the tokenizer stubbed; the real one is the slow test's)
+    seen: list[str] = []
+    monkeypatch.setattr(launch, "model_tokens", lambda model, text: seen.append(text) or (4, 5, 6))
+    block = {
+        "model": "smollm2-135m",
+        "perplexity": True,
+        "checkpoint": {"path": "/m/smollm2", "sha256": "a" * 64},
+    }
+    monkeypatch.setattr(launch, "model_doc", lambda block, n: {"preset": "smollm2-135m"})
+    assert _controller_config(headsplit, block)["perplexity"] == {"text": held_out, "ids": [4, 5, 6]}
+    assert held_out in seen

@@ -157,6 +157,31 @@ def test_a_trained_model_s_ids_are_decoded_by_its_tokenizer(
     assert got == {"model": "smollm2-135m", "ids": [5, 17, 300, 42], "text": " Paris"}
 
 
+QUALITY = {
+    "perplexity": 17.25, "nll_mean": 2.8478, "tokens": 119, "paragraph_tokens": 120, "paragraph_sha256": "ab" * 32,
+    "tokenizer": "model", "speculation": True, "tau": 0.3, "speculated": 3451, "accepted": 2700,
+    "elapsed_ns": 5_000_000_000,
+}  # fmt: skip
+
+
+def test_the_held_out_perplexity_is_a_table_and_a_summary_value(tmp_path: Path) -> None:
+    """``perplexity: true`` (issue 32, item 6): the controller's section becomes hs_quality.json and
+    the summary value ``perplexity``; a run without the section has neither."""
+    doc = json.loads((DATA / "results_ok.json").read_text(encoding="utf-8"))
+    run = make_run(tmp_path, {**doc, "perplexity": QUALITY})
+    (run.path / "scenario.yaml").write_text(
+        "name: hs\ndevices: [device1, device2]\nruntime: {name: headsplit, model: llama-tiny}\n"
+    )
+    results = HeadSplitRuntime().parse_results(run)
+    assert values(results)["perplexity"] == (17.25, "", "float")
+    assert [p.name for p in results.tables][-1] == "hs_quality.json"
+    got = json.loads((run.aggregate_dir / "hs_quality.json").read_text())
+    assert got == {"model": "llama-tiny", **{k: v for k, v in QUALITY.items() if k != "elapsed_ns"}}
+    plain = HeadSplitRuntime().parse_results(make_run(tmp_path / "plain", "results_ok.json"))
+    assert "perplexity" not in values(plain)
+    assert not (tmp_path / "plain" / "run" / "aggregate" / "hs_quality.json").exists()
+
+
 def test_one_token_has_no_decode_columns_rather_than_the_prefill_s(tmp_path: Path) -> None:
     doc = json.loads((DATA / "results_ok.json").read_text(encoding="utf-8"))
     doc["tokens"], doc["tokens_generated"] = doc["tokens"][:1], 1
@@ -224,6 +249,10 @@ def broken(change: str) -> dict[str, Any]:
         del doc["tokens_per_s"]
     elif change == "memory":
         doc["memory"][1]["bytes"] = "many"
+    elif change == "perplexity":
+        doc["perplexity"] = {**QUALITY, "perplexity": "low"}
+    elif change == "perplexity-tokens":
+        doc["perplexity"] = {k: v for k, v in QUALITY.items() if k != "tokens"}
     return doc
 
 
@@ -236,6 +265,8 @@ def broken(change: str) -> dict[str, Any]:
         ("oom", "oom.worker: is missing"),
         ("rate", "tokens_per_s: is missing"),
         ("memory", "memory[1].bytes: 'many' is not an integer"),
+        ("perplexity", "perplexity.perplexity: 'low' is not a number"),
+        ("perplexity-tokens", "perplexity.tokens: is missing"),
     ],
 )
 def test_a_malformed_results_file_is_refused_naming_the_field(

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from headsplit import model  # noqa: E402
+from headsplit import engine, model  # noqa: E402
 from headsplit.config import preset  # noqa: E402
 from headsplit.controller import ConfigError, parse_config  # noqa: E402
 from headsplit.units import Unit, all_units  # noqa: E402
@@ -110,7 +110,8 @@ def launch(tmp: Path, stall: dict[int, str] | None = None) -> list[subprocess.Co
 
 @pytest.mark.slow
 def test_two_workers_tau_zero_exact_with_a_stalled_call_retried(tmp_path: Path) -> None:
-    run_config(tmp_path)
+    paragraph = "The held-out text."
+    run_config(tmp_path, perplexity={"text": paragraph, "ids": None})
     procs = launch(tmp_path, stall={2: "heads"})
     for p in procs:
         assert p.returncode == 0, p.stderr
@@ -121,6 +122,16 @@ def test_two_workers_tau_zero_exact_with_a_stalled_call_retried(tmp_path: Path) 
     assert doc["generated"] == ref_ids
     assert set(doc) >= TOP_FIELDS
     assert doc["tokens_generated"] == 8 and doc["oom"] is None and doc["error"] is None
+    # after the generation, the paragraph's perplexity through the same workers at tau = 0 (issue 32)
+    ids = model.tokenize(paragraph, cfg)
+    quality = doc["perplexity"]
+    assert quality["tokens"] == len(ids) - 1 and quality["speculated"] == 3 * (len(ids) - 1)
+    assert quality["accepted"] == 0 and quality["tau"] == 0.0 and quality["tokenizer"] == "byte-level"
+    w = model.seeded_weights(cfg)
+    placement = {Unit.parse(k): v for k, v in doc["placement"]["units"].items()}
+    local = engine.InProcessTransport.from_weights(cfg, w, placement, ["worker1", "worker2"])
+    want = engine.Engine(cfg, local, placement, w).perplexity(ids)  # one process, no speculation
+    assert quality["perplexity"] == pytest.approx(want.perplexity, rel=1e-6)
     for t in doc["tokens"]:
         assert set(t) >= TOKEN_FIELDS
         assert t["rejected"] == [0, 1, 2]

@@ -13,7 +13,10 @@ applied: its RTT column measures no added delay) or ``none``.
 Fidelity (issue 32, item 6): every run's generated ids (``aggregate/hs_generated.json``) are compared
 with those of an exact run of the same model, prompt and length (no speculation, or tau = 0: the ids
 of single-process greedy decoding): the agreement is the share of the exact run's positions where the
-ids are equal, with the first position that differs. Standard library only.
+ids are equal, with the first position that differs. Beside it, the ``perplexity`` column: the
+teacher-forced perplexity of the held-out paragraph under the run's own configuration
+(``aggregate/hs_quality.json``, written for a block with ``perplexity: true``; ``-`` without).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Variant:
     fidelity_key: str = ""  # model, prompt, tokens: which runs' ids are comparable
     agreement: float | None = None
     first_difference: int | None = None
+    perplexity: float | None = None  # of the held-out paragraph (hs_quality.json), None: not measured
 
 
 class CompareError(ValueError):
@@ -117,6 +121,13 @@ def load_variant(run: Path) -> Variant:
         if not isinstance(raw, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in raw):
             raise CompareError(f"{gen_file}: ids: not a list of token ids")
         ids = tuple(raw)
+    perplexity = None
+    quality_file = run / "aggregate" / "hs_quality.json"
+    if quality_file.is_file():
+        value = _read(quality_file).get("perplexity")
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise CompareError(f"{quality_file}: perplexity: {value!r} is not a number")
+        perplexity = float(value)
     speculation = bool(block.get("speculation", False))
     key = json.dumps([block.get("model", "gpt2-tiny"), block.get("prompt"), block.get("tokens")])
     return Variant(
@@ -131,6 +142,7 @@ def load_variant(run: Path) -> Variant:
         ids=ids,
         exact=not speculation or float(block.get("tau", 0.05)) == 0.0,
         fidelity_key=key,
+        perplexity=perplexity,
     )
 
 
@@ -178,7 +190,16 @@ def _agreement(ref: tuple[int, ...] | None, ids: tuple[int, ...] | None) -> tupl
 
 
 def render(rows: Sequence[Variant]) -> str:
-    header = ("variant", "strategy", "speculation", "network", "tokens/s", "speedup", "agreement")
+    header = (
+        "variant",
+        "strategy",
+        "speculation",
+        "network",
+        "tokens/s",
+        "speedup",
+        "agreement",
+        "perplexity",
+    )
     body = [
         (
             r.label,
@@ -190,6 +211,7 @@ def render(rows: Sequence[Variant]) -> str:
             if r.speedup is None
             else f"{r.speedup:.2f}x",
             "-" if r.agreement is None else f"{100 * r.agreement:.1f}%",
+            "-" if r.perplexity is None else f"{r.perplexity:.3f}",
         )
         for r in rows
     ]
@@ -220,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc = [
             {"run": str(r.path), "label": r.label, "strategy": r.strategy, "speculation": r.speculation,
              "network": r.network, "tokens_per_s": r.tokens_per_s, "oom_token": r.oom_token,
-             "speedup": r.speedup, "agreement": r.agreement, "first_difference": r.first_difference}
+             "speedup": r.speedup, "agreement": r.agreement, "first_difference": r.first_difference,
+             "perplexity": r.perplexity}
             for r in rows
         ]  # fmt: skip
         print(json.dumps(doc, indent=2))

@@ -9,6 +9,7 @@ outcome; 1 when generation failed (the results file then has ``error``); 2 for a
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -66,6 +67,9 @@ class RunConfig:
     plan_tokens: int | None  # context the first placement must fit (None: prompt + tokens)
     # the prompt in the model's own tokens (tokenized where dit runs); None: byte-level tokens of prompt
     prompt_ids: tuple[int, ...] | None = None
+    # after the generation, the teacher-forced perplexity of this paragraph: {text, ids (the model's own
+    # tokens, or None: byte-level tokens of text)}; None: no perplexity pass
+    perplexity: dict[str, Any] | None = None
 
 
 def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
@@ -180,6 +184,20 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
         or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < cfg.vocab for i in ids)
     ):
         raise ConfigError(f"prompt_ids: expected null or a non-empty list of token ids in 0..{cfg.vocab - 1}")
+    ppl = doc.get("perplexity")
+    if ppl is not None:
+        if not isinstance(ppl, dict) or not isinstance(ppl.get("text"), str) or len(ppl["text"]) < 2:
+            raise ConfigError("perplexity: expected null or {text: str of >= 2 characters, ids: null | list}")
+        pids = ppl.get("ids")
+        if pids is not None and (
+            not isinstance(pids, list)
+            or len(pids) < 2
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < cfg.vocab for i in pids)
+        ):
+            raise ConfigError(
+                f"perplexity.ids: expected null or a list of >= 2 token ids in 0..{cfg.vocab - 1}"
+            )
+        ppl = {"text": ppl["text"], "ids": pids}
     return RunConfig(
         model=cfg,
         checkpoint=ck,
@@ -202,6 +220,7 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
         replacement=bool(doc.get("replacement", True)),
         plan_tokens=plan_tokens,
         prompt_ids=tuple(ids) if ids is not None else None,
+        perplexity=ppl,
     )
 
 
@@ -262,6 +281,31 @@ def worker_checkpoint(ck: dict[str, Any] | None, worker: str) -> dict[str, str] 
             raise ConfigError(f"checkpoint.shards: no shard for {worker}")
         return {"path": str(shards[worker]["path"]), "sha256": str(shards[worker]["sha256"])}
     return {"path": str(ck["path"]), "sha256": str(ck["sha256"])}
+
+
+def perplexity_pass(rc: RunConfig, eng: engine.Engine) -> dict[str, Any]:
+    """The teacher-forced perplexity of ``rc.perplexity``'s paragraph through ``eng`` (the run's own
+    placement, workers and speculation at tau), cut to the model's positions; the results' section."""
+    assert rc.perplexity is not None
+    text = str(rc.perplexity["text"])
+    given = rc.perplexity.get("ids")
+    ids = [int(i) for i in given] if given is not None else model.tokenize(text, rc.model)
+    used = ids[: rc.model.max_positions + 1]  # positions 0..max_positions - 1 are fed
+    t0 = time.perf_counter_ns()
+    p = eng.perplexity(used)
+    return {
+        "perplexity": p.perplexity,
+        "nll_mean": p.nll_mean,
+        "tokens": p.tokens,
+        "paragraph_tokens": len(ids),
+        "paragraph_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        "tokenizer": "byte-level" if given is None else "model",
+        "speculation": rc.speculation,
+        "tau": rc.tau,
+        "speculated": p.speculated,
+        "accepted": p.accepted,
+        "elapsed_ns": time.perf_counter_ns() - t0,
+    }
 
 
 def run(rc: RunConfig) -> dict[str, Any]:
@@ -368,6 +412,14 @@ def run(rc: RunConfig) -> dict[str, Any]:
         res = eng.result
     end_ns = time.time_ns()
     secs = max(end_ns - start_ns, 1) / 1e9
+    quality: dict[str, Any] | None = None
+    if rc.perplexity is not None and error is None and res.oom is None:
+        # after the generation (its clock stopped): the same engine scores the held-out paragraph
+        print("headsplit controller: perplexity pass", flush=True)
+        try:
+            quality = perplexity_pass(rc, eng)
+        except rpc.RpcCallFailed as exc:
+            error = f"perplexity: {exc}"
     doc.update(
         tokens=res.tokens,
         memory=res.memory,
@@ -383,6 +435,8 @@ def run(rc: RunConfig) -> dict[str, Any]:
         end_ns=end_ns,
         error=error,
     )
+    if rc.perplexity is not None:
+        doc["perplexity"] = quality  # None: not measured (the generation failed or ran out of memory)
     return doc
 
 

@@ -42,7 +42,7 @@ from headsplit.plugin.common import (
     HeadSplitLaunchError,
     HeadSplitResultsError,
 )
-from headsplit.plugin.launch import launch_specs
+from headsplit.plugin.launch import launch_specs, read_paragraph
 from headsplit.plugin.results import parse
 from headsplit.plugin.schema import block_schema
 
@@ -116,8 +116,13 @@ class HeadSplitRuntime(RuntimeBase):
     title = "HeadSplit: attention heads across workers over torch RPC, cross-layer speculation"
 
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
-        """At ``dit validate``: the controller and the workers are nodes of this scenario."""
-        return node_problems(block, scenario, default_excludes_controller=False)
+        """At ``dit validate``: the controller and the workers are nodes of this scenario; the paragraph
+        ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``)."""
+        problems = node_problems(block, scenario, default_excludes_controller=False)
+        _, problem = read_paragraph(block)
+        if problem is not None:
+            problems.append(BlockProblem(("perplexity_paragraph",), problem))
+        return problems
 
     def block_schema(self) -> Mapping[str, Any]:
         return block_schema()

@@ -25,6 +25,7 @@ the speculative call are replaced (``heads`` cuts its caches back to the step's 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -336,6 +337,25 @@ class EngineResult:
     logits: list[torch.Tensor] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Perplexity:
+    """A teacher-forced pass over a paragraph: ``tokens`` predictions (token t + 1 given tokens <= t), the
+    sum of their negative log-likelihoods (nats), and the speculation it went through."""
+
+    tokens: int
+    nll_sum: float
+    speculated: int
+    accepted: int
+
+    @property
+    def nll_mean(self) -> float:
+        return self.nll_sum / self.tokens
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.nll_mean)
+
+
 class _Token:
     """Accumulates one token's timings and bytes."""
 
@@ -559,6 +579,27 @@ class Engine:
                     {"token": index, "worker": due[0], "planning_ns": planning, **info}
                 )
         return None
+
+    # -- quality
+    def perplexity(self, ids: list[int]) -> Perplexity:
+        """The teacher-forced perplexity of ``ids`` as this engine runs: token t is fed as one decode
+        step at position t (placement, workers and speculation at tau exactly as a generated token sees
+        them: one speculation decision per layer transition per token), and the step's logits give the
+        log-probability of token t + 1. Starts the KV caches again from position 0 (a generation before
+        it is over); no memory sampling or re-placement. perplexity = exp(mean negative log-likelihood).
+        """
+        if len(ids) < 2:
+            raise ValueError(f"perplexity: at least 2 tokens are needed, got {len(ids)}")
+        model.check_positions(self.cfg, len(ids) - 1, 1)
+        nll, speculated, accepted = 0.0, 0, 0
+        for t in range(len(ids) - 1):
+            logits, tok = self.step([ids[t]], t)
+            with torch.no_grad():
+                logp = torch.log_softmax(logits.double(), dim=-1)
+            nll -= float(logp[ids[t + 1]])
+            speculated += len(tok.speculated)
+            accepted += len(tok.accepted)
+        return Perplexity(len(ids) - 1, nll, speculated, accepted)
 
     # -- the loop
     def generate(self, prompt_ids: list[int], n_tokens: int) -> EngineResult:

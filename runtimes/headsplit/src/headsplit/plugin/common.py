@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dit.analysis.run import AggregateError
 
 CONFIG_FILE = "headsplit.json"
@@ -19,6 +21,9 @@ FILES_DIR = "headsplit/files"
 SHARDS_DIR = "shards"  # below FILES_DIR/<pin>/: the per-worker shards of distribute-checkpoint
 SHARDS_JSON = "shards.json"
 PROFILES_DIR = "headsplit/profiles"
+# The held-out paragraph of ``perplexity: true``: written for this project beside the speculation corpus
+# (data/corpus.txt, all of which build-speculation-profile reads) and in no profile's input.
+HELD_OUT = Path(__file__).resolve().parents[1] / "data" / "heldout.txt"
 
 # The readiness plays' and the actions' interpreter on a node: the block's ``python`` (passed as an
 # extra var), else the node's headsplit venv (``dit_headsplit_python``, see launch._runtime_python),

@@ -23,6 +23,7 @@ from headsplit.plugin.common import (
     CONTROLLER_TAG,
     DEFAULT_PORT,
     FILES_DIR,
+    HELD_OUT,
     PROFILES_DIR,
     RESULT_FILE,
     SHARDS_DIR,
@@ -178,6 +179,43 @@ def prompt_ids(block: Mapping[str, Any]) -> list[int] | None:
     return list(model_tokens(name, str(block.get("prompt", "")) or "Hello"))
 
 
+def read_paragraph(block: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(text, problem): the paragraph ``perplexity: true`` scores (surrounding whitespace stripped), the
+    held-out one unless ``perplexity_paragraph`` names a file; text None without ``perplexity``. The
+    problem, if any, is what is wrong with ``runtime.perplexity_paragraph``."""
+    other = block.get("perplexity_paragraph")
+    if not block.get("perplexity"):
+        return None, None if other is None else "has no effect without runtime.perplexity: true"
+    file = HELD_OUT if other is None else Path(str(other))
+    try:
+        text = file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        return None, f"{file}: {exc.strerror}"
+    except UnicodeDecodeError as exc:
+        return None, f"{file}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+    if len(text) < 2:
+        return None, f"{file}: less than 2 characters of text"
+    return text, None
+
+
+def paragraph_text(block: Mapping[str, Any]) -> str | None:
+    """:func:`read_paragraph`'s text; its problem raised, naming the field."""
+    text, problem = read_paragraph(block)
+    if problem is not None:
+        raise HeadSplitLaunchError(f"runtime.perplexity_paragraph: {problem}")
+    return text
+
+
+def perplexity_config(block: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``perplexity`` of headsplit.json: the paragraph's text and, for a trained model, its ids in the
+    model's own tokens (tokenized here, like the prompt); None when the block does not ask for it."""
+    text = paragraph_text(block)
+    if text is None:
+        return None
+    name = str(block.get("model", "gpt2-tiny"))
+    return {"text": text, "ids": list(model_tokens(name, text)) if name in TRAINED else None}
+
+
 def profile_on_node(ctx: LaunchContext, host: str, path: str) -> str:
     """Where ``build-speculation-profile`` put the profile on ``host`` (local mode: the path itself)."""
     if ctx.local:
@@ -229,6 +267,7 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
         "tokens": int(block.get("tokens", 16)),
         "prompt": str(block.get("prompt", "")),
         "prompt_ids": prompt_ids(block),
+        "perplexity": perplexity_config(block),
         "memory_threshold": float(block.get("memory_threshold", 0.85)),
         "rpc_timeout_s": float(block.get("rpc_timeout_s", 30)),
         "rpc_retries": int(block.get("rpc_retries", 3)),

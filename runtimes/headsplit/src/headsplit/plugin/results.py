@@ -117,6 +117,19 @@ def read_results(file: Path) -> dict[str, Any]:
         for j, rtt in enumerate(_list(file, worker, "rtt_ns", f"workers[{i}].", optional=True)):
             if not isinstance(rtt, int) or isinstance(rtt, bool):
                 raise _where(file, f"workers[{i}].rtt_ns[{j}]", f"{rtt!r} is not an integer")
+    quality = doc.get("perplexity")
+    if quality is not None:
+        if not isinstance(quality, Mapping):
+            raise _where(file, "perplexity", f"{quality!r} is neither null nor a mapping")
+        for key in ("tokens", "paragraph_tokens"):
+            _int(file, quality, key, "perplexity.")
+        for key in ("perplexity", "nll_mean", "tau"):
+            value = quality.get(key)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise _where(file, f"perplexity.{key}",
+                             f"{value!r} is not a number" if key in quality else "is missing")  # fmt: skip
+        if not isinstance(quality.get("paragraph_sha256"), str):
+            raise _where(file, "perplexity.paragraph_sha256", "is missing")
     oom = doc.get("oom")
     if oom is not None:
         if not isinstance(oom, Mapping):
@@ -162,6 +175,26 @@ def _generated(run: LoadedRun, doc: Mapping[str, Any], out: Path) -> tuple[Path,
     path = out / "hs_generated.json"
     path.write_text(json.dumps({"model": model, "ids": ids, "text": text}, indent=1) + "\n", encoding="utf-8")
     return path, text
+
+
+QUALITY_FIELDS = (
+    "perplexity", "nll_mean", "tokens", "paragraph_tokens", "paragraph_sha256", "tokenizer", "speculation",
+    "tau", "speculated", "accepted",
+)  # fmt: skip
+
+
+def _quality(run: LoadedRun, doc: Mapping[str, Any], out: Path) -> tuple[Path, float] | None:
+    """``aggregate/hs_quality.json``: the held-out paragraph's perplexity under the run's configuration
+    (``perplexity: true``), beside the model and the ids of the run's generation."""
+    quality = doc.get("perplexity")
+    if not isinstance(quality, Mapping):
+        return None
+    block = run.scenario.get("runtime")
+    model = str(block.get("model", "gpt2-tiny")) if isinstance(block, Mapping) else "gpt2-tiny"
+    path = out / "hs_quality.json"
+    record = {"model": model, **{k: quality.get(k) for k in QUALITY_FIELDS}}
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return path, float(quality["perplexity"])
 
 
 def parse(run: LoadedRun) -> Results:
@@ -302,6 +335,11 @@ def parse(run: LoadedRun) -> Results:
         if decoded[1] is not None:
             values.append(SummaryValue("generated_text", decoded[1], "", "str",
                                        "the generated tokens decoded by the model's own tokenizer"))  # fmt: skip
+    quality = _quality(run, doc, out)
+    if quality is not None:
+        tables.append(quality[0])
+        values.append(SummaryValue("perplexity", quality[1], "", "float",
+                                   "teacher-forced perplexity of the held-out paragraph, as the run ran"))  # fmt: skip
     start, end = int(doc["start_ns"]), int(doc["end_ns"])
     hosts = [
         controller,

@@ -126,6 +126,22 @@ def block_schema() -> dict[str, Any]:
                 "maxLength": 8192,
                 "default": "Heads expose the parallelism that layers hide.",
             },
+            "perplexity": {
+                "title": "Perplexity",
+                "description": "After the generation, a teacher-forced perplexity pass over a held-out "
+                "paragraph through the same engine (placement, workers, speculation at tau): the fidelity "
+                "side of tau beside the speed. The paragraph is headsplit's held-out one (not in the "
+                "speculation corpus) unless `perplexity_paragraph` names another.",
+                "type": "boolean",
+                "default": False,
+            },
+            "perplexity_paragraph": {
+                "title": "Perplexity paragraph",
+                "description": "A UTF-8 text file on the machine running dit scored instead of the held-out "
+                "paragraph (needs `perplexity: true`).",
+                "type": "string",
+                "minLength": 1,
+            },
             "memory_threshold": {
                 "title": "Re-placement threshold",
                 "description": "Re-run the placement when a worker's memory passes this fraction of its limit.",
