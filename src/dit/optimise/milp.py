@@ -79,6 +79,13 @@ class Milp:
             h.addRow(-inf if lo == -INF else lo, inf if up == INF else up, len(terms), idx, val)
         h.run()
         status = h.getModelStatus()
+        if status == highspy.HighsModelStatus.kSolveError:
+            # seen with HiGHS 1.16 on a few of exact's variance models (presolve's numerics): solved
+            # without presolve, the same model is proved optimal
+            h.setOptionValue("presolve", "off")
+            h.clearSolver()
+            h.run()
+            status = h.getModelStatus()
         if status != highspy.HighsModelStatus.kOptimal:
             raise MilpError(f"HiGHS: {h.modelStatusToString(status)}")
         return float(h.getInfo().objective_function_value), list(h.getSolution().col_value)

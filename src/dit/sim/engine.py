@@ -33,7 +33,7 @@ import math
 import random
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import simpy
 
@@ -177,6 +177,30 @@ def _check(cfg: SimConfig) -> dict[str, Device]:
     return devices
 
 
+class TokenWork(NamedTuple):
+    """What one forward pass over ``positions`` new tokens moves and computes, per unit of each kind."""
+
+    hidden_bytes: float  # one hidden state for the new positions (what a stage sends the next)
+    head_flops: float  # one attention head
+    kv_flops: float  # one KV group's projections
+    proj_flops: float  # the attention output projection
+    ffn_flops: float  # the feed-forward block
+
+
+def token_work(m: ModelConfig, context: int, positions: int) -> TokenWork:
+    """:class:`TokenWork` of a pass over ``positions`` new tokens attending to ``context`` keys at the
+    last of them, for the model ``m`` (the head-level engine's and Galaxy's cost model alike)."""
+    # the prefill's mean context is about half its last one; a decode step's is its own
+    mean_ctx = context if positions == 1 else max((context + 1) // 2, 1)
+    return TokenWork(
+        DTYPE_BYTES * m.hidden * positions,
+        unit_flops(m, Unit(0, "head", 0), mean_ctx) * positions,
+        kv_flops(m) * positions,
+        unit_flops(m, Unit(0, "proj"), mean_ctx) * positions,
+        unit_flops(m, Unit(0, "ffn"), mean_ctx) * positions,
+    )
+
+
 class _Run:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
@@ -232,13 +256,7 @@ class _Run:
         """One forward pass over ``positions`` new tokens (1 when decoding, the prompt for the prefill)
         attending to ``context`` keys at the last of them."""
         m, env = self.cfg.model, self.env
-        hidden_b = DTYPE_BYTES * m.hidden * positions
-        # the prefill's mean context is about half its last one; a decode step's is its own
-        mean_ctx = context if positions == 1 else max((context + 1) // 2, 1)
-        head_f = unit_flops(m, Unit(0, "head", 0), mean_ctx) * positions
-        kv_f = kv_flops(m) * positions
-        proj_f = unit_flops(m, Unit(0, "proj"), mean_ctx) * positions
-        ffn_f = unit_flops(m, Unit(0, "ffn"), mean_ctx) * positions
+        hidden_b, head_f, kv_f, proj_f, ffn_f = token_work(m, context, positions)
         src = CONTROLLER
         speculative: list[Any] = []  # this layer's head stages, started early on the previous Z
         accepted = False

@@ -27,8 +27,8 @@ from typing import Any
 
 import simpy
 
-from dit.sim._headsplit import DTYPE_BYTES, Unit, kv_flops, unit_flops
-from dit.sim.engine import CONTROLLER, SimConfig, SimResult, _Run, generate
+from dit.sim._headsplit import DTYPE_BYTES, Unit
+from dit.sim.engine import CONTROLLER, SimConfig, SimResult, _Run, generate, token_work
 from headsplit.units import kv_cache_bytes_per_token, kv_weight_bytes, weight_bytes
 
 
@@ -71,12 +71,7 @@ class _GalaxyRun(_Run):
 
     def token(self, context: int, positions: int) -> Generator[Any, Any, None]:
         m, env = self.cfg.model, self.env
-        hidden_b = DTYPE_BYTES * m.hidden * positions
-        mean_ctx = context if positions == 1 else max((context + 1) // 2, 1)
-        head_f = unit_flops(m, Unit(0, "head", 0), mean_ctx) * positions
-        kv_f = kv_flops(m) * positions
-        proj_f = unit_flops(m, Unit(0, "proj"), mean_ctx) * positions
-        ffn_f = unit_flops(m, Unit(0, "ffn"), mean_ctx) * positions
+        hidden_b, head_f, kv_f, proj_f, ffn_f = token_work(m, context, positions)
         yield simpy.AllOf(env, [env.process(self.send(CONTROLLER, d, hidden_b)) for d in self.devices])
         for _ in range(m.n_layers):
             attention = [
