@@ -419,6 +419,8 @@ def test_provision_playbook_check_mode_against_the_rack_example(
             "ntp_config_path": str(nodes) + "/{{ inventory_hostname }}/etc/chrony/conf.d",
             "ntp_manage_service": False,
             "provision_access_key_files": [str(key)],
+            # the example reads it from DIT_AP_PASSPHRASE; the check must not print it (no_log)
+            "access_point_passphrase": "check-mode secret 35",
         }
         written = [key]  # by the test itself; check mode must write nothing else
         if HAVE_TF:
@@ -455,6 +457,11 @@ def test_provision_playbook_check_mode_against_the_rack_example(
         assert "failed=0" in line and "unreachable=0" in line, line
     assert f"+{PI_CMDLINE.strip()} cgroup_enable=memory cgroup_memory=1\n" in out  # each board's diff
     assert "-#dtparam=i2c_arm=on\n+dtparam=i2c_arm=on\n" in out  # config.txt: I2C for the INA260
+    # the edge server's inference network: a static lease per board by MAC, no router handed out
+    assert "+dhcp-host=dc:a6:32:00:00:11,device1,10.43.0.11,12h\n" in out
+    assert "+dhcp-host=dc:a6:32:00:00:15,device5,10.43.0.15,12h\n" in out
+    assert "+dhcp-option=3\n" in out
+    assert "check-mode secret 35" not in out  # hostapd.conf and the boards' connection hold it
     assert sorted(p for p in tmp_path.rglob("*") if p not in written) == before  # check mode wrote nothing
 
 

@@ -281,6 +281,57 @@ def test_the_quickstart_runs_over_ssh_on_the_rack(rack: RackHandle, tmp_path: Pa
     print("start lateness ns:", status.get("lateness_ns"), "load average:", os.getloadavg())
 
 
+def test_a_live_runs_leases_refuse_a_second_run_over_ssh_naming_the_holder(
+    rack: RackHandle, tmp_path: Path
+) -> None:
+    """Per-node leases across SSH (issue 35 item 5). A running quickstart holds the edge, device1 and
+    device2: here its leases are written as its driver writes them, this test's process standing for
+    that driver (a live pid on this controller, which is what makes a lease live). A second run sharing
+    device1 is refused naming the holder; a run on device3 alone, disjoint from the first's devices, is
+    refused too, on the edge: a rack's edge serves one run at a time (docs/leases.md). Neither refused
+    run changes anything: the holder's leases are the same bytes, no lease of theirs is left behind."""
+    from dit.report.labels import run_outcome
+    from dit.run.journal import Journal
+    from dit.run.lease_decision import controller_holder
+    from dit.run.rundir import RunDir
+    from tests.conftest import write_scenario
+
+    holder = controller_holder("quickstart-20261204T150000Z-6d522e53-0a0b0c0d", tmp_path / "held-run")
+    lease = {h: Path(str(rack.hosts[h]["dit_remote_base"])) / "lease.json" for h in rack.hosts}
+    held = ("edge", "device1", "device2")
+    for host in held:
+        lease[host].parent.mkdir(parents=True, exist_ok=True)
+        lease[host].write_text(json.dumps(holder.to_json()), encoding="utf-8")
+    before = {h: lease[h].read_bytes() for h in held}
+    lone = write_scenario(tmp_path, name="lone", devices=["device3"], repetitions=1, warmup=0,
+                          inference={"enabled": False}, optimisation={"enabled": False})  # fmt: skip
+    try:
+        for scenario, runs, refusing in (
+            ("scenarios/quickstart.yaml", tmp_path / "shared", "device1"),
+            (str(lone), tmp_path / "disjoint", "edge"),
+        ):
+            result = dit("run", scenario, "-i", str(rack.inventory), "--runs-dir", str(runs), timeout=900)
+            message = " ".join(result.stderr.split())
+            assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+            assert f"node {refusing} is leased by {holder.describe()}, which is still running" in message
+            (status,) = runs.glob("*/*/status.json")
+            run = RunDir(status.parent)
+            assert run.status()["state"] == "failed" and run.status()["teardown"]["ok"] is True
+            assert (run_outcome(run.status()) or "").startswith(
+                "Refused by a node's lease during the preflight"
+            )
+            # it may have taken a free node's lease meanwhile; only leases, and all released
+            records = Journal(run.journal).records()
+            assert all(r.get("op") == "lease" or "undone" in r for r in records), records
+            assert Journal(run.journal).pending() == []
+            assert {h: lease[h].read_bytes() for h in held} == before  # the holder's leases untouched
+            assert not lease["device3"].exists()
+            assert not any(Path(str(v["dit_remote_base"]), run.run_id).exists() for v in rack.hosts.values())
+    finally:
+        for host in held:
+            lease[host].unlink(missing_ok=True)
+
+
 def test_dit_cleanup_after_the_driver_is_killed_removes_the_rules_and_the_link_emulator(
     rack: RackHandle, tmp_path: Path
 ) -> None:
