@@ -147,3 +147,29 @@ def shot(page: Any, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path))
     return path
+
+
+class HeldRequests:
+    """Requests matching ``pattern`` held back (as a slow server would answer them) until
+    :meth:`release`: a test acts on the page meanwhile, then lets the late answers land."""
+
+    def __init__(self, page: Any, pattern: str) -> None:
+        self.page, self.pattern = page, pattern
+        self.routes: list[Any] = []
+        page.route(pattern, self._hold)
+
+    def _hold(self, route: Any) -> None:
+        self.routes.append(route)
+
+    def release(self, missing: str) -> None:
+        """Let every held request through and wait for its answer; ``missing``: the assertion's message
+        when none was made."""
+        for _ in range(100):
+            if self.routes:
+                break
+            self.page.wait_for_timeout(50)
+        assert self.routes, missing
+        with self.page.expect_response(self.pattern):
+            for route in self.routes:
+                route.continue_()
+        self.page.unroute(self.pattern)

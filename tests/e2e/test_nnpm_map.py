@@ -20,6 +20,7 @@ import yaml
 from dit.scenario import expand
 from tests.conftest import REPO
 from tests.e2e.conftest import Server, shot, web_server
+from tests.measured_run import write_measured_run
 
 pytestmark = pytest.mark.e2e
 
@@ -48,16 +49,18 @@ def plan_page(browser_context: Any, plan_server: Server) -> Iterator[Any]:
     assert errors == [] and foreign == [], (errors, foreign)
 
 
-def floor_plan_png() -> bytes:
-    """A drawn floor plan: walls (dark lines) on white, PLAN_W x PLAN_H pixels, as a real PNG."""
+def floor_plan_png(width: int = 0, height: int = 0) -> bytes:
+    """A drawn floor plan: walls (dark lines) on white, PLAN_W x PLAN_H pixels (or the size given), as a
+    real PNG."""
+    plan_w, plan_h = width or PLAN_W, height or PLAN_H
     import struct
     import zlib
 
     rows = []
-    for y in range(PLAN_H):
-        row = bytearray(b"\xff" * PLAN_W)
-        for x in range(PLAN_W):
-            wall = x < 6 or x >= PLAN_W - 6 or y < 6 or y >= PLAN_H - 6
+    for y in range(plan_h):
+        row = bytearray(b"\xff" * plan_w)
+        for x in range(plan_w):
+            wall = x < 6 or x >= plan_w - 6 or y < 6 or y >= plan_h - 6
             wall |= 395 <= x < 401 and not 200 <= y < 260  # an inner wall with a door
             wall |= 300 <= y < 304 and x >= 400
             if wall:
@@ -67,7 +70,7 @@ def floor_plan_png() -> bytes:
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
-    ihdr = struct.pack(">IIBBBBB", PLAN_W, PLAN_H, 8, 0, 0, 0, 0)
+    ihdr = struct.pack(">IIBBBBB", plan_w, plan_h, 8, 0, 0, 0, 0)
     body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b"")
     return b"\x89PNG\r\n\x1a\n" + body
 
@@ -113,6 +116,7 @@ def test_upload_scale_and_place_nodes_on_the_plan(plan_page: Any, plan_server: S
     )
     page.wait_for_selector("#plan-error li[data-field=data]")
     assert "not a PNG or JPEG" in page.locator("#plan-error").inner_text()
+    assert page.locator("#plan-error").inner_text().startswith("the image: ")  # words, not "data:"
     page.set_input_files(
         "#plan-file", files=[{"name": "lab.png", "mimeType": "image/png", "buffer": floor_plan_png()}]
     )
@@ -168,6 +172,19 @@ def test_upload_scale_and_place_nodes_on_the_plan(plan_page: Any, plan_server: S
     )
     assert page.locator(".leaflet-tooltip.link-label", has_text="5.01 ms").count() == 1
     shot(page, "41-floorplan-scaled-with-nodes")
+    # the same plan at half the size (issue 36 item 5): the nodes keep their place on it, the scale is
+    # kept, and so is every distance; the page says so
+    small = floor_plan_png(PLAN_W // 2, PLAN_H // 2)
+    page.set_input_files(
+        "#plan-file", files=[{"name": "lab-small.png", "mimeType": "image/png", "buffer": small}]
+    )
+    page.wait_for_function("() => (document.querySelector('img.plan-image') || {}).naturalWidth === 400")
+    page.wait_for_selector("#plan-hint:has-text('2 node(s) kept their place on the new plan')")
+    assert "the scale is kept" in page.locator("#plan-hint").inner_text()
+    (again,) = api_get(page, plan_server, "/api/nodes")["links"]
+    assert again["m"] == pytest.approx(link["m"], abs=0.05)
+    placed = {n["name"]: n for n in api_get(page, plan_server, "/api/nodes")["nodes"]}
+    assert placed["device1"]["x"] == pytest.approx(nodes["device1"]["x"] / 2, abs=0.01)
 
 
 def write_run(root: Any, scenario: str, name: str, label: str, state: str, driver: dict[str, Any]) -> str:
@@ -237,3 +254,83 @@ def test_badge_cli_hash_and_terminal(browser_context: Any, plan_server: Server) 
     # uvicorn would wait for it at shutdown)
     status = plan_server.runs / live / "status.json"
     status.write_text(json.dumps({**json.loads(status.read_text()), "state": "stopped"}), encoding="utf-8")
+
+
+def open_link(page: Any, link: str) -> Any:
+    """Click the link on the map (its wide, invisible hit line) and wait for its control."""
+    page.click("#tab-map")
+    page.locator(f"path.link-hit[data-link='{link}']").click()
+    page.wait_for_selector("#link-dialog[open]")
+    return page.locator("#link-dialog")
+
+
+def test_a_link_on_the_map_sets_its_profile_and_a_typed_delay_stays(
+    plan_page: Any, plan_server: Server
+) -> None:
+    """Issue 36 item 1: click the device1-edge link, set its delay, jitter, loss and rate; they land in
+    the form's network.device1.destinations.edge and the saved version; Apply map delays keeps the typed
+    delay and the panel says typed applies; the latest run's measured RTT is offered once there is one."""
+    page = plan_page
+    page.click("#tab-scenarios")
+    page.click("#new-scenario")  # nnpm_scenario, devices device1 and device2; device1 is on the plan
+    dialog = open_link(page, "device1-edge")
+    assert dialog.locator("#link-title").inner_text() == "device1 → edge"
+    delay = dialog.locator("#link-fields tr[data-field=delay_ms]")
+    # nothing typed: the map's delay would fill it; nothing measured yet, and the panel says so
+    assert delay.get_attribute("data-source") == "map" and "map" in delay.locator(".applies").inner_text()
+    assert "5.01" in delay.locator(".applies").inner_text()
+    assert "no measurement" in dialog.locator("#link-measured").inner_text()
+    assert dialog.locator("option[value=measured]").is_disabled()
+    dialog.locator("input[name=delay_ms]").fill("12")  # typing makes the delay typed
+    for name, value in (("jitter_ms", "2"), ("loss_pct", "0.5"), ("rate_mbit", "50")):
+        dialog.locator(f"input[name={name}]").fill(value)
+    assert dialog.locator("select[name=delay_source]").input_value() == "typed"
+    assert delay.get_attribute("data-source") == "typed"
+    assert "typed 12 ms wins over the map's 5.01" in dialog.locator("#link-wins").inner_text()
+    shot(page, "43-link-control-typed")
+    page.click("#link-save")
+    page.wait_for_selector("#link-written[data-device=device1][data-peer=edge]")
+    form = page.locator("#scenario-form")
+    at = "network.device1.destinations.edge"
+    values = {
+        k: form.locator(f"[name='{at}.{k}']").input_value()
+        for k in ("delay_ms", "jitter_ms", "loss_pct", "rate_mbit")
+    }
+    assert values == {"delay_ms": "12", "jitter_ms": "2", "loss_pct": "0.5", "rate_mbit": "50"}
+
+    # the map's delays are applied: the typed 12 ms stays, and both the list and the panel say typed applies
+    page.click("#topology-button")
+    page.wait_for_selector("#map-links li[data-device=device1][data-peer=edge]")
+    assert page.locator("#map-links li[data-device=device1]").get_attribute("data-source") == "typed"
+    assert form.locator(f"[name='{at}.delay_ms']").input_value() == "12"
+    dialog = open_link(page, "device1-edge")
+    assert delay.get_attribute("data-source") == "typed"
+    assert delay.locator(".applies").inner_text() == "12 ms · typed"
+    assert delay.locator(".now").inner_text() == "12 ms · this link's profile"
+    assert delay.locator(".now").get_attribute("title") == f"{at}.delay_ms"
+    dialog.locator("button[value=cancel]").click()
+    page.click("#tab-scenarios")
+    page.click("#save-button")
+    page.wait_for_selector("#version-hash")
+    version = api_get(page, plan_server, f"/api/versions/{page.locator('#version-hash').inner_text()}")
+    assert version["document"]["network"]["device1"]["destinations"]["edge"] == {
+        "delay_ms": 12, "jitter_ms": 2, "loss_pct": 0.5, "rate_mbit": 50}  # fmt: skip
+
+    # a run of this scenario measured the link: its RTT is offered as the delay, and chosen it is written
+    write_measured_run(plan_server.runs, "nnpm_scenario", "20261201T000002Z-0000000m")
+    dialog = open_link(page, "device1-edge")
+    assert "RTT 0.0441 ms mean" in dialog.locator("#link-measured").inner_text()
+    assert "nnpm_scenario/20261201T000002Z-0000000m" in dialog.locator("#link-measured").inner_text()
+    dialog.locator("select[name=delay_source]").select_option("measured")
+    assert dialog.locator("input[name=delay_ms]").input_value() == "0.0441"
+    assert delay.get_attribute("data-source") == "measured"
+    assert delay.locator(".applies").inner_text() == "0.0441 ms · measured RTT"
+    shot(page, "44-link-control-measured")
+    page.click("#link-save")
+    page.wait_for_selector("#link-written[data-source=measured]")
+    assert form.locator(f"[name='{at}.delay_ms']").input_value() == "0.0441"
+    assert form.locator(f"[name='{at}.jitter_ms']").input_value() == "2"
+    # applying the map again keeps the measured delay: the map fills only what nobody chose
+    page.click("#topology-button")
+    page.wait_for_selector("#map-links li[data-device=device1]:has-text('measured RTT as delay, kept')")
+    assert form.locator(f"[name='{at}.delay_ms']").input_value() == "0.0441"

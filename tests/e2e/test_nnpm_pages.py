@@ -18,7 +18,7 @@ import pytest
 
 from dit.run.rundir import write_json
 from tests.conftest import REPO
-from tests.e2e.conftest import Server, shot
+from tests.e2e.conftest import HeldRequests, Server, shot
 
 pytestmark = pytest.mark.e2e
 
@@ -212,11 +212,17 @@ def test_form_errors_are_red_current_and_linked_and_the_diff_reads_old_to_new(pa
     page.click("#save-button")
     page.wait_for_function(f"() => document.getElementById('version-hash').textContent !== '{first}'")
 
+    # the history the Save listed is ticked while opening the scenario refreshes it (held here until the
+    # boxes are ticked, as a slow server does): the refresh keeps the ticks (CI once found Diff disabled)
+    held = HeldRequests(page, "**/api/scenarios/pages_form/versions")
     page.click("#stored-list li[data-name=pages_form]")
-    page.wait_for_selector("#history-list input")
+    page.wait_for_function("() => document.querySelectorAll('#history-list input').length === 2")
     boxes = page.locator("#history-list input")
     boxes.nth(0).check()  # newest first: ticking top to bottom names the newer version first
     boxes.nth(1).check()
+    held.release("opening the stored scenario did not ask for its versions")
+    page.wait_for_selector("#version-hash")
+    assert boxes.nth(0).is_checked() and boxes.nth(1).is_checked()
     page.click("#diff-button")
     page.wait_for_selector("#diff-dialog[open]")
     added = page.locator("#diff-output .line.add").all_inner_texts()

@@ -4,11 +4,14 @@ node with the real check's verdict (a node that does not answer is red with its 
 action's output streams to the terminal, and the run page shows the runtime's summary values with units.
 
 The server runs with the fixture runtime ``echo`` installed (offline, into a throwaway directory on its
-PYTHONPATH) and an inventory whose ``ghost`` is reached over ssh on a port nothing listens on."""
+PYTHONPATH) and an inventory whose ``ghost`` is reached over ssh on a port nothing listens on, and whose
+``lonely`` is a node of the map at a loopback address with nothing said of how to reach it (a local-mode
+node); its mirror holds the echo runtime's build, which the Install button installs (issue 35 item 4)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -16,9 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from dit.mirror.build import host_arch
 from dit.runtime_api.interface import Results, SummaryValue, write_summary
-from tests.conftest import dit_env, free_port, install_fixture_package
-from tests.e2e.conftest import Server, shot, web_server
+from tests.conftest import REPO, dit_env, free_port, install_fixture_package
+from tests.e2e.conftest import HeldRequests, Server, shot, web_server
 from tests.integration.test_web_api import finished_run
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         "edge": {**local, "ansible_host": "127.0.0.1"},
         "device1": {**local, "ansible_host": "127.0.0.2"},
         "ghost": ghost,
+        "lonely": {"ansible_host": "127.0.0.3"},
     }
     for i, host in enumerate(hosts.values()):
         host.update({"dit_lat": 38.0 + i / 100, "dit_lon": 23.7 + i / 100})
@@ -49,7 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             "vars": {"dit_python": sys.executable},
             "children": {
                 "edge": {"hosts": {"edge": hosts["edge"]}},
-                "devices": {"hosts": {"device1": hosts["device1"], "ghost": hosts["ghost"]}},
+                "devices": {"hosts": {h: hosts[h] for h in ("device1", "ghost", "lonely")}},
             },
         }
     }
@@ -67,8 +72,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             )
         ),
     )
+    sources = REPO / "tests" / "fixtures" / "runtime_sources.yaml"  # declares the echo fixture runtime
+    subprocess.run(
+        [sys.executable, "-m", "dit.mirror", "build", "--out", str(root / "mirror"), "--skip-wheels",
+         "--skip-debs", "--skip-sources", "--skip-weights", "--arch", host_arch(), "--sources", str(sources)],
+        check=True, capture_output=True, env={**dit_env(), "PYTHONPATH": str(REPO / "src")},
+    )  # fmt: skip
     env = dit_env()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    env |= {"DIT_MIRROR_DIR": str(root / "mirror"), "DIT_MIRROR_SOURCES": str(sources),
+            "DIT_RUNTIMES_DIR": str(root / "runtimes")}  # fmt: skip
     with web_server(root, "--probe", "off", inventory=inventory, runs=runs, env=env) as running:
         yield running
 
@@ -118,6 +131,12 @@ def test_the_runtimes_page_shows_a_node_that_does_not_answer_as_unreachable(page
     page.wait_for_selector(
         "#runtime-results td[data-runtime=layers][data-host=device1][data-state=ok] .dot.ok"
     )
+    # the local-mode node is checked on this machine: green, like its marker, not "ssh … refused"
+    lonely = page.locator("#runtime-results td[data-runtime=layers][data-host=lonely]")
+    page.wait_for_selector(
+        "#runtime-results td[data-runtime=layers][data-host=lonely][data-state=ok] .dot.ok"
+    )
+    assert "ssh" not in lonely.inner_text().lower()
     # the terminal streamed the check's Ansible output
     page.wait_for_selector(".term .l:has-text('check: python')")
     shot(page, "22-runtimes-unreachable")
@@ -128,12 +147,39 @@ def test_a_maintenance_action_streams_to_the_terminal(page: Any) -> None:
     page.wait_for_selector("#maintenance-action option[value='echo/say']", state="attached")
     page.select_option("#maintenance-action", "echo/say")
     page.wait_for_selector("#maintenance-inputs [name=message]")
+    # the page's refresh (here held until the user has typed, as a slow server does) keeps the form
+    # of the action still chosen and what was typed into it, and the hosts the user left out
+    held = HeldRequests(page, "**/api/runtimes")
+    page.click("#tab-scenarios")
+    with page.expect_request("**/api/runtimes"):
+        page.click("#tab-runtimes")
     page.uncheck("#runtime-hosts input[value=ghost]")
     page.fill("#maintenance-inputs [name=message]", "hello-from-nnpm")
+    held.release("the runtimes tab did not ask the server again")
+    page.wait_for_function("() => document.querySelector('#runtime-hosts input[value=ghost]') !== null")
+    assert page.input_value("#maintenance-inputs [name=message]") == "hello-from-nnpm"
+    assert not page.is_checked("#runtime-hosts input[value=ghost]")
     page.click("#maintenance-run")
     page.wait_for_selector(".term .l:has-text('hello-from-nnpm')", timeout=120_000)
     page.wait_for_selector("#maintenance-state:has-text('done')", timeout=120_000)
     shot(page, "23-runtimes-action-terminal")
+
+
+def test_the_install_button_installs_the_runtime_then_checks_the_nodes(page: Any) -> None:
+    page.click("#tab-runtimes")
+    page.wait_for_selector("#install-runtime option[value=echo]", state="attached")
+    assert page.locator("#install-runtime option[value=layers]").count() == 0  # built in: nothing to install
+    page.select_option("#install-runtime", "echo")
+    for host in ("ghost", "device1"):
+        page.uncheck(f"#runtime-hosts input[value={host}]")
+    page.check("#runtime-hosts input[value=lonely]")
+    page.click("#install-run")
+    # the role's output streams live, then the readiness check of the same node
+    page.wait_for_selector(".term .l:has-text('Install the runtime and its requirements')", timeout=240_000)
+    page.wait_for_selector("#install-state.completed", timeout=240_000)
+    assert "ready 1 of 1" in page.inner_text("#install-state")
+    page.wait_for_selector("#runtime-results td[data-runtime=echo][data-host=lonely][data-state=ok] .dot.ok")
+    shot(page, "25-runtimes-install")
 
 
 def test_the_run_page_shows_the_summary_values_with_units(page: Any) -> None:

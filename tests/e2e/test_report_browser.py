@@ -66,3 +66,23 @@ def test_sweep_report_renders(browser_context: Any, tmp_path: Path) -> None:
     page.screenshot(path=str(ARTIFACTS / "report-sweep.png"), full_page=True)
     assert problems == []
     page.close()
+
+
+def test_a_reproduce_report_opens_offline_with_every_section(browser_context: Any, tmp_path: Path) -> None:
+    """`dit reproduce`'s report (Chapter 5's: no run needed to render it) is as self-contained as a run's."""
+    from rich.console import Console
+
+    from dit.reproduce.report import reproduce
+
+    def not_run(*_: Any) -> tuple[None, str, str]:  # renders the report without running the chapter
+        return None, "failed", "not run by this test"
+
+    html = reproduce("ch5", "quick", tmp_path / "ch5", None, "local mode", Console(quiet=True), not_run)
+    page, problems = open_offline(browser_context, html)
+    for anchor in ("overview", "profiles"):
+        assert page.locator(f"section#{anchor} h2").is_visible(), anchor
+    cells = page.locator("section#profiles td").all_inner_texts()
+    assert "one attention head 2.4 to 6.5 ms per token on a board" in cells
+    assert "not measured" in cells
+    assert problems == []
+    page.close()

@@ -16,10 +16,11 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from dit.run.procs import run_processes
-from dit.run.rundir import RunDir, write_json
+from dit.run.rundir import FINISHED_STATES, RunDir, write_json
 from dit.web.app import WebConfig
 from tests.conftest import REPO
 from tests.integration.conftest import StartNnpm
+from tests.measured_run import write_measured_run
 
 LOOPBACK = {"host": "127.0.0.1"}
 DOC = {
@@ -196,6 +197,15 @@ def test_versions_history_diff_and_files(env: Any) -> None:
     assert version["document"]["network"]["device1"]["destinations"]["edge"]["delay_ms"] == delay
     assert second["hash"] in client.get(f"/api/versions/{second['hash']}/yaml").text
     assert client.get("/api/versions/0000").status_code == 404
+    # a note on a version (issue 36 item 11): in its summary and the history, its hash unchanged
+    noted = client.put(f"/api/versions/{second['hash']}/note", json={"text": "map delays applied"})
+    assert noted.status_code == 200 and noted.json()["note"] == "map delays applied"
+    assert noted.json()["hash"] == second["hash"]
+    history = client.get("/api/scenarios/api_quick/versions").json()["versions"]
+    assert [v["note"] for v in history] == ["map delays applied", ""]
+    bad = client.put(f"/api/versions/{second['hash']}/note", json={"text": ["x"]})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "text"
+    assert client.put("/api/versions/0000/note", json={"text": "x"}).status_code == 404
     files = client.get("/api/scenarios").json()["files"]
     assert "quickstart.yaml" in {f["file"] for f in files}
     assert client.get("/api/scenarios/files/quickstart.yaml").json()["document"]["name"] == "quickstart"
@@ -258,7 +268,8 @@ def read_all(ws: Any) -> tuple[list[dict[str, Any]], int]:
 
 
 def test_run_launch_tag_and_stop(env: Any) -> None:
-    """A real `dit run` started from NNPM, traced to its version, then stopped exactly like `dit stop`."""
+    """A real `dit run` started from NNPM, traced to its version, then stopped exactly like `dit stop`;
+    a run queued while it goes waits for it, then really runs (issue 36's queue test)."""
     client, _, _ = env
     assert client.post("/api/runs", json={"version": "f" * 64}).status_code == 422
     assert (
@@ -286,6 +297,15 @@ def test_run_launch_tag_and_stop(env: Any) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and run.status().get("stage") not in ("apply", "profile"):
         time.sleep(0.2)
+    # issue 36 item 10: a run asked for now waits its turn behind the going one (the lease's holder) ...
+    small = {**DOC, "name": "api_next", "devices": ["device1"], "repetitions": 1, "optimisation": {"enabled": False},
+             "inference": {"enabled": True, "partition_points": [2], "repetitions": 1}}  # fmt: skip
+    following = client.post("/api/scenarios", json={"document": small}).json()["version"]["hash"]
+    waiting = client.post("/api/runs", json={"version": following, "mode": "local", "queue": True})
+    assert waiting.status_code == 202 and waiting.json()["holder"] == key(run), waiting.text
+    time.sleep(1.2)  # the housekeeping ran: nothing started while the run goes
+    assert [e["version"] for e in client.get("/api/queue").json()["entries"]] == [following]
+    assert [r for r in client.get("/api/runs").json()["runs"] if r["version"] == following] == []
     assert client.post(f"/api/runs/{key(run)}/stop", json={}).status_code == 202
     while time.monotonic() < deadline and run.status().get("state") == "running":
         time.sleep(0.3)
@@ -293,6 +313,16 @@ def test_run_launch_tag_and_stop(env: Any) -> None:
     assert (run.path / "STOP").exists()
     time.sleep(1.0)
     assert run_processes(run.run_id) == []
+    # ... and once that run has ended, the queue starts it: a real run, which finishes
+    deadline = time.monotonic() + 240
+    mine: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and not (mine and mine[0]["state"] in FINISHED_STATES):
+        time.sleep(0.5)
+        mine = [r for r in client.get("/api/runs").json()["runs"] if r["version"] == following]
+    assert client.get("/api/queue").json() == {"holder": None, "entries": []}
+    assert len(mine) == 1 and mine[0]["state"] == "completed", mine
+    assert mine[0]["started_wall_ns"] > run.status()["finished_wall_ns"]  # after the first ended
+    assert (run.path.parent.parent / mine[0]["key"] / "aggregate" / "phases.csv").is_file()
     bench = client.post("/api/runs", json={"version": version, "kind": "benchmark", "mode": "local"}).json()
     assert bench["version"]["kind"] == "benchmark" and bench["version"]["derived_from"] == version
     derived = client.get(f"/api/versions/{bench['version']['hash']}").json()["document"]
@@ -336,6 +366,28 @@ def test_dry_run_reports_each_nodes_changes_and_leaves_no_run(env: Any) -> None:
     runs = client.get("/api/runs").json()["runs"]
     assert [r["key"] for r in runs] == [key(fixture)]  # a dry run is not a run
     assert run_processes(report["run_id"]) == []
+    # kept as the version's last dry run in that mode (issue 36 item 7); none in the other mode
+    last = client.get(f"/api/versions/{version}/dry-run", params={"mode": "local"})
+    assert last.status_code == 200 and last.json()["dry_runs"] == data["dry_runs"]
+    assert client.get(f"/api/versions/{version}/dry-run", params={"mode": "inventory"}).status_code == 404
+    assert client.get(f"/api/versions/{version}/dry-run", params={"mode": "cloud"}).status_code == 422
+    # in the background: the action at once, its progress in its log line by line, then the report kept
+    wrong = client.post("/api/dry-runs", json={"version": version, "background": "yes"})
+    assert wrong.status_code == 422 and [e["path"] for e in wrong.json()["errors"]] == ["background"]
+    started = client.post("/api/dry-runs", json={"version": version, "mode": "local", "background": True})
+    assert started.status_code == 202, started.text
+    action = started.json()["action"]
+    assert action["kind"] == "dry-run" and action["state"] == "running"
+    deadline = time.monotonic() + 300
+    while action["state"] == "running" and time.monotonic() < deadline:
+        time.sleep(0.3)
+        action = client.get(f"/api/actions/{action['id']}").json()
+    assert action["state"] == "done", action
+    log = Path(client.get("/api/config").json()["runs_dir"]) / ".nnpm" / "actions" / f"{action['id']}.log"
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert any(line.split(" ")[1:3] == ["device2", "ansible"] for line in lines), lines[:5]
+    again = client.get(f"/api/versions/{version}/dry-run").json()
+    assert again["finished_ns"] > last.json()["finished_ns"] and again["ok"] is True
 
 
 def wait_for_run(client: TestClient, launch: str) -> RunDir:
@@ -414,6 +466,108 @@ def test_run_report_downloads_as_one_self_contained_file(env: Any) -> None:
     assert client.get("/api/runs/fixture_small/nope/report").status_code == 404
 
 
+def test_a_runs_note_is_set_from_nnpm_and_listed(env: Any) -> None:
+    """Issue 36 item 11: PUT a run's note; the runs list and the run page carry it; bad input is named."""
+    client, _, run = env
+    url = f"/api/runs/{key(run)}/note"
+    assert client.put(url, json={"text": "fan unplugged from round 3"}).json() == {
+        "note": "fan unplugged from round 3\n"
+    }
+    listed = {r["key"]: r for r in client.get("/api/runs").json()["runs"]}
+    assert listed[key(run)]["note"] == "fan unplugged from round 3\n"
+    assert client.get(f"/api/runs/{key(run)}").json()["note"] == "fan unplugged from round 3\n"
+    for bad, message in (({"text": 3}, "a string"), ({"text": "x" * 10_001}, "at most 10000")):
+        got = client.put(url, json=bad)
+        assert got.status_code == 422 and message in got.json()["errors"][0]["message"]
+        assert got.json()["errors"][0]["path"] == "text"
+    assert client.put(url, json={"text": ""}).json() == {"note": ""}
+    assert not (run.path / "note.md").exists()
+    assert client.put("/api/runs/fixture_small/nope/note", json={"text": "x"}).status_code == 404
+
+
+def test_a_finished_run_downloads_as_an_archive_and_a_going_one_is_refused(env: Any) -> None:
+    """Issue 36 item 10: the run directory as one .tar.gz; links kept as links, never followed."""
+    import io
+    import json
+    import os
+    import tarfile
+
+    client, _, run = env
+    (run.path / "outside").symlink_to("/etc/hostname")
+    got = client.get(f"/api/runs/{key(run)}/archive")
+    assert got.status_code == 200 and got.headers["content-type"] == "application/gzip"
+    top = f"fixture_small-{run.path.name}"
+    assert f'filename="{top}.tar.gz"' in got.headers["content-disposition"]
+    with tarfile.open(fileobj=io.BytesIO(got.content), mode="r:gz") as tar:
+        names = set(tar.getnames())
+        assert {f"{top}/status.json", f"{top}/run.log", f"{top}/raw/device1", f"{top}/scenario.yaml"} <= names
+        link = tar.getmember(f"{top}/outside")
+        assert link.issym() and link.linkname == "/etc/hostname"
+    assert not list((run.path.parent.parent / ".nnpm" / "archives").glob("*"))  # removed once sent
+    going = run.path.parent / "going"
+    going.mkdir()
+    (going / "status.json").write_text(json.dumps({"state": "running", "label": "going"}))
+    (going / "driver.json").write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
+    refused = client.get("/api/runs/fixture_small/going/archive")
+    assert refused.status_code == 409 and "would be partial" in refused.json()["detail"]
+    assert client.get("/api/runs/fixture_small/nope/archive").status_code == 404
+
+
+def test_runs_asked_for_while_one_is_going_are_queued_with_their_position(env: Any) -> None:
+    """Issue 36 item 10: queue N runs behind the going one (its key is the holder), list, cancel."""
+    import json
+    import os
+
+    client, _, run = env
+    version = client.post("/api/scenarios", json={"document": {**DOC, "name": "api_queue"}}).json()["version"]
+    going = run.path.parent / "20260101T000001Z-going"
+    going.mkdir()
+    (going / "status.json").write_text(json.dumps({"state": "running", "label": "fixture_small"}))
+    (going / "driver.json").write_text(json.dumps({"pid": os.getpid(), "host": os.uname().nodename}))
+    body = {"version": version["hash"], "mode": "local"}
+    for wrong, path in (
+        ({"count": 0, "queue": True}, "count"),
+        ({"count": 2}, "count"),
+        ({"queue": "yes"}, "queue"),
+    ):
+        got = client.post("/api/runs", json={**body, **wrong})
+        assert got.status_code == 422 and [e["path"] for e in got.json()["errors"]] == [path], wrong
+    queued = client.post("/api/runs", json={**body, "queue": True, "count": 2})
+    assert queued.status_code == 202, queued.text
+    data = queued.json()
+    assert data["holder"] == f"fixture_small/{going.name}" and [e["position"] for e in data["queued"]] == [
+        1,
+        2,
+    ]
+    time.sleep(1.2)  # the housekeeping ran: nothing started while the holder goes
+    line = client.get("/api/queue").json()
+    assert [e["id"] for e in line["entries"]] == [e["id"] for e in data["queued"]]
+    assert client.get("/api/launches/none").status_code == 404 and client.get("/api/runs").json()["runs"]
+    after = client.delete(f"/api/queue/{data['queued'][0]['id']}").json()
+    assert [(e["id"], e["position"]) for e in after["entries"]] == [(data["queued"][1]["id"], 1)]
+    assert client.delete(f"/api/queue/{data['queued'][0]['id']}").status_code == 404
+    client.delete(f"/api/queue/{data['queued'][1]['id']}")
+    assert client.get("/api/queue").json() == {"holder": None, "entries": []}
+
+
+def test_compare_refuses_what_is_not_two_runs_of_this_runs_directory(env: Any) -> None:
+    """Issue 36 item 9's endpoint: run keys only, resolved inside the runs directory, two or more."""
+    client, _, run = env
+    one = client.get("/api/compare/report", params={"runs": [key(run)]})
+    assert one.status_code == 422 and "two or more" in one.json()["detail"]
+    assert (
+        client.get("/api/compare/report", params={"runs": [key(run), "fixture_small/nope"]}).status_code
+        == 404
+    )
+    for bad in ("no-slash", "a/b/c", "/x"):
+        got = client.get("/api/compare/report", params={"runs": [key(run), bad]})
+        assert got.status_code == 422 and "is not a run key" in got.json()["detail"], bad
+    outside = client.get("/api/compare/report", params={"runs": [key(run), "../etc"]})
+    assert outside.status_code == 404
+    twice = client.get("/api/compare/report", params={"runs": [key(run), key(run)]})
+    assert twice.status_code == 422 and "given twice" in twice.json()["detail"]
+
+
 def test_a_file_saved_unchanged_has_the_cli_hash_and_bad_numbers_are_field_errors(env: Any) -> None:
     """Issue 36 items 4 and 6, the API's side: the hash is the CLI run's; "2e" is refused at its field."""
     from dit.scenario import expand, load_yaml
@@ -428,3 +582,48 @@ def test_a_file_saved_unchanged_has_the_cli_hash_and_bad_numbers_are_field_error
     assert refused.status_code == 422
     assert [e["path"] for e in refused.json()["errors"]] == ["warmup"]
     assert client.get("/api/scenarios/api_quick/versions").json()["versions"] == []
+
+
+def test_measured_links_of_a_scenarios_latest_run_and_map_delays_keep_typed_ones(env: Any) -> None:
+    """Issue 36 item 1: the map's per-link control offers the latest run's measured RTT as a delay (RTT
+    to the edge, RTT / 2 between devices), says when nothing was measured, names a bad field; Apply map
+    delays keeps a typed destination delay unless the editor says the map wrote it."""
+    client, config, _ = env
+    none = client.get("/api/scenarios/api_quick/measured-links")
+    assert none.status_code == 200 and none.json() == {"scenario": "api_quick", "run": None, "state": None,
+                                                       "links": []}  # fmt: skip
+    assert client.get("/api/scenarios/fixture_small/measured-links").json()["run"] is None  # no links.csv
+    write_measured_run(config.runs_dir, "api_quick", "20260101T000000Z-00000001")
+    newest = write_measured_run(config.runs_dir, "api_quick", "20260102T000000Z-00000002")
+    got = client.get("/api/scenarios/api_quick/measured-links").json()
+    assert got["run"] == f"api_quick/{newest.name}" and got["state"] == "completed"
+    edge, d2d = got["links"]  # device2 → edge has no RTT: not offered
+    assert edge == {"device": "device1", "target": "edge", "rtt_ms_mean": 0.0441, "rtt_ms_min": 0.027,
+                    "rtt_ms_max": 0.072, "baseline_rtt_ms": 0.0414, "intended_delay_ms": 5.0, "pings": 10,
+                    "delay_ms": 0.0441,
+                    "delay_rule": "the RTT: netem adds a device's delay to the edge once per round trip"}  # fmt: skip
+    assert (d2d["target"], d2d["delay_ms"], d2d["baseline_rtt_ms"]) == ("device2", 0.01345, None)
+    bad = client.get("/api/scenarios/..hidden/measured-links")
+    assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "name"
+
+    typed = {**DOC, "network": {"device1": {"destinations": {"edge": {"delay_ms": 12, "jitter_ms": 2}}}}}
+    kept = client.post("/api/scenarios/topology", json={"document": typed}).json()
+    assert kept["document"]["network"]["device1"]["destinations"]["edge"] == {"delay_ms": 12, "jitter_ms": 2}
+    (note,) = kept["links"]
+    assert note["source"] == "typed" and note["delay_ms"] == 12 and note["map_ms"] > 5
+    follow = client.post(
+        "/api/scenarios/topology",
+        json={"document": typed, "from_map": [{"device": "device1", "peer": "edge"}]},
+    ).json()
+    assert follow["document"]["network"]["device1"]["destinations"]["edge"] == {
+        "delay_ms": note["map_ms"],
+        "jitter_ms": 2,
+    }
+    assert follow["links"][0]["source"] == "map" and follow["links"][0]["previous_ms"] == 12
+    for wrong, path in (
+        ("x", "from_map"),
+        ([{"device": "device1"}], "from_map[0].peer"),
+        ([3], "from_map[0]"),
+    ):
+        refused = client.post("/api/scenarios/topology", json={"document": typed, "from_map": wrong})
+        assert refused.status_code == 422 and [e["path"] for e in refused.json()["errors"]] == [path], wrong

@@ -72,10 +72,25 @@ def test_upload_scale_place_and_delays(client: TestClient, tmp_path: Path) -> No
     assert saved["all"]["children"]["devices"]["hosts"]["d1"]["dit_plan_y"] == 400
     bad = client.put("/api/floorplan/scale", json={"a": [0, 0], "b": [400, 0], "distance_m": -3})
     assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "distance_m"
-    # a new image resets the scale and replaces the file
+    # the same plan at half the size (issue 36 item 5): nodes keep their place on it, the scale is
+    # kept with its metres per pixel doubled, so every distance and delay stays what it was
+    half = client.put("/api/floorplan/image", json={"content_type": "image/png", "data": b64(png(400, 250))})
+    assert half.json()["upload"] == {
+        "moved": 2,
+        "scale": "kept",
+        "message": "the same shape: the scale is kept (the same plan at another size)",
+    }
+    assert half.json()["metres_per_px"] == pytest.approx(0.1)
+    places = {n["name"]: (n["x"], n["y"]) for n in client.get("/api/nodes").json()["nodes"]}
+    assert places == {"edge": (50, 50), "d1": (50, 200)}
+    assert client.get("/api/topology").json()["delays"] == {"d1": {"edge": pytest.approx(5.015)}}
+    # an image of another shape: positions still relative, the scale reset (it cannot be known), said so
     jpeg = jpeg_header(300, 200)
     again = client.put("/api/floorplan/image", json={"content_type": "image/jpeg", "data": b64(jpeg)})
     assert again.json()["image"] == "inv.floorplan.jpg" and again.json()["metres_per_px"] is None
+    assert again.json()["upload"]["scale"] == "reset" and "another shape" in again.json()["upload"]["message"]
+    places = {n["name"]: (n["x"], n["y"]) for n in client.get("/api/nodes").json()["nodes"]}
+    assert places == {"edge": (37.5, 40), "d1": (37.5, 160)}
     assert not (tmp_path / "inv.floorplan.png").exists()
 
 

@@ -5,6 +5,7 @@ Ansible output streams live through the action's terminal WebSocket (issue 12 it
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -14,12 +15,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from dit.mirror.build import host_arch
+from dit.mirror.runtimes import load_runtimes
 from dit.runtime_api import registry
 from dit.web.app import WebConfig
-from tests.conftest import REPO, install_fixture_package
+from tests.conftest import REPO, dit_env, install_fixture_package
 from tests.integration.conftest import StartNnpm, loopback_inventory
 
 LOOPBACK = {"host": "127.0.0.1"}
+SOURCES = REPO / "tests" / "fixtures" / "runtime_sources.yaml"  # declares the echo fixture runtime
 
 
 def dead_port() -> int:
@@ -44,7 +48,12 @@ def client(
     # ssh to a port nothing answers on: the node does not answer
     ghost = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": dead_port(),
              "ansible_user": "nobody", "ansible_ssh_common_args": "-o ConnectTimeout=3 -o BatchMode=yes"}  # fmt: skip
-    inventory = loopback_inventory(tmp_path / "inventory.yml", ghost=ghost)
+    # a node added on the map at a loopback address, nothing said of how to reach it: a local-mode node
+    lonely = {"ansible_host": "127.0.0.3"}
+    # a local node whose runtime interpreter is missing: every check that runs it fails
+    broken = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+              "ansible_host": "127.0.0.4", "dit_python": "/nonexistent/bin/python3"}  # fmt: skip
+    inventory = loopback_inventory(tmp_path / "inventory.yml", ghost=ghost, lonely=lonely, broken=broken)
     config = WebConfig(
         inventory=inventory, runs_dir=tmp_path / "runs", scenarios_dir=REPO / "scenarios", probe="off"
     )
@@ -107,19 +116,41 @@ def test_a_failing_check_of_a_plugin_is_failed_and_an_unknown_runtime_is_refused
     refused = client.post("/api/runtimes/check", json={"runtime": "nope", "hosts": ["device1"]})
     assert refused.status_code == 422 and refused.json()["errors"][0]["path"] == "runtime"
     action = finish(
-        client, client.post("/api/runtimes/check", json={"runtime": "echo", "hosts": ["device1"]}).json()
+        client,
+        client.post("/api/runtimes/check", json={"runtime": "echo", "hosts": ["device1", "broken"]}).json(),
     )
-    assert action["nodes"] == [
-        {
-            "host": "device1",
-            "state": "ok",
-            "reason": "",
-            "checks": [
-                {"name": "python", "ok": True, "detail": sys.version.split()[0]},
-                {"name": "tcp", "ok": True, "detail": "listens"},
-            ],
-        }
-    ]
+    nodes = {n["host"]: n for n in action["nodes"]}
+    assert nodes["device1"] == {
+        "host": "device1",
+        "state": "ok",
+        "reason": "",
+        "checks": [
+            {"name": "python", "ok": True, "detail": sys.version.split()[0]},
+            {"name": "tcp", "ok": True, "detail": "listens"},
+        ],
+    }
+    # the same plug-in's checks on a node without its interpreter: failed, never ready, saying which
+    broken = nodes["broken"]
+    assert broken["state"] == "failed", broken
+    assert [(c["name"], c["ok"]) for c in broken["checks"]] == [("python", False), ("tcp", False)], broken
+    assert "python" in broken["reason"], broken
+    latest = client.get("/api/runtimes").json()["readiness"]["echo"]
+    assert latest["broken"]["state"] == "failed" and latest["device1"]["state"] == "ok"
+
+
+def test_a_local_mode_node_is_checked_on_this_machine_not_over_ssh(client: TestClient) -> None:
+    # issue 35 item 4: a node of the map at 127.0.0.3 was red "ssh ... port 22: Connection refused"
+    # while the map showed it green
+    action = finish(
+        client, client.post("/api/runtimes/check", json={"runtime": "layers", "hosts": ["lonely"]}).json()
+    )
+    (lonely,) = action["nodes"]
+    assert lonely["state"] == "ok", lonely
+    assert {c["name"] for c in lonely["checks"]} == {"python", "dit-device.pyz"}
+    lines = terminal_lines(client, action["id"])
+    assert any(x["n"] == "lonely" and "local-mode node (127.0.0.3)" in x["x"] for x in lines), lines
+    said = [x["x"].lower() for x in lines if x["n"] == "lonely"]
+    assert not any("refused" in x or "unreachable" in x or "ssh:" in x for x in said), said
 
 
 def test_a_maintenance_action_streams_its_ansible_output_to_the_terminal(client: TestClient) -> None:
@@ -164,3 +195,46 @@ def test_the_run_detail_carries_the_runtimes_summary_values_with_units(
     write_summary(run.path / "aggregate", "layers", Results(summary=values))
     summary = client.get(f"/api/runs/{key}").json()["summary"]
     assert summary == {"runtime": "layers", "values": [v.to_json() for v in values]}
+
+
+def test_the_install_button_installs_a_declared_runtime_then_checks_it(
+    client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 35 item 4: what `dit runtimes install echo` does, from the Runtimes page, output live
+    mirror = tmp_path / "mirror"
+    subprocess.run(
+        [sys.executable, "-m", "dit.mirror", "build", "--out", str(mirror), "--skip-wheels", "--skip-debs",
+         "--skip-sources", "--skip-weights", "--arch", host_arch(), "--sources", str(SOURCES)],
+        check=True, capture_output=True, env={**dit_env(), "PYTHONPATH": str(REPO / "src")},
+    )  # fmt: skip
+    runtimes = tmp_path / "runtimes"
+    monkeypatch.setenv("DIT_MIRROR_SOURCES", str(SOURCES))
+    monkeypatch.setenv("DIT_RUNTIMES_DIR", str(runtimes))
+    monkeypatch.setenv("DIT_MIRROR_DIR", str(tmp_path / "empty"))
+    listed = {r["name"]: r for r in client.get("/api/runtimes").json()["runtimes"]}
+    assert listed["echo"]["installable"] and not listed["layers"]["installable"]
+    # refused before anything runs: the built-in runtime, or a mirror without the runtime's build
+    for runtime, says in (("layers", "is not declared"), ("echo", "run mirror/build --runtime echo")):
+        refused = client.post("/api/runtimes/install", json={"runtime": runtime, "hosts": ["device1"]})
+        assert refused.status_code == 422, refused.text
+        assert (
+            refused.json()["errors"][0]["path"] == "runtime"
+            and says in refused.json()["errors"][0]["message"]
+        )
+    assert not runtimes.exists()
+
+    monkeypatch.setenv("DIT_MIRROR_DIR", str(mirror))
+    started = client.post("/api/runtimes/install", json={"runtime": "echo", "hosts": ["device1", "lonely"]})
+    assert started.status_code == 202, started.text
+    action = finish(client, started.json())
+    assert action["state"] == "done" and action["kind"] == "install", action
+    [source] = load_runtimes(SOURCES)
+    stamp = (runtimes / f"echo-{source.pin[:12]}" / ".dit-runtime").read_text(encoding="utf-8")
+    assert stamp.startswith(f"name=echo pin={source.pin} ")
+    # then the readiness check, on both nodes (local-mode: one install on this machine served both)
+    assert {n["host"]: n["state"] for n in action["nodes"]} == {"device1": "ok", "lonely": "ok"}
+    assert client.get("/api/runtimes").json()["readiness"]["echo"]["lonely"]["state"] == "ok"
+    said = [x["x"] for x in terminal_lines(client, action["id"])]
+    assert "one install on this machine for device1, lonely" in said
+    assert any(x.startswith("changed: ") for x in said), said  # the role's tasks, streamed
+    assert "readiness for the runtime echo after the install" in said

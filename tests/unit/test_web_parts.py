@@ -51,6 +51,23 @@ def test_store_versions_are_immutable_with_history_and_diff(tmp_path: Path) -> N
     assert [n["name"] for n in reopened.names()] == ["s1"]
 
 
+def test_a_versions_note_changes_neither_its_hash_nor_its_document(tmp_path: Path) -> None:
+    """Issue 36 item 11: a note on a version, kept beside it (the version stays immutable)."""
+    store = Store(tmp_path / "nnpm.sqlite")
+    v1, _ = store.save(DOC, expand(DOC))
+    noted = store.set_note(v1.hash, "baseline before the fan swap")
+    assert noted.note == "baseline before the fan swap" and noted.hash == v1.hash
+    assert noted.document == v1.document and store.get(v1.hash) == noted
+    assert store.history("s1")[0].note == noted.note and store.find(v1.hash[:10]) == noted
+    assert store.save(DOC, expand(DOC)) == (noted, False)  # saving it again keeps the note
+    with pytest.raises(ValueError, match="at most 10000"):
+        store.set_note(v1.hash, "x" * 10_001)
+    with pytest.raises(KeyError):
+        store.set_note("ab" * 32, "no such version")
+    assert store.set_note(v1.hash, " ").note == ""  # blank: removed
+    store.close()
+
+
 def test_run_log_lines_resume_from_an_offset(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_text(
@@ -170,6 +187,14 @@ def test_check_node_names_the_field(data: dict[str, object], field: str) -> None
     assert exc.value.field == field
 
 
+def test_check_node_names_every_bad_field_at_once() -> None:
+    """Issue 36 item 8: a form learns all its problems from one answer, not one per try."""
+    with pytest.raises(NodeError) as exc:
+        check_node({"name": "1bad", "address": "a b", "lat": 91, "lon": "x", "board": {"cores": 0, "gpu": 1}})
+    assert [f for f, _ in exc.value.problems] == ["name", "address", "lat", "lon", "board.cores", "board.gpu"]
+    assert exc.value.field == "name" and str(exc.value).startswith("letters, digits")
+
+
 @pytest.mark.parametrize("model", ["Pi 4\nModel B", "Pi\x1b[31m4", "Pi\x00", "Pi\u2028 4", "x" * 101, "   "])
 def test_board_model_refuses_control_characters_and_bounds(model: str) -> None:
     with pytest.raises(NodeError) as exc:
@@ -215,7 +240,8 @@ def test_runtime_actions_hand_ansible_runner_the_inventory_as_an_absolute_path(
     deadline = time.monotonic() + 30
     while action.finished_ns is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert seen["inventory"] == str(tmp_path / "inventories" / "nnpm.yml")
+    # a list of sources (NNPM's, then one for local-mode nodes when there are any), every one absolute
+    assert seen["inventory"] == [str(tmp_path / "inventories" / "nnpm.yml")]
 
 
 class _ClosingSocket:

@@ -72,26 +72,54 @@ def test_network_block_edge_links_by_default_and_keeps_the_rest() -> None:
 
 
 def test_apply_map_delays_keeps_a_typed_delay_and_says_so() -> None:
-    """Issue 36 item 1: device1's typed 20 ms is not overridden by the map's 5.01 ms, and every link
-    says which value applies and where it comes from."""
-    delays = {"device1": {"edge": 5.013}, "device2": {"edge": 5.02}}
+    """Issue 36 item 1: device1's typed 20 ms is not overridden by the map's 5.01 ms, nor device2's typed
+    destination delay of 9 ms; the map fills only what nobody typed, and every link says which value
+    applies and where it comes from."""
+    delays = {"device1": {"edge": 5.013}, "device2": {"edge": 5.02}, "device3": {"edge": 5.03}}
     base = {
         "device1": {"delay_ms": 20},
         "device2": {"destinations": {"edge": {"delay_ms": 9, "loss_pct": 1}}},
+        "device3": {"delay_ms": 30, "destinations": {"edge": {"loss_pct": 2}}},
     }
-    block, links = apply_map_delays(delays, ["device1", "device2"], "edge", base=base)
+    block, links = apply_map_delays(delays, ["device1", "device2", "device3"], "edge", base=base)
     assert block["device1"] == {"delay_ms": 20}  # no destination written over the typed delay
-    assert block["device2"]["destinations"]["edge"] == {"delay_ms": 5.02, "loss_pct": 1}
+    assert block["device2"]["destinations"]["edge"] == {"delay_ms": 9, "loss_pct": 1}  # typed: kept
+    # device3's link has a profile of its own without a delay: its 30 ms does not apply there, the map fills it
+    assert block["device3"]["destinations"]["edge"] == {"loss_pct": 2, "delay_ms": 5.03}
     assert links == [
-        {"device": "device1", "peer": "edge", "map_ms": 5.013, "delay_ms": 20, "source": "typed"},
-        {
-            "device": "device2",
-            "peer": "edge",
-            "map_ms": 5.02,
-            "previous_ms": 9,
-            "delay_ms": 5.02,
-            "source": "map",
-        },
-    ]
-    assert network_block(delays, ["device1"], "edge", base=base) == {"device1": {"delay_ms": 20}, **{
-        "device2": base["device2"]}}  # fmt: skip
+        {"device": "device1", "peer": "edge", "map_ms": 5.013, "delay_ms": 20, "source": "typed",
+         "where": "network.device1.delay_ms"},
+        {"device": "device2", "peer": "edge", "map_ms": 5.02, "delay_ms": 9, "source": "typed",
+         "where": "network.device2.destinations.edge.delay_ms"},
+        {"device": "device3", "peer": "edge", "map_ms": 5.03, "delay_ms": 5.03, "source": "map"},
+    ]  # fmt: skip
+    assert network_block(delays, ["device1"], "edge", base=base) == base
+    assert base["device3"]["destinations"]["edge"] == {"loss_pct": 2}  # not mutated
+
+
+def test_apply_map_delays_follows_the_map_where_the_map_wrote_the_delay() -> None:
+    """A destination delay the editor knows came from the map (``from_map``) follows the map again,
+    and the note says what it replaced; a typed one beside it stays."""
+    delays = {"device1": {"edge": 5.013, "device2": 5.5}, "device2": {"edge": 5.02, "device1": 5.5}}
+    base = {
+        "device1": {"destinations": {"edge": {"delay_ms": 7.0}, "device2": {"delay_ms": 40}}},
+        "device2": {"destinations": {"edge": {"delay_ms": 5.02}}},
+    }
+    block, links = apply_map_delays(
+        delays,
+        ["device1", "device2"],
+        "edge",
+        True,
+        base,
+        from_map=[("device1", "edge"), ("device2", "edge")],
+    )
+    assert block["device1"]["destinations"] == {"edge": {"delay_ms": 5.013}, "device2": {"delay_ms": 40}}
+    assert block["device2"]["destinations"] == {"edge": {"delay_ms": 5.02}, "device1": {"delay_ms": 5.5}}
+    by_link = {(n["device"], n["peer"]): n for n in links}
+    assert by_link[("device1", "edge")] == {"device": "device1", "peer": "edge", "map_ms": 5.013,
+                                           "previous_ms": 7.0, "delay_ms": 5.013, "source": "map"}  # fmt: skip
+    assert by_link[("device1", "device2")]["source"] == "typed"
+    assert (
+        by_link[("device2", "edge")]["source"] == "map" and "previous_ms" not in by_link[("device2", "edge")]
+    )
+    assert by_link[("device2", "device1")]["source"] == "map"

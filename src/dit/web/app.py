@@ -27,11 +27,12 @@ from dit.web.routes import scenarios as scenarios_routes
 from dit.web.routes.common import Context, Ctx
 from dit.web.security import Guard
 from dit.web.services import floorplan
+from dit.web.services import queue as run_queue
 from dit.web.services import runs as runs_mod
-from dit.web.services.nodes import Inventory, NodeError
+from dit.web.services.nodes import Inventory, Node, NodeError
 from dit.web.services.probe import ProbeLoop, Target
 from dit.web.services.runtimes import Actions
-from dit.web.services.store import Store
+from dit.web.services.store import Store, Version
 
 STATIC = Path(__file__).resolve().parent / "static"
 # twice the largest floor-plan image: room for its base64 (4/3 of it) and the JSON around it; no other
@@ -52,6 +53,12 @@ def create_app(config: WebConfig) -> FastAPI:
     base = runs_mod.nnpm_dir(runs_root)
     inventory = Inventory(config.inventory)
 
+    def nodes_or_none() -> list[Node]:
+        try:
+            return inventory.nodes()
+        except NodeError:
+            return []
+
     def probe_targets() -> list[Target]:
         try:
             nodes = inventory.nodes()
@@ -66,14 +73,18 @@ def create_app(config: WebConfig) -> FastAPI:
         store=Store(config.db or base / "nnpm.sqlite"),
         inventory=inventory,
         probe=ProbeLoop(probe_targets, config.probe),
-        actions=Actions(base, lambda: config.inventory if config.inventory.exists() else None),
+        actions=Actions(base, lambda: config.inventory if config.inventory.exists() else None, nodes_or_none),
     )
+
+    def start_queued(version: Version, kind: str, mode: str) -> runs_mod.Launch:
+        return runs_mod.launch(version, kind, mode, runs_root, config.inventory.resolve(), ctx.store)
 
     async def housekeeping() -> None:
         while True:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(runs_mod.tag_runs, runs_root, ctx.store)
                 runs_mod.reap_children()
+                await asyncio.to_thread(run_queue.advance, runs_root, ctx.store, start_queued)
             await asyncio.sleep(0.5)
 
     @contextlib.asynccontextmanager
@@ -110,7 +121,7 @@ def create_app(config: WebConfig) -> FastAPI:
 
 
 async def node_error(_request: Request, exc: NodeError) -> JSONResponse:
-    errors = [{"path": exc.field, "message": str(exc)}]
+    errors = [{"path": field, "message": message} for field, message in exc.problems]
     return JSONResponse({"detail": str(exc), "errors": errors}, status_code=exc.status)
 
 

@@ -163,12 +163,14 @@ def get_floorplan(ctx: Ctx) -> dict[str, Any]:
 async def put_floorplan_image(ctx: Ctx, request: Request) -> dict[str, Any]:
     """``{content_type: image/png|image/jpeg, data: base64}``: the plan's image, beside the inventory.
 
-    A new image resets the scale (its pixels are other pixels); node positions are kept.
+    Node positions keep their place relative to the plan (scaled by the new size over the old one);
+    the scale is kept for an image of the same shape (the same plan at another size), reset for another
+    shape; ``upload`` says which, and how many nodes moved.
     """
     ctx.inventory.require_editable()
     data, suffix, width, height = floorplan.decode_upload(await json_body(request))
 
-    def store() -> None:
+    def store() -> dict[str, Any]:
         target = ctx.inventory.beside(".floorplan" + suffix)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
@@ -176,16 +178,20 @@ async def put_floorplan_image(ctx: Ctx, request: Request) -> dict[str, Any]:
         os.replace(tmp, target)
         for other in set(floorplan.TYPES.values()) - {suffix}:
             ctx.inventory.beside(".floorplan" + other).unlink(missing_ok=True)
-        value = {
+        value: dict[str, Any] = {
             "image": target.name,
             "width_px": width,
             "height_px": height,
             "sha256": hashlib.sha256(data).hexdigest(),
         }
-        ctx.inventory.set_variable(floorplan.VAR, value)
+        fx, fy, scale, said = floorplan.rescaled(floorplan.plan_of(ctx.inventory.variables()), width, height)
+        if scale:
+            value["scale"] = scale
+        moved = ctx.inventory.set_variable_rescaling_plan(floorplan.VAR, value, fx, fy)
+        return {"moved": moved, "scale": "kept" if scale else "reset", "message": said}
 
-    await asyncio.to_thread(store)
-    return plan_json(ctx)
+    upload = await asyncio.to_thread(store)
+    return {**plan_json(ctx), "upload": upload}
 
 
 @router.get("/api/floorplan/image")

@@ -7,16 +7,18 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request, WebSocket
+from fastapi import APIRouter, HTTPException, Query, Request, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.background import BackgroundTask
 
 from dit.device.tags import RUN_ENV
 from dit.report import labels
 from dit.run.procs import pid_alive
-from dit.run.rundir import RunDir
+from dit.run.rundir import RunDir, RunDirError, write_json
 from dit.scenario import expand, validate
 from dit.web.routes.common import (
     Context,
@@ -27,14 +29,18 @@ from dit.web.routes.common import (
     json_body,
     unprocessable,
 )
+from dit.web.services import queue as run_queue
 from dit.web.services import runpage
 from dit.web.services import runs as runs_mod
 from dit.web.services.aio import run_reaped
 from dit.web.services.benchmark import PROFILING_FIELDS, benchmark_document, profiling_schema
+from dit.web.services.runtimes import Action
+from dit.web.services.store import Version
 from dit.web.services.terminal import tail
 
 router = APIRouter(prefix="/api")
 DRY_RUN_TIMEOUT_S = 600.0
+MAX_QUEUED = 50  # runs one request may queue
 
 
 @router.get("/runs")
@@ -63,6 +69,14 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
     kind = body.get("kind", "run")
     mode = body.get("mode", "local")
     errors = launch_errors(ctx, body, ("run", "benchmark"))
+    queued = body.get("queue", False)
+    count = body.get("count", 1)
+    if not isinstance(queued, bool):
+        errors.append({"path": "queue", "message": "true or false"})
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_QUEUED:
+        errors.append({"path": "count", "message": f"a whole number from 1 to {MAX_QUEUED}"})
+    elif count > 1 and not queued:
+        errors.append({"path": "count", "message": "several runs wait their turn: set queue to true"})
     version = ctx.store.find(str(body.get("version", "")))
     if errors or version is None:
         return unprocessable(errors)
@@ -79,52 +93,152 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
         chosen, _ = await asyncio.to_thread(
             ctx.store.save, document, expand(document), "benchmark", version.hash
         )
+    if queued:  # the housekeeping starts each in turn when nothing is going (dit.web.services.queue)
+        ids = await asyncio.to_thread(ctx.store.enqueue, chosen.hash, kind, mode, count)
+        line = await asyncio.to_thread(run_queue.entries, ctx.runs_root, ctx.store)
+        mine = [e for e in line["entries"] if e["id"] in ids]
+        return {
+            "queued": mine,
+            "holder": line["holder"],
+            "version": chosen.summary(),
+            "kind": kind,
+            "mode": mode,
+        }
     record = await asyncio.to_thread(
         runs_mod.launch, chosen, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store
     )
     return {"launch": record.id, "pid": record.pid, "version": chosen.summary(), "kind": kind, "mode": mode}
 
 
-@router.post("/dry-runs", response_model=None)
-async def dry_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
-    """``dit run --check`` on a saved version: what preflight and apply would change on every node.
+@router.get("/queue")
+def get_queue(ctx: Ctx) -> dict[str, Any]:
+    """The runs waiting their turn, with their position, and what is going (the holder)."""
+    return run_queue.entries(ctx.runs_root, ctx.store)
 
-    Runs as a child process (the driver needs the main thread for its signal handlers) and answers
-    when it is done: tens of seconds, no run directory, nothing changed on any node.
-    """
-    body = await json_body(request)
-    errors = launch_errors(ctx, body, ("run",))
-    version = ctx.store.find(str(body.get("version", "")))
-    if errors or version is None:
-        return unprocessable(errors)
-    mode = body.get("mode", "local")
+
+@router.delete("/queue/{qid}")
+def cancel_queued(ctx: Ctx, qid: str) -> dict[str, Any]:
+    """Take a waiting run out of the queue."""
+    if not ctx.store.settle_queued(qid, "cancelled"):
+        raise HTTPException(404, f"no waiting run {qid} in the queue")
+    return run_queue.entries(ctx.runs_root, ctx.store)
+
+
+def dry_run_file(ctx: Context, digest: str, mode: str) -> Path:
+    """Where the last dry run of a version in a mode is kept (a closed tab loses nothing)."""
+    return ctx.actions.base / "dry-runs" / f"{digest}.{mode}.json"
+
+
+async def _dry_run(ctx: Context, version: Version, mode: str, action: Action) -> dict[str, Any]:
+    """``dit run --check --json`` of ``version``, its progress into ``action``'s log line by line (the
+    terminal shows it live), its report kept as the version's last dry run in ``mode``.
+
+    Raises :class:`DryRunError` when it times out or prints no report."""
     path = await asyncio.to_thread(runs_mod.version_file, version, ctx.runs_root)
-    argv = [
-        sys.executable,
-        "-m",
-        "dit",
-        "run",
-        "--check",
-        "--json",
-        str(path),
-        "--runs-dir",
-        str(ctx.runs_root),
-    ]
+    argv = [sys.executable, "-m", "dit", "run", "--check", "--json", str(path)]
+    argv += ["--runs-dir", str(ctx.runs_root)]
     if mode == "inventory":
         argv += ["-i", str(ctx.config.inventory.resolve())]
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
+
+    def progress(line: str) -> None:  # the driver's "<node> <stream> <text>" lines, as the run's terminal
+        node, stream, text = [*line.split(" ", 2), "", ""][:3]
+        if node and stream.isalpha() and text:
+            action.line(node, stream, text)
+        else:
+            action.line("nnpm", "stderr", line)
+
     try:
-        done = await run_reaped(argv, DRY_RUN_TIMEOUT_S, stdin=asyncio.subprocess.DEVNULL, env=env)
+        done = await run_reaped(argv, DRY_RUN_TIMEOUT_S, progress, stdin=asyncio.subprocess.DEVNULL, env=env)
     except TimeoutError:
-        return unprocessable(
-            [{"path": "", "message": f"the dry run took longer than {DRY_RUN_TIMEOUT_S:g} s"}]
-        )
+        raise DryRunError(f"the dry run took longer than {DRY_RUN_TIMEOUT_S:g} s") from None
     log = done.stderr.decode("utf-8", "replace")[-4000:]
     try:
         report = json.loads(done.stdout)
     except ValueError:
-        return unprocessable([{"path": "", "message": f"the dry run failed: {log.strip()[-1000:]}"}])
-    return {"version": version.summary(), "mode": mode, "ok": done.returncode == 0, **report, "log_tail": log}
+        raise DryRunError(f"the dry run failed: {log.strip()[-1000:]}") from None
+    result = {
+        "version": version.summary(),
+        "mode": mode,
+        "ok": done.returncode == 0,
+        **report,
+        "log_tail": log,
+        "finished_ns": time.time_ns(),
+    }
+    keep = dry_run_file(ctx, version.hash, mode)
+    try:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(write_json, keep, result)
+    except (OSError, RunDirError) as exc:  # the report is still the answer; the page says it was not kept
+        result["not_kept"] = str(exc)
+        action.line("nnpm", "error", f"the dry run's report was not kept: {exc}")
+    return result
+
+
+class DryRunError(Exception):
+    """A dry run that gave no report (timed out, or the driver failed before it could write one)."""
+
+
+_BACKGROUND: set[asyncio.Task[Any]] = set()  # held, so a running dry run is not garbage-collected
+
+
+@router.post("/dry-runs", response_model=None)
+async def dry_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    """``dit run --check`` on a saved version: what preflight and apply would change on every node.
+
+    Runs as a child process (the driver needs the main thread for its signal handlers); its progress
+    streams to the terminal of an action (``/api/actions/{id}/terminal``) and its report is kept as the
+    version's last dry run (``GET /api/versions/{hash}/dry-run``). With ``"background": true`` the
+    answer is that action, at once (``202``); otherwise the report, when it is done (tens of seconds).
+    No run directory is made and nothing is changed on any node.
+    """
+    body = await json_body(request)
+    errors = launch_errors(ctx, body, ("run",))
+    if not isinstance(body.get("background", False), bool):
+        errors.append({"path": "background", "message": "true or false"})
+    version = ctx.store.find(str(body.get("version", "")))
+    if errors or version is None:
+        return unprocessable(errors)
+    mode = str(body.get("mode", "local"))
+    action = ctx.actions.new("dry-run", "", f"dry run of {version.name} ({mode} mode)", [])
+    action.line("nnpm", "info", f"{action.title}: dit run --check")
+
+    async def job() -> dict[str, Any] | None:
+        try:
+            result = await _dry_run(ctx, version, mode, action)
+        except DryRunError as exc:
+            action.state, action.error = "failed", str(exc)
+            return None
+        else:
+            if not result["ok"]:  # it ran, and says what failed where (the report's errors)
+                action.state, action.error = "failed", "the dry run failed: see its report"
+            return result
+        finally:
+            action.finish()
+
+    if body.get("background"):
+        task = asyncio.ensure_future(job())
+        _BACKGROUND.add(task)
+        task.add_done_callback(_BACKGROUND.discard)
+        return JSONResponse({"action": action.to_json(), "version": version.summary(), "mode": mode}, 202)
+    result = await job()
+    if result is None:
+        return unprocessable([{"path": "", "message": str(action.error)}])
+    return {**result, "action": action.id}
+
+
+@router.get("/versions/{digest}/dry-run")
+def last_dry_run(ctx: Ctx, digest: str, mode: str = "local") -> Any:
+    """The last dry run of a saved version in ``mode`` (``local`` or ``inventory``), kept on disk."""
+    if mode not in ("local", "inventory"):
+        raise HTTPException(422, "mode: local or inventory")
+    version = ctx.store.find(digest)
+    if version is None:
+        raise HTTPException(404, f"no saved version {digest}")
+    path = dry_run_file(ctx, version.hash, mode)
+    if not path.is_file():
+        raise HTTPException(404, f"no dry run of {digest[:12]} in {mode} mode yet")
+    return FileResponse(path, media_type="application/json")
 
 
 @router.get("/launches/{launch_id}")
@@ -149,6 +263,23 @@ def run_or_404(ctx: Context, scenario: str, run: str) -> RunDir:
 @router.get("/runs/{scenario}/{run}")
 def get_run(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
     return runs_mod.run_detail(run_or_404(ctx, scenario, run), ctx.runs_root, ctx.store)
+
+
+@router.put("/runs/{scenario}/{run}/note", response_model=None)
+async def put_note(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[str, Any] | JSONResponse:
+    """Set the run's note (``{"text": …}``; an empty text removes it), as ``dit note RUN TEXT`` does."""
+    rundir = run_or_404(ctx, scenario, run)
+    body = await json_body(request)
+    text = body.get("text")
+    if not isinstance(text, str):
+        return unprocessable([{"path": "text", "message": "a string (an empty one removes the note)"}])
+    try:
+        await asyncio.to_thread(rundir.set_note, text)
+    except ValueError as exc:
+        return unprocessable([{"path": "text", "message": str(exc).removeprefix("note: ")}])
+    except RunDirError as exc:
+        raise HTTPException(500, str(exc)) from None
+    return {"note": rundir.note()}
 
 
 @router.post("/runs/{scenario}/{run}/stop", status_code=202)
@@ -198,6 +329,54 @@ async def report(ctx: Ctx, scenario: str, run: str) -> Response:
         html,
         media_type="text/html; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="{filename}"', "Cache-Control": "no-store"},
+    )
+
+
+@router.get("/runs/{scenario}/{run}/archive")
+async def archive(ctx: Ctx, scenario: str, run: str) -> Response:
+    """The whole run directory as one ``.tar.gz`` download (symbolic links kept as links, never
+    followed); refused (``409``) while the run is going, whose archive would be partial."""
+    rundir = run_or_404(ctx, scenario, run)
+    summary = runs_mod.run_summary(rundir, ctx.runs_root, ctx.store)
+    if summary["state"] in ("running", "starting") and summary["driver_alive"]:
+        raise HTTPException(
+            409, f"{scenario}/{run} is still {summary['state']}: its archive would be partial"
+        )
+    top = f"{scenario}-{rundir.path.name}"
+    scratch = runs_mod.nnpm_dir(ctx.runs_root) / "archives"
+    try:
+        path = await asyncio.to_thread(runs_mod.archive_file, rundir.path, top, scratch)
+    except OSError as exc:
+        raise HTTPException(500, f"cannot archive {scenario}/{run}: {exc}") from None
+    return FileResponse(
+        path,
+        media_type="application/gzip",
+        filename=f"{top}.tar.gz",
+        headers={"Cache-Control": "no-store"},
+        background=BackgroundTask(path.unlink, missing_ok=True),
+    )
+
+
+@router.get("/compare/report")
+async def compare_report(ctx: Ctx, runs: Annotated[list[str], Query()]) -> Response:
+    """Two or more runs side by side (``dit report RUN RUN …``) as a download: ``runs`` are run keys
+    (``<scenario>/<run>``, as ``GET /api/runs`` lists them), each resolved inside the runs directory."""
+    from dit.report.compare import CompareError, build_comparison
+
+    dirs = []
+    for key in runs:
+        scenario, _, run = key.partition("/")
+        if not scenario or not run or "/" in run:
+            raise HTTPException(422, f"runs: {key!r} is not a run key (<scenario>/<run>)")
+        dirs.append(run_or_404(ctx, scenario, run).path)
+    try:
+        html = await asyncio.to_thread(build_comparison, dirs)
+    except CompareError as exc:
+        raise HTTPException(422, f"runs: {exc}") from None
+    return Response(
+        html,
+        media_type="text/html; charset=utf-8",
+        headers={"Content-Disposition": 'attachment; filename="compare.html"', "Cache-Control": "no-store"},
     )
 
 

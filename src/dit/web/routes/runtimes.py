@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,23 @@ from dit.web.services.terminal import tail
 router = APIRouter(prefix="/api")
 
 
+def installable(runtime: Runtime) -> bool:
+    """Whether ``runtime`` is an external runtime that the sources file declares (``dit runtimes install``
+    installs only those, into their own venv)."""
+    from dit.mirror.runtimes import RuntimeSourceError, declared
+
+    try:  # the declaration only: its pin (a directory's hash) is computed by the install
+        return declared(runtime.name) is not None
+    except RuntimeSourceError:
+        return False
+
+
+def mirror_dir() -> Path:
+    """The mirror the installs read, as ``dit runtimes install`` finds it: $DIT_MIRROR_DIR, else
+    /srv/dit-mirror (a server setting, never a request's)."""
+    return Path(os.environ.get("DIT_MIRROR_DIR", "/srv/dit-mirror")).resolve()
+
+
 def _runtime_json(runtime: Runtime) -> dict[str, Any]:
     plan_checks: list[str] = []
     try:
@@ -31,6 +49,7 @@ def _runtime_json(runtime: Runtime) -> dict[str, Any]:
         "version": runtime.version,
         "title": runtime.title,
         "checks": plan_checks,
+        "installable": installable(runtime),
         "block": dict(runtime.block_schema()),
         "actions": [
             {"name": a.name, "title": a.title, "description": a.description, "inputs": dict(a.inputs)}
@@ -111,6 +130,27 @@ async def runtime_action(ctx: Ctx, request: Request) -> dict[str, Any] | JSONRes
     if isinstance(hosts, JSONResponse):
         return hosts
     return ctx.actions.maintenance(runtime, spec, inputs, hosts).to_json()
+
+
+@router.post("/runtimes/install", status_code=202, response_model=None)
+async def runtime_install(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
+    """Body: ``runtime`` (an external runtime the sources file declares), ``hosts`` (default: the
+    devices). Installs or updates it at its pin from the server's mirror, then checks readiness."""
+    body = await json_body(request)
+    if not body.get("runtime"):
+        return unprocessable([{"path": "runtime", "message": "the external runtime to install"}])
+    runtime = chosen_runtime(body)
+    if isinstance(runtime, JSONResponse):
+        return runtime
+    hosts = chosen_hosts(ctx, body)
+    if isinstance(hosts, JSONResponse):
+        return hosts
+    mirror = mirror_dir()
+    try:  # refused before anything runs: not declared, or not in the mirror at its pin
+        ops.install_plays(runtime.name, mirror, None, True)
+    except ops.InstallError as exc:
+        return unprocessable([{"path": "runtime", "message": str(exc)}])
+    return ctx.actions.install(runtime, hosts, mirror).to_json()
 
 
 @router.get("/actions/{action_id}")

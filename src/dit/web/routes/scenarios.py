@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from dit.scenario import ScenarioError, expand, load_schema, load_yaml, validate
 from dit.web.routes.common import Context, Ctx, field_errors, json_body, unprocessable
 from dit.web.routes.nodes import map_points
+from dit.web.services.measured import measured_links
 from dit.web.services.store import Version, diff, version_hash
 from dit.web.services.topology import apply_map_delays, topology_delays
 
@@ -77,6 +78,34 @@ async def save_scenario(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResp
     return {"version": version.to_json(), "created": created}
 
 
+def map_links(raw: Any) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
+    """``from_map``: the links (``{"device", "peer"}``) whose destination delay the map wrote earlier
+    and may write again; every other typed delay is kept."""
+    if not isinstance(raw, list):
+        return [], [{"path": "from_map", "message": "a list of {device, peer} links"}]
+    out: list[tuple[str, str]] = []
+    errors: list[dict[str, str]] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            errors.append({"path": f"from_map[{i}]", "message": "a {device, peer} object"})
+            continue
+        for key in ("device", "peer"):
+            if not isinstance(item.get(key), str) or not item[key]:
+                errors.append({"path": f"from_map[{i}].{key}", "message": "a node name (a non-empty string)"})
+        if not errors:
+            out.append((item["device"], item["peer"]))
+    return out, errors
+
+
+@router.get("/scenarios/{name}/measured-links", response_model=None)
+async def get_measured_links(ctx: Ctx, name: str) -> dict[str, Any] | JSONResponse:
+    """What the latest run of scenario ``name`` measured on each link (RTTs; none when it has no run)."""
+    try:
+        return await asyncio.to_thread(measured_links, ctx.runs_root, name)
+    except ValueError as exc:
+        return unprocessable([{"path": "name", "message": str(exc)}])
+
+
 @router.post("/scenarios/topology", response_model=None)
 async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
     """The document with the map's per-destination delays merged into its ``network`` block."""
@@ -85,12 +114,15 @@ async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONRes
     if not isinstance(document, dict):
         return unprocessable([{"path": "", "message": "the scenario must be a mapping"}])
     devices = [d for d in document.get("devices") or [] if isinstance(d, str)]
+    from_map, errors = map_links(body.get("from_map", []))
+    if errors:
+        return unprocessable(errors)
     valid, _view = map_points(ctx)  # the floor plan's or the world map's positions, as the map shows
     edge = next((p.name for p in valid if p.role == "edge"), None)
     delays = topology_delays(valid)
     missing = [d for d in devices if d not in delays]
     network, links = apply_map_delays(
-        delays, devices, edge, bool(body.get("device_links")), document.get("network") or {}
+        delays, devices, edge, bool(body.get("device_links")), document.get("network") or {}, from_map
     )
     out = dict(document)
     if network:
@@ -114,6 +146,20 @@ def version_or_404(ctx: Context, digest: str) -> Version:
 @router.get("/versions/{digest}")
 def get_version(ctx: Ctx, digest: str) -> dict[str, Any]:
     return dict(version_or_404(ctx, digest).to_json())
+
+
+@router.put("/versions/{digest}/note", response_model=None)
+async def put_version_note(ctx: Ctx, digest: str, request: Request) -> dict[str, Any] | JSONResponse:
+    """Set the version's note (``{"text": …}``; empty removes it): the version itself stays as saved."""
+    version = version_or_404(ctx, digest)
+    text = (await json_body(request)).get("text")
+    if not isinstance(text, str):
+        return unprocessable([{"path": "text", "message": "a string (an empty one removes the note)"}])
+    try:
+        noted = await asyncio.to_thread(ctx.store.set_note, version.hash, text)
+    except ValueError as exc:
+        return unprocessable([{"path": "text", "message": str(exc)}])
+    return dict(noted.summary())
 
 
 @router.get("/versions/{digest}/yaml", response_class=PlainTextResponse)

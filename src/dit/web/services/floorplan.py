@@ -159,3 +159,35 @@ def plan_of(variables: Mapping[str, Any]) -> dict[str, Any]:
         "scale": dict(scale) if scale and ok else None,
         "metres_per_px": float(mpp) if ok and mpp is not None else None,
     }
+
+
+def rescaled(
+    plan: Mapping[str, Any], width: int, height: int
+) -> tuple[float, float, dict[str, Any] | None, str]:
+    """What a new image of ``width`` by ``height`` px does to ``plan`` (:func:`plan_of`): the factors
+    node positions are multiplied by (they stay where they were, relative to the plan), the scale
+    kept for it (the same shape: the same plan at another size; its points moved, its metres per pixel
+    divided) or None, and a sentence saying which."""
+    fx, fy = width / float(plan["width_px"]), height / float(plan["height_px"])
+    scale = plan.get("scale")
+    if not scale:
+        return fx, fy, None, "no scale yet: mark two points and their distance"
+    if abs(fx / fy - 1) > 0.01:
+        return (
+            fx,
+            fy,
+            None,
+            (
+                "the new image has another shape, so its scale is unknown: mark two points and their distance again"
+            ),
+        )
+    try:
+        kept = {
+            "a": [round(float(scale["a"][0]) * fx, 2), round(float(scale["a"][1]) * fy, 2)],
+            "b": [round(float(scale["b"][0]) * fx, 2), round(float(scale["b"][1]) * fy, 2)],
+            "distance_m": float(scale["distance_m"]),
+            "metres_per_px": float(plan["metres_per_px"]) / fx,
+        }
+    except (KeyError, IndexError, TypeError, ValueError):  # a hand-edited scale: marked again
+        return fx, fy, None, "the old scale cannot be read: mark two points and their distance again"
+    return fx, fy, kept, "the same shape: the scale is kept (the same plan at another size)"

@@ -36,12 +36,16 @@ HEADER = "# The NNPM-managed inventory (dit web): hosts placed on the map. dit r
 
 
 class NodeError(ValueError):
-    """A node that cannot be saved; ``field`` names the offending field."""
+    """A node that cannot be saved; ``field`` names the offending field, ``problems`` every one found
+    (``(field, message)``, the first being ``field``'s), so a form shows them all at once."""
 
-    def __init__(self, field_name: str, message: str, status: int = 422) -> None:
+    def __init__(
+        self, field_name: str, message: str, status: int = 422, also: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         super().__init__(message)
         self.field = field_name
         self.status = status
+        self.problems = ((field_name, message), *also)
 
 
 @dataclass(frozen=True)
@@ -106,59 +110,73 @@ def board_text(key: str, value: Any) -> str:
 def check_node(
     data: Mapping[str, Any], name: str | None = None, require: str | None = None
 ) -> dict[str, Any]:
-    """A node from the API (``name`` fixed by the URL when given); :class:`NodeError` when invalid.
+    """A node from the API (``name`` fixed by the URL when given); :class:`NodeError` when invalid,
+    naming every bad field (not only the first).
 
     Its position is ``lat``/``lon`` (a world map), ``x``/``y`` (the floor plan, image pixels) or both;
     ``require`` (``geo`` | ``plan``) names the pair that must be there.
     """
     out: dict[str, Any] = {}
+    problems: list[tuple[str, str]] = []
     name = name if name is not None else data.get("name")
     if not isinstance(name, str) or not NAME.match(name):
-        raise NodeError("name", "letters, digits, '_' and '-', starting with a letter (at most 63)")
+        problems.append(("name", "letters, digits, '_' and '-', starting with a letter (at most 63)"))
     out["name"] = name
     role = data.get("role", "device")
     if role not in ROLES:
-        raise NodeError("role", f"must be one of {', '.join(ROLES)}")
+        problems.append(("role", f"must be one of {', '.join(ROLES)}"))
     out["role"] = role
     address = data.get("address")
     if not isinstance(address, str) or not ADDRESS.match(address):
-        raise NodeError("address", "a host name or an IP address")
+        problems.append(("address", "a host name or an IP address"))
     out["address"] = address
     pairs = {"geo": (("lat", -90.0, 90.0), ("lon", -180.0, 180.0)), "plan": PLAN_RANGE}
+    placed = False
     for view, pair in pairs.items():
         given = any(data.get(key) is not None for key, _, _ in pair)
         if not given and view != require:
             continue
+        placed = True
         for key, low, high in pair:
             value = data.get(key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise NodeError(key, "a number")
-            if not low <= value <= high:
-                raise NodeError(key, f"must lie in {low:g}..{high:g}")
-            out[key] = round(float(value), 6 if view == "geo" else 2)
-    if "lat" not in out and "x" not in out:
-        raise NodeError("lat", "a position: lat and lon on the map, or x and y on the floor plan")
+                problems.append((key, "a number"))
+            elif not low <= value <= high:
+                problems.append((key, f"must lie in {low:g}..{high:g}"))
+            else:
+                out[key] = round(float(value), 6 if view == "geo" else 2)
+    if not placed:
+        problems.append(("lat", "a position: lat and lon on the map, or x and y on the floor plan"))
     inference = data.get("inference_address")
     if inference not in (None, ""):
         if not isinstance(inference, str) or not ADDRESS.match(inference):
-            raise NodeError("inference_address", "an IP address")
+            problems.append(("inference_address", "an IP address"))
         out["inference_address"] = inference
     board_in = data.get("board") or {}
     if not isinstance(board_in, Mapping):
-        raise NodeError("board", "a mapping of board facts")
+        problems.append(("board", "a mapping of board facts"))
+        board_in = {}
     board: dict[str, Any] = {}
     for key, value in board_in.items():
         kind = BOARD_KEYS.get(key)
         if kind is None:
-            raise NodeError(f"board.{key}", f"unknown board fact (known: {', '.join(BOARD_KEYS)})")
+            problems.append((f"board.{key}", f"unknown board fact (known: {', '.join(BOARD_KEYS)})"))
+            continue
         if value in (None, ""):
             continue
         if kind is int:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise NodeError(f"board.{key}", "a positive integer")
-            board[key] = value
+                problems.append((f"board.{key}", "a positive integer"))
+            else:
+                board[key] = value
         else:
-            board[key] = board_text(key, value)
+            try:
+                board[key] = board_text(key, value)
+            except NodeError as exc:
+                problems.extend(exc.problems)
+    if problems:
+        (first, said), *rest = problems
+        raise NodeError(first, said, also=tuple(rest))
     out["board"] = board
     return out
 
@@ -371,14 +389,43 @@ class Inventory:
         with self._lock:
             self._require_editable()
             data = self._load()
-            root = data.setdefault("all", {})
-            if not isinstance(root, dict):
-                raise NodeError("inventory", "group 'all' is not a mapping", 500)
-            found = root.get("vars")
-            if not isinstance(found, dict):
-                found = root["vars"] = {}
-            found[key] = value
+            self._all_vars(data)[key] = value
             self._save(data)
+
+    def set_variable_rescaling_plan(self, key: str, value: Any, fx: float, fy: float) -> int:
+        """:meth:`set_variable` and every node's floor-plan position multiplied by ``(fx, fy)``, in one
+        write (a new plan image of another size keeps each node where it was on the plan); the number
+        of nodes moved."""
+        with self._lock:
+            self._require_editable()
+            data = self._load()
+            seen: set[int] = set()  # a host mapping shared by YAML anchors is moved once
+            moved: set[str] = set()
+            for root_name, root in data.items():
+                for _g, _c, group, _v in _walk(root, str(root_name), []):
+                    for host, hv in _hosts_of(group).items():
+                        if not isinstance(hv, dict) or id(hv) in seen:
+                            continue
+                        seen.add(id(hv))
+                        try:
+                            x, y = float(hv["dit_plan_x"]), float(hv["dit_plan_y"])
+                        except (KeyError, TypeError, ValueError):
+                            continue
+                        hv["dit_plan_x"], hv["dit_plan_y"] = round(x * fx, 2), round(y * fy, 2)
+                        moved.add(str(host))
+            self._all_vars(data)[key] = value
+            self._save(data)
+            return len(moved)
+
+    @staticmethod
+    def _all_vars(data: dict[str, Any]) -> dict[str, Any]:
+        root = data.setdefault("all", {})
+        if not isinstance(root, dict):
+            raise NodeError("inventory", "group 'all' is not a mapping", 500)
+        found = root.get("vars")
+        if not isinstance(found, dict):
+            found = root["vars"] = {}
+        return found
 
     def beside(self, suffix: str) -> Path:
         """A file next to the inventory: ``inventories/nnpm.yml`` → ``inventories/nnpm<suffix>``."""

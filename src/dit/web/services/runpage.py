@@ -101,11 +101,19 @@ def phase_table(path: Path, limit: int = 500) -> dict[str, Any] | None:
     }
 
 
-def stage_rows(stage_ns: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The stages in the order the driver runs them (unknown ones after), each with its wall time."""
-    order = [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]
-    rows = []
+def stage_rows(stage_ns: Mapping[str, Any], skipped: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The stages in the order the driver runs them (unknown ones after), each with its wall time; a
+    stage the driver skipped (``skipped``: stage -> reason, :func:`dit.report.labels.skipped_stages`)
+    keeps its row with ``skipped`` set to the reason and the text ``skipped (reason)``."""
+    skipped = {s: why for s, why in (skipped or {}).items() if s not in stage_ns}
+    known = [*stage_ns, *skipped]
+    order = [s for s in STAGE_ORDER if s in known] + [s for s in known if s not in STAGE_ORDER]
+    rows: list[dict[str, Any]] = []
     for stage in order:
+        if stage in skipped:
+            why = skipped[stage]
+            rows.append({"stage": stage, "ns": None, "text": f"skipped ({why})", "skipped": why})
+            continue
         value = stage_ns[stage]
         ns = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
         rows.append({"stage": stage, "ns": ns, "text": units.duration(ns)})

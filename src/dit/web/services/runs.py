@@ -17,6 +17,8 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -106,6 +108,7 @@ def run_summary(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "launch": nnpm.get("launch"),
         "driver_pid": pid or None,
         "driver_alive": alive,
+        "note": run.note(),  # the researcher's note (note.md), shown in the list and on the run page
     }
 
 
@@ -113,6 +116,21 @@ def list_runs(runs_root: Path, store: Store) -> list[dict[str, Any]]:
     rows = [run_summary(run, runs_root, store) for run in find_runs(runs_root)]
     rows.sort(key=lambda r: r.get("started_wall_ns") or 0, reverse=True)
     return rows
+
+
+def archive_file(run_dir: Path, top: str, scratch: Path) -> Path:
+    """``run_dir`` as a gzip'd tar under the top directory ``top`` (links stored as links), written to a
+    new file in ``scratch`` (the caller removes it once sent; a failure leaves none behind)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(prefix=f"{top}-", suffix=".tar.gz", dir=scratch)
+    os.close(handle)
+    try:
+        with tarfile.open(name, mode="w:gz") as tar:
+            tar.add(run_dir, arcname=top, recursive=True)  # tarfile never dereferences unless asked
+    except BaseException:
+        Path(name).unlink(missing_ok=True)
+        raise
+    return Path(name)
 
 
 def nnpm_dir(runs_root: Path) -> Path:
@@ -173,6 +191,12 @@ def launch(
 
 # Popen objects of launched runs, so their exit status is collected (no zombies) while the server lives.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def alive_launches() -> list[int]:
+    """The pids of this server's launched drivers still running (their exit status collected)."""
+    reap_children()
+    return list(_CHILDREN)
 
 
 def reap_children() -> None:
@@ -237,7 +261,12 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
     return {
         **summary,
         "stage_ns": status.get("stage_ns", {}),
-        "stages": runpage.stage_rows(status.get("stage_ns") or {}),  # in run order, with units
+        # in run order, with units; a skipped stage (status.json's skipped) with its reason
+        "stages": runpage.stage_rows(status.get("stage_ns") or {}, labels.skipped_stages(status)),
+        "skipped": [
+            {"stage": stage, "reason": why, "text": labels.skipped_text(stage, why)}
+            for stage, why in labels.skipped_stages(status).items()
+        ],
         "duration_text": units.duration(summary["duration_s"] * 1e9) if summary["duration_s"] else "",
         "model": runpage.model_view(metadata.get("model")),
         "settings": settings,  # the run's own optimisation settings and the policy it measured

@@ -41,6 +41,22 @@ CREATE TABLE IF NOT EXISTS variants (
     label TEXT NOT NULL,
     PRIMARY KEY (variant_hash, version_hash)
 );
+CREATE TABLE IF NOT EXISTS notes (  -- a note on a version (a lab notebook entry): the version stays immutable
+    version_hash TEXT PRIMARY KEY REFERENCES versions(hash),
+    text TEXT NOT NULL,
+    updated_ns INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS queue (  -- runs waiting for the runs going before them (NNPM's run queue)
+    id TEXT PRIMARY KEY,
+    version_hash TEXT NOT NULL REFERENCES versions(hash),
+    kind TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    created_ns INTEGER NOT NULL,
+    state TEXT NOT NULL DEFAULT 'waiting',  -- waiting | started | cancelled | failed
+    launch TEXT,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS queue_state ON queue(state, created_ns);
 CREATE TABLE IF NOT EXISTS launches (
     id TEXT PRIMARY KEY,
     version_hash TEXT NOT NULL,
@@ -52,6 +68,10 @@ CREATE TABLE IF NOT EXISTS launches (
     log TEXT NOT NULL
 );
 """
+
+
+_SELECT = "SELECT versions.*, notes.text AS note FROM versions LEFT JOIN notes ON notes.version_hash = versions.hash"
+NOTE_MAX_CHARS = 10_000
 
 
 def version_document(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -75,6 +95,7 @@ class Version:
     resolved: dict[str, Any]
     kind: str
     derived_from: str | None
+    note: str = ""  # the researcher's note on the version (not part of it: not hashed)
 
     def yaml(self) -> str:
         return dump_yaml(self.document, header=f"# {self.name} · NNPM version sha256 {self.hash}\n")
@@ -86,6 +107,7 @@ class Version:
             "created_ns": self.created_ns,
             "kind": self.kind,
             "derived_from": self.derived_from,
+            "note": self.note,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -164,11 +186,12 @@ class Store:
             resolved=json.loads(row["resolved"]),
             kind=row["kind"],
             derived_from=row["derived_from"],
+            note=row["note"] or "",
         )
 
     def get(self, digest: str) -> Version | None:
         with self._lock:
-            row = self._db.execute("SELECT * FROM versions WHERE hash = ?", (digest,)).fetchone()
+            row = self._db.execute(f"{_SELECT} WHERE hash = ?", (digest,)).fetchone()
         return None if row is None else self._version(row)
 
     def find(self, prefix: str) -> Version | None:
@@ -177,14 +200,14 @@ class Store:
             return None
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM versions WHERE hash >= ? AND hash < ? LIMIT 2", (prefix, prefix + "g")
+                f"{_SELECT} WHERE hash >= ? AND hash < ? LIMIT 2", (prefix, prefix + "g")
             ).fetchall()
         return self._version(rows[0]) if len(rows) == 1 else None
 
     def history(self, name: str) -> list[Version]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM versions WHERE name = ? ORDER BY created_ns DESC, hash", (name,)
+                f"{_SELECT} WHERE name = ? ORDER BY created_ns DESC, hash", (name,)
             ).fetchall()
         return [self._version(r) for r in rows]
 
@@ -199,6 +222,59 @@ class Store:
             latest = self.history(row["name"])[0]
             out.append({"name": row["name"], "versions": row["versions"], "latest": latest.summary()})
         return out
+
+    def set_note(self, digest: str, text: str) -> Version:
+        """Set the note of the version ``digest`` (an empty text removes it); ``ValueError`` for a note
+        over :data:`NOTE_MAX_CHARS`, ``KeyError`` for no such version."""
+        if len(text) > NOTE_MAX_CHARS:
+            raise ValueError(f"{len(text)} characters, at most {NOTE_MAX_CHARS}")
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM versions WHERE hash = ?", (digest,)).fetchone() is None:
+                raise KeyError(digest)
+            if text.strip():
+                db.execute(
+                    "INSERT INTO notes (version_hash, text, updated_ns) VALUES (?, ?, ?) ON CONFLICT"
+                    "(version_hash) DO UPDATE SET text = excluded.text, updated_ns = excluded.updated_ns",
+                    (digest, text, time.time_ns()),
+                )
+            else:
+                db.execute("DELETE FROM notes WHERE version_hash = ?", (digest,))
+        version = self.get(digest)
+        assert version is not None
+        return version
+
+    def enqueue(self, digest: str, kind: str, mode: str, count: int) -> list[str]:
+        """``count`` runs of the version ``digest`` at the end of the queue; their ids, in order."""
+        now = time.time_ns()
+        ids = [f"q{now}-{i:03d}" for i in range(count)]
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO queue (id, version_hash, kind, mode, created_ns) VALUES (?, ?, ?, ?, ?)",
+                [(qid, digest, kind, mode, now + i) for i, qid in enumerate(ids)],
+            )
+        return ids
+
+    def queued(self, states: tuple[str, ...] = ("waiting",)) -> list[dict[str, Any]]:
+        """Queue entries in those states, first in line first (with their version's name)."""
+        with self._lock:  # read every half second by the housekeeping: only the rows asked for
+            rows = self._db.execute(
+                "SELECT queue.*, versions.name AS name FROM queue JOIN versions ON versions.hash ="
+                " queue.version_hash WHERE queue.state IN (SELECT value FROM json_each(?))"
+                " ORDER BY queue.created_ns, queue.id",
+                (json.dumps(list(states)),),
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    def settle_queued(
+        self, qid: str, state: str, launch: str | None = None, error: str | None = None
+    ) -> bool:
+        """Move a *waiting* entry to ``state`` (started, cancelled, failed); False if it was not waiting."""
+        with self._tx() as db:
+            done = db.execute(
+                "UPDATE queue SET state = ?, launch = ?, error = ? WHERE id = ? AND state = 'waiting'",
+                (state, launch, error, qid),
+            )
+            return done.rowcount == 1
 
     def version_of_variant(self, variant_hash: str) -> str | None:
         with self._lock:

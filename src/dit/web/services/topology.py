@@ -13,7 +13,7 @@ adds its latency once per round trip and a device↔device link, shaped at both 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,17 +108,23 @@ def apply_map_delays(
     edge: str | None,
     device_links: bool = False,
     base: Mapping[str, Any] | None = None,
+    from_map: Collection[tuple[str, str]] = (),
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The ``network`` block with the map's per-destination delays merged in, and one note per link.
 
     For each of ``devices`` (those the topology knows): its link to ``edge`` and, with
     ``device_links``, to the scenario's other devices. ``base`` (the scenario's existing ``network``
     block) is kept: other fields stay, and so do destinations the topology does not name.
-    A device whose block has a typed ``delay_ms`` keeps it: a destination delay would override it on
-    that link, so the map's value is not written there (note ``kept``, issue 36: never silently).
-    Notes: ``{"device", "peer", "delay_ms", "map_ms", "source"}`` — ``source`` ``typed`` (kept),
-    ``map`` (written; ``previous_ms`` when it replaced another destination value).
+    The map only fills a delay the user did not type (issue 36: a typed value is never overridden
+    silently). A destination's ``delay_ms`` is kept unless its link is in ``from_map`` (``(device,
+    peer)`` pairs whose delay the map wrote before, as the editor knows: those follow the map). A
+    device whose block has a typed ``delay_ms`` and no profile for the link keeps it too: a
+    destination delay would override it there, so the map's value is not written.
+    Notes: ``{"device", "peer", "delay_ms", "map_ms", "source"}`` — ``source`` ``typed`` (kept;
+    ``where`` says which field: the device's or the destination's), ``map`` (written;
+    ``previous_ms`` when it replaced an earlier map value).
     """
+    refresh = set(from_map)
     out: dict[str, Any] = {k: dict(v) for k, v in (base or {}).items() if isinstance(v, Mapping)}
     notes: list[dict[str, Any]] = []
     for dev in devices:
@@ -135,10 +141,16 @@ def apply_map_delays(
             profile = dict(dests.get(peer) or {})
             map_ms = peers[peer]
             note: dict[str, Any] = {"device": dev, "peer": peer, "map_ms": map_ms}
-            if typed is not None and "delay_ms" not in profile:
-                notes.append({**note, "delay_ms": typed, "source": "typed"})
-                continue
             previous = profile.get("delay_ms")
+            if previous is not None and (dev, peer) not in refresh:
+                where = f"network.{dev}.destinations.{peer}.delay_ms"
+                notes.append({**note, "delay_ms": previous, "source": "typed", "where": where})
+                continue
+            if typed is not None and not profile:
+                notes.append(
+                    {**note, "delay_ms": typed, "source": "typed", "where": f"network.{dev}.delay_ms"}
+                )
+                continue
             if previous is not None and previous != map_ms:
                 note["previous_ms"] = previous
             profile["delay_ms"] = map_ms

@@ -1,11 +1,14 @@
 // NNPM page: views (map, scenarios, runs, runtimes), the terminal, and the active run with its Stop button.
 import { api, el, fmtQuantity, short } from "./api.js";
 import { SchemaForm } from "./form.js";
+import { LinkPanel, linkKey } from "./link.js";
 import { NodeMap } from "./map.js";
 import { Terminal } from "./terminal.js";
 
 const $ = (id) => document.getElementById(id);
-const state = { config: null, form: null, saved: null, run: null, history: [], selected: [] };
+// origins: the destination delays this editor filled from the map or a measurement (linkKey -> source);
+// any other value in the scenario is typed, and Apply map delays keeps it (issue 36 item 1)
+const state = { config: null, form: null, saved: null, run: null, history: [], selected: [], origins: new Map() };
 const terminal = new Terminal();
 window.nnpm = { state, terminal };
 
@@ -26,12 +29,21 @@ const STARTER = {
   inference: { enabled: true, repetitions: 5 }, optimisation: { enabled: true, algorithm: "greedy", objective: "total_delay" },
 };
 
-function editScenario(document_) {
+// Run, Dry run and Benchmarking start from a saved version: off until there is one, and the hint says so
+const RUN_BUTTONS = ["run-button", "bench-button", "dry-button"];
+function setRunnable(on) {
+  for (const id of RUN_BUTTONS) $(id).disabled = !on;
+  $("run-button").title = on ? "" : $("run-hint").textContent;
+  $("run-hint").hidden = on;
+  if (on) showLastDryRunButton().catch(() => {});
+  else $("dry-last").hidden = true;
+}
+
+function editScenario(document_, keepOrigins = false) {
+  if (!keepOrigins) state.origins.clear();
   state.form.render(document_);
   state.saved = null;
-  $("run-button").disabled = true;
-  $("bench-button").disabled = true;
-  $("dry-button").disabled = true;
+  setRunnable(false);
   $("save-result").hidden = true;
   clearFormErrors();
 }
@@ -75,9 +87,31 @@ async function loadScenarioLists() {
 }
 
 async function openStored(name) {
+  // the editor is about to show another version: Run, Dry run and Benchmarking wait for it, so a click
+  // meanwhile cannot start the version shown before (CI's e2e run benchmarked the previous one)
+  state.saved = null;
+  setRunnable(false);
+  const data = await loadHistory(name);
+  if (data.versions[0]) {
+    const full = await api(`/api/versions/${data.versions[0].hash}`);
+    editScenario(full.document);
+    markSaved(full, false);
+  }
+}
+
+// the versions of one stored scenario, newest first (after a Save too: the new version is listed at once)
+// A refresh of the same scenario keeps the ticked versions that are still listed, and an answer that
+// arrives after a newer request's is dropped: a Save's refresh landing late must not untick what the user
+// ticked since (CI's e2e run found Diff disabled that way).
+let historySeq = 0;
+async function loadHistory(name) {
+  const seq = ++historySeq;
   const data = await api(`/api/scenarios/${encodeURIComponent(name)}/versions`);
+  if (seq !== historySeq) return data;
+  const same = $("history-name").textContent === name && !$("history").hidden;
+  const listed = new Set(data.versions.map((v) => v.hash));
   state.history = data.versions;
-  state.selected = [];
+  state.selected = same ? state.selected.filter((h) => listed.has(h)) : [];
   $("history").hidden = false;
   $("history-name").textContent = name;
   $("history-list").replaceChildren(...data.versions.map((v) => el("li", {},
@@ -87,12 +121,13 @@ async function openStored(name) {
       $("diff-button").disabled = state.selected.length !== 2;
     }, dataset: { hash: v.hash } }),
     el("a", { href: "#", onclick: async (e) => { e.preventDefault(); const full = await api(`/api/versions/${v.hash}`); editScenario(full.document); markSaved(full, false); } },
-      short(v.hash)), el("code", {}, `${v.kind} · ${new Date(v.created_ns / 1e6).toLocaleString()}`))));
-  if (data.versions[0]) {
-    const full = await api(`/api/versions/${data.versions[0].hash}`);
-    editScenario(full.document);
-    markSaved(full, false);
-  }
+      short(v.hash)), el("code", {}, `${v.kind} · ${new Date(v.created_ns / 1e6).toLocaleString()}`), " ",
+    el("a", { href: "#", class: "small", dataset: { runsOf: v.hash }, title: "every run made from this version",
+      onclick: (e) => { e.preventDefault(); state.runsOf = v.hash; show("runs"); } }, "runs"),
+    v.note ? el("div", { class: "small note", title: v.note }, v.note.split("\n")[0].slice(0, 100)) : null)));
+  for (const box of $("history-list").querySelectorAll("input")) box.checked = state.selected.includes(box.dataset.hash);
+  $("diff-button").disabled = state.selected.length !== 2;
+  return data;
 }
 
 // Always older → newer (whatever order the boxes were ticked in; the server orders them too), so an
@@ -119,10 +154,26 @@ function markSaved(version, created) {
   box.hidden = false;
   box.replaceChildren(el("span", {}, created === false ? "Version " : "Saved version "),
     el("code", { "data-testid": "version-hash", id: "version-hash" }, version.hash),
-    el("span", { class: "small" }, created === false ? " (already stored: versions are immutable)" : ""));
-  $("run-button").disabled = false;
-  $("bench-button").disabled = false;
-  $("dry-button").disabled = false;
+    el("span", { class: "small" }, created === false ? " (already stored: versions are immutable)" : ""),
+    el("div", { class: "toolbar" },
+      el("input", { id: "version-note", type: "text", size: 50, maxlength: 10000, value: version.note || "",
+        placeholder: "a note on this version (a lab notebook entry; the version itself stays as saved)" }),
+      el("button", { id: "version-note-save", type: "button", onclick: () => saveVersionNote(version) }, "Save note"),
+      el("span", { id: "version-note-state", class: "small" })));
+  setRunnable(true);
+}
+
+async function saveVersionNote(version) {
+  try {
+    const res = await api(`/api/versions/${version.hash}/note`, { method: "PUT", body: { text: $("version-note").value } });
+    $("version-note-state").textContent = res.note ? "saved" : "removed";
+    $("version-note-state").className = "small";
+    if (state.saved && state.saved.hash === version.hash) state.saved = { ...state.saved, note: res.note };
+    loadHistory(version.name);
+  } catch (err) {
+    $("version-note-state").textContent = err.errors.map((e) => `${e.path}: ${e.message}`).join("; ") || err.message;
+    $("version-note-state").className = "small err";
+  }
 }
 
 $("new-scenario").addEventListener("click", () => editScenario(STARTER));
@@ -141,7 +192,7 @@ $("validate-button").addEventListener("click", async () => {
 // a failed save leaves no green box and no Run of an older version behind: only the current problems
 function unsaved() {
   state.saved = null;
-  for (const id of ["run-button", "bench-button", "dry-button"]) $(id).disabled = true;
+  setRunnable(false);
 }
 
 $("save-button").addEventListener("click", async () => {
@@ -152,6 +203,7 @@ $("save-button").addEventListener("click", async () => {
     clearFormErrors();
     markSaved(res.version, res.created);
     loadScenarioLists();
+    loadHistory(res.version.name);
   } catch (err) {
     unsaved();
     if (err.status === 422) showFormErrors(err.errors);
@@ -162,24 +214,67 @@ $("save-button").addEventListener("click", async () => {
 $("topology-button").addEventListener("click", async () => {
   const doc = readForm();
   if (!doc) return;
-  const res = await api("/api/scenarios/topology", { method: "POST", body: { document: doc, device_links: $("device-links").checked } });
-  editScenario(res.document);
+  // the links whose delay the map wrote before may follow the map again; every other delay is typed and kept
+  const fromMap = [...state.origins].filter(([, source]) => source === "map").map(([key]) => {
+    const [device, peer] = key.split(">");
+    return { device, peer };
+  });
+  const res = await api("/api/scenarios/topology", { method: "POST", body: { document: doc, device_links: $("device-links").checked, from_map: fromMap } });
+  for (const l of res.links || []) if (l.source === "map") state.origins.set(linkKey(l.device, l.peer), "map");
+  editScenario(res.document, true);
   const box = $("save-result");
   box.hidden = false;
   if (!res.edge) { box.textContent = "the map has no edge server"; return; }
   // every link says which delay applies and where it comes from: a typed delay is kept, never overridden silently
   const ms = (v) => `${Number(v).toPrecision(4)} ms`;
+  const kept = (l) => (state.origins.get(linkKey(l.device, l.peer)) === "measured" ? "measured RTT as delay" : "typed");
   const line = (l) => l.source === "typed"
-    ? `${l.device} → ${l.peer}: ${ms(l.delay_ms)} typed, kept (the map says ${ms(l.map_ms)})`
+    ? `${l.device} → ${l.peer}: ${ms(l.delay_ms)} ${kept(l)}, kept (the map says ${ms(l.map_ms)})`
     : `${l.device} → ${l.peer}: ${ms(l.delay_ms)} from the map` + (l.previous_ms !== undefined ? ` (was ${ms(l.previous_ms)})` : "");
   box.replaceChildren(el("div", {}, `per-destination delays from the map (edge: ${res.edge})` + (res.not_on_map.length ? `; not on the map: ${res.not_on_map.join(", ")}` : "")),
     el("ul", { id: "map-links", class: "small" }, ...(res.links || []).map((l) => el("li", { dataset: { device: l.device, peer: l.peer, source: l.source } }, line(l)))));
 });
 
+// -- one link of the map: its profile written into the form (link.js) -------------------------------
+// Typing a destination's delay in the form makes it typed: the map no longer writes over it.
+$("scenario-form").addEventListener("input", (e) => {
+  const m = /^network\.([^.]+)\.destinations\.([^.]+)\.delay_ms$/.exec(e.target.name || "");
+  if (m) state.origins.delete(linkKey(m[1], m[2]));
+});
+
+function linkWritten(doc, written) {
+  editScenario(doc, true);
+  show("scenarios");
+  const where = `network.${written.device}.destinations.${written.peer}`;
+  const parts = Object.entries(written.profile).map(([k, v]) => `${k} ${v}` + (k === "delay_ms" ? ` (${written.source === "measured" ? "measured RTT" : written.source})` : ""));
+  const box = $("save-result");
+  box.hidden = false;
+  box.replaceChildren(el("span", { id: "link-written", dataset: { device: written.device, peer: written.peer, source: written.source } },
+    parts.length ? `${written.device} → ${written.peer}: ${parts.join(", ")} written into ${where}; Save version to keep it.`
+      : `${written.device} → ${written.peer}: its own profile removed (${where}); the device's profile applies on it again. Save version to keep it.`));
+  const target = document.querySelector(`#scenario-form [data-path="network.${CSS.escape(written.device)}"]`);
+  if (target) target.scrollIntoView({ block: "center" });
+}
+
+const linkPanel = new LinkPanel({ readDocument: () => state.form.read(), writeDocument: linkWritten, origins: state.origins });
+
+// A run asked for while another is going, or several at once, waits its turn in the server's queue
+// (listed under Runs, with its position and what it waits for) instead of being refused by the lease.
 async function startRun(kind) {
   if (!state.saved) return;
   try {
-    const res = await api("/api/runs", { method: "POST", body: { version: state.saved.hash, kind, mode: $("run-mode").value } });
+    const count = kind === "run" ? Number($("run-count").value || 1) : 1;
+    const going = (await api("/api/queue")).holder;
+    const queue = count > 1 || !!going;
+    const res = await api("/api/runs", { method: "POST", body: { version: state.saved.hash, kind, mode: $("run-mode").value, queue, count } });
+    if (res.queued) {
+      const box = $("save-result");
+      box.hidden = false;
+      box.textContent = `${res.queued.length} run(s) of ${res.version.name} queued at position ${res.queued.map((e) => e.position).join(", ")}` +
+        (res.holder ? `, waiting for ${res.holder}` : ": the first starts now");
+      loadQueue();
+      return;
+    }
     state.run = { launch: res.launch, key: null, label: `${res.version.name} (${kind})` };
     showActive();
     followLaunch(res.launch);
@@ -206,17 +301,47 @@ function renderDryRun(r) {
     r.error ? el("p", { class: "err" }, r.error) : null, ...nodes);
 }
 
+// The dry run goes on in the server: its progress streams to the terminal (the dialog is not modal while it
+// runs, so the terminal stays in view), and its report is kept as the version's last dry run in that mode,
+// which "Last dry run" opens again (after the tab was closed, too).
+function showDryRunReport(res, modal) {
+  $("dry-run-title").textContent = `Dry run of ${res.version.name} · ${short(res.version.hash)} (${res.mode} mode, ${new Date(res.finished_ns / 1e6).toLocaleString()})`;
+  const body = $("dry-run-body");
+  body.replaceChildren(...res.dry_runs.map(renderDryRun));
+  if (!res.ok && !res.dry_runs.some((r) => r.error)) body.append(el("pre", { class: "err" }, res.log_tail));
+  if (res.not_kept) body.append(el("p", { class: "err" }, `not kept for later: ${res.not_kept}`));
+  if (!$("dry-run-dialog").open) modal ? $("dry-run-dialog").showModal() : $("dry-run-dialog").show();
+}
+
+async function lastDryRun(hash, mode) {
+  try { return await api(`/api/versions/${hash}/dry-run?mode=${mode}`); } catch (err) { if (err.status === 404) return null; throw err; }
+}
+
+async function showLastDryRunButton() {
+  const saved = state.saved;
+  const last = saved ? await lastDryRun(saved.hash, $("run-mode").value) : null;
+  if (state.saved !== saved) return;
+  $("dry-last").hidden = !last;
+  if (last) $("dry-last").title = `the last dry run of this version in ${last.mode} mode, ${new Date(last.finished_ns / 1e6).toLocaleString()}`;
+}
+
 async function dryRun() {
   if (!state.saved) return;
+  const version = state.saved;
+  const mode = $("run-mode").value;
   const body = $("dry-run-body");
-  $("dry-run-title").textContent = `Dry run of ${state.saved.name || state.saved.hash.slice(0, 12)}`;
-  body.replaceChildren(el("p", { class: "small", "data-testid": "dry-run-waiting" }, "checking every node in Ansible check mode…"));
-  $("dry-run-dialog").showModal();
+  $("dry-run-title").textContent = `Dry run of ${version.name || version.hash.slice(0, 12)}`;
+  body.replaceChildren(el("p", { class: "small", "data-testid": "dry-run-waiting" },
+    "checking every node in Ansible check mode… its progress streams to the terminal below; closing this page does not stop it (Last dry run shows its report)"));
+  $("dry-run-dialog").show();
   $("dry-button").disabled = true;
   try {
-    const res = await api("/api/dry-runs", { method: "POST", body: { version: state.saved.hash, mode: $("run-mode").value } });
-    body.replaceChildren(...res.dry_runs.map(renderDryRun));
-    if (!res.ok && !res.dry_runs.some((r) => r.error)) body.append(el("pre", { class: "err" }, res.log_tail));
+    const started = await api("/api/dry-runs", { method: "POST", body: { version: version.hash, mode, background: true } });
+    const action = await watchAction(started.action, () => {});
+    const res = await lastDryRun(version.hash, mode);
+    if (res && res.finished_ns >= action.started_ns) showDryRunReport(res, false);
+    else body.replaceChildren(el("p", { class: "err" }, action.error || "the dry run gave no report"));
+    showLastDryRunButton();
   } catch (err) {
     body.replaceChildren(el("p", { class: "err" }, err.errors.map((e) => `${e.path}: ${e.message}`).join("\n") || err.message));
   } finally {
@@ -224,6 +349,11 @@ async function dryRun() {
   }
 }
 $("dry-button").addEventListener("click", dryRun);
+$("dry-last").addEventListener("click", async () => {
+  const res = state.saved && await lastDryRun(state.saved.hash, $("run-mode").value);
+  if (res) showDryRunReport(res, true);
+});
+$("run-mode").addEventListener("change", showLastDryRunButton);
 
 // -- benchmarking: the profiling-only pipeline, with the profiling options the scenario schema defines ---
 async function openBenchmark() {
@@ -321,7 +451,10 @@ async function pollActive() {
   else loadRuns();
 }
 
+// Stop asks first: it ends the measurement (what was collected so far is kept, the nodes are restored)
 async function stopRun(key) {
+  const label = (state.run && state.run.key === key && state.run.label) || key;
+  if (!confirm(`Stop ${label}? Its processes end and every node is restored; what it measured so far is kept.`)) return;
   await api(`/api/runs/${key}/stop`, { method: "POST", body: {} });
   if (state.run && state.run.key === key) { state.run.state = "stopping"; showActive(); }
 }
@@ -329,14 +462,64 @@ $("stop-button").addEventListener("click", () => state.run && state.run.key && s
 $("run-stop").addEventListener("click", () => state.page && stopRun(state.page));
 
 // -- runs ------------------------------------------------------------------------------------------
+// ticked runs (kept across a refresh) -> Compare: their side-by-side report, a download as Report is
+state.compare = new Set();
+function compareLink() {
+  const keys = [...state.compare];
+  const ok = keys.length >= 2;
+  $("compare-runs").setAttribute("aria-disabled", String(!ok));
+  $("compare-runs").textContent = ok ? `Compare ${keys.length}` : "Compare";
+  if (ok) $("compare-runs").href = `/api/compare/report?${keys.map((k) => `runs=${encodeURIComponent(k)}`).join("&")}`;
+  else $("compare-runs").removeAttribute("href");
+}
+
 async function loadRuns() {
   const data = await api("/api/runs");
-  $("runs-table").tBodies[0].replaceChildren(...data.runs.map((r) => el("tr", { class: "clickable", dataset: { key: r.key }, onclick: () => openRun(r.key) },
-    el("td", {}, r.label, el("div", { class: "small" }, r.key)), el("td", {}, el("span", { class: `state ${r.state}` }, r.state)),
-    el("td", {}, r.stage || ""), el("td", {}, versionCell(r)),
-    el("td", {}, r.duration_s !== null ? `${r.duration_s.toFixed(1)} s` : ""), el("td", {}, r.mode + (r.kind ? ` · ${r.kind}` : "")))));
+  const listed = new Set(data.runs.map((r) => r.key));
+  for (const key of [...state.compare]) if (!listed.has(key)) state.compare.delete(key);
+  // "runs" of a version in its history: only the runs made from it, until "show all"
+  const runs = state.runsOf ? data.runs.filter((r) => r.version === state.runsOf) : data.runs;
+  $("runs-filter").hidden = !state.runsOf;
+  if (state.runsOf) $("runs-filter-text").textContent = `${runs.length} run(s) made from version ${short(state.runsOf)}`;
+  const tick = (r) => el("input", { type: "checkbox", checked: state.compare.has(r.key), dataset: { compare: r.key },
+    onclick: (e) => e.stopPropagation(),
+    onchange: (e) => { if (e.target.checked) state.compare.add(r.key); else state.compare.delete(r.key); compareLink(); } });
+  $("runs-table").tBodies[0].replaceChildren(...runs.map((r) => el("tr", { class: "clickable", dataset: { key: r.key }, onclick: () => openRun(r.key) },
+    el("td", {}, tick(r)),
+    // four columns that fit beside an open run page (1280 px and up): the run directory's name, not its
+    // whole key (the key is the tooltip); the stage under the state; duration and mode under the version
+    el("td", { title: r.key }, r.label, el("div", { class: "small" }, r.key.split("/").pop()),
+      r.note ? el("div", { class: "small note", title: r.note }, r.note.split("\n")[0].slice(0, 100)) : null),
+    el("td", {}, el("span", { class: `state ${r.state}` }, r.state), r.stage ? el("div", { class: "small" }, r.stage) : null),
+    el("td", {}, versionCell(r), el("div", { class: "small" },
+      [r.duration_s !== null ? `${r.duration_s.toFixed(1)} s` : "", r.mode + (r.kind ? ` · ${r.kind}` : "")].filter(Boolean).join(" · "))))));
+  compareLink();
+  loadQueue().catch(() => {});
 }
 $("refresh-runs").addEventListener("click", loadRuns);
+
+async function loadQueue() {
+  const q = await api("/api/queue");
+  $("queue-box").hidden = !q.entries.length;
+  $("queue-holder").textContent = q.holder ? `waiting for ${q.holder}` : "starting the next";
+  $("queue-list").replaceChildren(...q.entries.map((e) => el("li", { dataset: { queued: e.id } },
+    `${e.name} · ${short(e.version)} (${e.kind}, ${e.mode} mode) `,
+    el("button", { type: "button", onclick: async () => { await api(`/api/queue/${e.id}`, { method: "DELETE" }); loadQueue(); } }, "Cancel"))));
+}
+$("run-note-save").addEventListener("click", async () => {
+  const key = state.noteKey;
+  try {
+    const res = await api(`/api/runs/${key}/note`, { method: "PUT", body: { text: $("run-note").value } });
+    $("run-note-state").textContent = res.note ? "saved" : "removed";
+    $("run-note-state").className = "small";
+    loadRuns();
+  } catch (err) {
+    $("run-note-state").textContent = err.errors.map((e) => `${e.path}: ${e.message}`).join("; ") || err.message;
+    $("run-note-state").className = "small err";
+  }
+});
+$("runs-filter-clear").addEventListener("click", () => { state.runsOf = null; loadRuns(); });
+$("compare-runs").addEventListener("click", (e) => { if (state.compare.size < 2) e.preventDefault(); });
 
 // a run's stored version; a run started from the CLI of a scenario never saved here: its scenario hash
 function versionCell(r) {
@@ -386,6 +569,11 @@ function kvRows(rows) { return rows.filter(([, v]) => v !== undefined && v !== n
 function renderRun(d) {
   $("run-page").hidden = false;
   $("run-title").textContent = d.label;
+  if (state.noteKey !== d.key) {  // a poll of the same run never overwrites what is being typed
+    state.noteKey = d.key;
+    $("run-note").value = d.note || "";
+    $("run-note-state").textContent = "";
+  }
   $("run-state").textContent = d.stage && d.state === "running" ? `${d.state} · ${d.stage}` : d.state;
   $("run-state").className = `state ${d.state}`;
   $("run-stop").hidden = !["running", "starting"].includes(d.state);
@@ -393,6 +581,8 @@ function renderRun(d) {
   state.detail = d;
   $("run-report").hidden = !d.finished;
   $("run-report").href = `/api/runs/${d.key}/report`;
+  $("run-archive").hidden = !d.finished;
+  $("run-archive").href = `/api/runs/${d.key}/archive`;
   const started = d.started_wall_ns ? new Date(d.started_wall_ns / 1e6).toISOString() : "";
   $("run-meta").replaceChildren(...kvRows([
     ["scenario version", el("code", { "data-testid": "run-version" }, d.version || (d.variant_hash ? `not stored (scenario ${short(d.variant_hash)})` : "unknown"))], ["variant hash", el("code", {}, short(d.variant_hash))],
@@ -402,7 +592,8 @@ function renderRun(d) {
     ["error", d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", { class: "num" }, "wall time")),
-    ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage } }, el("td", {}, s.stage), el("td", { class: "num", title: s.ns !== null ? `${s.ns} ns` : null }, s.text))));
+    ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage }, class: s.skipped !== undefined ? "skipped" : null }, el("td", {}, s.stage),
+      el("td", { class: s.skipped !== undefined ? "small" : "num", title: s.ns !== null ? `${s.ns} ns` : s.skipped }, s.text))));
   renderSummary(d.summary);
   renderPhases(d);
   // a fake sensor's power is a model of the node's activity: said above the plots that show it
@@ -437,7 +628,11 @@ function renderOptimise(opt, detail) {
   const box = $("optimise-results");
   box.replaceChildren();
   const results = opt.results;
-  if (!results.length) return;
+  if (!results.length) {  // a skipped optimise stage says why (status.json), never an empty box
+    const skipped = (detail.skipped || []).find((s) => s.stage === "optimise");
+    if (skipped) box.append(el("p", { class: "small", id: "optimise-skipped" }, skipped.text));
+    return;
+  }
   const terms = opt.terms;
   box.append(el("h3", {}, "Optimiser results"));
   for (const r of results) {
@@ -496,6 +691,16 @@ $("optimise-form").addEventListener("submit", async (event) => {
     const detail = await api(`/api/runs/${state.page}`);
     const opt = await api(`/api/runs/${state.page}/optimise`);
     renderOptimise(opt, detail);
+    // the result just computed, brought into view and marked (it lands below the fold otherwise)
+    const file = `${f.algorithm.value}-${f.objective.value}-${f.policy.value}.json`;
+    const table = [...$("optimise-results").querySelectorAll("table.optimise-table")].find((t) => t.dataset.file === file);
+    if (table) {
+      table.classList.add("just-computed");
+      // once the plots above it have their size (a plot loading later would push it out of view again)
+      const above = [...document.querySelectorAll("#run-plots img")].filter((img) => !img.complete);
+      await Promise.all(above.map((img) => img.decode().catch(() => {})));
+      table.scrollIntoView({ block: "center" });
+    }
   } catch (err) {
     $("optimise-form").querySelector(".err").textContent = err.errors.map((e) => e.message).join("; ") || err.message;
   }
@@ -518,7 +723,14 @@ async function loadRuntimes() {
   $("maintenance-action").replaceChildren(...rt.runtimes.flatMap((r) => r.actions.map((a) =>
     el("option", { value: `${r.name}/${a.name}`, title: a.description }, `${r.name}: ${a.title}`))));
   if (current) $("maintenance-action").value = current;
-  showActionInputs();
+  const installing = $("install-runtime").value;
+  const installable = rt.runtimes.filter((r) => r.installable);
+  $("install-runtime").replaceChildren(...installable.map((r) => el("option", { value: r.name }, `${r.name} v${r.version}`)));
+  if (installing) $("install-runtime").value = installing;
+  $("install-run").disabled = !installable.length;
+  $("install-run").title = installable.length ? "" : "no external runtime is declared in the mirror's sources file";
+  // a refresh keeps the form of the action still chosen, and what the user typed into it
+  if (!current || $("maintenance-action").value !== current || !state.actionForm) showActionInputs();
   $("runtime-problems").replaceChildren(...Object.entries(rt.problems).map(([name, why]) => el("li", {}, `${name} did not load: ${why}`)));
   $("runtime-problems").hidden = !Object.keys(rt.problems).length;
   renderReadiness(rt.readiness, {});
@@ -572,6 +784,26 @@ $("runtime-check").addEventListener("click", async () => {
   finally { $("runtime-check").disabled = false; }
 });
 
+$("install-run").addEventListener("click", async () => {
+  const runtime = $("install-runtime").value;
+  const hosts = chosenHosts();
+  const show = (text, cls) => { $("install-state").textContent = text; $("install-state").className = `state ${cls}`; };
+  $("install-run").disabled = true;
+  try {
+    const a = await api("/api/runtimes/install", { method: "POST", body: { runtime, hosts } });
+    const done = await watchAction(a, (x) => {
+      show(`${x.title}: ${x.state}${x.error ? ` (${x.error})` : ""}`, x.state === "done" ? "completed" : x.state);
+      if (x.state === "running") renderReadiness(state.runtimes.readiness, { [runtime]: hosts });
+    });
+    state.runtimes = await api("/api/runtimes");
+    renderReadiness(state.runtimes.readiness, {});
+    const ready = done.nodes.filter((n) => n.state === "ok").length;
+    show(`${done.title}: ${done.state}${done.error ? ` (${done.error})` : ""}; ready ${ready} of ${done.nodes.length}`, done.state === "done" ? "completed" : "failed");
+  } catch (err) {
+    show((err.errors || []).map((e) => `${e.path}: ${e.message}`).join("; ") || err.message, "failed");
+  } finally { $("install-run").disabled = false; }
+});
+
 function chosenAction() {
   const [runtime, name] = ($("maintenance-action").value || "/").split("/");
   const r = (state.runtimes ? state.runtimes.runtimes : []).find((x) => x.name === runtime);
@@ -615,7 +847,7 @@ async function main() {
   const schema = await api("/api/schema");
   state.form = new SchemaForm($("scenario-form"), schema);
   editScenario(STARTER);
-  state.map = new NodeMap(state.config, () => {});
+  state.map = new NodeMap(state.config, () => {}, (link, nodes) => linkPanel.open(link, nodes).catch((err) => alert(err.message)));
   await state.map.refresh();
   setInterval(() => state.map.refresh().catch(() => {}), 2000);
   // a run that is going on when the page opens becomes the active run

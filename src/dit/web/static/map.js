@@ -1,6 +1,7 @@
 // The map of nodes: markers coloured by the last probe (green only when all three answered), draggable;
 // a click in "add" mode opens the node dialog; every pair of nodes is a link labelled with its synthetic
-// latency (5 ms + 1 ms per km of distance, computed by the server).
+// latency (5 ms + 1 ms per km of distance, computed by the server); a click on a link opens its own
+// control (link.js: delay, jitter, loss and rate of device → destination).
 //
 // Two views (GET /api/config → tiles):
 // - a floor plan (the default, no tiles configured): the uploaded image (or a blank sheet) in Leaflet's
@@ -10,12 +11,25 @@
 //   to load; the tiles' credit only here.
 import { api, el, fmtMs } from "./api.js";
 
+const PLAN_FIELDS = { data: "the image", content_type: "the file type", a: "the first point", b: "the second point", distance_m: "the distance" };
+
+// a board's facts in words and units ("Raspberry Pi 4 Model B · 4 cores · 4096 MB memory · 1500 MHz max"),
+// not the inventory's keys; a key this page does not know is shown as it is
+const BOARD_FACTS = { cores: (v) => `${v} cores`, memory_mb: (v) => `${v} MB memory`, max_mhz: (v) => `${v} MHz max` };
+export function boardText(board) {
+  const known = ["model", ...Object.keys(BOARD_FACTS)].filter((k) => board[k] !== undefined && board[k] !== null)
+    .map((k) => (k === "model" ? String(board.model) : BOARD_FACTS[k](board[k])));
+  const other = Object.entries(board).filter(([k]) => k !== "model" && !(k in BOARD_FACTS)).map(([k, v]) => `${k}: ${v}`);
+  return [...known, ...other].join(" · ");
+}
+
 const L = window.L;
 
 export class NodeMap {
-  constructor(config, onChange) {
+  constructor(config, onChange, onLink) {
     this.config = config;
     this.onChange = onChange;
+    this.onLink = onLink;
     this.mode = config.tiles ? "tiles" : "plan";
     this.markers = new Map();
     this.adding = false;
@@ -91,7 +105,9 @@ export class NodeMap {
     box.hidden = !err;
     if (!err) { box.replaceChildren(); return; }
     const errors = err.errors && err.errors.length ? err.errors : [{ path: "", message: err.message }];
-    box.replaceChildren(...errors.map((e) => el("li", { dataset: { field: e.path } }, e.path ? `${e.path}: ${e.message}` : e.message)));
+    // what the user touched, in words, not the API's field names ("data:", "b:")
+    const said = (path) => PLAN_FIELDS[path] || path;
+    box.replaceChildren(...errors.map((e) => el("li", { dataset: { field: e.path } }, e.path ? `${said(e.path)}: ${e.message}` : e.message)));
   }
 
   async upload(file) {
@@ -103,7 +119,11 @@ export class NodeMap {
       reader.readAsDataURL(file);
     });
     try {
-      await api("/api/floorplan/image", { method: "PUT", body: { content_type: file.type, name: file.name, data } });
+      const res = await api("/api/floorplan/image", { method: "PUT", body: { content_type: file.type, name: file.name, data } });
+      // what the new image did: the nodes kept their place on the plan; the scale kept or to mark again
+      const hint = document.getElementById("plan-hint");
+      hint.textContent = `${res.upload.moved} node(s) kept their place on the new plan; ${res.upload.message}`;
+      hint.hidden = false;
       await this.refresh();
       this.onChange && this.onChange();
     } catch (err) { this.planError(err); }
@@ -238,7 +258,7 @@ export class NodeMap {
   popup(node) {
     // an element with text nodes: board facts and probe details are data, never markup
     const p = node.probe;
-    const board = Object.entries(node.board || {}).map(([k, v]) => `${k}: ${v}`).join(", ");
+    const board = boardText(node.board || {});
     const probe = !p ? "not probed yet" : `${p.answered}/${p.sent} answered (${p.method})` + (p.ok ? ` · ${p.rtt_ms.map((r) => r.toFixed(2)).join(" / ")} ms` : ` · last: ${p.detail}`);
     return el("div", { class: "node-popup" },
       el("b", {}, node.name), " ", el("small", {}, node.role), el("br"),
@@ -294,9 +314,21 @@ export class NodeMap {
     const role = Object.fromEntries(data.nodes.map((n) => [n.name, n.role]));
     for (const link of data.links) {
       const edgeLink = role[link.a] === "edge" || role[link.b] === "edge";
-      const line = L.polyline([pos[link.a], pos[link.b]], { color: edgeLink ? "#2458c6" : "#7d8db3", weight: edgeLink ? 3 : 1.5, dashArray: edgeLink ? null : "4 4", opacity: 0.8 });
+      if (!pos[link.a] || !pos[link.b]) continue;
+      const line = L.polyline([pos[link.a], pos[link.b]], { color: edgeLink ? "#2458c6" : "#7d8db3", weight: edgeLink ? 3 : 1.5, dashArray: edgeLink ? null : "4 4", opacity: 0.8, interactive: false });
       line.bindTooltip(`${fmtMs(link.delay_ms)}`, { permanent: true, direction: "center", className: "link-label" });
       line.addTo(this.linkLayer);
+      line.getTooltip().getElement().dataset.link = `${link.a}-${link.b}`;
+      // a wider, invisible line over it takes the click: a 3 px line is hard to hit
+      const hit = L.polyline([pos[link.a], pos[link.b]], { weight: 16, opacity: 0, className: "link-hit" });
+      hit.on("click", (e) => {
+        L.DomEvent.stopPropagation(e);
+        if (this.scaling || this.adding) this.clicked(e.latlng); // marking a point or adding a node: the map's click
+        else if (this.onLink) this.onLink(link, data.nodes);
+      });
+      hit.bindTooltip(`${link.a} ↔ ${link.b}: click to set delay, jitter, loss, rate`, { sticky: true });
+      hit.addTo(this.linkLayer);
+      hit.getElement().dataset.link = `${link.a}-${link.b}`;
     }
   }
 

@@ -17,6 +17,14 @@ export class Terminal {
     this.footer = document.getElementById("terminal");
     this.filter.addEventListener("change", () => this.applyFilter());
     document.getElementById("term-clear").addEventListener("click", () => { this.box.replaceChildren(); this.sized(); });
+    // Hide folds the terminal to its toolbar while it has output (the page gets the height back); Show unfolds
+    const fold = document.getElementById("term-collapse");
+    fold.addEventListener("click", () => {
+      const folded = this.footer.classList.toggle("collapsed");
+      fold.textContent = folded ? "Show" : "Hide";
+      fold.setAttribute("aria-expanded", String(!folded));
+      if (!folded && this.follow.checked) this.box.scrollTop = this.box.scrollHeight;
+    });
     this.sized();
   }
 
