@@ -224,3 +224,30 @@ def shipped_runtime(path: Path) -> Iterator[str]:
         registry.BUILTIN = saved_builtin
         sys.path[:] = saved_path
         registry.reset()
+
+
+CPU_LOG = "DIT_TEST_CPU_LOG"  # a file: each test appends "<cpu seconds>\t<wall seconds>\t<node id>"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``DIT_TEST_CPU_LOG`` set, the CPU time each test costs (its worker's and every child process
+    it waited for: the driver, ansible-playbook and the modules it runs) is appended to that file, to
+    see where the suite's CPU goes (``sort -rn`` it); processes a run leaves to init are not counted."""
+    path = os.environ.get(CPU_LOG)
+    if not path:
+        return (yield)
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    before, started = cpu(), time.monotonic()
+    try:
+        return (yield)
+    finally:
+        line = f"{cpu() - before:.2f}\t{time.monotonic() - started:.2f}\t{item.nodeid}\n"
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(line)

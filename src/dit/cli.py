@@ -1,5 +1,5 @@
-"""The ``dit`` command: validate, run, stop, cleanup, ls, show, report, optimise, simulate, web, and the
-groups rack and runtimes."""
+"""The ``dit`` command: validate, run, stop, cleanup, ls, show, note, report, optimise, simulate,
+reproduce, web, and the groups rack and runtimes."""
 
 from __future__ import annotations
 
@@ -414,6 +414,29 @@ def _show_sweep(run_dirs: list[Path]) -> None:
 
 
 @app.command()
+def note(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory.")],
+    text: Annotated[
+        str | None,
+        typer.Argument(help="The note (a lab notebook entry); '' removes it; '-' reads it from stdin."),
+    ] = None,
+) -> None:
+    """Print a run's note, or set it: shown by dit show, dit report and NNPM (note.md in the run)."""
+    run = RunDir(run_dir)
+    if not (run.path / STATUS).is_file():
+        raise _fail(f"{run_dir} is not a dit run directory")
+    if text is None:
+        shown = run.note()
+        if shown:
+            out.print(escape(shown.rstrip("\n")), highlight=False)
+        return
+    try:
+        run.set_note(sys.stdin.read() if text == "-" else text)
+    except (ValueError, RunDirError) as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command()
 def show(
     run_dirs: Annotated[
         list[Path],
@@ -436,8 +459,12 @@ def show(
         raise _fail(f"{run_dir} is not a dit run directory")
     label = escape(str(status.get("label", run_dir.name)))
     out.print(f"[bold]{label}[/]  {status.get('state')}  run id {run.run_id}")
-    if status.get("error"):
-        out.print(f"[red]{escape(str(status['error']))}[/]")
+    written = run.note()
+    if written:
+        out.print(f"[bold]note:[/] {escape(written.rstrip())}", highlight=False)
+    outcome = labels.run_outcome(status)  # stopped / refused / failed: what happened, with the error
+    if outcome or status.get("error"):
+        out.print(f"[red]{escape(outcome or str(status['error']))}[/]")
     for failed in status.get("degraded") or []:  # device processes that failed (the run is degraded)
         if failed.get("stderr_tail"):
             out.print(
@@ -451,9 +478,8 @@ def show(
     for stage in [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]:
         stages.add_row(stage, units.duration(stage_ns[stage]))
     out.print(stages)
-    skipped = status.get("skipped")
-    for stage, why in (skipped if isinstance(skipped, dict) else {}).items():
-        out.print(f"{escape(str(stage))}: skipped ({escape(str(why))})")
+    for stage, why in labels.skipped_stages(status).items():
+        out.print(escape(labels.skipped_text(stage, why)))
     lateness = _ns_field(status, "lateness_ns", run.path / STATUS)
     if lateness:
         recorded = status.get("start_wait")
@@ -582,21 +608,40 @@ def _phase_cell(column: str, value: Any) -> str:
 
 @app.command()
 def report(
-    path: Annotated[Path, typer.Argument(help="A run directory, or a directory of runs (a sweep).")],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A run directory, or a directory of runs (a sweep); several run directories: "
+            "one comparison, the runs side by side."
+        ),
+    ],
     output: Annotated[
-        Path | None, typer.Option("--output", "-o", help="HTML file (default: PATH/report.html).")
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="HTML file (default: PATH/report.html; for a comparison, compare.html here).",
+        ),
     ] = None,
     round_: Annotated[
         int | None,
         typer.Option("--round", help="Inference round of the phase timeline (default: the first)."),
     ] = None,
 ) -> None:
-    """One self-contained HTML report of a run, or of a sweep's runs (docs/report.md)."""
+    """One self-contained HTML report of a run, of a sweep's runs, or of several runs side by side
+    (docs/report.md)."""
     from dit.report.build import ReportError, write_report
+    from dit.report.compare import CompareError, build_comparison
 
     try:
-        target = write_report(path, output, round_)
-    except ReportError as exc:
+        if len(paths) == 1:
+            target = write_report(paths[0], output, round_)
+        else:
+            if round_ is not None:
+                raise _fail("--round: a comparison has no phase timeline; leave it out")
+            target = output or Path("compare.html")
+            target.write_text(build_comparison(paths), encoding="utf-8")
+    except (ReportError, CompareError) as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:
         raise _fail(f"cannot write the report: {exc.strerror or exc}") from None
@@ -645,7 +690,10 @@ def simulate(
     ] = None,
     placement: Annotated[
         str | None,
-        typer.Option(help="layerwise, roundrobin, greedy or galaxy: overrides the file's placement."),
+        typer.Option(
+            help="layerwise, roundrobin, greedy or galaxy, or several comma-separated (each simulated): "
+            "overrides the file's placement."
+        ),
     ] = None,
     calibration: Annotated[
         Path | None,
@@ -653,12 +701,23 @@ def simulate(
             help="With --replay: fit the per-call cost on this other run (a prediction, not a fit)."
         ),
     ] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Also write the result to this directory (simulation.json, tokens.csv, memory.csv), "
+            "for `dit report DIR`.",
+        ),
+    ] = None,
 ) -> None:
     """Simulate decoder generation over heterogeneous devices (HeadSplit's placements), or replay a run."""
     if (spec is None) == (replay is None):
         raise _fail("give either a simulation file or --replay RUN_DIR", 2)
+    if replay is not None and placement is not None:
+        raise _fail("--placement: a replay simulates the run's own placement; leave it out", 2)
     try:
-        from dit.sim.cli import format_result, run_file
+        from dit.sim import output as sim_output
+        from dit.sim.cli import format_result, run_placements
         from dit.sim.engine import SimError
         from dit.sim.replay import format_replay
         from dit.sim.replay import replay as replay_run
@@ -666,12 +725,98 @@ def simulate(
         raise _fail(f"dit simulate needs the sim extra (pip install 'dit[sim]'): {exc}", 2) from None
     try:
         if replay is not None:
-            out.print(format_replay(replay_run(replay, calibration)), highlight=False)
+            replayed = replay_run(replay, calibration)
+            out.print(format_replay(replayed), highlight=False)
         else:
             assert spec is not None
-            out.print(format_result(*run_file(spec, placement)), highlight=False)
+            runs = run_placements(spec, placement)
+            for run in runs:
+                if len(runs) > 1:
+                    out.print(f"placement {run.placement}", highlight=False)
+                assert run.wall_s is not None
+                out.print(format_result(run.result, run.wall_s), highlight=False)
     except SimError as exc:
         raise _fail(str(exc), 2) from None
+    if out_dir is None:
+        return
+    try:
+        if replay is not None:
+            sim_output.write_replay(out_dir, replayed, replay, calibration)
+        else:
+            assert spec is not None
+            sim_output.write(out_dir, runs, source=spec)
+    except OSError as exc:
+        raise _fail(f"--out: cannot write {out_dir}: {exc.strerror or exc}", 2) from None
+    out.print(f"result: {out_dir} (dit report {out_dir})", highlight=False)
+
+
+@app.command()
+def reproduce(
+    chapter: Annotated[str, typer.Argument(help="ch4, ch5 or ch6.")],
+    where: Annotated[
+        str,
+        typer.Option(
+            help="local (local mode), rack (the emulated rack, `dit rack up`) or an inventory path."
+        ),
+    ] = "local",
+    size: Annotated[
+        str, typer.Option(help="quick (minutes on a small machine) or full (the article's).")
+    ] = "quick",
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Where runs and the report go.")] = None,
+) -> None:
+    """Reproduce a chapter's results: run it (resuming) and write one report beside the article's figures."""
+    from dit.reproduce.chapters import CHAPTERS, SIZES, ChapterError, default_out
+    from dit.reproduce.report import reproduce as run_chapter
+
+    if chapter not in CHAPTERS:
+        raise _fail(f"CHAPTER: {chapter!r} is not one of {', '.join(CHAPTERS)}", 2)
+    if size not in SIZES:
+        raise _fail(f"--size: {size!r} is not one of {', '.join(SIZES)}", 2)
+    inventory, where_label, shared = _reproduce_where(where)
+    target = out_dir if out_dir is not None else default_out(chapter)
+    try:
+        check_writable(target / "runs")
+    except RunDirError as exc:
+        raise _fail(f"--out: {exc}", 2) from None
+    try:
+        report_path = run_chapter(chapter, size, target, inventory, where_label, err, shared_machine=shared)
+    except ChapterError as exc:
+        raise _fail(str(exc), 2) from None
+    out.print(f"report: {report_path}", highlight=False)
+
+
+def _reproduce_where(where: str) -> tuple[str | None, str, bool]:
+    """(inventory or None for local mode, the words the report uses, whether every node shares this
+    machine's cores)."""
+    if where == "local":
+        if (message := _local_settings_error()) is not None:
+            raise _fail(message, 2)
+        return None, "local mode", True
+    if where == "rack":
+        from dit.rack import DEFAULT_STATE_DIR
+        from dit.rack.executor import status as rack_status
+        from dit.rack.plan import RackError
+
+        try:
+            state, _ = rack_status(DEFAULT_STATE_DIR.resolve())
+        except RackError as exc:
+            raise _fail(
+                f"--where rack: no emulated rack is up ({exc}); start one with `dit rack up`", 2
+            ) from None
+        return str(state["inventory"]), f"the emulated rack ({state['inventory']})", True
+    if not Path(where).exists():
+        raise _fail(f"--where: {where!r} is not local, rack or an existing inventory path", 2)
+    return where, f"the hosts of {where}", False
+
+
+def _local_settings_error() -> str | None:
+    from dit.run.localmode import check_local_settings
+
+    try:
+        check_local_settings()
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 @app.command()

@@ -26,26 +26,23 @@ def _missing(value: float | int | None) -> bool:
     return value is None or (isinstance(value, float) and not math.isfinite(value))
 
 
+def _scaled(value: float | int | None, scales: tuple[tuple[float, str], ...]) -> str:
+    """``value`` in the largest of ``scales`` (largest first, ending at 1) it reaches."""
+    if value is None or _missing(float(value)):
+        return MISSING
+    number = float(value)
+    scale, unit = next((s, u) for s, u in scales if abs(number) >= s or s == 1.0)
+    return f"{_number(number / scale)} {unit}"
+
+
 def duration(ns: float | int | None) -> str:
     """``12.3 ms``, ``1.25 s``, ``850 µs``; :data:`MISSING` for a missing value."""
-    if ns is None or _missing(float(ns)):
-        return MISSING
-    value = float(ns)
-    for scale, unit in _TIME:
-        if abs(value) >= scale or scale == 1.0:
-            return f"{_number(value / scale)} {unit}"
-    raise AssertionError("unreachable")
+    return _scaled(ns, _TIME)
 
 
 def size(num_bytes: float | int | None) -> str:
     """``393 kB``, ``1.20 MB`` (decimal units)."""
-    if num_bytes is None or _missing(float(num_bytes)):
-        return MISSING
-    value = float(num_bytes)
-    for scale, unit in _BYTES:
-        if abs(value) >= scale or scale == 1.0:
-            return f"{_number(value / scale)} {unit}"
-    raise AssertionError("unreachable")
+    return _scaled(num_bytes, _BYTES)
 
 
 def power(watts: float | None) -> str:

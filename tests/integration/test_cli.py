@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
-from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
 from tests.conftest import DIT, REPO, dit_env, write_scenario
 
@@ -50,62 +48,6 @@ def test_run_refuses_an_invalid_scenario_before_creating_anything(tmp_path: Path
     assert result.returncode == 2
     assert "devices[1]" in result.stderr
     assert not (tmp_path / "runs").exists()
-
-
-def small_ch4_validation(directory: Path) -> Path:
-    """The article's scenario (model, four devices, edge server, load on three of them, optimisation,
-    the policy sweep) at the smallest size its run and report still exercise: one profiling pass, two
-    partition points, two inference rounds and one load process per loaded device. The full size
-    takes 200 s of CI for nothing this test asserts; tests/unit/test_scenario_shipped.py checks the
-    shipped file itself."""
-    doc = yaml.safe_load((REPO / "scenarios" / "ch4_validation.yaml").read_text(encoding="utf-8"))
-    doc["repetitions"] = 1
-    doc["inference"] = {**doc["inference"], "partition_points": [0, 11], "repetitions": 2}
-    doc["load"] = {device: {**load, "processes": 1} for device, load in doc["load"].items()}
-    path = directory / "ch4_validation.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    return path
-
-
-# Slow phase: two runs with busy load processes beside them (156 s of CI's default phase alone). Its fast
-# siblings in the default phase: test_policies_show_their_queueing_difference (a policy sweep) and the
-# rack example's dry run of every shipped scenario (test_dry_run.py).
-@pytest.mark.slow
-def test_ch4_validation_sweep_runs_both_policies_with_a_summary(tmp_path: Path) -> None:
-    """The article's scenario, at a small size, in local mode: one run directory per policy."""
-    runs = tmp_path / "runs"
-    scenario = small_ch4_validation(tmp_path)
-    result = dit("run", str(scenario), "--runs-dir", str(runs), timeout=1500)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "ch4_validation[edge_server.policy=RR]" in result.stdout
-    assert "ch4_validation[edge_server.policy=SJF]" in result.stdout
-    dirs = sorted(runs.glob("ch4_validation/*"))
-    assert len(dirs) == 2
-    policies = set()
-    for run_dir in dirs:
-        run = RunDir(run_dir)
-        assert run.status()["state"] == "completed"
-        metadata = json.loads((run_dir / "metadata.json").read_text())
-        policies.add(metadata["scenario"]["document"]["edge_server"]["policy"])
-        # AlexNet's framework is not needed in local mode: the fake model with its 11 stages stands in.
-        if metadata["model"]["stand_in_for"]:
-            assert metadata["model"]["stand_in_for"] == "alexnet"
-            assert metadata["model"]["spec"]["params"] == {"profile": "alexnet"}
-        assert run_processes(run.run_id) == []
-        shown = dit("show", str(run_dir))
-        assert shown.returncode == 0 and "completed" in shown.stdout
-    assert policies == {"RR", "SJF"}
-    listed = dit("ls", "--runs-dir", str(runs))
-    assert listed.returncode == 0 and listed.stdout.count("completed") == 2
-    # the sweep's report: one row per policy, and each run's own report
-    report = dit("report", str(runs / "ch4_validation"), "-o", str(tmp_path / "sweep.html"))
-    assert report.returncode == 0, report.stderr
-    sweep = (tmp_path / "sweep.html").read_text()
-    assert "edge_server.policy" in sweep and sweep.count("<td>completed</td>") == 2
-    single = dit("report", str(dirs[0]))
-    assert single.returncode == 0, single.stderr
-    html = (dirs[0] / "report.html").read_text()
-    assert '<section id="validation">' in html and "Delay model MAPE" in html
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,12 @@ def runtime_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def echo_scenario(directory: Path, **block: object) -> Path:
+    # no model, no inference block: the echo runtime brings its own work and runs none of the testbed's
     doc = {
         "name": "echo",
-        "model": {"name": "fake", "params": {"profile": "tiny"}},
         "devices": ["device1", "device2"],
         "repetitions": 1,
         "seed": 3,
-        "inference": {"enabled": False},
         "timing": {"start_lead_s": 1.0},
         "runtime": {"name": "echo", **block},  # no port: the workers take the ports the testbed sets aside
     }
@@ -95,6 +94,7 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     assert set(status["stage_ns"]) >= {"preflight", "apply", "profile", "collect", "aggregate", "teardown"}
     metadata = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
     assert metadata["runtime"]["name"] == "echo" and metadata["runtime"]["block"]["rounds"] == 4
+    assert metadata["model"] is None and "model" not in metadata["scenario"]["document"]
     # two local devices (both 127.0.0.1) got ports of their own, recorded; the workers listened on them
     ports = metadata["runtime_ports"]
     assert set(ports) == {"edge", "device1", "device2"}
@@ -128,6 +128,10 @@ def test_the_echo_runtime_runs_end_to_end(runtime_site: Path, tmp_path: Path) ->
     assert "edge service not started: runtime echo does not use it" in log
     assert "echo: payload = 256 bytes" in log and "echo: round_trips = 8" in log
     assert run_processes(RunDir(run_dir).run_id) == []
+    # the report says why the optimise stage did not run, from status.json (issue 33 item 5)
+    from dit.report.build import build_report
+
+    assert "optimise: skipped (no optimiser for runtime echo)" in build_report(run_dir)
 
 
 def test_a_failing_readiness_check_is_reported_with_its_reason(runtime_site: Path, tmp_path: Path) -> None:

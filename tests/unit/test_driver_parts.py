@@ -144,6 +144,32 @@ def test_fake_model_resolves_to_its_builder() -> None:
     assert resolved.spec["builder"] == "dit.device.fakemodel:build"
 
 
+def test_a_model_without_its_framework_gets_its_fake_stand_in_in_local_mode_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AlexNet without TensorFlow: local mode runs the fake model with AlexNet's stage profile and
+    records the substitution; --no-stand-in and a real host refuse it, naming the extra to install."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "tensorflow" else real(name, *a)
+    )
+    data = {"kind": "synthetic", "seed": 1}
+    resolved = resolve_model("alexnet", {}, data, 3, True, True)
+    assert resolved.stand_in_for == "alexnet"
+    assert resolved.spec == {
+        "name": "fake",
+        "builder": "dit.device.fakemodel:build",
+        "params": {"profile": "alexnet"},
+        "input": data,
+        "seed": 3,
+    }
+    with pytest.raises(ModelError, match=r"needs tensorflow.*pip install 'dit\[keras\]'"):
+        resolve_model("alexnet", {}, data, 3, True, False)
+    assert resolve_model("alexnet", {}, data, 3, False, True).stand_in_for is None  # a real host
+
+
 def test_unknown_model_is_refused() -> None:
     with pytest.raises(ModelError, match="unknown model 'nope'"):
         resolve_model("nope", {}, {}, 0, True, True)

@@ -142,3 +142,47 @@ def test_report_marks_predictions(tmp_path: Path) -> None:
 def test_report_of_a_run_without_power_labels_nothing(tmp_path: Path) -> None:
     html = build_report(report_run(tmp_path / "run")).lower()
     assert "fake sensor" not in html and "fake power" not in html
+
+
+def _skipped_run(target: Path, reason: str) -> Path:
+    """A finished run whose optimise stage the driver skipped: status.json says why, optimise/ is empty."""
+    import json
+    import shutil
+
+    run = report_run(target)
+    shutil.rmtree(run / "optimise")
+    status = json.loads((run / "status.json").read_text())
+    status["skipped"] = {"optimise": reason}
+    (run / "status.json").write_text(json.dumps(status))
+    return run
+
+
+def test_a_skipped_optimise_stage_says_why_in_the_report_and_on_the_run_page(tmp_path: Path) -> None:
+    """Issue 33 item 5: the reason from status.json, never a bare missing section; a reason is text."""
+    from dit.run.rundir import RunDir
+    from dit.web.services import runs as runs_mod
+    from dit.web.services.store import Store
+
+    run = _skipped_run(
+        tmp_path / "runs" / "echo" / "20261201T100000Z-dddddddd", "no optimiser for runtime <b>echo</b>"
+    )
+    html = build_report(run)
+    shown = "optimise: skipped (no optimiser for runtime &lt;b&gt;echo&lt;/b&gt;)"
+    assert shown in _section(html, "optimise")
+    assert "The optimiser did not run" not in html
+    stages = _section(html, "stages")  # the stage keeps its row, in run order, with the reason
+    assert "<td>optimise</td><td>skipped (no optimiser for runtime &lt;b&gt;echo&lt;/b&gt;)</td>" in stages
+    assert stages.index(">profile<") < stages.index(">optimise<") < stages.index(">teardown<")
+    assert "<b>echo</b>" not in html
+
+    detail = runs_mod.run_detail(RunDir(run), tmp_path / "runs", Store(tmp_path / "store.db"))
+    assert [s["stage"] for s in detail["stages"]] == ["preflight", "profile", "optimise", "teardown"]
+    # raw text in the JSON: the page sets it as a text node (api.js el), so no markup is interpreted
+    assert detail["stages"][2] == {
+        "stage": "optimise", "ns": None, "text": "skipped (no optimiser for runtime <b>echo</b>)",
+        "skipped": "no optimiser for runtime <b>echo</b>",
+    }  # fmt: skip
+    assert detail["skipped"] == [
+        {"stage": "optimise", "reason": "no optimiser for runtime <b>echo</b>",
+         "text": "optimise: skipped (no optimiser for runtime <b>echo</b>)"}
+    ]  # fmt: skip

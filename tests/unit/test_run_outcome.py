@@ -61,3 +61,16 @@ def test_report_and_run_page_say_the_run_stopped(tmp_path: Path) -> None:
     detail = runs_mod.run_detail(RunDir(run), tmp_path / "runs", Store(tmp_path / "store.db"))
     assert (detail["outcome_note"] or "").startswith("Stopped during the apply stage")
     assert detail["inference_ran"] is False
+
+
+def test_dit_show_says_the_run_stopped_in_one_sentence(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dit.cli import app
+
+    run = _stopped_run(tmp_path / "runs" / "small" / "20261201T100000Z-cccccccc")
+    shown = CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "Stopped during the apply stage (stopped by SIGINT): the stages after it did not run." in text
+    assert text.count("stopped by SIGINT") == 1  # the sentence carries the error: not printed twice

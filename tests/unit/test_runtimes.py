@@ -469,10 +469,12 @@ def test_an_unknown_action_lists_the_runtimes_actions() -> None:
 # -- docs/runtimes.md ---------------------------------------------------------------------------
 
 
-def docs_example() -> str:
+def docs_example(language: str = "python") -> str:
+    """The first ``language`` code block of docs/runtimes.md's "A minimal runtime"."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "runtimes.md").read_text(encoding="utf-8")
     start = text.index("## A minimal runtime")
-    block = text[text.index("```python\n", start) + len("```python\n") :]
+    fence = f"```{language}\n"
+    block = text[text.index(fence, start) + len(fence) :]
     return block[: block.index("```")]
 
 
@@ -493,6 +495,9 @@ def test_the_minimal_runtime_of_the_docs_works(monkeypatch: pytest.MonkeyPatch, 
         ]
         block = resolve(doc(runtime={"name": "hello"}))["runtime"]
         assert block == {"name": "hello", "seconds": 0.1}
+        # the page's scenario for it loads as written: no model, no inference block
+        (scenario,) = loads(docs_example("yaml"))
+        assert scenario.model is None and scenario.runtime == {"name": "hello", "seconds": 0.5}
         specs = launch_vars(hello, context(block), ("edge", "device1", "device2"))
         (spec,) = specs["device1"]["main"]
         # run the node program as the profile stage would: in the node root, with the start instant
@@ -563,3 +568,60 @@ def test_the_edge_service_starts_only_for_a_runtime_that_uses_it(tmp_path: Path)
 
     assert "Apply - start the edge inference service" in plays(True)
     assert "Apply - start the edge inference service" not in plays(False)
+
+
+def test_model_is_required_only_by_a_runtime_that_runs_the_testbeds_model(echo: Any) -> None:
+    """Issue 33 item 4: a plug-in that brings its own model (the echo fixture declares nothing) may leave
+    ``model`` out; the built-in runtime, named or by default, still refuses a scenario without it."""
+    from dit.runtime_api.interface import uses_testbed_model
+
+    assert uses_testbed_model(LayersRuntime()) is True
+    assert uses_testbed_model(echo) is False
+    for name, runtime in registry.installed().items():  # HeadSplit and llama.cpp name theirs in the block
+        assert uses_testbed_model(runtime) is (name == "layers"), name
+    modelless = {k: v for k, v in BASE.items() if k != "model"}
+    assert messages({**modelless, "runtime": {"name": "echo"}}) == []
+    (scenario,) = expand({**modelless, "runtime": {"name": "echo"}})
+    assert scenario.model is None and "model" not in scenario.data
+    (with_model,) = expand(doc(runtime={"name": "echo"}))  # a plug-in scenario may still name one
+    assert with_model.model is not None and with_model.model.name == "fake"
+    refused = "model: is required for runtime layers, which runs the testbed's model: give a model name such as fake"
+    for block in ({}, {"runtime": {}}, {"runtime": {"name": "layers"}}):
+        assert messages({**modelless, **block}) == [refused], block
+    assert "model" not in load_schema()["required"]
+    reference = render_reference(load_schema())
+    (row,) = [line for line in reference.splitlines() if line.startswith("| `model` |")]
+    assert "Required for runtime layers, which runs the testbed's model" in row and "echo" not in row
+
+
+def test_a_scenario_without_a_model_reaches_every_reader_as_no_model(echo: Any, tmp_path: Path) -> None:
+    """The driver's inputs (apply's edge config, the launch context, metadata.json), the run page and
+    NNPM's scenario validation all take a plug-in scenario without ``model``."""
+    from dit.run import profile
+    from dit.run.provenance import run_metadata
+    from dit.web.routes.scenarios import check_document
+    from dit.web.services import runpage
+    from dit.web.services.benchmark import benchmark_document
+
+    document = {k: v for k, v in BASE.items() if k not in ("model", "inference")}
+    document["runtime"] = {"name": "echo", "rounds": 2}
+    (scenario,) = expand(document)
+    warnings: list[str] = []
+    model = profile.scenario_model(scenario, True, True, warnings.append)
+    assert model is None and warnings == []
+    assert profile.model_spec(model) == {} and profile.model_record(model) is None
+    assert profile.edge_config(scenario, "r1", profile.model_spec(model), None)["model"] == {}
+    metadata = run_metadata(
+        "r1", scenario, local=True, inventory="local", model=profile.model_record(model),
+        runtime={}, conditions={}, processes={}, nodes={},
+    )  # fmt: skip
+    assert metadata["model"] is None and "model" not in metadata["scenario"]["document"]
+    assert runpage.model_view(metadata["model"]) is None
+    # NNPM's form sends the document as the user left it: validated, saved and benchmarked without a model
+    checked, errors = check_document({"document": document})
+    assert errors == [] and checked == document
+    benchmark, errors = benchmark_document(document, None)
+    assert errors == [] and validate(benchmark) == []
+    _, errors = check_document({"document": {k: v for k, v in document.items() if k != "runtime"}})
+    assert errors == [{"path": "model", "message": "is required for runtime layers, which runs the "
+                       "testbed's model: give a model name such as fake"}]  # fmt: skip

@@ -76,7 +76,10 @@ def test_unknown_field_suggests_the_closest() -> None:
 
 
 def test_required_fields() -> None:
-    assert messages({"name": "t"}) == ["devices: is required", "model: is required"]
+    assert messages({"name": "t"}) == [
+        "devices: is required",
+        "model: is required for runtime layers, which runs the testbed's model: give a model name such as fake",
+    ]
 
 
 def test_conditionally_required_fields_name_the_condition() -> None:

@@ -9,10 +9,8 @@ disappearing, so two reports read alike. docs/report.md lists the sections and t
 from __future__ import annotations
 
 import base64
-import io
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,8 +20,9 @@ from matplotlib.figure import Figure
 
 from dit import units
 from dit.report import labels, rtt
+from dit.report.section import Section
 from dit.run.console import STAGES as STAGE_ORDER
-from dit.run.rundir import read_json_object
+from dit.run.rundir import RunDir, read_json_object
 from dit.units import MISSING
 
 PHASES: Final = ("local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns")
@@ -46,34 +45,8 @@ class ReportError(Exception):
     """The path is not a run directory, nor a directory of runs."""
 
 
-@dataclass
-class Section:
-    """One section of a report: a title, an optional note, tables and figures (in that order)."""
-
-    title: str
-    anchor: str
-    note: str = ""
-    # {"caption", "columns", "rows", "badges": [{"kind", "text", "reason"}]}
-    tables: list[dict[str, Any]] = field(default_factory=list)
-    figures: list[dict[str, str]] = field(default_factory=list)  # {"caption", "src"}
-
-    def table(self, caption: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
-        self.tables.append(
-            {"caption": caption, "columns": list(columns), "rows": [list(r) for r in rows], "badges": []}
-        )
-
-    def figure(self, caption: str, figure: Figure) -> None:
-        self.figures.append({"caption": caption, "src": png_data_uri(figure)})
-
-
-def png_data_uri(figure: Figure) -> str:
-    buffer = io.BytesIO()
-    figure.tight_layout()
-    figure.savefig(buffer, format="png", dpi=110)
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _csv(path: Path) -> pd.DataFrame | None:
+def read_frame(path: Path) -> pd.DataFrame | None:
+    """A CSV file of the run as a frame; None when it is missing or unreadable (a section says so)."""
     if not path.is_file():
         return None
     try:
@@ -117,6 +90,9 @@ def _facts(run_dir: Path, status: Mapping[str, Any], meta: Mapping[str, Any]) ->
     ]  # fmt: skip
     if status.get("error"):
         rows.append(("error", str(status["error"])))
+    written = RunDir(run_dir).note().strip()
+    if written:  # the researcher's note (dit note, NNPM's run page), as written
+        rows.append(("note", written))
     section.table("", ("", ""), rows)
     nodes = meta.get("nodes") or {}
     if isinstance(nodes, Mapping) and nodes:
@@ -151,9 +127,13 @@ def _facts(run_dir: Path, status: Mapping[str, Any], meta: Mapping[str, Any]) ->
 def _stages(status: Mapping[str, Any]) -> Section:
     section = Section("Stages", "stages")
     stage_ns = status.get("stage_ns") or {}
-    order = [s for s in STAGE_ORDER if s in stage_ns] + [s for s in stage_ns if s not in STAGE_ORDER]
+    # a stage the driver skipped keeps its row, saying why, so no stage silently goes missing
+    skipped = {s: why for s, why in labels.skipped_stages(status).items() if s not in stage_ns}
+    known = [*stage_ns, *skipped]
+    order = [s for s in STAGE_ORDER if s in known] + [s for s in known if s not in STAGE_ORDER]
     section.table("wall time per stage, in run order", ("stage", "wall time"),
-                  [(s, units.duration(stage_ns[s])) for s in order])  # fmt: skip
+                  [(s, f"skipped ({skipped[s]})" if s in skipped else units.duration(stage_ns[s]))
+                   for s in order])  # fmt: skip
     lateness = status.get("lateness_ns") or {}
     if lateness:
         section.table("start lateness (after the common instant)", ("device", "lateness"),
@@ -163,7 +143,7 @@ def _stages(status: Mapping[str, Any]) -> Section:
 
 def _phases(agg: Path, round_: int | None, status: Mapping[str, Any]) -> Section:
     section = Section("Phases per device", "phases")
-    phases = _csv(agg / "phases.csv")
+    phases = read_frame(agg / "phases.csv")
     if phases is None or phases.empty or not set(PHASES) <= set(phases.columns):
         # a stopped or refused run says what happened, not that it was a run without inference
         section.note = labels.run_outcome(status) or "No inference ran in this run (no aggregate/phases.csv)."
@@ -205,7 +185,7 @@ def _phases(agg: Path, round_: int | None, status: Mapping[str, Any]) -> Section
 
 def _layers(agg: Path) -> Section:
     section = Section("Per-layer profile", "layers")
-    layers = _csv(agg / "layers.csv")
+    layers = read_frame(agg / "layers.csv")
     if layers is None or layers.empty:
         section.note = "No profile (aggregate/layers.csv)."
         return section
@@ -229,7 +209,7 @@ def _layers(agg: Path) -> Section:
 
 def _feasibility(agg: Path) -> Section:
     section = Section("Feasibility", "feasibility")
-    feas = _csv(agg / "feasibility.csv")
+    feas = read_frame(agg / "feasibility.csv")
     if feas is None or feas.empty:
         section.note = "No feasibility.csv."
         return section
@@ -256,7 +236,7 @@ def _num(value: Any) -> float | None:
 
 def _monitors(agg: Path) -> Section:
     section = Section("Monitors", "monitors")
-    frame = _csv(agg / "monitors.csv")
+    frame = read_frame(agg / "monitors.csv")
     if frame is None or frame.empty:
         section.note = "No monitor traces."
         return section
@@ -284,10 +264,10 @@ def _monitors(agg: Path) -> Section:
 
 def _power(agg: Path) -> Section:
     section = Section("Power and energy", "power")
-    frame = _csv(agg / "monitors.csv")
+    frame = read_frame(agg / "monitors.csv")
     power = None if frame is None else frame[frame["metric"].astype(str) == "power_w"]
-    energy = _csv(agg / "energy.csv")
-    model = _csv(agg / "power_model.csv")
+    energy = read_frame(agg / "energy.csv")
+    model = read_frame(agg / "power_model.csv")
     if (power is None or power.empty) and (energy is None or energy.empty):
         section.note = "No power trace (give a device a `power` monitor)."
         return section
@@ -335,7 +315,7 @@ def _power(agg: Path) -> Section:
 
 def _validation(agg: Path) -> Section:
     section = Section("Model validation", "validation")
-    frame = _csv(agg / "validation.csv")
+    frame = read_frame(agg / "validation.csv")
     png = agg / "validation.png"
     if frame is None or frame.empty:
         section.note = "No model validation (no inference rounds)."
@@ -363,12 +343,16 @@ def _validation(agg: Path) -> Section:
     return section
 
 
-def _optimise(run_dir: Path) -> Section:
+def _optimise(run_dir: Path, status: Mapping[str, Any]) -> Section:
     section = Section("Optimiser results", "optimise")
     results = sorted((run_dir / "optimise").glob("*.json"))
+    why = labels.skipped_stages(status).get("optimise")
+    skipped = None if why is None else labels.skipped_text("optimise", why)
     if not results:
-        section.note = "The optimiser did not run."
+        section.note = f"{skipped}." if skipped else "The optimiser did not run."
         return section
+    if skipped:  # the results below came later, from `dit optimise RUN_DIR`
+        section.note = f"{skipped} during the run; the results below were searched afterwards (dit optimise)."
     measured = labels.measured_policy(_scenario(run_dir))
     fake = labels.fake_power_nodes(run_dir / "aggregate")
     for path in results:
@@ -409,7 +393,7 @@ def _optimise(run_dir: Path) -> Section:
 
 def _netem(agg: Path) -> Section:
     section = Section("Network self-check", "netem")
-    frame = _csv(agg / "netem_check.csv")
+    frame = read_frame(agg / "netem_check.csv")
     if frame is None or frame.empty:
         section.note = "No shaped link in this run."
         return section
@@ -453,7 +437,7 @@ def run_sections(run_dir: Path, round_: int | None = None) -> tuple[str, list[Se
         _monitors(agg),
         _power(agg),
         _validation(agg),
-        _optimise(run_dir),
+        _optimise(run_dir, status),
         _netem(agg),
     ]
     return title, sections
@@ -471,7 +455,7 @@ def sweep_sections(runs_dir: Path) -> tuple[str, list[Section]]:
         status, meta = read_json_object(run / "status.json"), read_json_object(run / "metadata.json")
         scenario = meta.get("scenario") or {}
         point = {str(p): v for p, v in scenario.get("sweep_point") or []}
-        validation = _csv(run / "aggregate" / "validation.csv")
+        validation = read_frame(run / "aggregate" / "validation.csv")
         mape = (
             None if validation is None or validation.empty else float(validation["ape_pct"].dropna().mean())
         )
@@ -617,7 +601,17 @@ def build_report(path: Path, round_: int | None = None) -> str:
     path = Path(path)
     if not path.is_dir():
         raise ReportError(f"{path} is not a directory")
-    title, sections = run_sections(path, round_) if is_run_dir(path) else sweep_sections(path)
+    from dit.report import sim  # imports this module
+
+    if sim.is_sim_dir(path):
+        if round_ is not None:
+            raise ReportError("--round: a simulation has no phase timeline; leave it out")
+        try:
+            title, sections = sim.sim_sections(path)
+        except sim.SimReportError as exc:
+            raise ReportError(str(exc)) from None
+    else:
+        title, sections = run_sections(path, round_) if is_run_dir(path) else sweep_sections(path)
     return render(title, sections, path)
 
 

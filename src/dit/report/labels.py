@@ -15,7 +15,7 @@ from dit.analysis.delay import ENERGY_OBJECTIVES
 from dit.run.console import STAGES
 
 __all__ = ["ENERGY_OBJECTIVES", "fake_power_nodes", "fake_sensor_note", "measured_policy", "power_sensors",
-           "prediction_reason", "run_outcome"]  # fmt: skip
+           "prediction_reason", "run_outcome", "skipped_stages", "skipped_text"]  # fmt: skip
 
 FAKE_SENSORS: Final = frozenset({"fake"})
 """``power.json``'s ``sensor`` values that model power instead of measuring it (dit.device.power)."""
@@ -104,3 +104,20 @@ def run_outcome(status: Mapping[str, Any]) -> str | None:
     if state == "failed":
         return f"Failed {where}" + (f": {error}" if error else "") + "."
     return None
+
+
+def skipped_stages(status: Mapping[str, Any]) -> dict[str, str]:
+    """stage -> why the driver skipped it, from ``status.json``'s ``skipped`` (the optimise stage of a
+    runtime without an optimiser, or of a scenario that turned optimisation off), in run order."""
+    recorded = status.get("skipped")
+    if not isinstance(recorded, Mapping):
+        return {}
+    reasons = {str(stage): str(why) for stage, why in recorded.items()}
+    return {
+        s: reasons[s] for s in [*(s for s in STAGES if s in reasons), *sorted(set(reasons) - set(STAGES))]
+    }
+
+
+def skipped_text(stage: str, reason: str) -> str:
+    """A skipped stage as ``dit show``, the report and the run page write it."""
+    return f"{stage}: skipped ({reason})"

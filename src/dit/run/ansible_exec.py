@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,21 +186,24 @@ def run_playbook(
     name: str,
     playbook: Path,
     private_dir: Path,
-    inventory: str,
+    inventory: str | Sequence[str],
     limit: str,
     extravars: Mapping[str, Any],
     on_event: Callable[[HostEvent], None],
     tags: tuple[str, ...] = (),
     forks: int = 5,
 ) -> StageOutcome:
-    """Run a playbook that is not a stage (a runtime's readiness check or maintenance action)."""
+    """Run a playbook that is not a stage (a runtime's readiness check or maintenance action).
+
+    ``inventory``: one source, or several whose host variables merge, the later ones winning (NNPM adds
+    one making its local-mode nodes local, :mod:`dit.web.services.runtimes`)."""
     outcome = StageOutcome(name, "failed", -1)
     private_dir.mkdir(parents=True, exist_ok=True)
     write_extravars(private_dir, extravars)
     runner = ansible_runner.run(
         private_data_dir=str(private_dir),
         playbook=str(playbook),
-        inventory=inventory,
+        inventory=inventory if isinstance(inventory, str) else list(inventory),
         limit=limit,
         envvars=ansible_env(),
         event_handler=_collector(outcome, on_event),

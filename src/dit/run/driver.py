@@ -29,7 +29,7 @@ from dit.conditions import (
     process_vars,
     resolve_conditions,
 )
-from dit.models.resolve import ResolvedModel, resolve_model
+from dit.models.resolve import ResolvedModel
 from dit.run import analyse, profile
 from dit.run import apply as applying
 from dit.run import launch as runtime_launch
@@ -200,15 +200,7 @@ class Driver:
         from dit.device.build import build_zipapp
 
         scn = self.scenario
-        spec = scn.model.adapter_spec(scn.seed)
-        self.model = resolve_model(
-            scn.model.name, spec["params"], spec["input"], scn.seed, self.local, self.options.allow_stand_in
-        )
-        if self.model.stand_in_for:
-            self.reporter_warn(
-                f"model {self.model.stand_in_for}: its framework is not installed here; "
-                "the fake model with the same stages stands in for it (recorded in metadata.json)"
-            )
+        self.model = profile.scenario_model(scn, self.local, self.options.allow_stand_in, self.reporter_warn)
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
         self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
@@ -296,7 +288,6 @@ class Driver:
             },
         )
         nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
-        assert self.model is not None
         # Variables that depend on the nodes' facts (netem's backend) are settled before the metadata
         # records the conditions, so the metadata says what is applied.
         self.conditions = resolve_conditions(
@@ -314,7 +305,7 @@ class Driver:
             self.scenario,
             local=self.local,
             inventory=self.inv.source,
-            model={"spec": self.model.spec, "stand_in_for": self.model.stand_in_for},
+            model=profile.model_record(self.model),
             runtime=record.metadata,
             conditions=self.conditions,
             processes=self.processes,
@@ -340,7 +331,6 @@ class Driver:
 
     def _apply(self) -> None:
         needed = active(self.conditions)
-        assert self.model is not None
         edge_root = self.contexts[self.inv.edge_host].node_root
         start_at = f"{edge_root}/{EDGE_START_AT_FILE}" if self._edge_profiles_at_start() else None
         outcome = self._stage(
@@ -348,7 +338,7 @@ class Driver:
             {
                 "dit_device_pyz": str(self.pyz),
                 "dit_edge_config": profile.edge_config(
-                    self.scenario, self.run.run_id, self.model.spec, start_at
+                    self.scenario, self.run.run_id, profile.model_spec(self.model), start_at
                 ),
                 "dit_conditions": self.conditions,
             },
@@ -390,14 +380,13 @@ class Driver:
             self.reporter.warn(text)
 
     def _launch_context(self, ports: Mapping[str, tuple[int, ...]]) -> LaunchContext:
-        assert self.model is not None
         return profile.launch_context(
             self.scenario,
             self.run.run_id,
             self.contexts,
             edge_host=self.inv.edge_host,
             local=self.local,
-            model=self.model.spec,
+            model=profile.model_spec(self.model),
             edge_port=self.edge_port,
             runtime_pythons=self.runtime_pythons,
             ports=ports,

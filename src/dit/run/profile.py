@@ -5,14 +5,44 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dit.conditions import HostContext
+from dit.models.resolve import ResolvedModel, resolve_model
 from dit.runtime_api.interface import PORTS_PER_NODE
 from dit.runtimes import LaunchContext, LaunchOutcome
 from dit.runtimes import envs as runtime_envs
 from dit.scenario import Scenario
+
+
+def scenario_model(
+    scenario: Scenario, local: bool, allow_stand_in: bool, warn: Callable[[str], None]
+) -> ResolvedModel | None:
+    """The scenario's model resolved for the nodes (a stand-in said in ``warn``), or None for a scenario
+    without one: a runtime that brings its own model (docs/runtimes.md) needs nothing of the testbed's."""
+    if scenario.model is None:
+        return None
+    spec = scenario.model.adapter_spec(scenario.seed)
+    model = resolve_model(
+        scenario.model.name, spec["params"], spec["input"], scenario.seed, local, allow_stand_in
+    )
+    if model.stand_in_for:
+        warn(
+            f"model {model.stand_in_for}: its framework is not installed here; "
+            "the fake model with the same stages stands in for it (recorded in metadata.json)"
+        )
+    return model
+
+
+def model_spec(model: ResolvedModel | None) -> dict[str, Any]:
+    """What the nodes build (``LaunchContext.model``, the edge service's config); empty without a model."""
+    return {} if model is None else dict(model.spec)
+
+
+def model_record(model: ResolvedModel | None) -> dict[str, Any] | None:
+    """``metadata.json``'s ``model``: the spec and the real model a fake one stands in for; None without."""
+    return None if model is None else {"spec": model.spec, "stand_in_for": model.stand_in_for}
 
 
 def edge_config(

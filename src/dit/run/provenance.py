@@ -69,7 +69,7 @@ def run_metadata(
     *,
     local: bool,
     inventory: str,
-    model: Mapping[str, Any],
+    model: Mapping[str, Any] | None,
     runtime: Mapping[str, Any],
     conditions: Mapping[str, Any],
     processes: Mapping[str, ProcessSettings],
@@ -87,7 +87,7 @@ def run_metadata(
         },
         "mode": "local" if local else "inventory",
         "inventory": inventory,
-        "model": dict(model),
+        "model": None if model is None else dict(model),  # None: the runtime brings its own model
         "runtime": dict(runtime),
         "conditions": dict(conditions),
         "processes": {

@@ -16,6 +16,8 @@ from typing import Any
 STATUS = "status.json"
 DRIVER = "driver.json"
 STOP = "STOP"
+NOTE = "note.md"  # the researcher's note on the run (a lab notebook entry), plain text
+NOTE_MAX_CHARS = 10_000
 RANDOM_BYTES = 4  # 32 random bits in every run id
 # The states a run ends in; "degraded": every stage completed but a device process failed (status.json
 # "degraded" lists them). Every state but "completed" makes `dit run` exit 1.
@@ -72,7 +74,11 @@ class RunDirError(OSError):
 def write_json(path: Path, data: Any) -> None:
     """Write JSON atomically (rename over the old file); :class:`RunDirError` names ``path`` when
     it cannot be written, and no half-written temporary file is left beside it."""
-    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` atomically, as :func:`write_json` writes JSON."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -192,6 +198,29 @@ class RunDir:
         except OSError as exc:
             return str(exc)
         return None
+
+    def note(self) -> str:
+        """The run's note (``note.md``): "" when it has none or it cannot be read."""
+        try:
+            return (self.path / NOTE).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    def set_note(self, text: str) -> None:
+        """Write the run's note (an empty text removes it). ``ValueError`` for a note over
+        :data:`NOTE_MAX_CHARS` or with a NUL; :class:`RunDirError` when it cannot be written."""
+        if len(text) > NOTE_MAX_CHARS:
+            raise ValueError(f"note: {len(text)} characters, at most {NOTE_MAX_CHARS}")
+        if "\x00" in text:
+            raise ValueError("note: a NUL character is not text")
+        path = self.path / NOTE
+        if not text.strip():
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                raise RunDirError(path, "remove", exc) from None
+            return
+        write_text(path, text if text.endswith("\n") else text + "\n")
 
     def stop_requested(self) -> bool:
         return (self.path / STOP).exists()

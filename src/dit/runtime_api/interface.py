@@ -45,7 +45,9 @@ class LaunchContext:
     node_roots: Mapping[str, str]  # host -> the run's directory on that node
     pythons: Mapping[str, str]  # host -> the interpreter of that node (``dit_python``)
     local: bool
-    model: Mapping[str, Any]  # the model spec the testbed resolved (a stand-in recorded, if any)
+    # the model spec the testbed resolved from the scenario's ``model`` (a stand-in recorded, if any);
+    # empty when the scenario has none (a runtime without ``uses_testbed_model`` may leave it out)
+    model: Mapping[str, Any]
     edge_port: int | None  # the edge inference service the apply stage started
     # host -> the interpreter of the runtime's own venv on that node (<runtimes dir>/<name>-<pin12>/bin/python,
     # installed by ``dit runtimes install``), else that node's ``dit_python``; empty when built by hand
@@ -432,6 +434,14 @@ def uses_edge_service(runtime: Runtime) -> bool:
     False when absent: a plug-in brings its own). Only then does the service profile its capacity again
     from the start instant; beside another runtime's inference it would only take the edge's CPU."""
     return bool(getattr(runtime, "uses_edge_service", False))
+
+
+def uses_testbed_model(runtime: Runtime) -> bool:
+    """The runtime runs the scenario's ``model`` (optional ``uses_testbed_model``, False when absent: a
+    plug-in names its own model in its block). Only then does the scenario need ``model``; without one
+    the driver resolves none (``LaunchContext.model`` is empty). The edge service serves the scenario's
+    model, so a runtime that uses it uses the model too."""
+    return bool(getattr(runtime, "uses_testbed_model", False)) or uses_edge_service(runtime)
 
 
 def preflight_of(runtime: Runtime, facts: RuntimePreflight) -> str | None:

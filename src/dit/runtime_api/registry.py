@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dit.paths import content_root
-from dit.runtime_api.interface import Runtime
+from dit.runtime_api.interface import Runtime, uses_testbed_model
 
 GROUP = "dit.runtimes"
 DEFAULT: Final = "layers"  # the runtime of a scenario without a runtime block
@@ -205,3 +205,26 @@ def block_property() -> dict[str, Any]:
         "properties": {"name": name_property},
         "allOf": rules,
     }
+
+
+def model_rules() -> list[dict[str, Any]]:
+    """The scenario's top-level rules requiring ``model``: one per installed runtime that runs the
+    testbed's model (``uses_testbed_model``); a scenario of any other runtime may leave it out. The
+    default runtime's rule also holds for a scenario without a runtime block or a block without a name.
+    ``x-condition-text`` words the condition for the error message and the scenario reference."""
+    rules: list[dict[str, Any]] = []
+    for name, runtime in installed().items():
+        if not uses_testbed_model(runtime):
+            continue
+        named: dict[str, Any] = {
+            "required": ["runtime"],
+            "properties": {"runtime": {"required": ["name"], "properties": {"name": {"const": name}}}},
+        }
+        if name == DEFAULT:
+            nameless = {"properties": {"runtime": {"not": {"required": ["name"]}}}}
+            chosen: dict[str, Any] = {"anyOf": [named, nameless]}  # an absent block passes `properties`
+        else:
+            chosen = named
+        text = f"for runtime {name}, which runs the testbed's model: give a model name such as fake"
+        rules.append({"if": {**chosen, "x-condition-text": text}, "then": {"required": ["model"]}})
+    return rules

@@ -174,13 +174,14 @@ def check(
 
 def check_hosts(
     runtime: Runtime,
-    source: str,
+    source: str | Sequence[str],
     hosts: Sequence[str],
     workdir: Path,
     scenario: Mapping[str, Any] | None = None,
     on_event: EventSink = lambda _e: None,
 ) -> list[NodeReadiness]:
-    """Run ``runtime``'s readiness plays on ``hosts`` of the inventory ``source`` (a path to a file)."""
+    """Run ``runtime``'s readiness plays on ``hosts`` of the inventory ``source`` (a path to a file, or
+    several whose host variables merge)."""
     plan = runtime.readiness(scenario, workdir / "files")
     hosts = list(hosts)
     if not plan.plays:
@@ -286,7 +287,7 @@ def act_on_hosts(
     runtime: Runtime,
     action: Action,
     inputs: Mapping[str, Any],
-    source: str,
+    source: str | Sequence[str],
     hosts: Sequence[str],
     workdir: Path,
     on_event: EventSink = lambda _e: None,
@@ -391,15 +392,44 @@ def install(
 ) -> StageOutcome:
     """Install ``runtime`` at its declared pin into its venv on every node (local mode: once, on this
     machine, whose nodes share one runtimes directory)."""
-    plan = install_plays(runtime, mirror_dir, mirror_url, inventory.local, sources_file)
+    return install_on_hosts(
+        runtime,
+        inventory.source,
+        inventory.edge_host if inventory.local else inventory.limit,
+        inventory.local,
+        workdir,
+        mirror_dir,
+        mirror_url,
+        sources_file,
+        on_event,
+        forks=max(5, len(inventory.hosts)),
+    )
+
+
+def install_on_hosts(
+    runtime: str,
+    source: str | Sequence[str],
+    limit: str,
+    local: bool,
+    workdir: Path,
+    mirror_dir: Path,
+    mirror_url: str | None = None,
+    sources_file: Path | None = None,
+    on_event: EventSink = lambda _e: None,
+    forks: int = 5,
+) -> StageOutcome:
+    """Install ``runtime`` at its pin on the hosts ``limit`` of the inventory ``source``; ``local``: they
+    are this machine (its interpreter and architecture; its nodes share one runtimes directory, so one
+    host is enough). Refused (:class:`InstallError`) before anything runs, as :func:`install_plays`."""
+    plan = install_plays(runtime, mirror_dir, mirror_url, local, sources_file)
     playbook = _write_plays(plan.plays, workdir / "project" / "install.yml")
     return run_playbook(
         f"{runtime} install",
         playbook,
         workdir / "ansible",
-        inventory.source,
-        inventory.edge_host if inventory.local else inventory.limit,
+        source,
+        limit,
         dict(plan.extravars),
         on_event,
-        forks=max(5, len(inventory.hosts)),
+        forks=forks,
     )

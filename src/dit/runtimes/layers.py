@@ -125,6 +125,7 @@ class LayersRuntime:
     name = "layers"
     title = "built-in (layer-by-layer profile + partitioned inference)"
     uses_edge_service = True  # its devices send their requests to dit's edge service
+    uses_testbed_model = True  # it runs the scenario's model: the scenario must name one
 
     @property
     def version(self) -> str:

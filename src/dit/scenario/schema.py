@@ -15,7 +15,7 @@ from typing import Any
 from jsonschema import Draft202012Validator, ValidationError
 
 from dit.paths import content_root
-from dit.runtime_api.registry import block_property, generation
+from dit.runtime_api.registry import block_property, generation, model_rules
 from dit.scenario.errors import FieldError
 from dit.scenario.pathexpr import Segment, render_path
 
@@ -57,6 +57,8 @@ def load_schema() -> dict[str, Any]:
     """A fresh copy of the scenario JSON Schema, with the ``runtime`` block of every installed runtime."""
     schema: dict[str, Any] = json.loads(_schema_text())
     schema["properties"]["runtime"] = block_property()
+    # `model` is required only by the runtimes that run it; a plug-in brings its own (docs/runtimes.md)
+    schema.setdefault("allOf", []).extend(model_rules())
     return schema
 
 
@@ -178,7 +180,11 @@ def _schema_at(path: Iterable[Any]) -> SchemaNode:
 
 
 def condition_text(if_schema: SchemaNode) -> str:
-    """``when kind is uniform`` for ``{"properties": {"kind": {"const": "uniform"}}}``."""
+    """``when kind is uniform`` for ``{"properties": {"kind": {"const": "uniform"}}}``; a condition that
+    words itself (``x-condition-text``: the runtimes' rules on ``model``) says so in its own words."""
+    own = if_schema.get("x-condition-text")
+    if isinstance(own, str) and own:
+        return own
     parts = []
     for key, sub in dict(if_schema.get("properties", {})).items():
         if "const" in sub:

@@ -119,7 +119,7 @@ class Scenario:
     seed: int
     repetitions: int
     warmup: int
-    model: ModelSpec
+    model: ModelSpec | None  # None: a runtime that brings its own model (no ``uses_testbed_model``)
     edge: EdgeSpec
     inference: InferenceSpec
     optimisation: OptimisationSpec
@@ -169,12 +169,22 @@ def _label_value(value: Any) -> str:
     return json.dumps(plain, ensure_ascii=False, separators=(",", ":"))
 
 
+def _model_spec(model: FrozenDict) -> ModelSpec:
+    inp = model["input"]
+    eq = model["equivalence_check"]
+    return ModelSpec(
+        name=model["name"],
+        params=model["params"],
+        input=InputSpec(kind=inp["kind"], path=inp.get("path"), seed=inp["seed"]),
+        equivalence_enabled=eq["enabled"],
+        equivalence_tolerance=float(eq["tolerance"]),
+    )
+
+
 def build(resolved: Mapping[str, Any], sweep_point: tuple[tuple[str, Any], ...]) -> Scenario:
     """A :class:`Scenario` from a resolved, valid document."""
     data: FrozenDict = freeze(resolved)
-    model = data["model"]
-    inp = model["input"]
-    eq = model["equivalence_check"]
+    model = data.get("model")
     edge = data["edge_server"]
     inference = data["inference"]
     opt = data["optimisation"]
@@ -186,13 +196,7 @@ def build(resolved: Mapping[str, Any], sweep_point: tuple[tuple[str, Any], ...])
         seed=data["seed"],
         repetitions=data["repetitions"],
         warmup=data["warmup"],
-        model=ModelSpec(
-            name=model["name"],
-            params=model["params"],
-            input=InputSpec(kind=inp["kind"], path=inp.get("path"), seed=inp["seed"]),
-            equivalence_enabled=eq["enabled"],
-            equivalence_tolerance=float(eq["tolerance"]),
-        ),
+        model=None if model is None else _model_spec(model),
         edge=EdgeSpec(
             policy=edge["policy"],
             nominal_frequency=edge["nominal_frequency"],

@@ -1,0 +1,175 @@
+"""What each chapter runs: scenario variants at a size (``quick`` or ``full``).
+
+``quick`` finishes within minutes on a 2-core machine in local mode or on the emulated rack: Chapter 4
+with AlexNet's fake stand-in (its 11 stages and cut sizes, the model the quickstart runs), one profiling
+pass, five partition points and one load process per loaded device. ``full`` is the shipped scenario as
+the article ran it (``scenarios/ch4_validation.yaml``: AlexNet itself, five repetitions, 50 inference
+rounds per point), meant for the real rack.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import yaml
+
+from dit.paths import content_root
+from dit.scenario import Scenario, expand
+
+Size = Literal["quick", "full"]
+SIZES: Final = ("quick", "full")
+CHAPTERS: Final = ("ch4", "ch5", "ch6")
+
+
+class ChapterError(Exception):
+    """A chapter or size that does not exist, or a shipped scenario that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A chapter's variants to run, and what was reduced for the size (said in the report)."""
+
+    chapter: str
+    size: Size
+    variants: tuple[Scenario, ...]
+    reductions: tuple[str, ...]
+    not_run: tuple[str, ...] = ()  # parts of the chapter this machine cannot measure, and why
+
+
+def _shipped(name: str) -> dict[str, Any]:
+    path = content_root() / "scenarios" / f"{name}.yaml"
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ChapterError(f"{path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ChapterError(f"{path}: not a mapping")
+    return doc
+
+
+def ch4_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 4's scenario at ``size`` and the reductions made for it."""
+    doc = _shipped("ch4_validation")
+    if size == "full":
+        return doc, ()
+    quick = copy.deepcopy(doc)
+    quick["model"] = {"name": "fake", "params": {"profile": "alexnet"}}
+    quick["repetitions"] = 1
+    inference: Mapping[str, Any] = quick.get("inference") or {}
+    quick["inference"] = {**inference, "repetitions": 3}
+    load: Mapping[str, Mapping[str, Any]] = quick.get("load") or {}
+    quick["load"] = {device: {**block, "processes": 1} for device, block in load.items()}
+    reductions = (
+        "AlexNet's fake stand-in (its 11 stages and cut sizes, timed by a calibrated busy loop) instead of "
+        "AlexNet itself",
+        "1 profiling repetition instead of 5; 3 inference rounds per partition point instead of 50",
+        "1 load process on each loaded device instead of 1, 2 and 3",
+    )
+    return quick, reductions
+
+
+def ch5_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 5's decoder profile: TinyLlama generating tokens on one device with the per-head hooks
+    (the layers runtime, docs/models.md), whole for ``full``, two of its 22 layers for ``quick``."""
+    params: dict[str, Any] = {"prompt_len": 8}
+    tokens = 32
+    reductions: tuple[str, ...] = ()
+    if size == "quick":
+        params["num_layers"] = 2
+        tokens = 8
+        reductions = (
+            "TinyLlama with 2 of its 22 decoder layers (per-layer and per-head costs are per layer; the "
+            "weights are seeded, not trained: timing does not depend on them)",
+            "8 generated tokens instead of 32, 1 repetition",
+        )
+    doc = {
+        "name": "ch5_decoder_profile",
+        "description": "Chapter 5: per-head, projection and FFN costs of a decoder layer per token",
+        "model": {"name": "tinyllama", "params": params},
+        "devices": ["device1"],
+        "repetitions": 1 if size == "quick" else 3,
+        "warmup": 1,
+        "seed": 2024,
+        "runtime": {"name": "layers", "tokens": tokens},
+        "inference": {"enabled": False},
+        "optimisation": {"enabled": False},
+        "timing": {"start_lead_s": 5},
+    }
+    return doc, reductions
+
+
+def ch6_tolerance_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 6's tolerance sweep (greedy + speculation, tau 0 / 0.02 / 0.05 / 0.10) at ``size``."""
+    doc = _shipped("ch6_tolerance")
+    if size == "full":
+        return doc, ()
+    quick = copy.deepcopy(doc)
+    quick["runtime"] = {**quick["runtime"], "tokens": 16}
+    return quick, ("the tolerance sweep: 16 tokens instead of 64",)
+
+
+def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 6's sweep at ``size``: every strategy; the added RTT where it can be applied."""
+    doc = _shipped("ch6_headsplit")
+    if size == "full":
+        return doc, ()
+    quick = copy.deepcopy(doc)
+    sweep = list(quick["sweep"])
+    runtime_axis = {**sweep[0], "values": [{**v, "tokens": 16} for v in sweep[0]["values"]]}
+    network_axis = sweep[1]
+    reductions = ["16 tokens instead of 64 (tinyllama-half, the shipped reduced model)"]
+    if local:
+        # HeadSplit's processes send from 127.0.0.1 in local mode: a delay would be recorded, not applied
+        quick["sweep"] = [runtime_axis]
+        reductions.append(
+            "no added RTT: in local mode HeadSplit's workers all send from 127.0.0.1, so a delay could only "
+            "be recorded, not applied (run with --where rack for the RTT columns)"
+        )
+    else:
+        quick["sweep"] = [
+            runtime_axis,
+            {**network_axis, "values": [network_axis["values"][0], network_axis["values"][2]]},
+        ]
+        reductions.append("added RTT 0 and 15 ms instead of 0, 5, 15, 25 and 50 ms")
+    return quick, tuple(reductions)
+
+
+def plan(chapter: str, size: Size, local: bool = True) -> Plan:
+    """The variants of ``chapter`` at ``size`` (:class:`ChapterError` for an unknown chapter or size);
+    ``local``: in local mode (what local mode cannot apply is left out and said)."""
+    if size not in SIZES:
+        raise ChapterError(f"--size: {size!r} is not one of {', '.join(SIZES)}")
+    if chapter not in CHAPTERS:
+        raise ChapterError(f"CHAPTER: {chapter!r} is not one of {', '.join(CHAPTERS)}")
+    if chapter == "ch4":
+        doc, reductions = ch4_document(size)
+        return Plan(chapter, size, tuple(expand(doc)), reductions)
+    missing = [name for name in ("torch", "headsplit") if importlib.util.find_spec(name) is None]
+    if chapter == "ch5":
+        missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    if chapter == "ch5" and not missing:
+        doc, reductions = ch5_document(size)
+        return Plan(chapter, size, tuple(expand(doc)), reductions)
+    if chapter == "ch6" and not missing:
+        doc, reductions = ch6_document(size, local)
+        tolerance, tau_reductions = ch6_tolerance_document(size)
+        return Plan(chapter, size, (*expand(doc), *expand(tolerance)), (*reductions, *tau_reductions))
+    why = (
+        f"{'Chapter 5' if chapter == 'ch5' else 'Chapter 6'} measures decoders with PyTorch, and "
+        f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here "
+        + (
+            "(pip install -e '.[llm]')"
+            if chapter == "ch5"
+            else "(pip install -e '.[llm]'; pip install ./runtimes/headsplit)"
+        )
+    )
+    return Plan(chapter, size, (), (), (why,))
+
+
+def default_out(chapter: str) -> Path:
+    return Path("reproduce") / chapter

@@ -1,0 +1,181 @@
+"""Run a chapter and write its report: ``<out>/report.html`` (self-contained) and ``<out>/reproduce.json``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from dit.report.build import render
+from dit.report.section import Section
+from dit.reproduce import ch4, ch5, ch6
+from dit.reproduce.chapters import Plan, plan
+from dit.reproduce.context import Context, where_text
+from dit.reproduce.execute import Runner, VariantOutcome, drive, run_variants
+from dit.units import MISSING
+
+TITLES = {
+    "ch4": "Chapter 4 — the delay model under RR and SJF, and the optimisers",
+    "ch5": "Chapter 5 — decoder profiles of a trained model",
+    "ch6": "Chapter 6 — HeadSplit: strategies, added RTT, speculation",
+}
+
+
+def overview(ctx: Context, chosen: Plan, outcomes: Sequence[VariantOutcome]) -> Section:
+    section = Section("What was run, and where", "overview")
+    section.note = f"Size {ctx.size}: {where_text(ctx)}."
+    facts = [
+        ["where", ctx.where],
+        ["cores", str(ctx.cores)],
+        ["load average (1 min)", ctx.load_text()],
+        ["model", ctx.model or MISSING],
+        ["network", ctx.network or MISSING],
+    ]
+    facts += [["reduced for this size", text] for text in chosen.reductions]
+    facts += [["not measured here", text] for text in chosen.not_run]
+    facts += [["note", text] for text in ctx.notes]
+    section.table("", ("", ""), facts)
+    if outcomes:
+        section.table(
+            "Variants (a variant already finished in this directory is not run again)",
+            ("variant", "state", "run directory", ""),
+            [
+                [o.label, o.state, str(o.run_dir or MISSING), "reused" if o.reused else (o.error or "")]
+                for o in outcomes
+            ],
+        )
+    return section
+
+
+def _model_text(outcomes: Sequence[VariantOutcome]) -> str:
+    for outcome in outcomes:
+        if outcome.run_dir is None:
+            continue
+        try:
+            meta = json.loads((outcome.run_dir / "metadata.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        runtime = meta.get("runtime") or {}
+        block = runtime.get("block") if isinstance(runtime, dict) else None
+        if isinstance(block, dict) and block.get("model"):  # a runtime with its own model (HeadSplit)
+            return f"{block['model']} ({runtime.get('name')}'s own model)"
+        model = meta.get("model") or {}
+        spec = model.get("spec") or {}
+        name = spec.get("name", "?")
+        params = spec.get("params") or {}
+        return f"{name} {json.dumps(params, sort_keys=True)}" if params else str(name)
+    return ""
+
+
+def reproduce(
+    chapter: str,
+    size: str,
+    out: Path,
+    inventory: str | None,
+    where: str,
+    console: Console,
+    runner: Runner = drive,
+    shared_machine: bool | None = None,
+) -> Path:
+    """Run ``chapter`` at ``size`` into ``out`` (resuming) and write its report; the report's path.
+    ``shared_machine``: every node runs on this machine's cores (default: in local mode only; the emulated
+    rack too)."""
+    chosen = plan(chapter, size, local=inventory is None)  # type: ignore[arg-type]  # plan checks SIZES
+    ctx = Context(chapter, size, where, reductions=chosen.reductions)
+    ctx.shared_machine = inventory is None if shared_machine is None else shared_machine
+    out.mkdir(parents=True, exist_ok=True)
+    recorded = _recorded_loads(out / "reproduce.json")
+    outcomes = [
+        replace(o, load=recorded.get(str(o.run_dir))) if o.reused else o
+        for o in run_variants(chosen.variants, out / "runs", inventory, console, runner)
+    ]
+    ctx.finish()
+    ctx.run_loads = [o.load for o in outcomes if o.load is not None]
+    if any(o.load is None and o.run_dir is not None for o in outcomes):
+        ctx.notes.append(
+            "a reused run's load average is unknown: it was made before reproduce.json recorded it"
+        )
+    ctx.model = _model_text(outcomes)
+    sections: list[Section] = []
+    not_measured = "; ".join(chosen.not_run) or "see the variants above"
+    if chapter == "ch4":
+        ctx.network = "no delay asked by ch4_validation: the links are measured (ping), not shaped"
+        runs = ch4.policy_runs(
+            [
+                {"policy": _policy(o), "run_dir": o.run_dir, "state": o.state, "error": o.error}
+                for o in outcomes
+            ]
+        )
+        sections = ch4.sections(runs, ctx, out / "validation")
+    elif chapter == "ch5":
+        done = [o.run_dir for o in outcomes if o.run_dir is not None and o.state in ("completed", "degraded")]
+        sections = ch5.sections(done[0] if done else None, not_measured)
+    else:
+        finished = [
+            o.run_dir for o in outcomes if o.run_dir is not None and o.state in ("completed", "degraded")
+        ]
+        measured = "the section above" if finished else not_measured
+        sections = ch6.sections(measured)
+        strategies = [d for d in finished if d.parent.name == "ch6_headsplit"]
+        tolerance = [d for d in finished if d.parent.name == "ch6_tolerance"]
+        if outcomes:
+            shared = ctx.cores if ctx.shared_machine else None
+            sections[:0] = [ch6.measured_section(strategies, shared), ch6.tolerance_section(tolerance)]
+        ctx.network = (
+            ", ".join(sorted({_network(o.run_dir) for o in outcomes if o.run_dir is not None})) or ""
+        )
+    sections.insert(0, overview(ctx, chosen, outcomes))
+    html = render(TITLES[chapter], sections, out)
+    target = out / "report.html"
+    target.write_text(html, encoding="utf-8")
+    record: dict[str, Any] = {
+        "chapter": chapter,
+        "size": size,
+        "where": where,
+        "cores": ctx.cores,
+        "load_before": ctx.load_before,
+        "load_after": ctx.load_after,
+        "variants": [
+            {**asdict(o), "run_dir": None if o.run_dir is None else str(o.run_dir)} for o in outcomes
+        ],
+        "not_run": list(chosen.not_run),
+    }
+    (out / "reproduce.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
+def _network(run_dir: Path) -> str:
+    """What applied a HeadSplit run's added RTT (netem, userspace, recorded), or that none was asked."""
+    try:
+        from headsplit.compare import network_backends
+
+        meta = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
+    except (ImportError, OSError, ValueError):
+        return "unknown"
+    return network_backends(meta)
+
+
+def _recorded_loads(path: Path) -> dict[str, tuple[float, float]]:
+    """``{run directory: (load at start, at end)}`` from a previous invocation's ``reproduce.json``."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    loads: dict[str, tuple[float, float]] = {}
+    for variant in record.get("variants", []) if isinstance(record, dict) else []:
+        load = variant.get("load") if isinstance(variant, dict) else None
+        if isinstance(load, list) and len(load) == 2 and variant.get("run_dir"):
+            loads[str(variant["run_dir"])] = (float(load[0]), float(load[1]))
+    return loads
+
+
+def _policy(outcome: VariantOutcome) -> str:
+    # the sweep's label names the policy: ch4_validation[edge_server.policy=RR]
+    marker = "edge_server.policy="
+    if marker in outcome.label:
+        return outcome.label.split(marker, 1)[1].split(",", 1)[0].rstrip("]")
+    return "RR"

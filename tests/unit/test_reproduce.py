@@ -1,0 +1,300 @@
+"""``dit reproduce``: the chapters' plans, resuming by scenario hash, the report's tables (a missing input
+is said in its row, never left out) and the command's errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from dit.cli import app
+from dit.reproduce import ch4, ch5, ch6
+from dit.reproduce.article import FIGURES, Figure
+from dit.reproduce.chapters import ChapterError, plan
+from dit.reproduce.context import Context
+from dit.reproduce.execute import finished_runs, run_variants
+from dit.reproduce.report import reproduce
+from dit.scenario import Scenario
+from dit.scenario.frozen import thaw
+from dit.units import MISSING
+
+QUIET = Console(quiet=True)
+
+
+def test_ch4_quick_is_the_shipped_sweep_reduced_and_says_how() -> None:
+    quick = plan("ch4", "quick")
+    assert [v.label for v in quick.variants] == [
+        "ch4_validation[edge_server.policy=RR]",
+        "ch4_validation[edge_server.policy=SJF]",
+    ]
+    doc = quick.variants[0].data
+    assert doc["model"]["name"] == "fake" and thaw(doc["model"]["params"]) == {"profile": "alexnet"}
+    assert [v[0] for v in doc["inference"]["partition_points"]] == [0, 2, 4, 8, 11]  # every device at once
+    assert doc["inference"]["repetitions"] == 3
+    assert {block["processes"] for block in doc["load"].values()} == {1}
+    assert any("fake stand-in" in r for r in quick.reductions)
+    full = plan("ch4", "full")
+    assert full.variants[0].data["model"]["name"] == "alexnet" and full.reductions == ()
+    assert {v.hash for v in quick.variants}.isdisjoint({v.hash for v in full.variants})
+
+
+def test_unknown_chapter_or_size_is_named() -> None:
+    with pytest.raises(ChapterError, match="CHAPTER: 'ch9'"):
+        plan("ch9", "quick")
+    with pytest.raises(ChapterError, match="--size: 'huge'"):
+        plan("ch4", "huge")  # type: ignore[arg-type]
+
+
+def _fake_run(runs: Path, name: str, scenario: Scenario, state: str) -> Path:
+    run = runs / scenario.name / name
+    run.mkdir(parents=True)
+    (run / "status.json").write_text(json.dumps({"state": state}))
+    (run / "metadata.json").write_text(
+        json.dumps({"scenario": {"hash": scenario.hash, "document": thaw(scenario.data)}})
+    )
+    return run
+
+
+def test_a_finished_variant_is_reused_a_failed_one_runs_again(tmp_path: Path) -> None:
+    rr, sjf = plan("ch4", "quick").variants
+    runs = tmp_path / "runs"
+    kept = _fake_run(runs, "20261204T000000Z-a", rr, "completed")
+    _fake_run(runs, "20261204T000001Z-b", sjf, "failed")
+    assert set(finished_runs(runs)) == {rr.hash}
+    ran: list[str] = []
+
+    def runner(
+        s: Scenario, root: Path, inventory: str | None, console: Console
+    ) -> tuple[Path | None, str, str | None]:
+        ran.append(s.label)
+        return _fake_run(root, "20261204T000002Z-c", s, "completed"), "completed", None
+
+    outcomes = run_variants([rr, sjf], runs, None, QUIET, runner)
+    assert ran == [sjf.label]
+    assert [(o.label, o.reused, o.state) for o in outcomes] == [
+        (rr.label, True, "completed"),
+        (sjf.label, False, "completed"),
+    ]
+    assert outcomes[0].run_dir == kept
+    # a second invocation runs nothing
+    again = run_variants([rr, sjf], runs, None, QUIET, runner)
+    assert ran == [sjf.label] and all(o.reused for o in again)
+
+
+def test_a_stopped_variant_ends_the_chapter(tmp_path: Path) -> None:
+    rr, sjf = plan("ch4", "quick").variants
+    ran: list[str] = []
+
+    def runner(
+        s: Scenario, root: Path, inventory: str | None, console: Console
+    ) -> tuple[Path | None, str, str | None]:
+        ran.append(s.label)
+        return None, "stopped", "stopped by dit stop"
+
+    outcomes = run_variants([rr, sjf], tmp_path / "runs", None, QUIET, runner)
+    assert ran == [rr.label]
+    assert [(o.state, o.error) for o in outcomes] == [
+        ("stopped", "stopped by dit stop"),
+        ("not run", "not run: the variant before it was stopped"),  # said in the report, not dropped
+    ]
+
+
+def test_a_missing_run_is_said_in_each_table(tmp_path: Path) -> None:
+    runs = [ch4.PolicyRun("RR", None, "the run ended failed"), ch4.PolicyRun("SJF", None, "lease refused")]
+    ctx = Context("ch4", "quick", "local mode")
+    sections = ch4.sections(runs, ctx, tmp_path / "validation")
+    cells = [" ".join(map(str, row)) for s in sections for t in s.tables for row in t["rows"]]
+    assert any("MAPE, RR" in c and "not measured: the run ended failed" in c for c in cells)
+    assert any("SJF" in c and "lease refused" in c for c in cells)
+    assert sum("not measured" in c for c in cells) == 6  # two policies in each of the three tables
+
+
+def test_the_mape_verdict_holds_the_measurement_to_the_article() -> None:
+    ctx = Context("ch4", "quick", "local mode", cores=2, load_before=(3.0, 0, 0))
+    assert ch4.verdict(6.2, ctx).startswith("reproduces: 6.2 %")
+    late = ch4.verdict(14.0, ctx)
+    assert late.startswith("does not reproduce: 14.0 % exceeds 10 %") and "2 shared cores" in late
+    assert "load average 3.00 before" in late
+    assert Figure("x", "y").holds(1.0) is None and FIGURES["ch6.speedup_full"].holds(1.6)
+
+
+def test_ch6_projects_every_placement_and_rtt_beside_the_article() -> None:
+    doc = {**ch6.rack_document(), "tokens": 4}  # small: the same code path as the 256 tokens
+    placements, rtt = ch6.sections("not measured here: no PyTorch", doc)
+    rows = placements.tables[0]["rows"]
+    assert [r[0] for r in rows[:3]] == ["4 tokens, layerwise", "4 tokens, roundrobin", "4 tokens, greedy"]
+    assert rows[0][3] == "62.4 s (256 tokens)" and rows[0][2].endswith(" s")
+    assert all(r[1] == "not measured" for r in rows) and "no PyTorch" in placements.note
+    assert [r[0] for r in rtt.tables[0]["rows"]] == ["+0 ms", "+5 ms", "+15 ms", "+25 ms", "+50 ms"]
+    speedups = [float(r[2].rstrip("x")) for r in rtt.tables[0]["rows"]]
+    assert all(s > 0 for s in speedups)
+
+
+def not_run(
+    s: Scenario, root: Path, inventory: str | None, console: Console
+) -> tuple[Path | None, str, str | None]:
+    """A runner whose variant could not start (a test renders the report without running anything)."""
+    return None, "failed", "not run by this test"
+
+
+def test_ch5_report_names_what_was_not_measured(tmp_path: Path) -> None:
+    target = reproduce("ch5", "quick", tmp_path / "ch5", None, "local mode", QUIET, not_run)
+    html = target.read_text()
+    assert "Chapter 5" in html and "2.4 to 6.5 ms" in html and "not measured" in html
+    assert "http://" not in html and "https://" not in html  # self-contained
+    record = json.loads((tmp_path / "ch5" / "reproduce.json").read_text())
+    assert record["chapter"] == "ch5"
+    assert [v["state"] for v in record["variants"]] in ([], ["failed"])  # [] where PyTorch is absent
+
+
+def test_ch5_rows_read_the_decoder_profile(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "aggregate").mkdir(parents=True)
+    rows = ["host,rep,token,layer,unit,head,latency_ns,ops,kv_len"]
+    for token in (0, 1, 2, 3):  # token 0, the prefill, is left out of the medians
+        scale = 100 if token == 0 else 1
+        rows += [f"device1,0,{token},0,head,{h},{scale * (3_000_000 + h)},1,8" for h in range(4)]
+        rows.append(f"device1,0,{token},0,ffn,,{scale * 400_000_000},1,8")
+    (run / "aggregate" / "heads.csv").write_text("\n".join(rows) + "\n")
+    values = [{"name": "tokens_per_s", "value": 2.5}, {"name": "headwise_attention_ratio", "value": 1.6}]
+    (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
+    (section,) = ch5.sections(run, "")
+    cells = {r[0]: r for r in section.tables[0]["rows"]}
+    head = cells["one attention head per token (median, decode)"]
+    assert head[1] == "3.00 ms" and head[4] == "reproduces: within the article's range"
+    ffn = cells["feed-forward block per token (median, decode)"]
+    assert ffn[1] == "400 ms" and ffn[4] == "reproduces: within the article's range"
+    assert cells["tokens per second"][1] == "2.50"
+    assert cells["head-wise / fused attention time (decode)"][1] == "1.60"
+    assert cells["energy per token"][1] == MISSING  # no power trace in this run: said, not invented
+    assert cells["link rate"][4] == "cannot say: not measured"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["reproduce", "ch9"], "CHAPTER: 'ch9' is not one of ch4, ch5, ch6"),
+        (["reproduce", "ch4", "--size", "huge"], "--size: 'huge' is not one of quick, full"),
+        (
+            ["reproduce", "ch4", "--where", "/nowhere/hosts.yml"],
+            "--where: '/nowhere/hosts.yml' is not local, rack",
+        ),
+    ],
+)
+def test_the_command_names_the_bad_argument(args: list[str], message: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")], terminal_width=200)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
+def test_the_load_said_is_the_runs_own_even_when_they_are_reused(tmp_path: Path) -> None:
+    rr, sjf = plan("ch4", "quick").variants
+    out = tmp_path / "ch4"
+    first = _fake_run(out / "runs", "20261204T000000Z-a", rr, "completed")
+    second = _fake_run(out / "runs", "20261204T000001Z-b", sjf, "completed")
+    previous = {
+        "variants": [
+            {"run_dir": str(first), "load": [3.0, 4.0]},
+            {"run_dir": str(second), "load": [5.0, 6.0]},
+        ]
+    }
+    (out / "reproduce.json").write_text(json.dumps(previous))
+
+    def runner(
+        s: Scenario, root: Path, inventory: str | None, console: Console
+    ) -> tuple[Path | None, str, str | None]:
+        raise AssertionError(f"{s.label} ran again")
+
+    html = reproduce("ch4", "quick", out, None, "local mode", QUIET, runner).read_text()
+    assert "3.00 to 6.00 while the runs ran" in html
+    record = json.loads((out / "reproduce.json").read_text())
+    assert [v["load"] for v in record["variants"]] == [[3.0, 4.0], [5.0, 6.0]]  # kept for the next invocation
+
+
+def _headsplit_run(root: Path, strategy: str, speculation: bool, tokens_per_s: float | None) -> Path:
+    """A finished HeadSplit run as headsplit.compare reads it (metadata.json, aggregate/summary.json)."""
+    block = {"name": "headsplit", "strategy": strategy, "speculation": speculation, "model": "tinyllama-half"}
+    run = root / f"{strategy}-{speculation}"
+    (run / "aggregate").mkdir(parents=True)
+    meta = {
+        "scenario": {"label": run.name, "sweep_point": [["runtime", block]]},
+        "runtime": {"name": "headsplit", "block": block},
+    }
+    (run / "metadata.json").write_text(json.dumps(meta))
+    values = [] if tokens_per_s is None else [{"name": "tokens_per_s", "value": tokens_per_s}]
+    (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
+    return run
+
+
+def test_ch6_measured_rows_hold_each_strategy_to_the_article(tmp_path: Path) -> None:
+    pytest.importorskip("headsplit.compare")
+    runs = [
+        _headsplit_run(tmp_path, "layerwise", False, 2.0),
+        _headsplit_run(tmp_path, "greedy", False, 2.56),  # 1.28x: within the heads-alone 1.24 to 1.31x
+        _headsplit_run(tmp_path, "roundrobin", False, 1.5),  # 0.75x
+        _headsplit_run(tmp_path, "greedy", True, None),  # no tokens/s recorded: said, not dropped
+    ]
+    doc = {**ch6.rack_document(), "tokens": 4}
+    section = ch6.measured_section(runs, cores=2, doc=doc)
+    rows = {r[0]: r for r in section.tables[0]["rows"]}
+    assert set(rows) == {
+        "layerwise, +0 ms (none)",
+        "greedy, +0 ms (none)",
+        "roundrobin, +0 ms (none)",
+        "greedy + speculation, +0 ms (none)",
+    }
+    assert rows["greedy, +0 ms (none)"][1] == "2.56 tokens/s, 1.28x over layer-wise"
+    assert rows["greedy, +0 ms (none)"][4] == "reproduces"
+    assert rows["roundrobin, +0 ms (none)"][4] == (
+        "does not reproduce: 0.75x; 4 workers share 2 cores here, so their heads cannot run in parallel"
+    )
+    assert rows["roundrobin, +0 ms (none)"][2].endswith("x over layer-wise")  # the simulated rack
+    assert rows["greedy + speculation, +0 ms (none)"][4] == "cannot say: no speedup measured"
+    assert rows["layerwise, +0 ms (none)"][4] == "the baseline"
+
+
+def test_ch6_tolerance_rows_set_speed_beside_fidelity(tmp_path: Path) -> None:
+    pytest.importorskip("headsplit.compare")
+    runs = []
+    for tau, rate, acceptance, ids, perplexity in (
+        (0.0, 2.0, None, [5, 6, 7, 8], 11.0),
+        (0.05, 2.5, 40.0, [5, 6, 9, 8], 11.6),
+    ):
+        run = _headsplit_run(tmp_path / f"tau{tau}", "greedy", True, rate)
+        meta = json.loads((run / "metadata.json").read_text())
+        meta["runtime"]["block"]["tau"] = tau
+        meta["scenario"]["sweep_point"] = [["runtime.tau", tau]]
+        (run / "metadata.json").write_text(json.dumps(meta))
+        values = [{"name": "tokens_per_s", "value": rate}, {"name": "perplexity", "value": perplexity}]
+        values.append({"name": "speculation_acceptance", "value": acceptance})
+        (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
+        (run / "aggregate" / "hs_generated.json").write_text(json.dumps({"ids": ids}))
+        runs.append(run)
+    section = ch6.tolerance_section(runs[::-1])  # in tau order whatever order the runs come in
+    rows = section.tables[0]["rows"]
+    assert [r[0] for r in rows] == ["tau = 0", "tau = 0.05"]
+    assert (
+        rows[0][1]
+        == f"2.00 tokens/s, 1.00x of tau = 0, acceptance {MISSING}, tokens as at tau = 0 100 %, perplexity 11.00"
+    )
+    assert (
+        rows[1][1]
+        == "2.50 tokens/s, 1.25x of tau = 0, acceptance 40 %, tokens as at tau = 0 75 %, perplexity 11.60"
+    )
+    assert rows[1][3] == FIGURES["ch6.acceptance"].text and rows[1][4].startswith(
+        "does not reproduce: 40 % accepted"
+    )
+
+
+def test_shared_cores_are_blamed_only_where_the_nodes_share_them() -> None:
+    here = Context("ch4", "quick", "local mode", cores=2, load_before=(3.0, 0, 0))
+    boards = Context("ch4", "full", "the hosts of inventories/rack.example", cores=2, shared_machine=False)
+    assert "shared cores" in ch4.verdict(14.0, here)
+    assert (
+        ch4.verdict(14.0, boards)
+        == "does not reproduce: 14.0 % exceeds 10 %; the per-device table shows where"
+    )
