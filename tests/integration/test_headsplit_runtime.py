@@ -13,11 +13,14 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -255,3 +258,102 @@ def test_sigkill_of_the_driver_mid_generation_then_cleanup_leaves_no_controller_
     assert run_processes(run.run_id) == []
     assert Journal(run.journal).pending() == []
     assert not lease.exists()  # released
+
+
+DELAY_MS = 20
+
+
+def _hs_run(site: Path, tmp_path: Path, name: str, python: Path, network: dict[str, Any]) -> Path:
+    """One local HeadSplit run of the smallest configuration (gpt2-tiny on two workers), its run directory."""
+    doc = {
+        "name": name,
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2"],
+        "repetitions": 1,
+        "inference": {"enabled": False},
+        "timing": {"start_lead_s": 1.0},
+        # round robin: device1 holds units of every stage; no speculation: the stages run one after another
+        "runtime": {"name": "headsplit", "model": "gpt2-tiny", "workers": ["device1", "device2"], "tokens": 6,
+                    "strategy": "roundrobin", "speculation": False, "port": free_port(), "python": str(python),
+                    "rpc_timeout_s": 60},
+        **({"network": network} if network else {}),
+    }  # fmt: skip
+    scenario = tmp_path / f"{name}.yaml"
+    scenario.write_text(json.dumps(doc), encoding="utf-8")
+    done = dit(site, "run", str(scenario), "--runs-dir", str(tmp_path / "runs"), timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (tmp_path / "runs" / name).iterdir()
+    return run_dir
+
+
+def _stages_answered_by(results: dict[str, Any], worker: str) -> int:
+    """How many of one token's sequential stages wait for ``worker``'s reply (no speculation): per layer,
+    the heads (if it holds one), the projection and the FFN (if it holds them); then the controller's
+    fetch of the last layer's output, from the last FFN's worker."""
+    units: dict[str, str] = results["placement"]["units"]
+    layers = {int(key.split(".")[0][1:]) for key in units}
+    stages = 0
+    for layer in layers:
+        stages += any(units[k] == worker for k in units if k.startswith(f"L{layer}.head"))
+        stages += units[f"L{layer}.proj"] == worker
+        stages += units[f"L{layer}.ffn"] == worker
+    return stages + (units[f"L{max(layers)}.ffn"] == worker)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("iptables") is None or not Path("/proc/net/netfilter").is_dir(),
+    reason="the userspace backend needs root, iptables and nfnetlink",
+)
+def test_a_local_headsplit_device_s_delay_reaches_its_rpc(site: Path, tmp_path: Path) -> None:
+    """Issue 31 item 4: local mode's userspace link emulator selects a device's packets by its own loopback
+    address, and HeadSplit's processes listen there, so device1's 20 ms reaches every reply its worker
+    sends: the controller's RTT samples of worker1 and every token's stages that wait for it. The same
+    configuration without the delay is the baseline; lower bounds only (a loaded machine adds time)."""
+    pytest.importorskip("torch")
+    python = python_wrapper(tmp_path, site)
+    plain = _hs_run(site, tmp_path, "hs_plain", python, {})
+    delayed = _hs_run(site, tmp_path, "hs_delayed", python,
+                      {"device1": {"delay_ms": DELAY_MS, "network_backend": "userspace"}})  # fmt: skip
+
+    metadata = json.loads((delayed / "metadata.json").read_text(encoding="utf-8"))
+    built = metadata["conditions"]["device1"]["netem"]
+    assert built["netem_backend"] == "userspace"
+    source = built["netem_userspace"]["rules"][0][2].removesuffix("/32")
+    assert source.startswith("127.") and source != "127.0.0.1"
+    # the worker listened on device1's own address (where the chain selects its packets), not on 127.0.0.1
+    worker1 = json.loads((delayed / "raw" / "device1" / "device1_worker1.json").read_text(encoding="utf-8"))
+    assert {listener.rsplit(":", 1)[0] for listener in worker1["listeners"]} == {source}
+
+    # the self-check: every link of device1 shaped by the userspace backend, and within its tolerance
+    with (delayed / "aggregate" / "netem_check.csv").open(encoding="utf-8") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["device"] == "device1"]
+    assert rows and all(
+        (r["backend"], r["shaping"], r["pass"]) == ("userspace", "applied", "True") for r in rows
+    ), rows
+    assert float(next(r for r in rows if r["target"] == "edge")["intended_delay_ms"]) == DELAY_MS
+
+    def results(run_dir: Path) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(
+            (run_dir / "raw" / "edge" / "edge_headsplit.json").read_text("utf-8")
+        )
+        assert doc["error"] is None and doc["tokens_generated"] == 6
+        return doc
+
+    before, after = results(plain), results(delayed)
+    rtt = {
+        label: {w["name"]: statistics.median(w["rtt_ns"]) / 1e6 for w in doc["workers"]}
+        for label, doc in (("plain", before), ("delayed", after))
+    }
+    # each RTT sample of worker1 waits for one reply from device1's address
+    assert rtt["delayed"]["worker1"] - rtt["plain"]["worker1"] >= 0.8 * DELAY_MS, rtt
+    stages = _stages_answered_by(after, "worker1")
+    assert stages >= 3 and stages == _stages_answered_by(before, "worker1")  # the same placement
+    per_token = {
+        label: statistics.median(t["total_ns"] for t in doc["tokens"]) / 1e6
+        for label, doc in (("plain", before), ("delayed", after))
+    }
+    print(
+        f"\nRTT medians (ms) {rtt}; per-token medians (ms) {per_token}; stages answered by worker1 {stages}"
+    )
+    assert per_token["delayed"] - per_token["plain"] >= 0.8 * stages * DELAY_MS, (per_token, stages)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,10 +21,12 @@ from dit.conditions.netem.nfqueue import (
     rate_only,
 )
 from dit.conditions.netem.tc import NetemError
+from dit.runtime_api import registry
 from dit.scenario import loads
 from tests.unit.test_conditions_network import SCENARIO, ctx
 
 NO_NETEM = {"kernel": "6.1-test", "netem": {"available": False, "reason": "not built"}}
+RUNTIME_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runtime_pkg"
 NFQUEUE = {"available": True, "source": "nfnetlink_queue loaded", "iptables": "/usr/sbin/iptables"}
 
 
@@ -218,16 +223,55 @@ def test_local_mode_cannot_tell_another_device_from_the_edge() -> None:
         _local("{network_backend: userspace, destinations: {device2: {delay_ms: 30}}}")
 
 
-def test_local_mode_keeps_recording_for_a_runtime_that_does_not_send_from_the_device_s_address() -> None:
-    """HeadSplit's RPC leaves from 127.0.0.1: a chain selecting the device's own address would delay
-    its pings and not its traffic, so the run would claim a delay its runtime never saw."""
-    head = "name: l\nmodel: fake\ndevices: [device1]\nruntime: {name: headsplit}\nnetwork:\n"
-    (scenario,) = loads(head + "  device1: {delay_ms: 5}\n")
-    host = ctx("device1", local=True, dit_source_address="127.9.8.2")
+@pytest.fixture
+def echo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fixture runtime (tests/fixtures/runtime_pkg), which declares nothing of where it sends from."""
+    monkeypatch.syspath_prepend(str(RUNTIME_FIXTURE))
+    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "echo": "echo_runtime:EchoRuntime"})
+    registry.reset()
+    yield registry.get("echo")
+    monkeypatch.undo()
+    sys.modules.pop("echo_runtime", None)
+    registry.reset()
+
+
+def _one_delayed(runtime: str, extra: str = "") -> tuple[Any, Any]:
+    head = f"name: l\nmodel: fake\ndevices: [device1]\nruntime: {{name: {runtime}}}\nnetwork:\n"
+    (scenario,) = loads(head + f"  device1: {{delay_ms: 5{extra}}}\n")
+    return scenario, ctx("device1", local=True, dit_source_address="127.9.8.2")
+
+
+def test_local_mode_keeps_recording_for_a_runtime_that_does_not_declare_its_source_address(echo: Any) -> None:
+    """A runtime whose processes listen and connect on 127.0.0.1: a chain selecting the device's own
+    address would delay its pings and not its traffic, so the run would claim a delay its runtime never
+    saw. The netem condition asks the runtime's declaration (``sends_from_source_address``)."""
+    scenario, host = _one_delayed("echo")
     assert build_conditions(scenario, {"device1": host})["device1"]["netem"]["netem_userspace"] == {}
-    (asked,) = loads(head + "  device1: {delay_ms: 5, network_backend: userspace}\n")
-    with pytest.raises(NetemError, match="runtime 'headsplit' does not send from the device's own loopback"):
+    asked, _ = _one_delayed("echo", ", network_backend: userspace")
+    refused = r"runtime 'echo' does not declare sends_from_source_address \(its processes sending from"
+    with pytest.raises(NetemError, match=refused):
         build_conditions(asked, {"device1": host})
+
+
+def test_local_mode_gives_a_runtime_that_declares_its_source_address_the_userspace_backend(
+    echo: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(type(echo), "sends_from_source_address", True, raising=False)
+    for extra in ("", ", network_backend: userspace"):  # auto, and asked for
+        scenario, host = _one_delayed("echo", extra)
+        plan = build_conditions(scenario, {"device1": host})["device1"]["netem"]["netem_userspace"]
+        assert plan["rules"][0] == ["!", "-s", "127.9.8.2/32", "-j", "RETURN"], extra
+
+
+@pytest.mark.parametrize("runtime", ["layers", "headsplit", "llamacpp-rpc"])
+def test_the_shipped_runtimes_send_from_the_device_s_address_and_get_the_userspace_backend(
+    runtime: str,
+) -> None:
+    if runtime not in registry.installed():
+        pytest.skip(f"{runtime} is not installed here")
+    scenario, host = _one_delayed(runtime, ", network_backend: userspace")
+    plan = build_conditions(scenario, {"device1": host})["device1"]["netem"]["netem_userspace"]
+    assert plan["rules"][0] == ["!", "-s", "127.9.8.2/32", "-j", "RETURN"]
 
 
 def test_local_mode_refuses_an_explicit_userspace_backend_the_node_cannot_run() -> None:

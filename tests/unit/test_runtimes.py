@@ -547,6 +547,18 @@ def test_only_a_runtime_that_uses_the_edge_service_gets_its_profile_at_the_start
         assert uses_edge_service(runtime) is (name == "layers"), name
 
 
+def test_only_a_runtime_that_declares_it_sends_from_the_device_s_own_address(echo: Any) -> None:
+    """Local mode's link emulator selects a device's packets by its loopback address: the netem condition
+    gives it a runtime only when the runtime says its processes send from there. The shipped ones do
+    (the layers agents connect from it; HeadSplit and llama.cpp listen on it); the fixture says nothing."""
+    from dit.runtime_api.interface import sends_from_source_address
+
+    assert sends_from_source_address(LayersRuntime()) is True
+    assert sends_from_source_address(echo) is False
+    for name, runtime in registry.installed().items():
+        assert sends_from_source_address(runtime) is (name != "echo"), name
+
+
 def test_passing_readiness_checks_show_their_detail_as_failing_ones_do() -> None:
     from dit.runtime_api.interface import CheckResult
     from dit.runtime_ops.cli import checks_cell

@@ -204,11 +204,12 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
     assert config == {
         "model": {"preset": "gpt2-tiny"},
         "checkpoint": {"path": f"/var/tmp/dit/headsplit/files/{'a' * 64}/gpt2.safetensors", "sha256": "a" * 64},
-        "controller": {"host": "edgeserver", "address": "10.0.0.1", "port": 29600},
+        "controller": {"host": "edgeserver", "address": "10.0.0.1", "source_address": None, "port": 29600},
         "workers": [
-            {"rank": 1, "name": "worker1", "host": "device2", "address": "10.0.0.12",
+            {"rank": 1, "name": "worker1", "host": "device2", "address": "10.0.0.12", "source_address": None,
              "memory_limit_bytes": 512 * 1024 * 1024},
-            {"rank": 2, "name": "worker2", "host": "device1", "address": "10.0.0.11", "memory_limit_bytes": 0},
+            {"rank": 2, "name": "worker2", "host": "device1", "address": "10.0.0.11", "source_address": None,
+             "memory_limit_bytes": 0},
         ],
         "strategy": "roundrobin",
         "speculation": True,
@@ -242,6 +243,34 @@ def test_local_mode_reads_files_where_they_are_and_the_block_may_name_the_interp
     assert (
         json.loads(controller["files"]["headsplit.json"])["checkpoint"]["path"] == "/models/gpt2.safetensors"
     )
+
+
+def test_local_mode_gives_every_process_its_device_s_own_address(headsplit: Any) -> None:
+    """Local mode: each device's loopback address (``LaunchContext.source_addresses``) goes to the
+    process on that device, which listens there (headsplit.netif.pin): the link emulator selects the
+    device's packets by it. The edge has none and stays on its address."""
+    loopback = {h: "127.0.0.1" for h in HOSTS}
+    sources = {"device1": "127.40.7.2", "device2": "127.40.7.3", "device3": "127.40.7.4"}
+    block = {"name": "headsplit", "controller": "device3", "workers": ["device2", "device1"]}
+    ctx = context(block, local=True, addresses=loopback, source_addresses=sources)
+    assert headsplit.sends_from_source_address is True
+    specs = launch_vars(headsplit, ctx, HOSTS)
+    (controller,) = specs["device3"]["main"]
+    config = json.loads(controller["files"]["headsplit.json"])
+    assert config["controller"] == {"host": "device3", "address": "127.0.0.1", "source_address": "127.40.7.4",
+                                    "port": 29500}  # fmt: skip
+    assert [(w["host"], w["address"], w["source_address"]) for w in config["workers"]] == [
+        ("device2", "127.0.0.1", "127.40.7.3"),
+        ("device1", "127.0.0.1", "127.40.7.2"),
+    ]
+    for host in ("device1", "device2"):
+        (worker,) = specs[host]["background"]
+        assert json.loads(worker["files"]["headsplit.json"])["workers"] == config["workers"]
+    # the edge as the controller: no address of its own
+    edge = launch_vars(headsplit, context({"name": "headsplit"}, local=True, addresses=loopback,
+                                          source_addresses=sources), HOSTS)  # fmt: skip
+    (controller,) = edge["edgeserver"]["main"]
+    assert json.loads(controller["files"]["headsplit.json"])["controller"]["source_address"] is None
 
 
 @pytest.mark.parametrize(

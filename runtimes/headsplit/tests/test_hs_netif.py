@@ -7,10 +7,16 @@ emulated rack Gloo bound to the hostname's 127.0.0.1 and every ch6 run failed in
 
 from __future__ import annotations
 
+import errno
+import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
+from headsplit import netif
 from headsplit.netif import (
     BindRefused,
     bind_interface,
@@ -82,3 +88,79 @@ def test_listeners_reads_back_this_process_s_listening_sockets() -> None:
 
 def test_a_v4_mapped_listener_is_on_its_v4_address() -> None:
     assert stray_listeners("127.0.0.1", [("::ffff:127.0.0.1", 5), ("0.0.0.0", 6)]) == ["0.0.0.0:6"]  # noqa: S104
+
+
+# -- a device's own address (local mode: its loopback address, which no interface holds)
+
+PIN = (
+    "import json, socket, sys\n"
+    "from headsplit import netif\n"
+    "env = {}\n"
+    "own, note = netif.pin('127.0.0.1', sys.argv[1], env, 'workers[0].address', 'workers[0].source_address')\n"
+    "print(json.dumps({'own': own, 'note': note, 'env': env, 'hostname': socket.gethostname()}))\n"
+)
+
+
+def test_a_device_s_loopback_address_becomes_the_process_s_own_hostname() -> None:
+    """TensorPipe and Gloo listen on the hostname's address when no interface is named: a UTS namespace
+    of the process's own makes the hostname the device's address (root), else the inference address is
+    kept and the note says the link emulator will not see this process's packets. In a child process:
+    the namespace is the process's for good."""
+    before = socket.gethostname()
+    done = subprocess.run(
+        [sys.executable, "-c", PIN, "127.40.7.2"], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    if os.geteuid() == 0:
+        assert got == {"own": "127.40.7.2", "note": None, "env": {}, "hostname": "127.40.7.2"}
+    else:
+        assert got["own"] == "127.0.0.1" and got["env"] == {
+            "TP_SOCKET_IFNAME": "lo",
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
+        assert "not on workers[0].source_address 127.40.7.2" in got["note"]
+    assert socket.gethostname() == before  # this process's, and the machine's, untouched
+
+
+def test_without_the_namespace_the_inference_address_is_kept_and_said(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused(address: str) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(netif, "own_hostname", refused)
+    env: dict[str, str] = {}
+    own, note = netif.pin("127.0.0.1", "127.40.7.2", env, "workers[0].address", "workers[0].source_address")
+    assert own == "127.0.0.1" and env == {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+    assert note == (
+        "listening on workers[0].address 127.0.0.1, not on workers[0].source_address 127.40.7.2 (Operation not "
+        "permitted): local mode's link emulator, which selects the device's packets by that address, will not "
+        "delay this process's"
+    )
+
+
+def test_a_source_address_is_pinned_or_refused_like_the_inference_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(netif, "own_hostname", lambda address: pytest.fail("no namespace for this one"))
+    env: dict[str, str] = {}
+    assert netif.pin("127.0.0.1", None, env) == ("127.0.0.1", None)  # no source: as before
+    assert env == {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+    held: dict[str, str] = {}
+    assert netif.pin("10.9.9.9", "127.0.0.1", held) == ("127.0.0.1", None)  # an interface holds it: named
+    assert held == {"TP_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}
+    with pytest.raises(BindRefused, match=r"^workers\[1\]\.source_address: 192\.0\.2\.123 is neither"):
+        netif.pin("127.0.0.1", "192.0.2.123", {}, source_where="workers[1].source_address")
+    with pytest.raises(BindRefused, match=r"^workers\[1\]\.source_address: 'device1' is not an IP address"):
+        netif.pin("127.0.0.1", "device1", {}, source_where="workers[1].source_address")
+    with pytest.raises(
+        BindRefused, match=r"TP_SOCKET_IFNAME=lo would bind torch RPC .* 127\.40\.7\.2; unset it"
+    ):
+        netif.pin("127.0.0.1", "127.40.7.2", {"TP_SOCKET_IFNAME": "lo"})
+
+
+def test_a_listener_on_any_of_the_process_s_addresses_is_not_stray() -> None:
+    found = [("127.40.7.4", 29500), ("127.0.0.1", 4000), ("0.0.0.0", 6)]  # noqa: S104
+    assert stray_listeners(("127.40.7.4", "127.0.0.1"), found) == ["0.0.0.0:6"]
+    assert stray_listeners("127.40.7.4", found) == ["127.0.0.1:4000", "0.0.0.0:6"]

@@ -166,6 +166,12 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         ("tokens", 0, "tokens: must be"),
         ("workers", [{"rank": 2, "address": "x"}], r"workers\[0\]\.rank"),
         ("placement", {"L0.head0": "worker9"}, r"placement\.L0\.head0: unknown worker"),
+        (
+            "workers",
+            [{"rank": 1, "address": "x", "source_address": 5}],
+            r"workers\[0\]\.source_address: expected",
+        ),
+        ("controller", {**doc["controller"], "source_address": ""}, r"controller\.source_address: expected"),
     ):
         with pytest.raises(ConfigError, match=match):
             parse_config({**doc, key: value})

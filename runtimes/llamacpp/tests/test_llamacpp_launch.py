@@ -210,8 +210,31 @@ def test_launch_in_local_mode_passes_local_and_refuses_a_bad_worker(runtime: Any
         _context({"name": "llamacpp-rpc", "workers": ["device1"]}, local=True, addresses=loop)
     )
     assert "--local" in specs[0].argv
+    assert specs[0].argv[specs[0].argv.index("--bind") + 1] == "127.0.0.1"  # no address of its own given
     with pytest.raises(dit_runtime.LlamaCppLaunchError, match=r"runtime.workers\[0\]: 'device9'"):
         runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device9"]}))
+
+
+def test_local_mode_binds_each_rpc_server_to_its_device_s_own_address(runtime: Any) -> None:
+    """Local mode: the link emulator selects a device's packets by its loopback address; rpc-server
+    opens no connection itself, so listening there puts everything it sends on that address."""
+    loop = {h: "127.0.0.1" for h in HOSTS}
+    sources = {"device1": "127.40.7.2", "device2": "127.40.7.3", "device3": "127.40.7.4"}
+    w1, w2, ctrl = runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device2", "device1"]},
+                                           local=True, addresses=loop, source_addresses=sources))  # fmt: skip
+    assert runtime.sends_from_source_address is True
+    for spec, own in ((w1, "127.40.7.3"), (w2, "127.40.7.2")):
+        assert spec.argv[spec.argv.index("--bind") + 1] == own
+        assert spec.argv[spec.argv.index("--inference-address") + 1] == "127.0.0.1"
+        assert "--local" in spec.argv
+        assert launch.check_bind(own, inference_address="127.0.0.1", local=True, interfaces={}) == "lo"
+    completion = list(ctrl.argv[ctrl.argv.index("--") + 1 :])
+    assert completion[completion.index("--rpc") + 1] == "127.40.7.3:50052,127.40.7.2:50053"
+    # on the rack the inference address, whatever the inventory's source address
+    (w1, *_) = runtime.launch(
+        _context({"name": "llamacpp-rpc", "workers": ["device2"]}, source_addresses=sources)
+    )
+    assert w1.argv[w1.argv.index("--bind") + 1] == "10.0.0.12"
 
 
 def test_token_ids_add_the_session_file_only_when_asked(runtime: Any) -> None:

@@ -444,6 +444,17 @@ def uses_testbed_model(runtime: Runtime) -> bool:
     return bool(getattr(runtime, "uses_testbed_model", False)) or uses_edge_service(runtime)
 
 
+def sends_from_source_address(runtime: Runtime) -> bool:
+    """The runtime's processes send from their device's own source address (optional
+    ``sends_from_source_address``, False when absent): every connection a device's process accepts
+    is on ``LaunchContext.source_addresses[device]``, and every one it opens is bound there first where
+    its libraries let it (the runtime's page says which do not). Only then can local mode's userspace
+    link emulator, whose iptables chain selects a device's packets by that address, delay the runtime's
+    traffic; for any other runtime it would delay the device's pings and not its traffic
+    (docs/network.md)."""
+    return bool(getattr(runtime, "sends_from_source_address", False))
+
+
 def preflight_of(runtime: Runtime, facts: RuntimePreflight) -> str | None:
     """The runtime's preflight refusal, if it has a gate and refuses."""
     hook = getattr(runtime, "preflight", None)

@@ -126,6 +126,8 @@ class LayersRuntime:
     title = "built-in (layer-by-layer profile + partitioned inference)"
     uses_edge_service = True  # its devices send their requests to dit's edge service
     uses_testbed_model = True  # it runs the scenario's model: the scenario must name one
+    # its device agents connect to the edge from their device's source address (dit.device.client)
+    sends_from_source_address = True
 
     @property
     def version(self) -> str:

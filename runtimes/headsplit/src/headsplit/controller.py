@@ -41,6 +41,8 @@ class WorkerEntry:
     host: str
     address: str
     memory_limit_bytes: int
+    # the device's own address to listen on instead (local mode: its loopback address 127.A.B.C)
+    source_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,21 @@ class RunConfig:
     # after the generation, the teacher-forced perplexity of this paragraph: {text, ids (the model's own
     # tokens, or None: byte-level tokens of text)}; None: no perplexity pass
     perplexity: dict[str, Any] | None = None
+    # the controller's node's own address when it is a device (local mode: its loopback address)
+    source_address: str | None = None
+
+    @property
+    def rendezvous(self) -> str:
+        """Where the controller's rendezvous listens and the workers join it: its own address, if any
+        (the rendezvous socket is headsplit's: it binds any address of the node, a loopback one too)."""
+        return self.source_address or self.address
+
+
+def _source_address(doc: dict[str, Any], where: str) -> str | None:
+    value = doc.get("source_address")
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{where}source_address: expected null or an address, got {value!r}")
+    return value
 
 
 def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
@@ -134,8 +151,11 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
         if not isinstance(limit, int) or limit < 0:
             raise ConfigError(f"{where}memory_limit_bytes: expected an integer >= 0, got {limit!r}")
         workers.append(
-            WorkerEntry(rank, name, str(w.get("host", name)), _get(w, "address", str, where), limit)
-        )
+            WorkerEntry(
+                rank, name, str(w.get("host", name)), _get(w, "address", str, where), limit,
+                _source_address(w, where),
+            )
+        )  # fmt: skip
     strategy = doc.get("strategy", "greedy")
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy: one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -203,6 +223,7 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
         checkpoint=ck,
         controller_host=str(c.get("host", "controller")),
         address=_get(c, "address", str, "controller."),
+        source_address=_source_address(c, "controller."),
         port=_get(c, "port", int, "controller."),
         workers=tuple(workers),
         strategy=strategy,
@@ -453,17 +474,25 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         # before the start instant: a refused address fails the run at once, and nothing listens
-        netif.bind_interface(rc.address, where="controller.address")
+        own, note = netif.pin(
+            rc.address,
+            rc.source_address,
+            where="controller.address",
+            source_where="controller.source_address",
+        )
     except netif.BindRefused as exc:
         print(f"headsplit controller: refused: {exc}", file=sys.stderr)
         return 2
+    if note:
+        print(f"headsplit controller: {note}", file=sys.stderr, flush=True)
     wait_start()
     torch.set_num_threads(rc.threads)
     from headsplit import rpc
 
+    field = "controller.source_address" if rc.source_address else "controller.address"
     listening = rpc.init_listening_only_on(
-        rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s,
-        rc.address, "controller.address",
+        rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.rendezvous, rc.port, rc.rpc_timeout_s,
+        tuple(dict.fromkeys((own, rc.rendezvous))), field,
     )  # fmt: skip
     if listening is None:
         return 2

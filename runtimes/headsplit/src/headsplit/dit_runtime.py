@@ -114,6 +114,9 @@ class HeadSplitRuntime(RuntimeBase):
     name = "headsplit"
     version = __version__
     title = "HeadSplit: attention heads across workers over torch RPC, cross-layer speculation"
+    # local mode: every process listens on its device's own address (headsplit.netif.pin), so what it
+    # sends on the connections made to it leaves from there (docs/network.md says what does not)
+    sends_from_source_address = True
 
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario; the paragraph

@@ -18,21 +18,30 @@ A HeadSplit process has three listeners:
   (``TP_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``): :func:`bind_interface` pins them to the interface of
   the address.
 
+In local mode every node is this machine and each device has a loopback address of its own,
+``127.A.B.C`` (the testbed's ``LaunchContext.source_addresses``: the userspace link emulator selects a
+device's packets by it). No interface holds that address -- the loopback's is 127.0.0.1, so naming the
+interface would pin 127.0.0.1 -- so :func:`pin` gives the process a UTS namespace of its own whose
+hostname *is* the address: TensorPipe and Gloo, with no interface named, resolve the hostname and listen
+there, and every packet they send on a connection made to them leaves from it.
+
 :func:`listeners` reads back what a process really listens on, so that the controller and the workers
 check the result (:func:`stray_listeners`) instead of trusting torch's choice of address.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import ipaddress
 import os
 import socket
 import struct
-from collections.abc import MutableMapping
+from collections.abc import Collection, MutableMapping
 from pathlib import Path
 
 SIOCGIFADDR = 0x8915
+CLONE_NEWUTS = 0x04000000  # <linux/sched.h>
 IFNAME_VARIABLES = ("TP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 
@@ -106,6 +115,66 @@ def bind_interface(address: str, env: MutableMapping[str, str] | None = None, wh
     return name
 
 
+def own_hostname(address: str) -> None:
+    """Give this process (and the threads and children it starts from here on) a UTS namespace of its
+    own whose hostname is ``address``; :class:`OSError` when the kernel refuses (CAP_SYS_ADMIN needed)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWUTS) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"unshare(CLONE_NEWUTS): {os.strerror(errno)}")
+    socket.sethostname(address)
+
+
+def pin(
+    address: str,
+    source: str | None,
+    env: MutableMapping[str, str] | None = None,
+    where: str = "address",
+    source_where: str = "source_address",
+) -> tuple[str, str | None]:
+    """Where this process's TensorPipe and Gloo listen, pinned before ``init_rpc``: ``(address, note)``.
+
+    Without ``source``: ``address``, through its interface (:func:`bind_interface`). With ``source`` (the
+    node's own source address; local mode: the device's loopback address ``127.A.B.C``): an interface
+    holding it is named as for ``address``; a loopback address no interface holds becomes this process's
+    hostname in a UTS namespace of its own (:func:`own_hostname`), and TensorPipe and Gloo, with no
+    interface variable set, resolve the hostname and listen on it. Where the kernel refuses that (not
+    root), ``address`` as without ``source``, and ``note`` says why: the link emulator, which selects
+    the device's packets by ``source``, would not see this process's (it needs root too)."""
+    if not source:
+        bind_interface(address, env, where)
+        return address, None
+    target = os.environ if env is None else env
+    try:
+        ip = ipaddress.ip_address(source)
+    except ValueError:
+        raise BindRefused(f"{source_where}: {source!r} is not an IP address") from None
+    if ip.version == 4 and interface_of(source) is not None:
+        bind_interface(source, env, source_where)
+        return source, None
+    if not (ip.version == 4 and ip.is_loopback):
+        raise BindRefused(
+            f"{source_where}: {source} is neither an IPv4 address of an interface of this node nor a loopback "
+            "address; give the node's own address"
+        )
+    for variable in IFNAME_VARIABLES:
+        if target.get(variable):
+            raise BindRefused(
+                f"{variable}={target[variable]} would bind torch RPC to that interface's address, not to "
+                f"{source_where} {source}; unset it"
+            )
+    try:
+        own_hostname(source)
+    except OSError as exc:
+        bind_interface(address, env, where)
+        return address, (
+            f"listening on {where} {address}, not on {source_where} {source} ({exc.strerror or exc}): "
+            "local mode's link emulator, which selects the device's packets by that address, "
+            "will not delay this process's"
+        )
+    return source, None
+
+
 def listen_socket(address: str, port: int) -> socket.socket:
     """A TCP socket listening on ``address:port`` only (the rendezvous's, handed to torch)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -159,14 +228,15 @@ def listeners(pid: int | str = "self") -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def stray_listeners(address: str, found: list[tuple[str, int]]) -> list[str]:
-    """Each of ``found`` that is not on ``address`` (the wildcard included), as ``host:port``."""
-    want = ipaddress.ip_address(address)
+def stray_listeners(address: str | Collection[str], found: list[tuple[str, int]]) -> list[str]:
+    """Each of ``found`` that is not on ``address`` (or one of them; the wildcard included), as
+    ``host:port``."""
+    want = {ipaddress.ip_address(a) for a in ([address] if isinstance(address, str) else address)}
     stray = []
     for host, port in found:
         ip = ipaddress.ip_address(host)
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped  # a v6 socket bound to ::ffff:a.b.c.d listens on a.b.c.d only
-        if ip != want:
+        if ip not in want:
             stray.append(f"{host}:{port}")
     return stray

@@ -75,8 +75,8 @@ def _register_rendezvous() -> None:
 def init(name: str, rank: int, world_size: int, address: str, port: int, timeout_s: float) -> None:
     """Join the RPC group; rank 0 hosts the rendezvous at address:port (bound to that address only:
     :func:`_rendezvous`). Only the ``uv`` (TCP) transport and the basic channel: the same path on one
-    host as between boards, no shared memory. TensorPipe and Gloo listen on the interface
-    :func:`headsplit.netif.bind_interface` pinned before this call."""
+    host as between boards, no shared memory. TensorPipe and Gloo listen on the address
+    :func:`headsplit.netif.pin` pinned before this call (an interface's, or the process's own hostname)."""
     _register_rendezvous()
     opts = trpc.TensorPipeRpcBackendOptions(
         init_method=f"{RENDEZVOUS_SCHEME}://{address}:{port}",
@@ -89,11 +89,18 @@ def init(name: str, rank: int, world_size: int, address: str, port: int, timeout
 
 
 def init_listening_only_on(
-    name: str, rank: int, world_size: int, address: str, port: int, timeout_s: float, own: str, field: str
+    name: str,
+    rank: int,
+    world_size: int,
+    address: str,
+    port: int,
+    timeout_s: float,
+    own: str | tuple[str, ...],
+    field: str,
 ) -> list[str] | None:
     """:func:`init` (``address``: the controller's rendezvous), then this process's listening sockets as
-    ``host:port``; None when one of them is not on its own address ``own`` (given by the block's
-    ``field``): the refusal is said on stderr with the stray sockets, and RPC is shut down."""
+    ``host:port``; None when one of them is not on its own address ``own`` (or one of them; given by the
+    block's ``field``): the refusal is said on stderr with the stray sockets, and RPC is shut down."""
     import sys
 
     init(name, rank, world_size, address, port, timeout_s)
@@ -102,7 +109,8 @@ def init_listening_only_on(
     if stray:
         who = "controller" if rank == 0 else "worker"
         print(
-            f"headsplit {who}: refused: torch RPC listens on {', '.join(stray)}, not only on {field} {own}",
+            f"headsplit {who}: refused: torch RPC listens on {', '.join(stray)}, not only on {field} "
+            f"{own if isinstance(own, str) else ' and '.join(own)}",
             file=sys.stderr,
         )
         shutdown(graceful=False)

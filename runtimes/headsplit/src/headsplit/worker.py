@@ -2,7 +2,9 @@
 
 Joins the RPC group as ``worker<R>``, serves the controller's calls (its units and KV caches live
 here) until the controller shuts the group down, then writes ``results/worker<R>.json`` (next to the
-controller's result file) with its memory samples and exits 0.
+controller's result file) with its memory samples and exits 0. Its RPC listens on its device's own
+address (``source_address``: local mode's loopback address of the device) where the process can take
+it, else on ``address`` (:func:`headsplit.netif.pin`).
 """
 
 from __future__ import annotations
@@ -37,18 +39,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from headsplit import netif
 
+    where = f"workers[{entry.rank - 1}]"
     try:
-        netif.bind_interface(entry.address, where=f"workers[{entry.rank - 1}].address")
+        own, note = netif.pin(
+            entry.address,
+            entry.source_address,
+            where=f"{where}.address",
+            source_where=f"{where}.source_address",
+        )
     except netif.BindRefused as exc:
         print(f"headsplit worker: refused: {exc}", file=sys.stderr)
         return 2
+    if note:
+        print(f"headsplit worker: {note}", file=sys.stderr, flush=True)
     torch.set_num_threads(rc.threads)
     from headsplit import rpc
 
     start_ns = time.time_ns()
     listening = rpc.init_listening_only_on(
-        entry.name, entry.rank, 1 + len(rc.workers), rc.address, rc.port, rc.rpc_timeout_s,
-        entry.address, f"workers[{entry.rank - 1}].address",
+        entry.name, entry.rank, 1 + len(rc.workers), rc.rendezvous, rc.port, rc.rpc_timeout_s,
+        own, f"{where}.source_address" if own == entry.source_address else f"{where}.address",
     )  # fmt: skip
     if listening is None:
         return 2

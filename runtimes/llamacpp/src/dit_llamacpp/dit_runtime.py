@@ -243,11 +243,14 @@ def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
     servers: list[str] = []
     for rank, device in enumerate(workers, start=1):
         address = ctx.addresses[device]
+        # local mode: the device's own loopback address, where the link emulator selects its packets;
+        # rpc-server only accepts connections, so everything it sends leaves from there
+        bind = (ctx.source_addresses.get(device) if ctx.local else None) or address
         port = base_port + rank - 1
-        servers.append(launch.endpoint(address, port))
+        servers.append(launch.endpoint(bind, port))
         argv = [ctx.pythons[device], f"{NODE_DIR}/node.py", "worker",
                 "--binary", posixpath.join(bin_dir, launch.RPC_SERVER),
-                "--bind", address, "--inference-address", address, "--port", str(port),
+                "--bind", bind, "--inference-address", address, "--port", str(port),
                 "--threads", str(threads), "--ready", READY_FILE.format(rank=rank),
                 "--samples", SAMPLES_FILE.format(rank=rank),
                 "--interval", f"{float(block.get('sample_interval_s', 0.1)):g}"]  # fmt: skip
@@ -591,6 +594,9 @@ class LlamaCppRpcRuntime(RuntimeBase):
     name = "llamacpp-rpc"
     version = __version__
     title = "llama.cpp RPC: rpc-server on each worker, the controller splitting the layers over them"
+    # local mode: each rpc-server listens on its device's own address and opens no connection itself
+    # (launch_specs); llama-completion on a device would connect from 127.0.0.1 (docs/network.md)
+    sends_from_source_address = True
 
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario."""

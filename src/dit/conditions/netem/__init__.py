@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 from dit.conditions import Condition, HostContext, PreflightFacts, UndoScope
 from dit.conditions.netem.nfqueue import build_userspace, choose_backend, rate_only, requested_backend
 from dit.conditions.netem.tc import NetemError, build_tree, check_interface, needs_netem, netem_gate
+from dit.runtime_api import registry
+from dit.runtime_api.interface import sends_from_source_address
 from dit.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -50,7 +52,6 @@ CONDITION = Condition(
         "netem_userspace",
     ),
 )
-LOCAL_SOURCE_RUNTIME = "layers"  # the runtime whose traffic leaves from a local device's own address
 EMULATOR_SOCKET = "link-emulator.sock"  # beside the node's run files: netem-vary sends it the delay
 
 
@@ -223,14 +224,18 @@ def _local_userspace_blocker(
     """Why local mode cannot give this device the userspace backend (None: it can)."""
     if not source:
         return "the inventory gives the device no dit_source_address of its own"
-    runtime = str(scenario.runtime.get("name") or LOCAL_SOURCE_RUNTIME)
-    if runtime != LOCAL_SOURCE_RUNTIME:
-        # HeadSplit's and llama.cpp's RPC listen and connect on the loopback's 127.0.0.1: the chain,
-        # which selects the device's own address, would leave their traffic undelayed while the
-        # pings (and the self-check) showed the delay
+    runtime = str(scenario.runtime.get("name") or registry.DEFAULT)
+    try:
+        declares = sends_from_source_address(registry.get(runtime))
+    except registry.UnknownRuntime:
+        declares = False  # not installed here: nothing says where its processes send from
+    if not declares:
+        # a runtime whose processes listen and connect on 127.0.0.1: the chain, which selects the
+        # device's own address, would leave its traffic undelayed while the pings (and the
+        # self-check) showed the delay
         return (
-            f"runtime {runtime!r} does not send from the device's own loopback address (only the "
-            f"{LOCAL_SOURCE_RUNTIME} runtime does), so its traffic could not be selected; use an inventory"
+            f"runtime {runtime!r} does not declare sends_from_source_address (its processes sending from "
+            "their device's own loopback address), so its traffic could not be selected; use an inventory"
         )
     others = sorted(
         key

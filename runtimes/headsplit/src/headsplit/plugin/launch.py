@@ -248,6 +248,9 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
         "controller": {
             "host": controller,
             "address": ctx.addresses[controller],
+            # a device's own address (local mode: its loopback address), where its packets must leave
+            # from for the link emulator to select them; None: the edge, or a node the kernel tells apart
+            "source_address": ctx.source_addresses.get(controller),
             "port": int(block.get("port", DEFAULT_PORT)),
         },
         "workers": [
@@ -256,6 +259,7 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
                 "name": f"worker{rank}",
                 "host": device,
                 "address": ctx.addresses[device],
+                "source_address": ctx.source_addresses.get(device),
                 "memory_limit_bytes": memory_limit_bytes(ctx.scenario, device),
             }
             for rank, device in enumerate(workers, start=1)
