@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import yaml
 
 from dit.conditions.netem.check import aggregate_network
 from dit.conditions.netem.tc import netem_gate
+from tests.ansible_modules import library_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,10 +75,7 @@ def test_self_check_and_changes_on_the_origin(tmp_path: Path) -> None:
 
 
 def test_the_netem_fact_reads_without_loading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_file_location("dit_facts_module", REPO / "library" / "dit_facts.py")
-    assert spec is not None and spec.loader is not None
-    facts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(facts)
+    facts = library_module("dit_facts", "dit_facts_module")  # its module_utils imports resolved
     sys_module, modules = tmp_path / "sys", tmp_path / "lib"
     (sys_module / "sch_netem").mkdir(parents=True)
     assert facts._netem("6.1.0-rpi7", str(modules), str(sys_module)) == {
