@@ -124,11 +124,13 @@ def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ..
     network_axis = sweep[1]
     reductions = ["16 tokens instead of 64 (tinyllama-half, the shipped reduced model)"]
     if local:
-        # HeadSplit's processes send from 127.0.0.1 in local mode: a delay would be recorded, not applied
+        # In local mode a device's delay reaches only part of HeadSplit's traffic (the requests its
+        # workers open leave from 127.0.0.1, docs/network.md): the RTT columns belong on a rack
         quick["sweep"] = [runtime_axis]
         reductions.append(
-            "no added RTT: in local mode HeadSplit's workers all send from 127.0.0.1, so a delay could only "
-            "be recorded, not applied (run with --where rack for the RTT columns)"
+            "no added RTT: in local mode a device's delay reaches only part of HeadSplit's traffic (the "
+            "requests its workers open leave from 127.0.0.1, docs/network.md), so the RTT columns would "
+            "not be the article's (run with --where rack for them)"
         )
     else:
         quick["sweep"] = [
