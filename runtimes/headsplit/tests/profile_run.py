@@ -57,14 +57,18 @@ def write_profile_run(
     ns_per_op: float = 2.0,
     run_id: str = "profiles-20261205-000000-abcdef12-0011",
     shape: Mapping[str, Any] = SHAPE,
+    stall_ns: Mapping[str, int] | None = None,
 ) -> Path:
-    """A profile run of ``slowdown``'s devices in ``run`` (its run directory, made here); returns it."""
+    """A profile run of ``slowdown``'s devices in ``run`` (its run directory, made here); returns it.
+    ``stall_ns`` adds, per device, that stall to every fifth head row (what a CPU quota does: a few
+    units hold the rest of a period)."""
     run.mkdir(parents=True)
     devices = list(slowdown)
     (run / "scenario.yaml").write_text(f"name: profiles\ndevices: [{', '.join(devices)}]\n", encoding="utf-8")
     params = {"family": shape["family"], "num_layers": shape["layers"], "prompt_len": PROMPT}
     (run / "metadata.json").write_text(
-        json.dumps({"run_id": run_id, "model": {"name": "hf_decoder", "params": params}}), encoding="utf-8"
+        json.dumps({"run_id": run_id, "model": {"spec": {"name": "hf_decoder", "params": params}}}),
+        encoding="utf-8",
     )
     for device, slow in slowdown.items():
         prof = DecoderProfile(
@@ -81,9 +85,13 @@ def write_profile_run(
                     scale = ns_per_op * slow * (1.0 + 0.1 * ((rep + token + layer) % 3 - 1))
                     ns = {unit: max(1, round(ops * scale)) for unit, ops in counts.items()}
                     for head in range(shape["heads"]):
+                        stall = (stall_ns or {}).get(device, 0) if len(prof.records) % 5 == 0 else 0
                         prof.records.append(
-                            HeadRecord(rep, token, layer, "head", head, ns["head"], counts["head"], kv_len)
+                            HeadRecord(
+                                rep, token, layer, "head", head, ns["head"] + stall, counts["head"], kv_len
+                            )
                         )
+                        total += stall
                     for unit in ("projection", "ffn"):
                         prof.records.append(
                             HeadRecord(rep, token, layer, unit, -1, ns[unit], counts[unit], kv_len)

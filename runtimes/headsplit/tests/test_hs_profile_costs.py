@@ -48,7 +48,7 @@ def test_the_columns_read_are_the_ones_the_run_aggregation_writes() -> None:
     assert profile_costs.COLUMNS == HEADS_AGGREGATE
 
 
-def test_rates_are_the_median_flops_per_second_of_each_kind_over_the_decode_rows(tmp_path: Path) -> None:
+def test_rates_are_each_kinds_flops_over_its_time_in_the_decode_rows(tmp_path: Path) -> None:
     run = write_profile_run(tmp_path / "run", {"device1": 4.0, "device2": 1.0})
     profile = read_profile(run)
     assert profile.path == str(run.resolve())
@@ -66,8 +66,9 @@ def test_rates_are_the_median_flops_per_second_of_each_kind_over_the_decode_rows
             cost = profile.devices[device][kind]
             assert cost.rows == len(mine) > 0  # the prefill (token 0) is left out
             assert cost.flops_per_s == pytest.approx(
-                statistics.median(2 * int(r["ops"]) / (int(r["latency_ns"]) * 1e-9) for r in mine)
+                sum(2 * int(r["ops"]) for r in mine) / sum(int(r["latency_ns"]) * 1e-9 for r in mine)
             )
+            assert cost.median_latency_ns == statistics.median(int(r["latency_ns"]) for r in mine)
             assert cost.median_unit_flops == statistics.median(2 * int(r["ops"]) for r in mine)
     # the device profiled 4x slower runs every kind at a quarter of the rate
     for kind in ("head", "proj", "ffn"):
@@ -77,6 +78,17 @@ def test_rates_are_the_median_flops_per_second_of_each_kind_over_the_decode_rows
     assert profile.devices["device1"]["proj"].median_unit_flops == unit_flops(
         preset("llama-tiny"), Unit(0, "proj"), 0
     )
+
+
+def test_a_quotas_stalls_in_a_few_rows_slow_the_rate_not_the_median(tmp_path: Path) -> None:
+    """Under a CPU quota a few units hold a whole stall: the rate counts them (the median would not)."""
+    run = write_profile_run(tmp_path / "run", {"device1": 1.0, "device2": 1.0}, stall_ns={"device1": 500_000})
+    profile = read_profile(run)
+    heads = {d: profile.devices[d]["head"] for d in ("device1", "device2")}
+    # a fifth of the rows stalled: the median moves by a few percent, the rate by 70 times
+    assert heads["device1"].median_latency_ns == pytest.approx(heads["device2"].median_latency_ns, rel=0.05)
+    assert heads["device1"].mean_latency_ns > heads["device2"].mean_latency_ns
+    assert heads["device1"].flops_per_s < heads["device2"].flops_per_s / 2
 
 
 def test_a_device_profiled_slower_gets_fewer_heads(tmp_path: Path) -> None:

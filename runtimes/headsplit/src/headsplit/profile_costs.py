@@ -12,9 +12,16 @@ multiply-accumulate count for that token.
 The rule (:func:`read_profile`). Per device and per unit kind, over the decode rows (token > 0; token
 0 is the prompt's prefill) of every repetition::
 
-    rate(device, kind) = median over the rows of  2 * ops / latency      (FLOP/s; 1 MAC = 2 FLOPs)
+    rate(device, kind) = sum of 2 * ops / sum of latency      (FLOP/s; 1 multiply-accumulate = 2 FLOPs)
 
-and a HeadSplit unit of that kind on the worker running on that device costs
+the work over the time it took, not the median row: under a CPU share (a CFS quota) short kernels run
+at full speed until the period's quota is spent and the process then stalls for the rest of the
+period, so the quota shows as a few rows holding a whole stall. Their median hides it, their sum does
+not (measured in local mode, a device at 20 % of a CPU against one at 80 %: median head 88.6 against
+82.8 us, summed heads 21.2 against 3.7 ms). A profile long enough to span many quota periods (100 ms
+each) gives a steady rate; a short one samples few stalls.
+
+A HeadSplit unit of that kind on the worker running on that device costs
 ``FLOPs(unit) / rate`` (headsplit.placement's cost model, :meth:`WorkerSpec.rate`). When the
 profiled model is the run's own the costs are the measured times (to the decomposition's rounding:
 a profiled head counts its share of the K and V projections, a HeadSplit head adds them once per KV
@@ -48,7 +55,7 @@ KINDS = {"head": "head", "projection": "proj", "ffn": "ffn"}
 FLOPS_PER_OP = 2  # dit's ``ops`` count multiply-accumulates
 FORMAT = "headsplit-placement-costs/1"
 RULE = (
-    "per device and unit kind: median over the profile's decode rows (token > 0) of 2 * ops / latency "
+    "per device and unit kind, over the profile's decode rows (token > 0): sum of 2 * ops / sum of latency "
     "(FLOP/s); a unit costs FLOPs(unit) / that rate on the worker of that device"
 )
 
@@ -62,8 +69,9 @@ class ProfileError(ValueError):
 class KindCost:
     """One unit kind on one device: its rate and what it was taken from."""
 
-    flops_per_s: float  # median of 2 * ops / latency over the rows
+    flops_per_s: float  # sum of 2 * ops / sum of latency over the rows
     rows: int
+    mean_latency_ns: float
     median_latency_ns: float
     median_unit_flops: float  # 2 * ops of one profiled unit (median): the size of what was timed
 
@@ -71,6 +79,7 @@ class KindCost:
         return {
             "flops_per_s": self.flops_per_s,
             "rows": self.rows,
+            "mean_latency_ns": self.mean_latency_ns,
             "median_latency_ns": self.median_latency_ns,
             "median_unit_flops": self.median_unit_flops,
         }
@@ -112,8 +121,10 @@ def _run_identity(run_dir: Path) -> tuple[str, Mapping[str, Any] | None]:
     if isinstance(meta, dict):
         if isinstance(meta.get("run_id"), str):
             run_id = meta["run_id"]
-        if isinstance(meta.get("model"), dict):
-            model = {k: meta["model"][k] for k in ("name", "params") if k in meta["model"]}
+        found = meta.get("model")
+        spec = found.get("spec") if isinstance(found, dict) else None  # metadata.json: model.spec
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+            model = {k: spec[k] for k in ("name", "params") if k in spec}
     return run_id, model
 
 
@@ -167,9 +178,11 @@ def read_profile(run_dir: str | Path) -> ProfileCosts:
             rows = samples[host][kind]
             if not rows:
                 raise ProfileError(f"{file}: {host} has no decode rows (token > 0) of unit {unit}")
+            total_ns = sum(ns for ns, _ in rows)
             kinds[kind] = KindCost(
-                flops_per_s=statistics.median(FLOPS_PER_OP * ops / (ns * 1e-9) for ns, ops in rows),
+                flops_per_s=FLOPS_PER_OP * sum(ops for _, ops in rows) / (total_ns * 1e-9),
                 rows=len(rows),
+                mean_latency_ns=total_ns / len(rows),
                 median_latency_ns=float(statistics.median(ns for ns, _ in rows)),
                 median_unit_flops=float(statistics.median(FLOPS_PER_OP * ops for _, ops in rows)),
             )
@@ -250,6 +263,7 @@ def costs_from_document(doc: Any, where: str = "placement_profile") -> ProfileCo
             parsed[str(device)][kind] = KindCost(
                 _number(cost.get("flops_per_s"), f"{at}.flops_per_s"),
                 rows,
+                _number(cost.get("mean_latency_ns"), f"{at}.mean_latency_ns"),
                 _number(cost.get("median_latency_ns"), f"{at}.median_latency_ns"),
                 _number(cost.get("median_unit_flops"), f"{at}.median_unit_flops"),
             )
