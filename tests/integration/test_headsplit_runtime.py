@@ -191,6 +191,112 @@ def test_a_local_headsplit_run_through_all_stages(site: Path, tmp_path: Path) ->
         assert "tokens/s" in replayed.stdout
 
 
+#: The profile run's model: TinyLlama's attention and FFN at tinyllama-half's width (hidden 512, 32 query
+#: and 4 KV heads, FFN 1408), two layers: the shape of the headsplit run's model, so its costs carry over
+#: at a scale of 1, and enough heads per token (32 x 2 layers x 11 decode tokens) that the profile spans
+#: many CPU-quota periods.
+PROFILE_MODEL = {
+    "name": "hf_decoder",
+    "params": {"family": "llama", "num_layers": 2, "prompt_len": 4,
+               "config": {"hidden_size": 512, "intermediate_size": 1408, "num_attention_heads": 32,
+                          "num_key_value_heads": 4, "vocab_size": 4096, "max_position_embeddings": 512}},
+}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_profile_run_feeds_the_placement_and_the_device_profiled_slower_gets_fewer_heads(
+    site: Path, tmp_path: Path
+) -> None:
+    """Issue 35, item 3, end to end in local mode: a profile run of the layers runtime (device1 at 20 % of
+    a CPU, device2 at 80 %) measures per-head, projection and FFN times per device; a headsplit run with
+    ``placement_profile`` naming it costs the placement by them: its results say so (the profile's path
+    and run id), predict a time per token, and give device1's worker fewer heads."""
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("the profile run's decoder needs transformers (the llm extra)")
+    from dit.run.localmode import cpu_quota_usable
+
+    if not cpu_quota_usable():
+        pytest.skip("the slower device is a CPU share: needs root and a cpu cgroup controller")
+    runs = tmp_path / "runs"
+    profile_doc = {
+        "name": "hs_profile",
+        "model": PROFILE_MODEL,
+        "devices": ["device1", "device2"],
+        "repetitions": 1,
+        "warmup": 1,
+        "seed": 0,
+        "runtime": {"name": "layers", "tokens": 12},
+        "hardware": {"device1": {"threads": 1, "cpu_share_pct": 20}, "device2": {"threads": 1, "cpu_share_pct": 80}},
+        "inference": {"enabled": False},
+        "optimisation": {"enabled": False},
+        "monitors": {"enabled": False},
+        "timing": {"start_lead_s": 5},
+    }  # fmt: skip
+    scenario = tmp_path / "hs_profile.yaml"
+    scenario.write_text(json.dumps(profile_doc), encoding="utf-8")
+    done = dit(site, "run", str(scenario), "--runs-dir", str(runs), timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (profile,) = (runs / "hs_profile").iterdir()
+    profile_id = RunDir(profile).run_id
+    sys.path.insert(0, str(HEADSPLIT / "src"))
+    from headsplit.profile_costs import read_profile
+
+    measured = read_profile(profile)
+    assert measured.run_id == profile_id and list(measured.devices) == ["device1", "device2"]
+    # the CPU share is what the profile measured: device1's heads ran slower than device2's
+    assert measured.devices["device1"]["head"].flops_per_s < measured.devices["device2"]["head"].flops_per_s
+
+    python = python_wrapper(tmp_path, site)
+    block = {"name": "headsplit", "model": "tinyllama-half", "workers": ["device1", "device2"], "tokens": 2,
+             "strategy": "greedy", "placement_profile": str(profile), "port": free_port(), "python": str(python),
+             "rpc_timeout_s": 60}  # fmt: skip
+    doc = {"name": "hs_costed", "model": {"name": "fake", "params": {"profile": "tiny"}},
+           "devices": ["device1", "device2"], "repetitions": 1, "inference": {"enabled": False},
+           "timing": {"start_lead_s": 1.0}, "runtime": block}  # fmt: skip
+    scenario = tmp_path / "hs_costed.yaml"
+    # a profile of a device that is not a worker is refused at validate, naming the field
+    scenario.write_text(json.dumps({**doc, "runtime": {**block, "workers": ["device2"]}}), encoding="utf-8")
+    refused = dit(site, "validate", str(scenario))
+    assert refused.returncode == 2
+    said = " ".join(refused.stderr.split())
+    assert f"runtime.placement_profile: {profile} profiles device1, not a worker of this run" in said, said
+
+    scenario.write_text(json.dumps(doc), encoding="utf-8")
+    done = dit(site, "run", str(scenario), "--runs-dir", str(runs), timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (runs / "hs_costed").iterdir()
+    results = json.loads((run_dir / "raw" / "edge" / "edge_headsplit.json").read_text(encoding="utf-8"))
+    assert results["error"] is None and results["tokens_generated"] == 2
+    costs = results["placement"]["costs"]
+    assert (costs["source"], costs["path"], costs["run_id"]) == ("profile", str(profile), profile_id)
+    assert costs["model"]["name"] == "hf_decoder"
+    # the same shape profiled: the projection's FLOPs are the run's own, the FFN's within its activations
+    assert costs["kinds"]["proj"]["scale"] == 1.0
+    assert costs["kinds"]["ffn"]["scale"] == pytest.approx(1.0, rel=0.01)
+    for worker in results["workers"]:
+        rates = measured.rates(worker["host"])
+        assert tuple(worker["placement_flops_per_s"].values()) == pytest.approx(rates)
+    heads = {w: 0 for w in ("worker1", "worker2")}
+    for unit, worker in results["placement"]["units"].items():
+        heads[worker] += ".head" in unit
+    assert heads["worker1"] < heads["worker2"], heads
+    assert results["placement"]["predicted_token_s"] > 0
+    summary = json.loads((run_dir / "aggregate" / "summary.json").read_text(encoding="utf-8"))
+    values = {v["name"]: v["value"] for v in summary["values"]}
+    assert values["placement_costs"] == f"profile {profile_id}"
+    assert values["placement_predicted_token"] == round(results["placement"]["predicted_token_s"] * 1e9)
+    with (run_dir / "aggregate" / "hs_placement.csv").open(encoding="utf-8") as handle:
+        table = {row["host"]: row for row in csv.DictReader(handle)}
+    assert (
+        int(table["device1"]["heads"]) == heads["worker1"]
+        and int(table["device2"]["heads"]) == heads["worker2"]
+    )
+    print(f"profile {profile_id}: head FLOP/s device1 {measured.devices['device1']['head'].flops_per_s:.3g}, "
+          f"device2 {measured.devices['device2']['head'].flops_per_s:.3g}; heads {heads}; predicted "
+          f"{results['placement']['predicted_token_s'] * 1e3:.1f} ms per token")  # fmt: skip
+
+
 def generating(pid: int) -> bool:
     """The controller has printed its progress line (its stdout is the node's log file)."""
     try:

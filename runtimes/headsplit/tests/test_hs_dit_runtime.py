@@ -219,6 +219,7 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
         "prompt": "Heads expose the parallelism that layers hide.",
         "prompt_ids": None,
         "perplexity": None,
+        "placement_profile": None,
         "memory_threshold": 0.85,
         "rpc_timeout_s": 30.0,
         "rpc_retries": 3,
@@ -226,6 +227,7 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
         "result": "results/headsplit.json",
     }  # fmt: skip
     assert json.loads(w1["files"]["headsplit.json"])["workers"] == config["workers"]
+    assert set(controller["files"]) == {"headsplit.json"}  # no placement-costs.json without a profile
 
 
 def test_local_mode_reads_files_where_they_are_and_the_block_may_name_the_interpreter(headsplit: Any) -> None:
@@ -682,3 +684,57 @@ def test_perplexity_sends_the_held_out_paragraph_or_the_one_named(
     monkeypatch.setattr(launch, "model_doc", lambda block, n: {"preset": "smollm2-135m"})
     assert _controller_config(headsplit, block)["perplexity"] == {"text": held_out, "ids": [4, 5, 6]}
     assert held_out in seen
+
+
+# -- placement costs from a profile run (issue 35, item 3) ------------------------------------------
+
+
+def test_placement_profile_is_checked_at_validate_naming_the_path(headsplit: Any, tmp_path: Path) -> None:
+    """The profile run must hold costs of every worker's device and of no other device; a directory
+    that is no profile run is named with the file it lacks."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from profile_run import write_profile_run
+
+    run = write_profile_run(tmp_path / "profile", {"device1": 3.0, "device2": 1.0})
+    good = {"name": "headsplit", "workers": ["device1", "device2"], "placement_profile": str(run)}
+    assert messages(doc(runtime=good)) == []
+    assert messages(doc(runtime={**good, "workers": ["device1"]})) == [
+        f"runtime.placement_profile: {run} profiles device2, not a worker of this run (workers: device1); "
+        "profile the run's workers"
+    ]
+    # absent workers: every device, and device3 was not profiled
+    assert messages(doc(runtime={"name": "headsplit", "placement_profile": str(run)})) == [
+        f"runtime.placement_profile: {run} has no profile of device3 (profiled: device1, device2)"
+    ]
+    assert messages(doc(runtime={**good, "placement_profile": str(tmp_path)})) == [
+        f"runtime.placement_profile: {tmp_path / 'aggregate' / 'heads.csv'}: missing; a profile run is a run "
+        "of the layers runtime with runtime.tokens on a decoder model (its per-head, projection and FFN "
+        "times per device)"
+    ]
+    with pytest.raises(
+        HeadSplitLaunchError, match=r"runtime\.placement_profile: .* profiles device2, not a worker"
+    ):
+        headsplit.launch(context({**good, "workers": ["device1"]}))
+
+
+def test_placement_profile_reaches_the_controller_as_a_file(headsplit: Any, tmp_path: Path) -> None:
+    """The profile run is read here and its costs travel as placement-costs.json beside the controller's
+    config, which names it; the workers are not sent it. A path that looks like a template stays data."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from profile_run import write_profile_run
+
+    from headsplit.profile_costs import costs_document, read_profile
+
+    run = write_profile_run(tmp_path / "{{ lookup('pipe', 'id') }}", {"device1": 3.0, "device2": 1.0})
+    block = {"name": "headsplit", "workers": ["device2", "device1"], "placement_profile": str(run)}
+    specs = launch_vars(headsplit, context(block), HOSTS)
+    (controller,) = specs["edgeserver"]["main"]
+    assert set(controller["files"]) == {"headsplit.json", "placement-costs.json"}
+    assert json.loads(controller["files"]["headsplit.json"])["placement_profile"] == "placement-costs.json"
+    shipped = json.loads(controller["files"]["placement-costs.json"])
+    assert shipped == costs_document(read_profile(run), ["device2", "device1"])
+    assert shipped["source"]["path"] == str(run)
+    for device in ("device1", "device2"):
+        (worker,) = specs[device]["background"]
+        assert set(worker["files"]) == {"headsplit.json"}
+        assert json.loads(worker["files"]["headsplit.json"])["placement_profile"] is None

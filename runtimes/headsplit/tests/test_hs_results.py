@@ -60,8 +60,16 @@ def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
         "hs_replacements.csv",
         "hs_retries.csv",
         "hs_rtt.csv",
+        "hs_placement.csv",
         "hs_generated.json",
     ]
+    # a results file of before the costs were recorded: the units per worker, no rates nor source
+    assert rows(run.aggregate_dir / "hs_placement.csv") == [
+        {"worker": "worker1", "host": "device1", "heads": "1", "projections": "1", "ffns": "0",
+         "head_flops_per_s": "", "proj_flops_per_s": "", "ffn_flops_per_s": "", "costs": ""},
+        {"worker": "worker2", "host": "device2", "heads": "1", "projections": "0", "ffns": "1",
+         "head_flops_per_s": "", "proj_flops_per_s": "", "ffn_flops_per_s": "", "costs": ""},
+    ]  # fmt: skip
     # a seeded preset's byte-level ids are kept, not decoded
     assert json.loads((run.aggregate_dir / "hs_generated.json").read_text()) == {
         "model": "gpt2-tiny", "ids": [5, 17, 300, 42], "text": None}  # fmt: skip
@@ -287,3 +295,36 @@ def test_no_results_file_says_where_it_looked(tmp_path: Path) -> None:
     (run.path / "raw" / "device3" / "device3_headsplit.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(HeadSplitResultsError, match="not JSON"):
         HeadSplitRuntime().parse_results(run)
+
+
+def test_the_placement_its_costs_and_its_predicted_time_are_recorded(tmp_path: Path) -> None:
+    """A run placed with a profile run's costs: hs_placement.csv gives each worker its units and the
+    rates it was costed at, the summary where they came from and the predicted time per token."""
+    doc = json.loads((DATA / "results_ok.json").read_text(encoding="utf-8"))
+    doc["workers"][0]["placement_flops_per_s"] = {"head": 1e8, "proj": 2e8, "ffn": 3e8}
+    doc["workers"][1]["placement_flops_per_s"] = {"head": 4e8, "proj": 5e8, "ffn": 6e8}
+    doc["placement"].update(
+        units={"L0.head0": "worker2", "L0.head1": "worker2", "L0.proj": "worker2", "L0.ffn": "worker2"},
+        predicted_token_s=0.0125,
+        context_tokens=12,
+        costs={"source": "profile", "path": "/runs/profiles/r1", "run_id": "profiles-r1", "model": None,
+               "file": "aggregate/heads.csv", "rule": "...", "kinds": {}},
+    )  # fmt: skip
+    run = make_run(tmp_path, doc)
+    results = HeadSplitRuntime().parse_results(run)
+    assert rows(run.aggregate_dir / "hs_placement.csv") == [
+        {"worker": "worker1", "host": "device1", "heads": "0", "projections": "0", "ffns": "0",
+         "head_flops_per_s": "100000000.0", "proj_flops_per_s": "200000000.0", "ffn_flops_per_s": "300000000.0",
+         "costs": "profile profiles-r1"},
+        {"worker": "worker2", "host": "device2", "heads": "2", "projections": "1", "ffns": "1",
+         "head_flops_per_s": "400000000.0", "proj_flops_per_s": "500000000.0", "ffn_flops_per_s": "600000000.0",
+         "costs": "profile profiles-r1"},
+    ]  # fmt: skip
+    got = values(results)
+    assert got["placement_predicted_token"] == (12_500_000, "ns", "int")
+    assert got["placement_costs"] == ("profile profiles-r1", "", "str")
+    doc["placement"]["costs"] = {"source": "guesswork"}
+    with pytest.raises(
+        HeadSplitResultsError, match=r"placement\.costs\.source: is not one of micro-benchmark, profile"
+    ):
+        HeadSplitRuntime().parse_results(make_run(tmp_path / "bad", doc))

@@ -1,9 +1,11 @@
 """The controller process: ``python -m headsplit.controller --config headsplit.json``.
 
 Rank 0 of the RPC group (it hosts the rendezvous), it measures every worker (10 RTT samples, a matmul
-FLOP/s benchmark, its memory limit), places the units, has each worker materialise its share, runs
-the engine, writes the results file and shuts the group down. Exit 0 also for an out-of-memory
-outcome; 1 when generation failed (the results file then has ``error``); 2 for a bad config.
+FLOP/s benchmark, its memory limit), places the units (costed by the benchmark, or by the rates of a
+profile run when ``placement_profile`` names its costs file: headsplit.profile_costs), has each
+worker materialise its share, runs the engine, writes the results file and shuts the group down.
+Exit 0 also for an out-of-memory outcome; 1 when generation failed (the results file then has
+``error``); 2 for a bad config.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from headsplit import engine, model
 from headsplit.config import ModelConfig, preset
+from headsplit.profile_costs import RULE, ProfileCosts, costs_from_document
 from headsplit.units import Unit
 
 STRATEGIES = ("layerwise", "roundrobin", "greedy")
@@ -74,6 +77,9 @@ class RunConfig:
     perplexity: dict[str, Any] | None = None
     # the controller's node's own address when it is a device (local mode: its loopback address)
     source_address: str | None = None
+    # the placement's per-unit costs measured by a profile run (the file headsplit.json's
+    # placement_profile names, read at load); None: the start-up micro-benchmark's flops_per_s
+    placement_costs: ProfileCosts | None = None
 
     @property
     def rendezvous(self) -> str:
@@ -100,8 +106,31 @@ def _get(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: st
     return value
 
 
-def parse_config(doc: dict[str, Any]) -> RunConfig:
-    """Validate ``headsplit.json`` (the contract's run config); errors name the offending field."""
+def _placement_costs(doc: dict[str, Any], base: Path, workers: list[WorkerEntry]) -> ProfileCosts | None:
+    """The costs document ``placement_profile`` names (relative to ``base``: the config's directory),
+    checked, with a profile of every worker's host."""
+    name = doc.get("placement_profile")
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"placement_profile: expected null or a file name, got {name!r}")
+    file = base / name
+    try:
+        costs = costs_from_document(json.loads(file.read_text(encoding="utf-8")), "placement_profile")
+    except (OSError, ValueError) as exc:  # ProfileError and JSONDecodeError are ValueErrors
+        raise ConfigError(f"placement_profile: {file}: {exc}") from None
+    for i, w in enumerate(workers):
+        if w.host not in costs.devices:
+            raise ConfigError(
+                f"placement_profile: {file} has no costs of workers[{i}].host {w.host!r} "
+                f"(profiled: {', '.join(costs.devices)})"
+            )
+    return costs
+
+
+def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
+    """Validate ``headsplit.json`` (the contract's run config); errors name the offending field. Files
+    it names (``placement_profile``) are read relative to ``base`` (the working directory if None)."""
     m = _get(doc, "model", dict)
     try:
         if "preset" in m:
@@ -242,6 +271,7 @@ def parse_config(doc: dict[str, Any]) -> RunConfig:
         plan_tokens=plan_tokens,
         prompt_ids=tuple(ids) if ids is not None else None,
         perplexity=ppl,
+        placement_costs=_placement_costs(doc, base or Path("."), workers),
     )
 
 
@@ -254,7 +284,7 @@ def load_run_config(path: str | Path) -> RunConfig:
     if not isinstance(doc, dict):
         raise ConfigError(f"{p}: expected a JSON object")
     try:
-        return parse_config(doc)
+        return parse_config(doc, p.parent)
     except ConfigError as exc:
         raise ConfigError(f"{p}: {exc}") from None
 
@@ -329,6 +359,30 @@ def perplexity_pass(rc: RunConfig, eng: engine.Engine) -> dict[str, Any]:
     }
 
 
+def costs_record(rc: RunConfig, hp: Any, context_tokens: int) -> dict[str, Any]:
+    """The results' ``placement.costs``: where the placement's per-unit costs came from. For a profile
+    run, per unit kind the FLOPs of one of the run's units at ``context_tokens`` beside one profiled
+    unit's (the median over the devices) and their ratio, the scale the measured rates were carried
+    over by (1 when the profiled model is the run's own)."""
+    costs = rc.placement_costs
+    if costs is None:
+        return {
+            "source": "micro-benchmark",
+            "rule": "every unit kind at the worker's flops_per_s (a head-sized matmul timed at start)",
+        }
+    kinds: dict[str, Any] = {}
+    for kind in ("head", "proj", "ffn"):
+        unit = Unit(0, kind, 0) if kind == "head" else Unit(0, kind)
+        run_flops = float(hp.unit_flops(rc.model, unit, context_tokens))
+        profiled = statistics.median(costs.devices[w.host][kind].median_unit_flops for w in rc.workers)
+        kinds[kind] = {
+            "run_unit_flops": run_flops,
+            "profile_unit_flops": profiled,
+            "scale": run_flops / profiled,
+        }
+    return {"source": "profile", **costs.source(), "rule": RULE, "kinds": kinds}
+
+
 def run(rc: RunConfig) -> dict[str, Any]:
     """Everything after the RPC group is up; returns the results document."""
     from headsplit import rpc
@@ -341,12 +395,15 @@ def run(rc: RunConfig) -> dict[str, Any]:
         rtt = tr.rtt_ns(w.name)
         flops = tr.flops_per_s(w.name)
         limits[w.name] = w.memory_limit_bytes or tr.node_memory(w.name)
+        # what the placement costs each unit kind at: the micro-benchmark's, or the profile run's
+        rates = (flops,) * 3 if rc.placement_costs is None else rc.placement_costs.rates(w.host)
         workers_doc.append(
             {
                 "name": w.name,
                 "host": w.host,
                 "rtt_ns": rtt,
                 "flops_per_s": flops,
+                "placement_flops_per_s": dict(zip(("head", "proj", "ffn"), rates, strict=True)),
                 "memory_limit_bytes": w.memory_limit_bytes,
                 "memory_bytes": limits[w.name],
             }
@@ -367,13 +424,19 @@ def run(rc: RunConfig) -> dict[str, Any]:
     specs = []
     if hp is not None:
         specs = [
-            hp.WorkerSpec(d["name"], limits[d["name"]], d["flops_per_s"], int(statistics.median(d["rtt_ns"])))
+            hp.WorkerSpec(
+                d["name"],
+                limits[d["name"]],
+                d["flops_per_s"],
+                int(statistics.median(d["rtt_ns"])),
+                None if rc.placement_costs is None else tuple(d["placement_flops_per_s"].values()),
+            )
             for d in workers_doc
         ]
+    planned = rc.plan_tokens or context  # smaller: the KV growth is left to re-placement
     if rc.placement is not None:
         placement = {Unit.parse(k): v for k, v in rc.placement.items()}
     else:
-        planned = rc.plan_tokens or context  # smaller: the KV growth is left to re-placement
         placement = dict(hp.place(cfg, specs, rc.strategy, context_tokens=planned))
     if hp is not None and rc.replacement:
 
@@ -387,6 +450,13 @@ def run(rc: RunConfig) -> dict[str, Any]:
     planning_ns = time.perf_counter_ns() - t0
     names = [w.name for w in rc.workers]
     engine.check_placement(cfg, placement, names)
+    placement_doc: dict[str, Any] = {"planning_ns": planning_ns, "context_tokens": planned}
+    if hp is not None:
+        # what the cost model predicts for this placement (no speculation): to compare with the run
+        placement_doc["predicted_token_s"] = hp.estimate_token_s(
+            cfg, specs, placement, context_tokens=planned
+        )
+        placement_doc["costs"] = costs_record(rc, hp, planned)
     if rc.checkpoint:
         cw = model.load_checkpoint(
             cfg, rc.checkpoint["path"], rc.checkpoint["sha256"], names=model.controller_tensor_names(cfg)
@@ -415,10 +485,7 @@ def run(rc: RunConfig) -> dict[str, Any]:
         "speculate_layers": sorted(opts.speculate_layers) if opts.speculate_layers is not None else None,
         "threads": rc.threads,
         "workers": workers_doc,
-        "placement": {
-            "planning_ns": planning_ns,
-            "units": {u.key(): w for u, w in sorted(placement.items())},
-        },
+        "placement": {**placement_doc, "units": {u.key(): w for u, w in sorted(placement.items())}},
         "prompt_tokens": len(prompt_ids),
         "setup_ns": setup_ns,
     }

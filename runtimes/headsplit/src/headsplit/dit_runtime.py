@@ -28,8 +28,8 @@ from dit.runtimes import (
     Results,
     RuntimeBase,
 )
-from dit.runtimes.helpers import EDGE, node_problems
-from headsplit import __version__
+from dit.runtimes.helpers import EDGE, node_problems, worker_hosts
+from headsplit import __version__, profile_costs
 from headsplit.plugin.actions import (
     CHECKPOINT_INPUTS,
     PROFILE_INPUTS,
@@ -120,11 +120,22 @@ class HeadSplitRuntime(RuntimeBase):
 
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario; the paragraph
-        ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``)."""
+        ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``); the
+        profile run ``placement_profile`` names has costs of every worker's device and of no other."""
         problems = node_problems(block, scenario, default_excludes_controller=False)
         _, problem = read_paragraph(block)
         if problem is not None:
             problems.append(BlockProblem(("perplexity_paragraph",), problem))
+        path = block.get("placement_profile")
+        if isinstance(path, str) and not problems:
+            raw = scenario.get("devices")
+            devices = [str(d) for d in raw] if isinstance(raw, list) else []
+            controller = str(block.get("controller", EDGE))
+            workers = worker_hosts(block, devices, controller, default_excludes_controller=False)
+            try:
+                profile_costs.costs_document(profile_costs.read_profile(path), workers)
+            except profile_costs.ProfileError as exc:
+                problems.append(BlockProblem(("placement_profile",), str(exc)))
         return problems
 
     def block_schema(self) -> Mapping[str, Any]:

@@ -25,7 +25,8 @@ Strategies (:func:`place`; every one is deterministic, workers ordered by natura
 --------------------------------------------------------------------------------------------------
 ``layerwise``
     EdgeShard-style baseline: every unit of a layer on one worker, contiguous blocks of layers in
-    worker-name order. Layer counts minimise the largest per-worker compute time ``k_w * C_layer / F_w``
+    worker-name order. Layer counts minimise the largest per-worker compute time ``k_w * t_w``, ``t_w``
+    one layer's heads, KV copies, projection and FFN each at ``F_w`` of its kind (cost model below)
     (layers are all the same shape, so dealing one layer at a time to the worker whose time grows least
     is optimal for the bottleneck), subject to ``k_w * M_layer <= memory_bytes``.
 ``roundrobin``
@@ -43,13 +44,16 @@ Strategies (:func:`place`; every one is deterministic, workers ordered by natura
 
 Cost model of ``greedy`` (seconds per generated token, at context length ``T``)
 -------------------------------------------------------------------------------
-With ``d`` = hidden, ``h`` = head_dim, ``f`` = ffn_hidden, ``F_w`` = ``flops_per_s``::
+With ``d`` = hidden, ``h`` = head_dim, ``f`` = ffn_hidden, ``F_w(k)`` = :meth:`WorkerSpec.rate` of
+the unit's kind ``k`` (the micro-benchmark's ``flops_per_s`` for every kind, or, from a profile run,
+``unit_flops_per_s``: the head, projection and FFN rates measured on the worker's device, see
+:mod:`headsplit.profile_costs`)::
 
     FLOPs(head)  = 2*d*h + 4*T*h            (q projection; scores and weighted sum over T keys)
     FLOPs(kv)    = 4*d*h                    (k and v of the new token, once per KV copy on a worker)
     FLOPs(proj)  = 2*d*d
     FLOPs(ffn)   = 6*d*f (llama: gate, up, down)   or   4*d*f (gpt2: fc, proj)
-    c(u, w)      = FLOPs(u) / F_w  (+ FLOPs(kv) / F_w for the first head of its group on w)
+    c(u, w)      = FLOPs(u) / F_w(kind of u)  (+ FLOPs(kv) / F_w(head) for the first head of its group on w)
 
 A message of ``b`` bytes crossing from worker ``a`` to worker ``w`` costs one RPC round trip with the
 15 % margin plus its transfer time::
@@ -81,8 +85,9 @@ Assumed constants: the RTT margin 1.15 (the article's "add 15 percent"); the ban
 :data:`DEFAULT_BANDWIDTH_BYTES_PER_S` (12.5 MB/s, about 100 Mbit/s, what 802.11ac gives two boards
 through one access point; the ``bandwidth_bytes_per_s`` argument overrides it); worker-to-worker RTT =
 the mean of the two measured controller RTTs; decode-step message sizes (the prefill is not costed);
-norms, residual adds, softmax and rotary are free. The model is only as good as ``flops_per_s``:
-measured with a head-sized matmul it includes the per-call overhead that dominates small kernels.
+norms, residual adds, softmax and rotary are free. The model is only as good as its rates: measured
+with a head-sized matmul, ``flops_per_s`` includes the per-call overhead that dominates small kernels;
+a profile run's rates are each kind's own, on the device under the profile run's conditions.
 
 Re-placement (:func:`replace`) keeps every unit in place except on the workers whose predicted bytes
 at ``tokens_so_far + tokens_ahead`` exceed ``threshold * limit``. From those it moves whole KV groups
@@ -121,12 +126,24 @@ DEFAULT_BANDWIDTH_BYTES_PER_S = 12.5e6  # assumed, ~100 Mbit/s: 802.11ac between
 DEFAULT_THRESHOLD = 0.85  # the article: re-place "whenever a device crosses 85 percent of memory"
 
 
+UNIT_KINDS: tuple[UnitKind, ...] = ("head", "proj", "ffn")
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     name: str  # "worker1".. (rpc name)
     memory_bytes: int  # the limit: cgroup memory_limit_mb if set, else node RAM
     flops_per_s: float  # measured at start by the engine (matmul micro-benchmark)
     rtt_ns: int  # measured at start by the engine (controller <-> worker)
+    # (head, proj, ffn) FLOP/s measured on the worker's device by a profile run (headsplit.profile_costs);
+    # None: flops_per_s for every kind. A head's KV copy is costed at the head rate.
+    unit_flops_per_s: tuple[float, float, float] | None = None
+
+    def rate(self, kind: UnitKind) -> float:
+        """The FLOP/s a unit of ``kind`` runs at on this worker."""
+        if self.unit_flops_per_s is None:
+            return self.flops_per_s
+        return self.unit_flops_per_s[UNIT_KINDS.index(kind)]
 
 
 class PlacementError(ValueError):
@@ -223,6 +240,18 @@ def _check_workers(workers: Sequence[WorkerSpec]) -> list[WorkerSpec]:
             )
         if w.rtt_ns < 0:
             raise ValueError(f"workers[{i}].rtt_ns ({w.name}) must be >= 0, got {w.rtt_ns}")
+        if w.unit_flops_per_s is not None:
+            if len(w.unit_flops_per_s) != len(UNIT_KINDS):
+                raise ValueError(
+                    f"workers[{i}].unit_flops_per_s ({w.name}) must give (head, proj, ffn), "
+                    f"got {w.unit_flops_per_s}"
+                )
+            for kind, rate in zip(UNIT_KINDS, w.unit_flops_per_s, strict=True):
+                if not (rate > 0 and math.isfinite(rate)):
+                    raise ValueError(
+                        f"workers[{i}].unit_flops_per_s.{kind} ({w.name}) must be a finite number > 0, "
+                        f"got {rate}"
+                    )
     return sorted(workers, key=lambda w: _name_key(w.name))
 
 
@@ -273,11 +302,14 @@ def _layerwise(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list[
         + sizes["ffn"]
         + cfg.n_kv_heads * kv_copy_bytes(cfg, tokens)
     )
-    layer_flops = (
-        sum(unit_flops(cfg, Unit(0, k), tokens) for k in ("proj", "ffn"))
-        + cfg.n_heads * unit_flops(cfg, Unit(0, "head", 0), tokens)
-        + cfg.n_kv_heads * kv_flops(cfg)
+    attention_flops = cfg.n_heads * unit_flops(cfg, Unit(0, "head", 0), tokens) + cfg.n_kv_heads * kv_flops(
+        cfg
     )
+    proj_flops, ffn_flops = unit_flops(cfg, Unit(0, "proj"), tokens), unit_flops(cfg, Unit(0, "ffn"), tokens)
+    # one layer's compute time on each worker, each kind at its own rate
+    layer_s = [
+        attention_flops / w.rate("head") + proj_flops / w.rate("proj") + ffn_flops / w.rate("ffn") for w in ws
+    ]
     room = [w.memory_bytes // layer_bytes for w in ws]
     if sum(room) < cfg.n_layers:
         # Fill in name order: the last worker is left with what does not fit.
@@ -295,7 +327,7 @@ def _layerwise(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list[
         # Identical layers: giving each to the worker whose compute time grows least minimises the largest.
         best = min(
             (i for i in range(len(ws)) if counts[i] < room[i]),
-            key=lambda i: ((counts[i] + 1) * layer_flops / ws[i].flops_per_s, i),
+            key=lambda i: ((counts[i] + 1) * layer_s[i], i),
         )
         counts[best] += 1
     at: list[int] = []
@@ -393,7 +425,9 @@ def _roundrobin(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, order: list
 
 def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, order: list[Unit]) -> list[int]:
     n, nl, nkv, group_size = len(ws), cfg.n_layers, cfg.n_kv_heads, cfg.group_size
-    inv_f = [1.0 / w.flops_per_s for w in ws]
+    inv_head = [1.0 / w.rate("head") for w in ws]
+    inv_proj = [1.0 / w.rate("proj") for w in ws]
+    inv_ffn = [1.0 / w.rate("ffn") for w in ws]
     limit = [w.memory_bytes for w in ws]
     rtt_s = [w.rtt_ns * 1e-9 for w in ws]
     # rpc[a][b]: one round trip between workers (0 on the same worker); ctl[b]: controller <-> worker.
@@ -439,7 +473,7 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
         # unless both FFNs share a worker.
         prev = ffn_at[layer - 1] if layer else -1
         step = [
-            ffn_flops * inv_f[i]
+            ffn_flops * inv_ffn[i]
             + out[i]
             + (0.0 if i == prev else (ctl[i] if prev < 0 else rpc[prev][i]) + hidden_s)
             for i in range(n)
@@ -453,7 +487,7 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
     proj_flops = unit_flops(cfg, layers[0][1], tokens)
     for layer in range(nl):
         f = ffn_at[layer]
-        step = [proj_flops * inv_f[i] + (rpc[i][f] + hidden_s if i != f else 0.0) for i in range(n)]
+        step = [proj_flops * inv_proj[i] + (rpc[i][f] + hidden_s if i != f else 0.0) for i in range(n)]
         # On the token's serial path right before its FFN: latency, not busy time, decides, so the
         # projection joins its FFN unless memory says otherwise.
         i = pick(layers[layer][1], step, sizes["proj"], (layer + 1) * per_layer - 2)
@@ -472,8 +506,8 @@ def _greedy(cfg: ModelConfig, ws: list[WorkerSpec], tokens: int, bw: float, orde
             for i in workers
         ]
         # Step time of a head on worker i when its KV group is already there / is new there.
-        step_has = [head_flops * inv_f[i] + (head_out_s if i != p else 0.0) for i in workers]
-        step_new = [step_has[i] + kvf * inv_f[i] for i in workers]
+        step_has = [head_flops * inv_head[i] + (head_out_s if i != p else 0.0) for i in workers]
+        step_new = [step_has[i] + kvf * inv_head[i] for i in workers]
         # Layer l's attention-stage time on worker i so far, starting from the communication its first
         # head will add, so that a head's finish time is attention[i] + its step time.
         attention = first
@@ -545,11 +579,11 @@ def estimate_token_s(
             flops = n_heads * head_flops + len(groups[w]) * kv_flops(cfg)
             x_in = 0.0 if w == src else rpc(src, w) + hidden_s
             out = 0.0 if w == p else rpc(w, p) + n_heads * head_out_s
-            stage = max(stage, x_in + flops / spec[w].flops_per_s + out)
-        total += stage + unit_flops(cfg, proj, context_tokens) / spec[p].flops_per_s
+            stage = max(stage, x_in + flops / spec[w].rate("head") + out)
+        total += stage + unit_flops(cfg, proj, context_tokens) / spec[p].rate("proj")
         total += (0.0 if p == f else rpc(p, f) + hidden_s) + unit_flops(cfg, ffn, context_tokens) / spec[
             f
-        ].flops_per_s
+        ].rate("ffn")
         src = f
     assert src is not None
     return total + rpc(None, src) + hidden_s

@@ -7,6 +7,9 @@ from pathlib import Path
 from dit.analysis.run import AggregateError
 
 CONFIG_FILE = "headsplit.json"
+PLACEMENT_COSTS_FILE = (
+    "placement-costs.json"  # beside CONFIG_FILE on the controller's node (placement_profile)
+)
 RESULT_FILE = "results/headsplit.json"
 RESULT_NAME = "headsplit.json"  # collected as raw/<controller>/<controller>_headsplit.json
 CONTROLLER_TAG = "hs-controller"

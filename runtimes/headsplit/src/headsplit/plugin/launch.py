@@ -18,12 +18,14 @@ from dit.runtimes import (
 )
 from dit.runtimes.helpers import memory_limit_bytes
 from headsplit import checkpoint as ckpt
+from headsplit import profile_costs
 from headsplit.plugin.common import (
     CONFIG_FILE,
     CONTROLLER_TAG,
     DEFAULT_PORT,
     FILES_DIR,
     HELD_OUT,
+    PLACEMENT_COSTS_FILE,
     PROFILES_DIR,
     RESULT_FILE,
     SHARDS_DIR,
@@ -223,6 +225,19 @@ def profile_on_node(ctx: LaunchContext, host: str, path: str) -> str:
     return f"{_node_base(ctx, host)}/{PROFILES_DIR}/{posixpath.basename(path)}"
 
 
+def placement_costs(block: Mapping[str, Any], workers: Sequence[str]) -> dict[str, Any] | None:
+    """The document of ``placement-costs.json`` (headsplit.profile_costs) from the profile run
+    ``placement_profile`` names, for ``workers`` (devices, rank order); None without one. Read here,
+    where dit runs, and shipped to the controller as a file: the path is never template text."""
+    path = block.get("placement_profile")
+    if not isinstance(path, str):
+        return None
+    try:
+        return profile_costs.costs_document(profile_costs.read_profile(path), workers)
+    except profile_costs.ProfileError as exc:
+        raise HeadSplitLaunchError(f"runtime.placement_profile: {exc}") from None
+
+
 def controller_host(ctx: LaunchContext) -> str:
     return helpers.controller_host(ctx.block, ctx.edge_host, ctx.devices, error=HeadSplitLaunchError)
 
@@ -272,6 +287,10 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
         "prompt": str(block.get("prompt", "")),
         "prompt_ids": prompt_ids(block),
         "perplexity": perplexity_config(block),
+        # the controller's own file (launch_specs ships it beside this one); None: the micro-benchmark
+        "placement_profile": PLACEMENT_COSTS_FILE
+        if host == controller and isinstance(block.get("placement_profile"), str)
+        else None,
         "memory_threshold": float(block.get("memory_threshold", 0.85)),
         "rpc_timeout_s": float(block.get("rpc_timeout_s", 30)),
         "rpc_retries": int(block.get("rpc_retries", 3)),
@@ -296,12 +315,16 @@ def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
                 main=False,  # torch RPC's rendezvous blocks until every rank joined: no ready file
             )
         )  # fmt: skip
+    files = {CONFIG_FILE: json.dumps(run_config(ctx, controller), indent=2)}
+    costs = placement_costs(ctx.block, workers)
+    if costs is not None:
+        files[PLACEMENT_COSTS_FILE] = json.dumps(costs, indent=1)
     specs.append(
         LaunchSpec(
             host=controller,
             name=CONTROLLER_TAG,
             argv=(_runtime_python(ctx, controller), "-m", "headsplit.controller", "--config", CONFIG_FILE),
-            files={CONFIG_FILE: json.dumps(run_config(ctx, controller), indent=2)},
+            files=files,
             result_files=(RESULT_FILE,),
         )
     )

@@ -22,6 +22,7 @@ from headsplit.plugin.common import (
     HeadSplitLaunchError,
     HeadSplitResultsError,
 )
+from headsplit.units import Unit
 
 # -- results ------------------------------------------------------------------------------------
 
@@ -117,6 +118,7 @@ def read_results(file: Path) -> dict[str, Any]:
         for j, rtt in enumerate(_list(file, worker, "rtt_ns", f"workers[{i}].", optional=True)):
             if not isinstance(rtt, int) or isinstance(rtt, bool):
                 raise _where(file, f"workers[{i}].rtt_ns[{j}]", f"{rtt!r} is not an integer")
+    _placement(file, doc.get("placement"))
     quality = doc.get("perplexity")
     if quality is not None:
         if not isinstance(quality, Mapping):
@@ -138,6 +140,72 @@ def read_results(file: Path) -> dict[str, Any]:
         if not isinstance(oom.get("worker"), str):
             raise _where(file, "oom.worker", "is missing")
     return doc
+
+
+def _placement(file: Path, placement: Any) -> None:
+    """``placement``: optional, and so are its fields; those present are checked (older results files
+    have no ``costs`` nor ``predicted_token_s``)."""
+    if placement is None:
+        return
+    if not isinstance(placement, Mapping):
+        raise _where(file, "placement", f"{placement!r} is not a mapping")
+    units = placement.get("units")
+    if units is not None and (
+        not isinstance(units, Mapping) or not all(isinstance(w, str) for w in units.values())
+    ):
+        raise _where(file, "placement.units", "is not a mapping of unit key -> worker name")
+    predicted = placement.get("predicted_token_s")
+    if predicted is not None and (
+        not isinstance(predicted, int | float) or isinstance(predicted, bool) or not math.isfinite(predicted)
+    ):
+        raise _where(file, "placement.predicted_token_s", f"{predicted!r} is not a number")
+    costs = placement.get("costs")
+    if costs is not None and (not isinstance(costs, Mapping) or costs.get("source") not in COST_SOURCES):
+        raise _where(file, "placement.costs.source", f"is not one of {', '.join(COST_SOURCES)}")
+
+
+COST_SOURCES = ("micro-benchmark", "profile")
+
+
+def worker_units(units: Mapping[str, str], workers: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Per worker, how many heads, projections and FFNs ``units`` (the results' ``placement.units``,
+    ``{"L0.head0": "worker1", ...}``) gives it; every worker listed, 0 for one without units."""
+    counts = {w: {"head": 0, "proj": 0, "ffn": 0} for w in workers}
+    for key, worker in units.items():
+        counts.setdefault(worker, {"head": 0, "proj": 0, "ffn": 0})[Unit.parse(key).kind] += 1
+    return counts
+
+
+def _placement_table(doc: Mapping[str, Any], out: Path) -> Path | None:
+    """``aggregate/hs_placement.csv``: per worker its units and the FLOP/s the placement costed them
+    at, with where those came from (``micro-benchmark``, or ``profile`` and the profile run's id)."""
+    placement = doc.get("placement")
+    if not isinstance(placement, Mapping) or not isinstance(placement.get("units"), Mapping):
+        return None
+    workers = [w for w in doc.get("workers") or [] if isinstance(w, Mapping)]
+    counts = worker_units(placement["units"], [str(w["name"]) for w in workers])
+    costs = placement.get("costs")
+    source = ""
+    if isinstance(costs, Mapping):
+        source = (
+            "profile " + str(costs.get("run_id")) if costs["source"] == "profile" else str(costs["source"])
+        )
+    by_name = {str(w["name"]): w for w in workers}
+
+    def rate(worker: str, kind: str) -> Any:
+        rates = by_name.get(worker, {}).get("placement_flops_per_s")
+        return rates.get(kind, "") if isinstance(rates, Mapping) else ""
+
+    return write_csv(
+        out / "hs_placement.csv",
+        ["worker", "host", "heads", "projections", "ffns", "head_flops_per_s", "proj_flops_per_s",
+         "ffn_flops_per_s", "costs"],
+        (
+            [w, by_name.get(w, {}).get("host", ""), c["head"], c["proj"], c["ffn"], rate(w, "head"),
+             rate(w, "proj"), rate(w, "ffn"), source]
+            for w, c in counts.items()
+        ),
+    )  # fmt: skip
 
 
 def find_results(run: LoadedRun) -> tuple[str, Path]:
@@ -321,6 +389,21 @@ def parse(run: LoadedRun) -> Results:
         values.append(
             SummaryValue("placement_planning", placement["planning_ns"], "ns", "int", "initial placement")
         )
+    if isinstance(placement, Mapping) and placement.get("predicted_token_s") is not None:
+        values.append(
+            SummaryValue("placement_predicted_token", round(float(placement["predicted_token_s"]) * 1e9), "ns",
+                         "int", "the cost model's time per generated token of the initial placement "
+                         "(no speculation)")
+        )  # fmt: skip
+    costs = placement.get("costs") if isinstance(placement, Mapping) else None
+    if isinstance(costs, Mapping):
+        said = f"profile {costs.get('run_id')}" if costs["source"] == "profile" else str(costs["source"])
+        values.append(
+            SummaryValue("placement_costs", said, "", "str", "where the placement's per-unit costs came from")
+        )
+    placed = _placement_table(doc, out)
+    if placed is not None:
+        tables.append(placed)
     oom = doc.get("oom")
     if isinstance(oom, Mapping):
         values += [

@@ -88,6 +88,18 @@ def block_schema() -> dict[str, Any]:
                 "enum": list(STRATEGIES),
                 "default": "greedy",
             },
+            "placement_profile": {
+                "title": "Placement profile",
+                "description": "The run directory of a profile run on the machine running dit: a run of the "
+                "`layers` runtime with `tokens:` on a decoder model, on this run's worker devices (no other). "
+                "The placement then costs each head, projection and FFN at the FLOP/s that run measured for "
+                "that kind on the worker's device (`aggregate/heads.csv`, decode tokens) instead of the "
+                "start-up micro-benchmark, so a device profiled slower gets less work; a profile of another "
+                "model is carried over by FLOPs (docs/headsplit.md). The source, the placement and its "
+                "predicted time per token are recorded.",
+                "type": "string",
+                "minLength": 1,
+            },
             "speculation": {
                 "title": "Cross-layer speculation",
                 "description": "Start the next layer's attention on Z while the FFN runs; keep it when "
