@@ -86,8 +86,9 @@ def with_unit(value: object, unit: str) -> str:
         return percent(float(value))
     if unit == "ns^2":  # a variance of delays
         return f"{_number(float(value) / 1e12)} ms²"
-    if unit == "J*s":  # an energy-delay product
-        return f"{_number(float(value) * 1e3)} mJ·s"
+    if unit == "J*s":  # an energy-delay product: in J·s from 1 J·s, like energy()
+        edp = float(value)
+        return f"{_number(edp)} J·s" if abs(edp) >= 1 else f"{_number(edp * 1e3)} mJ·s"
     if isinstance(value, int):
         return f"{value:,} {unit}".strip()
     return f"{_number(float(value))} {unit}".strip()

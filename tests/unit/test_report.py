@@ -31,6 +31,7 @@ def test_units() -> None:
     assert units.with_unit(12, "") == "12"
     assert units.with_unit(1.2e12, "ns^2") == "1.20 ms²"
     assert units.with_unit(0.143, "J*s") == "143 mJ·s"
+    assert units.with_unit(12.5, "J*s") == "12.5 J·s"  # not 12500 mJ·s
 
 
 def test_run_report_has_every_section_with_units(tmp_path: Path) -> None:

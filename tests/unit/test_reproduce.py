@@ -257,6 +257,23 @@ def test_ch6_measured_rows_hold_each_strategy_to_the_article(tmp_path: Path) -> 
     assert rows["layerwise, +0 ms (none)"][4] == "the baseline"
 
 
+def test_ch6_measured_rows_carry_energy_per_token_and_edp_labelled_when_modelled(tmp_path: Path) -> None:
+    pytest.importorskip("headsplit.compare")
+    runs = [_headsplit_run(tmp_path, "layerwise", False, 2.0), _headsplit_run(tmp_path, "greedy", False, 2.5)]
+    for run, sensor in zip(runs, ("ina260", "fake"), strict=True):
+        summary = run / "aggregate" / "summary.json"
+        doc = json.loads(summary.read_text())
+        doc["values"] += [{"name": "energy_per_token", "value": 0.25}, {"name": "edp", "value": 12.5}]
+        summary.write_text(json.dumps(doc))
+        (run / "aggregate" / "power_summary.csv").write_text(f"node,sensor\ndevice1,{sensor}\n")
+    section = ch6.measured_section(runs, cores=2, doc={**ch6.rack_document(), "tokens": 4})
+    rows = {r[0]: r[1] for r in section.tables[0]["rows"]}
+    assert rows["layerwise, +0 ms (none)"] == "2.00 tokens/s, 250 mJ per token, EDP 12.5 J·s"
+    assert rows["greedy, +0 ms (none)"].endswith(
+        "250 mJ per token, EDP 12.5 J·s (fake sensor: modelled, not measured)"
+    )
+
+
 def test_ch6_tolerance_rows_set_speed_beside_fidelity(tmp_path: Path) -> None:
     pytest.importorskip("headsplit.compare")
     runs = []

@@ -16,6 +16,7 @@ import yaml
 
 from dit import units
 from dit.paths import content_root
+from dit.report import labels
 from dit.report.section import Section
 from dit.reproduce.article import ARTICLE_256_TOKENS_S, ARTICLE_TAU, FIGURES
 from dit.reproduce.context import verdict_table
@@ -168,6 +169,7 @@ def measured_section(
             measured += f", {units.size(moved)} moved per token"
         if values.get("replacements"):
             measured += f", {values['replacements']} re-placement(s)"
+        measured += _energy_cells(v.path, values)
         if v.agreement is not None and v.speculation:
             measured += f", {100 * v.agreement:.0f} % of tokens as without speculation"
         sim = MISSING if v.speculation else f"{simulated[key]:.2f}x over layer-wise"
@@ -193,6 +195,20 @@ def measured_section(
         + (" Not compared: " + "; ".join(problems) if problems else "")
     )
     return section
+
+
+def _energy_cells(run: Path, values: Mapping[str, Any]) -> str:
+    """ ", <energy> per token, EDP <J*s>" from the run's summary, said to be modelled where a node's power
+    came from a fake sensor (local mode); "" without a power trace."""
+    per_token, edp = values.get("energy_per_token"), values.get("edp")
+    if not isinstance(per_token, int | float):
+        return ""
+    cells = f", {units.energy(float(per_token))} per token"
+    if isinstance(edp, int | float):
+        cells += f", EDP {units.with_unit(float(edp), 'J*s')}"
+    if labels.fake_power_nodes(run / "aggregate"):
+        cells += " (fake sensor: modelled, not measured)"
+    return cells
 
 
 def _summary_values(run: Path) -> dict[str, Any]:
