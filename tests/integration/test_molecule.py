@@ -29,9 +29,12 @@ SCENARIOS = sorted(REPO.glob("roles/*/molecule/default/molecule.yml"))
 # Roles whose scenario changes real kernel state (cgroups) and therefore needs root.
 NEEDS_ROOT = {"cgroup_memory", "cgroup_cpu"}
 JOBS = 2  # scenarios at once: CI's machine has two cores
-# In ./dev test's serial pass: the scenarios already keep both cores busy, and the netem scenario's
-# verify failed once beside the parallel pass (its tc dry-run log gone between idempotence and verify;
-# not explained yet).
+# Alone, in a serial pass: the scenarios already keep both cores busy, and the netem scenario's verify
+# failed once beside the parallel pass (its tc dry-run log gone between idempotence and verify; not
+# explained yet). The scenarios themselves (about 240 s of two cores' work) run in ./dev slow's serial
+# pass, which CI runs too (issue 29: ./dev test within 15 minutes); the checks of their configuration
+# below stay in ./dev test. One role's scenario:
+#   .venv/bin/python -m pytest -m slow tests/integration/test_molecule.py -k netem
 pytestmark = pytest.mark.serial
 
 
@@ -115,6 +118,7 @@ def molecule_runs(request: pytest.FixtureRequest) -> Iterator[dict[str, Future[O
                 future.cancel()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.parents[2].name for s in SCENARIOS])
 def test_molecule_scenario(
     scenario: Path, molecule_runs: dict[str, Future[Outcome]], record_property: Callable[[str, object], None]
