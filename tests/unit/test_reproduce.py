@@ -274,6 +274,16 @@ def test_ch6_measured_rows_carry_energy_per_token_and_edp_labelled_when_modelled
     )
 
 
+def test_ch6_quick_tolerance_sweep_skips_the_perplexity_pass_and_says_so() -> None:
+    from dit.reproduce.chapters import ch6_tolerance_document
+
+    quick, reductions = ch6_tolerance_document("quick")
+    assert quick["runtime"]["perplexity"] is False and quick["runtime"]["tokens"] == 16
+    assert any("no held-out perplexity" in r for r in reductions)
+    full, none = ch6_tolerance_document("full")
+    assert full["runtime"]["perplexity"] is True and none == ()
+
+
 def test_ch6_tolerance_rows_set_speed_beside_fidelity(tmp_path: Path) -> None:
     pytest.importorskip("headsplit.compare")
     runs = []

@@ -109,8 +109,16 @@ def ch6_tolerance_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]
     if size == "full":
         return doc, ()
     quick = copy.deepcopy(doc)
-    quick["runtime"] = {**quick["runtime"], "tokens": 16}
-    return quick, ("the tolerance sweep: 16 tokens instead of 64",)
+    # The held-out perplexity is a teacher-forced pass over the paragraph, one decode step per position:
+    # on the emulated rack about 93 s per variant against 3.5 s for the 16 tokens, and on the reduced
+    # model's seeded weights it says nothing of fidelity (the tokens as at tau = 0 still do)
+    quick["runtime"] = {**quick["runtime"], "tokens": 16, "perplexity": False}
+    return quick, (
+        "the tolerance sweep: 16 tokens instead of 64",
+        "the tolerance sweep: no held-out perplexity (a pass over the paragraph costs about 25 times the "
+        "16 tokens, and the reduced model's seeded weights give it no meaning; the tokens as at tau = 0 "
+        "are the fidelity measured)",
+    )
 
 
 def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
