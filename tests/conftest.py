@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -61,6 +62,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
         if shared and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+@pytest.fixture
+def echo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The fixture runtime (tests/fixtures/runtime_pkg), registered in this process as a built-in (the
+    integration tests install it with pip); it declares nothing of where it sends from."""
+    from dit.runtime_api import registry
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "fixtures" / "runtime_pkg"))
+    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "echo": "echo_runtime:EchoRuntime"})
+    registry.reset()
+    yield registry.get("echo")
+    monkeypatch.undo()
+    sys.modules.pop("echo_runtime", None)
+    registry.reset()
 
 
 def write_scenario(directory: Path, **overrides: object) -> Path:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +23,6 @@ from dit.scenario import loads
 from tests.unit.test_conditions_network import SCENARIO, ctx
 
 NO_NETEM = {"kernel": "6.1-test", "netem": {"available": False, "reason": "not built"}}
-RUNTIME_FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runtime_pkg"
 NFQUEUE = {"available": True, "source": "nfnetlink_queue loaded", "iptables": "/usr/sbin/iptables"}
 
 
@@ -221,18 +217,6 @@ def test_local_mode_cannot_tell_another_device_from_the_edge() -> None:
     assert built["device1"]["netem"]["netem_userspace"] == {}  # auto: recorded, as before
     with pytest.raises(NetemError, match=r"network\.device1\.destinations names device2, another local node"):
         _local("{network_backend: userspace, destinations: {device2: {delay_ms: 30}}}")
-
-
-@pytest.fixture
-def echo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The fixture runtime (tests/fixtures/runtime_pkg), which declares nothing of where it sends from."""
-    monkeypatch.syspath_prepend(str(RUNTIME_FIXTURE))
-    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "echo": "echo_runtime:EchoRuntime"})
-    registry.reset()
-    yield registry.get("echo")
-    monkeypatch.undo()
-    sys.modules.pop("echo_runtime", None)
-    registry.reset()
 
 
 def _one_delayed(runtime: str, extra: str = "") -> tuple[Any, Any]:

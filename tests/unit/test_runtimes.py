@@ -7,7 +7,6 @@ import csv
 import json
 import socket
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,26 +32,12 @@ from dit.runtimes.layers import LayersRuntime
 from dit.scenario import ScenarioError, expand, loads, resolve, validate
 from dit.scenario.schema import load_schema
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "runtime_pkg"
-
 BASE: dict[str, Any] = {
     "name": "rt",
     "model": {"name": "fake", "params": {"profile": "tiny"}},
     "devices": ["device1", "device2"],
     "inference": {"enabled": False},
 }
-
-
-@pytest.fixture
-def echo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The fixture runtime, registered in this process (the integration test installs it with pip)."""
-    monkeypatch.syspath_prepend(str(FIXTURE))
-    monkeypatch.setattr(registry, "BUILTIN", {**registry.BUILTIN, "echo": "echo_runtime:EchoRuntime"})
-    registry.reset()
-    yield registry.get("echo")
-    monkeypatch.undo()
-    sys.modules.pop("echo_runtime", None)
-    registry.reset()
 
 
 def doc(**overrides: Any) -> dict[str, Any]:
