@@ -455,7 +455,8 @@ def test_stored_xss_payloads_stay_text(browser_context: Any, server: Server) -> 
     page.click("#save-button")
     page.wait_for_function(f"() => document.getElementById('version-hash').textContent !== '{first}'")
     page.click("#stored-list li[data-name=xss_probe]")
-    page.wait_for_selector("#history-list input")
+    # both versions listed before ticking: a list drawn from an earlier answer may hold only the first
+    page.wait_for_function("() => document.querySelectorAll('#history-list input').length >= 2")
     for box in page.locator("#history-list input").all()[:2]:
         box.check()
     page.click("#diff-button")
