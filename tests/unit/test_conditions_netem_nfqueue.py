@@ -68,6 +68,48 @@ def test_a_varying_delay_starts_at_its_first_step_and_ipv6_is_refused() -> None:
                         destinations={"v6": "fd00::1"})  # fmt: skip
 
 
+def test_the_emulator_s_queues_carry_the_loss_correlation_and_the_rate_part_drops_it() -> None:
+    square = {"kind": "square", "low_ms": 5, "high_ms": 25, "period_s": 4}
+    block = {
+        "loss_pct": 10,
+        "loss_correlation_pct": 50,
+        "variation": square,
+        "rate_mbit": 20,
+        "destinations": {"edge": {"loss_pct": 1, "loss_correlation_pct": 25, "rate_mbit": 5}},
+    }
+    plan = build_userspace(block, "wlan0", device="d", run_id="r", destinations={"edge": "10.9.0.1"})
+    assert [(q["name"], q["delay_ms"], q["loss_pct"], q["loss_correlation_pct"]) for q in plan["queues"]] == [
+        ("main", 5.0, 10.0, 50.0),  # the varying main profile keeps its correlation
+        ("edge", 0.0, 1.0, 25.0),
+    ]
+    assert rate_only(block) == {"rate_mbit": 20, "destinations": {"edge": {"rate_mbit": 5}}}
+
+
+def test_a_scenario_s_loss_correlation_reaches_both_backends_and_survives_the_variation() -> None:
+    """From the scenario through the builder and the backend choice: netem gets ``loss 10% 50%`` in its
+    tree and in the change template netem-vary runs at every step; the userspace backend's queue gets
+    the correlation, and its variation only ever changes the delay (the control socket's message)."""
+    (scenario,) = loads(
+        "name: c\nmodel: fake\ndevices: [device1]\nseed: 7\nnetwork:\n  device1:\n    loss_pct: 10\n"
+        "    loss_correlation_pct: 50\n    variation: {kind: square, low_ms: 5, high_ms: 25, period_s: 4}\n"
+    )
+    built = build_conditions(scenario, {"device1": ctx("device1", local=False)})
+
+    def settled(node: dict[str, Any]) -> dict[str, Any]:
+        facts = PreflightFacts(scenario, {"device1": node}, built, {"device1": {}}, local=False)
+        return resolve_conditions(facts)["device1"]["netem"]  # type: ignore[no-any-return]
+
+    with_netem = settled({"netem": {"available": True}})
+    assert with_netem["netem_backend"] == "netem"
+    assert with_netem["netem_tree"][0]["argv"][-5:] == ["delay", "5ms", "loss", "10%", "50%"]
+    assert with_netem["netem_variation"]["template"][-5:] == ["delay", "{delay}", "loss", "10%", "50%"]
+    userspace = settled({**NO_NETEM, "nfqueue": NFQUEUE})
+    assert userspace["netem_backend"] == "userspace"
+    (queue,) = userspace["netem_userspace"]["queues"]
+    assert (queue["delay_ms"], queue["loss_pct"], queue["loss_correlation_pct"]) == (5.0, 10.0, 50.0)
+    assert "template" not in userspace["netem_variation"] and userspace["netem_variation"]["control_socket"]
+
+
 def test_rate_only_keeps_what_tbf_and_htb_shape() -> None:
     block = {
         "delay_ms": 5,

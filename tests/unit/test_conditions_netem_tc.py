@@ -40,6 +40,42 @@ def test_jitter_and_loss() -> None:
     assert argv({"loss_pct": 3}) == [[*TC, "root", "handle", "1:", "netem", "loss", "3%"]]
 
 
+def test_a_loss_correlation_is_netem_s_second_loss_argument() -> None:
+    """``loss_correlation_pct`` becomes tc's ``loss PERCENT CORRELATION``, in the main profile, a
+    destination's and the variation's change template (whose ``tc qdisc change`` would otherwise
+    restate the loss without it), and what ``tc -j qdisc show`` reports for it is expected."""
+    assert argv({"loss_pct": 10, "loss_correlation_pct": 50}) == [
+        [*TC, "root", "handle", "1:", "netem", "loss", "10%", "50%"]
+    ]
+    assert argv({"delay_ms": 20, "jitter_ms": 5, "loss_pct": 1, "loss_correlation_pct": 25.5}) == [
+        [*TC, "root", "handle", "1:", "netem", "delay", "20ms", "5ms", "loss", "1%", "25.5%"]
+    ]
+    shaping = build_tree({"loss_pct": 10, "loss_correlation_pct": 50}, "wlan0", device="device1")
+    assert shaping is not None
+    assert shaping.objects[0].expect["options"]["loss-random"] == {"loss": 0.1, "correlation": 0.5}
+    # Without a correlation the expectation stays the loss alone (tc prints correlation 0 beside it).
+    plain = build_tree({"loss_pct": 10}, "wlan0", device="device1")
+    assert plain is not None and plain.objects[0].expect["options"]["loss-random"] == {"loss": 0.1}
+
+    per_destination = build_tree(
+        {"destinations": {"edge": {"delay_ms": 5, "loss_pct": 2, "loss_correlation_pct": 75}}},
+        "wlan0", device="device1", destinations={"edge": "192.168.50.1"},
+    )  # fmt: skip
+    assert per_destination is not None
+    leaf = next(o for o in per_destination.objects if o.id == "11:")
+    assert list(leaf.argv[-6:]) == ["netem", "delay", "5ms", "loss", "2%", "75%"]
+
+    square = {"kind": "square", "low_ms": 5, "high_ms": 30, "period_s": 2}
+    varying = build_tree(
+        {"variation": square, "loss_pct": 10, "loss_correlation_pct": 50}, "wlan0", device="device1"
+    )
+    assert varying is not None
+    assert varying.argv == [[*TC, "root", "handle", "1:", "netem", "delay", "5ms", "loss", "10%", "50%"]]
+    assert varying.vary_template is not None and list(varying.vary_template[-5:]) == [
+        "delay", "{delay}", "loss", "10%", "50%",
+    ]  # fmt: skip
+
+
 def test_rate_only_is_a_root_tbf_without_netem() -> None:
     shaping = build_tree({"rate_mbit": 10}, "wlan0", device="device1")
     assert shaping is not None and not shaping.needs_netem

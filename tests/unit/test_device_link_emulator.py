@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 import select
 import socket
 import struct
 from pathlib import Path
+
+import pytest
 
 from dit.device import link_emulator as le
 
@@ -107,6 +110,102 @@ def test_loss_is_close_to_the_asked_rate() -> None:
     profile = _profile(loss_pct=10)
     lost = sum(profile.lost() for _ in range(10_000))
     assert 880 <= lost <= 1120  # 10 % of 10 000 within four standard deviations (30)
+
+
+class Scripted(random.Random):
+    """A generator whose ``random()`` returns the given values in order."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self) -> float:
+        return self.values.pop(0)
+
+
+def test_a_correlated_loss_draw_is_netem_s_recurrence() -> None:
+    """netem's ``get_crandom``: a first state drawn fresh, then each draw is C * the previous draw +
+    (1 - C) * a fresh one, and the packet is lost when the draw is below the loss."""
+    profile = le.Profile("main", 7, 0, 0, 0.3, Scripted([0.125, 0.25, 0.875, 0.0, 0.5]), loss_correlation=0.5)
+    # u1 = (0.125 + 0.25) / 2 = 0.1875 lost; u2 = (0.1875 + 0.875) / 2 = 0.53125 kept;
+    # u3 = 0.53125 / 2 = 0.265625 lost; u4 = (0.265625 + 0.5) / 2 = 0.3828125 kept
+    assert [profile.lost() for _ in range(4)] == [True, False, True, False]
+    assert profile._loss_draw == 0.3828125
+    # Without a correlation every draw is fresh and nothing else is drawn (the seeded sequence of the
+    # independent case is unchanged).
+    independent = le.Profile("main", 7, 0, 0, 0.3, Scripted([0.25, 0.875]))
+    assert [independent.lost(), independent.lost()] == [True, False]
+
+
+def _runs(profile: le.Profile, n: int) -> tuple[float, float]:
+    """The loss rate and the mean run of consecutive losses over ``n`` draws, counted here."""
+    lost = runs = 0
+    previous = False
+    for _ in range(n):
+        now = profile.lost()
+        lost += now
+        runs += now and not previous
+        previous = now
+    assert (profile.dropped_loss, profile.loss_bursts) == (0, runs)  # receive() counts the drops
+    return lost / n, lost / runs if runs else 0.0
+
+
+def _bound(rate: float, n: int, mean_run: float) -> float:
+    """Five standard deviations of a loss rate over ``n`` correlated draws.
+
+    Binomial, times a variance inflation for the runs: for a two-state Markov chain whose losses come
+    in runs of mean L1 and whose kept packets come in runs of mean L0 the count's variance is the
+    binomial one times (2 - 1/L1 - 1/L0) / (1/L1 + 1/L0), which is at most 2 * L1. The correlated
+    draw's memory fades geometrically (C**k), so the chain is a close model of it; 2 * L1 it is."""
+    return 5 * math.sqrt(max(rate * (1 - rate), 1 / n) / n * 2 * max(mean_run, 1.0))
+
+
+def test_correlated_losses_come_in_longer_runs_and_keep_the_mean_only_at_50_percent() -> None:
+    n = 100_000
+    runs_at_half = []
+    for correlation in (0.0, 0.25, 0.5, 0.75):
+        profile = le.Profile(
+            "m", 1, 0, 0, 0.5, random.Random(f"half:{correlation}"), loss_correlation=correlation
+        )
+        rate, mean_run = _runs(profile, n)
+        # At 50 % the draws' distribution is symmetric about 1/2 whatever C: the mean loss stays P.
+        assert abs(rate - 0.5) <= _bound(0.5, n, mean_run), (correlation, rate)
+        runs_at_half.append(mean_run)
+        assert profile.longest_loss_burst >= mean_run
+    # Independent: runs of mean 1 / (1 - P) = 2; then they grow with C, clearly (measured 2.3, 2.8, 4.0).
+    assert abs(runs_at_half[0] - 2.0) < 0.05
+    assert runs_at_half[1] > runs_at_half[0] + 0.15
+    assert runs_at_half[2] > runs_at_half[1] + 0.25
+    assert runs_at_half[3] > runs_at_half[2] + 0.6
+
+    # Below 50 % the draws, narrowed around 1/2, fall under P less often: 10 % loses ~1.75 % with
+    # C = 25 % and ~0.11 % with C = 50 %; expected_loss (a convolution, not a simulation) agrees.
+    n = 200_000
+    for correlation in (0.0, 0.25, 0.5):
+        profile = le.Profile(
+            "m", 1, 0, 0, 0.1, random.Random(f"tenth:{correlation}"), loss_correlation=correlation
+        )
+        rate, mean_run = _runs(profile, n)
+        expected = le.expected_loss(0.1, correlation)
+        assert abs(rate - expected) <= _bound(expected, n, mean_run), (correlation, rate, expected)
+    assert le.expected_loss(0.1, 0.0) == 0.1
+    assert 0.0170 < le.expected_loss(0.1, 0.25) < 0.0180 and 0.0009 < le.expected_loss(0.1, 0.5) < 0.0013
+    assert abs(le.expected_loss(0.5, 0.75) - 0.5) < 1e-4  # symmetric
+    assert le.expected_loss(0.9, 0.5) == pytest.approx(1 - le.expected_loss(0.1, 0.5), abs=1e-4)
+
+
+def test_the_summary_counts_loss_runs_and_a_bad_correlation_is_a_config_error(tmp_path: Path) -> None:
+    profile = le.Profile("m", 1, 0, 0, 0.3, Scripted([0.125, 0.25, 0.0, 0.875, 0.875]), loss_correlation=0.5)
+    # u = 0.1875, 0.09375 (lost twice), 0.484375, 0.6796875 (kept)
+    assert [profile.lost() for _ in range(4)] == [True, True, False, False]
+    summary = profile.summary()
+    assert summary["loss_correlation_pct"] == 50.0
+    assert (summary["loss_bursts"], summary["longest_loss_burst"]) == (1, 2)
+    queues = [{"queue": 5, "loss_pct": 10, "loss_correlation_pct": 150}]
+    with pytest.raises(le.ConfigError, match=r"queues\[0\]\.loss_correlation_pct: 150 is outside 0..100"):
+        le._profiles({"queues": queues})
+    (parsed,) = le._profiles({"queues": [{"queue": 5, "loss_pct": 10, "loss_correlation_pct": 25}]})
+    assert (parsed.loss, parsed.loss_correlation) == (0.1, 0.25)
 
 
 def test_histogram_buckets_and_quantiles() -> None:

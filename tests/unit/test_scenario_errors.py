@@ -226,6 +226,34 @@ def test_low_above_high() -> None:
     ]
 
 
+def test_a_loss_correlation_out_of_range_or_without_a_loss_names_its_path() -> None:
+    assert messages(doc(network={"device1": {"loss_pct": 10, "loss_correlation_pct": 101}})) == [
+        "network.device1.loss_correlation_pct: 101 is greater than 100"
+    ]
+    need = "a loss correlation ({} %) needs a loss: set loss_pct above 0 beside it"
+    assert messages(doc(network={"device1": {"loss_correlation_pct": 50}})) == [
+        "network.device1.loss_correlation_pct: " + need.format(50)
+    ]
+    assert messages(doc(network={"device1": {"loss_pct": 0, "loss_correlation_pct": 12.5}})) == [
+        "network.device1.loss_correlation_pct: " + need.format(12.5)
+    ]
+    edge = {"edge": {"delay_ms": 5, "loss_correlation_pct": 25}, "device2": {"loss_correlation_pct": -1}}
+    assert messages(doc(network={"device1": {"loss_pct": 5, "destinations": edge}})) == [
+        "network.device1.destinations.device2.loss_correlation_pct: -1 is less than 0",
+        "network.device1.destinations.edge.loss_correlation_pct: " + need.format(25),
+    ]
+    # The device's own loss does not count for a destination's profile, which replaces it on that link.
+    assert validate(doc(network={"device1": {"loss_pct": 10, "loss_correlation_pct": 0}})) == []
+    assert validate(doc(network={"device1": {"loss_pct": 10, "loss_correlation_pct": 100}})) == []
+    # A sweep of the loss down to 0 names the variant that leaves the correlation without one.
+    raw = doc(
+        network={"device1": {"loss_pct": 10, "loss_correlation_pct": 50}},
+        sweep={"path": "network.device1.loss_pct", "values": [10, 0]},
+    )
+    assert [e.path for e in validate(raw)] == ["network.device1.loss_correlation_pct"]
+    assert "network.device1.loss_pct=0" in messages(raw)[0]
+
+
 def test_processes_without_mode_processes() -> None:
     assert messages(doc(load={"device1": {"mode": "heavy", "processes": 2}})) == [
         "load.device1.processes: only valid with mode processes (mode is heavy)"

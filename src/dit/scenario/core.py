@@ -212,6 +212,20 @@ def _check_point(parts: list[Segment], p: Any, count: int | None, name: Any, err
         err(parts, f"{p} is beyond the {count} stages of model {name} (partition points are 0..{count})")
 
 
+def _check_loss_correlation(where: list[Segment], profile: Mapping[str, Any], err: Any) -> None:
+    """A loss correlation correlates loss draws: without a loss there are none (netem draws none)."""
+    correlation, loss = profile.get("loss_correlation_pct"), profile.get("loss_pct")
+    if (
+        isinstance(correlation, int | float)
+        and correlation > 0
+        and not (isinstance(loss, int | float) and loss > 0)
+    ):
+        err(
+            [*where, "loss_correlation_pct"],
+            f"a loss correlation ({correlation:g} %) needs a loss: set loss_pct above 0 beside it",
+        )
+
+
 def _check_block(block: str, dev: str, conf: Mapping[str, Any], err: Any) -> None:
     if block == "load":
         mode = conf.get("mode")
@@ -229,9 +243,12 @@ def _check_block(block: str, dev: str, conf: Mapping[str, Any], err: Any) -> Non
             low, high = var.get("low_ms"), var.get("high_ms")
             if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
                 err([block, dev, "variation", "low_ms"], f"low_ms ({low}) is greater than high_ms ({high})")
+        _check_loss_correlation([block, dev], conf, err)
         dests = conf.get("destinations")
         if isinstance(dests, dict):
-            for target in dests:
+            for target, profile in dests.items():
+                if isinstance(profile, dict):
+                    _check_loss_correlation([block, dev, "destinations", target], profile, err)
                 if "/" in target:
                     try:
                         ipaddress.ip_network(target, strict=False)

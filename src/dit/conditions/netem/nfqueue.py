@@ -22,6 +22,7 @@ when it has a ``network`` block of its own. IPv4 only (``iptables``); an IPv6 de
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 from collections.abc import Mapping
@@ -91,7 +92,7 @@ def build_userspace(
     Returns ``{"chain", "dev", "netns", "rules", "jump", "queues"}``: ``rules`` are the chain's rule
     specifications in order (what ``iptables -S CHAIN`` prints after ``-A CHAIN``), ``jump`` the
     hook's rule, ``queues`` the emulator's profiles (``queue``, ``name``, ``delay_ms``,
-    ``jitter_ms``, ``loss_pct``), the main profile first (its delay is the one that varies).
+    ``jitter_ms``, ``loss_pct``, ``loss_correlation_pct``), the main profile first (its delay is the one that varies).
     """
     where = f"network.{device}"
     chain = chain_name(run_id, device)
@@ -121,7 +122,7 @@ def build_userspace(
     main_delay = schedule(variation, seed, device, 1)[0].delay_ms if varying else main.delay_ms
     queues: list[dict[str, Any]] = []
     if main.has_netem or varying:
-        queues.append(_queue(base, "main", Profile(main_delay, main.jitter_ms, main.loss_pct)))
+        queues.append(_queue(base, "main", dataclasses.replace(main, delay_ms=main_delay)))
     rules: list[list[str]] = []
     if source:
         sender = parse_network(source, f"{where}: the device's source address")
@@ -158,6 +159,7 @@ def _queue(queue: int, name: str, profile: Profile) -> dict[str, Any]:
         "delay_ms": profile.delay_ms,
         "jitter_ms": profile.jitter_ms,
         "loss_pct": profile.loss_pct,
+        "loss_correlation_pct": profile.loss_correlation_pct,
     }
 
 

@@ -8,9 +8,10 @@ match for the object to count as present, which is how a second apply finds noth
 
 Trees (``IF`` is the device's inference interface, never the management one):
 
-- **netem only** (delay, jitter, loss)::
+- **netem only** (delay, jitter, loss and its correlation)::
 
     tc qdisc replace dev IF root handle 1: netem delay 20ms 5ms loss 1%
+    tc qdisc replace dev IF root handle 1: netem loss 10% 50%        (loss_correlation_pct: 50)
 
 - **rate only**: a token bucket at the root, no netem at all (so a rate cap also works on a kernel
   without ``sch_netem``, such as the CI machine)::
@@ -68,7 +69,7 @@ TBF_LATENCY_MS = 50  # bound of the tbf queue (limit = rate * latency + burst)
 BUCKET_S = 0.01  # the bucket holds 10 ms of tokens ...
 MIN_BURST_BYTES = 3200  # ... and never less than two full Ethernet frames
 HTB_QUANTUM = 1514  # one full frame per DRR round between sibling classes
-NETEM_KEYS = ("delay_ms", "jitter_ms", "loss_pct")
+NETEM_KEYS = ("delay_ms", "jitter_ms", "loss_pct", "loss_correlation_pct")
 
 
 class NetemError(ValueError):
@@ -83,6 +84,9 @@ class Profile:
     jitter_ms: float = 0.0
     loss_pct: float = 0.0
     rate_mbit: float | None = None
+    # netem's ``loss P% C%``: each loss draw is C * the previous draw + (1 - C) * a fresh one
+    # (tc-netem(8); the mean loss stays P only at 50 %, see dit.device.link_emulator.expected_loss)
+    loss_correlation_pct: float = 0.0
 
     @classmethod
     def of(cls, block: Mapping[str, Any]) -> Profile:
@@ -92,6 +96,7 @@ class Profile:
             jitter_ms=float(block.get("jitter_ms") or 0.0),
             loss_pct=float(block.get("loss_pct") or 0.0),
             rate_mbit=None if rate is None else float(rate),
+            loss_correlation_pct=float(block.get("loss_correlation_pct") or 0.0),
         )
 
     @property
@@ -169,9 +174,9 @@ def burst_bytes(mbit: float) -> int:
     return max(MIN_BURST_BYTES, math.ceil(mbit * 1e6 / 8 * BUCKET_S))
 
 
-def format_pct(pct: float) -> str:
+def format_pct(pct: float, what: str = "loss") -> str:
     if not 0 <= pct <= 100:
-        raise NetemError(f"loss {pct} % is outside 0..100")
+        raise NetemError(f"{what} {pct} % is outside 0..100")
     return f"{pct:g}%"
 
 
@@ -191,6 +196,8 @@ def netem_args(profile: Profile, delay_ms: float | str | None = None) -> list[st
             args.append(format_ms(profile.jitter_ms))
     if profile.loss_pct > 0:
         args += ["loss", format_pct(profile.loss_pct)]
+        if profile.loss_correlation_pct > 0:  # tc's "loss PERCENT [CORRELATION]"
+            args.append(format_pct(profile.loss_correlation_pct, "loss correlation"))
     return args
 
 
@@ -202,7 +209,12 @@ def netem_expect(profile: Profile, varying: bool = False) -> dict[str, Any]:
             options["delay"] = {"delay": profile.delay_ms / 1000.0, "jitter": profile.jitter_ms / 1000.0}
         else:
             options["delay"] = None
-    options["loss-random"] = {"loss": profile.loss_pct / 100.0} if profile.loss_pct > 0 else None
+    loss: dict[str, float] | None = None
+    if profile.loss_pct > 0:
+        loss = {"loss": profile.loss_pct / 100.0}
+        if profile.loss_correlation_pct > 0:  # tc -j prints it as a fraction, as the loss
+            loss["correlation"] = profile.loss_correlation_pct / 100.0
+    options["loss-random"] = loss
     return {"kind": "netem", "options": options}
 
 
@@ -357,7 +369,7 @@ def build_tree(
     varying = kind != "constant"
     if varying:
         first = schedule(variation, seed, device, 1)[0].delay_ms
-        main = Profile(first, main.jitter_ms, main.loss_pct, main.rate_mbit)
+        main = Profile(first, main.jitter_ms, main.loss_pct, main.rate_mbit, main.loss_correlation_pct)
     dests = dict(block.get("destinations") or {})
     objects: list[TcObject] = []
     vary_qdisc: str | None = None

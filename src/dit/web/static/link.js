@@ -1,4 +1,4 @@
-// One link of the map, device → destination: its delay, jitter, loss and rate cap, written into the
+// One link of the map, device → destination: its delay, jitter, loss (and its correlation) and rate cap, written into the
 // scenario form's per-destination profile (network.<device>.destinations.<destination>), issue 36 item 1.
 //
 // Each field shows the value that applies and where it comes from: typed (in the scenario), the map
@@ -12,6 +12,7 @@ export const LINK_FIELDS = [
   { key: "delay_ms", title: "Delay", unit: "ms", min: 0, max: 600000 },
   { key: "jitter_ms", title: "Jitter", unit: "ms", min: 0, max: 600000 },
   { key: "loss_pct", title: "Loss", unit: "%", min: 0, max: 100 },
+  { key: "loss_correlation_pct", title: "Loss correlation", unit: "%", min: 0, max: 100 },
   { key: "rate_mbit", title: "Rate cap", unit: "Mbit/s", min: 0.001, max: 10000 },
 ];
 const SOURCE_TEXT = { typed: "typed", map: "map", measured: "measured RTT", device: "the device's profile", none: "not set" };
