@@ -5,6 +5,7 @@ node runs) holds the packets iptables sends to its queues. Needs root, ``ip``, `
 and ``iperf3``.
 
     python benchmarks/bench_link_emulation.py [--delays 1 5 15 25 50 100] [--pings 200] [--loss-packets 10000]
+        [--loss-correlation 0 25 50 75] [--correlated-loss 10 50]
 
 Prints, with the load average:
 
@@ -12,6 +13,9 @@ Prints, with the load average:
   minus the unshaped RTT, its median and p99 error against the delay,
   and the emulator's own ``actual - scheduled`` hold-time histogram (p50 / p99 bucket bounds);
 - loss 1 % and 10 % over ``--loss-packets`` pings each, against the binomial 99.7 % interval;
+- correlated loss (netem's ``loss P% C%``): for each ``--correlated-loss`` P and ``--loss-correlation``
+  C, ``--loss-packets`` numbered UDP datagrams through a queue of their own, the receiver's loss rate
+  against ``expected_loss(P, C)`` and the mean and longest run of consecutive losses;
 - jitter: the standard deviation of the RTT with 20 ms ± 5 ms (uniform: 5/sqrt(3) = 2.89 ms asked);
 - TCP throughput (iperf3) through the emulator at 0 ms, and unshaped;
 - the emulator's CPU time per 1000 packets/s (a UDP stream at a fixed rate through a 1 ms delay).
@@ -33,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dit.device.link_emulator import quantile_upto_us
+from dit.device.link_emulator import expected_loss, quantile_upto_us
 
 NS_A, NS_B, DEV, PEER = "ditlinka", "ditlinkb", "ditlinka0", "ditlinkb0"
 NET = "10.205.0"
@@ -57,7 +61,19 @@ def in_a(*argv: str) -> list[str]:
     return ["ip", "netns", "exec", NS_A, *argv]
 
 
-def setup() -> None:
+# Correlated loss: one address and queue per (P, C), from .10 and queue 3110 on.
+CORRELATED_NET, Q_CORRELATED, CORRELATED_PORT = 10, 3110, 7008
+
+
+def correlated_cases(losses: list[float], correlations: list[float]) -> list[tuple[str, int, float, float]]:
+    """``(address, queue, loss %, correlation %)`` of every correlated-loss profile."""
+    pairs = [(p, c) for p in losses for c in correlations]
+    if len(pairs) > 100:
+        raise SystemExit("at most 100 (loss, correlation) pairs")
+    return [(f"{NET}.{CORRELATED_NET + i}", Q_CORRELATED + i, p, c) for i, (p, c) in enumerate(pairs)]
+
+
+def setup(correlated: list[tuple[str, int, float, float]]) -> None:
     teardown()
     sh("ip", "netns", "add", NS_A)
     sh("ip", "netns", "add", NS_B)
@@ -65,7 +81,7 @@ def setup() -> None:
     sh("ip", "link", "set", DEV, "netns", NS_A)
     sh("ip", "link", "set", PEER, "netns", NS_B)
     sh("ip", "-n", NS_A, "addr", "add", f"{NET}.1/24", "dev", DEV)
-    for address in ADDRESSES.values():
+    for address in [*ADDRESSES.values(), *(case[0] for case in correlated)]:
         sh("ip", "-n", NS_B, "addr", "add", f"{address}/24", "dev", PEER)
     for ns, dev in ((NS_A, DEV), (NS_B, PEER)):
         sh("ip", "-n", ns, "link", "set", dev, "up")
@@ -74,6 +90,8 @@ def setup() -> None:
     sh(*ipt, "-N", CHAIN)
     for name, queue in (("loss1", Q_LOSS1), ("loss10", Q_LOSS10), ("jitter", Q_JITTER)):
         sh(*ipt, "-A", CHAIN, "-d", f"{ADDRESSES[name]}/32", "-j", "NFQUEUE", "--queue-num", str(queue))
+    for address, queue, _, _ in correlated:
+        sh(*ipt, "-A", CHAIN, "-d", f"{address}/32", "-j", "NFQUEUE", "--queue-num", str(queue))
     sh(*ipt, "-A", CHAIN, "-d", f"{ADDRESSES['plain']}/32", "-j", "RETURN")
     sh(*ipt, "-A", CHAIN, "-j", "NFQUEUE", "--queue-num", str(Q_MAIN))
     sh(*ipt, "-I", "POSTROUTING", "1", "-o", DEV, "-j", CHAIN)
@@ -84,7 +102,9 @@ def teardown() -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
 
 
-def start_emulator(work: Path, spin_us: float) -> subprocess.Popen[bytes]:
+def start_emulator(
+    work: Path, spin_us: float, correlated: list[tuple[str, int, float, float]]
+) -> subprocess.Popen[bytes]:
     config = {
         "spin_us": spin_us,
         "run_id": "bench", "host": "bench", "seed": 1, "results_dir": str(work / "results"),
@@ -94,6 +114,8 @@ def start_emulator(work: Path, spin_us: float) -> subprocess.Popen[bytes]:
             {"queue": Q_LOSS1, "name": "loss1", "loss_pct": 1},
             {"queue": Q_LOSS10, "name": "loss10", "loss_pct": 10},
             {"queue": Q_JITTER, "name": "jitter", "delay_ms": 20, "jitter_ms": 5},
+            *({"queue": q, "name": f"loss{p:g}c{c:g}", "loss_pct": p, "loss_correlation_pct": c}
+              for _, q, p, c in correlated),
         ],
     }  # fmt: skip
     (work / "config.json").write_text(json.dumps(config))
@@ -215,6 +237,72 @@ def iperf3_mbit(address: str, seconds: int) -> float:
         server.wait(timeout=10)
 
 
+NUMBERED_RECEIVER = """
+import json, select, socket, sys, time
+socks = {}
+for address in sys.argv[1:]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 23)
+    s.bind((address, PORT)); s.setblocking(False); socks[s] = address
+got = {a: [] for a in sys.argv[1:]}
+print("ready", flush=True)
+def drain():
+    for s in socks:
+        while True:
+            try: got[socks[s]].append(int(s.recv(64)))
+            except BlockingIOError: break
+while True:
+    ready = select.select([*socks, sys.stdin], [], [], 0.5)[0]
+    drain()
+    if sys.stdin in ready and not sys.stdin.readline():
+        break
+time.sleep(0.5)
+drain()
+print(json.dumps(got))
+""".replace("PORT", str(CORRELATED_PORT))
+NUMBERED_SENDER = """
+import socket, sys, time
+count, gap = int(sys.argv[1]), float(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+start = time.monotonic()
+for i in range(count):
+    for address in sys.argv[3:]:
+        s.sendto(str(i).encode(), (address, PORT))
+    wait = start + (i + 1) * gap - time.monotonic()
+    if wait > 0: time.sleep(wait)
+""".replace("PORT", str(CORRELATED_PORT))
+
+
+def numbered_losses(addresses: list[str], count: int, gap_s: float) -> dict[str, list[bool]]:
+    """Per address, which of ``count`` numbered datagrams (sent to every address in turn) were lost."""
+    receiver = subprocess.Popen(
+        ["ip", "netns", "exec", NS_B, sys.executable, "-c", NUMBERED_RECEIVER, *addresses],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert receiver.stdout is not None and receiver.stdout.readline().strip() == "ready"
+        subprocess.run(
+            in_a(sys.executable, "-c", NUMBERED_SENDER, str(count), str(gap_s), *addresses), check=True
+        )
+        out, _ = receiver.communicate("", timeout=60)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+    got = {address: set(seqs) for address, seqs in json.loads(out.splitlines()[-1]).items()}
+    return {address: [i not in got[address] for i in range(count)] for address in addresses}
+
+
+def runs_of(lost: list[bool]) -> list[int]:
+    """The lengths of the runs of consecutive losses."""
+    runs: list[int] = []
+    for i, gone in enumerate(lost):
+        if gone:
+            if i == 0 or not lost[i - 1]:
+                runs.append(0)
+            runs[-1] += 1
+    return runs
+
+
 def binomial(n: int, p: float) -> tuple[float, float]:
     sd = math.sqrt(n * p * (1 - p))
     return n * p - 3 * sd, n * p + 3 * sd
@@ -231,6 +319,13 @@ def main() -> None:
     parser.add_argument(
         "--spin-us", type=float, default=200.0, help="the emulator's busy wait before a release"
     )
+    parser.add_argument(
+        "--loss-correlation", type=float, nargs="*", default=[0, 25, 50, 75],
+        help="loss correlations (%%) to measure at each --correlated-loss, --loss-packets datagrams each",
+    )  # fmt: skip
+    parser.add_argument(
+        "--correlated-loss", type=float, nargs="*", default=[10, 50], help="loss (%%) of those"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = parser.parse_args()
     if args.smoke:
@@ -238,8 +333,9 @@ def main() -> None:
         args.seconds, args.rate = 1, 500
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     work = Path(tempfile.mkdtemp(prefix="dit-bench-link-"))
-    setup()
-    emulator = start_emulator(work, args.spin_us)
+    correlated = correlated_cases(args.correlated_loss, args.loss_correlation)
+    setup(correlated)
+    emulator = start_emulator(work, args.spin_us, correlated)
     echo = subprocess.Popen(["ip", "netns", "exec", NS_B, *REALTIME, sys.executable, "-c", ECHO_SERVER])
     try:
         ready = json.loads((work / "ready").read_text())
@@ -267,6 +363,21 @@ def main() -> None:
             print(
                 f"loss {p:.0%}: {lost}/{args.loss_packets} lost, {inside} the binomial ±3 sd [{low:.0f}, {high:.0f}]"
             )
+        if correlated:
+            losses = numbered_losses(
+                [case[0] for case in correlated], args.loss_packets, 0.0002 * len(correlated)
+            )
+            print(
+                "correlated loss (netem's loss P% C%): datagrams lost, rate, expected_loss, mean / longest run"
+            )
+            for address, _, p, c in correlated:
+                lost, runs = losses[address], runs_of(losses[address])
+                expected = expected_loss(p / 100, c / 100) if c <= 95 else float("nan")
+                mean_run = sum(runs) / len(runs) if runs else 0.0
+                print(
+                    f"  P {p:g} % C {c:g} %: {sum(lost)}/{len(lost)} lost, {sum(lost) / len(lost):.4%} "
+                    f"(expected {expected:.4%}), mean run {mean_run:.2f}, longest {max(runs, default=0)}"
+                )
         rtts = [r / 1000 for r in echo_rtts_us(ADDRESSES["jitter"], args.jitter_pings, 0.02)]
         asked = 5 / math.sqrt(3)
         sd = statistics.stdev(rtts) if len(rtts) > 1 else float("nan")
@@ -298,7 +409,8 @@ def main() -> None:
         print(
             f"emulator histogram {profile['name']}: {profile['released']} released, actual - scheduled "
             f"p50 <= {quantile_upto_us(counts, 0.5)} µs, p99 <= {quantile_upto_us(counts, 0.99)} µs, "
-            f"max {profile['max_error_us']} µs; dropped for loss {profile['dropped_loss']}"
+            f"max {profile['max_error_us']} µs; dropped for loss {profile['dropped_loss']} "
+            f"in {profile['loss_bursts']} runs (longest {profile['longest_loss_burst']})"
         )
     print(f"kernel queue counters: {stats['kernel']}, socket overflows {stats['socket_overflows']}")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
