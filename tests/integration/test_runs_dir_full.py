@@ -57,6 +57,7 @@ def cgroups_of(run_id: str) -> list[Path]:
     return [p for root in {cgroup_cpu_root(), cgroup_memory_root()} for p in Path(root).glob(f"*{run_id}*")]
 
 
+@pytest.mark.slow  # a whole run, then two cleanups: 89 s of ./dev test; the read-only sibling below stays there
 def test_a_run_on_a_full_disk_fails_saying_so_and_leaves_no_process_cgroup_or_lease(
     scenario_dir: Path, tmp_path: Path, _lease_dir: Path
 ) -> None:
