@@ -708,6 +708,13 @@ def simulate(
             "rates (head, projection, FFN) cost the units."
         ),
     ] = None,
+    rates: Annotated[
+        str,
+        typer.Option(
+            help="With --replay: the compute rates, auto (a profile's when there is one, else the run's "
+            "own compute times), profile, compute or benchmark (HeadSplit's start-up flops_per_s)."
+        ),
+    ] = "auto",
     out_dir: Annotated[
         Path | None,
         typer.Option(
@@ -734,7 +741,7 @@ def simulate(
         raise _fail(f"dit simulate needs the sim extra (pip install 'dit[sim]'): {exc}", 2) from None
     try:
         if replay is not None:
-            replayed = replay_run(replay, calibration, profile)
+            replayed = replay_run(replay, calibration, profile, rates)
             out.print(format_replay(replayed), highlight=False)
         else:
             assert spec is not None

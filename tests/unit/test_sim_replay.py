@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import WorkerSpec, place
-from dit.sim.engine import Device, SimConfig, SimError, simulate
-from dit.sim.replay import fitted_call_s, format_replay, replay
+from dit.sim._headsplit import Unit, WorkerSpec, place
+from dit.sim.engine import Device, SimConfig, SimError, simulate, token_work
+from dit.sim.replay import fitted_call_s, format_replay, replay, stage_rates
 from tests.sim_fixtures import MODEL, write_run
 
 
@@ -108,3 +108,47 @@ def test_a_profile_without_a_workers_host_is_refused_naming_it(tmp_path: Path) -
     )
     with pytest.raises(SimError, match=r"^--profile: .* has no rates of workers\[1\]\.host 'device2'"):
         replay(write_run(tmp_path, 0.003), profile=profile)
+
+
+def test_the_compute_time_rates_are_the_timed_flops_over_the_recorded_times() -> None:
+    # gpt2-tiny's units at context 11 (prompt 10, decode token 1), every head of a layer on one worker
+    # but one: per layer the heads stage's FLOPs are the larger worker's
+    model = MODEL
+    workers = ["worker1", "worker2"]
+    placement = place(
+        model, [WorkerSpec(w, 10**10, 1e10, 10**6) for w in workers], "roundrobin", context_tokens=64
+    )
+    work = token_work(model, 11, 1)
+    doc = {
+        "prompt_tokens": 10,
+        "tokens": [
+            {"index": 0},  # the prefill: not used
+            {"index": 1, "attention_ns": 4_000, "reexec_ns": 0, "speculative_ns": 0, "projection_ns": 2_000,
+             "ffn_ns": 1_000, "speculated": []},
+        ],
+    }  # fmt: skip
+    heads = 0.0
+    for layer in range(model.n_layers):
+        per: dict[str, list[int]] = {}
+        for h in range(model.n_heads):
+            per.setdefault(placement[Unit(layer, "head", h)], []).append(h)
+        heads += max(
+            len(hs) * work.head_flops + len({model.kv_head_of(h) for h in hs}) * work.kv_flops
+            for hs in per.values()
+        )
+    rates = stage_rates(doc, model, placement)
+    assert rates == pytest.approx(
+        (heads / 4e-6, model.n_layers * work.proj_flops / 2e-6, model.n_layers * work.ffn_flops / 1e-6)
+    )
+
+
+def test_the_rates_can_be_chosen(tmp_path: Path) -> None:
+    assert {d.unit_flops_per_s for d in replay(RACK / "greedy_0ms", rates="benchmark").config.devices} == {
+        None
+    }
+    with pytest.raises(SimError, match=r"^--rates profile: give --profile RUN_DIR"):
+        replay(RACK / "greedy_0ms", rates="profile")
+    with pytest.raises(SimError, match=r"^--rates compute: .* has no compute times"):
+        replay(write_run(tmp_path, 0.003), rates="compute")
+    with pytest.raises(SimError, match=r"^--rates: one of auto, profile, compute, benchmark, got 'best'"):
+        replay(RACK / "greedy_0ms", rates="best")

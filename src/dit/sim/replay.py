@@ -170,8 +170,8 @@ def stage_rates(
     """(head, proj, ffn) FLOP/s the run itself measured: over its decode tokens, the FLOPs of the units
     HeadSplit timed over the compute time it recorded (``attention_ns`` + ``reexec_ns`` +
     ``speculative_ns``: per heads stage the slowest worker's compute, so the FLOPs of the worker with the
-    most; ``projection_ns``, ``ffn_ns``), the same rate on every worker. None when the run recorded no
-    compute times."""
+    most; ``projection_ns``, ``ffn_ns``). HeadSplit records one time per stage, not per worker: the rates
+    are the same on every worker. None when the run recorded no compute times."""
     prompt = int(doc.get("prompt_tokens") or 0)
     heads_f = proj_f = ffn_f = 0.0
     heads_ns = proj_ns = ffn_ns = 0
@@ -190,6 +190,7 @@ def stage_rates(
             return None
         context = prompt + int(t.get("index", 0)) if prompt > 0 else int(t.get("index", 0)) + 1
         work = token_work(model, context, 1)
+        # every heads stage: each layer's, and the early one of each speculated transition l -> l + 1
         stages = list(range(model.n_layers)) + [int(layer) + 1 for layer in t.get("speculated") or []]
         heads_f += sum(
             max(n * work.head_flops + g * work.kv_flops for n, g in stage_groups[layer]) for layer in stages
@@ -210,12 +211,21 @@ def load_profile(path: Path) -> ProfileCosts:
         raise SimError(f"--profile: {exc}") from None
 
 
-def replay(run_dir: Path, calibration: Path | None = None, profile: Path | None = None) -> Replay:
+RATES = ("auto", "profile", "compute", "benchmark")
+
+
+def replay(
+    run_dir: Path, calibration: Path | None = None, profile: Path | None = None, rates: str = "auto"
+) -> Replay:
     """Simulate the HeadSplit run in ``run_dir`` as it ran; :class:`SimError` says what is missing.
 
     The per-call cost is fitted on ``run_dir`` itself, or on the run ``calibration`` when given (then the
     MAPE is a prediction: nothing of ``run_dir``'s timings went into the simulation). ``profile``: a
-    profile run whose per-kind rates cost the units (of both runs)."""
+    profile run whose per-kind rates cost the units (of both runs). ``rates``: where the compute rates
+    come from (:func:`_own_rates`): ``auto`` a profile's when there is one, else the run's compute times;
+    or only ``profile``, ``compute`` or ``benchmark`` (HeadSplit's start-up ``flops_per_s``)."""
+    if rates not in RATES:
+        raise SimError(f"--rates: one of {', '.join(RATES)}, got {rates!r}")
     file = results_file(run_dir)
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
@@ -232,7 +242,7 @@ def replay(run_dir: Path, calibration: Path | None = None, profile: Path | None 
         placement = placement_from_json(model, doc["placement"]["units"], list(host_of))
     except (KeyError, TypeError, ValueError) as exc:
         raise SimError(f"{file}: placement.units: {exc}") from None
-    cal = replay(calibration, profile=profile) if calibration is not None else None
+    cal = replay(calibration, profile=profile, rates=rates) if calibration is not None else None
     if cal is not None:
         # a prediction: the calibration run's rates and per-call cost, nothing of this run's timings
         missing = [h for h in host_of.values() if h not in cal.rates_by_host]
@@ -240,15 +250,15 @@ def replay(run_dir: Path, calibration: Path | None = None, profile: Path | None 
             raise SimError(f"--calibration: {calibration} has no rates of {', '.join(missing)}")
         by_host, rates_from = dict(cal.rates_by_host), f"{cal.rates}, the calibration run's"
     else:
-        by_host, rates_from = _own_rates(doc, file, model, placement, host_of, profile)
-    rates, pair_rates = _links(run_dir, host_of)
+        by_host, rates_from = _own_rates(doc, file, model, placement, host_of, profile, rates)
+    uplink, pair_rates = _links(run_dir, host_of)
     devices = [
         Device(
             name=str(w["name"]),
             flops_per_s=float(w["flops_per_s"]),
             memory_bytes=int(w.get("memory_bytes") or w.get("memory_limit_bytes") or 1 << 40),
             rtt_s=statistics.median(w["rtt_ns"]) / 1e9 if w.get("rtt_ns") else 0.0,
-            bandwidth_bytes_per_s=rates.get(str(w["name"]), DEFAULT_BANDWIDTH_BYTES_PER_S),
+            bandwidth_bytes_per_s=uplink.get(str(w["name"]), DEFAULT_BANDWIDTH_BYTES_PER_S),
             unit_flops_per_s=by_host.get(host_of[str(w["name"])]),
         )
         for w in workers
@@ -302,17 +312,28 @@ def _own_rates(
     placement: Placement,
     host_of: Mapping[str, str],
     profile: Path | None,
+    which: str = "auto",
 ) -> tuple[dict[str, tuple[float, float, float]], str]:
-    """Per host (head, proj, ffn) FLOP/s for replaying the run itself, and where they came from: a
-    profile run's (``profile``, or the one that costed the run's placement), else the compute times
-    the run recorded (:func:`stage_rates`), else none (the micro-benchmark's ``flops_per_s``)."""
-    by_worker, source = _unit_rates(doc, file, load_profile(profile) if profile is not None else None)
-    if by_worker:
-        return {host_of[w]: r for w, r in by_worker.items()}, source
-    measured = stage_rates(doc, model, placement)
-    if measured is None:
-        return {}, "micro-benchmark"
-    return dict.fromkeys(host_of.values(), measured), f"the compute times of {file.parent.parent.parent.name}"
+    """Per host (head, proj, ffn) FLOP/s for replaying the run itself, and where they came from. ``auto``:
+    a profile run's (``profile``, or the one that costed the run's placement), else the compute times
+    the run recorded (:func:`stage_rates`), else none (the micro-benchmark's ``flops_per_s``); the
+    other choices take only that source (``profile`` fails without one)."""
+    if which in ("auto", "profile"):
+        by_worker, source = _unit_rates(doc, file, load_profile(profile) if profile is not None else None)
+        if by_worker:
+            return {host_of[w]: r for w, r in by_worker.items()}, source
+        if which == "profile":
+            raise SimError(
+                f"--rates profile: give --profile RUN_DIR ({file} was not costed by a profile run)"
+            )
+    if which in ("auto", "compute"):
+        measured = stage_rates(doc, model, placement)
+        if measured is not None:
+            source = f"the compute times of {file.parent.parent.parent.name}"
+            return dict.fromkeys(host_of.values(), measured), source
+        if which == "compute":
+            raise SimError(f"--rates compute: {file} has no compute times (tokens[].attention_ns ...)")
+    return {}, "micro-benchmark"
 
 
 def _acceptance(tokens: list[Any]) -> float:
