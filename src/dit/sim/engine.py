@@ -13,6 +13,15 @@ runs it:
 4. **projection**, Z (``4 * hidden`` bytes) to the FFN's device, **FFN**; the last FFN's output goes back
    to the controller, which closes the token.
 
+That is ``control = "dataflow"``: each stage sends its output on. ``control = "rpc"`` is how HeadSplit's
+controller runs it (``headsplit.engine.Engine.step``): it calls every stage by RPC and waits for it (a
+round trip to the worker each), the callee pulls its inputs by RPC from their holders (a round trip to
+each: the projection pulls the other workers' head outputs and X one after the other), a worker runs one
+call at a time, pulls included (the worker's call lock), and the controller fetches the last X. Per
+layer: one heads call per worker holding a head of it, one projection call, one FFN call; speculating,
+the next layer's heads calls go out with the FFN's, on Z. :attr:`SimResult.calls` and ``pulls`` count
+them.
+
 Costs. A unit's compute time on device ``w`` is its FLOPs at the token's context length (HeadSplit's
 :func:`headsplit.placement.unit_flops`, :func:`~headsplit.placement.kv_flops`) over ``w``'s
 ``flops_per_s``, plus ``w``'s ``call_overhead_s`` once per call (one call per device per stage). A
