@@ -37,7 +37,7 @@ def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
         "prompt_tokens": 10,
         "tokens": [{"index": i, "total_ns": ns} for i, ns in enumerate(token_ns)],
         "start_ns": 0,
-        "end_ns": sum(token_ns),
+        "end_ns": sum(token_ns) + round(sum(sim.between_s) * 1e9),  # and the memory samples between tokens
     }  # fmt: skip
     raw = tmp_path / "run" / "raw" / "edge"
     raw.mkdir(parents=True)

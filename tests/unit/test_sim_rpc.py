@@ -137,3 +137,13 @@ def test_per_kind_rates_cost_each_kind_of_unit_in_a_decode_step() -> None:
     slow_ffn = replace(only, unit_flops_per_s=(1e18, 1e18, 1000.0))
     token = simulate(SimConfig(MODEL, [slow_ffn], placement, 1, control="rpc")).token_s[0]
     assert token - base == pytest.approx(2 * 3072 / 1000, rel=1e-9)
+
+
+def test_the_memory_sample_after_a_token_is_in_the_wall_time_not_the_token() -> None:
+    # Engine._memory: after the token's clock stops, one nbytes call to each worker in turn (0.01 to a,
+    # 0.03 to b); HeadSplit's tokens/s counts it (end_ns - start_ns), its total_ns does not
+    result = simulate(rpc(placed("layerwise"), tokens=2))
+    assert result.token_s == [pytest.approx(0.25, abs=1e-9)] * 2
+    assert result.between_s == [pytest.approx(0.04, abs=1e-9)] * 2
+    assert result.tokens_per_s == pytest.approx(2 / (2 * 0.29))
+    assert result.calls == 2 * 7  # the samples are not the token's calls

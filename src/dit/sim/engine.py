@@ -178,10 +178,13 @@ class SimResult:
     reexecuted: int = 0  # of those, rejected and run again on the true X
     calls: int = 0  # control "rpc": the controller's calls to workers (each a round trip)
     pulls: int = 0  # control "rpc": inputs pulled by RPC from another endpoint (each a round trip)
+    # control "rpc": after each token, the controller's memory sample (one call to each worker in turn),
+    # outside the token's latency as HeadSplit times it, inside its wall time
+    between_s: list[float] = field(default_factory=list)
 
     @property
     def total_s(self) -> float:
-        return sum(self.token_s)
+        return sum(self.token_s) + sum(self.between_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -357,12 +360,14 @@ class _Run:
         yield self.env.process(self.send(w, proj, DTYPE_BYTES * m.head_dim * n * positions))
 
     # -- one token, driven by the controller's RPCs (control "rpc") -----------------------------------
-    def call(self, w: str, pulls: Sequence[tuple[str, float]], seconds: float) -> Generator[Any, Any, None]:
+    def call(
+        self, w: str, pulls: Sequence[tuple[str, float]], seconds: float, *, counted: bool = True
+    ) -> Generator[Any, Any, None]:
         """One controller RPC to worker ``w``: the request (half the round trip), then, holding the
         worker (its calls run one at a time, pulls included), its per-call cost, each of ``pulls``
         ((owner, bytes): a round trip to the owner and the bytes over the link) in turn and ``seconds``
-        of compute; the reply (the other half)."""
-        self.calls += 1
+        of compute; the reply (the other half). ``counted``: in :attr:`SimResult.calls`."""
+        self.calls += counted
         self.events += 1
         half = self.net.rtt_s(CONTROLLER, w) / 2
         yield self.env.timeout(half)
@@ -421,6 +426,12 @@ class _Run:
         # the controller's fetch of the last X: one RPC round trip and the bytes
         self.calls += 1
         yield from self.send(x_owner, CONTROLLER, DTYPE_BYTES * m.hidden * positions)
+
+    def sample_memory(self) -> Generator[Any, Any, None]:
+        """headsplit.engine.Engine._memory: the controller asks every worker for its bytes, one call
+        after the other."""
+        for w in self.devices:
+            yield from self.call(w, [], 0.0, counted=False)
 
     def _heads_calls(
         self,
@@ -489,6 +500,10 @@ def generate(run: _Run, cfg: SimConfig) -> SimResult:
         start = run.env.now
         run.env.run(until=run.env.process(run.token(context, cfg.prompt_tokens if prefill else 1)))
         result.token_s.append(run.env.now - start)
+        if cfg.control == "rpc":
+            start = run.env.now
+            run.env.run(until=run.env.process(run.sample_memory()))
+            result.between_s.append(run.env.now - start)
         if not run.memory(t, context, result):
             break
     result.events = run.events
