@@ -176,7 +176,7 @@ class SimResult:
     placement: Placement
     speculated: int = 0  # layers whose heads started on the previous layer's Z
     reexecuted: int = 0  # of those, rejected and run again on the true X
-    calls: int = 0  # control "rpc": the controller's calls to workers (each a round trip)
+    calls: int = 0  # control "rpc": the controller's calls to workers and its fetches of the last X
     pulls: int = 0  # control "rpc": inputs pulled by RPC from another endpoint (each a round trip)
     # control "rpc": after each token, the controller's memory sample (one call to each worker in turn),
     # outside the token's latency as HeadSplit times it, inside its wall time
