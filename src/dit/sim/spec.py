@@ -18,7 +18,7 @@
       - {a: pi1, b: pi2, rtt_ms: 1, bandwidth_mbps: 1000}
     control: rpc                  # dataflow (default): each stage sends its output on; rpc: as
                                   # HeadSplit's controller runs it, a round trip per stage call and per
-                                  # pulled input (docs/simulator.md)
+                                  # pulled input (docs/simulator.md); head-level placements only
     worker_rtt: sum               # between two workers without a link: mean (default) of their round
                                   # trips to the controller, or sum (the controller at the hub)
 
