@@ -20,7 +20,10 @@ def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
     ]
     specs = [WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9)) for d in devices]
     placement = place(MODEL, specs, "roundrobin", context_tokens=64)
-    sim = simulate(SimConfig(MODEL, devices, placement, tokens=6, prompt_tokens=10))
+    # as a replay simulates a HeadSplit run: the controller's RPCs, worker to worker through the controller
+    sim = simulate(
+        SimConfig(MODEL, devices, placement, tokens=6, prompt_tokens=10, control="rpc", worker_rtt="sum")
+    )
     token_ns = [round(s * 1e9 * (1 + (jitter if i % 2 else -jitter))) for i, s in enumerate(sim.token_s)]
     doc = {
         "model": {"preset": "gpt2-tiny"},
@@ -34,7 +37,7 @@ def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
         "prompt_tokens": 10,
         "tokens": [{"index": i, "total_ns": ns} for i, ns in enumerate(token_ns)],
         "start_ns": 0,
-        "end_ns": sum(token_ns),
+        "end_ns": sum(token_ns) + round(sum(sim.between_s) * 1e9),  # and the memory samples between tokens
     }  # fmt: skip
     raw = tmp_path / "run" / "raw" / "edge"
     raw.mkdir(parents=True)

@@ -701,6 +701,20 @@ def simulate(
             help="With --replay: fit the per-call cost on this other run (a prediction, not a fit)."
         ),
     ] = None,
+    profile: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --replay: a profile run (layers runtime, aggregate/heads.csv) whose per-kind "
+            "rates (head, projection, FFN) cost the units."
+        ),
+    ] = None,
+    rates: Annotated[
+        str,
+        typer.Option(
+            help="With --replay: the compute rates, auto (a profile's when there is one, else the run's "
+            "own compute times), profile, compute or benchmark (HeadSplit's start-up flops_per_s)."
+        ),
+    ] = "auto",
     out_dir: Annotated[
         Path | None,
         typer.Option(
@@ -715,6 +729,8 @@ def simulate(
         raise _fail("give either a simulation file or --replay RUN_DIR", 2)
     if replay is not None and placement is not None:
         raise _fail("--placement: a replay simulates the run's own placement; leave it out", 2)
+    if replay is None and (calibration is not None or profile is not None):
+        raise _fail("--calibration and --profile go with --replay RUN_DIR", 2)
     try:
         from dit.sim import output as sim_output
         from dit.sim.cli import format_result, run_placements
@@ -725,7 +741,7 @@ def simulate(
         raise _fail(f"dit simulate needs the sim extra (pip install 'dit[sim]'): {exc}", 2) from None
     try:
         if replay is not None:
-            replayed = replay_run(replay, calibration)
+            replayed = replay_run(replay, calibration, profile, rates)
             out.print(format_replay(replayed), highlight=False)
         else:
             assert spec is not None

@@ -71,3 +71,16 @@ def test_a_bad_field_is_named_without_a_traceback(tmp_path: Path, change: str, m
     done = CliRunner().invoke(app, ["simulate", str(spec)])
     assert done.exit_code == 2 and "Traceback" not in done.output
     assert message in " ".join(done.output.split()), done.output
+
+
+def test_control_and_worker_rtt_are_read_and_checked(tmp_path: Path) -> None:
+    spec = tmp_path / "sim.yaml"
+    spec.write_text(SMALL + "control: rpc\nworker_rtt: sum\n", encoding="utf-8")
+    config = load(spec)
+    assert (config.control, config.worker_rtt) == ("rpc", "sum")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(SMALL, encoding="utf-8")
+    assert (load(plain).control, load(plain).worker_rtt) == ("dataflow", "mean")
+    spec.write_text(SMALL + "control: push\n", encoding="utf-8")
+    with pytest.raises(SimError, match=r"sim\.yaml: control: 'push' is not one of dataflow, rpc"):
+        load(spec)

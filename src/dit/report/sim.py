@@ -320,6 +320,7 @@ def replay(doc: Mapping[str, Any], tokens: Tokens | None) -> Section:
             "the MAPE measures how well the simulation follows the token-to-token latency, not an "
             "independent prediction."
         )
+        + (f" Compute rates: {r['rates']}." if r.get("rates") else "")
     )
     per_token = next(iter((tokens or {}).values()), None)
     decode_from = int(r.get("decode_from") or 0)

@@ -50,6 +50,7 @@ from headsplit.placement import (  # noqa: E402
     replace,
     unit_flops,
 )
+from headsplit.profile_costs import ProfileCosts, ProfileError, read_profile  # noqa: E402
 from headsplit.units import DTYPE_BYTES, Unit, all_units  # noqa: E402
 
 __all__ = [
@@ -60,6 +61,8 @@ __all__ = [
     "ModelConfig",
     "Placement",
     "PlacementError",
+    "ProfileCosts",
+    "ProfileError",
     "Strategy",
     "Unit",
     "WorkerSpec",
@@ -71,6 +74,7 @@ __all__ = [
     "place",
     "placement_from_json",
     "preset",
+    "read_profile",
     "replace",
     "unit_flops",
 ]

@@ -13,6 +13,15 @@ runs it:
 4. **projection**, Z (``4 * hidden`` bytes) to the FFN's device, **FFN**; the last FFN's output goes back
    to the controller, which closes the token.
 
+That is ``control = "dataflow"``: each stage sends its output on. ``control = "rpc"`` is how HeadSplit's
+controller runs it (``headsplit.engine.Engine.step``): it calls every stage by RPC and waits for it (a
+round trip to the worker each), the callee pulls its inputs by RPC from their holders (a round trip to
+each: the projection pulls the other workers' head outputs and X one after the other), a worker runs one
+call at a time, pulls included (the worker's call lock), and the controller fetches the last X. Per
+layer: one heads call per worker holding a head of it, one projection call, one FFN call; speculating,
+the next layer's heads calls go out with the FFN's, on Z. :attr:`SimResult.calls` and ``pulls`` count
+them.
+
 Costs. A unit's compute time on device ``w`` is its FLOPs at the token's context length (HeadSplit's
 :func:`headsplit.placement.unit_flops`, :func:`~headsplit.placement.kv_flops`) over ``w``'s
 ``flops_per_s``, plus ``w``'s ``call_overhead_s`` once per call (one call per device per stage). A
@@ -53,6 +62,9 @@ from dit.sim._headsplit import (
 )
 
 CONTROLLER = "controller"
+KINDS = ("head", "proj", "ffn")
+CONTROLS = ("dataflow", "rpc")
+WORKER_RTTS = ("mean", "sum")
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,18 @@ class Device:
     rtt_s: float  # round trip to the controller
     bandwidth_bytes_per_s: float
     call_overhead_s: float = 0.0  # fixed cost of one call (framework, RPC handling), per stage
+    # (head, proj, ffn) FLOP/s measured per unit kind (a profile run's heads.csv, headsplit.profile_costs);
+    # None: flops_per_s for every kind. A head's KV copy runs at the head rate (as HeadSplit costs it).
+    unit_flops_per_s: tuple[float, float, float] | None = None
+
+    def rate(self, kind: str, positions: int = 1) -> float:
+        """The FLOP/s a unit of ``kind`` (head, proj or ffn) runs at on this device in a pass over
+        ``positions`` tokens. The per-kind rates are measured on one-token decode steps, where a small
+        unit's time is mostly per-call cost; a prefill over many positions does not pay it per position
+        and runs at ``flops_per_s``."""
+        if self.unit_flops_per_s is None or positions > 1:
+            return self.flops_per_s
+        return self.unit_flops_per_s[KINDS.index(kind)]
 
 
 @dataclass(frozen=True)
@@ -86,6 +110,9 @@ class Network:
     devices: Mapping[str, Device]
     links: Mapping[frozenset[str], Link] = field(default_factory=dict)
     controller_bandwidth_bytes_per_s: float = math.inf
+    # between two workers without a link: "mean" of their round trips to the controller (every endpoint
+    # behind one access point), or "sum" (the controller at the hub: a's access link, then b's)
+    worker_rtt: str = "mean"
 
     def rtt_s(self, a: str, b: str) -> float:
         link = self.links.get(frozenset((a, b)))
@@ -95,7 +122,8 @@ class Network:
             return self.devices[b].rtt_s
         if b == CONTROLLER:
             return self.devices[a].rtt_s
-        return (self.devices[a].rtt_s + self.devices[b].rtt_s) / 2
+        both = self.devices[a].rtt_s + self.devices[b].rtt_s
+        return both if self.worker_rtt == "sum" else both / 2
 
     def bandwidth(self, a: str, b: str) -> float:
         link = self.links.get(frozenset((a, b)))
@@ -122,6 +150,12 @@ class SimConfig:
     acceptance: Sequence[float] = (1.0,)
     seed: int = 0
     partitioning: str = "headsplit"  # or "galaxy" (dit.sim.galaxy, which ignores ``placement``)
+    # "dataflow": each stage's output is sent to the next stage (one round trip per message);
+    # "rpc": as HeadSplit's controller runs it (headsplit.engine.Engine.step): one RPC from the
+    # controller per stage (heads per worker, projection, FFN), each callee pulling its inputs by RPC
+    # (the projection one part after the other), stages in turn, and the last X fetched by the controller
+    control: str = "dataflow"
+    worker_rtt: str = "mean"  # Network.worker_rtt
 
 
 @dataclass(frozen=True)
@@ -142,10 +176,15 @@ class SimResult:
     placement: Placement
     speculated: int = 0  # layers whose heads started on the previous layer's Z
     reexecuted: int = 0  # of those, rejected and run again on the true X
+    calls: int = 0  # control "rpc": the controller's calls to workers and its fetches of the last X
+    pulls: int = 0  # control "rpc": inputs pulled by RPC from another endpoint (each a round trip)
+    # control "rpc": after each token, the controller's memory sample (one call to each worker in turn),
+    # outside the token's latency as HeadSplit times it, inside its wall time
+    between_s: list[float] = field(default_factory=list)
 
     @property
     def total_s(self) -> float:
-        return sum(self.token_s)
+        return sum(self.token_s) + sum(self.between_s)
 
     @property
     def tokens_per_s(self) -> float:
@@ -174,6 +213,17 @@ def _check(cfg: SimConfig) -> dict[str, Device]:
         raise SimError(f"tokens: must be >= 1, got {cfg.tokens}")
     if not cfg.acceptance or any(not 0 <= a <= 1 for a in cfg.acceptance):
         raise SimError(f"acceptance: each probability must be in [0, 1], got {list(cfg.acceptance)}")
+    if cfg.control not in CONTROLS:
+        raise SimError(f"control: one of {', '.join(CONTROLS)}, got {cfg.control!r}")
+    if cfg.worker_rtt not in WORKER_RTTS:
+        raise SimError(f"worker_rtt: one of {', '.join(WORKER_RTTS)}, got {cfg.worker_rtt!r}")
+    for i, d in enumerate(cfg.devices):
+        if d.unit_flops_per_s is not None and (
+            len(d.unit_flops_per_s) != len(KINDS) or not all(r > 0 for r in d.unit_flops_per_s)
+        ):
+            raise SimError(
+                f"devices[{i}].unit_flops_per_s: (head, proj, ffn), each > 0, got {d.unit_flops_per_s}"
+            )
     return devices
 
 
@@ -209,6 +259,7 @@ class _Run:
             self.devices,
             {frozenset((k.a, k.b)): k for k in cfg.links},
             cfg.controller_bandwidth_bytes_per_s,
+            cfg.worker_rtt,
         )
         self.env = simpy.Environment()
         self.cpu = {name: simpy.Resource(self.env, capacity=1) for name in self.devices}
@@ -217,6 +268,7 @@ class _Run:
         self.placement: Placement = dict(cfg.placement)
         self.rng = random.Random(cfg.seed)
         self.speculated = self.reexecuted = 0
+        self.calls = self.pulls = 0
         self._layout()
 
     def _layout(self) -> None:
@@ -255,6 +307,9 @@ class _Run:
     def token(self, context: int, positions: int) -> Generator[Any, Any, None]:
         """One forward pass over ``positions`` new tokens (1 when decoding, the prompt for the prefill)
         attending to ``context`` keys at the last of them."""
+        if self.cfg.control == "rpc":
+            yield from self._token_rpc(context, positions)
+            return
         m, env = self.cfg.model, self.env
         hidden_b, head_f, kv_f, proj_f, ffn_f = token_work(m, context, positions)
         src = CONTROLLER
@@ -277,7 +332,7 @@ class _Run:
                 if proj not in stage:  # X for the residual; a head device already has it
                     parts.append(env.process(self.send(src, proj, hidden_b)))
             yield simpy.AllOf(env, parts)
-            yield env.process(self.compute(proj, proj_f / self.devices[proj].flops_per_s))
+            yield env.process(self.compute(proj, proj_f / self.devices[proj].rate("proj", positions)))
             speculative, accepted = [], False
             if self.cfg.speculation and positions == 1 and layer + 1 < len(self.layers):
                 # cross-layer speculation: the next layer's heads start on Z (at the projection's
@@ -290,7 +345,7 @@ class _Run:
                 accepted = self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]
                 self.speculated += 1
             yield env.process(self.send(proj, ffn, hidden_b))
-            yield env.process(self.compute(ffn, ffn_f / self.devices[ffn].flops_per_s))
+            yield env.process(self.compute(ffn, ffn_f / self.devices[ffn].rate("ffn", positions)))
             src = ffn
         yield env.process(self.send(src, CONTROLLER, DTYPE_BYTES * m.hidden))
 
@@ -299,8 +354,102 @@ class _Run:
     ) -> Generator[Any, Any, None]:
         m = self.cfg.model
         yield self.env.process(self.send(src, w, DTYPE_BYTES * m.hidden * positions))
-        yield self.env.process(self.compute(w, (n * head_f + groups * kv_f) / self.devices[w].flops_per_s))
+        yield self.env.process(
+            self.compute(w, (n * head_f + groups * kv_f) / self.devices[w].rate("head", positions))
+        )
         yield self.env.process(self.send(w, proj, DTYPE_BYTES * m.head_dim * n * positions))
+
+    # -- one token, driven by the controller's RPCs (control "rpc") -----------------------------------
+    def call(
+        self, w: str, pulls: Sequence[tuple[str, float]], seconds: float, *, counted: bool = True
+    ) -> Generator[Any, Any, None]:
+        """One controller RPC to worker ``w``: the request (half the round trip), then, holding the
+        worker (its calls run one at a time, pulls included), its per-call cost, each of ``pulls``
+        ((owner, bytes): a round trip to the owner and the bytes over the link) in turn and ``seconds``
+        of compute; the reply (the other half). ``counted``: in :attr:`SimResult.calls`."""
+        self.calls += counted
+        self.events += 1
+        half = self.net.rtt_s(CONTROLLER, w) / 2
+        yield self.env.timeout(half)
+        with self.cpu[w].request() as slot:
+            yield slot
+            yield self.env.timeout(self.devices[w].call_overhead_s)
+            for owner, n_bytes in pulls:
+                yield from self.pull(w, owner, n_bytes)
+            yield self.env.timeout(seconds)
+        yield self.env.timeout(half)
+
+    def pull(self, w: str, owner: str, n_bytes: float) -> Generator[Any, Any, None]:
+        """``w`` fetches ``n_bytes`` held by ``owner`` (a worker or the controller) by RPC."""
+        if owner == w:
+            return
+        self.pulls += 1
+        yield from self.send(owner, w, n_bytes)
+
+    def _token_rpc(self, context: int, positions: int) -> Generator[Any, Any, None]:
+        """headsplit.engine.Engine.step: per layer the heads calls (one per worker holding a head, in
+        parallel, each pulling X from its holder), then the projection's call (pulling every other
+        worker's head outputs, then X, one after the other), then the FFN's (pulling Z); speculating,
+        the next layer's heads calls are issued with the FFN's, on Z, and the controller waits for
+        both; the controller fetches the last X."""
+        m, env = self.cfg.model, self.env
+        hidden_b, head_f, kv_f, proj_f, ffn_f = token_work(m, context, positions)
+        head_out_b = DTYPE_BYTES * m.head_dim * positions
+        x_owner = CONTROLLER
+        parts: dict[str, tuple[int, int]] | None = None  # the heads the projection gathers, by worker
+        for layer, (stage, proj, ffn) in enumerate(self.layers):
+            if parts is None:
+                yield simpy.AllOf(env, self._heads_calls(stage, x_owner, head_f, kv_f, hidden_b, positions))
+                parts = stage
+            gather: list[tuple[str, float]] = [
+                (w, n * head_out_b) for w, (n, _) in parts.items() if w != proj
+            ]
+            gather += [(x_owner, hidden_b)] if x_owner != proj else []
+            yield env.process(self.call(proj, gather, proj_f / self.devices[proj].rate("proj", positions)))
+            ffn_call = env.process(
+                self.call(ffn, [(proj, hidden_b)], ffn_f / self.devices[ffn].rate("ffn", positions))
+            )
+            speculate = self.cfg.speculation and positions == 1 and layer + 1 < len(self.layers)
+            early = []
+            if speculate:
+                next_stage = self.layers[layer + 1][0]
+                early = self._heads_calls(next_stage, proj, head_f, kv_f, hidden_b, positions)
+            yield ffn_call
+            x_owner, parts = ffn, None
+            if speculate:
+                yield simpy.AllOf(env, early)
+                self.speculated += 1
+                if self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]:
+                    parts = next_stage
+                else:
+                    self.reexecuted += 1  # the next layer's heads run again on the true X
+        # the controller's fetch of the last X: one RPC round trip and the bytes
+        self.calls += 1
+        yield from self.send(x_owner, CONTROLLER, DTYPE_BYTES * m.hidden * positions)
+
+    def sample_memory(self) -> Generator[Any, Any, None]:
+        """headsplit.engine.Engine._memory: the controller asks every worker for its bytes, one call
+        after the other."""
+        for w in self.devices:
+            yield from self.call(w, [], 0.0, counted=False)
+
+    def _heads_calls(
+        self,
+        stage: Mapping[str, tuple[int, int]],
+        x_owner: str,
+        head_f: float,
+        kv_f: float,
+        x_bytes: float,
+        positions: int,
+    ) -> list[Any]:
+        return [
+            self.env.process(
+                self.call(
+                    w, [(x_owner, x_bytes)], (n * head_f + g * kv_f) / self.devices[w].rate("head", positions)
+                )
+            )
+            for w, (n, g) in stage.items()
+        ]
 
     # -- memory --------------------------------------------------------------------------------------
     def memory(self, token: int, context: int, result: SimResult) -> bool:
@@ -311,7 +460,8 @@ class _Run:
         over = [d for d, b in used.items() if b > cfg.threshold * self.devices[d].memory_bytes]
         if cfg.replacement and over and token + 1 < cfg.tokens:
             specs = [
-                WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9)) for d in cfg.devices
+                WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9), d.unit_flops_per_s)
+                for d in cfg.devices
             ]
             ahead = max(cfg.prompt_tokens + cfg.tokens - context, 1)
             try:
@@ -350,6 +500,10 @@ def generate(run: _Run, cfg: SimConfig) -> SimResult:
         start = run.env.now
         run.env.run(until=run.env.process(run.token(context, cfg.prompt_tokens if prefill else 1)))
         result.token_s.append(run.env.now - start)
+        if cfg.control == "rpc":
+            start = run.env.now
+            run.env.run(until=run.env.process(run.sample_memory()))
+            result.between_s.append(run.env.now - start)
         if not run.memory(t, context, result):
             break
     result.events = run.events
@@ -362,4 +516,5 @@ def simulate(cfg: SimConfig) -> SimResult:
     run = _Run(cfg)
     result = generate(run, cfg)
     result.speculated, result.reexecuted = run.speculated, run.reexecuted
+    result.calls, result.pulls = run.calls, run.pulls
     return result

@@ -47,6 +47,7 @@ def _devices(config: SimConfig) -> list[dict[str, Any]]:
             "rtt_s": d.rtt_s,
             "bandwidth_bytes_per_s": d.bandwidth_bytes_per_s,
             "call_overhead_s": d.call_overhead_s,
+            "unit_flops_per_s": list(d.unit_flops_per_s) if d.unit_flops_per_s is not None else None,
         }
         for d in config.devices
     ]
@@ -69,6 +70,9 @@ def _placement(s: Simulated) -> dict[str, Any]:
         "wall_s": s.wall_s,
         "speculated": r.speculated,
         "reexecuted": r.reexecuted,
+        "control": s.config.control,
+        "calls": r.calls,
+        "pulls": r.pulls,
     }
 
 
@@ -103,6 +107,7 @@ def write(
             "mape_percent": replay.mape_percent,
             "decode_from": replay.decode_from,
             "call_overhead_s": fitted_call_s(replay.config),
+            "rates": replay.rates,
             "calibration": str(calibration) if calibration is not None else None,
             "speculation": replay.speculation,
             "acceptance": replay.config.acceptance[0] if replay.speculation else None,

@@ -10,13 +10,24 @@ Inputs, all from the run directory:
 - ``aggregate/links.csv`` when present: each worker's uplink rate (the row towards ``edge``) and, between
   two workers, the measured RTT and rate of that link.
 
-Calibration. HeadSplit's ``flops_per_s`` is a matmul micro-benchmark; a call of a small unit also pays a
-fixed cost (Python, torch RPC, on a loaded machine several milliseconds) that FLOPs do not show. One
-``call_overhead_s`` for every device is fitted so that the mean simulated decode latency equals the
-measured one (:func:`fit_call_s`), on the replayed run itself or, with ``calibration``, on another run.
-Fitted on the run itself, the MAPE measures how well the simulation follows the token-to-token latency
-(context growth, links), not an independent prediction; fitted on another run (another strategy or
-network condition), it is a prediction.
+The run is simulated as HeadSplit's controller drives it (``SimConfig.control = "rpc"``): one RPC round
+trip per stage call (heads per worker, projection, FFN) at the worker's measured RTT, and one per input a
+callee pulls from another endpoint; between two workers the sum of their round trips to the controller
+(``worker_rtt = "sum"``: the controller at the hub, each worker behind its own access link, as the
+emulated rack's link emulator delays them: device-to-device pings read the sum of the two
+device-to-edge ones, ``aggregate/netem_check.csv``).
+
+Calibration. Compute is a unit's FLOPs over a rate: per unit kind (head, projection, FFN) when the rates
+of a profile run are known (``profile``: a layers-runtime run directory read by HeadSplit's own
+``headsplit.profile_costs.read_profile``; or the replayed run's ``placement_flops_per_s`` when its
+placement was costed by a profile), else HeadSplit's start-up ``flops_per_s`` for every kind. What
+neither the round trips nor the FLOPs show (Python, pickling, the worker's dispatch; on a loaded machine
+milliseconds) is one ``call_overhead_s`` per call, the same for every device, fitted so that the mean
+simulated decode latency equals the measured one (:func:`fit_call_s`), on the replayed run itself or,
+with ``calibration``, on another run. Fitted on the run itself, the MAPE measures how well the simulation
+follows the token-to-token latency, not an independent prediction; fitted on another run (another
+strategy or network condition), it is a prediction: the round trips are the replayed run's own
+(measured), the per-call cost the other run's.
 """
 
 from __future__ import annotations
@@ -25,12 +36,21 @@ import csv
 import json
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dit.sim._headsplit import PRESETS, ModelConfig, placement_from_json
-from dit.sim.engine import CONTROLLER, Device, Link, SimConfig, SimError, SimResult, simulate
+from dit.sim._headsplit import (
+    PRESETS,
+    ModelConfig,
+    Placement,
+    ProfileCosts,
+    ProfileError,
+    Unit,
+    placement_from_json,
+    read_profile,
+)
+from dit.sim.engine import CONTROLLER, Device, Link, SimConfig, SimError, SimResult, simulate, token_work
 
 DEFAULT_BANDWIDTH_BYTES_PER_S = (
     125e6  # 1 Gbit/s: where links.csv gives no rate (local mode's loopback is faster)
@@ -45,6 +65,8 @@ class Replay:
     measured_tokens_per_s: float
     decode_from: int  # the first decode token (1 when token 0 is the prefill)
     speculation: bool = False  # the run speculated
+    rates: str = "micro-benchmark"  # where the compute rates came from
+    rates_by_host: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)  # (head, proj, ffn)
 
     @property
     def simulated_tokens_per_s(self) -> float:
@@ -88,32 +110,122 @@ def _model(doc: Mapping[str, Any], file: Path) -> ModelConfig:
         raise SimError(f"{file}: model: not a HeadSplit model ({exc})") from None
 
 
-def _links(run_dir: Path, host_of: Mapping[str, str]) -> tuple[dict[str, float], list[Link]]:
-    """Each worker's uplink rate (bytes/s) and the measured worker-to-worker links, from links.csv."""
+def _links(run_dir: Path, host_of: Mapping[str, str]) -> tuple[dict[str, float], dict[frozenset[str], float]]:
+    """Each worker's uplink rate and the measured rate between two workers (bytes/s), from links.csv
+    (its round trips are pings; a call's round trip is the RPC's, measured by HeadSplit)."""
     path = run_dir / "aggregate" / "links.csv"
     rates: dict[str, float] = {}
-    links: list[Link] = []
+    pairs: dict[frozenset[str], float] = {}
     if not path.is_file():
-        return rates, links
+        return rates, pairs
     worker_of = {h: w for w, h in host_of.items()}
     with path.open(encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             w, target = worker_of.get(row.get("device", "")), row.get("target", "")
             rate = float(row["rate_bps"]) / 8 if row.get("rate_bps") else 0.0
-            if w is None:
+            if w is None or rate <= 0:
                 continue
-            if target == "edge" and rate > 0:
+            if target == "edge":
                 rates[w] = rate
-            elif target in worker_of and row.get("rtt_ns_mean") and rate > 0:
-                links.append(Link(w, worker_of[target], float(row["rtt_ns_mean"]) / 1e9, rate))
-    return rates, links
+            elif target in worker_of:
+                pairs[frozenset((w, worker_of[target]))] = rate
+    return rates, pairs
 
 
-def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
+def _unit_rates(
+    doc: Mapping[str, Any], file: Path, profile: ProfileCosts | None
+) -> tuple[dict[str, tuple[float, float, float]], str]:
+    """(head, proj, ffn) FLOP/s per worker and where they came from: the profile run ``profile`` (by the
+    worker's host), else the run's own placement rates when a profile costed its placement, else none."""
+    workers = doc.get("workers") or []
+    if profile is not None:
+        out = {}
+        for i, w in enumerate(workers):
+            host = str(w.get("host", w["name"]))
+            if host not in profile.devices:
+                raise SimError(
+                    f"--profile: {profile.path} has no rates of workers[{i}].host {host!r} "
+                    f"(profiled: {', '.join(profile.devices)})"
+                )
+            out[str(w["name"])] = profile.rates(host)
+        return out, f"profile {profile.path}"
+    costs = (doc.get("placement") or {}).get("costs") or {}
+    if costs.get("source") != "profile":
+        return {}, "micro-benchmark"
+    out = {}
+    for i, w in enumerate(workers):
+        rates = w.get("placement_flops_per_s")
+        try:
+            out[str(w["name"])] = (float(rates["head"]), float(rates["proj"]), float(rates["ffn"]))
+        except (KeyError, TypeError, ValueError):
+            raise SimError(
+                f"{file}: workers[{i}].placement_flops_per_s: expected head, proj, ffn rates"
+            ) from None
+    return out, f"profile {costs.get('path') or 'of the run placement_profile'}"
+
+
+def stage_rates(
+    doc: Mapping[str, Any], model: ModelConfig, placement: Placement
+) -> tuple[float, float, float] | None:
+    """(head, proj, ffn) FLOP/s the run itself measured: over its decode tokens, the FLOPs of the units
+    HeadSplit timed over the compute time it recorded (``attention_ns`` + ``reexec_ns`` +
+    ``speculative_ns``: per heads stage the slowest worker's compute, so the FLOPs of the worker with the
+    most; ``projection_ns``, ``ffn_ns``). HeadSplit records one time per stage, not per worker: the rates
+    are the same on every worker. None when the run recorded no compute times."""
+    prompt = int(doc.get("prompt_tokens") or 0)
+    heads_f = proj_f = ffn_f = 0.0
+    heads_ns = proj_ns = ffn_ns = 0
+    stage_groups = []
+    for layer in range(model.n_layers):
+        count: dict[str, list[int]] = {}
+        for h in range(model.n_heads):
+            count.setdefault(placement[Unit(layer, "head", h)], []).append(h)
+        stage_groups.append([(len(hs), len({model.kv_head_of(h) for h in hs})) for hs in count.values()])
+    for t in (doc.get("tokens") or [])[1 if prompt > 0 else 0 :]:
+        try:
+            ns = [
+                int(t[k]) for k in ("attention_ns", "reexec_ns", "speculative_ns", "projection_ns", "ffn_ns")
+            ]
+        except (KeyError, TypeError, ValueError):
+            return None
+        context = prompt + int(t.get("index", 0)) if prompt > 0 else int(t.get("index", 0)) + 1
+        work = token_work(model, context, 1)
+        # every heads stage: each layer's, and the early one of each speculated transition l -> l + 1
+        stages = list(range(model.n_layers)) + [int(layer) + 1 for layer in t.get("speculated") or []]
+        heads_f += sum(
+            max(n * work.head_flops + g * work.kv_flops for n, g in stage_groups[layer]) for layer in stages
+        )
+        proj_f += model.n_layers * work.proj_flops
+        ffn_f += model.n_layers * work.ffn_flops
+        heads_ns, proj_ns, ffn_ns = heads_ns + sum(ns[:3]), proj_ns + ns[3], ffn_ns + ns[4]
+    if min(heads_ns, proj_ns, ffn_ns) <= 0:
+        return None
+    return heads_f / heads_ns * 1e9, proj_f / proj_ns * 1e9, ffn_f / ffn_ns * 1e9
+
+
+def load_profile(path: Path) -> ProfileCosts:
+    """The per-kind rates of a layers-runtime profile run (HeadSplit's reader); SimError if unusable."""
+    try:
+        return read_profile(path)
+    except ProfileError as exc:
+        raise SimError(f"--profile: {exc}") from None
+
+
+RATES = ("auto", "profile", "compute", "benchmark")
+
+
+def replay(
+    run_dir: Path, calibration: Path | None = None, profile: Path | None = None, rates: str = "auto"
+) -> Replay:
     """Simulate the HeadSplit run in ``run_dir`` as it ran; :class:`SimError` says what is missing.
 
     The per-call cost is fitted on ``run_dir`` itself, or on the run ``calibration`` when given (then the
-    MAPE is a prediction: nothing of ``run_dir``'s timings went into the simulation)."""
+    MAPE is a prediction: nothing of ``run_dir``'s timings went into the simulation). ``profile``: a
+    profile run whose per-kind rates cost the units (of both runs). ``rates``: where the compute rates
+    come from (:func:`_own_rates`): ``auto`` a profile's when there is one, else the run's compute times;
+    or only ``profile``, ``compute`` or ``benchmark`` (HeadSplit's start-up ``flops_per_s``)."""
+    if rates not in RATES:
+        raise SimError(f"--rates: one of {', '.join(RATES)}, got {rates!r}")
     file = results_file(run_dir)
     try:
         doc = json.loads(file.read_text(encoding="utf-8"))
@@ -126,21 +238,38 @@ def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
         raise SimError(f"{file}: workers and tokens must be non-empty (the run generated nothing)")
     speculation = bool(doc.get("speculation"))
     host_of = {str(w["name"]): str(w.get("host", w["name"])) for w in workers}
-    rates, links = _links(run_dir, host_of)
+    try:
+        placement = placement_from_json(model, doc["placement"]["units"], list(host_of))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SimError(f"{file}: placement.units: {exc}") from None
+    cal = replay(calibration, profile=profile, rates=rates) if calibration is not None else None
+    if cal is not None:
+        # a prediction: the calibration run's rates and per-call cost, nothing of this run's timings
+        missing = [h for h in host_of.values() if h not in cal.rates_by_host]
+        if missing and cal.rates_by_host:
+            raise SimError(f"--calibration: {calibration} has no rates of {', '.join(missing)}")
+        by_host, rates_from = dict(cal.rates_by_host), f"{cal.rates}, the calibration run's"
+    else:
+        by_host, rates_from = _own_rates(doc, file, model, placement, host_of, profile, rates)
+    uplink, pair_rates = _links(run_dir, host_of)
     devices = [
         Device(
             name=str(w["name"]),
             flops_per_s=float(w["flops_per_s"]),
             memory_bytes=int(w.get("memory_bytes") or w.get("memory_limit_bytes") or 1 << 40),
             rtt_s=statistics.median(w["rtt_ns"]) / 1e9 if w.get("rtt_ns") else 0.0,
-            bandwidth_bytes_per_s=rates.get(str(w["name"]), DEFAULT_BANDWIDTH_BYTES_PER_S),
+            bandwidth_bytes_per_s=uplink.get(str(w["name"]), DEFAULT_BANDWIDTH_BYTES_PER_S),
+            unit_flops_per_s=by_host.get(host_of[str(w["name"])]),
         )
         for w in workers
     ]
-    try:
-        placement = placement_from_json(model, doc["placement"]["units"], [d.name for d in devices])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise SimError(f"{file}: placement.units: {exc}") from None
+    # a pull between two workers: the two access links' round trips; links.csv's rate where measured
+    links = [
+        Link(a.name, b.name, a.rtt_s + b.rtt_s, pair_rates[frozenset((a.name, b.name))])
+        for i, a in enumerate(devices)
+        for b in devices[i + 1 :]
+        if frozenset((a.name, b.name)) in pair_rates
+    ]
     prompt = int(doc.get("prompt_tokens") or 0)
     decode_from = 1 if prompt > 0 else 0
     measured = [int(t["total_ns"]) / 1e9 for t in tokens]
@@ -153,12 +282,10 @@ def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
         links,
         speculation=speculation,
         acceptance=(_acceptance(tokens),),
+        control="rpc",
+        worker_rtt="sum",
     )
-    overhead = (
-        fitted_call_s(replay(calibration).config)
-        if calibration is not None
-        else fit_call_s(base, measured, decode_from)
-    )
+    overhead = fitted_call_s(cal.config) if cal is not None else fit_call_s(base, measured, decode_from)
     config = replace(base, devices=[replace(d, call_overhead_s=overhead) for d in devices])
     result = simulate(config)
     wall = (
@@ -166,7 +293,47 @@ def replay(run_dir: Path, calibration: Path | None = None) -> Replay:
         if "end_ns" in doc and "start_ns" in doc
         else sum(measured)
     )
-    return Replay(config, result, measured, len(tokens) / wall if wall > 0 else 0.0, decode_from, speculation)
+    return Replay(
+        config,
+        result,
+        measured,
+        len(tokens) / wall if wall > 0 else 0.0,
+        decode_from,
+        speculation,
+        rates_from,
+        by_host,
+    )
+
+
+def _own_rates(
+    doc: Mapping[str, Any],
+    file: Path,
+    model: ModelConfig,
+    placement: Placement,
+    host_of: Mapping[str, str],
+    profile: Path | None,
+    which: str = "auto",
+) -> tuple[dict[str, tuple[float, float, float]], str]:
+    """Per host (head, proj, ffn) FLOP/s for replaying the run itself, and where they came from. ``auto``:
+    a profile run's (``profile``, or the one that costed the run's placement), else the compute times
+    the run recorded (:func:`stage_rates`), else none (the micro-benchmark's ``flops_per_s``); the
+    other choices take only that source (``profile`` fails without one)."""
+    if which in ("auto", "profile"):
+        by_worker, source = _unit_rates(doc, file, load_profile(profile) if profile is not None else None)
+        if by_worker:
+            return {host_of[w]: r for w, r in by_worker.items()}, source
+        if which == "profile":
+            raise SimError(
+                f"--rates profile: give --profile RUN_DIR ({file} was not costed by a profile run)"
+            )
+    if which in ("auto", "compute"):
+        measured = stage_rates(doc, model, placement)
+        if measured is not None:
+            source = f"the compute times of {file.parent.parent.parent.name}"
+            return dict.fromkeys(host_of.values(), measured), source
+        if which == "compute":
+            raise SimError(f"--rates compute: {file} has no compute times (tokens[].attention_ns ...)")
+    return {}, "micro-benchmark"
 
 
 def _acceptance(tokens: list[Any]) -> float:
@@ -184,19 +351,49 @@ def fitted_call_s(config: SimConfig) -> float:
 def fit_call_s(config: SimConfig, measured_s: list[float], decode_from: int) -> float:
     """The per-call cost that makes the mean simulated decode latency the measured one (at least 0).
 
-    The simulated latency is linear in the cost (every call on the critical path pays it once): two
-    simulations give its intercept and slope."""
+    The simulated latency grows with the cost (every call on the critical path pays it once), linearly
+    while the critical path stays the same: a line through two simulations, then regula falsi (Illinois)
+    between a cost too low and one too high where calls in parallel change the path."""
     decode = measured_s[decode_from:]
     if not decode:
         return 0.0
+    target = statistics.fmean(decode)
+
+    def error(cost: float) -> float:
+        run = simulate(replace(config, devices=[replace(d, call_overhead_s=cost) for d in config.devices]))
+        return statistics.fmean(run.token_s[decode_from:]) - target
+
+    lo, e_lo = 0.0, error(0.0)
+    if e_lo >= 0:
+        return 0.0
     probe = 1e-3
-    runs = [
-        simulate(replace(config, devices=[replace(d, call_overhead_s=c) for d in config.devices]))
-        for c in (0.0, probe)
-    ]
-    s0, s1 = (statistics.fmean(r.token_s[decode_from:]) for r in runs)
-    slope = (s1 - s0) / probe
-    return max((statistics.fmean(decode) - s0) / slope, 0.0) if slope > 0 else 0.0
+    slope = (error(probe) - e_lo) / probe
+    if slope <= 0:
+        return 0.0
+    hi = -e_lo / slope
+    e_hi = error(hi)
+    while e_hi < 0:  # the path changed: a slower growth than the first probe's
+        lo, e_lo, hi = hi, e_hi, 2 * hi
+        e_hi = error(hi)
+    tolerance, side = 1e-9 * target, 0
+    if e_hi <= tolerance:
+        return hi
+    for _ in range(60):
+        cost = (lo * e_hi - hi * e_lo) / (e_hi - e_lo)
+        e = error(cost)
+        if abs(e) <= tolerance:
+            return cost
+        if e > 0:
+            hi, e_hi = cost, e
+            if side == 1:
+                e_lo /= 2
+            side = 1
+        else:
+            lo, e_lo = cost, e
+            if side == -1:
+                e_hi /= 2
+            side = -1
+    return (lo + hi) / 2
 
 
 def format_replay(r: Replay) -> str:
@@ -214,6 +411,9 @@ def format_replay(r: Replay) -> str:
         else "no decode token",
         f"MAPE {r.mape_percent:.1f} %",
     ]
+    lines.append(
+        f"calls {r.result.calls}, pulls {r.result.pulls} (each an RPC round trip); compute rates: {r.rates}"
+    )
     if r.speculation:
         lines.append(
             f"speculation: every layer speculated, kept with the run's acceptance {r.config.acceptance[0]:.2f}"

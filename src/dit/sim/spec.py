@@ -16,6 +16,11 @@
       - {name: pi, count: 5, flops_per_s: 2.0e9, memory_mb: 4096, rtt_ms: 10, bandwidth_mbps: 100}
     links:                        # optional, overrides the access links between two endpoints
       - {a: pi1, b: pi2, rtt_ms: 1, bandwidth_mbps: 1000}
+    control: rpc                  # dataflow (default): each stage sends its output on; rpc: as
+                                  # HeadSplit's controller runs it, a round trip per stage call and per
+                                  # pulled input (docs/simulator.md); head-level placements only
+    worker_rtt: sum               # between two workers without a link: mean (default) of their round
+                                  # trips to the controller, or sum (the controller at the hub)
 
 A device with ``count: n`` stands for ``n`` devices named ``<name>1`` .. ``<name>n``. ``call_overhead_ms``
 (default 0) is a device's fixed cost per call. Units: ms, MB (10^6 bytes), Mbit/s.
@@ -31,7 +36,7 @@ from typing import Any, cast
 import yaml
 
 from dit.sim._headsplit import PRESETS, STRATEGIES, PlacementError, Strategy, WorkerSpec, all_units, place
-from dit.sim.engine import CONTROLLER, Device, Link, SimConfig, SimError
+from dit.sim.engine import CONTROLLER, CONTROLS, WORKER_RTTS, Device, Link, SimConfig, SimError
 
 _DEVICE_KEYS = {
     "name",
@@ -55,6 +60,8 @@ _TOP_KEYS = {
     "speculation",
     "acceptance",
     "seed",
+    "control",
+    "worker_rtt",
     "name",
     "description",
 }
@@ -179,6 +186,11 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
             f"acceptance: {doc.get('acceptance')!r} is not a probability or a list of them (per layer)"
         )
     seed = _int(doc, "seed", default=0)
+    control, worker_rtt = doc.get("control", "dataflow"), doc.get("worker_rtt", "mean")
+    if control not in CONTROLS:
+        raise SimError(f"control: {control!r} is not one of {', '.join(CONTROLS)}")
+    if worker_rtt not in WORKER_RTTS:
+        raise SimError(f"worker_rtt: {worker_rtt!r} is not one of {', '.join(WORKER_RTTS)}")
     devices = devices_from(doc.get("devices"))
     links = links_from(doc.get("links"), {d.name for d in devices})
     bandwidth = min(d.bandwidth_bytes_per_s for d in devices)
@@ -191,6 +203,7 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
             prompt,
             links,
             partitioning="galaxy",
+            worker_rtt=worker_rtt,
         )
     try:
         placement = place(
@@ -214,6 +227,8 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
         speculation=speculation,
         acceptance=tuple(float(a) for a in acceptance),
         seed=seed,
+        control=control,
+        worker_rtt=worker_rtt,
     )
 
 
