@@ -272,6 +272,10 @@ def test_the_quickstart_runs_over_ssh_on_the_rack(rack: RackHandle, tmp_path: Pa
     assert check["pass"].all(), check.to_string()
     stats = json.loads((run_dir / "raw" / "device1" / "device1_link_emulator.json").read_text())
     assert stats["profiles"][0]["released"] > 0
+    # ... in the rack's links cgroup, outside device1's CPU quota (a board's netem costs it no CPU),
+    # at SCHED_FIFO on the RT budget that cgroup has
+    assert any(g.endswith("/links") and "cpu" in g.split(":")[0] for g in stats["realtime"]["cgroup"]), stats
+    assert stats["realtime"]["sched_fifo"] == 20, stats["realtime"]
     assert (run_dir / "aggregate" / "phases.csv").is_file()
     # The rack gives every node an RT budget, so the devices waited for the start at SCHED_FIFO.
     for device in ("device1", "device2"):

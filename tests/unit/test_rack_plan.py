@@ -132,29 +132,29 @@ def test_processes_join_every_v1_controller_or_the_one_v2_group() -> None:
 
 def test_cgroup_steps_make_the_parent_first_with_its_cpuset_before_any_node() -> None:
     steps = cgroup_steps(spec(devices=2, cpus="1", all_cpus="0"), V1, "0")
-    assert [s.host for s in steps] == ["controller", "edge", "device1", "device2"]
+    assert [s.host for s in steps] == ["controller", "controller", "edge", "device1", "device2"]
     assert all(s.op == "cgroup" for s in steps)
     parent = {w.path.name: w.value for w in steps[0].writes}
     assert parent["cpuset.cpus"] == "0,1" and parent["cpuset.mems"] == "0"
-    device = {str(w.path): w.value for w in steps[2].writes}
+    device = {str(w.path): w.value for w in steps[3].writes}
     assert device[f"/cg/cpuset/{CG}/device1/cpuset.cpus"] == "1"
     assert device[f"/cg/cpu/{CG}/device1/cpu.cfs_quota_us"] == "1000"
     assert device[f"/cg/memory/{CG}/device1/memory.limit_in_bytes"] == str(256 << 20)
     # cpuset.mems and cpuset.cpus must be written before a task can join a v1 cpuset.
-    names = [w.path.name for w in steps[2].writes]
+    names = [w.path.name for w in steps[3].writes]
     assert names.index("cpuset.mems") < names.index("cpuset.cpus")
-    assert f"/cg/memory/{CG}/device1" in steps[2].undo["dirs"]
-    edge = {w.path.name: w.value for w in steps[1].writes}
+    assert f"/cg/memory/{CG}/device1" in steps[3].undo["dirs"]
+    edge = {w.path.name: w.value for w in steps[2].writes}
     assert edge["cpu.cfs_quota_us"] == "-1" and "memory.limit_in_bytes" not in edge
     assert "cpu.shares" not in edge  # an uncapped edge on every CPU of the host keeps the default weight
 
 
 def test_an_edge_with_cpus_of_its_own_gets_the_top_weight_but_never_all_the_host_cpus() -> None:
     steps = cgroup_steps(spec(devices=2, cpus="1", all_cpus="0", host_cpus=2), V1, "0")
-    edge = {w.path.name: w.value for w in steps[1].writes}
+    edge = {w.path.name: w.value for w in steps[2].writes}
     assert edge["cpu.cfs_quota_us"] == "-1" and edge["cpu.shares"] == "262144"
     steps = cgroup_steps(spec(devices=2, cpus="0", all_cpus="0", host_cpus=1), V1, "0")
-    assert "cpu.shares" not in {w.path.name for w in steps[1].writes}
+    assert "cpu.shares" not in {w.path.name for w in steps[2].writes}
 
 
 def test_v2_enables_the_controllers_for_the_children() -> None:
@@ -246,12 +246,13 @@ def test_without_netem_the_devices_record_only_the_netem_trees() -> None:
 def test_v1_nodes_get_an_rt_budget_so_the_start_wait_may_use_sched_fifo() -> None:
     steps = cgroup_steps(spec(devices=3), V1, "0")
     budgets = [{w.path.name: w.value for w in s.writes}.get("cpu.rt_runtime_us") for s in steps]
-    parent, *per_node = (int(b) for b in budgets if b is not None)
+    parent, links, *per_node = (int(b) for b in budgets if b is not None)
     assert len(per_node) == 4 and parent == RT_BUDGET_US == rt_budgets_us(3)[0]
-    assert sum(per_node) <= parent  # the kernel refuses children above their parent
+    assert links + sum(per_node) <= parent  # the kernel refuses children above their parent
     assert min(per_node) >= 2 * 2_000  # room for the agent's 2 ms spin twice a second
-    big_parent, big_node = rt_budgets_us(200)
-    assert 201 * big_node <= big_parent <= 900_000 and big_node >= 4_000
+    assert links >= 90_000  # the link emulators' spins before their releases
+    big_parent, big_node, big_links = rt_budgets_us(200)
+    assert 201 * big_node + big_links <= big_parent <= 900_000 and big_node >= 4_000 and big_links >= 90_000
     assert all(w.optional for s in steps for w in s.writes if w.path.name == "cpu.rt_runtime_us")
     assert not any(
         w.path.name == "cpu.rt_runtime_us" for s in cgroup_steps(spec(), V2, "0") for w in s.writes
@@ -302,7 +303,36 @@ def test_v2_sshd_joins_the_leaf_and_v1_the_node_itself() -> None:
         Path("/cg/dit-rack/device1/sshd/cgroup.procs")
     ]
     assert process_cgroup(V1, "dit-rack/device1") == "dit-rack/device1"
-    assert [s.host for s in cgroup_steps(spec(devices=1), V1, "0")] == ["controller", "edge", "device1"]
+    assert [s.host for s in cgroup_steps(spec(devices=1), V1, "0")] == [
+        "controller",
+        "controller",
+        "edge",
+        "device1",
+    ]
+
+
+def test_the_link_emulators_run_in_the_rack_s_links_cgroup_outside_every_node_s_quota() -> None:
+    """The userspace link emulator stands in for the kernel's netem: in a node's cgroup it took the
+    CPU of the node's quota and was throttled with it (packets held 150-280 ms too long)."""
+    steps = cgroup_steps(spec(devices=2, cpus="1", all_cpus="0"), V1, "0")
+    links = steps[1]
+    assert links.undo["dirs"] == [f"/cg/{c}/{CG}/links" for c in ("cpu", "cpuacct", "memory", "cpuset")]
+    writes = {str(w.path): w.value for w in links.writes}
+    assert writes[f"/cg/cpuset/{CG}/links/cpuset.cpus"] == "0,1"  # every CPU of the rack
+    assert writes[f"/cg/cpu/{CG}/links/cpu.rt_runtime_us"] == str(rt_budgets_us(2)[2])
+    assert not any(name.endswith(("cfs_quota_us", "limit_in_bytes")) for name in writes)  # no quota, no limit
+    for layout, dirs in ((V1, [f"/cg/{c}/{CG}/links" for c in ("cpu", "cpuacct", "memory", "cpuset")]),
+                         (V2, [f"/cg/{CG}/links"])):  # fmt: skip
+        groups = inventory(spec(devices=1), layout=layout)["all"]["children"]
+        for host in (groups["devices"]["hosts"]["device1"], groups["edge"]["hosts"]["edge"]):
+            assert host["netem_emulator_cgroup"] == dirs
+    assert (
+        inventory(spec(devices=1))["all"]["children"]["devices"]["hosts"]["device1"]["netem_emulator_cgroup"]
+        == []
+    )
+    scope = UndoScope(Path("/state"), Path("/cg"))
+    assert scope.refusal("cgroup", {"dirs": [f"/cg/cpu/{CG}/links"]}) is None
+    assert scope.refusal("cgroup", {"dirs": [f"/cg/cpu/{CG}/links/x"]}) is not None
 
 
 def test_every_name_carries_the_state_dir_s_id_stable_and_within_linux_limits() -> None:

@@ -460,7 +460,19 @@ def realtime() -> dict[str, Any]:
         libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
     except (OSError, AttributeError, ImportError) as exc:
         out.setdefault("mlockall", f"refused: {exc}")
+    out["cgroup"] = own_cgroups()
     return out
+
+
+def own_cgroups(path: str = "/proc/self/cgroup") -> list[str]:
+    """The cgroups this process runs in (``/proc/self/cgroup``: ``id:controllers:path`` per hierarchy),
+    as ``controllers:path``: where its CPU comes from (the emulated rack's ``links`` cgroup, not a
+    node's quota)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    return sorted({line.split(":", 1)[1] for line in lines if line.count(":") >= 2})
 
 
 def _profiles(cfg: Mapping[str, Any]) -> list[Profile]:

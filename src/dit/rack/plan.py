@@ -29,6 +29,11 @@ CPU_WEIGHT_MAX_V2 = 10_000
 #: with none, and then SCHED_FIFO is refused inside it, also for the agent's wait for the start.
 RT_BUDGET_US = 200_000
 RT_NODE_MIN_US = 4_000  # two 2 ms start spins a second
+#: The least RT budget of the rack's link emulators (their own cgroup, :func:`links_cgroup`): they
+#: spin at SCHED_FIFO for the last ``spin_us`` before each release.
+RT_LINKS_MIN_US = 90_000
+#: The rack's cgroup for the userspace link emulators, beside the nodes' (see :func:`links_cgroup`).
+LINKS_LEAF = "links"
 MAX_DEVICES = 200  # device addresses are .11 … .210 of one /24
 EDGE = "edge"
 INFERENCE_INTERFACE = "inf0"  # the veth end inside every node's namespace
@@ -169,6 +174,14 @@ def cgroup_parent(spec: RackSpec) -> str:
     return f"dit-{spec.name}-{spec.rack_id}"
 
 
+def links_cgroup(spec: RackSpec) -> str:
+    """Where every node's userspace link emulator runs (``netem_emulator_cgroup``): outside the nodes'
+    CPU quotas and memory limits. It stands in for the kernel's netem, which costs a real board's
+    inference no CPU; inside a node's 40 % quota it took the worker's CPU and, throttled there, held
+    a few packets 150-280 ms too long (emulated-rack runs of 2026-12-04)."""
+    return f"{cgroup_parent(spec)}/{LINKS_LEAF}"
+
+
 def bridge_address(spec: RackSpec) -> str:
     """The controller's address on the inference bridge: how Ansible reaches every node."""
     return f"{spec.subnet}.1"
@@ -227,12 +240,13 @@ def cpu_weight_writes(layout: CgroupLayout, relative: str) -> list[CgroupWrite]:
     return [CgroupWrite(layout.root / "cpu" / relative / "cpu.shares", str(CPU_SHARES_MAX_V1))]
 
 
-def rt_budgets_us(devices: int) -> tuple[int, int]:
-    """(the rack's, each node's) RT budget in µs per second; the nodes' sum fits the rack's, and
-    the rack's stays below the root's 950 000."""
+def rt_budgets_us(devices: int) -> tuple[int, int, int]:
+    """(the rack's, each node's, the link emulators') RT budget in µs per second: a node needs only
+    its agent's start spins; the rest of the rack's budget goes to the link emulators' cgroup. The
+    children's sum fits the rack's, which stays below the root's 950 000."""
     count = devices + 1
-    parent = min(900_000, max(RT_BUDGET_US, RT_NODE_MIN_US * count))
-    return parent, parent // count
+    parent = min(900_000, max(RT_BUDGET_US, RT_NODE_MIN_US * count + RT_LINKS_MIN_US))
+    return parent, RT_NODE_MIN_US, parent - RT_NODE_MIN_US * count
 
 
 def rt_writes(layout: CgroupLayout, relative: str, budget_us: int) -> list[CgroupWrite]:
@@ -379,7 +393,8 @@ def _top_weight(spec: RackSpec, node: Node) -> bool:
 
 
 def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
-    """The rack's parent cgroup and one per node with its quota, memory limit and cpuset.
+    """The rack's parent cgroup, the link emulators' (:func:`links_cgroup`), and one per node with
+    its quota, memory limit and cpuset.
 
     Each directory is journaled before it is made; the parent first so that ``rack down``, which
     undoes newest first, removes the children before it.
@@ -397,13 +412,27 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
             *parent_writes,
             subtree_control_write(layout, parent),
         ]
+    _, node_rt, links_rt = rt_budgets_us(spec.devices)
+    links = links_cgroup(spec)
     steps = [
         Step(
             "controller",
             "cgroup",
             {"dirs": [str(d) for d in cgroup_dirs(layout, parent)]},
             writes=tuple(parent_writes),
-        )
+        ),
+        # The link emulators' (a leaf: no quota, no memory limit, every CPU of the rack, the top
+        # weight as a kernel's softirq would have); after the parent, so `rack down` removes it first.
+        Step(
+            "controller",
+            "cgroup",
+            {"dirs": [str(d) for d in cgroup_dirs(layout, links)]},
+            writes=(
+                *cpuset_writes(layout, links, _union(spec.all_cpus, spec.cpus), mems),
+                *cpu_weight_writes(layout, links),
+                *rt_writes(layout, links, links_rt),
+            ),
+        ),
     ]
     for node in nodes(spec):
         writes = [
@@ -411,7 +440,7 @@ def cgroup_steps(spec: RackSpec, layout: CgroupLayout, mems: str) -> list[Step]:
             *cpu_quota_writes(layout, node.cgroup, node.cpu_share_pct),
             *(cpu_weight_writes(layout, node.cgroup) if _top_weight(spec, node) else []),
             *memory_writes(layout, node.cgroup, node.memory_mb),
-            *rt_writes(layout, node.cgroup, rt_budgets_us(spec.devices)[1]),
+            *rt_writes(layout, node.cgroup, node_rt),
         ]
         if layout.version == 2:
             # The node nests: its children (the sshd leaf, a run's cgroups) get its controllers.
@@ -448,7 +477,9 @@ def inventory(
     With a ``layout`` every device's ``dit_cgroup_root`` and ``dit_cpu_cgroup_root`` are its node's
     own cgroups (v1: in the memory and cpu hierarchies; v2: the one unified directory, whose sshd
     sits in the leaf :func:`process_cgroup` so the node may hand controllers on), so a run's memory
-    limit and CPU share (``hardware.<device>``) nest inside the node's and both apply.
+    limit and CPU share (``hardware.<device>``) nest inside the node's and both apply; and every
+    node's ``netem_emulator_cgroup`` is the rack's :func:`links_cgroup` (the netem role starts the
+    userspace link emulator there, not in the node's quota).
     """
 
     def host(node: Node) -> dict[str, Any]:
@@ -460,6 +491,10 @@ def inventory(
             "dit_remote_base": str(base / "root"),
             "sysfs_root": str(base / "sys"),
             "dit_rack_cgroup": node.cgroup,
+            # the userspace link emulator runs outside the node's quota (:func:`links_cgroup`)
+            "netem_emulator_cgroup": [str(d) for d in cgroup_dirs(layout, links_cgroup(spec))]
+            if layout is not None
+            else [],
             # NNPM's map: the article's layout, nodes about a metre apart.
             "dit_lat": 37.975 + (0.00002 if node.index else 0.0),
             "dit_lon": round(23.735 + 0.000012 * max(node.index - 1, 0), 7),
@@ -528,7 +563,9 @@ class UndoScope:
         return (
             re.compile(rf"^dr-{rid}-(?:br|[0-9]{{1,3}})$"),
             re.compile(rf"^dit-[a-z][a-z0-9]{{0,5}}-{rid}-{_NODE_NAME}$"),
-            re.compile(rf"^dit-[a-z][a-z0-9]{{0,5}}-{rid}(?:/{_NODE_NAME}(?:/{PROCESS_LEAF})?)?$"),
+            re.compile(
+                rf"^dit-[a-z][a-z0-9]{{0,5}}-{rid}(?:/{_NODE_NAME}(?:/{PROCESS_LEAF})?|/{LINKS_LEAF})?$"
+            ),
         )
 
     def _cgroup_refusal(self, value: object) -> str | None:
@@ -542,7 +579,7 @@ class UndoScope:
         if relative.startswith("..") or not self._patterns()[2].match("/".join(parts)):
             return (
                 f"cgroup {value} is not one of this rack's "
-                f"({root}/[<controller>/]dit-<name>-{rack_id(self.state_dir)}/<node>)"
+                f"({root}/[<controller>/]dit-<name>-{rack_id(self.state_dir)}/<node> or /{LINKS_LEAF})"
             )
         return None
 
