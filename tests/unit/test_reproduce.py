@@ -385,6 +385,13 @@ def test_ch6_memory_rows_say_the_replacement_the_speed_around_it_and_the_static_
     assert static[4].startswith("reproduces: the static placement runs out of memory where re-placement")
     assert "worker3: limit 43.3 MB, threshold 99.9790 %, tokens 4 and 10" in section.note
     assert "set, not measured" in section.note
+    # each run places by its own measured rates: when the squeezed workers differ, both are said
+    results = tmp_path / "static" / "raw" / "edge" / "edge_headsplit.json"
+    doc = json.loads(results.read_text())
+    doc["memory_pressure"] = {**doc["memory_pressure"], "worker": "worker1", "limit_bytes": 22_300_000}
+    results.write_text(json.dumps(doc))
+    note = ch6.memory_section(runs, simulate=False).note
+    assert "with re-placement: worker3: limit 43.3 MB" in note and "static: worker1: limit 22.3 MB" in note
 
 
 def test_ch6_memory_rows_say_what_is_missing(tmp_path: Path) -> None:

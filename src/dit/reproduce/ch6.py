@@ -413,20 +413,14 @@ def memory_section(
         rows += _replacement_rows(moving, sim)
     rows.append(_static_row(static, moving))
     verdict_table(section, rows)
-    pressure = next((r.pressure for r in runs.values() if r.pressure), None)
     section.note = (
         "Greedy placement under the same emulated memory pressure twice: with HeadSplit's re-placement "
         "(replacement: true) and with a static placement (replacement: false). A worker's KV caches grow "
         "too little to fill its memory within the run's tokens, so runtime.memory_pressure gives the "
         "worker whose memory grows fastest a limit derived from its first placement: its counted bytes "
-        "(unit weights, KV slices) pass the threshold and the limit at the generated tokens set there "
-        + (
-            f"({pressure.get('worker')}: limit {units.size(pressure.get('limit_bytes'))}, threshold "
-            f"{100 * float(pressure.get('threshold', 0)):.4f} %, tokens {pressure.get('replace_at')} and "
-            f"{pressure.get('full_at')})"
-            if pressure
-            else "(no run recorded them)"
-        )
+        "(unit weights, KV slices) pass the threshold and the limit at the generated tokens set there ("
+        + _pressure_text(runs)
+        + ")"
         + ". Where they happen is therefore set, not measured: measured are what the re-placement moves, "
         "what it costs, the speed around it, and that the static placement stops. Not a cgroup: no process "
         "is killed. Tokens/s here: the tokens' own step times (memory sampling and migration excluded)."
@@ -524,3 +518,25 @@ def _excess(oom: Mapping[str, Any]) -> str:
     if not isinstance(used, int) or not isinstance(limit, int):
         return MISSING
     return units.size(used - limit)
+
+
+def _pressure_text(runs: Mapping[bool, MemoryRun]) -> str:
+    """Each run's squeezed worker, limit, threshold and tokens; said once when both runs had the same
+    (each run places by its own measured rates, so the two placements, and the worker, can differ)."""
+    said: dict[str, list[str]] = {}
+    for replacement in (True, False):
+        run = runs.get(replacement)
+        pressure = run.pressure if run is not None else None
+        if not pressure:
+            continue
+        text = (
+            f"{pressure.get('worker')}: limit {units.size(pressure.get('limit_bytes'))}, threshold "
+            f"{100 * float(pressure.get('threshold', 0)):.4f} %, tokens {pressure.get('replace_at')} and "
+            f"{pressure.get('full_at')}"
+        )
+        said.setdefault(text, []).append("with re-placement" if replacement else "static")
+    if not said:
+        return "no run recorded them"
+    if len(said) == 1:
+        return next(iter(said))
+    return "; ".join(f"{' and '.join(whom)}: {text}" for text, whom in said.items())
