@@ -463,3 +463,46 @@ def test_a_local_headsplit_device_s_delay_reaches_its_rpc(site: Path, tmp_path: 
         f"\nRTT medians (ms) {rtt}; per-token medians (ms) {per_token}; stages answered by worker1 {stages}"
     )
     assert per_token["delayed"] - per_token["plain"] >= 0.8 * stages * DELAY_MS, (per_token, stages)
+
+
+@pytest.mark.slow
+def test_ch6_memory_variant_re_places_in_local_mode_and_the_report_says_what_moved(
+    site: Path, tmp_path: Path
+) -> None:
+    """Issue 37, ch6's memory variant (dit reproduce) on a short configuration in local mode: greedy on four
+    workers, the emulated pressure passing the threshold after token 2 and the limit after token 5 of 8:
+    the re-placement fires at token 2, moves units and bytes, and every token is generated."""
+    pytest.importorskip("torch")
+    from dit.reproduce import ch6
+    from dit.reproduce.chapters import ch6_memory_document
+
+    doc, _ = ch6_memory_document("quick")
+    block = doc["sweep"][0]["values"][0]  # the run with re-placement
+    assert block["strategy"] == "greedy" and "replacement" not in block
+    python = str(python_wrapper(tmp_path, site))
+    doc["runtime"] = {**block, "tokens": 8, "memory_pressure": {"replace_at": 2, "full_at": 5},
+                      "port": free_port(), "python": python, "rpc_timeout_s": 120}  # fmt: skip
+    del doc["sweep"]
+    doc["timing"] = {"start_lead_s": 1.0}
+    scenario = tmp_path / "ch6_memory.yaml"
+    scenario.write_text(json.dumps(doc), encoding="utf-8")
+    done = dit(site, "run", str(scenario), "--runs-dir", str(tmp_path / "runs"), timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (tmp_path / "runs" / "ch6_memory").iterdir()
+    results = json.loads((run_dir / "raw" / "edge" / "edge_headsplit.json").read_text(encoding="utf-8"))
+    assert results["oom"] is None and results["tokens_generated"] == 8
+    pressure = results["memory_pressure"]
+    (event,) = results["replacements"]
+    assert event["token"] == 2 and event["worker"] == pressure["worker"]
+    assert event["moved_units"] > 0 and event["bytes"] > 0
+    # the squeezed worker's own samples: over the threshold after token 2, under it after the migration
+    own = {m["token"]: m["bytes"] for m in results["memory"] if m["worker"] == pressure["worker"]}
+    limit, threshold = pressure["limit_bytes"], pressure["threshold"]
+    assert own[1] <= threshold * limit < own[2] and own[3] < own[2] and own[7] <= threshold * limit
+    summary = json.loads((run_dir / "aggregate" / "summary.json").read_text(encoding="utf-8"))
+    values = {v["name"]: v["value"] for v in summary["values"]}
+    assert values["replacements"] == 1 and values["migration_bytes"] == event["bytes"]
+    row = ch6.memory_section([run_dir], simulate=False).tables[0]["rows"][0]
+    assert row[1].startswith(
+        f"1 re-placement(s): at token 2 ({pressure['worker']}): {event['moved_units']} units"
+    )

@@ -325,3 +325,119 @@ def test_shared_cores_are_blamed_only_where_the_nodes_share_them() -> None:
         ch4.verdict(14.0, boards)
         == "does not reproduce: 14.0 % exceeds 10 %; the per-device table shows where"
     )
+
+
+def _memory_run(root: Path, replacement: bool) -> Path:
+    """A finished run of ch6's memory pair as HeadSplit's parser leaves it: metadata.json, the controller's
+    results (memory_pressure, oom), aggregate/summary.json, hs_replacements.csv and hs_tokens.csv."""
+    pressure = {"replace_at": 4, "full_at": 10}
+    block = {"name": "headsplit", "strategy": "greedy", "model": "tinyllama-half", "tokens": 16,
+             "memory_pressure": pressure, **({} if replacement else {"replacement": False})}  # fmt: skip
+    run = root / ("replacement" if replacement else "static")
+    (run / "aggregate").mkdir(parents=True)
+    (run / "raw" / "edge").mkdir(parents=True)
+    (run / "metadata.json").write_text(json.dumps({"runtime": {"name": "headsplit", "block": block}}))
+    limit = 43_300_224
+    oom = (
+        None
+        if replacement
+        else {"token": 10, "worker": "worker3", "bytes": limit + 1664, "limit_bytes": limit}
+    )
+    results = {"memory_pressure": {"worker": "worker3", "limit_bytes": limit, "threshold": 0.99979, **pressure},
+               "oom": oom}  # fmt: skip
+    (run / "raw" / "edge" / "edge_headsplit.json").write_text(json.dumps(results))
+    generated = 16 if replacement else 10
+    # token 0 the prefill (100 ms); 1-4 at 200 ms, after the re-placement 250 ms a token
+    steps = {t: 100_000_000 if t == 0 else (200_000_000 if t <= 4 else 250_000_000) for t in range(generated)}
+    (run / "aggregate" / "hs_tokens.csv").write_text(
+        "token,total_ns\n" + "".join(f"{t},{ns}\n" for t, ns in steps.items())
+    )
+    header = "token,worker,planning_ns,migration_ns,moved_units,bytes\n"
+    moved = "4,worker3,270000,12700000,6,208896\n" if replacement else ""
+    (run / "aggregate" / "hs_replacements.csv").write_text(header + moved)
+    values = [{"name": "tokens_generated", "value": generated}, {"name": "replacements", "value": int(replacement)},
+              {"name": "migration_bytes", "value": 208896 if replacement else 0}]  # fmt: skip
+    (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
+    return run
+
+
+def test_ch6_memory_rows_say_the_replacement_the_speed_around_it_and_the_static_out_of_memory(
+    tmp_path: Path,
+) -> None:
+    runs = [_memory_run(tmp_path, False), _memory_run(tmp_path, True)]  # in any order
+    section = ch6.memory_section(runs, simulate=False)
+    rows = {r[0]: r for r in section.tables[0]["rows"]}
+    moved = rows["re-placements"]
+    assert moved[1] == (
+        "1 re-placement(s): at token 4 (worker3): 6 units moved, 209 kB, migration 12.7 ms, planning 270 µs; "
+        "209 kB moved in all"
+    )
+    assert moved[3] == FIGURES["ch6.replacement"].text
+    assert moved[4].startswith("reproduces the planning time: 0.27 ms, under the article's 5 ms")
+    speed = rows["tokens/s before and after the first re-placement"]
+    assert speed[1] == "before (tokens 1 to 4) 5.00 tokens/s, after (tokens 5 to 15) 4.00 tokens/s (0.80x)"
+    static = rows["static placement (replacement: false)"]
+    assert static[1] == (
+        "failed: out of memory at token 10 (worker3: 1.66 kB over its 43.3 MB limit), 10 tokens generated at "
+        "4.39 tokens/s"
+    )
+    assert static[3] == FIGURES["ch6.static_oom"].text
+    assert static[4].startswith("reproduces: the static placement runs out of memory where re-placement")
+    assert "worker3: limit 43.3 MB, threshold 99.9790 %, tokens 4 and 10" in section.note
+    assert "set, not measured" in section.note
+    # each run places by its own measured rates: when the squeezed workers differ, both are said
+    results = tmp_path / "static" / "raw" / "edge" / "edge_headsplit.json"
+    doc = json.loads(results.read_text())
+    doc["memory_pressure"] = {**doc["memory_pressure"], "worker": "worker1", "limit_bytes": 22_300_000}
+    results.write_text(json.dumps(doc))
+    note = ch6.memory_section(runs, simulate=False).note
+    assert "with re-placement: worker3: limit 43.3 MB" in note and "static: worker1: limit 22.3 MB" in note
+
+
+def test_ch6_memory_rows_say_what_is_missing(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    (broken / "aggregate").mkdir(parents=True)
+    (broken / "metadata.json").write_text(json.dumps({"runtime": {"name": "headsplit", "block": {}}}))
+    section = ch6.memory_section([broken], simulate=False)
+    rows = section.tables[0]["rows"]
+    assert [r[0] for r in rows] == [
+        "re-placements",
+        "tokens/s before and after the first re-placement",
+        "static placement (replacement: false)",
+    ]
+    assert rows[0][1] == "not measured: the run with re-placement did not finish here"
+    assert rows[2][1] == "not measured: the run with a static placement did not finish here"
+    assert all(r[4].startswith("cannot say") or r[4] == MISSING for r in rows)
+    assert (
+        "Not compared: " in section.note and "no raw/<controller>/<controller>_headsplit.json" in section.note
+    )
+    # a re-placement run in which the threshold was never passed is said, not dropped
+    quiet = _memory_run(tmp_path / "quiet", True)
+    (quiet / "aggregate" / "hs_replacements.csv").write_text(
+        "token,worker,planning_ns,migration_ns,moved_units\n"
+    )
+    row = ch6.memory_section([quiet], simulate=False).tables[0]["rows"][0]
+    assert row[1] == "no re-placement: the threshold was never passed"
+    assert row[4] == "does not reproduce: no re-placement fired"
+
+
+def test_ch6_memory_projection_on_the_article_rack_says_why_nothing_moves() -> None:
+    said = ch6.simulated_memory(ch6.rack_document(), tokens=4)
+    assert said.startswith("no re-placement in 4 tokens: a board peaks at 1.09 GB, under 85 % of the 4.00 GB")
+
+
+def test_ch6_memory_pair_is_greedy_twice_under_the_same_pressure_one_static() -> None:
+    from dit.reproduce.chapters import ch6_memory_document
+
+    quick, reductions = ch6_memory_document("quick")
+    replacing, static = quick["sweep"][0]["values"]
+    assert replacing["memory_pressure"] == static["memory_pressure"] == {"replace_at": 4, "full_at": 10}
+    assert (replacing["strategy"], replacing["tokens"], replacing["model"]) == (
+        "greedy",
+        16,
+        "tinyllama-half",
+    )
+    assert "replacement" not in replacing and static == {**replacing, "replacement": False}
+    assert any("16 tokens" in r for r in reductions)
+    full, none = ch6_memory_document("full")
+    assert full["sweep"][0]["values"][0]["tokens"] == 512 and none == ()

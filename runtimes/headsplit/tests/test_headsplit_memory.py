@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from headsplit.config import preset
-from headsplit.memory import MemoryTracker, crossing_token, predict
+from headsplit.memory import MemoryTracker, crossing_token, predict, squeeze
 from headsplit.placement import WorkerSpec, place, worker_bytes
 from headsplit.units import Unit, all_units
 
@@ -90,3 +90,43 @@ def test_crossing_token_is_the_first_context_above_the_threshold() -> None:
     assert crossing_token(cfg, placement, "worker1", 10) == 0  # already over with no context
     only_ffn = {Unit(0, "ffn"): "worker2"}
     assert crossing_token(cfg, only_ffn, "worker2", 10**9) is None  # no heads: no cache growth
+
+
+def test_squeeze_puts_the_fastest_growing_worker_past_the_threshold_and_the_limit_at_the_tokens_asked() -> (
+    None
+):
+    cfg = preset("tinyllama-half")
+    ws = [WorkerSpec(f"worker{i}", 10**9, 1e9, 1_000_000) for i in (1, 2, 3, 4)]
+    placement = place(cfg, ws, "greedy", context_tokens=64)
+    prompt = 46
+    got = squeeze(cfg, placement, prompt, replace_at=4, full_at=10)
+    growth = {w.name: predict(cfg, placement, w.name, 1) - predict(cfg, placement, w.name, 0) for w in ws}
+    assert growth[got.worker] == max(growth.values()) > 0
+    # the engine samples after generated token i, the caches then holding prompt + i positions
+    at = {i: predict(cfg, placement, got.worker, prompt + i) for i in range(12)}
+    tracker = MemoryTracker({got.worker: got.limit_bytes}, got.threshold)
+    crossed = []
+    for i in range(12):
+        tracker.record(i, got.worker, at[i])
+        crossed.append(tracker.needs_replacement(got.worker))
+    assert crossed.index(True) == 4 and all(crossed[4:])
+    assert [at[i] > got.limit_bytes for i in range(12)].index(True) == 10
+    assert 0 < got.threshold < 1
+    assert got.to_json() == {"worker": got.worker, "limit_bytes": got.limit_bytes, "threshold": got.threshold,
+                             "replace_at": 4, "full_at": 10}  # fmt: skip
+
+
+def test_squeeze_takes_the_first_worker_by_name_among_equals_and_refuses_what_cannot_grow() -> None:
+    cfg = preset("llama-tiny")
+    units = all_units(cfg)
+    heads = [u for u in units if u.kind == "head"]
+    # worker10 and worker2 hold the same heads' worth of groups: worker2 comes first by name
+    half = len(heads) // 2
+    placement = {u: "worker1" for u in units if u.kind != "head"}
+    placement.update({u: "worker2" for u in heads[:half]})
+    placement.update({u: "worker10" for u in heads[half:]})
+    assert squeeze(cfg, placement, 8, 1, 2).worker == "worker2"
+    with pytest.raises(ValueError, match="no worker holds an attention head"):
+        squeeze(cfg, {u: "worker1" for u in units if u.kind != "head"}, 8, 1, 2)
+    with pytest.raises(ValueError, match="needs 0 < replace_at < full_at, got 3 and 3"):
+        squeeze(cfg, placement, 8, 3, 3)

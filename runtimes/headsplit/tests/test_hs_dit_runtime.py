@@ -90,6 +90,7 @@ def test_the_block_is_merged_with_its_defaults(headsplit: Any) -> None:
         "prompt": "Heads expose the parallelism that layers hide.",
         "perplexity": False,
         "memory_threshold": 0.85,
+        "replacement": True,
         "rpc_timeout_s": 30,
         "rpc_retries": 3,
         "port": 29500,
@@ -115,6 +116,16 @@ def test_the_block_is_merged_with_its_defaults(headsplit: Any) -> None:
         ({"checkpoint": {"path": "w.safetensors"}}, "runtime.checkpoint.sha256: is required"),
         ({"stratgy": "greedy"}, "runtime.stratgy: unknown field; did you mean 'strategy'?"),
         ({"perplexity": "yes"}, "runtime.perplexity: expected true or false, got string 'yes'"),
+        (
+            {"memory_pressure": {"replace_at": 4, "full_at": 4}},
+            "runtime.memory_pressure.full_at: 4 is not after replace_at (4)",
+        ),
+        (
+            {"memory_pressure": {"replace_at": 16, "full_at": 20}},
+            "runtime.memory_pressure.replace_at: 16 is not before the last of the 16 tokens (token 15)",
+        ),
+        ({"memory_pressure": {"replace_at": 4}}, "runtime.memory_pressure.full_at: is required"),
+        ({"replacement": "no"}, "runtime.replacement: expected true or false"),
         (
             {"perplexity_paragraph": "/no/such/paragraph.txt"},
             "runtime.perplexity_paragraph: has no effect without runtime.perplexity: true",
@@ -221,6 +232,8 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
         "perplexity": None,
         "placement_profile": None,
         "memory_threshold": 0.85,
+        "replacement": True,
+        "memory_pressure": None,
         "rpc_timeout_s": 30.0,
         "rpc_retries": 3,
         "threads": 1,

@@ -106,6 +106,7 @@ def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
             "planning_ns": "800000",
             "migration_ns": "3000000",
             "moved_units": "4",
+            "bytes": "150000",
         }
     ]
     (retry,) = rows(run.aggregate_dir / "hs_retries.csv")
@@ -135,6 +136,7 @@ def test_tables_and_summary_of_a_complete_run(tmp_path: Path) -> None:
     assert got["ffn_share"][:2] == (pytest.approx(100 * 24 / 76), "%")
     assert got["speculation_acceptance"][:2] == (pytest.approx(100 * 7 / 9), "%")
     assert (got["reexecutions"][0], got["replacements"][0], got["retries"][0]) == (2, 1, 1)
+    assert got["migration_bytes"] == (150000, "B", "int")
     assert got["bytes_total"] == (14336, "B", "int")
     assert got["bytes_per_token"] == (3584.0, "B", "float")
     assert got["placement_planning"] == (1234567, "ns", "int")

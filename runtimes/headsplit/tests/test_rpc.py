@@ -172,6 +172,21 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
             r"workers\[0\]\.source_address: expected",
         ),
         ("controller", {**doc["controller"], "source_address": ""}, r"controller\.source_address: expected"),
+        (
+            "memory_pressure",
+            {"replace_at": 0, "full_at": 3},
+            r"memory_pressure\.replace_at: expected an integer >= 1",
+        ),
+        (
+            "memory_pressure",
+            {"replace_at": 3, "full_at": 3},
+            r"memory_pressure\.full_at: must be after replace_at",
+        ),
+        (
+            "memory_pressure",
+            {"replace_at": 99, "full_at": 100},
+            r"memory_pressure\.replace_at: must be before",
+        ),
     ):
         with pytest.raises(ConfigError, match=match):
             parse_config({**doc, key: value})

@@ -7,8 +7,10 @@ placement code; the added RTT is added to every device's round trip.
 
 from __future__ import annotations
 
+import csv
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -284,3 +286,257 @@ def _added_rtt_ms(others: str) -> float:
         if isinstance(block, dict)
     ]
     return 2 * max(delays, default=0.0)
+
+
+# -- memory re-placement --------------------------------------------------------------------------------
+
+
+SPEED_ROW: Final = "tokens/s before and after the first re-placement"
+
+
+@dataclass(frozen=True)
+class MemoryRun:
+    """One run of the memory pair, as its results say: the re-placements and the out-of-memory."""
+
+    path: Path
+    replacement: bool
+    pressure: Mapping[str, Any] | None  # the results' memory_pressure: worker, limit_bytes, threshold
+    values: Mapping[str, Any]
+    replacements: list[dict[str, str]]  # hs_replacements.csv rows
+    token_ns: dict[int, int]  # token index -> total_ns (hs_tokens.csv)
+    oom: Mapping[str, Any] | None
+
+
+def load_memory_run(run: Path) -> MemoryRun:
+    """A run of the memory pair (``ValueError`` naming the file when one cannot be read)."""
+    meta = _json(run / "metadata.json")
+    block = meta.get("runtime", {}).get("block") if isinstance(meta.get("runtime"), dict) else None
+    if not isinstance(block, dict):
+        raise ValueError(f"{run / 'metadata.json'}: no runtime block")
+    raw = sorted(run.glob("raw/*/*_headsplit.json"))
+    if not raw:
+        raise ValueError(f"{run}: no raw/<controller>/<controller>_headsplit.json")
+    doc = _json(raw[0])
+    replacements = _csv(run / "aggregate" / "hs_replacements.csv")
+    tokens = {int(r["token"]): int(r["total_ns"]) for r in _csv(run / "aggregate" / "hs_tokens.csv")}
+    pressure = doc.get("memory_pressure")
+    oom = doc.get("oom")
+    return MemoryRun(
+        run,
+        bool(block.get("replacement", True)),
+        pressure if isinstance(pressure, dict) else None,
+        _summary_values(run),
+        replacements,
+        tokens,
+        oom if isinstance(oom, dict) else None,
+    )
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a mapping")
+    return doc
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            return list(csv.DictReader(handle))
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+
+
+def _rate(token_ns: Mapping[int, int], tokens: Iterable[int]) -> float | None:
+    """Tokens per second over ``tokens`` (their own step times: memory sampling and migration excluded)."""
+    chosen = [token_ns[t] for t in tokens if t in token_ns]
+    total = sum(chosen)
+    return len(chosen) * 1e9 / total if chosen and total > 0 else None
+
+
+def _tokens_per_s(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2f} tokens/s"
+
+
+def simulated_memory(doc: Mapping[str, Any], tokens: int = 512) -> str:
+    """The article's rack (``RACK_FILE``) generating ``tokens`` with re-placement: how often it re-places,
+    or why it never does (each board's peak against 85 % of its memory)."""
+    from dit.sim.engine import simulate
+    from dit.sim.spec import config_from
+
+    result = simulate(config_from({**doc, "tokens": tokens, "replacement": True}, "greedy"))
+    if result.migrations or result.oom:
+        moved = sum(m.bytes for m in result.migrations)
+        return f"{len(result.migrations)} re-placement(s) in {tokens} tokens, {units.size(moved)} moved" + (
+            f"; out of memory: {result.oom}" if result.oom else ""
+        )
+    peak = max((max(sample.values()) for sample in result.memory), default=0)
+    boards = min(float(d["memory_mb"]) for d in doc["devices"]) * 1e6
+    return (
+        f"no re-placement in {tokens} tokens: a board peaks at {units.size(peak)}, under 85 % of the "
+        f"{units.size(boards)} {RACK_FILE} gives it (a static placement fits too)"
+    )
+
+
+def memory_section(
+    run_dirs: list[Path], doc: Mapping[str, Any] | None = None, simulate: bool = True
+) -> Section:
+    """The memory pair: greedy with re-placement beside the same run with a static placement, both under
+    the same emulated memory pressure (``runtime.memory_pressure``); beside the article's figures and the
+    simulator's 512 tokens on the article's rack."""
+    section = Section("Memory: re-placement against a static placement", "memory")
+    problems: list[str] = []
+    runs: dict[bool, MemoryRun] = {}
+    for path in run_dirs:
+        try:
+            loaded = load_memory_run(path)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        runs[loaded.replacement] = loaded
+    sim = MISSING
+    if simulate:
+        sim = simulated_memory(rack_document() if doc is None else doc)
+    moving, static = runs.get(True), runs.get(False)
+    not_run = "not measured: the run with {} did not finish here"
+    rows: list[list[str]] = []
+
+    if moving is None:
+        rows.append(["re-placements", not_run.format("re-placement"), sim, FIGURES["ch6.replacement"].text,
+                     "cannot say: not measured"])  # fmt: skip
+        rows.append([SPEED_ROW, not_run.format("re-placement"), MISSING, "no figure in the article",
+                     MISSING])  # fmt: skip
+    else:
+        rows += _replacement_rows(moving, sim)
+    rows.append(_static_row(static, moving))
+    verdict_table(section, rows)
+    section.note = (
+        "Greedy placement under the same emulated memory pressure twice: with HeadSplit's re-placement "
+        "(replacement: true) and with a static placement (replacement: false). A worker's KV caches grow "
+        "too little to fill its memory within the run's tokens, so runtime.memory_pressure gives the "
+        "worker whose memory grows fastest a limit derived from its first placement: its counted bytes "
+        "(unit weights, KV slices) pass the threshold and the limit at the generated tokens set there ("
+        + _pressure_text(runs)
+        + ")"
+        + ". Where they happen is therefore set, not measured: measured are what the re-placement moves, "
+        "what it costs, the speed around it, and that the static placement stops. Not a cgroup: no process "
+        "is killed. Tokens/s here: the tokens' own step times (memory sampling and migration excluded)."
+        + (" Not compared: " + "; ".join(problems) if problems else "")
+    )
+    return section
+
+
+def _replacement_rows(run: MemoryRun, sim: str) -> list[list[str]]:
+    figure = FIGURES["ch6.replacement"]
+    events = run.replacements
+    if not events:
+        said = "no re-placement: the threshold was never passed" + (
+            f" (out of memory at token {run.oom.get('token')})" if run.oom else ""
+        )
+        return [
+            ["re-placements", said, sim, figure.text, "does not reproduce: no re-placement fired"],
+            [SPEED_ROW, MISSING, MISSING, "no figure in the article", MISSING],
+        ]
+    parts = []
+    planning_ms: list[float] = []
+    for event in events:
+        moved = event.get("bytes") or ""
+        planning_ms.append(int(event["planning_ns"]) / 1e6)
+        parts.append(
+            f"at token {event['token']} ({event.get('worker') or MISSING}): {event['moved_units']} units "
+            f"moved, {units.size(int(moved)) if moved else MISSING + ' bytes'}, migration "
+            f"{units.duration(int(event['migration_ns']))}, planning {units.duration(int(event['planning_ns']))}"
+        )
+    total = run.values.get("migration_bytes")
+    measured = f"{len(events)} re-placement(s): " + "; ".join(parts)
+    measured += f"; {units.size(total) if isinstance(total, int | float) else MISSING} moved in all"
+    if run.oom:
+        measured += f"; then out of memory at token {run.oom.get('token')} ({run.oom.get('worker')})"
+    worst = max(planning_ms)
+    verdict = (
+        f"reproduces the planning time: {worst:.2f} ms, under the article's 5 ms (on this machine's cores, "
+        "not a Pi 4's); the count is set by the emulated pressure, not comparable with the article's 1.4"
+        if figure.holds(worst)
+        else f"does not reproduce: planning took {worst:.2f} ms, over the article's 5 ms"
+    )
+    first = int(events[0]["token"])
+    last = max(run.token_ns, default=-1)
+    before = _rate(
+        run.token_ns, range(1, first + 1)
+    )  # decode tokens up to the re-placement (token 0: prefill)
+    after = _rate(run.token_ns, range(first + 1, last + 1))
+    speed = f"before (tokens 1 to {first}) {_tokens_per_s(before)}, after (tokens {first + 1} to {last}) "
+    speed += _tokens_per_s(after)
+    if before and after:
+        speed += f" ({after / before:.2f}x)"
+    return [
+        ["re-placements", measured, sim, figure.text, verdict],
+        [SPEED_ROW, speed, MISSING, "no figure in the article",
+         "no figure to hold it to"],
+    ]  # fmt: skip
+
+
+def _static_row(static: MemoryRun | None, moving: MemoryRun | None) -> list[str]:
+    figure = FIGURES["ch6.static_oom"]
+    name = "static placement (replacement: false)"
+    if static is None:
+        return [name, "not measured: the run with a static placement did not finish here", MISSING,
+                figure.text, "cannot say: not measured"]  # fmt: skip
+    generated = static.values.get("tokens_generated")
+    rate = _rate(static.token_ns, [t for t in static.token_ns if t > 0])
+    if static.oom:
+        oom = static.oom
+        measured = (
+            f"failed: out of memory at token {oom.get('token')} ({oom.get('worker')}: {_excess(oom)} over its "
+            f"{units.size(oom.get('limit_bytes'))} limit), "
+            f"{generated if generated is not None else MISSING} tokens generated at {_tokens_per_s(rate)}"
+        )
+        if moving is not None and moving.oom is None:
+            verdict = (
+                "reproduces: the static placement runs out of memory where re-placement generated every token"
+            )
+        else:
+            verdict = (
+                "reproduces the static placement's out of memory (no run with re-placement to set beside it)"
+            )
+        verdict += (
+            "; the token is the one the emulated pressure sets, not a measurement of the article's ~400"
+        )
+    else:
+        measured = f"no out of memory: {generated if generated is not None else MISSING} tokens generated at "
+        measured += _tokens_per_s(rate)
+        verdict = "does not reproduce: the static placement did not run out of memory"
+    return [name, measured, MISSING, figure.text, verdict]
+
+
+def _excess(oom: Mapping[str, Any]) -> str:
+    """How far past its limit the worker went (``oom``: the results' out-of-memory record)."""
+    used, limit = oom.get("bytes"), oom.get("limit_bytes")
+    if not isinstance(used, int) or not isinstance(limit, int):
+        return MISSING
+    return units.size(used - limit)
+
+
+def _pressure_text(runs: Mapping[bool, MemoryRun]) -> str:
+    """Each run's squeezed worker, limit, threshold and tokens; said once when both runs had the same
+    (each run places by its own measured rates, so the two placements, and the worker, can differ)."""
+    said: dict[str, list[str]] = {}
+    for replacement in (True, False):
+        run = runs.get(replacement)
+        pressure = run.pressure if run is not None else None
+        if not pressure:
+            continue
+        text = (
+            f"{pressure.get('worker')}: limit {units.size(pressure.get('limit_bytes'))}, threshold "
+            f"{100 * float(pressure.get('threshold', 0)):.4f} %, tokens {pressure.get('replace_at')} and "
+            f"{pressure.get('full_at')}"
+        )
+        said.setdefault(text, []).append("with re-placement" if replacement else "static")
+    if not said:
+        return "no run recorded them"
+    if len(said) == 1:
+        return next(iter(said))
+    return "; ".join(f"{' and '.join(whom)}: {text}" for text, whom in said.items())

@@ -121,6 +121,42 @@ def ch6_tolerance_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]
     )
 
 
+# The memory pair's emulated pressure: quick, re-placement after token 4 and a static placement's
+# out-of-memory after token 10 of 16; full, after tokens 256 and 400 of 512 (the article's static
+# placement "ran out of memory beyond roughly 400 tokens"; it gives no token for its re-placements)
+MEMORY_PRESSURE: Final = {
+    "quick": {"tokens": 16, "replace_at": 4, "full_at": 10},
+    "full": {"tokens": 512, "replace_at": 256, "full_at": 400},
+}
+
+
+def ch6_memory_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 6's memory pair: greedy with re-placement and the same run with a static placement, one
+    worker under emulated memory pressure (``runtime.memory_pressure``, docs/headsplit.md)."""
+    sizes = MEMORY_PRESSURE[size]
+    model = "tinyllama-half" if size == "quick" else "tinyllama"
+    pressure = {"replace_at": sizes["replace_at"], "full_at": sizes["full_at"]}
+    block = {"name": "headsplit", "strategy": "greedy", "speculation": False, "model": model,
+             "tokens": sizes["tokens"], "memory_pressure": pressure}  # fmt: skip
+    doc = {
+        "name": "ch6_memory",
+        "description": "HeadSplit greedy under memory pressure: re-placement against a static placement",
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2", "device3", "device4"],
+        "repetitions": 1,
+        "seed": 2026,
+        "inference": {"enabled": False},
+        "runtime": {"name": "headsplit"},
+        "sweep": [{"path": "runtime", "values": [block, {**block, "replacement": False}]}],
+    }
+    if size == "full":
+        return doc, ()
+    return doc, (
+        "memory: tinyllama-half, 16 tokens instead of TinyLlama's 512; the emulated pressure passes the "
+        "threshold after token 4 and the limit after token 10 (after 256 and 400 of 512 at full size)",
+    )
+
+
 def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Chapter 6's sweep at ``size``: every strategy; the added RTT where it can be applied."""
     doc = _shipped("ch6_headsplit")
@@ -168,7 +204,13 @@ def plan(chapter: str, size: Size, local: bool = True) -> Plan:
     if chapter == "ch6" and not missing:
         doc, reductions = ch6_document(size, local)
         tolerance, tau_reductions = ch6_tolerance_document(size)
-        return Plan(chapter, size, (*expand(doc), *expand(tolerance)), (*reductions, *tau_reductions))
+        memory, memory_reductions = ch6_memory_document(size)
+        return Plan(
+            chapter,
+            size,
+            (*expand(doc), *expand(tolerance), *expand(memory)),
+            (*reductions, *tau_reductions, *memory_reductions),
+        )
     why = (
         f"{'Chapter 5' if chapter == 'ch5' else 'Chapter 6'} measures decoders with PyTorch, and "
         f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here "

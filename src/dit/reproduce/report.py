@@ -21,7 +21,7 @@ from dit.units import MISSING
 TITLES = {
     "ch4": "Chapter 4 — the delay model under RR and SJF, and the optimisers",
     "ch5": "Chapter 5 — decoder profiles of a trained model",
-    "ch6": "Chapter 6 — HeadSplit: strategies, added RTT, speculation",
+    "ch6": "Chapter 6 — HeadSplit: strategies, added RTT, speculation, memory re-placement",
 }
 
 
@@ -122,9 +122,14 @@ def reproduce(
         sections = ch6.sections(measured)
         strategies = [d for d in finished if d.parent.name == "ch6_headsplit"]
         tolerance = [d for d in finished if d.parent.name == "ch6_tolerance"]
+        memory = [d for d in finished if d.parent.name == "ch6_memory"]
         if outcomes:
             shared = ctx.cores if ctx.shared_machine else None
-            sections[:0] = [ch6.measured_section(strategies, shared), ch6.tolerance_section(tolerance)]
+            sections[:0] = [
+                ch6.measured_section(strategies, shared),
+                ch6.tolerance_section(tolerance),
+                ch6.memory_section(memory),
+            ]
         ctx.network = (
             ", ".join(sorted({_network(o.run_dir) for o in outcomes if o.run_dir is not None})) or ""
         )

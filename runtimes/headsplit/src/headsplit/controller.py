@@ -11,6 +11,7 @@ Exit 0 also for an out-of-memory outcome; 1 when generation failed (the results 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -70,6 +71,8 @@ class RunConfig:
     placement: dict[str, str] | None  # explicit unit key -> worker (overrides strategy)
     replacement: bool  # False: a static placement (no re-placement when memory runs short)
     plan_tokens: int | None  # context the first placement must fit (None: prompt + tokens)
+    # emulated memory pressure: {replace_at, full_at} (headsplit.memory.squeeze); None: the real limits
+    memory_pressure: dict[str, int] | None = None
     # the prompt in the model's own tokens (tokenized where dit runs); None: byte-level tokens of prompt
     prompt_ids: tuple[int, ...] | None = None
     # after the generation, the teacher-forced perplexity of this paragraph: {text, ids (the model's own
@@ -223,6 +226,7 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
     plan_tokens = doc.get("plan_tokens")
     if plan_tokens is not None and (not isinstance(plan_tokens, int) or plan_tokens < 1):
         raise ConfigError(f"plan_tokens: expected null or an integer >= 1, got {plan_tokens!r}")
+    pressure = _memory_pressure(doc.get("memory_pressure"), tokens)
     prof = doc.get("speculation_profile")
     if prof is not None and not isinstance(prof, str):
         raise ConfigError(f"speculation_profile: expected null or a path, got {prof!r}")
@@ -269,10 +273,33 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
         placement=placement,
         replacement=bool(doc.get("replacement", True)),
         plan_tokens=plan_tokens,
+        memory_pressure=pressure,
         prompt_ids=tuple(ids) if ids is not None else None,
         perplexity=ppl,
         placement_costs=_placement_costs(doc, base or Path("."), workers),
     )
+
+
+def _memory_pressure(value: Any, tokens: int) -> dict[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(f"memory_pressure: expected null or {{replace_at, full_at}}, got {value!r}")
+    out: dict[str, int] = {}
+    for key in ("replace_at", "full_at"):
+        got = value.get(key)
+        if not isinstance(got, int) or isinstance(got, bool) or got < 1:
+            raise ConfigError(f"memory_pressure.{key}: expected an integer >= 1, got {got!r}")
+        out[key] = got
+    if out["full_at"] <= out["replace_at"]:
+        raise ConfigError(
+            f"memory_pressure.full_at: must be after replace_at ({out['replace_at']}), got {out['full_at']}"
+        )
+    if out["replace_at"] >= tokens:
+        raise ConfigError(
+            f"memory_pressure.replace_at: must be before the last token ({tokens - 1}), got {out['replace_at']}"
+        )
+    return out
 
 
 def load_run_config(path: str | Path) -> RunConfig:
@@ -438,13 +465,26 @@ def run(rc: RunConfig) -> dict[str, Any]:
         placement = {Unit.parse(k): v for k, v in rc.placement.items()}
     else:
         placement = dict(hp.place(cfg, specs, rc.strategy, context_tokens=planned))
+    threshold = rc.memory_threshold
+    overhead: dict[str, int] = {}  # per worker, its own count minus the placement's model (when measured)
     if hp is not None and rc.replacement:
 
         def replan_fn(current: engine.Placement, tokens: int) -> engine.Placement:
             # tokens: generated so far; the KV caches hold the prompt and those
             so_far = len(prompt_ids) + tokens
             ahead = max(context - so_far, 1)
-            return dict(hp.replace(cfg, specs, current, tokens_so_far=so_far, tokens_ahead=ahead))
+            # every worker under the run's threshold for the tokens ahead (the trigger's own fraction)
+            return dict(
+                hp.replace(
+                    cfg,
+                    specs,
+                    current,
+                    tokens_so_far=so_far,
+                    tokens_ahead=ahead,
+                    threshold=threshold,
+                    overhead_bytes=overhead,
+                )
+            )
 
         replan = replan_fn
     planning_ns = time.perf_counter_ns() - t0
@@ -467,12 +507,31 @@ def run(rc: RunConfig) -> dict[str, Any]:
     for n in names:
         tr.setup(n, cfg, worker_checkpoint(rc.checkpoint, n), engine.units_of(placement, n))
     setup_ns = time.perf_counter_ns() - t_setup
+    pressure: dict[str, Any] | None = None
+    if rc.memory_pressure is not None:
+        # the budget from this placement and what each worker holds now (caches empty): the workers' own
+        # count, which the engine samples, not the placement's model of it
+        held = {n: int(tr.call(n, "nbytes").result()[0]) for n in names}
+        squeezed = importlib.import_module("headsplit.memory").squeeze(
+            cfg, placement, len(prompt_ids), measured=held, **rc.memory_pressure
+        )
+        limits[squeezed.worker] = squeezed.limit_bytes
+        threshold = squeezed.threshold
+        specs = [
+            dataclasses.replace(s, memory_bytes=squeezed.limit_bytes) if s.name == squeezed.worker else s
+            for s in specs
+        ]
+        for d in workers_doc:
+            if d["name"] == squeezed.worker:
+                d["memory_bytes"] = squeezed.limit_bytes
+        pressure = squeezed.to_json()
+        overhead = {n: held[n] - int(hp.worker_bytes(cfg, placement, n, 0)) for n in names}
     opts = engine.EngineOptions(
         speculation=rc.speculation,
         tau=rc.tau,
         speculate_layers=_speculate_layers(rc),
         memory_limits=limits,
-        memory_check=_memory_check(limits, rc.memory_threshold),
+        memory_check=_memory_check(limits, threshold),
         replan=replan,
     )
     eng = engine.Engine(cfg, tr, placement, cw, opts)
@@ -488,6 +547,9 @@ def run(rc: RunConfig) -> dict[str, Any]:
         "placement": {**placement_doc, "units": {u.key(): w for u, w in sorted(placement.items())}},
         "prompt_tokens": len(prompt_ids),
         "setup_ns": setup_ns,
+        "replacement": rc.replacement and hp is not None,
+        "memory_threshold": threshold,
+        "memory_pressure": pressure,
     }
     # the one progress line (the node's log): generation starts now
     print(f"headsplit controller: generating {rc.tokens} tokens", flush=True)

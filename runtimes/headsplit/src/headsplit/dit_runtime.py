@@ -108,6 +108,30 @@ def readiness_plays(block: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def pressure_problems(block: Mapping[str, Any]) -> list[BlockProblem]:
+    """``memory_pressure``: ``replace_at`` before ``full_at``, and before the last generated token."""
+    pressure = block.get("memory_pressure")
+    if not isinstance(pressure, Mapping):
+        return []
+    replace_at, full_at = pressure.get("replace_at"), pressure.get("full_at")
+    tokens = block.get("tokens", 16)
+    if not (isinstance(replace_at, int) and isinstance(full_at, int) and isinstance(tokens, int)):
+        return []  # the schema names the field
+    problems = []
+    if full_at <= replace_at:
+        problems.append(
+            BlockProblem(("memory_pressure", "full_at"), f"{full_at} is not after replace_at ({replace_at})")
+        )
+    if replace_at >= tokens:
+        problems.append(
+            BlockProblem(
+                ("memory_pressure", "replace_at"),
+                f"{replace_at} is not before the last of the {tokens} tokens (token {tokens - 1})",
+            )
+        )
+    return problems
+
+
 class HeadSplitRuntime(RuntimeBase):
     """Attention heads placed across workers over torch RPC, with cross-layer speculation."""
 
@@ -121,11 +145,13 @@ class HeadSplitRuntime(RuntimeBase):
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario; the paragraph
         ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``); the
-        profile run ``placement_profile`` names has costs of every worker's device and of no other."""
+        profile run ``placement_profile`` names has costs of every worker's device and of no other;
+        ``memory_pressure`` passes the threshold before the limit and before the last token."""
         problems = node_problems(block, scenario, default_excludes_controller=False)
         _, problem = read_paragraph(block)
         if problem is not None:
             problems.append(BlockProblem(("perplexity_paragraph",), problem))
+        problems += pressure_problems(block)
         path = block.get("placement_profile")
         if isinstance(path, str) and not problems:
             raw = scenario.get("devices")

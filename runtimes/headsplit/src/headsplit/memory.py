@@ -115,3 +115,64 @@ def crossing_token(
     while tokens > 0 and fixed + (tokens - 1) * growth > budget:  # float rounding guard
         tokens -= 1
     return tokens
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """Emulated memory pressure on one worker (the run config's ``memory_pressure``): its limit and the
+    run's threshold, derived from the first placement so that its own KV growth crosses the threshold
+    at generated token ``replace_at`` and passes the limit at ``full_at``."""
+
+    worker: str
+    limit_bytes: int
+    threshold: float
+    replace_at: int
+    full_at: int
+
+    def to_json(self) -> dict[str, int | float | str]:
+        return {
+            "worker": self.worker,
+            "limit_bytes": self.limit_bytes,
+            "threshold": self.threshold,
+            "replace_at": self.replace_at,
+            "full_at": self.full_at,
+        }
+
+
+def squeeze(
+    cfg: ModelConfig,
+    placement: Mapping[Unit, str],
+    prompt_tokens: int,
+    replace_at: int,
+    full_at: int,
+    measured: Mapping[str, int] | None = None,
+) -> Pressure:
+    """The limit and threshold that put the worker whose memory grows fastest under pressure.
+
+    After generated token ``i`` the KV caches hold ``prompt_tokens + i`` positions, and the engine samples
+    every worker then: that worker's bytes first pass ``threshold * limit`` at token ``replace_at`` (the
+    re-placement) and ``limit`` at token ``full_at`` (a static placement's out-of-memory). The worker:
+    the one holding most KV groups (its bytes grow fastest), the first by name on a tie. ``measured``:
+    each worker's own count of its bytes with empty caches (what the engine's samples start from), else
+    the placement's model of it (:func:`predict` at 0 tokens). ``ValueError``
+    when ``0 < replace_at < full_at`` does not hold, or no worker holds an attention head (nothing grows).
+    """
+    if prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens must be >= 1, got {prompt_tokens}")
+    if not 0 < replace_at < full_at:
+        raise ValueError(f"memory_pressure: needs 0 < replace_at < full_at, got {replace_at} and {full_at}")
+    workers = sorted(set(placement.values()), key=_name_order)
+    growth = {w: predict(cfg, placement, w, 1) - predict(cfg, placement, w, 0) for w in workers}
+    worker = max(workers, key=lambda w: growth[w])  # max keeps the first of equals: name order
+    if growth[worker] <= 0:
+        raise ValueError("memory_pressure: no worker holds an attention head, so no worker's memory grows")
+    base = predict(cfg, placement, worker, 0) if measured is None else measured[worker]
+    limit = base + growth[worker] * (prompt_tokens + full_at - 1)
+    # halfway between the bytes after token replace_at - 1 and after token replace_at: float-safe
+    below = base + growth[worker] * (prompt_tokens + replace_at - 1)
+    return Pressure(worker, limit, (below + growth[worker] / 2) / limit, replace_at, full_at)
+
+
+def _name_order(name: str) -> tuple[int, str]:
+    digits = name.lstrip("abcdefghijklmnopqrstuvwxyz")
+    return (int(digits), name) if digits.isdigit() else (0, name)

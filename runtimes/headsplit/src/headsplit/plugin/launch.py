@@ -292,11 +292,21 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
         if host == controller and isinstance(block.get("placement_profile"), str)
         else None,
         "memory_threshold": float(block.get("memory_threshold", 0.85)),
+        "replacement": bool(block.get("replacement", True)),
+        "memory_pressure": memory_pressure(block),
         "rpc_timeout_s": float(block.get("rpc_timeout_s", 30)),
         "rpc_retries": int(block.get("rpc_retries", 3)),
         "threads": int(block.get("threads", 1)),
         "result": RESULT_FILE,
     }
+
+
+def memory_pressure(block: Mapping[str, Any]) -> dict[str, int] | None:
+    """``memory_pressure`` as the controller reads it (checked by the schema and check_block)."""
+    value = block.get("memory_pressure")
+    if not isinstance(value, Mapping):
+        return None
+    return {"replace_at": int(value["replace_at"]), "full_at": int(value["full_at"])}
 
 
 def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:

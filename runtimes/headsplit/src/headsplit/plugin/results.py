@@ -208,6 +208,14 @@ def _placement_table(doc: Mapping[str, Any], out: Path) -> Path | None:
     )  # fmt: skip
 
 
+def _migration_bytes(doc: Mapping[str, Any]) -> int | None:
+    """The bytes every re-placement moved (0 without one); None when a re-placement did not record them."""
+    moved = [r.get("bytes") for r in doc.get("replacements") or []]
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in moved):
+        return None
+    return sum(int(n) for n in moved if n is not None)
+
+
 def find_results(run: LoadedRun) -> tuple[str, Path]:
     """The controller's host and its results file ``raw/<host>/<host>_headsplit.json``."""
     return helpers.find_results(run, RESULT_NAME, error=HeadSplitResultsError)
@@ -312,9 +320,16 @@ def parse(run: LoadedRun) -> Results:
         ),
         write_csv(
             out / "hs_replacements.csv",
-            ["token", "worker", "planning_ns", "migration_ns", "moved_units"],
+            ["token", "worker", "planning_ns", "migration_ns", "moved_units", "bytes"],
             (
-                [r["token"], r.get("worker", ""), r["planning_ns"], r["migration_ns"], r["moved_units"]]
+                [
+                    r["token"],
+                    r.get("worker", ""),
+                    r["planning_ns"],
+                    r["migration_ns"],
+                    r["moved_units"],
+                    r.get("bytes", ""),
+                ]
                 for r in doc.get("replacements") or []
             ),
         ),
@@ -379,6 +394,8 @@ def parse(run: LoadedRun) -> Results:
                      "speculated layer transitions whose attention was kept"),
         SummaryValue("reexecutions", rejected, "", "int", "speculative attentions re-executed on the exact input"),
         SummaryValue("replacements", len(doc.get("replacements") or []), "", "int", "placement re-runs (memory)"),
+        SummaryValue("migration_bytes", _migration_bytes(doc), "B", "int",
+                     "bytes the re-placements moved (unit weights, KV slices)"),
         SummaryValue("retries", len(doc.get("retries") or []), "", "int", "RPC retries after a stall"),
         SummaryValue("bytes_total", sum(bytes_per_token), "B", "int", "bytes moved between processes"),
         SummaryValue("bytes_per_token", statistics.fmean(bytes_per_token) if tokens else None, "B", "float",

@@ -162,6 +162,40 @@ def block_schema() -> dict[str, Any]:
                 "maximum": 1,
                 "default": 0.85,
             },
+            "replacement": {
+                "title": "Re-placement",
+                "description": "Re-run the placement when a worker passes `memory_threshold` of its limit, "
+                "migrating units and KV slices (the article's); `false`: a static placement, which ends "
+                "the run with `oom` when a worker passes its limit.",
+                "type": "boolean",
+                "default": True,
+            },
+            "memory_pressure": {
+                "title": "Emulated memory pressure",
+                "description": "Put one worker under memory pressure on a model whose KV caches grow too "
+                "little to fill a board within a short run: after the first placement, the worker whose "
+                "memory grows fastest gets a limit (and the run a threshold) derived from that placement, "
+                "so that its bytes pass the threshold at generated token `replace_at` and its limit at "
+                "`full_at` (the counted bytes of units and KV slices, not a cgroup: no process is "
+                "killed). Results: `memory_pressure` (the worker, limit, threshold).",
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["replace_at", "full_at"],
+                "properties": {
+                    "replace_at": {
+                        "description": "The generated token after which the threshold is passed "
+                        "(re-placement), before the last token.",
+                        "type": "integer",
+                        "minimum": 1,
+                    },
+                    "full_at": {
+                        "description": "The generated token after which the limit is passed (a static "
+                        "placement runs out of memory there), after `replace_at`.",
+                        "type": "integer",
+                        "minimum": 2,
+                    },
+                },
+            },
             "rpc_timeout_s": {
                 "title": "RPC timeout",
                 "description": "Seconds after which a stalled RPC is retried.",
