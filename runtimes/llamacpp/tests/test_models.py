@@ -145,6 +145,81 @@ def test_bad_names_are_refused() -> None:
         models.check_quant("Q5_K")
 
 
+def test_smollm2_has_its_own_weight_types_and_a_wrong_one_names_quant() -> None:
+    assert models.quants_of("smollm2-135m") == ("F32", "Q8_0", "Q4_1")
+    assert models.quants_of("llama-tiny") == models.QUANTS
+    assert models.check_quant("Q4_1", "smollm2-135m") == "Q4_1"
+    with pytest.raises(models.GGUFError, match=r"^quant: 'Q4_1' is not one of the weight types made for "
+                       r"model llama-tiny: F32, F16, Q8_0, Q4_0$"):  # fmt: skip
+        models.check_quant("Q4_1", "llama-tiny")
+    with pytest.raises(models.GGUFError, match=r"^quant: 'Q4_0' .* model smollm2-135m: F32, Q8_0, Q4_1$"):
+        models.check_quant("Q4_0", "smollm2-135m")
+    with pytest.raises(models.GGUFError, match=r"^model: 'smollm3' is not one of .*smollm2-135m"):
+        models.quants_of("smollm3")
+    with pytest.raises(models.GGUFError, match=r"^quant: 'F16' .* model smollm2-135m"):
+        models.ensure_gguf("smollm2-135m", "F16", Path("/nonexistent"))
+
+
+def test_smollm2_files_are_pinned_and_the_wheel_s_file_is_the_model_catalogue_s() -> None:
+    from dit.models.catalogue import BUILTIN
+
+    entry = models.load_catalogue()["models"]["smollm2-135m"]
+    assert set(entry["files"]) == {"F32", "Q8_0", "Q4_1"} and entry["trained"] is True
+    for quant, rec in entry["files"].items():
+        assert rec["file"] == models.gguf_name("smollm2-135m", quant) and len(rec["sha256"]) == 64
+    packaged = BUILTIN["smollm2-135m"].packaged
+    assert packaged is not None
+    assert (entry["files"]["Q4_1"]["sha256"], entry["files"]["Q4_1"]["bytes"]) == (
+        packaged.sha256,
+        packaged.bytes,
+    )
+    f = entry["files"]
+    assert f["F32"]["bytes"] > f["Q8_0"]["bytes"] > f["Q4_1"]["bytes"]
+
+
+def _packaged_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: bytes) -> str:
+    """A stand-in for the wheel's GGUF (the real one is 98 MB): what packaged_gguf hands over."""
+    src = tmp_path / "wheel" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    src.parent.mkdir()
+    src.write_bytes(data)
+    digest = models.sha256_file(src)
+    monkeypatch.setattr(models, "packaged_gguf", lambda t: (src, digest))
+    return digest
+
+
+def test_the_wheel_s_gguf_is_copied_and_verified_nothing_converted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    digest = _packaged_stand_in(tmp_path, monkeypatch, b"GGUF the wheel's Q4_1")
+    cat = {"format": 1, "models": {"smollm2-135m": {"files": {"Q4_1": {"sha256": digest}}}}}
+    out = tmp_path / "gguf"
+    f = models.ensure_gguf("smollm2-135m", "Q4_1", out, catalogue=cat)
+    assert (f.path, f.sha256, f.source) == (out / "smollm2-135m-Q4_1.gguf", digest, "catalogue")
+    assert f.path.read_bytes() == b"GGUF the wheel's Q4_1" and not (out / "smollm2-135m-hf").exists()
+
+
+def test_a_tampered_smollm2_file_is_refused_naming_it_and_both_hashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    digest = _packaged_stand_in(tmp_path, monkeypatch, b"GGUF the wheel's Q4_1")
+    cat = {"format": 1, "models": {"smollm2-135m": {"files": {"Q4_1": {"sha256": digest},
+                                                              "F32": {"sha256": "0" * 64}}}}}  # fmt: skip
+    models.ensure_gguf("smollm2-135m", "Q4_1", tmp_path, catalogue=cat)
+    path = tmp_path / "smollm2-135m-Q4_1.gguf"
+    path.write_bytes(b"GGUF changed")
+    with pytest.raises(models.GGUFChecksumMismatch) as err:
+        models.ensure_gguf("smollm2-135m", "Q4_1", tmp_path, catalogue=cat)
+    assert (
+        str(path) in str(err.value)
+        and digest in str(err.value)
+        and models.sha256_file(path) in str(err.value)
+    )
+    # a made file that is there is checked, never converted again
+    (tmp_path / "smollm2-135m-F32.gguf").write_bytes(b"GGUF not the converter's")
+    with pytest.raises(models.GGUFChecksumMismatch, match=r"smollm2-135m-F32\.gguf"):
+        models.ensure_gguf("smollm2-135m", "F32", tmp_path, catalogue=cat)
+
+
 def test_converter_and_quantizer_argv_are_lists() -> None:
     argv = models.converter_argv(
         Path("/m/x-hf"), Path("/o/x.gguf"), "Q8_0", "x", Path("/src"), {"ab" * 32: "gpt2"}

