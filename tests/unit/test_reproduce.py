@@ -441,3 +441,70 @@ def test_ch6_memory_pair_is_greedy_twice_under_the_same_pressure_one_static() ->
     assert any("16 tokens" in r for r in reductions)
     full, none = ch6_memory_document("full")
     assert full["sweep"][0]["values"][0]["tokens"] == 512 and none == ()
+
+
+def test_ch6_runs_llama_cpp_beside_headsplit_only_where_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("headsplit")
+    from dit.reproduce import chapters
+
+    monkeypatch.setattr(chapters, "llamacpp_missing", lambda **_: "llama.cpp RPC: not built here (...)")
+    without = plan("ch6", "quick")
+    assert without.not_run == ("llama.cpp RPC: not built here (...)",)
+    assert not [v for v in without.variants if v.name == "ch6_llamacpp"]
+    monkeypatch.setattr(chapters, "llamacpp_missing", lambda **_: None)
+    quick = plan("ch6", "quick")
+    rows = [thaw(v.data["runtime"]) for v in quick.variants if v.name == "ch6_llamacpp"]
+    keys = ("name", "model", "quant", "tokens", "prompt")
+    assert [{k: r[k] for k in keys} for r in rows] == [
+        {
+            "name": "llamacpp-rpc",
+            "model": "smollm2-135m",
+            "quant": "F32",
+            "tokens": 16,
+            "prompt": "The capital of France is",
+        }
+    ]
+    assert quick.not_run == () and any("llama.cpp RPC on smollm2-135m" in r for r in quick.reductions)
+    full = plan("ch6", "full")
+    quants = [(v.data["runtime"]["quant"], len(v.data.get("network") or {})) for v in full.variants
+              if v.name == "ch6_llamacpp"]  # fmt: skip
+    # every weight type at each of HeadSplit's added RTTs
+    assert len(quants) == 15 and {q for q, _ in quants} == {"F32", "Q8_0", "Q4_1"}
+
+
+def test_llamacpp_missing_names_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("dit_llamacpp")
+    from dit.reproduce.chapters import llamacpp_missing
+    from dit_llamacpp import build
+
+    monkeypatch.setattr(build, "lookup", lambda *a, **k: None)
+    assert "not built here (dit runtimes act llamacpp-rpc build" in str(llamacpp_missing(tmp_path))
+    monkeypatch.setattr(build, "lookup", lambda *a, **k: object())
+    (tmp_path / "smollm2-135m-F32.gguf").write_bytes(b"x")
+    assert llamacpp_missing(tmp_path) is None
+    assert str(llamacpp_missing(tmp_path, ("F32", "Q4_1"))).endswith(
+        f"(python -m dit_llamacpp.models convert smollm2-135m Q4_1 --out {tmp_path})"
+    )
+
+
+def test_ch6_llama_cpp_rows_or_why_there_are_none(tmp_path: Path) -> None:
+    none = ch6.llamacpp_section([], "llama.cpp RPC: not built here (dit runtimes act llamacpp-rpc build)")
+    assert none.tables[0]["rows"] == [
+        ["llama.cpp RPC", "llama.cpp RPC: not built here (dit runtimes act llamacpp-rpc build)"]
+        + [MISSING] * 3
+    ]
+    run = tmp_path / "ch6_llamacpp" / "r1"
+    (run / "aggregate").mkdir(parents=True)
+    block = {"name": "llamacpp-rpc", "model": "smollm2-135m", "quant": "Q8_0", "tokens": 16}
+    point = [["runtime", block], ["network", {"device1": {"delay_ms": 7.5}}]]
+    (run / "metadata.json").write_text(
+        json.dumps({"scenario": {"sweep_point": point}, "runtime": {"block": block}})
+    )
+    values = [{"name": "tokens_per_s", "value": 21.5}, {"name": "token_latency_mean", "value": 40_000_000},
+              {"name": "bytes_per_token", "value": 2048}]  # fmt: skip
+    (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
+    (row,) = ch6.llamacpp_section([run], None).tables[0]["rows"]
+    assert row[0] == "llama.cpp RPC, smollm2-135m Q8_0, +15 ms"
+    assert row[1].startswith("21.50 tokens/s, 40.0 ms per token after the first, ")
+    assert row[3] == "no figure: the article did not run llama.cpp" and row[4].startswith("beside HeadSplit")

@@ -199,6 +199,49 @@ def measured_section(
     return section
 
 
+def llamacpp_section(run_dirs: list[Path], not_run: str | None) -> Section:
+    """llama.cpp's RPC runs beside HeadSplit's strategies: tokens/s, per-token latency and bytes moved per
+    weight type and added RTT; ``not_run`` says why there are none (llama.cpp not built here, ...)."""
+    section = Section("llama.cpp RPC beside HeadSplit", "llamacpp")
+    rows: list[list[str]] = []
+    for run in run_dirs:
+        try:
+            meta = json.loads((run / "metadata.json").read_text(encoding="utf-8"))
+            block = meta["runtime"]["block"]
+            point = meta.get("scenario", {}).get("sweep_point") or []
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            rows.append([run.name, f"unreadable: {exc}", MISSING, MISSING, MISSING])
+            continue
+        values = _summary_values(run)
+        tps, latency = values.get("tokens_per_s"), values.get("token_latency_mean")
+        cells = [MISSING if not isinstance(tps, int | float) else f"{tps:.2f} tokens/s"]
+        if isinstance(latency, int | float):
+            cells.append(f"{latency / 1e6:.1f} ms per token after the first")
+        moved = values.get("bytes_per_token")
+        if isinstance(moved, int | float):
+            cells.append(f"{units.size(moved)} moved per token")
+        added = _added_rtt_ms(json.dumps(point))
+        model = block.get("model", "?")
+        rows.append(
+            [
+                f"llama.cpp RPC, {model} {block.get('quant', 'F32')}, +{added:g} ms",
+                ", ".join(cells) + _energy_cells(run, values),
+                MISSING,
+                "no figure: the article did not run llama.cpp",
+                f"beside HeadSplit, not against it: {model} here, HeadSplit's sweep runs its own model "
+                "(the llamacpp-rpc runtime has no GGUF of it)",
+            ]
+        )
+    if not rows:
+        rows.append(["llama.cpp RPC", not_run or "no finished run", MISSING, MISSING, MISSING])
+    verdict_table(section, rows)
+    section.note = (
+        "llama.cpp's RPC backend (docs/llamacpp.md) on the same four workers, every layer offloaded over "
+        "--rpc, the controller on the edge server; tokens/s counts the prefill as HeadSplit's does."
+    )
+    return section
+
+
 def _energy_cells(run: Path, values: Mapping[str, Any]) -> str:
     """ ", <energy> per token, EDP <J*s>" from the run's summary, said to be modelled where a node's power
     came from a fake sensor (local mode); "" without a power trace."""

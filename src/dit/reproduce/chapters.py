@@ -185,6 +185,62 @@ def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ..
     return quick, tuple(reductions)
 
 
+#: llama.cpp's RPC beside HeadSplit (issue 37): the trained model the llamacpp-rpc runtime runs (it has no
+#: GGUF of HeadSplit's tinyllama-half), the weight types per size, and where its files are looked for.
+LLAMACPP_MODEL: Final = "smollm2-135m"
+LLAMACPP_QUANTS: Final = {"quick": ("F32",), "full": ("F32", "Q8_0", "Q4_1")}
+LLAMACPP_MODELS_DIR: Final = Path("/var/cache/dit/gguf")
+PROMPT: Final = "The capital of France is"  # scenarios/ch6_smollm2.yaml's
+
+
+def llamacpp_missing(
+    models_dir: Path = LLAMACPP_MODELS_DIR, quants: tuple[str, ...] = ("F32",)
+) -> str | None:
+    """Why llama.cpp's row cannot be measured here (not installed, not built, its GGUF not made), or None."""
+    if importlib.util.find_spec("dit_llamacpp") is None:
+        return (
+            "llama.cpp RPC: the llamacpp-rpc runtime is not installed here (pip install ./runtimes/llamacpp)"
+        )
+    from dit_llamacpp import build
+
+    if build.lookup() is None:
+        return (
+            "llama.cpp RPC: not built here (dit runtimes act llamacpp-rpc build; it builds from the mirror's "
+            "llama-cpp-python sdist, docs/llamacpp.md)"
+        )
+    absent = [q for q in quants if not (models_dir / f"{LLAMACPP_MODEL}-{q}.gguf").is_file()]
+    if absent:
+        return (
+            f"llama.cpp RPC: no {LLAMACPP_MODEL} GGUF ({', '.join(absent)}) in {models_dir} "
+            f"(python -m dit_llamacpp.models convert {LLAMACPP_MODEL} {' '.join(absent)} --out {models_dir})"
+        )
+    return None
+
+
+def ch6_llamacpp_document(size: Size, network_axis: Mapping[str, Any] | None) -> dict[str, Any]:
+    """llama.cpp's RPC on HeadSplit's four workers with the controller on the edge server, per weight
+    type of ``size``, over the same added RTTs as HeadSplit's sweep (``network_axis``; None: none)."""
+    tokens = 16 if size == "quick" else 64
+    runtime_axis = {
+        "path": "runtime",
+        "values": [
+            {"name": "llamacpp-rpc", "model": LLAMACPP_MODEL, "quant": q, "tokens": tokens, "prompt": PROMPT}
+            for q in LLAMACPP_QUANTS[size]
+        ],
+    }
+    return {
+        "name": "ch6_llamacpp",
+        "description": f"llama.cpp RPC beside HeadSplit: {LLAMACPP_MODEL}, 4 workers, controller on the edge.",
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2", "device3", "device4"],
+        "repetitions": 1,
+        "seed": 2026,
+        "inference": {"enabled": False},
+        "runtime": {"name": "llamacpp-rpc"},
+        "sweep": [runtime_axis] if network_axis is None else [runtime_axis, dict(network_axis)],
+    }
+
+
 def plan(chapter: str, size: Size, local: bool = True) -> Plan:
     """The variants of ``chapter`` at ``size`` (:class:`ChapterError` for an unknown chapter or size);
     ``local``: in local mode (what local mode cannot apply is left out and said)."""
@@ -205,11 +261,18 @@ def plan(chapter: str, size: Size, local: bool = True) -> Plan:
         doc, reductions = ch6_document(size, local)
         tolerance, tau_reductions = ch6_tolerance_document(size)
         memory, memory_reductions = ch6_memory_document(size)
+        variants = (*expand(doc), *expand(tolerance), *expand(memory))
+        why_not = llamacpp_missing(quants=LLAMACPP_QUANTS[size])
+        if why_not is None:
+            network = next((axis for axis in doc["sweep"] if axis.get("path") == "network"), None)
+            variants += tuple(expand(ch6_llamacpp_document(size, network)))
+            reductions += (f"llama.cpp RPC on {LLAMACPP_MODEL} (the runtime has no GGUF of tinyllama-half)",)
         return Plan(
             chapter,
             size,
-            (*expand(doc), *expand(tolerance), *expand(memory)),
+            variants,
             (*reductions, *tau_reductions, *memory_reductions),
+            () if why_not is None else (why_not,),
         )
     why = (
         f"{'Chapter 5' if chapter == 'ch5' else 'Chapter 6'} measures decoders with PyTorch, and "

@@ -123,10 +123,12 @@ def reproduce(
         strategies = [d for d in finished if d.parent.name == "ch6_headsplit"]
         tolerance = [d for d in finished if d.parent.name == "ch6_tolerance"]
         memory = [d for d in finished if d.parent.name == "ch6_memory"]
+        llamacpp = [d for d in finished if d.parent.name == "ch6_llamacpp"]
         if outcomes:
             shared = ctx.cores if ctx.shared_machine else None
             sections[:0] = [
                 ch6.measured_section(strategies, shared),
+                ch6.llamacpp_section(llamacpp, next((w for w in chosen.not_run if "llama.cpp" in w), None)),
                 ch6.tolerance_section(tolerance),
                 ch6.memory_section(memory),
             ]
