@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,13 @@ from dit_llamacpp import launch
 from dit_llamacpp.models import GGUFError, find_binary
 
 DEFAULT_PROMPT = "The small boards sat in a row on the shelf above the bench"
+
+#: Token texts the vendored llama.cpp (src/llama-vocab.cpp) marks end-of-generation (EOG) besides the
+#: vocabulary's EOS. ``--ignore-eos`` gives every EOG token a logit bias of -inf, so the reference
+#: never picks them either: otherwise a trained model that would end its answer (SmolLM2 picks
+#: ``<|im_end|>`` after 29 tokens of "The capital of France is") parts from llama.cpp there.
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
+             "<EOT>", "<|end_of_text|>", "<eos>")  # fmt: skip
 
 
 class EquivalenceError(AssertionError):
@@ -50,6 +57,7 @@ class Equivalence:
     first_divergence: int | None  # step (0-based) of the first differing token, None when equal
     logit_difference: float | None  # HF logit(HF's token) - HF logit(llama.cpp's token) at that step
     hf_tokenizer_agrees: bool  # whether HF's tokenizer gives the prompt ids llama.cpp used (information)
+    suppressed: tuple[int, ...] = ()  # the end-of-generation ids the reference never picks (--ignore-eos)
 
     @property
     def equal(self) -> bool:
@@ -65,7 +73,8 @@ class Equivalence:
         """The comparison as JSON values (the command's output and the run's results)."""
         return {"equal": self.equal, "describe": self.describe(), "prompt_ids": self.prompt_ids,
                 "hf_ids": self.hf_ids, "llama_ids": self.llama_ids, "first_divergence": self.first_divergence,
-                "agreement": self.agreement, "logit_difference": self.logit_difference}  # fmt: skip
+                "agreement": self.agreement, "logit_difference": self.logit_difference,
+                "suppressed": list(self.suppressed)}  # fmt: skip
 
     def describe(self) -> str:
         if self.equal:
@@ -124,23 +133,38 @@ def llamacpp_greedy(
     return ids[:-n], ids[-n:]
 
 
-def reference_model(name: str, weights_dir: Path | None = None) -> Any:
-    """The float32 transformers causal LM a model's GGUF files are compared with: the seeded dit decoder
-    of a shape, or a trained model's own weights from its verified packaged GGUF."""
+def end_of_generation_ids(model: Any, vocab: Mapping[str, int] | None = None) -> tuple[int, ...]:
+    """The ids llama.cpp's ``--ignore-eos`` never samples: the model's EOS (config and generation config)
+    and the tokens of ``vocab`` spelled as one of :data:`EOG_TEXTS`."""
+    ids: set[int] = set()
+    for config in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        eos = getattr(config, "eos_token_id", None)
+        ids.update(int(i) for i in (eos if isinstance(eos, list | tuple) else [] if eos is None else [eos]))
+    ids.update(vocab[text] for text in EOG_TEXTS if vocab and text in vocab)
+    return tuple(sorted(ids))
+
+
+def reference_model(name: str, weights_dir: Path | None = None) -> tuple[Any, tuple[int, ...]]:
+    """The float32 transformers causal LM a model's GGUF files are compared with -- the seeded dit decoder
+    of a shape, or a trained model's own weights from its verified packaged GGUF -- and its
+    end-of-generation ids (:func:`end_of_generation_ids`)."""
     from dit_llamacpp.models import TRAINED, load_decoder, packaged_gguf, shape
 
     if name in TRAINED:
         from dit.models.smollm2 import load_pretrained
 
         path, _ = packaged_gguf(TRAINED[name])
-        model, _tokenizer = load_pretrained(path)
-        return model
-    return load_decoder(shape(name), weights_dir).model
+        model, tokenizer = load_pretrained(path)
+        return model, end_of_generation_ids(model, tokenizer.get_vocab())
+    model = load_decoder(shape(name), weights_dir).model
+    return model, end_of_generation_ids(model)
 
 
-def hf_greedy(model: Any, prompt_ids: Sequence[int], n: int) -> tuple[list[int], list[Any]]:
+def hf_greedy(
+    model: Any, prompt_ids: Sequence[int], n: int, suppress: Sequence[int] = ()
+) -> tuple[list[int], list[Any]]:
     """Greedy ids and the last-position logits of each step, the transformers model (``reference_model``)
-    in one piece, no cache."""
+    in one piece, no cache; the ``suppress`` ids get -inf, as llama.cpp's ``--ignore-eos`` does."""
     import torch
 
     ids = torch.tensor([list(prompt_ids)], dtype=torch.int64)
@@ -149,6 +173,8 @@ def hf_greedy(model: Any, prompt_ids: Sequence[int], n: int) -> tuple[list[int],
     with torch.inference_mode():
         for _ in range(n):
             step = model(input_ids=ids, use_cache=False).logits[0, -1].float()
+            if suppress:
+                step[list(suppress)] = float("-inf")
             nxt = int(torch.argmax(step))
             out.append(nxt)
             logits.append(step)
@@ -163,14 +189,15 @@ def compare_ids(
     *,
     weights_dir: Path | None = None,
     hf_tokenizer_agrees: bool = False,
+    reference: tuple[Any, tuple[int, ...]] | None = None,
 ) -> Equivalence:
     """Hugging Face's greedy ids for llama.cpp's prompt ids, compared with llama.cpp's generated ids
     (the first ``len(llama_ids)`` steps; at the first divergence, the HF logit difference)."""
-    model = reference_model(shape_name, weights_dir)
-    hf_ids, logits = hf_greedy(model, prompt_ids, len(llama_ids))
+    model, suppress = reference_model(shape_name, weights_dir) if reference is None else reference
+    hf_ids, logits = hf_greedy(model, prompt_ids, len(llama_ids), suppress)
     first = next((i for i, (a, b) in enumerate(zip(hf_ids, llama_ids, strict=True)) if a != b), None)
     diff = None if first is None else float(logits[first][hf_ids[first]] - logits[first][llama_ids[first]])
-    return Equivalence(list(prompt_ids), hf_ids, list(llama_ids), first, diff, hf_tokenizer_agrees)
+    return Equivalence(list(prompt_ids), hf_ids, list(llama_ids), first, diff, hf_tokenizer_agrees, suppress)
 
 
 def compare(
@@ -183,8 +210,10 @@ def compare(
     hf_dir: Path | None = None,
     binary: Path | None = None,
     llama_args: Sequence[str] = (),
+    reference: tuple[Any, tuple[int, ...]] | None = None,
 ) -> Equivalence:
-    """Run both sides on the same prompt ids and compare the first ``n`` greedy tokens."""
+    """Run both sides on the same prompt ids and compare the first ``n`` greedy tokens (``reference``:
+    :func:`reference_model`'s answer, to load the model once for several files)."""
     prompt_ids, llama_ids = llamacpp_greedy(gguf, prompt, n, binary=binary, extra=llama_args)
     agrees = False
     if hf_dir is not None and (hf_dir / "tokenizer.json").is_file():
@@ -192,7 +221,8 @@ def compare(
         from transformers import AutoTokenizer
 
         agrees = list(AutoTokenizer.from_pretrained(str(hf_dir)).encode(prompt)) == list(prompt_ids)
-    return compare_ids(shape_name, prompt_ids, llama_ids, weights_dir=weights_dir, hf_tokenizer_agrees=agrees)
+    return compare_ids(shape_name, prompt_ids, llama_ids, weights_dir=weights_dir, hf_tokenizer_agrees=agrees,
+                       reference=reference)  # fmt: skip
 
 
 def _ids(text: str) -> list[int]:
