@@ -506,5 +506,5 @@ def test_ch6_llama_cpp_rows_or_why_there_are_none(tmp_path: Path) -> None:
     (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
     (row,) = ch6.llamacpp_section([run], None).tables[0]["rows"]
     assert row[0] == "llama.cpp RPC, smollm2-135m Q8_0, +15 ms"
-    assert row[1].startswith("21.50 tokens/s, 40.0 ms per token after the first, ")
+    assert row[1] == "21.50 tokens/s, 40.0 ms per token after the first"  # no bytes: not counted (the note)
     assert row[3] == "no figure: the article did not run llama.cpp" and row[4].startswith("beside HeadSplit")

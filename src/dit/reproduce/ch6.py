@@ -217,9 +217,6 @@ def llamacpp_section(run_dirs: list[Path], not_run: str | None) -> Section:
         cells = [MISSING if not isinstance(tps, int | float) else f"{tps:.2f} tokens/s"]
         if isinstance(latency, int | float):
             cells.append(f"{latency / 1e6:.1f} ms per token after the first")
-        moved = values.get("bytes_per_token")
-        if isinstance(moved, int | float):
-            cells.append(f"{units.size(moved)} moved per token")
         added = _added_rtt_ms(json.dumps(point))
         model = block.get("model", "?")
         rows.append(
@@ -237,7 +234,9 @@ def llamacpp_section(run_dirs: list[Path], not_run: str | None) -> Section:
     verdict_table(section, rows)
     section.note = (
         "llama.cpp's RPC backend (docs/llamacpp.md) on the same four workers, every layer offloaded over "
-        "--rpc, the controller on the edge server; tokens/s counts the prefill as HeadSplit's does."
+        "--rpc, the controller on the edge server; tokens/s counts the prefill as HeadSplit's does. No bytes "
+        "moved: this llama.cpp's RPC sends and receives with send/recv, which the per-process I/O counters "
+        "the runtime reads do not count (docs/llamacpp.md, Not done yet)."
     )
     return section
 
