@@ -151,6 +151,53 @@ def test_a_two_worker_local_run_generates_hf_s_8_greedy_ids(site: Path, tmp_path
 
 
 @pytest.mark.slow
+def test_smollm2_s_wheel_file_runs_and_its_comparison_with_transformers_is_in_the_results(
+    site: Path, tmp_path: Path
+) -> None:
+    """``model: smollm2-135m``, ``quant: Q4_1``: the wheel's own GGUF from the models directory, checked by the
+    controller against its pin; ``equivalence: true`` puts the first difference and the agreement with
+    transformers' float32 greedy ids in the run's summary (issue 32 item 4)."""
+    import importlib.util
+
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers", "gguf")):
+        pytest.skip("the comparison needs dit[llm] (torch, transformers, gguf)")
+    bin_dir = _bin_dir()
+    sys.path.insert(0, str(LLAMACPP / "src"))
+    from dit_llamacpp import models
+
+    try:
+        f = models.ensure_gguf("smollm2-135m", "Q4_1", tmp_path / "gguf")  # a copy: no torch here
+    except models.GGUFError as exc:
+        pytest.skip(str(exc))
+    doc = {
+        "name": "lc_smollm2", "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2"], "repetitions": 1, "inference": {"enabled": False},
+        "timing": {"start_lead_s": 1.0},
+        "runtime": {"name": "llamacpp-rpc", "model": "smollm2-135m", "quant": "Q4_1", "tokens": 8,
+                    "prompt": "The capital of France is", "models_dir": str(f.path.parent), "bin_dir": str(bin_dir),
+                    "port": free_port(), "tensor_split": [1, 1], "token_ids": True, "equivalence": True},
+    }  # fmt: skip
+    scenario = tmp_path / "lc_smollm2.yaml"
+    scenario.write_text(json.dumps(doc), encoding="utf-8")
+    done = dit(site, "run", str(scenario), "--runs-dir", str(tmp_path / "runs"), timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (tmp_path / "runs" / "lc_smollm2").iterdir()
+    controller = json.loads((run_dir / "raw" / "edge" / "edge_llamacpp.json").read_text(encoding="utf-8"))
+    assert controller["model_sha256"] == f.sha256  # the pin, checked before llama.cpp read the file
+    assert controller["prompt_ids"] == [504, 3575, 282, 4649, 314]
+    compared = json.loads((run_dir / "aggregate" / "llamacpp_equivalence.json").read_text(encoding="utf-8"))
+    assert "error" not in compared, compared["error"]
+    assert compared["llama_ids"] == controller["generated_ids"] and compared["suppressed"] == [0, 2]
+    values = {
+        v["name"]: v["value"]
+        for v in json.loads((run_dir / "aggregate" / "summary.json").read_text())["values"]
+    }
+    assert values["reference_first_difference"] == compared["first_divergence"]
+    assert values["reference_agreement"] == compared["agreement"]
+    assert compared["hf_ids"][:2] == controller["generated_ids"][:2] == [7042, 30]  # " Paris." in both
+
+
+@pytest.mark.slow
 def test_a_run_without_the_pinned_build_is_refused_at_preflight_and_records_why(
     site: Path, tmp_path: Path
 ) -> None:
