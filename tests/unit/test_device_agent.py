@@ -230,7 +230,11 @@ def test_a_prepared_agent_says_so_then_starts_at_the_instant_of_the_start_file(
             time.sleep(0.005)
         time.sleep(0.1)
         picked.append(time.time_ns() + 50_000_000)
-        start_file.write_text(json.dumps({"start_at_ns": picked[0]}))
+        # atomically, as the profile stage writes it (a rename): the agent polls every 5 ms, and a file
+        # it finds created but not yet written is, rightly, an error (it failed CI once under load)
+        partial = start_file.with_suffix(".part")
+        partial.write_text(json.dumps({"start_at_ns": picked[0]}))
+        os.replace(partial, start_file)
 
     stage = threading.Thread(target=profile_stage, daemon=True)
     stage.start()
