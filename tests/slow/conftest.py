@@ -3,33 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session", autouse=True)
-def builtin_sys_intern() -> Iterator[None]:
-    """The builtin ``sys.intern`` while the real models run.
-
-    Importing ``ansible.module_utils`` (test modules elsewhere load the Ansible modules at
-    collection) replaces ``sys.intern`` with a callable object, and ``torch._dynamo`` refuses to
-    register a substitute for anything but a function. The device and edge processes never import
-    Ansible, so only a pytest session that collects both meets this.
-    """
-    patched = sys.intern
-    original = getattr(type(patched), "unpatched_implementation", None)
-    if isinstance(patched, types.BuiltinFunctionType) or original is None:
-        yield
-        return
-    sys.intern = original
-    try:
-        yield
-    finally:
-        sys.intern = patched
 
 
 @pytest.fixture(scope="session", autouse=True)
