@@ -1,5 +1,5 @@
-"""For every test of the repository (tests/ and the runtimes' tests): the builtin ``sys.intern`` around the
-slow tests, and torch's compiler imported under it.
+"""For every test of the repository (tests/ and the runtimes' tests): torch's compiler imported under the
+builtin ``sys.intern`` before a slow test's fixtures are set up.
 
 Importing Ansible in a test process (``ansible.errors``, ``ansible.module_utils.basic``: the tests that load
 the modules or action plugins in-process) replaces ``sys.intern`` with a callable object, and
@@ -36,12 +36,18 @@ def builtin_sys_intern() -> Iterator[None]:
         sys.intern = patched
 
 
-@pytest.fixture(autouse=True)
-def _torch_beside_ansible(request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.node.get_closest_marker("slow") is None:
-        yield
+def import_torch_compiler() -> None:
+    """Import ``torch._dynamo`` (once per process) while ``sys.intern`` is the builtin: it registers its
+    substitutes at import, so Ansible's patch made later, or already made, no longer matters."""
+    if "torch._dynamo" in sys.modules or importlib.util.find_spec("torch") is None:
         return
     with builtin_sys_intern():
-        if "torch._dynamo" not in sys.modules and importlib.util.find_spec("torch") is not None:
-            import torch._dynamo  # noqa: F401  (once per process, while sys.intern is the builtin)
-        yield
+        import torch._dynamo  # noqa: F401
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of a slow test is set up (a module-scoped one loads a model, and with it torch's
+    compiler, before any function-scoped fixture could act)."""
+    if item.get_closest_marker("slow") is not None:
+        import_torch_compiler()
