@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.device.link_emulator import expected_loss, quantile_upto_us
+from dit.devtools.datagrams import receiver_script, sender_script
 
 NS_A, NS_B, DEV, PEER = "ditlinka", "ditlinkb", "ditlinka0", "ditlinkb0"
 NET = "10.205.0"
@@ -237,40 +238,8 @@ def iperf3_mbit(address: str, seconds: int) -> float:
         server.wait(timeout=10)
 
 
-NUMBERED_RECEIVER = """
-import json, select, socket, sys, time
-socks = {}
-for address in sys.argv[1:]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 23)
-    s.bind((address, PORT)); s.setblocking(False); socks[s] = address
-got = {a: [] for a in sys.argv[1:]}
-print("ready", flush=True)
-def drain():
-    for s in socks:
-        while True:
-            try: got[socks[s]].append(int(s.recv(64)))
-            except BlockingIOError: break
-while True:
-    ready = select.select([*socks, sys.stdin], [], [], 0.5)[0]
-    drain()
-    if sys.stdin in ready and not sys.stdin.readline():
-        break
-time.sleep(0.5)
-drain()
-print(json.dumps(got))
-""".replace("PORT", str(CORRELATED_PORT))
-NUMBERED_SENDER = """
-import socket, sys, time
-count, gap = int(sys.argv[1]), float(sys.argv[2])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-start = time.monotonic()
-for i in range(count):
-    for address in sys.argv[3:]:
-        s.sendto(str(i).encode(), (address, PORT))
-    wait = start + (i + 1) * gap - time.monotonic()
-    if wait > 0: time.sleep(wait)
-""".replace("PORT", str(CORRELATED_PORT))
+NUMBERED_RECEIVER = receiver_script(CORRELATED_PORT)
+NUMBERED_SENDER = sender_script(CORRELATED_PORT)
 
 
 def numbered_losses(addresses: list[str], count: int, gap_s: float) -> dict[str, list[bool]]:

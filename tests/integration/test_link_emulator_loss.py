@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from dit.device.link_emulator import expected_loss
+from dit.devtools.datagrams import receiver_script, sender_script
 
 REPO = Path(__file__).resolve().parents[2]
 NET = "10.206.0"
@@ -50,41 +51,8 @@ def _skip() -> str | None:
 SKIP = _skip()
 pytestmark = [pytest.mark.root, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
-RECEIVER = """
-import json, select, socket, sys, time
-socks = {}
-for address in sys.argv[1:]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-    s.bind((address, PORT)); s.setblocking(False); socks[s] = address
-got = {a: [] for a in sys.argv[1:]}
-print("ready", flush=True)
-def drain():
-    for s in socks:
-        while True:
-            try: got[socks[s]].append(int(s.recv(64)))
-            except BlockingIOError: break
-while True:
-    ready = select.select([*socks, sys.stdin], [], [], 0.5)[0]
-    drain()
-    if sys.stdin in ready and not sys.stdin.readline():
-        break  # the sender finished
-time.sleep(0.5)  # what the emulator still holds
-drain()
-print(json.dumps(got))
-""".replace("PORT", str(PORT))
-
-SENDER = """
-import socket, sys, time
-count, gap = int(sys.argv[1]), float(sys.argv[2])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-start = time.monotonic()
-for i in range(count):
-    for address in sys.argv[3:]:
-        s.sendto(str(i).encode(), (address, PORT))
-    wait = start + (i + 1) * gap - time.monotonic()
-    if wait > 0: time.sleep(wait)
-""".replace("PORT", str(PORT))
+RECEIVER = receiver_script(PORT)
+SENDER = sender_script(PORT)
 
 
 @pytest.fixture
