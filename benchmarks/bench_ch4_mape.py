@@ -25,6 +25,7 @@ shared machine. ``--runs DIR`` prints the figures of runs made before, without r
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import subprocess
 import sys
@@ -66,14 +67,41 @@ def smoke(doc: dict[str, Any]) -> None:
         sweep["values"] = sweep["values"][-1:]
 
 
+def parse_delays(values: list[str]) -> dict[str, float]:
+    """``DEVICE=MS`` items (``--delay``) as {device: added delay in ms}; a bad item names itself."""
+    out: dict[str, float] = {}
+    for item in values:
+        device, sep, ms = item.partition("=")
+        try:
+            delay = float(ms)
+        except ValueError:
+            delay = -1.0
+        if not sep or not device or delay < 0:
+            raise SystemExit(f"--delay {item!r}: expected DEVICE=MS with MS >= 0, e.g. device1=10")
+        out[device] = delay
+    return out
+
+
 def with_stand_in(
-    scenario: Path, out_dir: Path, start_lead_s: float | None = None, smoke_run: bool = False
+    scenario: Path,
+    out_dir: Path,
+    start_lead_s: float | None = None,
+    smoke_run: bool = False,
+    delays: dict[str, float] | None = None,
 ) -> Path:
     """A copy of ``scenario`` whose model is its catalogue stand-in (the fake model, same stages),
-    with ``timing.start_lead_s`` set when given, cut to one short run with ``smoke_run``."""
+    with ``timing.start_lead_s`` set when given, cut to one short run with ``smoke_run``, and each
+    device of ``delays`` given that added delay (``network.<device>.delay_ms``: netem where the kernel
+    has it, else the userspace link emulator)."""
     doc: dict[str, Any] = yaml.safe_load(scenario.read_text(encoding="utf-8"))
     if smoke_run:
         smoke(doc)
+    for device, ms in (delays or {}).items():
+        if device not in (doc.get("devices") or []):
+            raise SystemExit(f"--delay {device}={ms:g}: {device} is not a device of {scenario.name}")
+        network: dict[str, Any] = doc["network"] if isinstance(doc.get("network"), dict) else {}
+        block: dict[str, Any] = network.get(device) or {}
+        doc["network"] = {**network, device: {**block, "delay_ms": ms}}
     if start_lead_s is not None:
         doc.setdefault("timing", {})["start_lead_s"] = start_lead_s
     model = doc["model"] if isinstance(doc["model"], str) else doc["model"]["name"]
@@ -102,6 +130,21 @@ def run_sweep(scenario: Path, inventory: str | None, runs_dir: Path) -> tuple[fl
     return time.perf_counter() - start, result.returncode
 
 
+def network_note(run_dir: Path) -> str:
+    """How the run's network conditions applied (the self-check's rows: backend, pass), or ''."""
+    path = run_dir / "aggregate" / "netem_check.csv"
+    if not path.is_file():
+        return ""
+    with path.open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return "; ".join(
+        f"{r['device']}->{r['target']} {r['intended_delay_ms']} ms by {r['backend'] or r['shaping']}, "
+        f"measured {r['difference_ms']} ms over the baseline (pass: {r['pass'] or 'not checked'})"
+        for r in rows
+        if r.get("intended_delay_ms") not in (None, "", "0", "0.0")
+    )
+
+
 def report(dirs: list[Path]) -> None:
     print(f"{'policy':<8} {'MAPE %':>8} {'points':>7}  run")
     lateness: list[dict[str, int]] = []
@@ -119,6 +162,9 @@ def report(dirs: list[Path]) -> None:
         summary = validate_run(run_dir)
         for policy, mape in summary.mape_by_policy.items():
             print(f"{policy:<8} {mape:>8.2f} {summary.points:>7}  {run_dir.name}")
+        note = network_note(run_dir)
+        if note:
+            print(f"{'':<8} network: {note}")
     print()
     print(f"{'device':<9} {'runs':>4} {'median_us':>10} {'p99_us':>8} {'max_us':>8}  start wait")
     for item in lateness_over_runs(lateness):
@@ -142,14 +188,22 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="one short run: 2 devices, 3 rounds, one policy (CI)"
     )
+    parser.add_argument(
+        "--delay",
+        action="append",
+        default=[],
+        metavar="DEVICE=MS",
+        help="Add this delay to the device's link (repeatable): the delay model's MAPE with it applied.",
+    )
     args = parser.parse_args()
+    delays = parse_delays(args.delay)
     if args.runs:
         report(runs_under(args.runs))
         return
     before = load1()
     with tempfile.TemporaryDirectory(prefix="dit-bench-ch4-") as tmp:
         # the fake model always: with TensorFlow installed, local mode would build the real AlexNet
-        scenario = with_stand_in(args.scenario, Path(tmp), args.start_lead, args.smoke)
+        scenario = with_stand_in(args.scenario, Path(tmp), args.start_lead, args.smoke, delays)
         runs_dir = args.keep if args.keep else Path(tmp) / "runs"
         wall, status = run_sweep(scenario, args.inventory, runs_dir)
         print(

@@ -1,0 +1,55 @@
+"""``benchmarks/bench_ch4_mape.py --delay DEVICE=MS``: ch4's validation with a device's link delayed (issue 31,
+item 7: the delay model's MAPE with the delay applied). The scenario copy it runs, and its bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from dit.scenario import load
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_ch4_mape", REPO / "benchmarks" / "bench_ch4_mape.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_ch4_mape", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_copy_delays_only_the_named_device_and_still_validates(tmp_path: Path) -> None:
+    b = bench()
+    path = b.with_stand_in(b.SCENARIO, tmp_path, delays=b.parse_delays(["device1=10"]))
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert doc["network"]["device1"]["delay_ms"] == 10.0
+    assert all("delay_ms" not in (doc["network"].get(d) or {}) for d in doc["devices"] if d != "device1")
+    assert doc["model"]["name"] == "fake"
+    load(path)  # the schema and the semantic checks accept it
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["device1"], "expected DEVICE=MS"),
+        (["device1=-3"], "expected DEVICE=MS"),
+        (["=5"], "expected DEVICE=MS"),
+        (["device1=soon"], "'device1=soon'"),
+    ],
+)
+def test_a_bad_delay_names_itself(items: list[str], message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        bench().parse_delays(items)
+
+
+def test_a_device_the_scenario_lacks_is_named(tmp_path: Path) -> None:
+    b = bench()
+    with pytest.raises(SystemExit, match=r"device9 is not a device of ch4_validation\.yaml"):
+        b.with_stand_in(b.SCENARIO, tmp_path, delays={"device9": 5.0})
