@@ -280,8 +280,12 @@ def test_ch6_quick_tolerance_sweep_skips_the_perplexity_pass_and_says_so() -> No
     quick, reductions = ch6_tolerance_document("quick")
     assert quick["runtime"]["perplexity"] is False and quick["runtime"]["tokens"] == 16
     assert any("no held-out perplexity" in r for r in reductions)
+    # the two ends of the article's tau values: exact, and the loosest (ch6's speculation row is tau 0.05)
+    assert quick["sweep"]["values"] == [0, 0.10]
+    assert any("tau 0 and 0.10 instead of 0, 0.02, 0.05 and 0.10" in r for r in reductions)
     full, none = ch6_tolerance_document("full")
     assert full["runtime"]["perplexity"] is True and none == ()
+    assert full["sweep"]["values"] == [0, 0.02, 0.05, 0.10]
 
 
 def test_ch6_tolerance_rows_set_speed_beside_fidelity(tmp_path: Path) -> None:
