@@ -240,7 +240,7 @@ def test_launch_describes_tagged_workers_then_the_controller(runtime: Any) -> No
     assert w1.argv[:3] == ("/usr/bin/python3", "llamacpp/node.py", "worker")
     assert w1.argv[w1.argv.index("--bind") + 1] == "10.0.0.12" and "--local" not in w1.argv
     assert w2.argv[w2.argv.index("--port") + 1] == "50053"
-    assert set(w1.files) == {"llamacpp/node.py", "llamacpp/launch.py"}
+    assert set(w1.files) == {"llamacpp/node.py", "llamacpp/launch.py", "llamacpp/sockdiag.py"}
     assert (ctrl.host, ctrl.name, ctrl.main, ctrl.result_files) == (
         "edgeserver", "llama-controller", True, ("results/llamacpp.json",))  # fmt: skip
     completion = list(ctrl.argv[ctrl.argv.index("--") + 1 :])

@@ -49,7 +49,7 @@ READY_FILE = "llamacpp-worker{rank}.ready"
 SESSION_FILE = "llamacpp/session.bin"  # llama.cpp's state with token_ids (node.py removes it)
 TOKENS_TABLE = "llamacpp_tokens.csv"
 EQUIVALENCE_FILE = "llamacpp_equivalence.json"  # aggregate/: the comparison with the float32 reference
-NODE_DIR = "llamacpp"  # node.py and launch.py, under the run directory
+NODE_DIR = "llamacpp"  # node.py, launch.py and sockdiag.py, under the run directory
 MODELS = models.model_names()  # the seeded shapes, then the trained models (smollm2-135m)
 QUANTS = (*models.QUANTS, *(q for t in models.TRAINED.values() for q in t.quants if q not in models.QUANTS))
 DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
@@ -263,8 +263,8 @@ def model_path(block: Mapping[str, Any]) -> str:
 
 def _node_files() -> dict[str, str]:
     here = Path(__file__).resolve().parent
-    return {f"{NODE_DIR}/node.py": (here / "node.py").read_text(encoding="utf-8"),
-            f"{NODE_DIR}/launch.py": (here / "launch.py").read_text(encoding="utf-8")}  # fmt: skip
+    return {f"{NODE_DIR}/{name}": (here / name).read_text(encoding="utf-8")
+            for name in ("node.py", "launch.py", "sockdiag.py")}  # fmt: skip
 
 
 def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
