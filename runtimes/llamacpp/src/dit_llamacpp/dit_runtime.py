@@ -579,10 +579,12 @@ def parse(run: LoadedRun) -> Results:
     out = run.aggregate_dir
     tables: tuple[Path, ...] = (
         write_csv(out / "llamacpp_workers.csv",
-                  ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
-                   "rss_peak_bytes", "samples"],
-                  ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
-                    t.samples] for i, t in enumerate(traffic))),
+                  ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "rpc_bytes_sent",
+                   "rpc_bytes_received", "rpc_connections", "if_rx_bytes", "if_tx_bytes", "rss_peak_bytes",
+                   "samples", "rpc_bytes_missing"],
+                  ([t.worker, t.host, servers[i], *("" if v is None else v for v in (
+                      t.rpc_bytes, t.rpc_bytes_load, t.rpc_bytes_sent, t.rpc_bytes_received, t.rpc_connections)),
+                    t.if_rx, t.if_tx, t.rss_peak, t.samples, t.rpc_bytes_missing] for i, t in enumerate(traffic))),
         write_csv(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
                   ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""]
                    for i, c in enumerate(chunks))),
@@ -600,7 +602,11 @@ def parse(run: LoadedRun) -> Results:
         if compared is not None:
             tables += (compared[0],)
             reference_values = compared[1]
-    inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
+    # the rpc-servers' TCP bytes (sock_diag), absent with the reason where a worker could not count them
+    missing = results.bytes_missing(traffic)
+    why = f" (not measured: {missing})" if missing else ""
+    total = None if missing else sum(t.rpc_bytes or 0 for t in traffic)
+    load = None if missing else sum(t.rpc_bytes_load or 0 for t in traffic)
     total_ms = timings.prompt_ms + timings.eval_ms
     values = [
         SummaryValue("tokens_generated", generated, "", "int", "tokens generated (eval runs + 1)"),
@@ -613,12 +619,15 @@ def parse(run: LoadedRun) -> Results:
         SummaryValue("token_latency_mean", timings.token_latency_ns, "ns", "int",
                      "mean latency of a generated token (prefill excluded; llama.cpp eval time / runs)"),
         SummaryValue("prefill_latency", round(timings.prompt_ms * 1e6), "ns", "int", "the prompt's evaluation"),
-        SummaryValue("bytes_total", sum(t.rpc_bytes for t in traffic), "B", "int",
-                     "bytes through the rpc-servers' sockets over the run (weights' upload included)"),
-        SummaryValue("bytes_load", sum(t.rpc_bytes_load for t in traffic), "B", "int",
-                     "of which before the first output (the weights' upload)"),
-        SummaryValue("bytes_per_token", inference_bytes / generated if generated else None, "B", "float",
-                     "bytes through the rpc-servers' sockets per generated token, after the load"),
+        SummaryValue("bytes_total", total, "B", "int",
+                     "TCP payload bytes through the rpc-servers' connections over the run, both directions "
+                     "(kernel tcp_info counters; the weights' upload included)" + why),
+        SummaryValue("bytes_load", load, "B", "int",
+                     "of which before the first output (the weights' upload)" + why),
+        SummaryValue("bytes_per_token",
+                     (total - load) / generated if total is not None and load is not None and generated else None,
+                     "B", "float", "TCP payload bytes through the rpc-servers' connections per generated "
+                     "token, after the load" + why),
         SummaryValue("worker_memory_peak", max((t.rss_peak for t in traffic), default=0), "B", "int",
                      "largest peak RSS of an rpc-server"),
     ]  # fmt: skip
