@@ -471,7 +471,19 @@ def test_parse_says_why_the_bytes_are_not_measured(tmp_path: Path) -> None:
     with got.tables[0].open(encoding="utf-8") as handle:
         w1, w2 = csv.DictReader(handle)
     assert w1["rpc_bytes"] == "5050" and (w2["rpc_bytes"], w2["rpc_bytes_missing"]) == ("", error)
+    assert w1["rpc_bytes_lower_bound"] == ""
     assert w2["if_rx_bytes"] == "9500000"  # the interface columns as before
+
+
+def test_parse_says_when_the_bytes_are_a_lower_bound(tmp_path: Path) -> None:
+    run = _run(tmp_path, STDERR)
+    samples = run.path / "raw" / "device1" / "device1_llamacpp-worker1.jsonl"
+    note = "sock_diag: cannot join the destroy notices: [Errno 1] Operation not permitted"
+    rows = [{**json.loads(line), "tcp_final_error": note} for line in samples.read_text().splitlines()]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    by_name = {s.name: s for s in dit_runtime.LlamaCppRpcRuntime().parse_results(run).summary}
+    assert by_name["bytes_total"].value == 4000 + 4000 * 2 + 2 * (50 + 1000)  # measured, but
+    assert by_name["bytes_total"].description.endswith(f"after its last sample: worker1: {note})")
 
 
 def _perf(prompt_ms: float, prompt_tokens: int, eval_ms: float, runs: int) -> str:

@@ -66,7 +66,9 @@ def test_the_server_port_s_bytes_are_counted_and_a_closed_connection_keeps_count
 ) -> None:
     port = listener.getsockname()[1]
     traffic = sockdiag.PortTraffic(port, "127.0.0.1")
-    assert traffic.sample() == {"tcp_acked": 0, "tcp_received": 0, "tcp_sockets": 0, "tcp_sent": 0}
+    assert traffic.sample() == {
+        "tcp_acked": 0, "tcp_received": 0, "tcp_sockets": 0, "tcp_final": 0, "tcp_sent": 0
+    }  # fmt: skip
     upload, answer = 3_000_000, 70_000
     client, accepted = _exchange(listener, upload, answer)
     row = _until(traffic, answer, upload)
@@ -78,10 +80,23 @@ def test_the_server_port_s_bytes_are_counted_and_a_closed_connection_keeps_count
     second, second_accepted = _exchange(listener, 5000, 0)
     row = _until(traffic, answer, upload + 5000)
     assert int(row["tcp_received"]) >= upload + 5000 and row["tcp_sockets"] == 2
+    # bytes moved after the last sample, just before the close, count too (the kernel's destroy notice)
+    client.sendall(b"l" * 7000)
+    got = 0
+    while got < 7000:
+        got += len(accepted.recv(1 << 16))
     for s in (client, accepted, second, second_accepted):
         s.close()
+    deadline = time.monotonic() + 5
     after = traffic.sample()
-    assert after["tcp_sockets"] == 2 and int(after["tcp_received"]) >= upload + 5000
+    while after["tcp_final"] != 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        after = traffic.sample()
+    assert after["tcp_sockets"] == 2 and after["tcp_final"] == 2 and "tcp_final_error" not in after
+    # every payload byte, each once (+ at most the two FINs, which take a sequence number)
+    assert upload + 5000 + 7000 <= int(after["tcp_received"]) <= upload + 5000 + 7000 + 2
+    assert answer <= int(after["tcp_acked"]) <= answer + 2  # + the FINs the peers acknowledged
+    traffic.close()
 
 
 def test_only_the_server_port_is_counted_not_its_clients_or_other_ports(listener: socket.socket) -> None:
@@ -181,14 +196,15 @@ host, port = sys.argv[sys.argv.index("-H") + 1], int(sys.argv[sys.argv.index("-p
 server = socket.socket()
 server.bind((host, port))
 server.listen(1)
-conn, _ = server.accept()
-while True:  # rpc-server's way: recv/send on the socket, nothing /proc/<pid>/io's rchar/wchar counts
-    data = conn.recv(1 << 16)
-    if not data:
-        break
-    if data.endswith(b"?"):
-        conn.send(b"r" * 1000)
-conn.close()
+while True:  # as rpc-server: one client after another until it is stopped
+    conn, _ = server.accept()
+    while True:  # rpc-server's way: recv/send on the socket, nothing /proc/<pid>/io's rchar/wchar counts
+        data = conn.recv(1 << 16)
+        if not data:
+            break
+        if data.endswith(b"?"):
+            conn.send(b"r" * 1000)
+    conn.close()
 """
 
 
@@ -251,3 +267,28 @@ def test_the_worker_program_samples_the_server_s_tcp_bytes(tmp_path: Path) -> No
     last = rows[-1]  # the last sample, after the connection closed
     assert int(str(last["tcp_received"])) >= upload and int(str(last["tcp_acked"])) >= 1000
     assert last["tcp_sockets"] == 1 and "rchar" not in last
+    assert (
+        last["tcp_final"] == 1 and upload <= int(str(last["tcp_received"])) <= upload + 1
+    )  # to the last byte
+
+
+def test_without_destroy_notices_a_closed_connection_keeps_its_last_sample_and_says_so(
+    listener: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused() -> socket.socket:
+        raise sockdiag.SockDiagError(errno.EPERM, "sock_diag: cannot join the destroy notices: not permitted")
+
+    monkeypatch.setattr(sockdiag, "destroy_notices", refused)
+    traffic = sockdiag.PortTraffic(listener.getsockname()[1], "127.0.0.1")
+    client, accepted = _exchange(listener, 40_000, 0)
+    sampled = _until(traffic, 0, 40_000)
+    client.sendall(b"l" * 7000)  # after the last sample: lost without the notice
+    got = 0
+    while got < 7000:
+        got += len(accepted.recv(1 << 16))
+    client.close()
+    accepted.close()
+    time.sleep(0.1)
+    row = traffic.sample()
+    assert row["tcp_received"] == sampled["tcp_received"] == 40_000 and row["tcp_final"] == 0
+    assert row["tcp_final_error"] == "sock_diag: cannot join the destroy notices: not permitted"

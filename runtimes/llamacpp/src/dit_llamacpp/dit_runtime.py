@@ -581,10 +581,11 @@ def parse(run: LoadedRun) -> Results:
         write_csv(out / "llamacpp_workers.csv",
                   ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "rpc_bytes_sent",
                    "rpc_bytes_received", "rpc_connections", "if_rx_bytes", "if_tx_bytes", "rss_peak_bytes",
-                   "samples", "rpc_bytes_missing"],
+                   "samples", "rpc_bytes_missing", "rpc_bytes_lower_bound"],
                   ([t.worker, t.host, servers[i], *("" if v is None else v for v in (
                       t.rpc_bytes, t.rpc_bytes_load, t.rpc_bytes_sent, t.rpc_bytes_received, t.rpc_connections)),
-                    t.if_rx, t.if_tx, t.rss_peak, t.samples, t.rpc_bytes_missing] for i, t in enumerate(traffic))),
+                    t.if_rx, t.if_tx, t.rss_peak, t.samples, t.rpc_bytes_missing, t.rpc_bytes_lower_bound]
+                   for i, t in enumerate(traffic))),
         write_csv(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
                   ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""]
                    for i, c in enumerate(chunks))),
@@ -604,7 +605,10 @@ def parse(run: LoadedRun) -> Results:
             reference_values = compared[1]
     # the rpc-servers' TCP bytes (sock_diag), absent with the reason where a worker could not count them
     missing = results.bytes_missing(traffic)
+    bound = results.bytes_lower_bound(traffic)
     why = f" (not measured: {missing})" if missing else ""
+    if bound and not missing:
+        why = f" (a lower bound: a closed connection lacks what it moved after its last sample: {bound})"
     total = None if missing else sum(t.rpc_bytes or 0 for t in traffic)
     load = None if missing else sum(t.rpc_bytes_load or 0 for t in traffic)
     total_ms = timings.prompt_ms + timings.eval_ms

@@ -177,6 +177,8 @@ class WorkerTraffic:
     rss_peak: int  # bytes, VmHWM of rpc-server
     samples: int
     rpc_bytes_missing: str = ""
+    # why a closed connection may lack what it moved after its last sample (no destroy notices); "" if none
+    rpc_bytes_lower_bound: str = ""
 
 
 def _int(row: Mapping[str, Any], key: str) -> int:
@@ -220,12 +222,18 @@ def worker_traffic(
         rss_peak=peak,
         samples=len(rows),
         rpc_bytes_missing=missing,
+        rpc_bytes_lower_bound=next((str(r["tcp_final_error"]) for r in rows if r.get("tcp_final_error")), ""),
     )
 
 
 def bytes_missing(traffic: Sequence[WorkerTraffic]) -> str:
     """Why the run's byte totals are not measured ("" when every worker's are)."""
     return "; ".join(f"{t.worker}: {t.rpc_bytes_missing}" for t in traffic if t.rpc_bytes_missing)
+
+
+def bytes_lower_bound(traffic: Sequence[WorkerTraffic]) -> str:
+    """Why the run's byte totals may miss a closed connection's last bytes ("" when they cannot)."""
+    return "; ".join(f"{t.worker}: {t.rpc_bytes_lower_bound}" for t in traffic if t.rpc_bytes_lower_bound)
 
 
 def percentile(ordered: Sequence[int], q: float) -> int:

@@ -10,9 +10,13 @@ the ``INET_DIAG_INFO`` extension) returns every TCP socket of this network names
 Linux 4.19) are the socket's payload bytes since it was opened. This is what ``ss -ti`` prints.
 
 :class:`PortTraffic` keeps the sockets whose local port (and address) is the server's, remembers the last
-counters of each socket by its cookie (so a connection closed between two samples still counts with
-what it had moved at the last sample before it closed) and sums them. Where the kernel or platform has
-no sock_diag, the sample carries ``tcp_error`` with the reason instead of counters.
+counters of each socket by its cookie (so a connection closed between two samples still counts) and sums
+them. A closed connection's last counters would miss what it moved after the last sample, so it also
+listens to the kernel's notices of destroyed TCP sockets (the sock_diag multicast groups
+``SKNLGRP_INET_TCP_DESTROY``/``SKNLGRP_INET6_TCP_DESTROY``, which carry the socket's final ``tcp_info``):
+with them a connection counts to its last byte (``tcp_final`` counts those sockets; where the groups
+cannot be joined, ``tcp_final_error`` says why and the last sample's counters stand). Where the kernel
+or platform has no sock_diag at all, the sample carries ``tcp_error`` with the reason instead of counters.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ TCP_SYN_RECV = 3
 # every TCP state but LISTEN (1 .. 11): a closing connection still counts
 STATES = sum(1 << s for s in range(1, 12) if s != TCP_LISTEN)
 
+SKNLGRP_INET_TCP_DESTROY = 1  # the multicast groups of destroyed sockets' last state (linux/sock_diag.h)
+SKNLGRP_INET6_TCP_DESTROY = 3
 NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 REQ_V2 = struct.Struct("=BBBBI")  # family, protocol, ext, pad, states; then the 48-byte sockid
 SOCKID_LEN = 48
@@ -141,17 +147,20 @@ def parse_messages(data: bytes, seq: int) -> tuple[list[TcpSocket], bool]:
     return sockets, False
 
 
-def dump(family: int, timeout: float = 2.0) -> list[TcpSocket]:
-    """Every non-listening TCP socket of ``family`` in this network namespace."""
+def _netlink() -> socket.socket:
     netlink = getattr(socket, "AF_NETLINK", None)
     if netlink is None:
         raise SockDiagError(errno.EAFNOSUPPORT, "sock_diag: no netlink sockets on this platform")
     try:
-        sock = socket.socket(netlink, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
+        return socket.socket(netlink, socket.SOCK_RAW, NETLINK_SOCK_DIAG)
     except OSError as exc:
-        raise SockDiagError(
-            exc.errno or errno.EPROTONOSUPPORT, f"sock_diag: no NETLINK_SOCK_DIAG socket: {exc}"
-        ) from exc
+        code = exc.errno or errno.EPROTONOSUPPORT
+        raise SockDiagError(code, f"sock_diag: no NETLINK_SOCK_DIAG socket: {exc}") from exc
+
+
+def dump(family: int, timeout: float = 2.0) -> list[TcpSocket]:
+    """Every non-listening TCP socket of ``family`` in this network namespace."""
+    sock = _netlink()
     seq = 1
     found: list[TcpSocket] = []
     with sock:
@@ -172,6 +181,22 @@ def dump(family: int, timeout: float = 2.0) -> list[TcpSocket]:
             raise SockDiagError(exc.errno or errno.EIO, f"sock_diag: {exc}") from exc
 
 
+def destroy_notices() -> socket.socket:
+    """A non-blocking netlink socket joined to the groups of destroyed TCP sockets (IPv4 and IPv6)."""
+    sock = _netlink()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        groups = (1 << (SKNLGRP_INET_TCP_DESTROY - 1)) | (1 << (SKNLGRP_INET6_TCP_DESTROY - 1))
+        sock.bind((0, groups))
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise SockDiagError(
+            exc.errno or errno.EIO, f"sock_diag: cannot join the destroy notices: {exc}"
+        ) from exc
+    return sock
+
+
 def _same_address(family: int, a: str, b: str) -> bool:
     try:
         return socket.inet_pton(family, a) == socket.inet_pton(family, b)
@@ -181,12 +206,25 @@ def _same_address(family: int, a: str, b: str) -> bool:
 
 class PortTraffic:
     """Running totals of the TCP payload bytes through the server sockets of local ``port`` (and local
-    ``address`` when given): per socket the last counters seen, so closed connections keep counting."""
+    ``address`` when given): per socket the last counters seen, or its final ones from the kernel's
+    destroy notice, so closed connections keep counting."""
 
     def __init__(self, port: int, address: str | None = None) -> None:
         self.port = port
         self.address = address
         self.last: dict[int, TcpSocket] = {}
+        self.final: set[int] = set()  # cookies counted to their close (a destroy notice)
+        self.notices: socket.socket | None = None
+        self.notices_error = ""
+        try:
+            self.notices = destroy_notices()
+        except SockDiagError as exc:
+            self.notices_error = str(exc.strerror or exc)
+
+    def close(self) -> None:
+        if self.notices is not None:
+            self.notices.close()
+            self.notices = None
 
     def _families(self) -> tuple[int, ...]:
         if self.address is None:
@@ -194,29 +232,52 @@ class PortTraffic:
         return (socket.AF_INET6,) if ":" in self.address else (socket.AF_INET,)
 
     def _mine(self, s: TcpSocket) -> bool:
-        if s.local[1] != self.port:
+        if s.local[1] != self.port or s.state == TCP_LISTEN:  # the listener's own notice moved nothing
             return False
         return self.address is None or _same_address(s.family, s.local[0], self.address)
+
+    def _keep(self, s: TcpSocket) -> None:
+        if s.bytes_acked is None or s.bytes_received is None:
+            if s.state in (TCP_TIME_WAIT, TCP_SYN_RECV):  # no tcp_info: nothing more to count
+                return
+            raise SockDiagError(
+                errno.ENODATA,
+                "sock_diag: no tcpi_bytes_acked/tcpi_bytes_received in this kernel's tcp_info (they need Linux 4.2)",
+            )
+        self.last[s.cookie] = s
+
+    def drain(self) -> None:
+        """Take the final counters of the port's sockets destroyed since the last call."""
+        while self.notices is not None:
+            try:
+                data = self.notices.recv(1 << 17)
+            except BlockingIOError:
+                return
+            except OSError as exc:  # ENOBUFS: some notices were dropped; their sockets keep their last sample
+                if exc.errno == errno.ENOBUFS:
+                    self.notices_error = "some destroy notices were dropped (ENOBUFS)"
+                    continue
+                self.notices_error = f"sock_diag: destroy notices: {exc}"
+                self.close()
+                return
+            for s in parse_messages(data, 0)[0]:
+                if self._mine(s):
+                    self._keep(s)
+                    self.final.add(s.cookie)
 
     def update(self) -> None:
         """Read the counters of the port's sockets now (raises :class:`SockDiagError`)."""
         for family in self._families():
             for s in dump(family):
-                if not self._mine(s):
-                    continue
-                if s.bytes_acked is None or s.bytes_received is None:
-                    if s.state in (TCP_TIME_WAIT, TCP_SYN_RECV):  # no tcp_info: nothing more to count
-                        continue
-                    raise SockDiagError(
-                        errno.ENODATA,
-                        "sock_diag: no tcpi_bytes_acked/tcpi_bytes_received in this kernel's tcp_info "
-                        "(they need Linux 4.2)",
-                    )
-                self.last[s.cookie] = s
+                if self._mine(s) and s.cookie not in self.final:
+                    self._keep(s)
+        self.drain()
 
     def sample(self) -> dict[str, int | str]:
         """``tcp_acked``, ``tcp_received`` (and ``tcp_sent`` where the kernel has it) summed over every
-        socket seen so far, ``tcp_sockets`` their count; or ``tcp_error`` saying why there are none."""
+        socket seen so far, ``tcp_sockets`` their count and ``tcp_final`` how many of them were counted
+        to their close (``tcp_final_error`` where the destroy notices are not read); or ``tcp_error``
+        saying why there are no counters."""
         try:
             self.update()
         except SockDiagError as exc:
@@ -226,7 +287,10 @@ class PortTraffic:
             "tcp_acked": sum(s.bytes_acked or 0 for s in seen),
             "tcp_received": sum(s.bytes_received or 0 for s in seen),
             "tcp_sockets": len(seen),
+            "tcp_final": len(self.final),
         }
         if all(s.bytes_sent is not None for s in seen):
             row["tcp_sent"] = sum(s.bytes_sent or 0 for s in seen)
+        if self.notices_error:
+            row["tcp_final_error"] = self.notices_error
         return row
