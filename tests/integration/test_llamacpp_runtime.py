@@ -132,6 +132,9 @@ def test_a_two_worker_local_run_generates_hf_s_8_greedy_ids(site: Path, tmp_path
         workers = list(csv.DictReader(handle))
     assert [w["host"] for w in workers] == ["device1", "device2"]
     assert all(int(w["rpc_bytes"]) > 0 and int(w["rss_peak_bytes"]) > 0 for w in workers)  # both hold layers
+    # the rpc-servers' TCP bytes (sock_diag): each worker's layers uploaded, then traffic per token
+    assert all(int(w["rpc_bytes_load"]) > 0 and w["rpc_bytes_missing"] == "" for w in workers)
+    assert values["bytes_per_token"]["value"] > 0
     # the ids llama.cpp generated over the two rpc-servers are Hugging Face's greedy ids (issue 17, tests)
     controller = json.loads((run_dir / "raw" / "edge" / "edge_llamacpp.json").read_text(encoding="utf-8"))
     assert "token_ids_error" not in controller, controller["token_ids_error"]

@@ -10,6 +10,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from dit import units
 from dit.cli import app
 from dit.reproduce import ch4, ch5, ch6
 from dit.reproduce.article import FIGURES, Figure
@@ -505,10 +506,38 @@ def test_ch6_llama_cpp_rows_or_why_there_are_none(tmp_path: Path) -> None:
     (run / "metadata.json").write_text(
         json.dumps({"scenario": {"sweep_point": point}, "runtime": {"block": block}})
     )
+    tcp = "TCP payload bytes through the rpc-servers' connections per generated token, after the load"
     values = [{"name": "tokens_per_s", "value": 21.5}, {"name": "token_latency_mean", "value": 40_000_000},
-              {"name": "bytes_per_token", "value": 2048}]  # fmt: skip
+              {"name": "bytes_per_token", "value": 235_520, "description": tcp}]  # fmt: skip
     (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
     (row,) = ch6.llamacpp_section([run], None).tables[0]["rows"]
     assert row[0] == "llama.cpp RPC, smollm2-135m Q8_0, +15 ms"
-    assert row[1] == "21.50 tokens/s, 40.0 ms per token after the first"  # no bytes: not counted (the note)
+    assert row[1] == (
+        f"21.50 tokens/s, 40.0 ms per token after the first, {units.size(235_520)} moved per token"
+    )  # as HeadSplit's rows say theirs
     assert row[3] == "no figure: the article did not run llama.cpp" and row[4].startswith("beside HeadSplit")
+
+
+@pytest.mark.parametrize(
+    ("value", "description", "said"),
+    [
+        (None, "TCP payload ... (not measured: worker2: sock_diag: no netlink sockets on this platform)",
+         "bytes moved not measured: worker2: sock_diag: no netlink sockets on this platform"),
+        (31.5, "bytes through the rpc-servers' sockets per generated token, after the load",
+         "bytes moved not measured: aggregated before the rpc-servers' TCP bytes were counted"),
+    ],
+)  # fmt: skip
+def test_ch6_llama_cpp_row_says_why_bytes_are_missing(
+    tmp_path: Path, value: float | None, description: str, said: str
+) -> None:
+    run = tmp_path / "r1"
+    (run / "aggregate").mkdir(parents=True)
+    block = {"name": "llamacpp-rpc", "model": "smollm2-135m", "quant": "F32"}
+    (run / "metadata.json").write_text(
+        json.dumps({"scenario": {"sweep_point": []}, "runtime": {"block": block}})
+    )
+    values = [{"name": "tokens_per_s", "value": 14.3},
+              {"name": "bytes_per_token", "value": value, "description": description}]  # fmt: skip
+    (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
+    (row,) = ch6.llamacpp_section([run], None).tables[0]["rows"]
+    assert row[1] == f"14.30 tokens/s, {said}"

@@ -240,7 +240,7 @@ def test_launch_describes_tagged_workers_then_the_controller(runtime: Any) -> No
     assert w1.argv[:3] == ("/usr/bin/python3", "llamacpp/node.py", "worker")
     assert w1.argv[w1.argv.index("--bind") + 1] == "10.0.0.12" and "--local" not in w1.argv
     assert w2.argv[w2.argv.index("--port") + 1] == "50053"
-    assert set(w1.files) == {"llamacpp/node.py", "llamacpp/launch.py"}
+    assert set(w1.files) == {"llamacpp/node.py", "llamacpp/launch.py", "llamacpp/sockdiag.py"}
     assert (ctrl.host, ctrl.name, ctrl.main, ctrl.result_files) == (
         "edgeserver", "llama-controller", True, ("results/llamacpp.json",))  # fmt: skip
     completion = list(ctrl.argv[ctrl.argv.index("--") + 1 :])
@@ -361,15 +361,40 @@ def test_timings_are_read_from_llama_cpp_performance_lines() -> None:
 
 def test_worker_traffic_splits_the_weights_upload_from_inference() -> None:
     rows = [
-        {"t_ns": 0, "rx": 0, "tx": 0, "rchar": 0, "wchar": 0, "hwm": 10},
-        {"t_ns": 100, "rx": 5000, "tx": 100, "rchar": 5000, "wchar": 100, "hwm": 900},
-        {"t_ns": 200, "rx": 5600, "tx": 400, "rchar": 5600, "wchar": 400, "hwm": 950},
-        {"t_ns": 300, "rx": 5600, "tx": 400, "rchar": 5600, "wchar": 400, "hwm": 950},
-    ]
+        {"t_ns": 0, "rx": 0, "tx": 0, "tcp_acked": 0, "tcp_received": 0, "tcp_sockets": 0, "hwm": 10},
+        {"t_ns": 100, "rx": 5000, "tx": 100, "tcp_acked": 100, "tcp_received": 5000, "tcp_sockets": 1, "hwm": 900},
+        {"t_ns": 200, "rx": 5600, "tx": 400, "tcp_acked": 400, "tcp_received": 5600, "tcp_sockets": 1, "hwm": 950},
+        {"t_ns": 300, "rx": 5600, "tx": 400, "tcp_acked": 400, "tcp_received": 5600, "tcp_sockets": 2, "hwm": 950},
+    ]  # fmt: skip
     text = "\n".join(json.dumps(r) for r in rows) + '\n{"t_ns": 4'  # a torn last line from the kill
     t = results.worker_traffic("worker1", "d1", results.read_samples(text, "s"), 50, 250, 150)
     # start 50 -> the sample at 0; end 250 -> the one at 300; first output 150 -> the one at 100
     assert (t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak) == (6000, 5100, 5600, 400, 950)
+    assert (t.rpc_bytes_sent, t.rpc_bytes_received, t.rpc_connections, t.rpc_bytes_missing) == (
+        400,
+        5600,
+        2,
+        "",
+    )
+
+
+def test_worker_traffic_without_tcp_counters_is_absent_with_the_reason_never_zero() -> None:
+    # a run recorded before the TCP counters (rchar/wchar only), and a node without sock_diag
+    old = [
+        {"t_ns": 0, "rx": 0, "tx": 0, "rchar": 0, "wchar": 0},
+        {"t_ns": 9, "rx": 5, "tx": 5, "rchar": 9, "wchar": 1},
+    ]
+    t = results.worker_traffic("worker1", "d1", old, 1, 8, 5)
+    assert (t.rpc_bytes, t.rpc_bytes_load, t.rpc_bytes_sent, t.rpc_connections) == (None, None, None, None)
+    assert t.rpc_bytes_missing.startswith("the samples carry no TCP counters") and (t.if_rx, t.if_tx) == (
+        5,
+        5,
+    )
+    error = "sock_diag: no NETLINK_SOCK_DIAG socket: [Errno 93] Protocol not supported"
+    rows = [{"t_ns": 0, "tcp_error": error}, {"t_ns": 9, "tcp_error": error}]
+    t = results.worker_traffic("worker2", "d2", rows, 1, 8, 5)
+    assert t.rpc_bytes is None and t.rpc_bytes_missing == error
+    assert results.bytes_missing([t]) == f"worker2: {error}"
 
 
 def _run(tmp_path: Path, stderr: str) -> Any:
@@ -388,9 +413,11 @@ def _run(tmp_path: Path, stderr: str) -> Any:
     (run / "raw" / "edge" / "edge_llamacpp.json").write_text(json.dumps(controller), encoding="utf-8")
     for rank, device in ((1, "device1"), (2, "device2")):
         samples = [
-            {"t_ns": 0, "rx": 0, "tx": 0, "rchar": 100, "wchar": 0, "rss": 1, "hwm": 1},
-            {"t_ns": 2_900_000, "rx": 9, "tx": 9, "rchar": 100 + 4000 * rank, "wchar": 50, "rss": 7, "hwm": 7 * rank},
-            {"t_ns": 9_500_000, "rx": 99, "tx": 99, "rchar": 100 + 4000 * rank + 800, "wchar": 250, "hwm": 7 * rank},
+            {"t_ns": 0, "rx": 0, "tx": 0, "tcp_received": 100, "tcp_acked": 0, "tcp_sockets": 1, "rss": 1, "hwm": 1},
+            {"t_ns": 2_900_000, "rx": 9, "tx": 9, "tcp_received": 100 + 4000 * rank, "tcp_acked": 50,
+             "tcp_sockets": 1, "rss": 7, "hwm": 7 * rank},
+            {"t_ns": 9_500_000, "rx": 99, "tx": 99, "tcp_received": 100 + 4000 * rank + 800, "tcp_acked": 250,
+             "tcp_sockets": 2, "hwm": 7 * rank},
         ]  # fmt: skip
         (run / "raw" / device).mkdir(parents=True)
         (run / "raw" / device / f"{device}_llamacpp-worker{rank}.jsonl").write_text(
@@ -409,13 +436,54 @@ def test_parse_gives_headsplit_s_columns_from_a_recorded_run(tmp_path: Path) -> 
     assert v["prompt_tokens_per_s"] == (pytest.approx(900.0), "1/s")
     assert v["generation_tokens_per_s"] == (pytest.approx(7 / 0.070), "1/s")
     assert v["token_latency_mean"] == (10_000_000, "ns") and v["prefill_latency"] == (10_000_000, "ns")
-    # worker N: load = 4000 N + 50 bytes, then 800 read + 200 written during generation
+    # worker N (TCP counters): load = 4000 N received + 50 sent, then 800 received + 200 sent in generation
     assert v["bytes_total"] == (4000 + 4000 * 2 + 2 * (50 + 1000), "B")
     assert v["bytes_load"] == (4000 + 4000 * 2 + 2 * 50, "B")
     assert v["bytes_per_token"] == (2 * 1000 / 8, "B")
     assert v["worker_memory_peak"] == (14, "B")
     assert v["token_latency_p50"] == (1_000_000, "ns") and v["token_latency_p99"] == (2_000_000, "ns")
     assert "energy" not in v  # no power trace in this run
+    with got.tables[0].open(encoding="utf-8") as handle:
+        w2 = list(csv.DictReader(handle))[1]
+    assert (w2["rpc_bytes"], w2["rpc_bytes_load"], w2["rpc_bytes_sent"], w2["rpc_bytes_received"]) == (
+        "9050",
+        "8050",
+        "250",
+        "8800",
+    )
+    assert (w2["rpc_connections"], w2["if_rx_bytes"], w2["rpc_bytes_missing"]) == ("1", "99", "")
+
+
+def test_parse_says_why_the_bytes_are_not_measured(tmp_path: Path) -> None:
+    run = _run(tmp_path, STDERR)
+    error = "sock_diag: the kernel refused the dump: No such file or directory"
+    samples = run.path / "raw" / "device2" / "device2_llamacpp-worker2.jsonl"
+    samples.write_text(
+        "".join(json.dumps({"t_ns": t, "rx": t, "tx": t, "tcp_error": error}) + "\n" for t in (0, 9_500_000)),
+        encoding="utf-8",
+    )
+    got = dit_runtime.LlamaCppRpcRuntime().parse_results(run)
+    by_name = {s.name: s for s in got.summary}
+    for name in ("bytes_total", "bytes_load", "bytes_per_token"):
+        assert by_name[name].value is None  # not 0, not worker1's alone
+        assert by_name[name].description.endswith(f"(not measured: worker2: {error})")
+    assert by_name["tokens_per_s"].value is not None
+    with got.tables[0].open(encoding="utf-8") as handle:
+        w1, w2 = csv.DictReader(handle)
+    assert w1["rpc_bytes"] == "5050" and (w2["rpc_bytes"], w2["rpc_bytes_missing"]) == ("", error)
+    assert w1["rpc_bytes_lower_bound"] == ""
+    assert w2["if_rx_bytes"] == "9500000"  # the interface columns as before
+
+
+def test_parse_says_when_the_bytes_are_a_lower_bound(tmp_path: Path) -> None:
+    run = _run(tmp_path, STDERR)
+    samples = run.path / "raw" / "device1" / "device1_llamacpp-worker1.jsonl"
+    note = "sock_diag: cannot join the destroy notices: [Errno 1] Operation not permitted"
+    rows = [{**json.loads(line), "tcp_final_error": note} for line in samples.read_text().splitlines()]
+    samples.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    by_name = {s.name: s for s in dit_runtime.LlamaCppRpcRuntime().parse_results(run).summary}
+    assert by_name["bytes_total"].value == 4000 + 4000 * 2 + 2 * (50 + 1000)  # measured, but
+    assert by_name["bytes_total"].description.endswith(f"after its last sample: worker1: {note})")
 
 
 def _perf(prompt_ms: float, prompt_tokens: int, eval_ms: float, runs: int) -> str:

@@ -217,6 +217,7 @@ def llamacpp_section(run_dirs: list[Path], not_run: str | None) -> Section:
         cells = [MISSING if not isinstance(tps, int | float) else f"{tps:.2f} tokens/s"]
         if isinstance(latency, int | float):
             cells.append(f"{latency / 1e6:.1f} ms per token after the first")
+        cells.append(_llamacpp_bytes(run, values.get("bytes_per_token")))
         added = _added_rtt_ms(json.dumps(point))
         model = block.get("model", "?")
         rows.append(
@@ -234,9 +235,10 @@ def llamacpp_section(run_dirs: list[Path], not_run: str | None) -> Section:
     verdict_table(section, rows)
     section.note = (
         "llama.cpp's RPC backend (docs/llamacpp.md) on the same four workers, every layer offloaded over "
-        "--rpc, the controller on the edge server; tokens/s counts the prefill as HeadSplit's does. No bytes "
-        "moved: this llama.cpp's RPC sends and receives with send/recv, which the per-process I/O counters "
-        "the runtime reads do not count (docs/llamacpp.md, Not done yet)."
+        "--rpc, the controller on the edge server; tokens/s counts the prefill as HeadSplit's does. Bytes "
+        "moved per token: the TCP payload through the rpc-servers' connections after the weights' upload "
+        "(the kernel's per-socket counters, both directions; docs/llamacpp.md, Results), per generated token "
+        "as HeadSplit's rows count theirs."
     )
     return section
 
@@ -253,6 +255,33 @@ def _energy_cells(run: Path, values: Mapping[str, Any]) -> str:
     if labels.fake_power_nodes(run / "aggregate"):
         cells += " (fake sensor: modelled, not measured)"
     return cells
+
+
+def _description(run: Path, name: str) -> str:
+    """The summary value's description ("" where there is none)."""
+    try:
+        doc = json.loads((run / "aggregate" / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    for value in doc.get("values", []):
+        if isinstance(value, dict) and value.get("name") == name:
+            return str(value.get("description") or "")
+    return ""
+
+
+def _llamacpp_bytes(run: Path, moved: Any) -> str:
+    """The llama.cpp row's bytes moved per token, or why there is no figure: the run's own reason
+    ("... (not measured: <reason>)"), or a run aggregated before the rpc-servers' TCP bytes were counted
+    (its figure came from per-process I/O counters, which miss send/recv)."""
+    text = _description(run, "bytes_per_token")
+    marker = "(not measured: "
+    if marker in text:
+        return "bytes moved not measured: " + text[text.index(marker) + len(marker) :].removesuffix(")")
+    if not isinstance(moved, int | float):
+        return "bytes moved not measured"
+    if "TCP" not in text:
+        return "bytes moved not measured: aggregated before the rpc-servers' TCP bytes were counted"
+    return f"{units.size(moved)} moved per token"
 
 
 def _summary_values(run: Path) -> dict[str, Any]:

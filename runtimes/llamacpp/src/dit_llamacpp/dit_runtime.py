@@ -49,7 +49,7 @@ READY_FILE = "llamacpp-worker{rank}.ready"
 SESSION_FILE = "llamacpp/session.bin"  # llama.cpp's state with token_ids (node.py removes it)
 TOKENS_TABLE = "llamacpp_tokens.csv"
 EQUIVALENCE_FILE = "llamacpp_equivalence.json"  # aggregate/: the comparison with the float32 reference
-NODE_DIR = "llamacpp"  # node.py and launch.py, under the run directory
+NODE_DIR = "llamacpp"  # node.py, launch.py and sockdiag.py, under the run directory
 MODELS = models.model_names()  # the seeded shapes, then the trained models (smollm2-135m)
 QUANTS = (*models.QUANTS, *(q for t in models.TRAINED.values() for q in t.quants if q not in models.QUANTS))
 DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
@@ -263,8 +263,8 @@ def model_path(block: Mapping[str, Any]) -> str:
 
 def _node_files() -> dict[str, str]:
     here = Path(__file__).resolve().parent
-    return {f"{NODE_DIR}/node.py": (here / "node.py").read_text(encoding="utf-8"),
-            f"{NODE_DIR}/launch.py": (here / "launch.py").read_text(encoding="utf-8")}  # fmt: skip
+    return {f"{NODE_DIR}/{name}": (here / name).read_text(encoding="utf-8")
+            for name in ("node.py", "launch.py", "sockdiag.py")}  # fmt: skip
 
 
 def launch_specs(ctx: LaunchContext) -> list[LaunchSpec]:
@@ -579,10 +579,13 @@ def parse(run: LoadedRun) -> Results:
     out = run.aggregate_dir
     tables: tuple[Path, ...] = (
         write_csv(out / "llamacpp_workers.csv",
-                  ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "if_rx_bytes", "if_tx_bytes",
-                   "rss_peak_bytes", "samples"],
-                  ([t.worker, t.host, servers[i], t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak,
-                    t.samples] for i, t in enumerate(traffic))),
+                  ["worker", "host", "endpoint", "rpc_bytes", "rpc_bytes_load", "rpc_bytes_sent",
+                   "rpc_bytes_received", "rpc_connections", "if_rx_bytes", "if_tx_bytes", "rss_peak_bytes",
+                   "samples", "rpc_bytes_missing", "rpc_bytes_lower_bound"],
+                  ([t.worker, t.host, servers[i], *("" if v is None else v for v in (
+                      t.rpc_bytes, t.rpc_bytes_load, t.rpc_bytes_sent, t.rpc_bytes_received, t.rpc_connections)),
+                    t.if_rx, t.if_tx, t.rss_peak, t.samples, t.rpc_bytes_missing, t.rpc_bytes_lower_bound]
+                   for i, t in enumerate(traffic))),
         write_csv(out / "llamacpp_chunks.csv", ["chunk", "time_ns", "bytes", "gap_ns"],
                   ([i, c[0], c[1], (int(c[0]) - int(chunks[i - 1][0])) if i > 1 else ""]
                    for i, c in enumerate(chunks))),
@@ -600,7 +603,14 @@ def parse(run: LoadedRun) -> Results:
         if compared is not None:
             tables += (compared[0],)
             reference_values = compared[1]
-    inference_bytes = sum(t.rpc_bytes - t.rpc_bytes_load for t in traffic)
+    # the rpc-servers' TCP bytes (sock_diag), absent with the reason where a worker could not count them
+    missing = results.bytes_missing(traffic)
+    bound = results.bytes_lower_bound(traffic)
+    why = f" (not measured: {missing})" if missing else ""
+    if bound and not missing:
+        why = f" (a lower bound: a closed connection lacks what it moved after its last sample: {bound})"
+    total = None if missing else sum(t.rpc_bytes or 0 for t in traffic)
+    load = None if missing else sum(t.rpc_bytes_load or 0 for t in traffic)
     total_ms = timings.prompt_ms + timings.eval_ms
     values = [
         SummaryValue("tokens_generated", generated, "", "int", "tokens generated (eval runs + 1)"),
@@ -613,12 +623,15 @@ def parse(run: LoadedRun) -> Results:
         SummaryValue("token_latency_mean", timings.token_latency_ns, "ns", "int",
                      "mean latency of a generated token (prefill excluded; llama.cpp eval time / runs)"),
         SummaryValue("prefill_latency", round(timings.prompt_ms * 1e6), "ns", "int", "the prompt's evaluation"),
-        SummaryValue("bytes_total", sum(t.rpc_bytes for t in traffic), "B", "int",
-                     "bytes through the rpc-servers' sockets over the run (weights' upload included)"),
-        SummaryValue("bytes_load", sum(t.rpc_bytes_load for t in traffic), "B", "int",
-                     "of which before the first output (the weights' upload)"),
-        SummaryValue("bytes_per_token", inference_bytes / generated if generated else None, "B", "float",
-                     "bytes through the rpc-servers' sockets per generated token, after the load"),
+        SummaryValue("bytes_total", total, "B", "int",
+                     "TCP payload bytes through the rpc-servers' connections over the run, both directions "
+                     "(kernel tcp_info counters; the weights' upload included)" + why),
+        SummaryValue("bytes_load", load, "B", "int",
+                     "of which before the first output (the weights' upload)" + why),
+        SummaryValue("bytes_per_token",
+                     (total - load) / generated if total is not None and load is not None and generated else None,
+                     "B", "float", "TCP payload bytes through the rpc-servers' connections per generated "
+                     "token, after the load" + why),
         SummaryValue("worker_memory_peak", max((t.rss_peak for t in traffic), default=0), "B", "int",
                      "largest peak RSS of an rpc-server"),
     ]  # fmt: skip

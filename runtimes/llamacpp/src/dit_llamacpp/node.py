@@ -5,9 +5,10 @@
 ``ggml-rpc-server`` as its child, waits until the port listens (``/proc/net/tcp``, no connection made),
 writes the ready file, then appends one JSON line per interval to its samples file: wall clock,
 the inference interface's rx/tx byte counters, the server's RSS and peak RSS (``/proc/<pid>/status``)
-and its socket I/O (``rchar``/``wchar`` of ``/proc/<pid>/io``: rpc-server reads and writes no file
-without ``--cache``, so that is its RPC traffic). It runs until the testbed reaps it (SIGTERM: a last
-sample, then the server is stopped).
+and the TCP payload bytes of its connections (``tcp_acked``, ``tcp_received``, ``tcp_sent``,
+``tcp_sockets``: the kernel's per-socket counters of the sockets on its port, read with sock_diag,
+``sockdiag.py``; ``tcp_error`` with the reason where they cannot be read). It runs until the testbed
+reaps it (SIGTERM: a last sample, then the server is stopped).
 
 ``controller``: checks the GGUF file's SHA-256 when one is given, waits for ``DIT_START_AT_NS``, runs
 ``llama-completion`` (argv after ``--``), timestamps every chunk of its standard output, and writes
@@ -33,9 +34,10 @@ from types import FrameType
 from typing import Any
 
 try:
-    from dit_llamacpp import launch
-except ImportError:  # on a node: launch.py is beside this file, on sys.path as the script's directory
-    launch = importlib.import_module("launch")
+    from dit_llamacpp import launch, sockdiag
+except ImportError:  # on a node: launch.py and sockdiag.py are beside this file, on sys.path as the
+    launch = importlib.import_module("launch")  # script's directory
+    sockdiag = importlib.import_module("sockdiag")
 
 
 def interfaces() -> dict[str, list[str]]:
@@ -63,17 +65,14 @@ def counters(iface: str) -> tuple[int, int]:
 
 
 def proc_stats(pid: int) -> dict[str, int]:
-    """RSS and peak RSS (bytes) and socket I/O (rchar, wchar) of ``pid``; missing values absent."""
+    """RSS and peak RSS (bytes) of ``pid``; missing values absent. (Not ``/proc/<pid>/io``: its
+    ``rchar``/``wchar`` do not count ``send``/``recv``, which rpc-server uses.)"""
     stats: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, value = line.partition(":")
             if key in ("VmRSS", "VmHWM"):
                 stats["rss" if key == "VmRSS" else "hwm"] = int(value.split()[0]) * 1024
-        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("rchar", "wchar"):
-                stats[key] = int(value)
     except (OSError, ValueError):
         pass
     return stats
@@ -124,10 +123,11 @@ def worker(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     samples = Path(args.samples)
     samples.parent.mkdir(parents=True, exist_ok=True)
+    traffic = sockdiag.PortTraffic(args.port, args.bind)
 
     def sample(out: Any) -> None:
         rx, tx = counters(iface)
-        row = {"t_ns": time.time_ns(), "rx": rx, "tx": tx, **proc_stats(server.pid)}
+        row = {"t_ns": time.time_ns(), "rx": rx, "tx": tx, **proc_stats(server.pid), **traffic.sample()}
         out.write(json.dumps(row) + "\n")
         out.flush()
 

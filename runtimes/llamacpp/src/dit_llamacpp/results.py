@@ -15,12 +15,16 @@ between the controller's standard-output chunks after the first (llama-completio
 it is sampled; a chunk may hold more than one token when the reader is late, so they are an upper bound
 per chunk, and the mean is taken from llama.cpp's own eval time).
 
-Bytes: rpc-server reports nothing, so each worker's samples give (a) its socket I/O (``rchar`` +
-``wchar`` of the server process: all of it is RPC traffic) and (b) the rx/tx counters of the interface
-it is bound to. In local mode that interface is ``lo``, shared by every worker and anything else on the
-machine, so (b) is not per worker there and (a) is the per-worker figure. The weights are uploaded to
-the workers while the model loads; the first standard-output chunk (the prompt, printed before the
-first evaluation) splits ``bytes_load`` from the inference traffic, at the samples' resolution.
+Bytes: rpc-server reports nothing, so each worker's samples give (a) the TCP payload bytes of the
+server's connections (the kernel's per-socket ``tcp_info`` counters, read with sock_diag by
+``sockdiag.py``: bytes sent and acknowledged plus bytes received, summed over every connection to its
+port, a closed one with its last sampled value) and (b) the rx/tx counters of the interface it is bound
+to. In local mode that interface is ``lo``, shared by every worker and anything else on the machine, so
+(b) is not per worker there and (a) is the per-worker figure. Where a worker could not read (a) its
+samples say why (``tcp_error``), and the byte values are absent with that reason, never 0. The weights
+are uploaded to the workers while the model loads; the first standard-output chunk (the prompt, printed
+before the first evaluation) splits ``bytes_load`` from the inference traffic, at the samples'
+resolution.
 """
 
 from __future__ import annotations
@@ -119,9 +123,9 @@ def token_gaps(chunks: Sequence[Sequence[int]]) -> list[int]:
     return [b - a for a, b in itertools.pairwise(times[1:])]
 
 
-def read_samples(text: str, where: str) -> list[dict[str, int]]:
+def read_samples(text: str, where: str) -> list[dict[str, Any]]:
     """A worker's JSON-lines samples (a torn last line, from a kill, is dropped)."""
-    rows: list[dict[str, int]] = []
+    rows: list[dict[str, Any]] = []
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if not line.strip():
@@ -140,53 +144,96 @@ def read_samples(text: str, where: str) -> list[dict[str, int]]:
     return rows
 
 
-def _at_or_before(rows: Sequence[Mapping[str, int]], t: int) -> Mapping[str, int]:
+def _at_or_before(rows: Sequence[Mapping[str, Any]], t: int) -> Mapping[str, Any]:
     before = [r for r in rows if r["t_ns"] <= t]
     return before[-1] if before else rows[0]
 
 
-def _at_or_after(rows: Sequence[Mapping[str, int]], t: int) -> Mapping[str, int]:
+def _at_or_after(rows: Sequence[Mapping[str, Any]], t: int) -> Mapping[str, Any]:
     after = [r for r in rows if r["t_ns"] >= t]
     return after[0] if after else rows[-1]
+
+
+TCP_KEYS = ("tcp_acked", "tcp_received")
+NO_TCP = (
+    "the samples carry no TCP counters (recorded before dit-llamacpp read them with sock_diag; "
+    "/proc/<pid>/io's rchar/wchar do not count rpc-server's send/recv)"
+)
 
 
 @dataclass(frozen=True)
 class WorkerTraffic:
     worker: str
     host: str
-    rpc_bytes: int  # socket I/O of rpc-server over the run (rchar + wchar)
-    rpc_bytes_load: int  # of which before the first token (the weights' upload)
+    # TCP payload bytes through rpc-server's connections over the run (sent and acknowledged + received);
+    # None when not measured, ``rpc_bytes_missing`` saying why
+    rpc_bytes: int | None
+    rpc_bytes_load: int | None  # of which before the first token (the weights' upload)
+    rpc_bytes_sent: int | None  # of rpc_bytes: sent by the server and acknowledged (tcpi_bytes_acked)
+    rpc_bytes_received: int | None  # received by the server (tcpi_bytes_received)
+    rpc_connections: int | None  # connections to the server's port over the run
     if_rx: int  # interface counters over the run (lo in local mode: shared)
     if_tx: int
     rss_peak: int  # bytes, VmHWM of rpc-server
     samples: int
+    rpc_bytes_missing: str = ""
+    # why a closed connection may lack what it moved after its last sample (no destroy notices); "" if none
+    rpc_bytes_lower_bound: str = ""
+
+
+def _int(row: Mapping[str, Any], key: str) -> int:
+    value = row.get(key, 0)
+    return int(value) if isinstance(value, int | float) else 0
 
 
 def worker_traffic(
     worker: str,
     host: str,
-    rows: Sequence[Mapping[str, int]],
+    rows: Sequence[Mapping[str, Any]],
     start_ns: int,
     end_ns: int,
     first_token_ns: int | None,
 ) -> WorkerTraffic:
     a, b = _at_or_before(rows, start_ns), _at_or_after(rows, end_ns)
-
-    def io(r: Mapping[str, int]) -> int:
-        return int(r.get("rchar", 0)) + int(r.get("wchar", 0))
-
     split = _at_or_before(rows, first_token_ns) if first_token_ns is not None else b
-    peak = max((int(r.get("hwm", r.get("rss", 0))) for r in rows if r["t_ns"] <= b["t_ns"]), default=0)
+    peak = max((_int(r, "hwm") or _int(r, "rss") for r in rows if r["t_ns"] <= b["t_ns"]), default=0)
+    errors = [str(r["tcp_error"]) for r in rows if r.get("tcp_error")]
+    missing = (
+        errors[0] if errors else ("" if all(k in r for r in (a, b, split) for k in TCP_KEYS) else NO_TCP)
+    )
+
+    def delta(key: str, to: Mapping[str, Any] = b) -> int | None:
+        return None if missing else _int(to, key) - _int(a, key)
+
+    def tcp(to: Mapping[str, Any]) -> int | None:
+        sent, received = delta("tcp_acked", to), delta("tcp_received", to)
+        return None if sent is None or received is None else sent + received
+
     return WorkerTraffic(
         worker=worker,
         host=host,
-        rpc_bytes=io(b) - io(a),
-        rpc_bytes_load=io(split) - io(a),
-        if_rx=int(b.get("rx", 0)) - int(a.get("rx", 0)),
-        if_tx=int(b.get("tx", 0)) - int(a.get("tx", 0)),
+        rpc_bytes=tcp(b),
+        rpc_bytes_load=tcp(split),
+        rpc_bytes_sent=delta("tcp_acked"),
+        rpc_bytes_received=delta("tcp_received"),
+        rpc_connections=delta("tcp_sockets"),
+        if_rx=_int(b, "rx") - _int(a, "rx"),
+        if_tx=_int(b, "tx") - _int(a, "tx"),
         rss_peak=peak,
         samples=len(rows),
+        rpc_bytes_missing=missing,
+        rpc_bytes_lower_bound=next((str(r["tcp_final_error"]) for r in rows if r.get("tcp_final_error")), ""),
     )
+
+
+def bytes_missing(traffic: Sequence[WorkerTraffic]) -> str:
+    """Why the run's byte totals are not measured ("" when every worker's are)."""
+    return "; ".join(f"{t.worker}: {t.rpc_bytes_missing}" for t in traffic if t.rpc_bytes_missing)
+
+
+def bytes_lower_bound(traffic: Sequence[WorkerTraffic]) -> str:
+    """Why the run's byte totals may miss a closed connection's last bytes ("" when they cannot)."""
+    return "; ".join(f"{t.worker}: {t.rpc_bytes_lower_bound}" for t in traffic if t.rpc_bytes_lower_bound)
 
 
 def percentile(ordered: Sequence[int], q: float) -> int:
