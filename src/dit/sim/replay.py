@@ -28,6 +28,15 @@ with ``calibration``, on another run. Fitted on the run itself, the MAPE measure
 follows the token-to-token latency, not an independent prediction; fitted on another run (another
 strategy or network condition), it is a prediction: the round trips are the replayed run's own
 (measured), the per-call cost the other run's.
+
+A local run under CPU quotas (``cpu_share``: ``metadata.json`` records each device's CFS quota and
+period, :func:`cpu_quotas`) replayed with its own compute times: the rates are **CPU time**, one per
+kind for every device, and so is the per-call cost; each device's wall time follows from its quota in
+the simulation (:meth:`dit.sim.engine._Run.busy`). They are fitted together (:func:`fit_cpu_rates`)
+so that the simulated stage times and mean decode latency are the run's. HeadSplit records one time
+per stage, summed over layers and workers, so a rate per (device, kind) cannot be told apart within
+one run: the devices differ by their quotas. A worker's round trip is then the minimum of its samples
+(the others include quota waits, which the simulation adds itself).
 """
 
 from __future__ import annotations
