@@ -121,3 +121,11 @@ def test_a_quota_larger_than_its_period_is_refused_naming_the_device() -> None:
     bad = replace(B, cpu_quota_s=0.01)
     with pytest.raises(SimError, match=r"^devices\[1\]\.cpu_quota_s: must be > 0 and <= cpu_period_s"):
         simulate(SimConfig(MODEL, [A, bad], placement, tokens=1, control="rpc"))
+
+
+def test_cpu_time_rates_on_a_run_without_quotas_run_as_wall_time_and_say_so(tmp_path: Path) -> None:
+    run = write_quota_run(tmp_path / "r", "greedy")
+    (run / "metadata.json").unlink()
+    r = replay(run, calibration=write_quota_run(tmp_path / "c", "layerwise"), rates="compute")
+    assert all(d.cpu_quota_s is None for d in r.config.devices)
+    assert "records no CPU quota" in r.rates

@@ -341,6 +341,8 @@ def replay(
             raise SimError(f"--calibration: {calibration} has no rates of {', '.join(missing)}")
         by_host, rates_from = dict(cal.rates_by_host), f"{cal.rates}, the calibration run's"
         cpu_time = cal.cpu_time
+        if cpu_time and not quotas:
+            rates_from += " (this run records no CPU quota: its devices run them as wall time)"
     else:
         by_host, rates_from = _own_rates(doc, file, model, placement, host_of, profile, rates)
         # the run's own compute times under CPU quotas: fitted as CPU time, through each quota
