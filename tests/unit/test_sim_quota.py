@@ -65,6 +65,13 @@ def test_the_stage_compute_times_are_recorded_as_headsplit_times_them() -> None:
     assert heads == pytest.approx(work[("b", "head")][1])  # layer 1's heads on b: a's are next to free
     assert (proj, ffn) == pytest.approx((work[("b", "proj")][1], work[("b", "ffn")][1]))
     assert work[("b", "ffn")][1] == pytest.approx(work[("b", "ffn")][0] / 1e6)
+    # speculating, layer 1's heads run early on Z: kept, HeadSplit counts them in speculative_ns and
+    # attention_ns; rejected, they run again (speculative_ns + reexec_ns): twice either way
+    for kept in (1.0, 0.0):
+        spec = SimConfig(
+            MODEL, [A, slow], placement, tokens=1, control="rpc", speculation=True, acceptance=(kept,)
+        )
+        assert simulate(spec).stage_s[0][0] == pytest.approx(2 * heads)
 
 
 @pytest.mark.parametrize(("replayed", "calibration"), [("greedy", "layerwise"), ("layerwise", "greedy")])

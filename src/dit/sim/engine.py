@@ -193,7 +193,8 @@ class SimResult:
     between_s: list[float] = field(default_factory=list)
     # per token, the compute (wall) time HeadSplit would record per stage kind: heads (per heads stage the
     # slowest worker's), projections, FFNs; the per-call cost and pulls excluded, as HeadSplit's
-    # attention_ns, projection_ns and ffn_ns
+    # attention_ns, projection_ns and ffn_ns (+ reexec_ns + speculative_ns: a kept speculation's heads
+    # count twice there, in speculative_ns and attention_ns, and so here)
     stage_s: list[tuple[float, float, float]] = field(default_factory=list)
     # decode steps: per (device, kind) the FLOPs computed and the wall seconds they took ("call": the
     # calls' per-call cost, its FLOPs the number of calls)
@@ -503,10 +504,12 @@ class _Run:
             x_owner, parts = ffn, None
             if speculate:
                 yield simpy.AllOf(env, early)
-                self.stage[0] += max(float(p.value) for p in early)
+                early_s = max(float(p.value) for p in early)
+                self.stage[0] += early_s  # HeadSplit's speculative_ns
                 self.speculated += 1
                 if self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]:
                     parts = next_stage
+                    self.stage[0] += early_s  # kept: HeadSplit adds it to attention_ns too
                 else:
                     self.reexecuted += 1  # the next layer's heads run again on the true X
         # the controller's fetch of the last X: one RPC round trip and the bytes

@@ -229,7 +229,8 @@ def cpu_quotas(run_dir: Path, host_of: Mapping[str, str]) -> dict[str, tuple[flo
     conditions = doc.get("conditions") if isinstance(doc, Mapping) else None
     out: dict[str, tuple[float, float]] = {}
     for worker, host in host_of.items():
-        share = (conditions or {}).get(host, {}).get("cpu_share") if isinstance(conditions, Mapping) else None
+        entry = conditions.get(host) if isinstance(conditions, Mapping) else None
+        share = entry.get("cpu_share") if isinstance(entry, Mapping) else None
         if not isinstance(share, Mapping):
             continue
         field_ = f"conditions.{host}.cpu_share"
