@@ -43,3 +43,62 @@ def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
     raw.mkdir(parents=True)
     (raw / "edge_headsplit.json").write_text(json.dumps(doc), encoding="utf-8")
     return tmp_path / "run"
+
+
+# two local devices at 20 % and 80 % of a CPU, as local mode's cpu_share applies them (CFS quota, period)
+QUOTAS = {"device1": (1000, 5000), "device2": (1600, 2000)}
+CPU_RATES = (2e7, 1e8, 4e8)  # head, proj, ffn: FLOPs per CPU-second, the same code on either device
+
+
+def write_quota_run(tmp_path: Path, strategy: str, call_s: float = 0.001) -> Path:
+    """A local run of two workers under CPU quotas (``metadata.json``'s ``cpu_share`` conditions) whose
+    token and stage times the simulator made from one CPU-time rate per kind (:data:`CPU_RATES`) and
+    ``call_s`` of CPU per call, each device through its quota; ``strategy`` places the units."""
+    devices = [
+        Device(
+            f"worker{i + 1}",
+            1e10,
+            10**10,
+            0.0005,
+            1e9,
+            call_s,
+            CPU_RATES,
+            cpu_quota_s=quota / 1e6,
+            cpu_period_s=period / 1e6,
+        )
+        for i, (quota, period) in enumerate(QUOTAS.values())
+    ]
+    # the placement as if device2 were four times device1 (its share)
+    specs = [WorkerSpec(d.name, d.memory_bytes, 1e9 * (1 + 3 * i), 500_000) for i, d in enumerate(devices)]
+    placement = place(MODEL, specs, strategy, context_tokens=64)  # type: ignore[arg-type]
+    sim = simulate(
+        SimConfig(MODEL, devices, placement, tokens=6, prompt_tokens=10, control="rpc", worker_rtt="sum")
+    )
+    tokens = [
+        {"index": i, "total_ns": round(s * 1e9), "attention_ns": round(h * 1e9), "reexec_ns": 0,
+         "speculative_ns": 0, "projection_ns": round(p * 1e9), "ffn_ns": round(f * 1e9), "speculated": []}
+        for i, (s, (h, p, f)) in enumerate(zip(sim.token_s, sim.stage_s, strict=True))
+    ]  # fmt: skip
+    doc = {
+        "model": {"preset": "gpt2-tiny"},
+        "speculation": False,
+        "workers": [
+            {"name": d.name, "host": f"device{i + 1}", "rtt_ns": [round(d.rtt_s * 1e9)] * 3,
+             "flops_per_s": d.flops_per_s, "memory_bytes": d.memory_bytes}
+            for i, d in enumerate(devices)
+        ],
+        "placement": {"units": {u.key(): w for u, w in placement.items()}, "costs": {"source": "micro-benchmark"}},
+        "prompt_tokens": 10,
+        "tokens": tokens,
+        "start_ns": 0,
+        "end_ns": sum(t["total_ns"] for t in tokens) + round(sum(sim.between_s) * 1e9),
+    }  # fmt: skip
+    run = tmp_path / "run"
+    (run / "raw" / "edge").mkdir(parents=True)
+    (run / "raw" / "edge" / "edge_headsplit.json").write_text(json.dumps(doc), encoding="utf-8")
+    conditions = {
+        host: {"cpu_share": {"cgroup_cpu_quota_us": q, "cgroup_cpu_period_us": p}}
+        for host, (q, p) in QUOTAS.items()
+    }
+    (run / "metadata.json").write_text(json.dumps({"conditions": conditions}), encoding="utf-8")
+    return run

@@ -311,7 +311,9 @@ def replay(doc: Mapping[str, Any], tokens: Tokens | None) -> Section:
         return section
     calibration = r.get("calibration")
     section.note = (
-        f"The per-call cost ({_s(r.get('call_overhead_s'))}, the same on every device) was fitted on "
+        f"The per-call cost ({_s(r.get('call_overhead_s'))}, the same on every device"
+        + (", CPU time: each device's wall time through its CPU quota" if r.get("cpu_time") else "")
+        + ") was fitted on "
         + (
             f"another run, {calibration}: nothing of this run's timings went into the simulation, the "
             "MAPE is a prediction."

@@ -27,7 +27,9 @@ Costs. A unit's compute time on device ``w`` is its FLOPs at the token's context
 ``flops_per_s``, plus ``w``'s ``call_overhead_s`` once per call (one call per device per stage). A
 message of ``b`` bytes from ``a`` to ``c`` costs the link's round trip (a pull: HeadSplit's workers fetch
 what they need) plus ``b`` over the link's bandwidth; the bandwidth part holds the directed link (two
-messages on one link queue), the round trip does not. A device computes one unit at a time.
+messages on one link queue), the round trip does not. A device computes one unit at a time. Under a
+CPU quota (``Device.cpu_quota_s`` per ``cpu_period_s``, a local run's cgroup ``cpu_share``) those
+times are CPU time, and the device's wall time follows from its quota (:meth:`_Run.busy`).
 
 Memory: after each token, every device's bytes at the new context length
 (:func:`headsplit.placement.bytes_by_worker`: weights, one KV copy per group it holds, the cache growing
@@ -80,6 +82,14 @@ class Device:
     # (head, proj, ffn) FLOP/s measured per unit kind (a profile run's heads.csv, headsplit.profile_costs);
     # None: flops_per_s for every kind. A head's KV copy runs at the head rate (as HeadSplit costs it).
     unit_flops_per_s: tuple[float, float, float] | None = None
+    # a CFS bandwidth quota (the cgroup CPU quota of a local run's cpu_share): at most cpu_quota_s of CPU
+    # time per cpu_period_s, after which the device waits for the next period (the budget is refilled to
+    # the quota at every multiple of the period, unused time expires). None: no quota. With a quota, the
+    # compute times (FLOPs over the rates) and the per-call cost are CPU time, and a device's wall time
+    # follows from its quota: short work runs at the core's speed while the period's budget lasts,
+    # longer work at about quota / period of it.
+    cpu_quota_s: float | None = None
+    cpu_period_s: float = 0.0
 
     def rate(self, kind: str, positions: int = 1) -> float:
         """The FLOP/s a unit of ``kind`` (head, proj or ffn) runs at on this device in a pass over
@@ -181,6 +191,14 @@ class SimResult:
     # control "rpc": after each token, the controller's memory sample (one call to each worker in turn),
     # outside the token's latency as HeadSplit times it, inside its wall time
     between_s: list[float] = field(default_factory=list)
+    # per token, the compute (wall) time HeadSplit would record per stage kind: heads (per heads stage the
+    # slowest worker's), projections, FFNs; the per-call cost and pulls excluded, as HeadSplit's
+    # attention_ns, projection_ns and ffn_ns (+ reexec_ns + speculative_ns: a kept speculation's heads
+    # count twice there, in speculative_ns and attention_ns, and so here)
+    stage_s: list[tuple[float, float, float]] = field(default_factory=list)
+    # decode steps: per (device, kind) the FLOPs computed and the wall seconds they took ("call": the
+    # calls' per-call cost, its FLOPs the number of calls)
+    work: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -205,6 +223,10 @@ def _check(cfg: SimConfig) -> dict[str, Device]:
                 raise SimError(f"devices[{i}].{attr}: must be > 0, got {getattr(d, attr)}")
         if d.rtt_s < 0 or d.call_overhead_s < 0 or d.memory_bytes <= 0:
             raise SimError(f"devices[{i}]: rtt_s and call_overhead_s must be >= 0 and memory_bytes > 0")
+        if d.cpu_quota_s is not None and not 0 < d.cpu_quota_s <= d.cpu_period_s:
+            raise SimError(
+                f"devices[{i}].cpu_quota_s: must be > 0 and <= cpu_period_s ({d.cpu_period_s}), got {d.cpu_quota_s}"
+            )
         devices[d.name] = d
     for u, w in cfg.placement.items():
         if w not in devices:
@@ -269,6 +291,11 @@ class _Run:
         self.rng = random.Random(cfg.seed)
         self.speculated = self.reexecuted = 0
         self.calls = self.pulls = 0
+        # the quota's state per device: when the budget was last updated, the budget then
+        self.budget: dict[str, tuple[float, float]] = {}
+        self.stage = [0.0, 0.0, 0.0]  # this token's stage compute times (heads, proj, ffn)
+        self.decoding = False
+        self.work: dict[tuple[str, str], tuple[float, float]] = {}
         self._layout()
 
     def _layout(self) -> None:
@@ -285,11 +312,37 @@ class _Run:
             )
 
     # -- primitives ----------------------------------------------------------------------------------
+    def busy(self, device: str, cpu_s: float) -> Generator[Any, Any, None]:
+        """``device`` runs ``cpu_s`` seconds of CPU time: that long without a quota. With one, CFS
+        bandwidth control averaged over the period's phase (a token bucket: the budget refills
+        continuously at quota / period, up to the quota): at the core's speed while the budget lasts
+        (it drains at 1 - share while running), then at the share."""
+        d = self.devices[device]
+        if d.cpu_quota_s is None or cpu_s <= 0:
+            if cpu_s > 0:
+                yield self.env.timeout(cpu_s)
+            return
+        share, now = d.cpu_quota_s / d.cpu_period_s, self.env.now
+        last, budget = self.budget.get(device, (now, d.cpu_quota_s))
+        budget = min(d.cpu_quota_s, budget + share * (now - last))
+        if share >= 1 or cpu_s * (1 - share) <= budget:
+            wall, budget = cpu_s, budget - cpu_s * (1 - share)
+        else:
+            fast = budget / (1 - share)
+            wall, budget = fast + (cpu_s - fast) / share, 0.0
+        self.budget[device] = (now + wall, budget)
+        yield self.env.timeout(wall)
+
+    def _account(self, device: str, kind: str, flops: float, seconds: float) -> None:
+        if self.decoding:
+            f, s = self.work.get((device, kind), (0.0, 0.0))
+            self.work[(device, kind)] = (f + flops, s + seconds)
+
     def compute(self, device: str, seconds: float) -> Generator[Any, Any, None]:
         self.events += 1
         with self.cpu[device].request() as slot:
             yield slot
-            yield self.env.timeout(seconds + self.devices[device].call_overhead_s)
+            yield from self.busy(device, seconds + self.devices[device].call_overhead_s)
 
     def send(self, src: str, dst: str, n_bytes: float) -> Generator[Any, Any, None]:
         if src == dst:
@@ -361,23 +414,39 @@ class _Run:
 
     # -- one token, driven by the controller's RPCs (control "rpc") -----------------------------------
     def call(
-        self, w: str, pulls: Sequence[tuple[str, float]], seconds: float, *, counted: bool = True
-    ) -> Generator[Any, Any, None]:
+        self,
+        w: str,
+        pulls: Sequence[tuple[str, float]],
+        seconds: float,
+        *,
+        counted: bool = True,
+        kind: str = "",
+        flops: float = 0.0,
+    ) -> Generator[Any, Any, float]:
         """One controller RPC to worker ``w``: the request (half the round trip), then, holding the
         worker (its calls run one at a time, pulls included), its per-call cost, each of ``pulls``
         ((owner, bytes): a round trip to the owner and the bytes over the link) in turn and ``seconds``
-        of compute; the reply (the other half). ``counted``: in :attr:`SimResult.calls`."""
+        of compute (``flops`` of ``kind``); the reply (the other half). ``counted``: in
+        :attr:`SimResult.calls`. Returns the compute's wall time (what HeadSplit's worker times)."""
         self.calls += counted
         self.events += 1
         half = self.net.rtt_s(CONTROLLER, w) / 2
         yield self.env.timeout(half)
         with self.cpu[w].request() as slot:
             yield slot
-            yield self.env.timeout(self.devices[w].call_overhead_s)
+            start = self.env.now
+            yield from self.busy(w, self.devices[w].call_overhead_s)
+            if counted:
+                self._account(w, "call", 1.0, self.env.now - start)
             for owner, n_bytes in pulls:
                 yield from self.pull(w, owner, n_bytes)
-            yield self.env.timeout(seconds)
+            start = self.env.now
+            yield from self.busy(w, seconds)
+            wall = self.env.now - start
+            if kind:
+                self._account(w, kind, flops, wall)
         yield self.env.timeout(half)
+        return wall
 
     def pull(self, w: str, owner: str, n_bytes: float) -> Generator[Any, Any, None]:
         """``w`` fetches ``n_bytes`` held by ``owner`` (a worker or the controller) by RPC."""
@@ -399,28 +468,48 @@ class _Run:
         parts: dict[str, tuple[int, int]] | None = None  # the heads the projection gathers, by worker
         for layer, (stage, proj, ffn) in enumerate(self.layers):
             if parts is None:
-                yield simpy.AllOf(env, self._heads_calls(stage, x_owner, head_f, kv_f, hidden_b, positions))
+                heads = self._heads_calls(stage, x_owner, head_f, kv_f, hidden_b, positions)
+                yield simpy.AllOf(env, heads)
+                self.stage[0] += max(float(p.value) for p in heads)
                 parts = stage
             gather: list[tuple[str, float]] = [
                 (w, n * head_out_b) for w, (n, _) in parts.items() if w != proj
             ]
             gather += [(x_owner, hidden_b)] if x_owner != proj else []
-            yield env.process(self.call(proj, gather, proj_f / self.devices[proj].rate("proj", positions)))
+            proj_call = env.process(
+                self.call(
+                    proj,
+                    gather,
+                    proj_f / self.devices[proj].rate("proj", positions),
+                    kind="proj",
+                    flops=proj_f,
+                )
+            )
+            self.stage[1] += yield proj_call
             ffn_call = env.process(
-                self.call(ffn, [(proj, hidden_b)], ffn_f / self.devices[ffn].rate("ffn", positions))
+                self.call(
+                    ffn,
+                    [(proj, hidden_b)],
+                    ffn_f / self.devices[ffn].rate("ffn", positions),
+                    kind="ffn",
+                    flops=ffn_f,
+                )
             )
             speculate = self.cfg.speculation and positions == 1 and layer + 1 < len(self.layers)
             early = []
             if speculate:
                 next_stage = self.layers[layer + 1][0]
                 early = self._heads_calls(next_stage, proj, head_f, kv_f, hidden_b, positions)
-            yield ffn_call
+            self.stage[2] += yield ffn_call
             x_owner, parts = ffn, None
             if speculate:
                 yield simpy.AllOf(env, early)
+                early_s = max(float(p.value) for p in early)
+                self.stage[0] += early_s  # HeadSplit's speculative_ns
                 self.speculated += 1
                 if self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]:
                     parts = next_stage
+                    self.stage[0] += early_s  # kept: HeadSplit adds it to attention_ns too
                 else:
                     self.reexecuted += 1  # the next layer's heads run again on the true X
         # the controller's fetch of the last X: one RPC round trip and the bytes
@@ -445,7 +534,11 @@ class _Run:
         return [
             self.env.process(
                 self.call(
-                    w, [(x_owner, x_bytes)], (n * head_f + g * kv_f) / self.devices[w].rate("head", positions)
+                    w,
+                    [(x_owner, x_bytes)],
+                    (n * head_f + g * kv_f) / self.devices[w].rate("head", positions),
+                    kind="head",
+                    flops=n * head_f + g * kv_f,
                 )
             )
             for w, (n, g) in stage.items()
@@ -498,8 +591,10 @@ def generate(run: _Run, cfg: SimConfig) -> SimResult:
         # keys attended: the prompt and the tokens fed so far (token t feeds the one token t-1 produced)
         context = cfg.prompt_tokens + t if cfg.prompt_tokens > 0 else t + 1
         start = run.env.now
+        run.stage, run.decoding = [0.0, 0.0, 0.0], not prefill
         run.env.run(until=run.env.process(run.token(context, cfg.prompt_tokens if prefill else 1)))
         result.token_s.append(run.env.now - start)
+        result.stage_s.append((run.stage[0], run.stage[1], run.stage[2]))
         if cfg.control == "rpc":
             start = run.env.now
             run.env.run(until=run.env.process(run.sample_memory()))
@@ -508,6 +603,7 @@ def generate(run: _Run, cfg: SimConfig) -> SimResult:
             break
     result.events = run.events
     result.placement = run.placement
+    result.work = dict(run.work)
     return result
 
 

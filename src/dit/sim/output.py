@@ -48,6 +48,8 @@ def _devices(config: SimConfig) -> list[dict[str, Any]]:
             "bandwidth_bytes_per_s": d.bandwidth_bytes_per_s,
             "call_overhead_s": d.call_overhead_s,
             "unit_flops_per_s": list(d.unit_flops_per_s) if d.unit_flops_per_s is not None else None,
+            "cpu_quota_s": d.cpu_quota_s,
+            "cpu_period_s": d.cpu_period_s if d.cpu_quota_s is not None else None,
         }
         for d in config.devices
     ]
@@ -108,6 +110,7 @@ def write(
             "decode_from": replay.decode_from,
             "call_overhead_s": fitted_call_s(replay.config),
             "rates": replay.rates,
+            "cpu_time": replay.cpu_time,
             "calibration": str(calibration) if calibration is not None else None,
             "speculation": replay.speculation,
             "acceptance": replay.config.acceptance[0] if replay.speculation else None,

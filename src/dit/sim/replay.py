@@ -28,6 +28,15 @@ with ``calibration``, on another run. Fitted on the run itself, the MAPE measure
 follows the token-to-token latency, not an independent prediction; fitted on another run (another
 strategy or network condition), it is a prediction: the round trips are the replayed run's own
 (measured), the per-call cost the other run's.
+
+A local run under CPU quotas (``cpu_share``: ``metadata.json`` records each device's CFS quota and
+period, :func:`cpu_quotas`) replayed with its own compute times: the rates are **CPU time**, one per
+kind for every device, and so is the per-call cost; each device's wall time follows from its quota in
+the simulation (:meth:`dit.sim.engine._Run.busy`). They are fitted together (:func:`fit_cpu_rates`)
+so that the simulated stage times and mean decode latency are the run's. HeadSplit records one time
+per stage, summed over layers and workers, so a rate per (device, kind) cannot be told apart within
+one run: the devices differ by their quotas. A worker's round trip is then the minimum of its samples
+(the others include quota waits, which the simulation adds itself).
 """
 
 from __future__ import annotations
@@ -67,6 +76,9 @@ class Replay:
     speculation: bool = False  # the run speculated
     rates: str = "micro-benchmark"  # where the compute rates came from
     rates_by_host: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)  # (head, proj, ffn)
+    # the rates and the per-call cost are CPU time, each device's wall time through its CPU quota (a
+    # local run's cpu_share, :func:`cpu_quotas`); False: wall-time rates, no quota simulated
+    cpu_time: bool = False
 
     @property
     def simulated_tokens_per_s(self) -> float:
@@ -203,6 +215,85 @@ def stage_rates(
     return heads_f / heads_ns * 1e9, proj_f / proj_ns * 1e9, ffn_f / ffn_ns * 1e9
 
 
+def cpu_quotas(run_dir: Path, host_of: Mapping[str, str]) -> dict[str, tuple[float, float]]:
+    """Each worker's CFS CPU quota and period (s) as the run applied them (a ``cpu_share`` condition,
+    ``metadata.json`` ``conditions.<host>.cpu_share.cgroup_cpu_quota_us`` / ``cgroup_cpu_period_us``);
+    empty when the run recorded none (the emulated rack's quotas are the rack's, not the run's)."""
+    path = run_dir / "metadata.json"
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SimError(f"{path}: cannot be read as JSON ({exc})") from None
+    conditions = doc.get("conditions") if isinstance(doc, Mapping) else None
+    out: dict[str, tuple[float, float]] = {}
+    for worker, host in host_of.items():
+        entry = conditions.get(host) if isinstance(conditions, Mapping) else None
+        share = entry.get("cpu_share") if isinstance(entry, Mapping) else None
+        if not isinstance(share, Mapping):
+            continue
+        field_ = f"conditions.{host}.cpu_share"
+        try:
+            quota, period = float(share["cgroup_cpu_quota_us"]), float(share["cgroup_cpu_period_us"])
+        except (KeyError, TypeError, ValueError):
+            raise SimError(
+                f"{path}: {field_}: expected numbers cgroup_cpu_quota_us and cgroup_cpu_period_us"
+            ) from None
+        if not 0 < quota <= period:
+            raise SimError(f"{path}: {field_}.cgroup_cpu_quota_us: {quota} is not in (0, period {period}]")
+        out[worker] = (quota / 1e6, period / 1e6)
+    return out
+
+
+def stage_times(doc: Mapping[str, Any]) -> list[tuple[float, float, float]]:
+    """Per decode token the compute time HeadSplit recorded per stage kind (s): heads (``attention_ns``
+    + ``reexec_ns`` + ``speculative_ns``), ``projection_ns``, ``ffn_ns``; empty when it recorded none."""
+    prompt = int(doc.get("prompt_tokens") or 0)
+    out = []
+    for t in (doc.get("tokens") or [])[1 if prompt > 0 else 0 :]:
+        try:
+            ns = [
+                int(t[k]) for k in ("attention_ns", "reexec_ns", "speculative_ns", "projection_ns", "ffn_ns")
+            ]
+        except (KeyError, TypeError, ValueError):
+            return []
+        out.append((sum(ns[:3]) / 1e9, ns[3] / 1e9, ns[4] / 1e9))
+    return out
+
+
+def _with(config: SimConfig, rates: tuple[float, float, float], call_s: float) -> SimConfig:
+    return replace(
+        config, devices=[replace(d, unit_flops_per_s=rates, call_overhead_s=call_s) for d in config.devices]
+    )
+
+
+def fit_cpu_rates(
+    config: SimConfig,
+    measured_s: list[float],
+    decode_from: int,
+    stages: list[tuple[float, float, float]],
+    start: tuple[float, float, float],
+    rounds: int = 30,
+) -> tuple[tuple[float, float, float], float]:
+    """The CPU-time rates per kind (head, proj, ffn; the same on every device) and the per-call CPU
+    cost with which the simulation, each device through its quota (``config``'s devices), reproduces
+    the run's mean compute time per stage kind (``stages``, :func:`stage_times`) and its mean decode
+    latency. Alternates: the call cost for the latency (:func:`fit_call_s`), then each rate scaled by
+    simulated over measured stage time, until the rates move by less than 0.01 %."""
+    target = [statistics.fmean(s[k] for s in stages) for k in range(3)]
+    rates, call_s = start, 0.0
+    for _ in range(rounds):
+        call_s = fit_call_s(_with(config, rates, 0.0), measured_s, decode_from)
+        run = simulate(_with(config, rates, call_s))
+        simulated = [statistics.fmean(s[k] for s in run.stage_s[decode_from:]) for k in range(3)]
+        ratio = [sim / meas if meas > 0 else 1.0 for sim, meas in zip(simulated, target, strict=True)]
+        rates = (rates[0] * ratio[0], rates[1] * ratio[1], rates[2] * ratio[2])
+        if max(abs(r - 1) for r in ratio) < 1e-4:
+            break
+    return rates, fit_call_s(_with(config, rates, 0.0), measured_s, decode_from)
+
+
 def load_profile(path: Path) -> ProfileCosts:
     """The per-kind rates of a layers-runtime profile run (HeadSplit's reader); SimError if unusable."""
     try:
@@ -243,23 +334,33 @@ def replay(
     except (KeyError, TypeError, ValueError) as exc:
         raise SimError(f"{file}: placement.units: {exc}") from None
     cal = replay(calibration, profile=profile, rates=rates) if calibration is not None else None
+    quotas = cpu_quotas(run_dir, host_of)
     if cal is not None:
         # a prediction: the calibration run's rates and per-call cost, nothing of this run's timings
         missing = [h for h in host_of.values() if h not in cal.rates_by_host]
         if missing and cal.rates_by_host:
             raise SimError(f"--calibration: {calibration} has no rates of {', '.join(missing)}")
         by_host, rates_from = dict(cal.rates_by_host), f"{cal.rates}, the calibration run's"
+        cpu_time = cal.cpu_time
+        if cpu_time and not quotas:
+            rates_from += " (this run records no CPU quota: its devices run them as wall time)"
     else:
         by_host, rates_from = _own_rates(doc, file, model, placement, host_of, profile, rates)
+        # the run's own compute times under CPU quotas: fitted as CPU time, through each quota
+        cpu_time = bool(quotas) and rates_from.startswith("the compute times of ")
+    if not cpu_time:
+        quotas = {}
     uplink, pair_rates = _links(run_dir, host_of)
     devices = [
         Device(
             name=str(w["name"]),
             flops_per_s=float(w["flops_per_s"]),
             memory_bytes=int(w.get("memory_bytes") or w.get("memory_limit_bytes") or 1 << 40),
-            rtt_s=statistics.median(w["rtt_ns"]) / 1e9 if w.get("rtt_ns") else 0.0,
+            rtt_s=_rtt_s(w.get("rtt_ns"), str(w["name"]) in quotas),
             bandwidth_bytes_per_s=uplink.get(str(w["name"]), DEFAULT_BANDWIDTH_BYTES_PER_S),
             unit_flops_per_s=by_host.get(host_of[str(w["name"])]),
+            cpu_quota_s=quotas[str(w["name"])][0] if str(w["name"]) in quotas else None,
+            cpu_period_s=quotas[str(w["name"])][1] if str(w["name"]) in quotas else 0.0,
         )
         for w in workers
     ]
@@ -285,8 +386,18 @@ def replay(
         control="rpc",
         worker_rtt="sum",
     )
-    overhead = fitted_call_s(cal.config) if cal is not None else fit_call_s(base, measured, decode_from)
-    config = replace(base, devices=[replace(d, call_overhead_s=overhead) for d in devices])
+    if cal is not None:
+        overhead = fitted_call_s(cal.config)
+    elif cpu_time:
+        start = next(iter(by_host.values()))
+        stages = stage_times(doc)
+        rates_cpu, overhead = fit_cpu_rates(base, measured, decode_from, stages, start)
+        by_host = dict.fromkeys(host_of.values(), rates_cpu)
+        base = replace(base, devices=[replace(d, unit_flops_per_s=rates_cpu) for d in devices])
+        rates_from += " as CPU time, each device through its CPU quota"
+    else:
+        overhead = fit_call_s(base, measured, decode_from)
+    config = replace(base, devices=[replace(d, call_overhead_s=overhead) for d in base.devices])
     result = simulate(config)
     wall = (
         (int(doc["end_ns"]) - int(doc["start_ns"])) / 1e9
@@ -302,6 +413,7 @@ def replay(
         speculation,
         rates_from,
         by_host,
+        cpu_time,
     )
 
 
@@ -334,6 +446,15 @@ def _own_rates(
         if which == "compute":
             raise SimError(f"--rates compute: {file} has no compute times (tokens[].attention_ns ...)")
     return {}, "micro-benchmark"
+
+
+def _rtt_s(samples: Any, quota: bool) -> float:
+    """A worker's round trip to the controller (s) from HeadSplit's samples: their median; under a
+    simulated CPU quota their minimum (a sample that waited for the quota would count the wait twice:
+    the simulation adds it; local runs' loopback round trips are otherwise steady)."""
+    if not samples:
+        return 0.0
+    return float(min(samples) if quota else statistics.median(samples)) / 1e9
 
 
 def _acceptance(tokens: list[Any]) -> float:
@@ -396,6 +517,36 @@ def fit_call_s(config: SimConfig, measured_s: list[float], decode_from: int) -> 
     return (lo + hi) / 2
 
 
+def per_device_lines(r: Replay) -> list[str]:
+    """Each device's CPU quota and, over the simulated decode steps, its rate per kind and cost per
+    call (wall time, through the quota), and how they were derived."""
+    cpu = next((d.unit_flops_per_s for d in r.config.devices if d.unit_flops_per_s), None)
+    rates = ", ".join(f"{x / 1e9:.3f}" for x in cpu) if cpu else "-"
+    out = [
+        f"CPU-time rates (head, proj, ffn) {rates} GFLOP/s and per-call cost {fitted_call_s(r.config) * 1e3:.3f} ms, "
+        "the same on every device (the run records one compute time per stage, summed over layers and "
+        "workers, not one per device); each device's wall time through its CPU quota (metadata.json "
+        "conditions.<host>.cpu_share), per device over the simulated decode steps (wall):"
+    ]
+    for d in r.config.devices:
+        quota = (
+            f"quota {d.cpu_quota_s * 1e3:.2f} ms / {d.cpu_period_s * 1e3:.2f} ms"
+            if d.cpu_quota_s is not None
+            else "no quota"
+        )
+        per_kind = []
+        for kind in ("head", "proj", "ffn"):
+            flops, seconds = r.result.work.get((d.name, kind), (0.0, 0.0))
+            per_kind.append(f"{flops / seconds / 1e9:.3f}" if seconds > 0 else "-")
+        calls, seconds = r.result.work.get((d.name, "call"), (0.0, 0.0))
+        call = f"{1e3 * seconds / calls:.2f} ms a call" if calls else "no call"
+        out.append(f"  {d.name:<10} {quota}: {', '.join(per_kind)} GFLOP/s, {call}")
+    out.append(
+        "  (-: no unit of that kind on the device here; it would run at the kind's CPU rate through the quota)"
+    )
+    return out
+
+
 def format_replay(r: Replay) -> str:
     """What ``dit simulate --replay`` prints: per-token latency and tokens/s, simulated beside measured."""
     dec_sim = r.result.token_s[r.decode_from :]
@@ -414,6 +565,8 @@ def format_replay(r: Replay) -> str:
     lines.append(
         f"calls {r.result.calls}, pulls {r.result.pulls} (each an RPC round trip); compute rates: {r.rates}"
     )
+    if r.cpu_time:
+        lines += per_device_lines(r)
     if r.speculation:
         lines.append(
             f"speculation: every layer speculated, kept with the run's acceptance {r.config.acceptance[0]:.2f}"
