@@ -152,3 +152,21 @@ def test_the_rates_can_be_chosen(tmp_path: Path) -> None:
         replay(write_run(tmp_path, 0.003), rates="compute")
     with pytest.raises(SimError, match=r"^--rates: one of auto, profile, compute, benchmark, got 'best'"):
         replay(RACK / "greedy_0ms", rates="best")
+
+
+def test_a_run_whose_workers_do_not_fit_in_the_simulation_is_refused_saying_why(tmp_path: Path) -> None:
+    """A run under the runtime's emulated memory pressure (Chapter 6's memory pair) gives its workers
+    limits the simulation's memory model exceeds at token 0: a clear error, not a statistics crash."""
+    import json
+
+    run = write_run(tmp_path, 0.003)
+    results = run / "raw" / "edge" / "edge_headsplit.json"
+    doc = json.loads(results.read_text(encoding="utf-8"))
+    doc["workers"][0]["memory_bytes"] = 1000
+    doc["memory_pressure"] = {"worker": "worker1", "limit_bytes": 1000}
+    results.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(
+        SimError, match=r"out of memory before the first decoded token \(worker1 at token 0"
+    ) as e:
+        replay(run)
+    assert "generated 6 tokens" in str(e.value) and "runtime.memory_pressure" in str(e.value)

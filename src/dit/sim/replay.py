@@ -386,6 +386,19 @@ def replay(
         control="rpc",
         worker_rtt="sum",
     )
+    first = simulate(base)
+    if first.oom and len(first.token_s) <= decode_from < len(tokens):
+        pressure = (doc.get("memory_pressure") or {}) if isinstance(doc.get("memory_pressure"), dict) else {}
+        raise SimError(
+            f"{run_dir}: the simulation runs out of memory before the first decoded token ({first.oom}) while "
+            f"the run generated {len(tokens)} tokens"
+            + (
+                ": its memory limits are the runtime's emulated pressure (runtime.memory_pressure), which "
+                "the replay does not model"
+                if pressure
+                else ""
+            )
+        )
     if cal is not None:
         overhead = fitted_call_s(cal.config)
     elif cpu_time:
