@@ -9,8 +9,10 @@ and ``iperf3``.
 
 Prints, with the load average:
 
-- per added delay: a UDP echo's RTT (microsecond timestamps; ping prints 100 µs steps above 10 ms)
-  minus the unshaped RTT, its median and p99 error against the delay,
+- per added delay, 0 ms first (the way through the queue and the emulator alone): a UDP echo's RTT
+  (microsecond timestamps; ping prints 100 µs steps above 10 ms) minus the unshaped median RTT, its
+  median and p99 error against the delay, and the shaped p99 against the unshaped p99 (the tail the
+  emulator adds, without the unshaped path's own spread),
   and the emulator's own ``actual - scheduled`` hold-time histogram (p50 / p99 bucket bounds);
 - loss 1 % and 10 % over ``--loss-packets`` pings each, against the binomial 99.7 % interval;
 - correlated loss (netem's ``loss P% C%``): for each ``--correlated-loss`` P and ``--loss-correlation``
@@ -313,16 +315,24 @@ def main() -> None:
             f"spin {args.spin_us:g} µs"
         )
         base = echo_rtts_us(ADDRESSES["plain"], args.pings, 0.01)
-        baseline = statistics.median(base)
-        print(f"unshaped UDP RTT median {baseline:.1f} µs")
-        print("delay_ms  median_err_us  p99_err_us  max_err_us  (UDP echo RTT - unshaped RTT - delay)")
-        for delay in args.delays:
+        baseline, base_p99 = statistics.median(base), percentile(base, 99)
+        print(f"unshaped UDP RTT median {baseline:.1f} µs, p99 {base_p99:.1f} µs")
+        # 0 ms first: what the way through the queue and the emulator costs a packet with no hold at all
+        # (the kernel's queueing to userspace, the emulator's wake-up, the verdict and the reinjection);
+        # p99_vs_p99: the shaped RTT's p99 against the unshaped one's, what the emulator adds to the tail
+        print(
+            "delay_ms  median_err_us  p99_err_us  max_err_us  p99_vs_p99_us  "
+            "(UDP echo RTT - unshaped median RTT - delay)"
+        )
+        for delay in [0.0, *(d for d in args.delays if d != 0)]:
             set_delay(work, delay)
             rtts = echo_rtts_us(ADDRESSES["main"], args.pings, 0.01)
             errors = [r - baseline - delay * 1000 for r in rtts]
+            tail = percentile(rtts, 99) - base_p99 - delay * 1000
             print(
                 f"{delay:8g}  {statistics.median(errors):13.1f}  {percentile(errors, 99):10.1f}  "
-                f"{max(errors):10.1f}  ({len(rtts)}/{args.pings} replies)"
+                f"{max(errors):10.1f}  {tail:13.1f}  ({len(rtts)}/{args.pings} replies)"
+                + ("  <- the queue's path alone" if delay == 0 else "")
             )
         for name, p in (("loss1", 0.01), ("loss10", 0.10)):
             received, _ = ping(ADDRESSES[name], args.loss_packets, "0.001")
