@@ -367,15 +367,39 @@ def test_worker_traffic_splits_the_weights_upload_from_inference() -> None:
         {"t_ns": 300, "rx": 5600, "tx": 400, "tcp_acked": 400, "tcp_received": 5600, "tcp_sockets": 2, "hwm": 950},
     ]  # fmt: skip
     text = "\n".join(json.dumps(r) for r in rows) + '\n{"t_ns": 4'  # a torn last line from the kill
-    t = results.worker_traffic("worker1", "d1", results.read_samples(text, "s"), 50, 250, 150)
-    # start 50 -> the sample at 0; end 250 -> the one at 300; first output 150 -> the one at 100
+    t = results.worker_traffic("worker1", "d1", results.read_samples(text, "s"), 50, 250, 90)
+    # start 50 -> the sample at 0; end 250 -> the one at 300; first output 90 -> the one at 100 (at or after)
     assert (t.rpc_bytes, t.rpc_bytes_load, t.if_rx, t.if_tx, t.rss_peak) == (6000, 5100, 5600, 400, 950)
+    assert t.split_ns == 100
     assert (t.rpc_bytes_sent, t.rpc_bytes_received, t.rpc_connections, t.rpc_bytes_missing) == (
         400,
         5600,
         2,
         "",
     )
+
+
+def test_an_upload_that_ends_as_the_prompt_is_printed_is_not_counted_as_inference() -> None:
+    """On the emulated rack the output layer's worker received the last 43 MB of its weights in the 0.1 s
+    before llama.cpp printed the prompt: split at the sample before the first output, they counted as
+    inference (2.99 MB per token against 279 kB at +15 ms). Split at the first sample at or after it,
+    what that sample holds of the generation leaves its tokens out of the division."""
+    mb = 1_000_000
+    rows = [
+        {"t_ns": 0, "tcp_acked": 0, "tcp_received": 0, "tcp_sockets": 1},
+        {"t_ns": 1_472, "tcp_acked": 0, "tcp_received": 155 * mb, "tcp_sockets": 1},  # upload going on
+        {"t_ns": 1_587, "tcp_acked": 1_000, "tcp_received": 198 * mb, "tcp_sockets": 1},  # upload done
+        {"t_ns": 2_600, "tcp_acked": 1_000 + 3_000_000, "tcp_received": 198 * mb + 160_000, "tcp_sockets": 1},
+    ]
+    t = results.worker_traffic("worker4", "d4", rows, 0, 2_600, 1_585)  # the prompt printed at 1585
+    assert t.rpc_bytes_load == 198 * mb + 1_000 and t.split_ns == 1_587
+    # 16 tokens, printed from 1_600 on every 60: all 16 after the split sample
+    tokens = [1_600 + 60 * i for i in range(16)]
+    assert results.tokens_after(1_587, tokens, 16) == 16 and results.tokens_after(1_700, tokens, 16) == 14
+    assert results.bytes_per_token([t], tokens, 16) == pytest.approx(3_160_000 / 16)
+    # a worker whose split sample came after the last token: no tokens to divide by, no figure
+    late = results.worker_traffic("worker4", "d4", rows, 0, 2_600, 2_000)
+    assert results.bytes_per_token([late], tokens, 16) is None
 
 
 def test_worker_traffic_without_tcp_counters_is_absent_with_the_reason_never_zero() -> None:
@@ -415,6 +439,9 @@ def _run(tmp_path: Path, stderr: str) -> Any:
         samples = [
             {"t_ns": 0, "rx": 0, "tx": 0, "tcp_received": 100, "tcp_acked": 0, "tcp_sockets": 1, "rss": 1, "hwm": 1},
             {"t_ns": 2_900_000, "rx": 9, "tx": 9, "tcp_received": 100 + 4000 * rank, "tcp_acked": 50,
+             "tcp_sockets": 1, "rss": 7, "hwm": 7 * rank},
+            # the first sample after the first output (3 ms): the upload was over by then
+            {"t_ns": 3_100_000, "rx": 9, "tx": 9, "tcp_received": 100 + 4000 * rank, "tcp_acked": 50,
              "tcp_sockets": 1, "rss": 7, "hwm": 7 * rank},
             {"t_ns": 9_500_000, "rx": 99, "tx": 99, "tcp_received": 100 + 4000 * rank + 800, "tcp_acked": 250,
              "tcp_sockets": 2, "hwm": 7 * rank},

@@ -627,11 +627,14 @@ def parse(run: LoadedRun) -> Results:
                      "TCP payload bytes through the rpc-servers' connections over the run, both directions "
                      "(kernel tcp_info counters; the weights' upload included)" + why),
         SummaryValue("bytes_load", load, "B", "int",
-                     "of which before the first output (the weights' upload)" + why),
+                     "of which up to each worker's first sample at or after the first output (the weights' "
+                     "upload)" + why),
         SummaryValue("bytes_per_token",
-                     (total - load) / generated if total is not None and load is not None and generated else None,
+                     results.bytes_per_token(traffic, [int(c[0]) for c in chunks[1:]], generated)
+                     if total is not None and load is not None and generated else None,
                      "B", "float", "TCP payload bytes through the rpc-servers' connections per generated "
-                     "token, after the load" + why),
+                     "token, after the load (each worker's bytes after its first sample at or after the first "
+                     "output, over the tokens generated after that sample)" + why),
         SummaryValue("worker_memory_peak", max((t.rss_peak for t in traffic), default=0), "B", "int",
                      "largest peak RSS of an rpc-server"),
     ]  # fmt: skip

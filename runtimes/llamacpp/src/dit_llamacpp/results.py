@@ -168,7 +168,7 @@ class WorkerTraffic:
     # TCP payload bytes through rpc-server's connections over the run (sent and acknowledged + received);
     # None when not measured, ``rpc_bytes_missing`` saying why
     rpc_bytes: int | None
-    rpc_bytes_load: int | None  # of which before the first token (the weights' upload)
+    rpc_bytes_load: int | None  # of which up to the first sample at or after the first output (the upload)
     rpc_bytes_sent: int | None  # of rpc_bytes: sent by the server and acknowledged (tcpi_bytes_acked)
     rpc_bytes_received: int | None  # received by the server (tcpi_bytes_received)
     rpc_connections: int | None  # connections to the server's port over the run
@@ -177,6 +177,7 @@ class WorkerTraffic:
     rss_peak: int  # bytes, VmHWM of rpc-server
     samples: int
     rpc_bytes_missing: str = ""
+    split_ns: int | None = None  # the time of the sample that ends the load (None: no first output)
     # why a closed connection may lack what it moved after its last sample (no destroy notices); "" if none
     rpc_bytes_lower_bound: str = ""
 
@@ -195,7 +196,11 @@ def worker_traffic(
     first_token_ns: int | None,
 ) -> WorkerTraffic:
     a, b = _at_or_before(rows, start_ns), _at_or_after(rows, end_ns)
-    split = _at_or_before(rows, first_token_ns) if first_token_ns is not None else b
+    # The first sample at or after the first output: llama.cpp prints the prompt as the last tensors'
+    # upload ends (on the rack a worker's upload ended 2 ms after it), so the sample before it can fall
+    # inside the upload and count up to a sampling period of it as inference; what this sample counts of
+    # the generation instead, the tokens per worker leave out (``split_ns``, ``tokens_after``)
+    split = _at_or_after(rows, first_token_ns) if first_token_ns is not None else b
     peak = max((_int(r, "hwm") or _int(r, "rss") for r in rows if r["t_ns"] <= b["t_ns"]), default=0)
     errors = [str(r["tcp_error"]) for r in rows if r.get("tcp_error")]
     missing = (
@@ -223,7 +228,30 @@ def worker_traffic(
         samples=len(rows),
         rpc_bytes_missing=missing,
         rpc_bytes_lower_bound=next((str(r["tcp_final_error"]) for r in rows if r.get("tcp_final_error")), ""),
+        split_ns=int(split["t_ns"]) if first_token_ns is not None else None,
     )
+
+
+def tokens_after(t_ns: int, token_times: Sequence[int], generated: int) -> int:
+    """Tokens generated after ``t_ns``: ``generated`` less the outputs printed by then (``token_times``: the
+    controller's output chunks after the prompt's, one per token as llama.cpp flushes them)."""
+    return max(0, generated - sum(1 for t in token_times if t <= t_ns))
+
+
+def bytes_per_token(
+    traffic: Sequence[WorkerTraffic], token_times: Sequence[int], generated: int
+) -> float | None:
+    """TCP bytes per generated token after the load: each worker's bytes after its split sample over the
+    tokens generated after it, summed (None where a worker's bytes or its tokens are missing)."""
+    total = 0.0
+    for t in traffic:
+        if t.rpc_bytes is None or t.rpc_bytes_load is None or t.split_ns is None:
+            return None
+        n = tokens_after(t.split_ns, token_times, generated)
+        if n == 0:
+            return None
+        total += (t.rpc_bytes - t.rpc_bytes_load) / n
+    return total
 
 
 def bytes_missing(traffic: Sequence[WorkerTraffic]) -> str:
