@@ -138,8 +138,8 @@ def network_note(run_dir: Path) -> str:
     with path.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     return "; ".join(
-        f"{r['device']}->{r['target']} {r['intended_delay_ms']} ms by {r['backend'] or r['shaping']}, "
-        f"measured {r['difference_ms']} ms over the baseline (pass: {r['pass'] or 'not checked'})"
+        f"{r['device']}->{r['target']} +{float(r['intended_delay_ms']):g} ms by {r['backend'] or r['shaping']}, "
+        f"measured - baseline - intended {float(r['difference_ms']):+.3f} ms (pass: {r['pass'] or 'not checked'})"
         for r in rows
         if r.get("intended_delay_ms") not in (None, "", "0", "0.0")
     )
