@@ -397,9 +397,11 @@ def test_an_upload_that_ends_as_the_prompt_is_printed_is_not_counted_as_inferenc
     tokens = [1_600 + 60 * i for i in range(16)]
     assert results.tokens_after(1_587, tokens, 16) == 16 and results.tokens_after(1_700, tokens, 16) == 14
     assert results.bytes_per_token([t], tokens, 16) == pytest.approx(3_160_000 / 16)
-    # a worker whose split sample came after the last token: no tokens to divide by, no figure
+    # a generation shorter than the sampling interval (all 16 tokens before the split sample at 2 600):
+    # counted from the sample before the first output (1 587) over every token, not left out
     late = results.worker_traffic("worker4", "d4", rows, 0, 2_600, 2_000)
-    assert results.bytes_per_token([late], tokens, 16) is None
+    assert late.split_ns == 2_600 and results.tokens_after(2_600, tokens, 16) == 0
+    assert results.bytes_per_token([late], tokens, 16) == pytest.approx(3_160_000 / 16)
 
 
 def test_worker_traffic_without_tcp_counters_is_absent_with_the_reason_never_zero() -> None:

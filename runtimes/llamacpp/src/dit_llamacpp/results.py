@@ -178,6 +178,8 @@ class WorkerTraffic:
     samples: int
     rpc_bytes_missing: str = ""
     split_ns: int | None = None  # the time of the sample that ends the load (None: no first output)
+    # the bytes up to the last sample before the first output: the load where no token came after split_ns
+    rpc_bytes_before_output: int | None = None
     # why a closed connection may lack what it moved after its last sample (no destroy notices); "" if none
     rpc_bytes_lower_bound: str = ""
 
@@ -229,6 +231,9 @@ def worker_traffic(
         rpc_bytes_missing=missing,
         rpc_bytes_lower_bound=next((str(r["tcp_final_error"]) for r in rows if r.get("tcp_final_error")), ""),
         split_ns=int(split["t_ns"]) if first_token_ns is not None else None,
+        rpc_bytes_before_output=tcp(_at_or_before(rows, first_token_ns))
+        if first_token_ns is not None
+        else None,
     )
 
 
@@ -242,15 +247,23 @@ def bytes_per_token(
     traffic: Sequence[WorkerTraffic], token_times: Sequence[int], generated: int
 ) -> float | None:
     """TCP bytes per generated token after the load: each worker's bytes after its split sample over the
-    tokens generated after it, summed (None where a worker's bytes or its tokens are missing)."""
+    tokens generated after it, summed; a worker whose split sample came after the last token (a generation
+    shorter than the sampling interval) counts from its sample before the first output over every token.
+    None where a worker's bytes are missing."""
     total = 0.0
     for t in traffic:
         if t.rpc_bytes is None or t.rpc_bytes_load is None or t.split_ns is None:
             return None
         n = tokens_after(t.split_ns, token_times, generated)
-        if n == 0:
+        if n > 0:
+            total += (t.rpc_bytes - t.rpc_bytes_load) / n
+        elif t.rpc_bytes_before_output is not None:
+            # the whole generation fell within one sampling interval (a small model): no sample between
+            # the upload and the tokens; the one before the first output ends the load, as the upload ends
+            # about then (its last moments may count as inference)
+            total += (t.rpc_bytes - t.rpc_bytes_before_output) / generated
+        else:
             return None
-        total += (t.rpc_bytes - t.rpc_bytes_load) / n
     return total
 
 
