@@ -130,6 +130,14 @@ def run_sweep(scenario: Path, inventory: str | None, runs_dir: Path) -> tuple[fl
     return time.perf_counter() - start, result.returncode
 
 
+def _ms(value: str | None) -> str:
+    """A self-check difference for the report: signed ms, or why there is none."""
+    try:
+        return f"{float(value or ''):+.3f} ms"
+    except ValueError:
+        return "not measured"
+
+
 def network_note(run_dir: Path) -> str:
     """How the run's network conditions applied (the self-check's rows: backend, pass), or ''."""
     path = run_dir / "aggregate" / "netem_check.csv"
@@ -139,7 +147,7 @@ def network_note(run_dir: Path) -> str:
         rows = list(csv.DictReader(f))
     return "; ".join(
         f"{r['device']}->{r['target']} +{float(r['intended_delay_ms']):g} ms by {r['backend'] or r['shaping']}, "
-        f"measured - baseline - intended {float(r['difference_ms']):+.3f} ms (pass: {r['pass'] or 'not checked'})"
+        f"measured - baseline - intended {_ms(r['difference_ms'])} (pass: {r['pass'] or 'not checked'})"
         for r in rows
         if r.get("intended_delay_ms") not in (None, "", "0", "0.0")
     )

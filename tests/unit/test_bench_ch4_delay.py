@@ -53,3 +53,24 @@ def test_a_device_the_scenario_lacks_is_named(tmp_path: Path) -> None:
     b = bench()
     with pytest.raises(SystemExit, match=r"device9 is not a device of ch4_validation\.yaml"):
         b.with_stand_in(b.SCENARIO, tmp_path, delays={"device9": 5.0})
+
+
+def test_each_runs_self_check_is_printed_with_its_backend_and_an_unmeasured_link_said(tmp_path: Path) -> None:
+    from dit.conditions.netem.check import CHECK_COLUMNS
+
+    agg = tmp_path / "run" / "aggregate"
+    agg.mkdir(parents=True)
+    rows = [
+        {"device": "device1", "target": "edge", "backend": "userspace", "intended_delay_ms": "10.0",
+         "difference_ms": "0.037", "pass": "True"},
+        {"device": "device1", "target": "device2", "backend": "userspace", "intended_delay_ms": "10.0",
+         "difference_ms": "", "pass": ""},
+        {"device": "device2", "target": "edge", "backend": "", "shaping": "none", "intended_delay_ms": "0.0"},
+    ]  # fmt: skip
+    lines = [",".join(CHECK_COLUMNS)] + [",".join(str(r.get(c, "")) for c in CHECK_COLUMNS) for r in rows]
+    (agg / "netem_check.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    note = bench().network_note(tmp_path / "run")
+    assert note == (
+        "device1->edge +10 ms by userspace, measured - baseline - intended +0.037 ms (pass: True); "
+        "device1->device2 +10 ms by userspace, measured - baseline - intended not measured (pass: not checked)"
+    )
