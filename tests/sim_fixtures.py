@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from dit.sim._headsplit import PRESETS, WorkerSpec, place
-from dit.sim.engine import Device, SimConfig, simulate
+from dit.sim._headsplit import PRESETS, ModelConfig, WorkerSpec, place
+from dit.sim.engine import Device, SimConfig, SimResult, simulate
 
 MODEL = PRESETS["gpt2-tiny"]
+# two layers of four heads (two KV heads): small enough to compute a token's time by hand
+HAND4 = ModelConfig(
+    "hand4",
+    "llama",
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    hidden=16,
+    ffn_hidden=32,
+    vocab=16,
+    max_positions=64,
+)
 
 
 def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
@@ -25,6 +38,20 @@ def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
         SimConfig(MODEL, devices, placement, tokens=6, prompt_tokens=10, control="rpc", worker_rtt="sum")
     )
     token_ns = [round(s * 1e9 * (1 + (jitter if i % 2 else -jitter))) for i, s in enumerate(sim.token_s)]
+    tokens = [{"index": i, "total_ns": ns} for i, ns in enumerate(token_ns)]
+    return _write_results(
+        tmp_path, devices, {"units": {u.key(): w for u, w in placement.items()}}, tokens, sim
+    )
+
+
+def _write_results(
+    tmp_path: Path,
+    devices: list[Device],
+    placement: dict[str, Any],
+    tokens: list[dict[str, Any]],
+    sim: SimResult,
+) -> Path:
+    """``run/raw/edge/edge_headsplit.json`` of a simulated run: its workers, placement and token times."""
     doc = {
         "model": {"preset": "gpt2-tiny"},
         "speculation": False,
@@ -33,11 +60,12 @@ def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
              "flops_per_s": d.flops_per_s, "memory_bytes": d.memory_bytes}
             for i, d in enumerate(devices)
         ],
-        "placement": {"units": {u.key(): w for u, w in placement.items()}},
+        "placement": placement,
         "prompt_tokens": 10,
-        "tokens": [{"index": i, "total_ns": ns} for i, ns in enumerate(token_ns)],
+        "tokens": tokens,
         "start_ns": 0,
-        "end_ns": sum(token_ns) + round(sum(sim.between_s) * 1e9),  # and the memory samples between tokens
+        # and the memory samples between tokens
+        "end_ns": sum(t["total_ns"] for t in tokens) + round(sum(sim.between_s) * 1e9),
     }  # fmt: skip
     raw = tmp_path / "run" / "raw" / "edge"
     raw.mkdir(parents=True)
@@ -79,23 +107,10 @@ def write_quota_run(tmp_path: Path, strategy: str, call_s: float = 0.001) -> Pat
          "speculative_ns": 0, "projection_ns": round(p * 1e9), "ffn_ns": round(f * 1e9), "speculated": []}
         for i, (s, (h, p, f)) in enumerate(zip(sim.token_s, sim.stage_s, strict=True))
     ]  # fmt: skip
-    doc = {
-        "model": {"preset": "gpt2-tiny"},
-        "speculation": False,
-        "workers": [
-            {"name": d.name, "host": f"device{i + 1}", "rtt_ns": [round(d.rtt_s * 1e9)] * 3,
-             "flops_per_s": d.flops_per_s, "memory_bytes": d.memory_bytes}
-            for i, d in enumerate(devices)
-        ],
-        "placement": {"units": {u.key(): w for u, w in placement.items()}, "costs": {"source": "micro-benchmark"}},
-        "prompt_tokens": 10,
-        "tokens": tokens,
-        "start_ns": 0,
-        "end_ns": sum(t["total_ns"] for t in tokens) + round(sum(sim.between_s) * 1e9),
-    }  # fmt: skip
-    run = tmp_path / "run"
-    (run / "raw" / "edge").mkdir(parents=True)
-    (run / "raw" / "edge" / "edge_headsplit.json").write_text(json.dumps(doc), encoding="utf-8")
+    units = {u.key(): w for u, w in placement.items()}
+    run = _write_results(
+        tmp_path, devices, {"units": units, "costs": {"source": "micro-benchmark"}}, tokens, sim
+    )
     conditions = {
         host: {"cpu_share": {"cgroup_cpu_quota_us": q, "cgroup_cpu_period_us": p}}
         for host, (q, p) in QUOTAS.items()

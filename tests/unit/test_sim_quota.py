@@ -14,23 +14,13 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import ModelConfig, WorkerSpec, place
+from dit.sim._headsplit import WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, SimError, simulate
 from dit.sim.replay import cpu_quotas, fitted_call_s, format_replay, replay
-from tests.sim_fixtures import CPU_RATES, write_quota_run
+from tests.sim_fixtures import CPU_RATES, HAND4, write_quota_run
 
 # two layers of four heads; layer-wise puts layer 0 on a, layer 1 on b
-MODEL = ModelConfig(
-    "hand4",
-    "llama",
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    hidden=16,
-    ffn_hidden=32,
-    vocab=16,
-    max_positions=64,
-)
+MODEL = HAND4
 SPECS = [WorkerSpec("a", 10**9, 1e9, 10**6), WorkerSpec("b", 10**9, 1e9, 10**6)]
 # no round trips, compute next to free: a call costs its 1 ms of CPU time alone
 A = Device("a", 1e18, 10**9, 0.0, 1e18, call_overhead_s=0.001)

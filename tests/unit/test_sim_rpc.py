@@ -10,21 +10,12 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import ModelConfig, Placement, WorkerSpec, place
+from dit.sim._headsplit import Placement, WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, SimError, simulate
+from tests.sim_fixtures import HAND4
 
 # two layers of four heads (two KV heads), two equal workers
-MODEL = ModelConfig(
-    "hand4",
-    "llama",
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    hidden=16,
-    ffn_hidden=32,
-    vocab=16,
-    max_positions=64,
-)
+MODEL = HAND4
 # compute and bytes next to free: a token costs its round trips alone
 A = Device("a", flops_per_s=1e18, memory_bytes=10**9, rtt_s=0.01, bandwidth_bytes_per_s=1e18)
 B = Device("b", flops_per_s=1e18, memory_bytes=10**9, rtt_s=0.03, bandwidth_bytes_per_s=1e18)
