@@ -18,7 +18,7 @@ from dit.scenario.schema import condition_text, load_schema
 SchemaNode = Mapping[str, Any]
 
 _PLACEHOLDERS = {
-    "^[A-Za-z][A-Za-z0-9_-]{0,62}$": "<device>",
+    r"^[A-Za-z][A-Za-z0-9_-]{0,62}$(?!\n)": "<device>",
 }
 
 

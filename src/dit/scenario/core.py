@@ -27,7 +27,7 @@ MAX_VARIANTS = 1000
 
 DEVICE_BLOCKS = ("load", "network", "hardware", "background_traffic")
 _REGIME_MODES = ("light", "moderate", "heavy", "continuous")
-_DEVICE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}\Z")
 
 
 def _entry_point_names(group: str) -> list[str]:

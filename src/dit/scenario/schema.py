@@ -23,11 +23,11 @@ JSON = Any
 SchemaNode = Mapping[str, Any]
 
 _PATTERN_NAMES = {
-    "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$": (
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$(?!\n)": (
         "is not a valid scenario name (letters, digits, '_', '.' and '-', "
         "starting with a letter or a digit, at most 64 characters)"
     ),
-    "^[A-Za-z][A-Za-z0-9_-]{0,62}$": (
+    r"^[A-Za-z][A-Za-z0-9_-]{0,62}$(?!\n)": (
         "is not a valid device name (letters, digits, '_' and '-', starting with a letter, "
         "at most 63 characters)"
     ),

@@ -7,6 +7,8 @@ from typing import Any
 from dit.runtimes.helpers import EDGE
 from headsplit.config import PRESETS
 from headsplit.plugin.common import (
+    ABSOLUTE_PATH,
+    ABSOLUTE_PATH_TEXT,
     DEFAULT_PORT,
     NODE_NAME,
     SHA256,
@@ -233,8 +235,8 @@ def block_schema() -> dict[str, Any]:
                 "description": "The interpreter of headsplit's venv on every node (absolute path); without it "
                 "the node's `dit_headsplit_python`, else its dit Python.",
                 "type": "string",
-                "pattern": "^/",
-                "x-pattern-text": "is not an absolute path",
+                "pattern": ABSOLUTE_PATH,
+                "x-pattern-text": ABSOLUTE_PATH_TEXT,
             },
         },
     }
