@@ -15,10 +15,14 @@ from headsplit.plugin.common import (
     SHA256_TEXT,
     STRATEGIES,
 )
+from headsplit.profile_costs import HEADS_CSV
 
 
 def block_schema() -> dict[str, Any]:
-    """The JSON Schema of the scenario's ``runtime`` block (``name: headsplit`` added by dit)."""
+    """The JSON Schema of the scenario's ``runtime`` block (``name: headsplit`` added by dit).
+
+    ``x-readable`` marks the files on the machine running dit a field names (what is read below it):
+    dit refuses one the scenario's author could not read (dit.scenario.author)."""
     return {
         "type": "object",
         "additionalProperties": False,
@@ -47,6 +51,7 @@ def block_schema() -> dict[str, Any]:
                         "description": "The checkpoint file or directory.",
                         "type": "string",
                         "minLength": 1,
+                        "x-readable": ["**"],
                     },
                     "sha256": {
                         "description": "Its pin: a file's SHA-256; a directory's manifest hash "
@@ -61,6 +66,7 @@ def block_schema() -> dict[str, Any]:
                         "its own shard and the run uses the placement they were cut for.",
                         "type": "string",
                         "minLength": 1,
+                        "x-readable": ["**"],
                     },
                 },
             },
@@ -101,6 +107,7 @@ def block_schema() -> dict[str, Any]:
                 "predicted time per token are recorded.",
                 "type": "string",
                 "minLength": 1,
+                "x-readable": [HEADS_CSV],
             },
             "speculation": {
                 "title": "Cross-layer speculation",
@@ -123,6 +130,7 @@ def block_schema() -> dict[str, Any]:
                 "speculates.",
                 "type": "string",
                 "minLength": 1,
+                "x-readable": ["."],
             },
             "tokens": {
                 "title": "Tokens",
@@ -155,6 +163,7 @@ def block_schema() -> dict[str, Any]:
                 "paragraph (needs `perplexity: true`).",
                 "type": "string",
                 "minLength": 1,
+                "x-readable": ["."],
             },
             "memory_threshold": {
                 "title": "Re-placement threshold",
