@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from dit.cli import app
 from dit.runtime_api import registry
-from dit.scenario import validate
+from dit.scenario import author, validate
 from dit.scenario.author import Author, problem
 
 ME = os.getuid()
@@ -113,17 +113,24 @@ def test_a_tree_is_read_whole_and_a_named_file_alone(tmp_path: Path) -> None:
     assert problem(str(run), ["aggregate/heads.csv"], OTHER) is not None
 
 
-def test_the_author_of_a_file_others_may_write_is_anyone_who_may(tmp_path: Path) -> None:
-    scenario = put(tmp_path / "s.yaml", 0o644, "name: s\n")
-    assert Author.of_stat(scenario.stat()).uid == scenario.stat().st_uid
-    scenario.chmod(0o664)
-    group = Author.of_stat(scenario.stat())
-    assert group.uid is None and group.gids == {scenario.stat().st_gid}
-    scenario.chmod(0o646)
-    anyone = Author.of_stat(scenario.stat())
+def status(mode: int, uid: int = 1000, gid: int = 1000) -> os.stat_result:
+    return os.stat_result((stat.S_IFREG | mode, 1, 1, 1, uid, gid, 0, 0, 0, 0))
+
+
+def test_the_author_of_a_file_others_may_write_is_anyone_who_may(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Author.of_stat(status(0o644)).uid == 1000
+    monkeypatch.setattr(author, "_members", lambda gid: {1000})  # a user-private group adds no writer
+    assert Author.of_stat(status(0o664)).uid == 1000
+    monkeypatch.setattr(author, "_members", lambda gid: {1000, 1001})
+    group = Author.of_stat(status(0o664))
+    assert group.uid is None and group.gids == {1000}
+    anyone = Author.of_stat(status(0o646))
     assert anyone.uid is None and not anyone.gids and "writable by others" in anyone.who
     mine = put(tmp_path / "mine.txt", 0o600)
-    assert problem(str(mine), ["."], anyone) is not None
+    found = problem(str(mine), ["."], anyone)
+    assert found is not None and found.endswith("let only its owner write the scenario file"), found
 
 
 # -- through validation: every path input of HeadSplit's block --------------------------------------

@@ -49,7 +49,7 @@ class Author:
         """The author of a scenario file of this status: its owner, unless others may write to it."""
         if st.st_mode & stat.S_IWOTH:
             return cls(None, frozenset(), "any user (the scenario file is writable by others)")
-        if st.st_mode & stat.S_IWGRP:
+        if st.st_mode & stat.S_IWGRP and _members(st.st_gid) - {st.st_uid}:  # not a user-private group
             group = _group_name(st.st_gid)
             return cls(
                 None, frozenset({st.st_gid}), f"any member of {group} (the scenario file is group-writable)"
@@ -71,6 +71,21 @@ def _group_name(gid: int) -> str:
         return grp.getgrgid(gid).gr_name
     except KeyError:
         return f"gid {gid}"
+
+
+def _members(gid: int) -> set[int]:
+    """The users of group ``gid``: those it is the primary group of and its listed members."""
+    users = {entry.pw_uid for entry in pwd.getpwall() if entry.pw_gid == gid}
+    try:
+        names = grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return users
+    for name in names:
+        try:
+            users.add(pwd.getpwnam(name).pw_uid)
+        except KeyError:
+            continue
+    return users
 
 
 def _groups_of(uid: int) -> frozenset[int]:
@@ -142,10 +157,12 @@ def problem(value: str, reads: Sequence[str], author: Author) -> str | None:
             for item in (target, *(_walk(target) if rel == "**" else ())):
                 where = _unreadable(item, author)
                 if where is not None:
-                    return (
-                        f"{value}: {author.who} cannot read it ({where}); "
+                    fix = (
                         "name a file the scenario's author can read"
+                        if author.uid is not None
+                        else "name a file they all can read, or let only its owner write the scenario file"
                     )
+                    return f"{value}: {author.who} cannot read it ({where}); {fix}"
         except FileNotFoundError:
             continue
         except OSError as exc:
