@@ -222,11 +222,17 @@ def _inside(root: str, rel: str) -> str:
 
 
 def _write_atomic(path: str, text: str) -> None:
+    """Write a process's file 0600: it carries what the scenario named (a paragraph dit read from a
+    file only its author may read, a profile's costs), and the processes that read it run as this
+    module's user; a planted link at the temporary name is refused (O_NOFOLLOW)."""
     if not os.path.isdir(os.path.dirname(path)):
         os.makedirs(os.path.dirname(path))
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(fd, 0o600)  # a stale temporary file keeps its old mode through O_CREAT
         handle.write(text)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def _unlink(path: str) -> None:

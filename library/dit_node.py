@@ -120,7 +120,9 @@ def main() -> None:
             if _sha256(item["tmp"]) != item["sha256"]:
                 module.fail_json(msg=f"{name}: the transferred file does not have the expected SHA-256")
             shutil.copyfile(item["tmp"], dest + ".tmp")
-            os.chmod(dest + ".tmp", 0o644)
+            # 0600: what dit ships is run by this module's user (the device code, as edge, monitors,
+            # load, link emulator), never read by another
+            os.chmod(dest + ".tmp", 0o600)
             os.replace(dest + ".tmp", dest)
             shipped.append(name)
             changed = True

@@ -55,8 +55,11 @@ QUANTS = (*models.QUANTS, *(q for t in models.TRAINED.values() for q in t.quants
 DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
 DEFAULT_MODELS_DIR = "/var/cache/dit/gguf"
 DEFAULT_PORT = 50052
-NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
-SHA256 = "^[0-9a-f]{64}$"
+# `$(?!\n)`: `$` of JSON Schema's (ECMA-262) `pattern` ends the string, but jsonschema runs it with
+# Python's re.search, where it also matches before a final newline; the lookahead refuses that under both.
+NODE_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,62}$(?!\n)"
+SHA256 = r"^[0-9a-f]{64}$(?!\n)"
+ABSOLUTE_PATH = r"^/[^\u0000-\u001f\u007f]*$(?!\n)"
 BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
 PY = "{{ dit_python | default(ansible_python_interpreter) | default('/usr/bin/python3') }}"
 CHECKS = ("rpc-server", "controller", "build-record")
@@ -74,8 +77,8 @@ def _abs(description: str, default: str | None = None) -> dict[str, Any]:
     schema: dict[str, Any] = {
         "description": description,
         "type": "string",
-        "pattern": "^/",
-        "x-pattern-text": "is not an absolute path",
+        "pattern": ABSOLUTE_PATH,
+        "x-pattern-text": "is not an absolute path (a '/' first, no control characters)",
     }
     if default is not None:
         schema["default"] = default

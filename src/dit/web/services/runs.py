@@ -34,7 +34,8 @@ from dit.web.services import runpage
 from dit.web.services.store import Store, Version
 
 NNPM_FILE = "nnpm.json"
-SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# \Z, not $: `$` also matches before a final newline, and "name\n" is no directory dit made
+SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 STATES_DONE = FINISHED_STATES
 
 
