@@ -92,8 +92,10 @@ async function openStored(name) {
   state.saved = null;
   setRunnable(false);
   const data = await loadHistory(name);
-  if (data.versions[0]) {
-    const full = await api(`/api/versions/${data.versions[0].hash}`);
+  // the newest version the researcher saved: a benchmark's derived copy (inference and optimisation off)
+  // never opens here, where Run would run it (issue 49, item 2)
+  if (data.opens) {
+    const full = await api(`/api/versions/${data.opens}`);
     editScenario(full.document);
     markSaved(full, false);
   }
@@ -114,14 +116,18 @@ async function loadHistory(name) {
   state.selected = same ? state.selected.filter((h) => listed.has(h)) : [];
   $("history").hidden = false;
   $("history-name").textContent = name;
-  $("history-list").replaceChildren(...data.versions.map((v) => el("li", {},
+  $("history-list").replaceChildren(...data.versions.map((v) => el("li", { dataset: { hash: v.hash, kind: v.kind } },
     el("input", { type: "checkbox", onchange: (e) => {
       state.selected = e.target.checked ? [...state.selected, v.hash].slice(-2) : state.selected.filter((h) => h !== v.hash);
       for (const box of $("history-list").querySelectorAll("input")) box.checked = state.selected.includes(box.dataset.hash);
       $("diff-button").disabled = state.selected.length !== 2;
     }, dataset: { hash: v.hash } }),
-    el("a", { href: "#", onclick: async (e) => { e.preventDefault(); const full = await api(`/api/versions/${v.hash}`); editScenario(full.document); markSaved(full, false); } },
-      short(v.hash)), el("code", {}, `${v.kind} · ${new Date(v.created_ns / 1e6).toLocaleString()}`), " ",
+    v.derived
+      ? el("code", { class: "derived", title: "made by dit for a benchmark (inference and optimisation off): not opened in the editor, where Run would run it" }, short(v.hash))
+      : el("a", { href: "#", onclick: async (e) => { e.preventDefault(); const full = await api(`/api/versions/${v.hash}`); editScenario(full.document); markSaved(full, false); } },
+        short(v.hash)),
+    el("code", { class: v.derived ? "derived" : "" }, (v.derived ? `${v.kind}, derived from ${short(v.derived_from)}` : v.kind) +
+      ` · ${new Date(v.created_ns / 1e6).toLocaleString()}`), " ",
     el("a", { href: "#", class: "small", dataset: { runsOf: v.hash }, title: "every run made from this version",
       onclick: (e) => { e.preventDefault(); state.runsOf = v.hash; show("runs"); } }, "runs"),
     v.note ? el("div", { class: "small note", title: v.note }, v.note.split("\n")[0].slice(0, 100)) : null)));
@@ -259,25 +265,29 @@ function linkWritten(doc, written) {
 const linkPanel = new LinkPanel({ readDocument: () => state.form.read(), writeDocument: linkWritten, origins: state.origins });
 
 // A run asked for while another is going, or several at once, waits its turn in the server's queue
-// (listed under Runs, with its position and what it waits for) instead of being refused by the lease.
+// (listed under Runs, with its position and what it waits for) instead of being refused by the lease:
+// the server decides (POST /api/runs queues it when something is going), so the header keeps the going
+// run and its Stop.
+function started(res, kind) {
+  if (res.queued) {
+    const box = $("save-result");
+    box.hidden = false;
+    box.replaceChildren(el("span", { id: "queued-note" }, `${res.queued.length} ${kind}(s) of ${res.version.name} queued at position ${res.queued.map((e) => e.position).join(", ")}` +
+      (res.holder ? `, waiting for ${res.holder}` : ": the first starts now")));
+    loadQueue();
+    return;
+  }
+  state.run = { launch: res.launch, key: null, label: `${res.version.name} (${kind})` };
+  showActive();
+  followLaunch(res.launch);
+}
+
 async function startRun(kind) {
   if (!state.saved) return;
   try {
     const count = kind === "run" ? Number($("run-count").value || 1) : 1;
-    const going = (await api("/api/queue")).holder;
-    const queue = count > 1 || !!going;
-    const res = await api("/api/runs", { method: "POST", body: { version: state.saved.hash, kind, mode: $("run-mode").value, queue, count } });
-    if (res.queued) {
-      const box = $("save-result");
-      box.hidden = false;
-      box.textContent = `${res.queued.length} run(s) of ${res.version.name} queued at position ${res.queued.map((e) => e.position).join(", ")}` +
-        (res.holder ? `, waiting for ${res.holder}` : ": the first starts now");
-      loadQueue();
-      return;
-    }
-    state.run = { launch: res.launch, key: null, label: `${res.version.name} (${kind})` };
-    showActive();
-    followLaunch(res.launch);
+    const res = await api("/api/runs", { method: "POST", body: { version: state.saved.hash, kind, mode: $("run-mode").value, count } });
+    started(res, kind);
   } catch (err) {
     alert(err.errors.map((e) => `${e.path}: ${e.message}`).join("\n") || err.message);
   }
@@ -392,9 +402,9 @@ $("bench-form").addEventListener("submit", async (event) => {
     const body = { version: state.saved.hash, kind: "benchmark", mode: $("bench-mode").value, profiling: benchProfiling() };
     const res = await api("/api/runs", { method: "POST", body });
     $("bench-dialog").close();
-    state.run = { launch: res.launch, key: null, label: `${res.version.name} (benchmark)` };
-    showActive();
-    followLaunch(res.launch);
+    started(res, "benchmark");
+    // its derived version is listed (marked) at once; the editor stays on the version it was made from
+    if ($("history-name").textContent === res.version.name) loadHistory(res.version.name);
   } catch (err) {
     const errors = err.errors.map((e) => ({ ...e, path: (e.path || "").replace(/^profiling\.?/, "") }));
     state.benchForm.showErrors(errors);
