@@ -145,8 +145,9 @@ class HeadSplitRuntime(RuntimeBase):
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario; the paragraph
         ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``); a
-        trained model has its ``checkpoint``; the profile run ``placement_profile`` names has costs of every worker's device and of no other;
-        ``memory_pressure`` passes the threshold before the limit and before the last token."""
+        trained model has its ``checkpoint``; the profile run ``placement_profile`` names has costs of
+        every worker's device and of no other; ``memory_pressure`` passes the threshold before the limit
+        and before the last token."""
         problems = node_problems(block, scenario, default_excludes_controller=False)
         _, problem = read_paragraph(block)
         if problem is not None:
