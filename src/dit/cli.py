@@ -528,7 +528,7 @@ def show(
         # an energy optimum over a fake sensor's power is a model's number: say so on the same line
         fake = ""
         if fake_power and data.get("objective") in labels.ENERGY_OBJECTIVES:
-            fake, energy_shown = " [yellow](fake power sensor)[/]", True
+            fake, energy_shown = f" [yellow]({labels.MODELLED})[/]", True
         out.print(f"optimise {escape(result.stem)}: vector {data.get('vector')} objective {shown}{fake}")
     if energy_shown:
         out.print(f"[yellow]{escape(labels.fake_sensor_note(fake_power))}[/]")
@@ -542,14 +542,21 @@ def _show_runtime_summary(path: Path) -> None:
     values = [v for v in doc.get("values") or [] if isinstance(v, dict) and "name" in v]
     if not values:
         return
+    fake = labels.fake_power_nodes(path.parent)
     table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
     table.add_column("name")
     table.add_column("value", justify="right")
     table.add_column("what")
+    modelled = False
     for value in values:
-        shown = units.with_unit(value.get("value"), str(value.get("unit", "")))
+        unit = str(value.get("unit", ""))
+        tag = labels.modelled_tag(unit, fake)  # a fake sensor's energy is a model's number: said on its row
+        modelled = modelled or bool(tag)
+        shown = units.with_unit(value.get("value"), unit) + tag
         table.add_row(escape(str(value["name"])), escape(shown), escape(str(value.get("description", ""))))
     out.print(table)
+    if modelled:
+        out.print(f"[yellow]{escape(labels.fake_sensor_note(fake))}[/]")
 
 
 def _show_network(path: Path) -> None:

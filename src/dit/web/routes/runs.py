@@ -94,6 +94,7 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
         chosen, _ = await asyncio.to_thread(
             ctx.store.save, document, expand(document), "benchmark", version.hash
         )
+
     def start(version: Version, kind: str, mode: str) -> runs_mod.Launch:
         return runs_mod.launch(version, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store)
 

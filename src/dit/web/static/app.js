@@ -621,14 +621,19 @@ function renderRun(d) {
   }
 }
 
-// the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning
+// the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning;
+// a value a fake sensor gave (energy, EDP) says "modelled" beside it, with the note why (issue 49, item 3)
 function renderSummary(summary) {
   $("run-summary-box").hidden = !summary || !summary.values.length;
   if (!summary) { $("run-summary").replaceChildren(); return; }
   $("run-summary-runtime").textContent = summary.runtime;
+  const note = summary.modelled_note || "";
   $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "name"), el("th", {}, "value"), el("th", {}, "meaning")),
-    ...summary.values.map((v) => el("tr", { dataset: { name: v.name } }, el("td", {}, v.name),
-      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit)), el("td", { class: "small" }, v.description || ""))));
+    ...summary.values.map((v) => el("tr", { dataset: { name: v.name, modelled: v.modelled ? "1" : "" } }, el("td", {}, v.name),
+      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit),
+        v.modelled ? el("span", { class: "badge fake-sensor", title: note }, v.modelled) : null),
+      el("td", { class: "small" }, v.description || ""))),
+    ...(note ? [el("tr", {}, el("td", { colspan: 3, class: "small energy-note" }, note))] : []));
 }
 
 // Optimiser results: the objective and every term in a readable unit (dit.units, as the CLI), the
@@ -656,7 +661,7 @@ function renderOptimise(opt, detail) {
         r.measured ? el("span", { class: "badge measured", title: `the edge server ran ${r.policy} during the run` }, "measured policy")
           : el("span", { class: "badge prediction", title: r.prediction_reason }, "prediction"),
         r.measured ? null : el("div", { class: "small prediction-reason" }, r.prediction_reason),
-        r.energy_note ? el("span", { class: "badge fake-sensor", title: r.energy_note }, "fake sensor") : null,
+        r.energy_note ? el("span", { class: "badge fake-sensor", title: r.energy_note }, r.energy_badge) : null,
         r.energy_note ? el("div", { class: "small energy-note" }, r.energy_note) : null),
       el("tr", {}, el("th", {}, "device"), el("th", { title: "partition point: stages 1..p on the device" }, "p"),
         el("th", { title: "the largest feasible partition point of the device" }, "max p"),
