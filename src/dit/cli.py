@@ -516,7 +516,7 @@ def show(
         for row in frame.itertuples(index=False):
             table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
-    _show_runtime_summary(run_dir / "aggregate" / "summary.json")
+    noted = _show_runtime_summary(run_dir / "aggregate" / "summary.json")
     _show_network(run_dir / "aggregate" / "netem_check.csv")
     fake_power = labels.fake_power_nodes(run_dir / "aggregate")
     energy_shown = False
@@ -530,18 +530,19 @@ def show(
         if fake_power and data.get("objective") in labels.ENERGY_OBJECTIVES:
             fake, energy_shown = f" [yellow]({labels.MODELLED})[/]", True
         out.print(f"optimise {escape(result.stem)}: vector {data.get('vector')} objective {shown}{fake}")
-    if energy_shown:
+    if energy_shown and not noted:  # said once, under the first figure it explains
         out.print(f"[yellow]{escape(labels.fake_sensor_note(fake_power))}[/]")
 
 
-def _show_runtime_summary(path: Path) -> None:
-    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale."""
+def _show_runtime_summary(path: Path) -> bool:
+    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale;
+    True when it said that some of them a fake sensor gave (modelled)."""
     if not path.is_file():
-        return
+        return False
     doc = _read_run_json(path)
     values = [v for v in doc.get("values") or [] if isinstance(v, dict) and "name" in v]
     if not values:
-        return
+        return False
     fake = labels.fake_power_nodes(path.parent)
     table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
     table.add_column("name")
@@ -557,6 +558,7 @@ def _show_runtime_summary(path: Path) -> None:
     out.print(table)
     if modelled:
         out.print(f"[yellow]{escape(labels.fake_sensor_note(fake))}[/]")
+    return modelled
 
 
 def _show_network(path: Path) -> None:

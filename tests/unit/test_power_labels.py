@@ -141,6 +141,7 @@ def test_every_energy_figure_of_a_fake_sensor_run_says_modelled(
         assert "(modelled: fake sensor)" in next(x for x in lines if f"│ {name} " in x), name
     assert "modelled" not in next(x for x in lines if "│ tokens_per_s " in x)
     assert "(modelled: fake sensor)" in next(x for x in lines if "exhaustive-energy-RR" in x)
+    assert shown.output.count("Fake power sensor on device1") == 1  # the note why, said once
     # the report: the runtime summary's rows, the energy table's rows, the validation note, the badge
     html = build_report(run)
     runtime = _section(html, "runtime")
