@@ -130,7 +130,7 @@ def test_every_energy_figure_of_a_fake_sensor_run_says_modelled(
     assert energy_ax.get_xlabel() == "energy per inference, modelled: fake sensor on device1 (mJ)"
     legend = [t.get_text() for t in energy_ax.get_legend().get_texts()]
     assert legend == ["device1 (modelled: fake sensor) · SJF", "device2 · SJF", "predicted = sensor"]
-    assert energy_ax.get_title().startswith("Energy model vs modelled: fake sensor (device1) — MAPE")
+    assert energy_ax.get_title().startswith("Energy model vs modelled: fake sensor — MAPE")
     table = _text(summary.render_table())
     assert "energy per inference (against modelled: fake sensor energy)" in table
     # dit show: each energy value's row, and the optimiser's energy optimum
