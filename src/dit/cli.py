@@ -516,7 +516,7 @@ def show(
         for row in frame.itertuples(index=False):
             table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
-    _show_runtime_summary(run_dir / "aggregate" / "summary.json")
+    noted = _show_runtime_summary(run_dir / "aggregate" / "summary.json")
     _show_network(run_dir / "aggregate" / "netem_check.csv")
     fake_power = labels.fake_power_nodes(run_dir / "aggregate")
     energy_shown = False
@@ -528,28 +528,37 @@ def show(
         # an energy optimum over a fake sensor's power is a model's number: say so on the same line
         fake = ""
         if fake_power and data.get("objective") in labels.ENERGY_OBJECTIVES:
-            fake, energy_shown = " [yellow](fake power sensor)[/]", True
+            fake, energy_shown = f" [yellow]({labels.MODELLED})[/]", True
         out.print(f"optimise {escape(result.stem)}: vector {data.get('vector')} objective {shown}{fake}")
-    if energy_shown:
+    if energy_shown and not noted:  # said once, under the first figure it explains
         out.print(f"[yellow]{escape(labels.fake_sensor_note(fake_power))}[/]")
 
 
-def _show_runtime_summary(path: Path) -> None:
-    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale."""
+def _show_runtime_summary(path: Path) -> bool:
+    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale;
+    True when it said that some of them a fake sensor gave (modelled)."""
     if not path.is_file():
-        return
+        return False
     doc = _read_run_json(path)
     values = [v for v in doc.get("values") or [] if isinstance(v, dict) and "name" in v]
     if not values:
-        return
+        return False
+    fake = labels.fake_power_nodes(path.parent)
     table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
     table.add_column("name")
     table.add_column("value", justify="right")
     table.add_column("what")
+    modelled = False
     for value in values:
-        shown = units.with_unit(value.get("value"), str(value.get("unit", "")))
+        unit = str(value.get("unit", ""))
+        tag = labels.modelled_tag(unit, fake)  # a fake sensor's energy is a model's number: said on its row
+        modelled = modelled or bool(tag)
+        shown = units.with_unit(value.get("value"), unit) + tag
         table.add_row(escape(str(value["name"])), escape(shown), escape(str(value.get("description", ""))))
     out.print(table)
+    if modelled:
+        out.print(f"[yellow]{escape(labels.fake_sensor_note(fake))}[/]")
+    return modelled
 
 
 def _show_network(path: Path) -> None:

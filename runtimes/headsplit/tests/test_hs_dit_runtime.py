@@ -338,6 +338,17 @@ def test_validate_refuses_workers_and_controllers_that_are_not_nodes(
     assert messages(doc(runtime={"name": "headsplit", **block})) == [message]
 
 
+def test_validate_refuses_a_trained_model_without_its_checkpoint(headsplit: Any) -> None:
+    """smollm2-135m has no seeded weights to fall back on: refused at validate with the field's path
+    (issue 49, item 6), not by apply's prompt tokenizer 19 s later."""
+    assert messages(doc(runtime={"name": "headsplit", "model": "smollm2-135m"})) == [
+        "runtime.checkpoint: model smollm2-135m runs its trained weights: give the directory "
+        "`python -m dit.models.convert smollm2-135m DIR` writes and the pin it prints"
+    ]
+    pinned = {"path": "/data/smollm2-135m", "sha256": "0" * 64}
+    assert messages(doc(runtime={"name": "headsplit", "model": "smollm2-135m", "checkpoint": pinned})) == []
+
+
 def test_a_device_may_be_the_controller(headsplit: Any) -> None:
     block = {"name": "headsplit", "controller": "device3", "workers": ["device1", "device2"]}
     specs = launch_vars(headsplit, context(block), HOSTS)

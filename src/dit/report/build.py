@@ -276,7 +276,7 @@ def _power(agg: Path) -> Section:
     section.note = labels.fake_sensor_note(fake)
 
     def who(node: Any) -> str:  # a fake sensor's node named so in every table row and legend
-        return f"{node} (fake sensor)" if str(node) in fake else str(node)
+        return labels.node_label(node, fake)
 
     if power is not None and not power.empty:
         figure = Figure(figsize=(8.0, 2.6))
@@ -386,7 +386,7 @@ def _optimise(run_dir: Path, status: Mapping[str, Any]) -> Section:
             badges.append({"kind": "prediction", "text": "prediction", "reason": reason})
         if objective in labels.ENERGY_OBJECTIVES and fake:
             badges.append(
-                {"kind": "fake-sensor", "text": "fake sensor", "reason": labels.fake_sensor_note(fake)}
+                {"kind": "fake-sensor", "text": labels.MODELLED, "reason": labels.fake_sensor_note(fake)}
             )
     return section
 
@@ -410,13 +410,16 @@ def _runtime(agg: Path) -> Section:
     if not values:
         section.note = "The runtime wrote no summary."
         return section
+    fake = labels.fake_power_nodes(agg)
+    rows = [
+        (v.get("name"), units.with_unit(v.get("value"), str(v.get("unit", "")))
+         + labels.modelled_tag(str(v.get("unit", "")), fake), v.get("description", ""))
+        for v in values
+    ]  # fmt: skip
     section.note = f"Runtime {summary.get('runtime', MISSING)}."
-    section.table(
-        "summary values",
-        ("name", "value", "description"),
-        [(v.get("name"), units.with_unit(v.get("value"), str(v.get("unit", ""))), v.get("description", ""))
-         for v in values],
-    )  # fmt: skip
+    if any(labels.MODELLED in str(row[1]) for row in rows):
+        section.note += " " + labels.fake_sensor_note(fake)
+    section.table("summary values", ("name", "value", "description"), rows)
     return section
 
 

@@ -42,7 +42,7 @@ from headsplit.plugin.common import (
     HeadSplitLaunchError,
     HeadSplitResultsError,
 )
-from headsplit.plugin.launch import launch_specs, read_paragraph
+from headsplit.plugin.launch import checkpoint_problem, launch_specs, read_paragraph
 from headsplit.plugin.results import parse
 from headsplit.plugin.schema import block_schema
 
@@ -144,13 +144,17 @@ class HeadSplitRuntime(RuntimeBase):
 
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario; the paragraph
-        ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``); the
-        profile run ``placement_profile`` names has costs of every worker's device and of no other;
-        ``memory_pressure`` passes the threshold before the limit and before the last token."""
+        ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``); a
+        trained model has its ``checkpoint``; the profile run ``placement_profile`` names has costs of
+        every worker's device and of no other; ``memory_pressure`` passes the threshold before the limit
+        and before the last token."""
         problems = node_problems(block, scenario, default_excludes_controller=False)
         _, problem = read_paragraph(block)
         if problem is not None:
             problems.append(BlockProblem(("perplexity_paragraph",), problem))
+        problem = checkpoint_problem(block)
+        if problem is not None:
+            problems.append(BlockProblem(("checkpoint",), problem))
         problems += pressure_problems(block)
         path = block.get("placement_profile")
         if isinstance(path, str) and not problems:

@@ -69,13 +69,14 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
     kind = body.get("kind", "run")
     mode = body.get("mode", "local")
     errors = launch_errors(ctx, body, ("run", "benchmark"))
-    queued = body.get("queue", False)
+    # absent: queued when it must wait (something going or waiting); true: always; false: refused then
+    queued = body.get("queue")
     count = body.get("count", 1)
-    if not isinstance(queued, bool):
+    if queued is not None and not isinstance(queued, bool):
         errors.append({"path": "queue", "message": "true or false"})
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_QUEUED:
         errors.append({"path": "count", "message": f"a whole number from 1 to {MAX_QUEUED}"})
-    elif count > 1 and not queued:
+    elif count > 1 and queued is False:
         errors.append({"path": "count", "message": "several runs wait their turn: set queue to true"})
     version = ctx.store.find(str(body.get("version", "")))
     if errors or version is None:
@@ -93,10 +94,25 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
         chosen, _ = await asyncio.to_thread(
             ctx.store.save, document, expand(document), "benchmark", version.hash
         )
-    if queued:  # the housekeeping starts each in turn when nothing is going (dit.web.services.queue)
-        ids = await asyncio.to_thread(ctx.store.enqueue, chosen.hash, kind, mode, count)
+
+    def start(version: Version, kind: str, mode: str) -> runs_mod.Launch:
+        return runs_mod.launch(version, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store)
+
+    # a run going holds the nodes' lease: this one waits its turn (the housekeeping starts each in turn,
+    # dit.web.services.queue) rather than a second driver the lease refuses
+    try:
+        done = await asyncio.to_thread(
+            run_queue.start_or_enqueue, ctx.runs_root, ctx.store, chosen, kind, mode, start, count, queued
+        )
+    except run_queue.Busy as exc:
+        return JSONResponse(
+            {"detail": str(exc), "holder": exc.going, "waiting": exc.waiting,
+             "errors": [{"path": "queue", "message": str(exc)}]},
+            status_code=409,
+        )  # fmt: skip
+    if done.launch is None:
         line = await asyncio.to_thread(run_queue.entries, ctx.runs_root, ctx.store)
-        mine = [e for e in line["entries"] if e["id"] in ids]
+        mine = [e for e in line["entries"] if e["id"] in done.queued]
         return {
             "queued": mine,
             "holder": line["holder"],
@@ -104,9 +120,7 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
             "kind": kind,
             "mode": mode,
         }
-    record = await asyncio.to_thread(
-        runs_mod.launch, chosen, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store
-    )
+    record = done.launch
     return {"launch": record.id, "pid": record.pid, "version": chosen.summary(), "kind": kind, "mode": mode}
 
 

@@ -313,13 +313,20 @@ def read_scenario(path: Path) -> dict[str, Any]:
 
 
 def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
-    """The runtime's ``aggregate/summary.json`` (runtime, tables, named values with units), if written."""
+    """The runtime's ``aggregate/summary.json`` (runtime, tables, named values with units), if written;
+    each value ``modelled`` when a fake sensor gave it (the page says so beside it), with the note why."""
     doc = _read(aggregate / "summary.json")
     if not doc or not isinstance(doc.get("values"), list):
         return None
+    fake = labels.fake_power_nodes(aggregate)
     values = [
-        {k: v.get(k) for k in ("name", "value", "unit", "type", "description")}
+        {
+            **{k: v.get(k) for k in ("name", "value", "unit", "type", "description")},
+            # the label the page shows beside the value ("" when measured or not a power figure)
+            "modelled": labels.MODELLED if labels.modelled_tag(str(v.get("unit", "")), fake) else "",
+        }
         for v in doc["values"]
         if isinstance(v, dict) and isinstance(v.get("name"), str)
     ]
-    return {"runtime": str(doc.get("runtime", "")), "values": values}
+    note = labels.fake_sensor_note(fake) if any(v["modelled"] for v in values) else ""
+    return {"runtime": str(doc.get("runtime", "")), "values": values, "modelled_note": note}
