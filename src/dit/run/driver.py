@@ -215,6 +215,9 @@ class Driver:
         return {
             "dit_run_id": self.run.run_id,
             "dit_journal_path": str(self.run.journal),
+            # every node's run directory as the journal's undo scope has it (RunInventory.node_root):
+            # the playbooks take it from here, so no default is spelled twice
+            "dit_node_roots": {h: self.inv.node_root(h, self.run.run_id) for h in self.inv.hosts},
             **process_vars(self.processes),
         }
 
@@ -278,6 +281,7 @@ class Driver:
             "preflight",
             {
                 "dit_lease": controller_holder(self.run.run_id, self.run.path).to_json(),
+                "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
                 "dit_break_stale_lease": self.options.break_stale_lease,
                 "dit_runtime_env": env.dirname or "",
                 "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(

@@ -1,0 +1,99 @@
+"""Node directories another user could have prepared, and a zipapp swapped after it was shipped (issue
+46, item 1): as root, in local mode and through a user inventory on this machine, the run is refused with
+a sentence naming the directory, and nothing the other user put there is read or run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dit.run.journal import Journal
+from dit.run.localmode import make_fake_sysfs
+from dit.run.procs import run_processes
+from tests.integration.leases import dit, only_run, tiny_scenario
+
+NOBODY = 65534
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: chown to another user")
+
+
+def nobodys(path: Path) -> Path:
+    path.mkdir(mode=0o755)
+    os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+def test_a_lease_planted_in_a_lease_directory_another_user_owns_refuses_the_run_naming_it(
+    scenario_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    planted_dir = nobodys(tmp_path / "lease")
+    planted = planted_dir / "lease.json"
+    planted.write_text('{"run_id": "forged-20261201T060000Z-abababab-0123abcd"}\n')
+    monkeypatch.setenv("DIT_LOCAL_LEASE_DIR", str(planted_dir))
+
+    refused = dit("run", str(tiny_scenario(scenario_dir)), "--runs-dir", str(tmp_path / "runs"))
+
+    assert refused.returncode == 1
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert (
+        f"local mode's lease directory (DIT_LOCAL_LEASE_DIR) {planted_dir} is owned by nobody (uid 65534)"
+        in said
+    )
+    assert f"chown root:root {planted_dir}" in said
+    assert "forged" not in said  # refused for where the lease is, not for what it says
+    run = only_run(tmp_path / "runs")
+    assert Journal(run.journal).records() == []
+    assert not (run.path / "nodes").exists()
+    assert run_processes(run.run_id) == []
+    assert planted.read_text().startswith('{"run_id": "forged')
+
+
+def test_a_node_dit_directory_another_user_owns_is_refused_before_the_node_changes(
+    scenario_dir: Path, tmp_path: Path
+) -> None:
+    """A user inventory (this machine as its nodes) whose dit_remote_base another user owns: the node
+    modules refuse it in preflight, at the lease, the first thing dit would have written there."""
+    base = nobodys(tmp_path / "dit")
+    hostvars: dict[str, Any] = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "dit_python": sys.executable,
+        "dit_remote_base": str(base),
+        "dit_shared_clock": True,
+        "dit_inference_address": "127.0.0.1",
+        "dit_ping_count": 1,
+    }
+    hosts = {
+        name: {**hostvars, "sysfs_root": str(make_fake_sysfs(tmp_path / "sys" / name, role))}
+        for name, role in (("edge", "edge"), ("device1", "device"))
+    }
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "all": {
+                    "children": {
+                        "edge": {"hosts": {"edge": hosts["edge"]}},
+                        "devices": {"hosts": {"device1": hosts["device1"]}},
+                    }
+                }
+            }
+        )
+    )
+
+    refused = dit(
+        "run", str(tiny_scenario(scenario_dir)), "-i", str(inventory), "--runs-dir", str(tmp_path / "runs")
+    )
+
+    assert refused.returncode == 1
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert f"the node's lease directory {base} is owned by nobody (uid 65534)" in said, said[-3000:]
+    run = only_run(tmp_path / "runs")
+    assert Journal(run.journal).records() == []
+    assert list(base.iterdir()) == []
+    assert run_processes(run.run_id) == []
