@@ -4,6 +4,7 @@ a sentence naming the directory, and nothing the other user put there is read or
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
@@ -11,10 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
+from dit.run.driver import Driver, RunOptions
 from dit.run.journal import Journal
 from dit.run.localmode import make_fake_sysfs
 from dit.run.procs import run_processes
+from dit.run.rundir import RunDir
+from dit.scenario import load
 from tests.integration.leases import dit, only_run, tiny_scenario
 
 NOBODY = 65534
@@ -96,4 +101,38 @@ def test_a_node_dit_directory_another_user_owns_is_refused_before_the_node_chang
     run = only_run(tmp_path / "runs")
     assert Journal(run.journal).records() == []
     assert list(base.iterdir()) == []
+    assert run_processes(run.run_id) == []
+
+
+def test_a_zipapp_swapped_on_the_node_after_apply_is_refused_and_never_runs(
+    scenario_dir: Path, runs_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ran as root in issue 46: a dit-device.pyz of the attacker's in place of the shipped one,
+    put there after it was shipped. The profile stage's launch checks it against the shipped SHA-256."""
+    ran = tmp_path / "trojan-ran"
+    trojan = f"import os, pathlib\npathlib.Path({str(ran)!r}).write_text(f'uid={{os.getuid()}}')\n"
+    swapped: list[Path] = []
+    real_apply = Driver._apply
+
+    def apply_then_swap(driver: Driver) -> None:
+        real_apply(driver)
+        for context in driver.contexts.values():
+            pyz = Path(context.node_root) / "dit-device.pyz"
+            pyz.write_text(trojan)
+            swapped.append(pyz)
+
+    monkeypatch.setattr(Driver, "_apply", apply_then_swap)
+    (scenario,) = load(tiny_scenario(scenario_dir))
+    console = io.StringIO()
+    result = Driver(
+        scenario, RunOptions(runs_root=runs_dir, console=Console(file=console, width=400))
+    ).execute()
+
+    assert result.state == "failed" and result.error is not None
+    assert swapped
+    assert any(f"{pyz} has SHA-256 " in result.error for pyz in swapped), result.error
+    assert "shipped with this run: it was changed after it was shipped" in result.error
+    assert not ran.exists()  # the attacker's file never ran, as profile or anything else
+    run = RunDir(result.run_dir)
+    assert run.status()["teardown"]["ok"] is True
     assert run_processes(run.run_id) == []

@@ -1,23 +1,28 @@
 """What dit makes, reads and runs on a node is in directories only root can have prepared (issue 46,
-item 1): the run directory (dit_node), the lease's (dit_lease, local mode's lease directory) and a
-runtime's (dit_trusted_dir). As root, with trees that ``nobody`` owns."""
+item 1): the run directory (dit_node), the lease's (dit_lease, local mode's lease directory) and the
+zipapp dit runs (dit_procs.spawn with ``verify``). As root, with trees that ``nobody`` owns."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dit.ansible_plugins.processes import verify_zipapp
 from dit.run.lease_decision import LOCAL_LEASE_DIR_ENV, local_lease_dir
 from dit.trusted import UntrustedPath
-from tests.ansible_modules import MODULE_UTILS, library_module, run_in_process
+from tests.ansible_modules import MODULE_UTILS, library_module, module_util, run_in_process
 from tests.conftest import REPO
 
 NOBODY = 65534
 PYZ = "dit-device.pyz"
+
+procs = module_util("dit_procs")  # its UntrustedPath is module_utils/dit_trusted.py's: the same file
 
 
 @pytest.fixture
@@ -136,6 +141,91 @@ def test_local_mode_refuses_a_lease_directory_another_user_owns(
     # one still to be made below a directory of root's passes: dit_lease makes it root's
     monkeypatch.setenv(LOCAL_LEASE_DIR_ENV, str(base / "new" / "lease"))
     assert local_lease_dir() == str(base / "new" / "lease")
+
+
+# -- what dit runs (module_utils/dit_procs.py spawn with verify) ------------------------------------------
+SHIPPED = "import sys\nopen(sys.argv[1], 'w').write('shipped')\n"
+TROJAN = "import sys\nopen(sys.argv[1], 'w').write('trojan')\n"
+
+
+def ship(directory: Path) -> tuple[Path, str]:
+    pyz = directory / PYZ
+    pyz.write_text(SHIPPED)
+    os.chmod(pyz, 0o644)
+    return pyz, hashlib.sha256(SHIPPED.encode()).hexdigest()
+
+
+def run_verified(pyz: Path, sha256: str, marker: Path) -> str:
+    """Start ``pyz`` as dit_proc does, wait for it, and say what it wrote ("" for nothing)."""
+    logs = pyz.parent
+    proc = procs.spawn(
+        [sys.executable, str(pyz), str(marker)],
+        {"PATH": os.environ.get("PATH", "")},
+        str(logs),
+        str(logs / "out.log"),
+        str(logs / "err.log"),
+        verify={str(pyz): sha256},
+    )
+    assert proc.wait(timeout=30) == 0, (logs / "err.log").read_text()
+    return marker.read_text() if marker.exists() else ""
+
+
+def test_a_zipapp_replaced_after_it_was_shipped_is_refused_naming_both_hashes(base: Path) -> None:
+    pyz, sha256 = ship(base)
+    trojan = base / "trojan"
+    trojan.write_text(TROJAN)
+    os.replace(trojan, pyz)
+    marker = base / "ran"
+    found = hashlib.sha256(TROJAN.encode()).hexdigest()
+    with pytest.raises(procs.UntrustedPath, match=f"{pyz} has SHA-256 {found}, not the {sha256} shipped"):
+        run_verified(pyz, sha256, marker)
+    time.sleep(0.2)
+    assert not marker.exists()  # the attacker's file never ran
+
+
+def test_a_zipapp_swapped_after_the_check_is_harmless_it_runs_from_the_checked_descriptor(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pyz, sha256 = ship(base)
+    real = procs._spawn
+
+    def swap_then_spawn(argv: list[str], *args: Any) -> Any:
+        trojan = base / "trojan"
+        trojan.write_text(TROJAN)
+        os.replace(trojan, pyz)  # between the hash and the exec
+        assert argv[1].startswith("/proc/self/fd/")
+        return real(argv, *args)
+
+    monkeypatch.setattr(procs, "_spawn", swap_then_spawn)
+    assert run_verified(pyz, sha256, base / "ran") == "shipped"
+
+
+def test_a_link_a_writable_file_or_a_directory_another_user_owns_is_never_run(base: Path) -> None:
+    pyz, sha256 = ship(base)
+    os.chmod(pyz, 0o666)
+    with pytest.raises(procs.UntrustedPath, match="mode 0666"):
+        run_verified(pyz, sha256, base / "ran")
+    os.chmod(pyz, 0o644)
+    link = base / "link"
+    link.mkdir()
+    (link / PYZ).symlink_to(pyz)
+    with pytest.raises(procs.UntrustedPath, match="is a symbolic link"):
+        run_verified(link / PYZ, sha256, base / "ran")
+    theirs = nobodys(base / "theirs")
+    their_pyz, _ = ship(theirs)
+    with pytest.raises(procs.UntrustedPath, match=f"the run directory {theirs} is owned by nobody"):
+        run_verified(their_pyz, sha256, base / "ran")
+    assert not (base / "ran").exists()
+
+
+def test_the_action_plugins_verify_every_argv_naming_the_zipapp() -> None:
+    argvs = [["/usr/bin/python3", f"/var/lib/dit/r1/{PYZ}", "monitor"], ["/usr/bin/tc", "qdisc"], None]
+    digest = "a" * 64
+    assert verify_zipapp({"tag": "x"}, argvs, {"dit_device_pyz_sha256": digest}) == {
+        "tag": "x",
+        "verify": {f"/var/lib/dit/r1/{PYZ}": digest},
+    }
+    assert verify_zipapp({"tag": "x"}, argvs, {}) == {"tag": "x"}  # outside a dit run: as before
 
 
 def test_the_nodes_walk_is_the_controllers_own_file() -> None:
