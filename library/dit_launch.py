@@ -196,6 +196,7 @@ from ansible.module_utils.dit_procs import (
     status_path,
     tagged_env,
 )
+from ansible.module_utils.dit_trusted import UntrustedPath
 
 # A prepared process waits for the start-at file at most this long beyond the prepare phase's own
 # timeout: the slowest node may prepare until that timeout, and the instant is picked after it.
@@ -306,6 +307,7 @@ class Launcher:
             self.err(name),
             p["cgroup"],
             p["cpus"],
+            p["verify"],
         )
         self.started[name] = proc
         self.info[name] = {"pid": proc.pid, "returncode": None, "results": {}, "ready": None}
@@ -417,6 +419,7 @@ def main() -> None:
             "env": {"type": "dict", "default": {}},
             "cgroup": {"type": "raw"},
             "cpus": {"type": "list", "elements": "int"},
+            "verify": {"type": "dict", "default": {}},
             "phase": {"type": "str", "default": "all", "choices": ["all", "prepare", "start"]},
             "prepared": {"type": "dict", "default": {}},
             "start_at_file": {"type": "str", "default": "start_at.json"},
@@ -477,7 +480,7 @@ def main() -> None:
                 launcher.start_main(spec, p["start_at_ns"])
             if waits:
                 launcher.wait_exit(p["processes"], names)
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, UntrustedPath) as exc:
         if launcher is not None and (waits or phase == "prepare"):
             launcher.kill()  # prepared processes of a failed prepare phase would wait for nothing
         message, _, stderr = str(exc).partition("\n")

@@ -17,6 +17,7 @@ CONTENT = (
     "dit/_content/playbooks/apply.yml.j2",
     "dit/_content/library/dit_restore.py",
     "dit/_content/module_utils/dit_procs.py",
+    "dit/_content/module_utils/dit_trusted.py",  # a link to src/dit/trusted.py in the checkout
     "dit/_content/action_plugins/dit_proc.py",
     "dit/_content/doc_fragments/dit.py",
     "dit/_content/scenarios/scenario.schema.json",

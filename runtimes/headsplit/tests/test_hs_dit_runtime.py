@@ -165,7 +165,7 @@ def context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
         "edge_host": "edgeserver",
         "devices": ("device1", "device2", "device3"),
         "addresses": {"edgeserver": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12", "device3": "10.0.0.13"},
-        "node_roots": {h: "/var/tmp/dit/r1" for h in HOSTS},
+        "node_roots": {h: "/var/lib/dit/r1" for h in HOSTS},
         "pythons": dict.fromkeys(HOSTS, "/usr/bin/python3"),
         "local": False,
         "model": {"name": "fake", "params": {"profile": "tiny"}},
@@ -214,7 +214,7 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
     config = json.loads(controller["files"]["headsplit.json"])
     assert config == {
         "model": {"preset": "gpt2-tiny"},
-        "checkpoint": {"path": f"/var/tmp/dit/headsplit/files/{'a' * 64}/gpt2.safetensors", "sha256": "a" * 64},
+        "checkpoint": {"path": f"/var/lib/dit/headsplit/files/{'a' * 64}/gpt2.safetensors", "sha256": "a" * 64},
         "controller": {"host": "edgeserver", "address": "10.0.0.1", "source_address": None, "port": 29600},
         "workers": [
             {"rank": 1, "name": "worker1", "host": "device2", "address": "10.0.0.12", "source_address": None,
@@ -225,7 +225,7 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
         "strategy": "roundrobin",
         "speculation": True,
         "tau": 0.02,
-        "speculation_profile": "/var/tmp/dit/headsplit/profiles/speculation-gpt2-tiny-tau0.02.json",
+        "speculation_profile": "/var/lib/dit/headsplit/profiles/speculation-gpt2-tiny-tau0.02.json",
         "tokens": 8,
         "prompt": "Heads expose the parallelism that layers hide.",
         "prompt_ids": None,
@@ -414,11 +414,11 @@ def test_distribute_checkpoint_verifies_the_hash_here_and_on_every_node(
     assert not isinstance(plan.plays, Path)  # plays, not a playbook file
     (nodes,) = plan.plays
     assert nodes["hosts"] == "all"
-    names = [next(k for k in t if k.startswith("ansible.")) for t in nodes["tasks"]]
+    names = [next(k for k in t if k.startswith(("ansible.", "dit_"))) for t in nodes["tasks"]]
     assert names == [
         "ansible.builtin.stat",
         "ansible.builtin.assert",
-        "ansible.builtin.file",
+        "dit_trusted_dir",  # the directory and every parent root's alone (issue 46)
         "ansible.builtin.copy",
         "ansible.builtin.stat",
         "ansible.builtin.assert",
@@ -478,7 +478,7 @@ def test_build_speculation_profile_of_a_trained_model_sends_its_tokens(
     i = argv.index("--checkpoint")
     assert argv[i : i + 4] == [
         "--checkpoint",
-        f"/var/tmp/dit/headsplit/files/{sha}/smollm2-135m",
+        f"/var/lib/dit/headsplit/files/{sha}/smollm2-135m",
         "--sha256",
         sha,
     ]
@@ -518,7 +518,7 @@ def test_a_directory_checkpoint_gives_the_model_from_its_config_json(headsplit: 
         launch_vars(headsplit, context(block), HOSTS)["edgeserver"]["main"][0]["files"]["headsplit.json"]
     )
     assert config["model"]["config"]["family"] == "llama" and config["model"]["config"]["n_kv_heads"] == 2
-    assert config["checkpoint"]["path"] == f"/var/tmp/dit/headsplit/files/{'d' * 64}/tiny-llama"
+    assert config["checkpoint"]["path"] == f"/var/lib/dit/headsplit/files/{'d' * 64}/tiny-llama"
     assert "placement" not in config
 
 
@@ -556,7 +556,7 @@ def test_shards_give_each_worker_its_own_file_and_the_run_their_placement(
              "checkpoint": {"path": "/models/x", "sha256": pin, "shards": str(out)}}  # fmt: skip
     specs = launch_vars(headsplit, context(block), HOSTS)
     config = json.loads(specs["edgeserver"]["main"][0]["files"]["headsplit.json"])
-    base = f"/var/tmp/dit/headsplit/files/{pin}/shards"
+    base = f"/var/lib/dit/headsplit/files/{pin}/shards"
     assert config["checkpoint"] == {
         "path": f"{base}/controller.safetensors", "sha256": "0" * 64,
         "shards": {"worker1": {"path": f"{base}/worker1.safetensors", "sha256": "1" * 64},
@@ -623,7 +623,7 @@ def test_distribute_checkpoint_sends_a_directory_with_its_manifest(headsplit: An
     assert _rendered(plan, sums["dest"]).endswith("/tiny-llama/SHA256SUMS")
     verify = play["tasks"][-1]["ansible.builtin.command"]["argv"][-3:-1]
     assert [_rendered(plan, a, {"sha256": "a" * 64}) for a in verify] == [
-        f"/var/tmp/dit/headsplit/files/{'a' * 64}/tiny-llama", "--sha256"]  # fmt: skip
+        f"/var/lib/dit/headsplit/files/{'a' * 64}/tiny-llama", "--sha256"]  # fmt: skip
 
 
 def test_the_trained_smollm2_preset_needs_its_converted_checkpoint(headsplit: Any) -> None:

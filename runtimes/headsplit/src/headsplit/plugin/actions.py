@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.runtimes import (
+    NODE_BASE,
     ActionPlan,
 )
 from dit.runtimes.helpers import EDGE
@@ -97,7 +98,7 @@ def _verified_copy_tasks(
     return [
         {
             "name": f"The {what}'s directory",
-            "ansible.builtin.file": {"path": dest_dir, "state": "directory", "mode": "0755"},
+            "dit_trusted_dir": {"path": dest_dir},
         },
         {
             "name": f"Copy the {what}",
@@ -122,7 +123,7 @@ def _verified_copy_tasks(
     ]
 
 
-BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
+BASE = NODE_BASE
 
 
 LOCAL_PY = "{{ ansible_playbook_python }}"  # this machine's dit interpreter (headsplit is installed in it)
@@ -205,8 +206,7 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
         is_dir = True
         tasks: list[dict[str, Any]] = [
             here,
-            {"name": "The checkpoint's directory", "ansible.builtin.file": {"path": dest_dir, "state": "directory",
-                                                                            "mode": "0755"}},
+            {"name": "The checkpoint's directory", "dit_trusted_dir": {"path": dest_dir}},
             {"name": "Copy the checkpoint", "ansible.builtin.copy": {"src": path, "dest": f"{dest_dir}/",
                                                                      "mode": FILE_MODE}},
         ]  # fmt: skip
@@ -253,8 +253,7 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
         here,
         _local({"name": "Cut the checkpoint into per-worker shards here", "ansible.builtin.command": {"argv": argv},
                 "changed_when": True}),
-        {"name": "The shards' directory", "ansible.builtin.file": {"path": shard_dir, "state": "directory",
-                                                                   "mode": "0755"}, "when": when},
+        {"name": "The shards' directory", "dit_trusted_dir": {"path": shard_dir}, "when": when},
         {"name": "Copy this node's shard", "ansible.builtin.copy": {
             "src": f"{out}/{{{{ {record}.file }}}}", "dest": f"{shard_dir}/{{{{ {record}.file }}}}",
             "mode": FILE_MODE}, "when": when},
@@ -330,7 +329,7 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
         "tasks": [
             {
                 "name": "The profiles directory",
-                "ansible.builtin.file": {"path": f"{BASE}/{PROFILES_DIR}", "state": "directory", "mode": "0755"},
+                "dit_trusted_dir": {"path": f"{BASE}/{PROFILES_DIR}"},
             },
             *ids_task,
             {"name": "Build the profile", "ansible.builtin.command": {"argv": argv}, "changed_when": True},
