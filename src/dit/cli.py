@@ -141,7 +141,10 @@ def run(
     for variant in variants:
         try:
             result = Driver(variant, options).execute()
-        except (RunDirError, UntrustedPath) as exc:  # its run directory could not be made: no node was touched
+        except (
+            RunDirError,
+            UntrustedPath,
+        ) as exc:  # its run directory could not be made: no node was touched
             raise _fail(str(exc)) from None
         results.append(result)
         if result.state == "stopped":
@@ -704,7 +707,7 @@ def optimise(
             raise _fail(f"--vector: {vector!r} is not a comma-separated list of integers", 2) from None
     try:
         result = optimise_run(run_dir, algorithm, objective, policy, parsed, max_vectors=max_vectors)
-    except (OptimiseError, AggregateError) as exc:
+    except (OptimiseError, AggregateError, UntrustedPath) as exc:  # it writes into RUN_DIR/optimise
         raise _fail(str(exc), 2) from None
     if as_json:
         out.print_json(result.to_json())

@@ -127,7 +127,9 @@ def open_trusted_dir(
                 os.close(child)
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
-                if not trusted_owner(st.st_uid) or (others_can_write(parent_st) and not _shared_sticky(parent_st)):
+                if not trusted_owner(st.st_uid) or (
+                    others_can_write(parent_st) and not _shared_sticky(parent_st)
+                ):
                     raise _refusal(
                         what, shown_path, shown, st, "a link anyone but root could have made or replaced",
                         f"Use the path it points to, once you have checked it ({os.readlink(name, dir_fd=fd)})",

@@ -73,24 +73,24 @@ class RunDirError(OSError):
         return f"{self.filename}: cannot {self.action}: {self.reason}"
 
 
-def write_json(path: Path, data: Any, *, what: str = "the run directory") -> None:
+def write_json(path: Path, data: Any, *, what: str = "the run directory", mode: int = 0o644) -> None:
     """Write JSON atomically (rename over the old file); :class:`RunDirError` names ``path`` when
     it cannot be written, and no half-written temporary file is left beside it. The directory must
     be trusted (:class:`UntrustedPath` otherwise, see :func:`write_text`)."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", what=what)
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", what=what, mode=mode)
 
 
-def write_text(path: Path, text: str, *, what: str = "the run directory") -> None:
+def write_text(path: Path, text: str, *, what: str = "the run directory", mode: int = 0o644) -> None:
     """Write ``text`` atomically, as :func:`write_json` writes JSON.
 
     dit reads back what it writes in a run directory (its identity, its status, the inventory it
     runs with), as root: the directory and every one above it must be root's alone, or
     :class:`UntrustedPath` names ``what`` and the fix, and nothing is written. The file goes to a new
-    temporary name that follows no link, then is renamed over ``path`` (issue 46).
+    temporary name that follows no link, with ``mode``, then is renamed over ``path`` (issue 46).
     """
     try:
         with trusted_dir(path.parent, what=what) as dir_fd:
-            write_at(dir_fd, path.name, text.encode("utf-8"))
+            write_at(dir_fd, path.name, text.encode("utf-8"), mode=mode)
     except OSError as exc:
         raise RunDirError(path, "write", exc) from None
 

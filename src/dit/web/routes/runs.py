@@ -170,7 +170,7 @@ async def _dry_run(ctx: Context, version: Version, mode: str, action: Action) ->
     try:
         keep.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(write_json, keep, result, what="NNPM's directory")
-    except (OSError, RunDirError, UntrustedPath) as exc:  # the report is still the answer; the page says it was not kept
+    except (OSError, UntrustedPath) as exc:  # the report is still the answer; the page says it was not kept
         result["not_kept"] = str(exc)
         action.line("nnpm", "error", f"the dry run's report was not kept: {exc}")
     return result
@@ -433,6 +433,8 @@ async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[
         )
     except (OptimiseError, AggregateError) as exc:
         return unprocessable([{"path": "", "message": str(exc)}])
+    except UntrustedPath as exc:  # it writes into the run's optimise/
+        raise HTTPException(409, str(exc)) from None
     settings_of_run = runpage.run_settings(runs_mod.read_scenario(rundir.path))
     data: dict[str, Any] = runpage.optimise_view(
         json.loads(result.to_json()), settings_of_run, labels.fake_power_nodes(rundir.path / "aggregate")
