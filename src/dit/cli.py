@@ -139,12 +139,10 @@ def run(
     _usable_runs_dir(runs_dir, "--runs-dir")
     results = []
     for variant in variants:
+        # RunDirError, UntrustedPath: its run directory could not be made, no node was touched
         try:
             result = Driver(variant, options).execute()
-        except (
-            RunDirError,
-            UntrustedPath,
-        ) as exc:  # its run directory could not be made: no node was touched
+        except (RunDirError, UntrustedPath) as exc:
             raise _fail(str(exc)) from None
         results.append(result)
         if result.state == "stopped":
@@ -204,7 +202,7 @@ def _trusted_run(run_dir: Path) -> RunDir:
         run.check_trusted()
     except UntrustedPath as exc:
         raise _fail(str(exc), 2) from None
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise _fail(f"{run_dir} is not a dit run directory") from None
     if not (run.path / DRIVER).exists():
         raise _fail(f"{run_dir} is not a dit run directory")
