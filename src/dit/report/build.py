@@ -22,7 +22,7 @@ from dit import units
 from dit.report import labels, rtt
 from dit.report.section import Section
 from dit.run.console import STAGES as STAGE_ORDER
-from dit.run.rundir import RunDir, read_json_object
+from dit.run.rundir import RunDir, read_json_object, write_text
 from dit.units import MISSING
 
 PHASES: Final = ("local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns")
@@ -622,5 +622,12 @@ def write_report(path: Path, out: Path | None = None, round_: int | None = None)
     """Write the report; by default ``<run>/report.html`` or ``<runs dir>/report.html``."""
     html = build_report(path, round_)
     target = Path(out) if out is not None else Path(path) / "report.html"
-    target.write_text(html, encoding="utf-8")
+    write_output(target, html)
     return target
+
+
+def write_output(target: Path, html: str) -> None:
+    """Write a report to ``target``: only into a directory root's alone, itself and every directory
+    above it (:class:`dit.trusted.UntrustedPath` otherwise), and never through a link planted at its
+    name, for dit runs as root and would overwrite whatever such a link names (issue 46)."""
+    write_text(Path(target), html, what="the report's directory")

@@ -10,6 +10,7 @@ The driver names no condition: it builds their variables and calls their hooks (
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -113,8 +114,18 @@ class Driver:
 
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> RunResult:
+        self.run = run = RunDir.create(self.options.runs_root, self.scenario.name, self.scenario.hash)
+        # Held open while the run lasts: `dit stop` signals only a process that holds its run directory
+        # (procs.holds_directory), never one whose pid, start time and command line a forged
+        # driver.json copied.
+        held = os.open(run.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            return self._execute(run)
+        finally:
+            os.close(held)
+
+    def _execute(self, run: RunDir) -> RunResult:
         scn = self.scenario
-        self.run = run = RunDir.create(self.options.runs_root, scn.name, scn.hash)
         write_run_files(run, scn, self.options.inventory, self.local)
         run.set_status(state="running", stage=None, label=scn.label, started_wall_ns=time.time_ns())
         self.reporter = Reporter(run.log, self.options.console, f"{scn.label} → {run.path}")

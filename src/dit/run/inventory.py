@@ -29,7 +29,7 @@ from dit.run.localmode import (
     local_runtimes_dir,
     make_fake_sysfs,
 )
-from dit.run.rundir import DRIVER, RunDir, read_json
+from dit.run.rundir import DRIVER, RunDir, read_json, write_text
 from dit.runtime_api.interface import NODE_DIT_DIR
 
 EDGE = "edge"
@@ -206,7 +206,7 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     }
     # paths under the runs directory are the user's text: written unsafe, never rendered by Ansible
     path = run_dir / LOCAL_INVENTORY
-    path.write_text(unsafe_yaml(inventory), encoding="utf-8")
+    write_text(path, unsafe_yaml(inventory))  # the interpreter root runs on every node: never through a link
     # as ansible-inventory reports a user inventory's: the group's variables merged into each host's
     hostvars = {host: {**common, **values} for host, values in {EDGE: edge_vars, **device_vars}.items()}
     return RunInventory(str(path), True, EDGE, devices, "127.0.0.1", hostvars)

@@ -20,6 +20,7 @@ from dit.report import labels
 from dit.run.procs import pid_alive
 from dit.run.rundir import RunDir, RunDirError, write_json
 from dit.scenario import expand, validate
+from dit.trusted import UntrustedPath
 from dit.web.routes.common import (
     Context,
     Ctx,
@@ -182,8 +183,8 @@ async def _dry_run(ctx: Context, version: Version, mode: str, action: Action) ->
     keep = dry_run_file(ctx, version.hash, mode)
     try:
         keep.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(write_json, keep, result)
-    except (OSError, RunDirError) as exc:  # the report is still the answer; the page says it was not kept
+        await asyncio.to_thread(write_json, keep, result, what="NNPM's directory")
+    except (OSError, UntrustedPath) as exc:  # the report is still the answer; the page says it was not kept
         result["not_kept"] = str(exc)
         action.line("nnpm", "error", f"the dry run's report was not kept: {exc}")
     return result
@@ -293,6 +294,8 @@ async def put_note(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[
         return unprocessable([{"path": "text", "message": str(exc).removeprefix("note: ")}])
     except RunDirError as exc:
         raise HTTPException(500, str(exc)) from None
+    except UntrustedPath as exc:
+        raise HTTPException(409, str(exc)) from None
     return {"note": rundir.note()}
 
 
@@ -302,7 +305,10 @@ def stop(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
     summary = runs_mod.run_summary(rundir, ctx.runs_root, ctx.store)
     if summary["state"] in runs_mod.STATES_DONE:
         raise HTTPException(409, f"the run is already {summary['state']}")
-    proc = runs_mod.stop_run(rundir)
+    try:
+        proc = runs_mod.stop_run(rundir)
+    except UntrustedPath as exc:  # its driver.json could name any process: dit stop would refuse it too
+        raise HTTPException(409, str(exc)) from None
     return {"stopping": summary["key"], "pid": proc.pid}
 
 
@@ -441,6 +447,8 @@ async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[
         )
     except (OptimiseError, AggregateError) as exc:
         return unprocessable([{"path": "", "message": str(exc)}])
+    except UntrustedPath as exc:  # it writes into the run's optimise/
+        raise HTTPException(409, str(exc)) from None
     settings_of_run = runpage.run_settings(runs_mod.read_scenario(rundir.path))
     data: dict[str, Any] = runpage.optimise_view(
         json.loads(result.to_json()), settings_of_run, labels.fake_power_nodes(rundir.path / "aggregate")
