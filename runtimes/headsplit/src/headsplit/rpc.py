@@ -27,7 +27,7 @@ import torch.distributed as tdist
 import torch.distributed.rpc as trpc
 from torch.distributed.constants import default_pg_timeout
 
-from headsplit import engine, model, netif
+from headsplit import engine, netif
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
@@ -184,18 +184,14 @@ def node_memory_bytes() -> int:
 def remote_setup(
     cfg_doc: dict[str, Any], checkpoint: dict[str, str] | None, unit_keys: list[str]
 ) -> tuple[int, int]:
-    """Materialise this worker's units: seeded tensors, or the checkpoint verified here by SHA-256."""
+    """Materialise this worker's units one at a time: seeded, or read from the checkpoint verified here."""
     t0 = time.perf_counter_ns()
     cfg = ModelConfig.from_json(cfg_doc)
     units = [Unit.parse(k) for k in unit_keys]
-    names = engine.share_tensor_names(cfg, units)
-    if checkpoint:
-        w = model.load_checkpoint(cfg, checkpoint["path"], checkpoint["sha256"], names=sorted(names))
-    else:
-        w = model.seeded_weights(cfg, sorted(names))
+    share = engine.load_share(cfg, checkpoint, units)
     with _W.lock:
         st = engine.WorkerState(trpc.get_worker_info().name, cfg, fetch=_pull, store=STORE)
-        st.load(*engine.build_share(cfg, w, units))
+        st.load(*share)
         _W.state = st
         n, _ = st.nbytes()
     return n, time.perf_counter_ns() - t0
