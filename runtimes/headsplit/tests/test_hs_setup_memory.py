@@ -216,3 +216,57 @@ def test_a_worker_builds_tinyllamas_units_within_their_bytes_and_the_margin_unde
         f"peak {r['peak'] / 1e6:.0f} MB from a start of {r['base'] / 1e6:.0f} MB: more than the units' "
         f"{units_bytes / 1e6:.0f} MB + the margin's {margin / 1e6:.0f} MB"
     )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_a_worker_whose_cgroup_cannot_hold_its_units_is_refused_before_set_up(tmp_path: Path) -> None:
+    """worker1 in a 600 MiB memory cgroup holding two TinyLlama layers (353 MB of units; before issue 47
+    its set-up was killed there and the run read ``worker1.remote_setup: failed 4 times, last error:
+    EOF``): the controller reads the limit from worker1's cgroup and refuses before anything is built,
+    naming worker, need and limit."""
+    cgroup = _memory_cgroup(600 << 20)
+    if cgroup is None:
+        pytest.skip("needs root and a writable memory cgroup")
+    cfg = preset("tinyllama")
+    doc = {
+        "model": {"preset": "tinyllama"}, "checkpoint": None,
+        "controller": {"host": "edge", "address": "127.0.0.1", "port": _free_port()},
+        "workers": [{"rank": r, "address": "127.0.0.1", "memory_limit_bytes": 0} for r in (1, 2)],
+        "strategy": "layerwise", "speculation": False, "tau": 0.0, "speculation_profile": None,
+        "tokens": 2, "prompt": "x", "rpc_timeout_s": 20, "rpc_retries": 0, "threads": 1,
+        "result": "results/headsplit.json", "replacement": False,
+        "placement": {u.key(): "worker1" if u.layer < 2 else "worker2" for u in all_units(cfg)},
+    }  # fmt: skip
+    (tmp_path / "headsplit.json").write_text(json.dumps(doc))
+    argv = [sys.executable, "-m", "headsplit.worker", "--config", "headsplit.json", "--rank"]
+
+    def join(path: Path = cgroup) -> None:
+        (path / "cgroup.procs").write_text(str(os.getpid()))
+
+    workers = [
+        subprocess.Popen([*argv, str(r)], cwd=tmp_path, preexec_fn=join if r == 1 else None)  # noqa: PLW1509
+        for r in (1, 2)
+    ]
+    try:
+        ctl = [sys.executable, "-m", "headsplit.controller", "--config", "headsplit.json"]
+        proc = subprocess.run(ctl, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        for w in workers:  # a failed run leaves its workers waiting: their supervisors pass SIGTERM on
+            w.terminate()
+            w.wait(timeout=60)
+        cgroup.rmdir()
+    res = json.loads((tmp_path / "results" / "headsplit.json").read_text())
+    assert proc.returncode == 1
+    assert res["error"].startswith(
+        "SetupRefused: placement refused before set-up: worker1 needs 736 MB at its peak (units 353 MB + "
+        "set-up margin 63 MB + process 320 MB), its memory limit is 629 MB (the kernel would kill it)"
+    ), res["error"]
+    assert "worker1 needs 736 MB" in proc.stdout

@@ -278,7 +278,13 @@ class CgroupMemory:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> CgroupMemory:
-        return cls(**{k: doc.get(k) for k in ("path", "limit_bytes", "peak_bytes", "oom_kills", "failcnt")})
+        def count(key: str) -> int | None:
+            value = doc.get(key)
+            return None if value is None else int(value)
+
+        return cls(
+            str(doc["path"]), count("limit_bytes"), count("peak_bytes"), count("oom_kills"), count("failcnt")
+        )
 
     def describe(self) -> str:
         parts = [f"memory cgroup {self.path}"]

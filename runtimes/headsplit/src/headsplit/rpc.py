@@ -27,7 +27,7 @@ import torch.distributed as tdist
 import torch.distributed.rpc as trpc
 from torch.distributed.constants import default_pg_timeout
 
-from headsplit import engine, netif
+from headsplit import engine, memory, netif
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
@@ -158,27 +158,19 @@ def worker_report() -> dict[str, Any]:
 
 
 def rss_bytes() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return memory.status_bytes("VmRSS")
 
 
 def node_memory_bytes() -> int:
-    """The memory a worker may use when no limit is configured: its cgroup's memory.max, else RAM."""
-    try:
-        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if raw.isdigit():
-            return int(raw)
-    except OSError:
-        pass
+    """The memory a worker may use when no limit is configured: its memory cgroup's limit (cgroup v1 or
+    v2, the smallest up the hierarchy: the emulated rack's node cgroup), else RAM."""
+    own = memory.own_memory_cgroup()
+    limit = None if own is None else memory.effective_limit_bytes(own)
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return 0
+            ram = int(line.split()[1]) * 1024
+            return ram if limit is None else min(limit, ram)
+    return limit or 0
 
 
 def remote_setup(
