@@ -183,8 +183,9 @@ def _name_order(name: str) -> tuple[int, str]:
 # ------------------------------------------------------------------- a worker's peak, and its death
 
 # A worker process before it builds anything: the interpreter, torch (2.13, CPU wheel) and torch RPC up.
-# Measured here (x86-64, docs/headsplit.md "Set-up memory"): 248 MB RSS with torch imported, ~270 MB
-# with RPC up; rounded up, since a board's aarch64 wheel and its allocator differ.
+# Measured here (x86-64, docs/headsplit.md "Set-up memory"): 248 MB RSS with torch imported, 264-266 MB
+# above its units at a worker's peak with RPC up; rounded up, since a board's aarch64 wheel and its
+# allocator differ.
 RUNTIME_BASE_BYTES = 320 * 1_000_000
 # A unit is built one tensor at a time: the most a build holds beyond what it keeps is one tensor's
 # staging (a checkpoint's bf16 bytes before float32, or a transposed GPT-2 tensor before its copy), plus
