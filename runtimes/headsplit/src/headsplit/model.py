@@ -12,7 +12,9 @@ against (agreement within float32 rounding, not bit-identity).
 
 Seeded weights: every tensor has its own ``torch.Generator`` seeded from ``cfg.seed`` and the tensor's
 name (CRC32), so a worker materialises only the tensors its units need, in any order, and gets the same
-values as every other process.
+values as every other process. A worker never holds more: ``unit_weights_from`` builds a unit from a
+``TensorSource`` that yields just the rows it keeps -- ``SeededSource`` draws them (the whole tensor's
+values), ``CheckpointSource`` reads only their bytes from the safetensors files.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from headsplit import checkpoint as ckpt
 from headsplit.checkpoint import CheckpointError, checkpoint_sha256, sha256_file
 from headsplit.config import ModelConfig
-from headsplit.units import Unit
+from headsplit.units import DTYPE_BYTES, Unit
 
 Weights = dict[str, torch.Tensor]
 __all__ = ["CheckpointError", "checkpoint_sha256", "sha256_file"]  # re-exported from headsplit.checkpoint
@@ -361,21 +363,29 @@ def _from_bytes(raw: bytearray, dtype: torch.dtype) -> torch.Tensor:
 
 def write_safetensors(path: Path, tensors: Weights) -> None:
     """Write float32 tensors as a safetensors file (tests, and exporting seeded weights)."""
+    src = WeightsSource(tensors)
+    write_rows(path, {n: tuple(t.shape) for n, t in tensors.items()}, src.rows)
+
+
+def write_rows(path: Path, shapes: dict[str, tuple[int, ...]], read: Callable[[str], torch.Tensor]) -> None:
+    """Write a float32 safetensors file of the tensors ``shapes`` names, each read (``read(name)``) and
+    written in turn: a per-worker shard of a whole checkpoint holds one tensor at a time in memory."""
     header: dict[str, object] = {}
-    blobs: list[bytes] = []
     offset = 0
-    for name, t in tensors.items():
-        data = t.detach().to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
+    for name, shape in shapes.items():
+        size = DTYPE_BYTES * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
     with path.open("wb") as fh:
         fh.write(struct.pack("<Q", len(head)))
         fh.write(head)
-        for b in blobs:
-            fh.write(b)
+        for name, shape in shapes.items():
+            t = read(name).detach().to(torch.float32).contiguous()
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{path}: tensor {name} has shape {tuple(t.shape)}, the header says {shape}")
+            fh.write(t.numpy().tobytes())
 
 
 def _hf_names(cfg: ModelConfig) -> dict[str, str]:
