@@ -6,6 +6,9 @@ latest sample passes ``threshold`` (default 0.85, the article's "85 percent of m
 :func:`headsplit.placement.replace`. The kept samples are the results file's ``memory`` list.
 :func:`predict` is the placement's memory model (:func:`headsplit.placement.worker_bytes`), and
 :func:`crossing_token` says at which context length a placement will cross the threshold.
+:func:`needs` is what each worker process needs at its peak (set-up included), which the plug-in and the
+controller hold against each node's limit; :class:`ExitNote` and :func:`loss_message` say how a worker
+that was lost ended (its memory cgroup's counters: :func:`read_cgroup`).
 Standard library only, like placement.
 """
 
