@@ -19,12 +19,12 @@ from headsplit.placement import WorkerSpec, place
 EOF_ERROR = "worker1.remote_setup: failed 4 times, last error: EOF"
 
 
-def _config(note: Path | None) -> Any:
+def _config(note: Path | None, note2: Path | None = None) -> Any:
     return parse_config({
         "model": {"preset": "tinyllama"}, "checkpoint": None,
         "controller": {"host": "edgeserver", "address": "127.0.0.1", "port": 29600},
         "workers": [{"rank": r, "address": "127.0.0.1", "memory_limit_bytes": 0,
-                     "exit_note": str(note) if note is not None and r == 1 else None} for r in (1, 2)],
+                     "exit_note": (None if n is None else str(n))} for r, n in ((1, note), (2, note2))],
         "strategy": "layerwise", "speculation": False, "tau": 0.0, "speculation_profile": None, "tokens": 4,
         "prompt": "x",
     })  # fmt: skip
@@ -48,6 +48,17 @@ def test_a_worker_the_memory_cgroup_killed_is_named_with_its_limit_and_need(tmp_
         "setup; it needs 1443 MB at its peak"
     )
     assert got.endswith(f"({EOF_ERROR})")
+
+
+def test_a_call_that_failed_under_another_lost_worker_names_that_one(tmp_path: Path) -> None:
+    """worker1's call pulled from worker2, which the kernel killed: worker2 is the one named."""
+    cg = memory.CgroupMemory("/sys/fs/cgroup/memory/dit-r1-device2", 1536 << 20, 1536 << 20, 1, 3)
+    (tmp_path / "worker2.exit.json").write_text(json.dumps(memory.ExitNote("worker2", -9, cg).to_json()))
+    rc = _config(tmp_path / "worker1.exit.json", tmp_path / "worker2.exit.json")
+    failed = "worker1.heads: failed 4 times, last error: RPCErr:1: pull from worker2: EOF"
+    got = why_lost(rc, failed, _needs(), {"worker2": 1536 << 20})
+    assert got.startswith("worker2 was killed by the kernel's memory limit (signal 9; memory cgroup ")
+    assert "during heads; it needs 1443 MB at its peak" in got
 
 
 def test_a_lost_worker_without_a_readable_note_says_where_its_exit_is(tmp_path: Path) -> None:

@@ -455,29 +455,39 @@ GONE = re.compile(r"\bEOF\b|connection (reset|refused|closed)|broken pipe|pipe c
 NOTE_WAIT_S = 5.0  # the supervisor writes its note as soon as its child is gone; the call fails at once
 
 
+def _note(path: str | None, wait_s: float) -> Any:
+    """The exit note at ``path`` (waiting up to ``wait_s`` for it), None when there is none to read."""
+    if path is None:
+        return None
+    mem = importlib.import_module("headsplit.memory")
+    file = Path(path)
+    deadline = time.monotonic() + wait_s
+    while not file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        return mem.ExitNote.from_json(json.loads(file.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def why_lost(rc: RunConfig, message: str, needs: dict[str, Any], node_limits: dict[str, int]) -> str:
     """A failed worker call (``workerN.remote_setup: failed 4 times, last error: EOF``) with its cause
-    first when the worker is gone: killed by its memory cgroup, by another signal, or an exit status, from
-    the note its supervisor wrote (:mod:`headsplit.worker`) where this node can read it."""
+    first when a worker is gone: killed by its memory cgroup, by another signal, or an exit status, from
+    the note its supervisor wrote (:mod:`headsplit.worker`) where this node can read it. The worker lost
+    may be another than the one called (a call that pulled from it)."""
     mem = importlib.import_module("headsplit.memory")
     worker, _, rest = message.partition(".")
     call = rest.partition(":")[0].removeprefix("remote_") or "its call"
     entry = next((w for w in rc.workers if w.name == worker), None)
-    if entry is None or (entry.exit_note is None and not GONE.search(message)):
-        return message  # not a worker's call, or one that failed while its process may well be alive
-    note = None
-    if entry.exit_note is not None:
-        path = Path(entry.exit_note)
-        deadline = time.monotonic() + NOTE_WAIT_S
-        while not path.is_file() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        try:
-            note = mem.ExitNote.from_json(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError, TypeError):
-            note = None  # alive (a call that failed for another reason), or no readable note
-        if note is None:
-            return message
-    cause = mem.loss_message(worker, call, note, needs.get(worker), node_limits.get(worker, 0))
+    if entry is None:
+        return message
+    note = _note(entry.exit_note, NOTE_WAIT_S)
+    if note is None:  # the one called may be alive and another gone under it
+        note = next(filter(None, (_note(w.exit_note, 0) for w in rc.workers if w is not entry)), None)
+    if note is None and (entry.exit_note is not None or not GONE.search(message)):
+        return message  # nothing says a process is gone: it failed while alive, as far as can be told
+    lost = worker if note is None else note.worker
+    cause = mem.loss_message(lost, call, note, needs.get(lost), node_limits.get(lost, 0))
     return f"{cause} ({message})"
 
 
