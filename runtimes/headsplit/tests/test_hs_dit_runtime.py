@@ -218,9 +218,9 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
         "controller": {"host": "edgeserver", "address": "10.0.0.1", "source_address": None, "port": 29600},
         "workers": [
             {"rank": 1, "name": "worker1", "host": "device2", "address": "10.0.0.12", "source_address": None,
-             "memory_limit_bytes": 512 * 1024 * 1024},
+             "memory_limit_bytes": 512 * 1024 * 1024, "exit_note": None},
             {"rank": 2, "name": "worker2", "host": "device1", "address": "10.0.0.11", "source_address": None,
-             "memory_limit_bytes": 0},
+             "memory_limit_bytes": 0, "exit_note": None},
         ],
         "strategy": "roundrobin",
         "speculation": True,
@@ -255,9 +255,12 @@ def test_local_mode_reads_files_where_they_are_and_the_block_may_name_the_interp
     }
     (controller,) = specs["edgeserver"]["main"]
     assert controller["argv"][0] == "/opt/dit/runtimes/headsplit/bin/python"
-    assert (
-        json.loads(controller["files"]["headsplit.json"])["checkpoint"]["path"] == "/models/gpt2.safetensors"
-    )
+    config = json.loads(controller["files"]["headsplit.json"])
+    assert config["checkpoint"]["path"] == "/models/gpt2.safetensors"
+    # one machine: the controller reads how a lost worker ended, in that worker's node root
+    assert [w["exit_note"] for w in config["workers"]] == [
+        f"/var/tmp/dit/r1/results/worker{r}.exit.json" for r in (1, 2, 3)
+    ]
 
 
 def test_local_mode_gives_every_process_its_device_s_own_address(headsplit: Any) -> None:
@@ -762,3 +765,22 @@ def test_placement_profile_reaches_the_controller_as_a_file(headsplit: Any, tmp_
         (worker,) = specs[device]["background"]
         assert set(worker["files"]) == {"headsplit.json"}
         assert json.loads(worker["files"]["headsplit.json"])["placement_profile"] is None
+
+
+def test_validate_refuses_a_worker_whose_peak_passes_its_memory_limit(headsplit: Any) -> None:
+    """TinyLlama layer-wise on 4 devices of 1024 MiB: 6 layers (1060 MB of units) fit the placement's
+    count, but not with the worker process and its set-up margin; the message names worker, need, limit."""
+    block = {"name": "headsplit", "model": "tinyllama", "strategy": "layerwise", "tokens": 16}
+    devices = ["device1", "device2", "device3", "device4"]
+    tight = doc(devices=devices, runtime=block, hardware={d: {"memory_limit_mb": 1024} for d in devices})
+    got = messages(tight)
+    assert got[0] == (
+        "runtime.model: tinyllama layerwise on 4 workers: worker1 (device1) needs 1443 MB at its peak "
+        "(units 1060 MB + set-up margin 63 MB + process 320 MB), hardware.device1.memory_limit_mb is 1024: "
+        "raise it to at least 1377 or place the model on more workers"
+    )
+    assert [m.split(" needs")[0].rsplit(": ", 1)[1] for m in got] == [
+        f"worker{r} (device{r})" for r in (1, 2, 3, 4)
+    ]
+    roomy = doc(devices=devices, runtime=block, hardware={d: {"memory_limit_mb": 1536} for d in devices})
+    assert messages(roomy) == []

@@ -33,6 +33,7 @@ from headsplit.plugin.common import (
     WORKER_TAG,
     HeadSplitLaunchError,
 )
+from headsplit.worker import EXIT_NOTE
 
 # -- launch -------------------------------------------------------------------------------------
 
@@ -286,6 +287,12 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
                 "address": ctx.addresses[device],
                 "source_address": ctx.source_addresses.get(device),
                 "memory_limit_bytes": memory_limit_bytes(ctx.scenario, device),
+                # local mode: the controller reads how a lost worker ended (its supervisor's note)
+                "exit_note": posixpath.join(
+                    ctx.node_roots[device], posixpath.dirname(RESULT_FILE), EXIT_NOTE.format(rank=rank)
+                )
+                if ctx.local
+                else None,
             }
             for rank, device in enumerate(workers, start=1)
         ],
