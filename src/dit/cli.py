@@ -1,4 +1,4 @@
-"""The ``dit`` command: validate, run, stop, cleanup, ls, show, note, report, optimise, simulate,
+"""The ``dit`` command: validate, run, stop, cleanup, ls, show, note, report, export, optimise, simulate,
 reproduce, web, and the groups rack and runtimes."""
 
 from __future__ import annotations
@@ -25,9 +25,11 @@ from dit.run.rundir import (
     DRIVER,
     FINISHED_STATES,
     STATUS,
+    NoRunsError,
     RunDir,
     RunDirError,
     check_writable,
+    expand_runs,
     find_runs,
     read_json,
 )
@@ -396,20 +398,11 @@ def _ns_field(status: dict[str, Any], key: str, path: Path) -> dict[str, float]:
 
 
 def _show_dirs(paths: list[Path]) -> list[Path]:
-    """The run directories of ``dit show``'s arguments: a run directory as it is; a directory of runs
-    (a sweep: ``runs/<scenario>``, or ``runs`` itself) as the runs under it, oldest first."""
-    found: list[Path] = []
-    for path in paths:
-        if (path / STATUS).is_file():
-            found.append(path)
-            continue
-        runs = sorted(p.parent for p in path.glob(f"*/{STATUS}")) or [
-            r.path for r in find_runs(path) if r.path not in found
-        ]
-        if not runs:
-            raise _fail(f"{path} is not a dit run directory and has none under it")
-        found += runs
-    return found
+    """The run directories of ``dit show``'s arguments (:func:`dit.run.rundir.expand_runs`)."""
+    try:
+        return expand_runs(paths)
+    except NoRunsError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _show_sweep(run_dirs: list[Path]) -> None:
@@ -687,6 +680,37 @@ def report(
     except OSError as exc:
         raise _fail(f"cannot write the report: {exc.strerror or exc}") from None
     out.print(f"report: {target}")
+
+
+@app.command("export")
+def export_runs(
+    paths: Annotated[
+        list[Path], typer.Argument(help="Run directories, or directories of runs (a sweep, runs/<scenario>).")
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory to write one file per table into.")],
+    fmt: Annotated[str, typer.Option("--format", help="csv, or parquet (needs pyarrow).")] = "csv",
+    all_values: Annotated[
+        bool,
+        typer.Option(
+            "--all-scenario-values", help="Every scenario value as a column, not only those that differ."
+        ),
+    ] = False,
+) -> None:
+    """Write the runs' tables (phases, layers, tokens, monitors, energy, netem, summary, runs), one file
+    each, with every run's identity and scenario values as columns (docs/results.md)."""
+    from dit import results
+    from dit.analysis.run import AggregateError
+
+    try:
+        loaded = results.load(paths, "all" if all_values else "varying")
+        written = results.export(loaded, out_dir, fmt)
+    except (NoRunsError, AggregateError, ValueError) as exc:
+        raise _fail(str(exc), 2) from None
+    except OSError as exc:
+        raise _fail(f"cannot write {out_dir}: {exc.strerror or exc}") from None
+    out.print(
+        f"{len(loaded.run_dirs)} run(s) -> {escape(str(out_dir))}: {', '.join(p.name for p in written)}"
+    )
 
 
 @app.command()

@@ -6,6 +6,7 @@ One set of formatters for ``dit report``, ``dit show`` and the runtime summaries
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Final
 
 MISSING: Final = "\u2013"  # an en dash: no value
@@ -38,6 +39,18 @@ def _scaled(value: float | int | None, scales: tuple[tuple[float, str], ...]) ->
 def duration(ns: float | int | None) -> str:
     """``12.3 ms``, ``1.25 s``, ``850 µs``; :data:`MISSING` for a missing value."""
     return _scaled(ns, _TIME)
+
+
+def durations(values: Sequence[float | int | None], sep: str = " / ") -> str:
+    """Several durations in the scale of the largest, the unit said once: ``12.1 / 13.0 / 13.4 ms``
+    (figures read side by side compare digit by digit); a missing one is :data:`MISSING`."""
+    present = [float(v) for v in values if v is not None and not _missing(float(v))]
+    if not present:
+        return sep.join(MISSING for _ in values)
+    largest = max(abs(v) for v in present)
+    scale, unit = next((s, u) for s, u in _TIME if largest >= s or s == 1.0)
+    shown = [MISSING if v is None or _missing(float(v)) else _number(float(v) / scale) for v in values]
+    return f"{sep.join(shown)} {unit}"
 
 
 def size(num_bytes: float | int | None) -> str:

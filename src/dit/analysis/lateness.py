@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+_N = TypeVar("_N", int, float)
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class Lateness:
     max_ns: int
 
 
-def percentile_nearest_rank(values: Sequence[int], pct: float) -> int:
+def percentile_nearest_rank(values: Sequence[_N], pct: float) -> _N:
     """The nearest-rank ``pct`` percentile of ``values`` (not empty; 0 < pct <= 100)."""
     if not values:
         raise ValueError("percentile of no values")

@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -115,15 +116,38 @@ def read_json_object(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def runs_under(root: Path) -> list[Path]:
+def _runs_below(root: Path) -> list[Path]:
     """The run directories (with ``status.json``) directly under ``root``, else one level deeper (a
-    runs directory holds ``<scenario>/<run>``), sorted; SystemExit naming ``root`` when there is none."""
-    found = sorted(p.parent for p in root.glob(f"*/{STATUS}")) or sorted(
+    runs directory holds ``<scenario>/<run>``), sorted."""
+    return sorted(p.parent for p in root.glob(f"*/{STATUS}")) or sorted(
         p.parent for p in root.glob(f"*/*/{STATUS}")
     )
+
+
+def runs_under(root: Path) -> list[Path]:
+    """:func:`_runs_below`; SystemExit naming ``root`` when there is none (the benchmarks' scripts)."""
+    found = _runs_below(root)
     if not found:
         raise SystemExit(f"no run directories under {root}")
     return found
+
+
+class NoRunsError(ValueError):
+    """A path given as runs is neither a run directory nor a directory holding some."""
+
+
+def expand_runs(paths: Iterable[Path]) -> list[Path]:
+    """The run directories ``paths`` name, in their order: a run directory as it is, a directory of
+    runs (a sweep, ``runs/<scenario>``, or ``runs`` itself) as the runs under it; each once.
+    :class:`NoRunsError` naming a path that is neither."""
+    found: dict[Path, Path] = {}
+    for path in map(Path, paths):
+        runs = [path] if (path / STATUS).is_file() else _runs_below(path)
+        if not runs:
+            raise NoRunsError(f"{path} is not a dit run directory and has none under it")
+        for run in runs:
+            found.setdefault(run.resolve(), run)
+    return list(found.values())
 
 
 @dataclass(frozen=True)
