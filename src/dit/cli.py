@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -36,6 +36,9 @@ from dit.run.rundir import (
 from dit.trusted import UntrustedPath
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from dit.results import Spread
     from dit.scenario import Scenario
 
 app = typer.Typer(
@@ -526,6 +529,8 @@ def show(
             ]
             late.add_row(device, units.duration(ns), escape(how), *cells)
         out.print(late)
+    from dit import results
+
     summary = run_dir / "aggregate" / "phases_summary.csv"
     if summary.exists():
         import pandas as pd
@@ -534,14 +539,25 @@ def show(
             frame = pd.read_csv(summary)
         except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
             raise _fail(f"{summary}: not a readable CSV ({exc})") from None
-        table = Table(title="phases (mean over repetitions)")
+        spreads = _spreads(results.phase_total_spreads, run_dir)
+        table = Table(title="phases (mean over repetitions; total: ± 95 % CI of the mean, p50 / p95 / p99)")
         for column in frame.columns:
             name = str(column)
             table.add_column(name.removesuffix("_ns"), justify="left" if name == "host" else "right")
-        for row in frame.itertuples(index=False):
-            table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
+        if spreads:
+            table.add_column("total p50 / p95 / p99", justify="right")
+        for row in frame.to_dict("records"):
+            cells = [_phase_cell(str(c), v) for c, v in row.items()]
+            key = (str(row.get("host")), _int(row.get("round")), _int(row.get("partition_point")))
+            if spreads:
+                total = spreads.get(key)
+                if total is not None and "total_ns" in row:
+                    cells[list(row).index("total_ns")] = total.mean_text()
+                cells.append(total.percentiles_text() if total is not None else units.MISSING)
+            table.add_row(*cells)
         out.print(table)
     noted = _show_runtime_summary(run_dir / "aggregate" / "summary.json")
+    _show_token_spreads(_spreads(results.token_spreads, run_dir))
     _show_network(run_dir / "aggregate" / "netem_check.csv")
     fake_power = labels.fake_power_nodes(run_dir / "aggregate")
     energy_shown = False
@@ -584,6 +600,36 @@ def _show_runtime_summary(path: Path) -> bool:
     if modelled:
         out.print(f"[yellow]{escape(labels.fake_sensor_note(fake))}[/]")
     return modelled
+
+
+_K = TypeVar("_K")
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else -1
+
+
+def _spreads(of: Callable[[Path], dict[_K, Spread]], run_dir: Path) -> dict[_K, Spread]:
+    """The spreads ``of`` finds in the run; none when its files cannot be read (shown without)."""
+    from dit.analysis.run import AggregateError
+
+    try:
+        return of(run_dir)
+    except AggregateError as exc:
+        err.print(f"[yellow]warning:[/] no spread: {escape(str(exc))}", highlight=False)
+        return {}
+
+
+def _show_token_spreads(spreads: dict[str, Spread]) -> None:
+    """Every generated token's latency per host: mean ± 95 % CI, p50 / p95 / p99 (dit.results)."""
+    if not spreads:
+        return
+    table = Table(title="token latency (all repetitions; mean ± 95 % CI)")
+    for column in ("host", "tokens", "mean", "p50 / p95 / p99"):
+        table.add_column(column, justify="left" if column == "host" else "right")
+    for host, s in spreads.items():
+        table.add_row(escape(host), str(s.n), s.mean_text(), s.percentiles_text())
+    out.print(table)
 
 
 def _show_network(path: Path) -> None:

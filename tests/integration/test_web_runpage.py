@@ -68,7 +68,8 @@ def test_run_detail_reads_like_the_cli(client: Any) -> None:
     assert all(c["description"] for c in phases["columns"])
     first = dict(zip(keys, phases["rows"][0], strict=True))
     assert first["transmission_ns"] == {"text": "14.0 ms", "value": 14_000_000.0}
-    assert first["total_ns"]["text"] == "20.2 ms" and first["request_bytes"]["text"] == "12.0 kB"
+    assert first["total_ns"]["text"] == "20.2 ± 1.27 ms" and first["request_bytes"]["text"] == "12.0 kB"
+    assert first["total_percentiles"]["text"] == "20.1 / 20.4 / 20.4 ms"  # dit.results.spread
     assert detail["model"] == {"name": "fake", "stand_in_for": None, "params": {"stages": 3}}
     assert detail["inference_ran"] is True and detail["duration_text"] == "2.00 s"
     # the run's own optimisation settings, and the policy its edge server ran

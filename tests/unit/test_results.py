@@ -200,3 +200,80 @@ def test_export_refuses_an_unknown_format_and_a_path_without_runs(tmp_path: Path
     assert bad.exit_code == 2 and "--format xlsx: one of csv, parquet" in bad.output
     none = CliRunner().invoke(app, ["export", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
     assert none.exit_code == 2 and "has none under it" in none.output
+
+
+# --------------------------------------------------------------------------- where the spread is shown
+
+TOKENS_CSV = (
+    "rep,token,start_ns,latency_ns,kv_len\n0,0,0,9000000,4\n0,1,9000000,3000000,5\n1,0,0,8000000,4\n"
+    "1,1,8000000,4000000,5\n"
+)
+# device1's round 0 in run_small: totals 20.15 and 20.35 ms -> 20.25 ± t(0.975, 1) · 0.1414 / √2 = 1.27 ms
+DEVICE1_ROUND0 = ("20.2 ± 1.27 ms", "20.1 / 20.4 / 20.4 ms")
+DEVICE1_TOKENS = ("6.00 ± 4.68 ms", "4.00 / 9.00 / 9.00 ms")  # 9, 3, 8, 4 ms: sd 2.94, t(0.975, 3) = 3.18
+
+
+def _with_tokens(run: Path) -> Path:
+    (run / "raw" / "device1" / "device1_tokens.csv").write_text(TOKENS_CSV)
+    return run
+
+
+def test_dit_show_gives_the_spread_of_the_total_and_of_the_tokens(tmp_path: Path) -> None:
+    run = _with_tokens(report_run(tmp_path / "r"))
+    shown = CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    row = next(line for line in shown.output.splitlines() if "device1" in line and "12.0 kB" in line)
+    assert all(text in row for text in DEVICE1_ROUND0)
+    assert "total p50 / p95 / p99" in shown.output
+    tokens = next(
+        line for line in shown.output.splitlines() if line.startswith("│ device1") and "4 │" in line
+    )
+    assert all(text in tokens for text in DEVICE1_TOKENS)
+
+
+def test_the_report_gives_the_spread_beside_the_means(tmp_path: Path) -> None:
+    from dit.report.build import run_sections
+
+    run = _with_tokens(report_run(tmp_path / "r"))
+    _, sections = run_sections(run)
+    by_anchor = {s.anchor: s for s in sections}
+    phases = by_anchor["phases"].tables[0]
+    assert phases["columns"][-2:] == ["total", "total p50 / p95 / p99"]
+    assert tuple(phases["rows"][0][-2:]) == DEVICE1_ROUND0
+    tokens = by_anchor["runtime"].tables[-1]
+    assert tokens["rows"] == [["device1", 4, *DEVICE1_TOKENS]]
+
+
+def test_the_comparison_overlays_the_runs_distributions_in_one_plot(tmp_path: Path) -> None:
+    from dit.report.compare import comparison_sections, load
+
+    a = _with_tokens(report_run(tmp_path / "a"))
+    b = report_run(tmp_path / "b")
+    frame = pd.read_csv(b / "aggregate" / "phases.csv")
+    frame["total_ns"] *= 2
+    frame.to_csv(b / "aggregate" / "phases.csv", index=False)
+    _, sections = comparison_sections(load([a, b]))
+    section = next(s for s in sections if s.anchor == "distributions")
+    assert len(section.figures) == 1  # both runs, both measures, one figure
+    delay, tokens = section.tables
+    means = {row[0]: row[2] for row in delay["rows"]}
+    assert set(means) == {f"small ({a.name})", f"small ({b.name})"}
+    low, high = (float(means[f"small ({r.name})"].split(" ")[0]) for r in (a, b))
+    assert high == pytest.approx(2 * low, rel=0.01)
+    assert tokens["rows"] == [[f"small ({a.name})", 4, *DEVICE1_TOKENS]]
+
+
+def test_the_run_page_gives_the_spread_beside_the_means(tmp_path: Path) -> None:
+    from dit.web.services import runpage
+
+    run = _with_tokens(report_run(tmp_path / "r"))
+    table = runpage.phase_table(run / "aggregate" / "phases_summary.csv")
+    assert table is not None
+    keys = [c["key"] for c in table["columns"]]
+    assert keys[keys.index("total_ns") + 1] == "total_percentiles"
+    assert table["columns"][keys.index("total_ns")]["stat"] == "mean ± 95 % CI"
+    first = dict(zip(keys, table["rows"][0], strict=True))
+    assert (first["total_ns"]["text"], first["total_percentiles"]["text"]) == DEVICE1_ROUND0
+    assert runpage.token_spread(run) == [
+        {"host": "device1", "n": 4, "mean_text": DEVICE1_TOKENS[0], "percentiles_text": DEVICE1_TOKENS[1]}
+    ]

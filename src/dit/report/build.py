@@ -18,7 +18,8 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 from matplotlib.figure import Figure
 
-from dit import units
+from dit import results, units
+from dit.analysis.run import AggregateError
 from dit.report import labels, rtt
 from dit.report.section import Section
 from dit.run.console import STAGES as STAGE_ORDER
@@ -171,15 +172,49 @@ def _phases(agg: Path, round_: int | None, status: Mapping[str, Any]) -> Section
         ncol=6, fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(means) < 3 else -0.18)
     )
     section.figure(f"phase timeline, round {chosen}", figure)
+    spreads = _total_spreads(agg.parent)
+    spread_of = {(host, rnd): s for (host, rnd, _p), s in spreads.items()}
     section.table(
-        f"phases, round {chosen}",
-        ("device", "p", *(p[:-3] for p in PHASES), "total"),
+        f"phases, round {chosen}" + (" (total: mean ± 95 % CI, then p50 / p95 / p99)" if spreads else ""),
+        ("device", "p", *(p[:-3] for p in PHASES), "total", *(("total p50 / p95 / p99",) if spreads else ())),
         [
             (host, points[str(host)], *(units.duration(row[p]) for p in PHASES),
-             units.duration(sum(float(row[p]) for p in PHASES)))
+             *_total_cells(spread_of.get((str(host), chosen)), sum(float(row[p]) for p in PHASES), bool(spreads)))
             for host, row in means.iterrows()
         ],
     )  # fmt: skip
+    return section
+
+
+def _total_spreads(run_dir: Path) -> dict[tuple[str, int, int], results.Spread]:
+    """The spread of every (device, round)'s total; none when phases.csv cannot be read."""
+    try:
+        return results.phase_total_spreads(run_dir)
+    except AggregateError:
+        return {}
+
+
+def _total_cells(spread: results.Spread | None, mean_ns: float, shown: bool) -> tuple[str, ...]:
+    """The total's cells: ``mean ± CI`` and ``p50 / p95 / p99`` with a spread, else the mean alone."""
+    if not shown:
+        return (units.duration(mean_ns),)
+    if spread is None:
+        return units.duration(mean_ns), MISSING
+    return spread.mean_text(), spread.percentiles_text()
+
+
+def _token_spread(section: Section, run_dir: Path) -> Section:
+    """The runtime section with each host's token latency spread (dit.results), when tokens were made."""
+    try:
+        spreads = results.token_spreads(run_dir)
+    except AggregateError:
+        return section
+    if spreads:
+        section.table(
+            "token latency, every token of every repetition (mean ± 95 % CI of the mean)",
+            ("host", "tokens", "mean", "p50 / p95 / p99"),
+            [(host, s.n, s.mean_text(), s.percentiles_text()) for host, s in spreads.items()],
+        )
     return section
 
 
@@ -433,7 +468,7 @@ def run_sections(run_dir: Path, round_: int | None = None) -> tuple[str, list[Se
     sections = [
         _facts(run_dir, status, meta),
         _stages(status),
-        _runtime(agg),
+        _token_spread(_runtime(agg), run_dir),
         _phases(agg, round_, status),
         _layers(agg),
         _feasibility(agg),

@@ -2,8 +2,9 @@
 
 What a researcher compares between two runs — their state, model and policy, the phase means, each
 optimum, the energy (a fake sensor's said so), the model's error, the runtime's summary values — and
-what differs between their scenarios, path by path. Everything is read from the run directories, as the
-single-run report does; a figure a run does not have is a dash, never a guess.
+what differs between their scenarios, path by path; their distributions (every request's end-to-end
+delay, every token's latency) overlaid in one plot with each one's spread. Everything is read from the
+run directories, as the single-run report does; a figure a run does not have is a dash, never a guess.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from matplotlib.figure import Figure
+
 from dit import units
+from dit.analysis.run import AggregateError
 from dit.report import labels
 from dit.report.build import is_run_dir, read_frame, render
 from dit.report.section import Section
+from dit.results import Spread, flatten_scenario, read_phases, read_tokens, spread
 from dit.run.rundir import RunDir, read_json_object
 from dit.units import MISSING
 
@@ -29,20 +34,12 @@ PHASE_ROWS: Final = (
     ("total_ns", "end to end (D)"),
 )
 """Columns of ``aggregate/phases_summary.csv`` compared, with their row names."""
+DELAY_AXIS: Final = "end-to-end delay per request (ms)"
+LATENCY_AXIS: Final = "latency per generated token (ms)"
 
 
 class CompareError(ValueError):
     """Fewer than two runs, or a path that is not a run directory."""
-
-
-def _leaves(doc: Any, prefix: str = "") -> dict[str, Any]:
-    """Every leaf of a scenario document by its dotted path (lists are leaves, compared whole)."""
-    if isinstance(doc, Mapping) and doc:
-        out: dict[str, Any] = {}
-        for key in sorted(doc, key=str):
-            out.update(_leaves(doc[key], f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: doc} if prefix else {}
 
 
 def _text(value: Any) -> str:
@@ -164,13 +161,73 @@ def side_by_side(runs: Sequence[ComparedRun]) -> list[tuple[str, ...]]:
 
 def scenario_differences(runs: Sequence[ComparedRun]) -> list[tuple[str, ...]]:
     """The scenario paths whose values are not the same in every run: ``(path, value per run…)``."""
-    leaves = [_leaves(r.document) for r in runs]
+    leaves = [flatten_scenario(r.document) for r in runs]
     paths = sorted(set().union(*leaves))
     return [
         (path, *(_text(leaf.get(path)) for leaf in leaves))
         for path in paths
         if len({json.dumps(leaf.get(path), sort_keys=True) for leaf in leaves}) > 1
     ]
+
+
+def _samples(runs: Sequence[ComparedRun]) -> dict[str, dict[str, list[float]]]:
+    """Per measure (end-to-end delay, token latency), each run's values in ns: every request's
+    ``total_ns`` of every device and round, every token of every repetition (a run without any, or
+    whose file cannot be read, is left out)."""
+    out: dict[str, dict[str, list[float]]] = {DELAY_AXIS: {}, LATENCY_AXIS: {}}
+    for run in runs:
+        for axis, read, column in (
+            (DELAY_AXIS, read_phases, "total_ns"),
+            (LATENCY_AXIS, read_tokens, "latency_ns"),
+        ):
+            try:
+                frame = read(run.path)
+            except AggregateError:
+                continue
+            if frame is not None and not frame.empty:
+                out[axis][run.column] = [float(v) for v in frame[column].dropna()]
+    return {axis: per_run for axis, per_run in out.items() if per_run}
+
+
+def distribution_figure(samples: Mapping[str, Mapping[str, Sequence[float]]]) -> Figure:
+    """One panel per measure: each run's empirical CDF (fraction of values at or below x, in ms), overlaid."""
+    figure = Figure(figsize=(8.0, 0.6 + 3.0 * len(samples)))
+    axes = figure.subplots(len(samples), 1, squeeze=False)[:, 0]
+    for ax, (axis, per_run) in zip(axes, samples.items(), strict=True):
+        for column, values in per_run.items():
+            ordered = sorted(v / 1e6 for v in values)
+            fractions = [0.0, *((k + 1) / len(ordered) for k in range(len(ordered)))]
+            ax.step([ordered[0], *ordered], fractions, where="post",
+                    label=f"{column}, n = {len(ordered)}")  # fmt: skip
+        ax.set_xlabel(axis)
+        ax.set_ylabel("fraction at or below")
+        ax.set_ylim(0, 1.02)
+        ax.grid(True, linewidth=0.4, alpha=0.5)
+        ax.legend(fontsize="small", loc="lower right")
+    return figure
+
+
+def distributions(runs: Sequence[ComparedRun]) -> Section:
+    """The runs' distributions overlaid (end-to-end delay per request, latency per token), and each
+    one's spread (:func:`dit.results.spread`)."""
+    section = Section("Distributions", "distributions")
+    samples = _samples(runs)
+    if not samples:
+        section.note = "No run measured inference requests or generated tokens."
+        return section
+    section.note = (
+        "Empirical CDFs: each run's requests (every device and round) and tokens (every repetition), "
+        "one line per run; mean ± 95 % CI of the mean (t-interval), nearest-rank p50 / p95 / p99."
+    )
+    section.figure("distributions of the runs, overlaid", distribution_figure(samples))
+    for axis, per_run in samples.items():
+        spreads: dict[str, Spread] = {c: spread(v) for c, v in per_run.items()}
+        section.table(
+            axis,
+            ("run", "n", "mean", "p50 / p95 / p99"),
+            [(c, s.n, s.mean_text(), s.percentiles_text()) for c, s in spreads.items()],
+        )
+    return section
 
 
 def comparison_sections(runs: Sequence[ComparedRun]) -> tuple[str, list[Section]]:
@@ -189,7 +246,7 @@ def comparison_sections(runs: Sequence[ComparedRun]) -> tuple[str, list[Section]
     else:
         differ.note = "The runs have the same scenario: they differ only in what was measured."
     title = " vs ".join(dict.fromkeys(r.label for r in runs)) + " — compared"
-    return title, [both, differ]
+    return title, [both, distributions(runs), differ]
 
 
 def build_comparison(paths: Sequence[Path]) -> str:

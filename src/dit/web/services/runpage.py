@@ -95,10 +95,57 @@ def phase_table(path: Path, limit: int = 500) -> dict[str, Any] | None:
          "unit": "ns" if c.endswith("_ns") else "B" if c.endswith("_bytes") else ""}
         for c in header
     ]  # fmt: skip
-    return {
-        "columns": columns,
-        "rows": [[cell(c, v) for c, v in zip(header, row, strict=False)] for row in rows],
-    }
+    cells = [[cell(c, v) for c, v in zip(header, row, strict=False)] for row in rows]
+    _total_spread(path.parent.parent, header, columns, cells)
+    return {"columns": columns, "rows": cells}
+
+
+def _total_spread(
+    run_dir: Path, header: list[str], columns: list[dict[str, Any]], rows: list[list[dict[str, Any]]]
+) -> None:
+    """The total's spread (:func:`dit.results.phase_total_spreads`) beside its mean: the total cell
+    becomes ``mean ± 95 % CI``, a column after it holds ``p50 / p95 / p99``. Nothing changes when the
+    run's phases.csv is missing or cannot be read."""
+    from dit.analysis.run import AggregateError
+    from dit.results import phase_total_spreads
+
+    try:
+        spreads = phase_total_spreads(run_dir)
+    except AggregateError:
+        return
+    keys = ("host", "round", "partition_point", "total_ns")
+    if not spreads or not all(k in header for k in keys):
+        return
+    host, round_, point, total = (header.index(k) for k in keys)
+    columns[total]["stat"] = "mean ± 95 % CI"
+    percentiles = "nearest-rank percentiles of the total over the requests"
+    columns.insert(total + 1, {"key": "total_percentiles", "label": "p50 / p95 / p99", "unit": "ns",
+                               "stat": "of total", "description": percentiles})  # fmt: skip
+    for row in rows:
+        found = None
+        if len(row) > max(host, round_, point, total):
+            r, p = row[round_]["value"], row[point]["value"]
+            if r is not None and p is not None:
+                found = spreads.get((str(row[host]["text"]), int(r), int(p)))
+        if found is not None:
+            row[total] = {"text": found.mean_text(), "value": found.mean}
+        row.insert(total + 1, {"text": found.percentiles_text() if found else units.MISSING, "value": None})
+
+
+def token_spread(run_dir: Path) -> list[dict[str, Any]]:
+    """Each host's token latency (:func:`dit.results.token_spreads`): ``mean ± 95 % CI`` and
+    ``p50 / p95 / p99``, written with units; empty without tokens or when they cannot be read."""
+    from dit.analysis.run import AggregateError
+    from dit.results import token_spreads
+
+    try:
+        spreads = token_spreads(run_dir)
+    except AggregateError:
+        return []
+    return [
+        {"host": host, "n": s.n, "mean_text": s.mean_text(), "percentiles_text": s.percentiles_text()}
+        for host, s in spreads.items()
+    ]
 
 
 def stage_rows(stage_ns: Mapping[str, Any], skipped: Mapping[str, str] | None = None) -> list[dict[str, Any]]:

@@ -315,6 +315,7 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
             "fake_note": labels.fake_sensor_note(labels.fake_power_nodes(agg)),
         },
         "summary": runtime_summary(agg),
+        "token_spread": runpage.token_spread(run.path),  # per host: mean ± 95 % CI, p50 / p95 / p99
         "plots": {
             "layers": (agg / "layers.csv").is_file(),
             "monitors": (agg / "monitors.csv").is_file(),

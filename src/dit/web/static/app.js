@@ -567,7 +567,7 @@ function renderPhases(d) {
   if (!d.inference_ran) { $("run-phases").replaceChildren(); return; }
   $("run-phases").replaceChildren(
     el("thead", {}, el("tr", {}, ...phases.columns.map((c) => el("th", { title: c.description, dataset: { column: c.key }, class: c.unit ? "num" : "" },
-      c.label, c.unit === "ns" ? el("div", { class: "small" }, "mean") : null)))),
+      c.label, c.unit === "ns" ? el("div", { class: "small" }, c.stat || "mean") : null)))),
     el("tbody", {}, ...phases.rows.map((r) => el("tr", {}, ...r.map((v, i) => el("td", {
       class: phases.columns[i] && phases.columns[i].unit ? "num" : "",
       title: v.value !== null && phases.columns[i] && phases.columns[i].unit ? `${v.value} ${phases.columns[i].unit}` : null,
@@ -604,7 +604,7 @@ function renderRun(d) {
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", { class: "num" }, "wall time")),
     ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage }, class: s.skipped !== undefined ? "skipped" : null }, el("td", {}, s.stage),
       el("td", { class: s.skipped !== undefined ? "small" : "num", title: s.ns !== null ? `${s.ns} ns` : s.skipped }, s.text))));
-  renderSummary(d.summary);
+  renderSummary(d.summary, d.token_spread || []);
   renderPhases(d);
   // a fake sensor's power is a model of the node's activity: said above the plots that show it
   const powerNote = (d.power && d.power.fake_note) || "";
@@ -623,7 +623,8 @@ function renderRun(d) {
 
 // the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning;
 // a value a fake sensor gave (energy, EDP) says "modelled" beside it, with the note why (issue 49, item 3)
-function renderSummary(summary) {
+// then each host's token latency: mean ± 95 % CI of the mean, p50 / p95 / p99 (dit.results)
+function renderSummary(summary, tokens) {
   $("run-summary-box").hidden = !summary || !summary.values.length;
   if (!summary) { $("run-summary").replaceChildren(); return; }
   $("run-summary-runtime").textContent = summary.runtime;
@@ -633,6 +634,9 @@ function renderSummary(summary) {
       el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit),
         v.modelled ? el("span", { class: "badge fake-sensor", title: note }, v.modelled) : null),
       el("td", { class: "small" }, v.description || ""))),
+    ...tokens.map((t) => el("tr", { class: "token-spread", dataset: { host: t.host } }, el("td", {}, `token latency · ${t.host}`),
+      el("td", { class: "num" }, t.mean_text),
+      el("td", { class: "small" }, `mean ± 95 % CI over ${t.n} tokens (all repetitions); p50 / p95 / p99 ${t.percentiles_text}`))),
     ...(note ? [el("tr", {}, el("td", { colspan: 3, class: "small energy-note" }, note))] : []));
 }
 
