@@ -540,7 +540,8 @@ def show(
         except (OSError, ValueError) as exc:  # pandas' parser errors are ValueErrors
             raise _fail(f"{summary}: not a readable CSV ({exc})") from None
         spreads = _spreads(results.phase_total_spreads, run_dir)
-        table = Table(title="phases (mean over repetitions; total: ± 95 % CI of the mean, p50 / p95 / p99)")
+        spread_title = "; total: ± 95 % CI of the mean, p50 / p95 / p99" if spreads else ""
+        table = Table(title=f"phases (mean over repetitions{spread_title})")
         for column in frame.columns:
             name = str(column)
             table.add_column(name.removesuffix("_ns"), justify="left" if name == "host" else "right")
