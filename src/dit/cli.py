@@ -622,10 +622,10 @@ def _spreads(of: Callable[[Path], dict[_K, Spread]], run_dir: Path) -> dict[_K, 
 
 
 def _show_token_spreads(spreads: dict[str, Spread]) -> None:
-    """Every generated token's latency per host: mean ± 95 % CI, p50 / p95 / p99 (dit.results)."""
+    """The decode tokens' latency per host: mean ± 95 % CI, p50 / p95 / p99 (dit.results)."""
     if not spreads:
         return
-    table = Table(title="token latency (all repetitions; mean ± 95 % CI)")
+    table = Table(title="decode token latency (prefill left out; mean ± 95 % CI)")
     for column in ("host", "tokens", "mean", "p50 / p95 / p99"):
         table.add_column(column, justify="left" if column == "host" else "right")
     for host, s in spreads.items():

@@ -77,10 +77,10 @@ def runs(server: Server) -> dict[str, Path]:
     ]
     summary = [{"name": n, "value": v, "unit": u, "type": "float"} for n, v, u in values]
     write_json(demo / "aggregate" / "summary.json", {"runtime": "layers", "tables": [], "values": summary})
-    # two repetitions of two tokens on device1: the summary's token latency spread (issue 49 item 7)
+    # two repetitions of three tokens on device1: the summary's decode token latency spread (issue 49 item 7)
     (demo / "raw" / "device1" / "device1_tokens.csv").write_text(
-        "rep,token,start_ns,latency_ns,kv_len\n0,0,0,9000000,4\n0,1,9000000,3000000,5\n1,0,0,8000000,4\n"
-        "1,1,8000000,4000000,5\n",
+        "rep,token,start_ns,latency_ns,kv_len\n0,0,0,9000000,4\n0,1,9000000,3000000,5\n0,2,12000000,5000000,6\n"
+        "1,0,0,8000000,4\n1,1,8000000,4000000,5\n1,2,12000000,6000000,6\n",
         "utf-8",
     )
 
@@ -123,7 +123,7 @@ def test_the_run_page_reads_like_the_cli(page: Any, runs: dict[str, Path]) -> No
     assert "20.2 ± 1.27 ms" in cells and "20.1 / 20.4 / 20.4 ms" in cells
     assert page.locator("#run-phases th[data-column=total_ns] .small").inner_text() == "mean ± 95 % CI"
     tokens = page.locator("#run-summary tr.token-spread[data-host=device1]")
-    assert "6.00 ± 4.68 ms" in tokens.inner_text() and "4.00 / 9.00 / 9.00 ms" in tokens.inner_text()
+    assert "4.50 ± 2.05 ms" in tokens.inner_text() and "4.00 / 6.00 / 6.00 ms" in tokens.inner_text()
     page.locator("#run-phases").scroll_into_view_if_needed()
     shot(page, "31-run-page-spread")
     # the table fits its pane, or scrolls under a first column that stays put: never cut off

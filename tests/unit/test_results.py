@@ -139,9 +139,9 @@ def test_tokens_energy_and_monitors_of_a_run(tmp_path: Path) -> None:
     assert tokens[tokens["source"] == "hs_tokens.csv"]["latency_ns"].tolist() == [50e6, 40e6]
     assert res.energy.set_index("device")["modelled"].to_dict() == {"device1": True, "device2": False}
     assert res.monitors["value"].tolist() == [50, 60]
-    spreads = results.token_spreads(run)
-    assert spreads["device1"].mean == 6e6 and spreads["device1"].n == 4
-    assert spreads["headsplit"].p50 == 40e6
+    spreads = results.token_spreads(run)  # the decode tokens: token 0, the prefill, left out
+    assert spreads["device1"].mean == 3.5e6 and spreads["device1"].n == 2
+    assert (spreads["headsplit"].n, spreads["headsplit"].p50) == (1, 40e6)
 
 
 def test_an_unreadable_table_names_its_file(tmp_path: Path) -> None:
@@ -205,12 +205,13 @@ def test_export_refuses_an_unknown_format_and_a_path_without_runs(tmp_path: Path
 # --------------------------------------------------------------------------- where the spread is shown
 
 TOKENS_CSV = (
-    "rep,token,start_ns,latency_ns,kv_len\n0,0,0,9000000,4\n0,1,9000000,3000000,5\n1,0,0,8000000,4\n"
-    "1,1,8000000,4000000,5\n"
+    "rep,token,start_ns,latency_ns,kv_len\n0,0,0,9000000,4\n0,1,9000000,3000000,5\n0,2,12000000,5000000,6\n"
+    "1,0,0,8000000,4\n1,1,8000000,4000000,5\n1,2,12000000,6000000,6\n"
 )
 # device1's round 0 in run_small: totals 20.15 and 20.35 ms -> 20.25 ± t(0.975, 1) · 0.1414 / √2 = 1.27 ms
 DEVICE1_ROUND0 = ("20.2 ± 1.27 ms", "20.1 / 20.4 / 20.4 ms")
-DEVICE1_TOKENS = ("6.00 ± 4.68 ms", "4.00 / 9.00 / 9.00 ms")  # 9, 3, 8, 4 ms: sd 2.94, t(0.975, 3) = 3.18
+# the decode tokens 3, 5, 4, 6 ms (the prefills, 9 and 8 ms, left out): sd 1.29, t(0.975, 3) = 3.18
+DEVICE1_TOKENS = ("4.50 ± 2.05 ms", "4.00 / 6.00 / 6.00 ms")
 
 
 def _with_tokens(run: Path) -> Path:
@@ -225,10 +226,9 @@ def test_dit_show_gives_the_spread_of_the_total_and_of_the_tokens(tmp_path: Path
     row = next(line for line in shown.output.splitlines() if "device1" in line and "12.0 kB" in line)
     assert all(text in row for text in DEVICE1_ROUND0)
     assert "total p50 / p95 / p99" in shown.output
-    tokens = next(
-        line for line in shown.output.splitlines() if line.startswith("│ device1") and "4 │" in line
-    )
-    assert all(text in tokens for text in DEVICE1_TOKENS)
+    tokens = next(line for line in shown.output.splitlines() if DEVICE1_TOKENS[0] in line)
+    assert tokens.split("│")[1:3] == [" device1 ", "      4 "] and DEVICE1_TOKENS[1] in tokens
+    assert "decode token latency" in shown.output
 
 
 def test_the_report_gives_the_spread_beside_the_means(tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_the_report_gives_the_spread_beside_the_means(tmp_path: Path) -> None:
     assert phases["columns"][-2:] == ["total", "total p50 / p95 / p99"]
     assert tuple(phases["rows"][0][-2:]) == DEVICE1_ROUND0
     tokens = by_anchor["runtime"].tables[-1]
-    assert tokens["rows"] == [["device1", 4, *DEVICE1_TOKENS]]
+    assert tokens["rows"] == [["device1", 4, *DEVICE1_TOKENS]]  # 4 decode tokens
 
 
 def test_the_comparison_overlays_the_runs_distributions_in_one_plot(tmp_path: Path) -> None:

@@ -211,7 +211,7 @@ def _token_spread(section: Section, run_dir: Path) -> Section:
         return section
     if spreads:
         section.table(
-            "token latency, every token of every repetition (mean ± 95 % CI of the mean)",
+            "decode token latency, every repetition, the prefill left out (mean ± 95 % CI of the mean)",
             ("host", "tokens", "mean", "p50 / p95 / p99"),
             [(host, s.n, s.mean_text(), s.percentiles_text()) for host, s in spreads.items()],
         )

@@ -21,7 +21,7 @@ from dit.analysis.run import AggregateError
 from dit.report import labels
 from dit.report.build import is_run_dir, read_frame, render
 from dit.report.section import Section
-from dit.results import Spread, flatten_scenario, read_phases, read_tokens, spread
+from dit.results import Spread, decode_tokens, flatten_scenario, read_phases, spread
 from dit.run.rundir import RunDir, read_json_object
 from dit.units import MISSING
 
@@ -35,7 +35,7 @@ PHASE_ROWS: Final = (
 )
 """Columns of ``aggregate/phases_summary.csv`` compared, with their row names."""
 DELAY_AXIS: Final = "end-to-end delay per request (ms)"
-LATENCY_AXIS: Final = "latency per generated token (ms)"
+LATENCY_AXIS: Final = "latency per decode token, prefill left out (ms)"
 
 
 class CompareError(ValueError):
@@ -172,13 +172,13 @@ def scenario_differences(runs: Sequence[ComparedRun]) -> list[tuple[str, ...]]:
 
 def _samples(runs: Sequence[ComparedRun]) -> dict[str, dict[str, list[float]]]:
     """Per measure (end-to-end delay, token latency), each run's values in ns: every request's
-    ``total_ns`` of every device and round, every token of every repetition (a run without any, or
+    ``total_ns`` of every device and round, every decode token of every repetition (a run without any, or
     whose file cannot be read, is left out)."""
     out: dict[str, dict[str, list[float]]] = {DELAY_AXIS: {}, LATENCY_AXIS: {}}
     for run in runs:
         for axis, read, column in (
             (DELAY_AXIS, read_phases, "total_ns"),
-            (LATENCY_AXIS, read_tokens, "latency_ns"),
+            (LATENCY_AXIS, decode_tokens, "latency_ns"),
         ):
             try:
                 frame = read(run.path)
@@ -216,7 +216,8 @@ def distributions(runs: Sequence[ComparedRun]) -> Section:
         section.note = "No run measured inference requests or generated tokens."
         return section
     section.note = (
-        "Empirical CDFs: each run's requests (every device and round) and tokens (every repetition), "
+        "Empirical CDFs: each run's requests (every device and round) and decode tokens (every repetition, "
+        "the prompt's prefill left out), "
         "one line per run; mean ± 95 % CI of the mean (t-interval), nearest-rank p50 / p95 / p99."
     )
     section.figure("distributions of the runs, overlaid", distribution_figure(samples))

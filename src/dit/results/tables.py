@@ -143,10 +143,18 @@ def phase_total_spreads(run_dir: Path) -> dict[tuple[str, int, int], Spread]:
     return out
 
 
-def token_spreads(run_dir: Path) -> dict[str, Spread]:
-    """The spread of every token's latency per host (all repetitions, token 0 — the prompt's prefill —
-    included, as ``token_latency_mean`` is); HeadSplit's tokens under ``headsplit``."""
+def decode_tokens(run_dir: Path) -> pd.DataFrame | None:
+    """:func:`read_tokens` without token 0, the prompt's prefill: the rows a token latency's spread is
+    over (a prefill processes the whole prompt, another operation; HeadSplit's ``token_latency_mean``
+    leaves it out too)."""
     frame = read_tokens(run_dir)
+    return None if frame is None else frame[pd.to_numeric(frame["token"], errors="coerce") > 0]
+
+
+def token_spreads(run_dir: Path) -> dict[str, Spread]:
+    """The spread of the decode tokens' latency per host (:func:`decode_tokens`: every repetition, the
+    prefill left out); HeadSplit's tokens under ``headsplit``."""
+    frame = decode_tokens(run_dir)
     if frame is None or frame.empty:
         return {}
     hosts = (

@@ -133,7 +133,7 @@ def _total_spread(
 
 
 def token_spread(run_dir: Path) -> list[dict[str, Any]]:
-    """Each host's token latency (:func:`dit.results.token_spreads`): ``mean ± 95 % CI`` and
+    """Each host's decode token latency (:func:`dit.results.token_spreads`): ``mean ± 95 % CI`` and
     ``p50 / p95 / p99``, written with units; empty without tokens or when they cannot be read."""
     from dit.analysis.run import AggregateError
     from dit.results import token_spreads

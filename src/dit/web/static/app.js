@@ -634,9 +634,9 @@ function renderSummary(summary, tokens) {
       el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit),
         v.modelled ? el("span", { class: "badge fake-sensor", title: note }, v.modelled) : null),
       el("td", { class: "small" }, v.description || ""))),
-    ...tokens.map((t) => el("tr", { class: "token-spread", dataset: { host: t.host } }, el("td", {}, `token latency · ${t.host}`),
+    ...tokens.map((t) => el("tr", { class: "token-spread", dataset: { host: t.host } }, el("td", {}, `decode token latency · ${t.host}`),
       el("td", { class: "num" }, t.mean_text),
-      el("td", { class: "small" }, `mean ± 95 % CI over ${t.n} tokens (all repetitions); p50 / p95 / p99 ${t.percentiles_text}`))),
+      el("td", { class: "small" }, `mean ± 95 % CI over ${t.n} decode tokens (all repetitions, prefill left out); p50 / p95 / p99 ${t.percentiles_text}`))),
     ...(note ? [el("tr", {}, el("td", { colspan: 3, class: "small energy-note" }, note))] : []));
 }
 
