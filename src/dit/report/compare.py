@@ -191,7 +191,8 @@ def _samples(runs: Sequence[ComparedRun]) -> dict[str, dict[str, list[float]]]:
 
 def distribution_figure(samples: Mapping[str, Mapping[str, Sequence[float]]]) -> Figure:
     """One panel per measure: each run's empirical CDF (fraction of values at or below x, in ms), overlaid."""
-    figure = Figure(figsize=(8.0, 0.6 + 3.0 * len(samples)))
+    runs = max(len(per_run) for per_run in samples.values())
+    figure = Figure(figsize=(8.0, 0.6 + (3.2 + 0.22 * runs) * len(samples)))
     axes = figure.subplots(len(samples), 1, squeeze=False)[:, 0]
     for ax, (axis, per_run) in zip(axes, samples.items(), strict=True):
         for column, values in per_run.items():
@@ -203,7 +204,8 @@ def distribution_figure(samples: Mapping[str, Mapping[str, Sequence[float]]]) ->
         ax.set_ylabel("fraction at or below")
         ax.set_ylim(0, 1.02)
         ax.grid(True, linewidth=0.4, alpha=0.5)
-        ax.legend(fontsize="small", loc="lower right")
+        # below the axes: run names are long, and inside they would hide the curves' tails
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.18))
     return figure
 
 
