@@ -149,6 +149,11 @@ def test_an_unreadable_table_names_its_file(tmp_path: Path) -> None:
     (run / "aggregate" / "phases.csv").write_text("host,round\ndevice1,0\n")
     with pytest.raises(AggregateError, match=r"phases\.csv lacks the columns"):
         _ = results.load([run]).phases
+    (run / "aggregate" / "summary.json").write_text("{not json")
+    with pytest.raises(AggregateError, match=r"summary\.json: not readable JSON"):
+        _ = results.load([run]).summary
+    (run / "aggregate" / "summary.json").write_text("{}")
+    assert results.load([run]).summary.empty  # an empty summary is no value, not an error
     with pytest.raises(NoRunsError, match="is not a dit run directory"):
         results.load([tmp_path / "nothing"])
 

@@ -17,7 +17,7 @@ from dit.analysis.run import AggregateError, LoadedRun, raw_file
 from dit.models.decoder_profile import TOKEN_COLUMNS
 from dit.report import labels
 from dit.results.spread import Spread, spread
-from dit.run.rundir import RunDir, expand_runs, read_json_object
+from dit.run.rundir import RunDir, expand_runs, read_json, read_json_object
 from dit.scenario.spec import content_hash
 
 RUN_COLUMNS: Final = ("run_id", "run_dir", "scenario_hash")
@@ -96,8 +96,11 @@ def read_summary(run_dir: Path) -> pd.DataFrame | None:
     path = agg / "summary.json"
     if not path.is_file():
         return None
-    doc = read_json_object(path)
-    if not doc:
+    try:
+        doc = read_json(path)
+    except (OSError, ValueError) as exc:  # RunDirError names the file; invalid JSON is a ValueError
+        raise AggregateError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(doc, dict):
         raise AggregateError(f"{path}: not a JSON object")
     fake = labels.fake_power_nodes(agg)
     rows = [
