@@ -6,10 +6,12 @@ import os
 import platform
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from typer.testing import CliRunner
 
@@ -39,6 +41,11 @@ def driver_of() -> Iterator[Callable[[Path], subprocess.Popen[bytes]]]:
             started.append(subprocess.Popen(["sleep", "120"], pass_fds=(fd,)))
         finally:
             os.close(fd)
+        # its identity is recorded next: wait until /proc shows the exec'd command line (on a loaded
+        # machine it showed the forking interpreter's for a moment)
+        deadline = time.monotonic() + 10
+        while psutil.Process(started[-1].pid).cmdline() != ["sleep", "120"] and time.monotonic() < deadline:
+            time.sleep(0.01)
         return started[-1]
 
     yield start

@@ -10,7 +10,6 @@ The driver names no condition: it builds their variables and calls their hooks (
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -115,14 +114,8 @@ class Driver:
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> RunResult:
         self.run = run = RunDir.create(self.options.runs_root, self.scenario.name, self.scenario.hash)
-        # Held open while the run lasts: `dit stop` signals only a process that holds its run directory
-        # (procs.holds_directory), never one whose pid, start time and command line a forged
-        # driver.json copied.
-        held = os.open(run.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
+        with run.held_open():  # what `dit stop` recognises its driver by
             return self._execute(run)
-        finally:
-            os.close(held)
 
     def _execute(self, run: RunDir) -> RunResult:
         scn = self.scenario
@@ -229,8 +222,7 @@ class Driver:
         return {
             "dit_run_id": self.run.run_id,
             "dit_journal_path": str(self.run.journal),
-            # every node's run directory as the journal's undo scope has it (RunInventory.node_root):
-            # the playbooks take it from here, so no default is spelled twice
+            # every node's run directory as the journal's undo scope has it: no default spelled twice
             "dit_node_roots": {h: self.inv.node_root(h, self.run.run_id) for h in self.inv.hosts},
             "dit_device_pyz_sha256": self.pyz_sha256,
             **process_vars(self.processes),

@@ -8,7 +8,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -202,6 +202,17 @@ class RunDir:
         below such a directory: its identity files, inventory and journal could be theirs, and
         root would act on them."""
         check_trusted_dir(self.path, what="the run directory")
+
+    @contextlib.contextmanager
+    def held_open(self) -> Iterator[None]:
+        """The run directory held open while the driver runs: `dit stop` signals only a process that
+        holds its run directory (:func:`dit.run.procs.holds_directory`), never one whose pid, start
+        time and command line a forged driver.json copied."""
+        held = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            yield
+        finally:
+            os.close(held)
 
     @property
     def run_id(self) -> str:
