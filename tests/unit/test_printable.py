@@ -69,3 +69,10 @@ def test_nnpm_terminal_escapes_lines_it_reads(tmp_path: Path) -> None:
     log.write_text(f"2026-01-01T00:00:00.000Z edge stderr {HOSTILE}\n", encoding="utf-8")
     lines, _end = read_lines(log, 0)
     assert lines[0]["x"] == SHOWN
+
+
+def test_the_edge_service_says_what_a_peer_sent_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    from dit.device.edge import say
+
+    say(f"refused a frame claiming device '{HOSTILE}'", error=True)
+    assert capsys.readouterr().err == f"edge: refused a frame claiming device '{SHOWN}'\n"
