@@ -469,6 +469,20 @@ def note(
         raise _fail(str(exc)) from None
 
 
+def _show_edge_channel(channel: object) -> None:
+    """Frames the edge service refused (status.json ``edge_channel``), or that it ran without a key."""
+    from dit.run.collect import edge_channel_warning
+
+    if not isinstance(channel, dict):
+        return
+    try:
+        warning = edge_channel_warning(channel)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        warning = f"edge_channel in status.json is not readable: {channel!r:.200}"
+    if warning:
+        out.print(f"[yellow]{escape(printable(warning))}[/]")
+
+
 @app.command()
 def show(
     run_dirs: Annotated[
@@ -506,6 +520,7 @@ def show(
             )
             tail = "\n".join(f"  {printable(str(line))}" for line in failed["stderr_tail"])
             out.print(escape(tail), highlight=False)
+    _show_edge_channel(status.get("edge_channel"))
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("wall time", justify="right")

@@ -112,3 +112,65 @@ def test_a_key_others_can_read_is_refused_at_start(tmp_path: Path) -> None:
     proc, _out, err = start_edge(tmp_path, key_file=str(key_file))
     assert proc.wait(timeout=60) == 2
     assert f"key_file: {key_file}: the run's key is mode 0644" in err.read_text(encoding="utf-8")
+
+
+def test_a_local_run_refuses_a_forged_frame_and_completes_with_its_own_measurements(
+    scenario_dir: Path, runs_dir: Path
+) -> None:
+    """The issue's attack on a whole local run: while it runs, frames without the run's key are sent
+    to the edge port (SKIPs for both devices' first inference, one claiming a hostile name). They are
+    refused and counted (status.json, the console, dit show), the hostile name reaches run.log
+    escaped, and the run completes with every measurement of its own devices."""
+    import io
+
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from dit.cli import app
+    from dit.run.driver import Driver, RunOptions
+    from dit.scenario import load
+    from tests.conftest import write_scenario
+
+    forged: list[bool] = []
+    keys: list[str] = []
+
+    class Forging(Driver):
+        def _profile(self) -> None:  # after apply (the port is known) and the log follower's start
+            assert self.edge_port is not None and self.key is not None
+            assert self.key.stat().st_mode & 0o777 == 0o600
+            keys.append(self.key.read_text(encoding="ascii").strip())
+            node_key = Path(self.contexts["device1"].node_root) / P.KEY_FILE  # local mode: a directory
+            assert node_key.read_text(encoding="ascii").strip() == keys[0]
+            assert node_key.stat().st_mode & 0o777 == 0o600
+            for device in ("device1", "device2", HOSTILE):
+                with socket.create_connection((self.inv.edge_address, self.edge_port)) as raw:
+                    raw.sendall(P.encode(P.Skip(device, 0, 0, 4)))
+                    forged.append(dropped(raw))
+            super()._profile()
+
+    (scenario,) = load(write_scenario(scenario_dir))
+    console = io.StringIO()
+    result = Forging(scenario, RunOptions(runs_root=runs_dir, console=Console(file=console))).execute()
+    assert result.state == "completed", result.error
+    assert forged == [True, True, True]
+    run_dir = result.run_dir
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["edge_channel"] == {"authenticated": True, "refused_frames": 3, "refused": {"unsigned": 3}}
+    # every inference of the run's own devices was measured: 3 vectors x 3 repetitions each
+    for device in ("device1", "device2"):
+        rows = read_csv(run_dir / "raw" / device / f"{device}_inference.csv")
+        assert len(rows) == 9, device
+    log = (run_dir / "run.log").read_text(encoding="utf-8")
+    assert "claiming device 'device\\x1b]2;pwned\\x07\\x1b[2J'" in log
+    assert "\x1b" not in log and "\x07" not in log
+    assert "the edge service refused 3 frames (unsigned 3)" in console.getvalue()
+    assert "\x1b]2;" not in console.getvalue()
+    shown = CliRunner().invoke(app, ["show", str(run_dir)], terminal_width=300)
+    assert shown.exit_code == 0, shown.output
+    assert "the edge service refused 3 frames (unsigned 3)" in shown.output
+    # the run's key: gone from the controller after the run, never on a command line or in a log
+    assert not (run_dir / "device" / P.KEY_FILE).exists()
+    assert len(keys[0]) == 64
+    for path in run_dir.rglob("*"):
+        if path.is_file():
+            assert keys[0].encode() not in path.read_bytes(), path
