@@ -473,12 +473,7 @@ def _show_edge_channel(channel: object) -> None:
     """Frames the edge service refused (status.json ``edge_channel``), or that it ran without a key."""
     from dit.run.collect import edge_channel_warning
 
-    if not isinstance(channel, dict):
-        return
-    try:
-        warning = edge_channel_warning(channel)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        warning = f"edge_channel in status.json is not readable: {channel!r:.200}"
+    warning = edge_channel_warning(channel)
     if warning:
         out.print(f"[yellow]{escape(printable(warning))}[/]")
 

@@ -115,7 +115,7 @@ def test_a_key_others_can_read_is_refused_at_start(tmp_path: Path) -> None:
 
 
 def test_a_local_run_refuses_a_forged_frame_and_completes_with_its_own_measurements(
-    scenario_dir: Path, runs_dir: Path
+    scenario_dir: Path, runs_dir: Path, tmp_path: Path
 ) -> None:
     """The issue's attack on a whole local run: while it runs, frames without the run's key are sent
     to the edge port (SKIPs for both devices' first inference, one claiming a hostile name). They are
@@ -168,6 +168,12 @@ def test_a_local_run_refuses_a_forged_frame_and_completes_with_its_own_measureme
     shown = CliRunner().invoke(app, ["show", str(run_dir)], terminal_width=300)
     assert shown.exit_code == 0, shown.output
     assert "the edge service refused 3 frames (unsigned 3)" in shown.output
+    from dit.run.rundir import RunDir
+    from dit.web.services.runs import run_detail
+    from dit.web.services.store import Store
+
+    detail = run_detail(RunDir(run_dir), runs_dir, Store(tmp_path / "nnpm.sqlite"))
+    assert str(detail["edge_channel"]).startswith("the edge service refused 3 frames (unsigned 3)")
     # the run's key: gone from the controller after the run, never on a command line or in a log
     assert not (run_dir / "device" / P.KEY_FILE).exists()
     assert len(keys[0]) == 64

@@ -80,3 +80,12 @@ def test_the_refusals_reach_the_user(
 
 def test_no_summary_no_record(tmp_path: Path) -> None:
     assert edge_channel(tmp_path, "edge") is None
+
+
+@pytest.mark.parametrize(
+    "channel",
+    [None, "x", {"authenticated": True}, {"authenticated": True, "refused_frames": "many", "refused": {}}],
+)
+def test_a_malformed_record_is_said_not_raised(channel: object) -> None:
+    said = edge_channel_warning(channel)
+    assert said is None if not isinstance(channel, dict) else said is not None and "not a record" in said

@@ -145,14 +145,21 @@ def edge_channel(raw: Path, edge_host: str) -> dict[str, Any] | None:
     }
 
 
-def edge_channel_warning(channel: Mapping[str, Any]) -> str | None:
-    """The console's line for :func:`edge_channel`'s record, or None when there is nothing to say."""
-    if not channel["authenticated"]:
+def edge_channel_warning(channel: object) -> str | None:
+    """The line the user reads for :func:`edge_channel`'s record (``status.json`` → ``edge_channel``:
+    the console, ``dit show``, NNPM's run page), or None when there is nothing to say."""
+    if not isinstance(channel, Mapping):
+        return None
+    try:
+        authenticated = bool(channel["authenticated"])
+        count = int(channel["refused_frames"])
+        why = ", ".join(f"{reason} {int(n)}" for reason, n in sorted(dict(channel["refused"]).items()))
+    except (KeyError, TypeError, ValueError):
+        return f"status.json: edge_channel is not a record of the edge's channel: {channel!r:.200}"
+    if not authenticated:
         return "the edge service ran without the run's key: its frames were not authenticated"
-    count = int(channel["refused_frames"])
     if not count:
         return None
-    why = ", ".join(f"{reason} {n}" for reason, n in sorted(channel["refused"].items()))
     return (
         f"the edge service refused {count} frame{'s' if count != 1 else ''} ({why}) that the run's key did "
         "not verify: something other than this run's devices sent to its port (edge logs: raw/edge)"
