@@ -76,3 +76,19 @@ def test_the_edge_service_says_what_a_peer_sent_escaped(capsys: pytest.CaptureFi
 
     say(f"refused a frame claiming device '{HOSTILE}'", error=True)
     assert capsys.readouterr().err == f"edge: refused a frame claiming device '{SHOWN}'\n"
+
+
+def test_run_log_is_root_s_alone_and_not_written_through_a_link(tmp_path: Path) -> None:
+    """run.log names the edge service's port: 0600 (issue 46)."""
+    reporter, _out = _reporter(tmp_path)
+    reporter.info("edge service listening on 127.0.0.1:40123")
+    reporter.close()
+    assert (tmp_path / "run.log").stat().st_mode & 0o777 == 0o600
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere).mkdir()
+    (elsewhere / "run.log").symlink_to(tmp_path / "victim")
+    reporter, out = _reporter(elsewhere)
+    reporter.info("x")
+    reporter.close()
+    assert not (tmp_path / "victim").exists()
+    assert "cannot write the run log" in out.getvalue()

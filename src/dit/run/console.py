@@ -10,6 +10,7 @@ same lines are printed plainly.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,7 +38,9 @@ class Reporter:
         self._lock = threading.Lock()
         self._log: TextIO | None = None
         try:
-            self._log = log_path.open("a", encoding="utf-8")
+            # 0600: it names the edge service's port (issue 46); only root reads a run's log
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self._log = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:
             self._log_failed(exc)
         self.stage_state: dict[str, str] = dict.fromkeys(STAGES, "pending")
