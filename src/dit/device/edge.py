@@ -721,7 +721,7 @@ class EdgeService:
             refused = sum(self.refused.values())
             say(
                 f"stopped · {self.completed} requests served, {self.skips} skips, {len(self._rounds)} unfinished rounds"
-                + (f", {refused} frames refused" if refused else "")
+                + (f", {refused} frame{'s' if refused != 1 else ''} refused" if refused else "")
             )
 
 
