@@ -177,7 +177,9 @@ def main() -> None:
             diff={"before": {"running": bool(running)}, "after": {"running": True}},
         )
     if p["config_path"]:
-        with open(p["config_path"] + ".tmp", "w", encoding="utf-8") as handle:
+        # 0600 from its creation: the config names the run's port and key file (issue 46)
+        fd = os.open(p["config_path"] + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(p["config"], handle, sort_keys=True)
         os.replace(p["config_path"] + ".tmp", p["config_path"])
     if p["ready_file"] and os.path.exists(p["ready_file"]):

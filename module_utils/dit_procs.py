@@ -17,7 +17,7 @@ import os
 import signal
 import stat
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ansible.module_utils.dit_trusted import UntrustedPath, others_can_write, owner_name, trusted_dir
 
@@ -237,7 +237,8 @@ def _spawn(
         if affinity:
             os.sched_setaffinity(0, affinity)
 
-    with open(stdout_path, "ab") as out, open(stderr_path, "ab") as err:
+    # 0600: a process's output names what others must not learn (the edge service's port, issue 46)
+    with _private_log(stdout_path) as out, _private_log(stderr_path) as err:
         return subprocess.Popen(  # argv list, never a shell string
             argv,
             env=env,
@@ -250,6 +251,13 @@ def _spawn(
             pass_fds=pass_fds,
             preexec_fn=before_exec if (procs_files or affinity) else None,  # noqa: PLW1509 - no locks taken
         )
+
+
+def _private_log(path: str) -> BinaryIO:
+    """``path`` opened for appending, created 0600 (an existing file is narrowed to 0600 too)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def status_path(logs_dir: str, tag: str) -> str:

@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dit import units
+from dit.device.printable import printable, printable_lines
 from dit.rack.cli import rack_app
 from dit.report import labels
 from dit.run.console import STAGES as STAGE_ORDER
@@ -464,6 +465,15 @@ def note(
         raise _fail(str(exc)) from None
 
 
+def _show_edge_channel(channel: object) -> None:
+    """Frames the edge service refused (status.json ``edge_channel``), or that it ran without a key."""
+    from dit.run.collect import edge_channel_warning
+
+    warning = edge_channel_warning(channel)
+    if warning:
+        out.print(f"[yellow]{escape(printable(warning))}[/]")
+
+
 @app.command()
 def show(
     run_dirs: Annotated[
@@ -492,13 +502,16 @@ def show(
         out.print(f"[bold]note:[/] {escape(written.rstrip())}", highlight=False)
     outcome = labels.run_outcome(status)  # stopped / refused / failed: what happened, with the error
     if outcome or status.get("error"):
-        out.print(f"[red]{escape(outcome or str(status['error']))}[/]")
+        shown = "\n".join(printable_lines(outcome or str(status["error"])))  # may quote a node's output
+        out.print(f"[red]{escape(shown)}[/]")
     for failed in status.get("degraded") or []:  # device processes that failed (the run is degraded)
         if failed.get("stderr_tail"):
             out.print(
                 f"[yellow]{escape(str(failed.get('node')))} {escape(str(failed.get('process')))} stderr:[/]"
             )
-            out.print(escape("\n".join(f"  {line}" for line in failed["stderr_tail"])), highlight=False)
+            tail = "\n".join(f"  {printable(str(line))}" for line in failed["stderr_tail"])
+            out.print(escape(tail), highlight=False)
+    _show_edge_channel(status.get("edge_channel"))
     stages = Table(title="stages")
     stages.add_column("stage")
     stages.add_column("wall time", justify="right")

@@ -86,7 +86,7 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def run_devices(
-    port: int, plan: dict[str, int], repetitions: int, spec: dict[str, Any]
+    port: int, plan: dict[str, int], repetitions: int, spec: dict[str, Any], key: bytes | None = None
 ) -> dict[str, list[InferenceRecord]]:
     """One client thread per device, all at round 0, repetitions 0..k-1 (lockstep by batch admission)."""
     out: dict[str, list[InferenceRecord]] = {d: [] for d in plan}
@@ -96,7 +96,7 @@ def run_devices(
         try:
             model = build(spec)
             ref = reference_output(model)
-            with EdgeConnection("127.0.0.1", port, timeout_s=120) as conn:
+            with EdgeConnection("127.0.0.1", port, timeout_s=120, key=key) as conn:
                 for k in range(repetitions):
                     out[name].append(
                         infer_once(

@@ -114,6 +114,9 @@ def test_stages_run_over_ssh_across_namespaces(
     log = (run_dir / "run.log").read_text()
     assert f"edge service listening on {hosts['edge_address']}:" in log
     assert (run_dir / "aggregate" / "phases.csv").is_file()
+    # the run's key reached every host over SSH as in local mode: the frames were signed and verified
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["edge_channel"] == {"authenticated": True, "refused_frames": 0, "refused": {}}
     assert Journal(run.journal).pending() == []
     assert run_processes(run.run_id) == []
     for host in ("edge", "device1", "device2"):

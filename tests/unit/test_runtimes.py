@@ -273,7 +273,12 @@ def test_layers_launches_the_device_agent_with_todays_configuration() -> None:
     config = json.loads(agent["files"]["profile.json"])
     assert config["inference"]["vectors"] == [[0, 1], [1, 2]]
     assert config["inference"]["device_index"] == 1
-    assert config["inference"]["edge"] == {"host": "10.0.0.1", "port": 5000}
+    # every frame is signed with the run's key, which the apply stage ships beside the device code
+    assert config["inference"]["edge"] == {
+        "host": "10.0.0.1",
+        "port": 5000,
+        "key_file": "/var/lib/dit/r1/device2/edge.key",
+    }
     assert config["results_dir"] == "/var/lib/dit/r1/device2/results" and config["host"] == "device2"
     assert "start_at_ns" not in config  # the agent takes it from the start-at file
     assert agent["prepared_file"] == "profile.prepared.json"  # the two-phase start
@@ -607,7 +612,7 @@ def test_a_scenario_without_a_model_reaches_every_reader_as_no_model(echo: Any, 
     model = profile.scenario_model(scenario, True, True, warnings.append)
     assert model is None and warnings == []
     assert profile.model_spec(model) == {} and profile.model_record(model) is None
-    assert profile.edge_config(scenario, "r1", profile.model_spec(model), None)["model"] == {}
+    assert profile.edge_config(scenario, "r1", profile.model_spec(model), None, key_file="k")["model"] == {}
     metadata = run_metadata(
         "r1", scenario, local=True, inventory="local", model=profile.model_record(model),
         runtime={}, conditions={}, processes={}, nodes={},

@@ -48,6 +48,7 @@ from dit.device.monitor import run_monitor
 from dit.device.netem_vary import run_netem_vary
 from dit.device.power import run_power
 from dit.device.profiler import profile_model, write_layers_csv
+from dit.device.protocol import ProtocolError, read_key
 from dit.device.seeding import seed_from_env
 from dit.device.tags import (  # set by dit_proc / dit_launch on every tagged process
     HOST_ENV,
@@ -347,12 +348,20 @@ def run_profile(cfg: Mapping[str, Any]) -> int:
                 raise ConfigError(f"inference.equivalence.tolerance: {tol!r} is not a number >= 0")
             tolerance = float(tol)
         edge = require(inf, "edge", dict, "inference")
+        key_file = edge.get("key_file")
+        if key_file is not None and (not isinstance(key_file, str) or not key_file):
+            raise ConfigError(f"inference.edge.key_file: {key_file!r} must be a path or null")
+        try:
+            key = read_key(key_file) if key_file else None
+        except ProtocolError as exc:
+            raise ConfigError(f"inference.edge.key_file: {exc}") from None
         conn = EdgeConnection(
             str(require(edge, "host", str, "inference.edge")),
             _int(edge, "port", "inference.edge", minimum=1),
             connect_timeout_s=float(inf.get("connect_timeout_s", 30.0)),
             timeout_s=float(inf.get("timeout_s", 600.0)),
             source=str(edge.get("source") or "") or None,
+            key=key,
         )
 
     reference = reference_output(model) if tolerance is not None else None

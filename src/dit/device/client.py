@@ -48,7 +48,9 @@ from dit.device.protocol import (
     ProtocolError,
     Request,
     Result,
+    Session,
     Skip,
+    device_handshake,
     recv_message,
     send_message,
 )
@@ -108,7 +110,10 @@ class InferenceRecord:
 
 
 class EdgeConnection:
-    """One persistent TCP connection to the edge service (blocking, TCP_NODELAY)."""
+    """One persistent TCP connection to the edge service (blocking, TCP_NODELAY).
+
+    With the run's ``key`` the connection starts with the HELLO exchange (in :meth:`connect`, before
+    the start instant) and every frame after it is signed and verified (:class:`~dit.device.protocol.Session`)."""
 
     def __init__(
         self,
@@ -119,8 +124,11 @@ class EdgeConnection:
         timeout_s: float | None = 600.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         source: str | None = None,
+        key: bytes | None = None,
     ) -> None:
         self.host, self.port = host, int(port)
+        self.key = key
+        self._session: Session | None = None
         # local mode: the device's own loopback address, which its network condition's rules select
         self.source = source or None
         self.connect_timeout_s = connect_timeout_s
@@ -150,6 +158,12 @@ class EdgeConnection:
                 delay = min(delay * 2, 1.0)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(self.timeout_s)
+        if self.key is not None:
+            try:
+                self._session = device_handshake(sock, self.key)
+            except (OSError, ProtocolError):
+                sock.close()
+                raise
         self._sock = sock
         return sock
 
@@ -157,10 +171,20 @@ class EdgeConnection:
         self._socket()
 
     def send(self, msg: Message) -> None:
-        send_message(self._socket(), msg, self.max_frame_bytes)
+        send_message(self._socket(), msg, self.max_frame_bytes, self._session)
 
     def receive(self) -> Message:
-        msg = recv_message(self._socket(), self.max_frame_bytes)
+        sock = self._socket()
+        try:
+            msg = recv_message(sock, self.max_frame_bytes, self._session)
+        except ConnectionError as exc:
+            if self._session is None:
+                raise
+            # The service drops a connection whose frame does not verify, without an answer.
+            raise ConnectionError(
+                f"edge service {self.host}:{self.port} closed the connection ({exc}): it refuses frames "
+                "that its key does not verify; is this device's key file the run's?"
+            ) from exc
         if isinstance(msg, Error):
             raise EdgeError(f"edge service {self.host}:{self.port}: {msg.message}")
         return msg
@@ -185,6 +209,7 @@ class EdgeConnection:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            self._session = None
 
     def __enter__(self) -> EdgeConnection:
         return self

@@ -44,10 +44,12 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a temporary file in the same directory, fsync, rename)."""
+    """Write JSON atomically (a temporary file in the same directory, fsync, rename), 0600: only root
+    reads a node's records, and some name what others must not learn (``edge.ready``: the port)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=2, sort_keys=True)
         fh.write("\n")
         fh.flush()

@@ -41,20 +41,26 @@ from typing import Any, TextIO
 
 from dit.device.adapter import StageModel
 from dit.device.common import ConfigError, Origin, build_model, read_start_file, require, write_json
+from dit.device.printable import printable
 from dit.device.profiler import profile_model, write_layers_csv
 from dit.device.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
+    NONCE_BYTES,
     Ack,
+    AuthError,
     Error,
+    Hello,
     Message,
     MsgType,
     ProtocolError,
     Request,
     Result,
+    Session,
     Skip,
     encode_parts,
     read_body,
     read_header,
+    read_key,
 )
 from dit.device.tags import RUN_ENV
 
@@ -95,6 +101,7 @@ class EdgeConfig:
     ready_file: Path
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     start_at_file: Path | None = None
+    key_file: Path | None = None  # the run's key: every connection must prove it (docs/protocol.md)
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> EdgeConfig:
@@ -129,6 +136,9 @@ class EdgeConfig:
         start_at_file = cfg.get("start_at_file")
         if start_at_file is not None and (not isinstance(start_at_file, str) or not start_at_file):
             raise ConfigError(f"start_at_file: {start_at_file!r} must be a path or null")
+        key_file = cfg.get("key_file")
+        if key_file is not None and (not isinstance(key_file, str) or not key_file):
+            raise ConfigError(f"key_file: {key_file!r} must be a path or null")
         max_frame = cfg.get("max_frame_bytes", DEFAULT_MAX_FRAME_BYTES)
         if isinstance(max_frame, bool) or not isinstance(max_frame, int) or max_frame < 1:
             raise ConfigError(f"max_frame_bytes: {max_frame!r} is not a positive integer")
@@ -148,6 +158,7 @@ class EdgeConfig:
             ready_file=Path(require(cfg, "ready_file", str)),
             max_frame_bytes=max_frame,
             start_at_file=Path(start_at_file) if start_at_file else None,
+            key_file=Path(key_file) if key_file else None,
         )
 
 
@@ -299,17 +310,28 @@ PROGRESS_S = 2.0  # at most one progress line per this many seconds
 
 def say(text: str, error: bool = False) -> None:
     """A line on stdout (stderr for ``error``), flushed: ``logs/edge.out|err``, which the run's terminal
-    follows live. Without these the service wrote only its CSV files and the terminal never showed it."""
-    print(f"edge: {text}", file=sys.stderr if error else sys.stdout, flush=True)
+    follows live. Without these the service wrote only its CSV files and the terminal never showed it.
+    What a peer sent (a device name) may carry terminal escapes: they are shown escaped."""
+    print(f"edge: {printable(text)}", file=sys.stderr if error else sys.stdout, flush=True)
+
+
+#: Refusals said on stderr per reason; later ones are only counted (a flood must not fill the disk).
+REFUSALS_SAID = 10
 
 
 class EdgeService:
     """The asyncio side: connections, ACKs, admission, results and the request log."""
 
     def __init__(
-        self, cfg: EdgeConfig, model: StageModel, origin: Origin, estimates: Sequence[float]
+        self,
+        cfg: EdgeConfig,
+        model: StageModel,
+        origin: Origin,
+        estimates: Sequence[float],
+        key: bytes | None = None,
     ) -> None:
         self.cfg = cfg
+        self.key = key
         self.model = model
         self.origin = origin
         self.device_index = {d: i for i, d in enumerate(cfg.devices)}
@@ -327,6 +349,9 @@ class EdgeService:
         self._stage_csv: Any = None
         self.completed = 0
         self.skips = 0
+        # frames refused before anything in them was used, by reason: "unsigned" (a keyed connection
+        # that did not start with a HELLO), "bad_mac" (a tag the run's key does not give), "malformed"
+        self.refused: dict[str, int] = {}
         self._said_ns = 0  # when the last progress line was printed
         self._traffic = False  # a device sent its first REQUEST or SKIP (ends the profile at the start)
         self.start_profile: dict[str, Any] | None = None  # what the profile at the start instant did
@@ -430,24 +455,59 @@ class EdgeService:
 
     # --- connections -------------------------------------------------------------------------
 
+    def _refuse(self, reason: str, peer: str, detail: str, device: str | None = None) -> None:
+        """Count a refused frame (``edge_summary.json``) and say so, up to :data:`REFUSALS_SAID` per reason."""
+        count = self.refused[reason] = self.refused.get(reason, 0) + 1
+        if count > REFUSALS_SAID:
+            return
+        claimed = f" claiming device '{device}'" if device is not None else ""
+        more = f" (further {reason} refusals are only counted)" if count == REFUSALS_SAID else ""
+        say(f"refused a frame from {peer}{claimed}: {detail}; connection dropped{more}", error=True)
+
+    async def _handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, key: bytes, peer: str
+    ) -> Session | None:
+        """A keyed connection starts with the device's HELLO, answered with ours: the session, or None
+        (refused: the first frame was something else, which is neither used nor answered)."""
+        head = await read_header(reader, self.cfg.max_frame_bytes)
+        if head is None:
+            return None
+        msg = await read_body(reader, *head)
+        if not isinstance(msg, Hello):
+            device = msg.device if isinstance(msg, Request | Skip) else None
+            self._refuse("unsigned", peer, f"a {head[0].name} before the HELLO (unsigned)", device)
+            return None
+        nonce = os.urandom(NONCE_BYTES)
+        writer.writelines(encode_parts(Hello(nonce)))
+        await writer.drain()
+        return Session(key, msg.nonce, nonce, edge=True)
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         max_frame = self.cfg.max_frame_bytes
+        address = writer.get_extra_info("peername")
+        peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+        session: Session | None = None
 
         def reply(msg: Message) -> None:
             if not writer.is_closing():
-                writer.writelines(encode_parts(msg, max_frame))
+                writer.writelines(encode_parts(msg, max_frame, session))
 
         try:
+            if self.key is not None:
+                session = await self._handshake(reader, writer, self.key, peer)
+                if session is None:
+                    return
             while True:
                 head = await read_header(reader, max_frame)
                 if head is None:
                     break
-                self._traffic = True
                 recv_start = time.monotonic_ns()
-                msg = await read_body(reader, *head)
+                msg = await read_body(reader, *head, session)
                 ack_ns = time.monotonic_ns()
                 if isinstance(msg, Request | Skip):
+                    # only a frame that verified ends the profile at the start instant
+                    self._traffic = True
                     problem = self._check(msg.device, msg.round, msg.repetition, msg.partition_point, head[0])
                     if problem is not None:
                         say(f"refused a {head[0].name} from {msg.device}: {problem}", error=True)
@@ -476,11 +536,15 @@ class EdgeService:
                     self._admit(msg.device, msg.round, msg.repetition, job)
                     await writer.drain()
                 else:
-                    reply(Error(f"unexpected {head[0].name} frame from a device"))
+                    keyless = isinstance(msg, Hello) and self.key is None
+                    reply(Error("this edge service has no key (its config has no key_file)" if keyless
+                                else f"unexpected {head[0].name} frame from a device"))  # fmt: skip
                     await writer.drain()
                     break
+        except AuthError as exc:
+            self._refuse("bad_mac", peer, str(exc), exc.device)
         except ProtocolError as exc:
-            say(f"protocol error: {exc}", error=True)
+            self._refuse("malformed", peer, f"protocol error: {exc}")
             # Answer, half-close, and discard what the peer still sends (briefly), so that closing
             # with unread input does not reset the connection before the ERROR frame is read.
             with contextlib.suppress(ConnectionError, OSError, TimeoutError):
@@ -609,6 +673,11 @@ class EdgeService:
             say(
                 f"listening on {cfg.bind}:{port} · policy {cfg.policy} · admission {cfg.admission} · "
                 f"model {self.model.name} ({self.model.num_stages} stages) · devices {', '.join(cfg.devices)}"
+                + (
+                    " · frames signed with the run's key"
+                    if self.key is not None
+                    else " · NO KEY: frames unsigned"
+                )
             )
             profiling = None
             if cfg.start_at_file is not None and cfg.profile_repetitions is not None:
@@ -641,13 +710,18 @@ class EdgeService:
                     "stages": self.model.num_stages,
                     "completed_requests": self.completed,
                     "skips": self.skips,
+                    "authenticated": self.key is not None,
+                    "refused_frames": sum(self.refused.values()),
+                    "refused": dict(sorted(self.refused.items())),
                     "unfinished_rounds": [list(k) for k in sorted(self._rounds)],
                     "start_profile": self.start_profile,
                     "stopped_wall_ns": time.time_ns(),
                 },
             )
+            refused = sum(self.refused.values())
             say(
                 f"stopped · {self.completed} requests served, {self.skips} skips, {len(self._rounds)} unfinished rounds"
+                + (f", {refused} frame{'s' if refused != 1 else ''} refused" if refused else "")
             )
 
 
@@ -679,6 +753,10 @@ def capacity_repetitions(model: StageModel, repetitions: int, min_s: float) -> i
 def run_edge(cfg_dict: Mapping[str, Any]) -> int:
     """Entry point of ``python -m dit.device edge``: runs until SIGTERM/SIGINT, then returns 0."""
     cfg = EdgeConfig.from_dict(cfg_dict)
+    try:
+        key = read_key(cfg.key_file) if cfg.key_file is not None else None
+    except ProtocolError as exc:
+        raise ConfigError(f"key_file: {exc}") from None
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
     if cfg.run_id:
         os.environ.setdefault(RUN_ENV, cfg.run_id)
@@ -715,7 +793,7 @@ def run_edge(cfg_dict: Mapping[str, Any]) -> int:
             "workload_estimate": "capacity_profile_mean_latency_ns" if profile_info else "ops",
         },
     )
-    service = EdgeService(cfg, model, origin, estimates)
+    service = EdgeService(cfg, model, origin, estimates, key)
 
     async def main() -> None:
         stop = asyncio.Event()

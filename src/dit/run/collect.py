@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -121,3 +122,45 @@ def collected(raw: Path, hosts: Sequence[str]) -> list[ProcessFailure]:
     for host in hosts:
         extract_collected(raw, host)
     return process_failures(raw, hosts)
+
+
+def edge_channel(raw: Path, edge_host: str) -> dict[str, Any] | None:
+    """What the edge service's summary says of its channel: ``{"authenticated", "refused_frames",
+    "refused": {reason: count}}``, or None when it wrote no summary (no edge service, or it crashed).
+
+    A refused frame is one that its key did not verify (another user of a node reaching its port, a
+    device of another run): nothing in it was used, but the operator must hear of it (issue 46)."""
+    path = raw / edge_host / f"{edge_host}_edge_summary.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    refused = doc.get("refused")
+    return {
+        "authenticated": bool(doc.get("authenticated", False)),
+        "refused_frames": int(doc.get("refused_frames") or 0),
+        "refused": {str(k): int(v) for k, v in refused.items()} if isinstance(refused, dict) else {},
+    }
+
+
+def edge_channel_warning(channel: object) -> str | None:
+    """The line the user reads for :func:`edge_channel`'s record (``status.json`` → ``edge_channel``:
+    the console, ``dit show``, NNPM's run page), or None when there is nothing to say."""
+    if not isinstance(channel, Mapping):
+        return None
+    try:
+        authenticated = bool(channel["authenticated"])
+        count = int(channel["refused_frames"])
+        why = ", ".join(f"{reason} {int(n)}" for reason, n in sorted(dict(channel["refused"]).items()))
+    except (KeyError, TypeError, ValueError):
+        return f"status.json: edge_channel is not a record of the edge's channel: {channel!r:.200}"
+    if not authenticated:
+        return "the edge service ran without the run's key: its frames were not authenticated"
+    if not count:
+        return None
+    return (
+        f"the edge service refused {count} frame{'s' if count != 1 else ''} ({why}) that the run's key did "
+        "not verify: something other than this run's devices sent to its port (edge logs: raw/edge)"
+    )

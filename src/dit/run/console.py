@@ -10,6 +10,7 @@ same lines are printed plainly.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from dit.device.printable import printable, printable_lines
 from dit.run.ansible_exec import HostEvent
 
 STAGES = ("preflight", "apply", "profile", "collect", "aggregate", "optimise", "teardown")
@@ -36,7 +38,9 @@ class Reporter:
         self._lock = threading.Lock()
         self._log: TextIO | None = None
         try:
-            self._log = log_path.open("a", encoding="utf-8")
+            # 0600: it names the edge service's port (issue 46); only root reads a run's log
+            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self._log = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as exc:
             self._log_failed(exc)
         self.stage_state: dict[str, str] = dict.fromkeys(STAGES, "pending")
@@ -100,11 +104,14 @@ class Reporter:
 
     def line(self, node: str, stream: str, text: str, style: str = "") -> None:
         stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        # A node's text may carry terminal escapes (a device name in a refused frame): shown escaped.
+        parts = printable_lines(text)
+        node, stream = printable(node), printable(stream)
         with self._lock:
             log = self._log
             if log is not None:
                 try:
-                    for part in text.splitlines() or [""]:
+                    for part in parts:
                         log.write(f"{stamp} {node} {stream} {part}\n")
                     log.flush()
                 except OSError as exc:
@@ -112,14 +119,15 @@ class Reporter:
                         log.close()
                     self._log_failed(exc)
         if self._live is None or style == "red" or self._log is None:
-            shown = f"[{style}]{escape(text)}[/]" if style else escape(text)
+            safe = escape("\n".join(parts))
+            shown = f"[{style}]{safe}[/]" if style else safe
             self.console.print(
                 f"[bold]{escape(node)}[/] [dim]{stream}[/] {shown}", markup=True, highlight=False
             )
 
     def event(self, event: HostEvent) -> None:
         self.node_state[event.host] = (
-            f"[{STYLE.get(event.status, 'default')}]{event.status}[/] {escape(event.task)}"
+            f"[{STYLE.get(event.status, 'default')}]{event.status}[/] {escape(printable(event.task))}"
         )
         self.line(event.host, event.stream, event.message(), STYLE.get(event.status, ""))
         self._refresh()

@@ -30,6 +30,7 @@ from dit.conditions import (
     process_vars,
     resolve_conditions,
 )
+from dit.device.protocol import KEY_FILE
 from dit.models.resolve import ResolvedModel
 from dit.run import analyse, profile
 from dit.run import apply as applying
@@ -37,7 +38,7 @@ from dit.run import launch as runtime_launch
 from dit.run import preflight as gates
 from dit.run.ansible_exec import StageOutcome, run_stage
 from dit.run.apply import EDGE_SERVICE_TASK
-from dit.run.collect import collected, iperf3_vars, link_targets
+from dit.run.collect import collected, edge_channel, edge_channel_warning, iperf3_vars, link_targets
 from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
@@ -96,6 +97,7 @@ class Driver:
         self.stage_ns: dict[str, int] = {}
         self.lateness_ns: dict[str, int] = {}
         self.edge_port: int | None = None
+        self.key: Path | None = None  # the run's key for the edge channel (_prepare)
         self.runtime_pythons: dict[str, str] = {}  # host -> the runtime's venv interpreter (preflight)
         self.model: ResolvedModel | None = None
         self.reporter: Reporter | None = None
@@ -148,6 +150,7 @@ class Driver:
                     run, self.inventory, self.reporter, discard_results=run.discard_requested()
                 )
                 self.stop.in_teardown = False
+                self._forget_key()
                 if teardown_error:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
@@ -211,9 +214,16 @@ class Driver:
         self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
         # what the nodes may run: dit_proc and dit_launch check the shipped zipapp against it
         self.pyz_sha256 = hashlib.sha256(self.pyz.read_bytes()).hexdigest()
+        self.key = profile.write_run_key(device_dir)
         self.contexts = self._host_contexts()
         self.conditions = build_conditions(scn, self.contexts)
         self.processes = process_settings(scn, self.contexts)
+
+    def _forget_key(self) -> None:
+        """The run's key is of no use once its edge service has stopped: the controller's copy goes
+        (teardown removed the nodes' with their run directories)."""
+        if self.key is not None:
+            self.key.unlink(missing_ok=True)
 
     def _host_contexts(self) -> dict[str, HostContext]:
         return host_contexts(self.inv, self.run.run_id)
@@ -348,8 +358,13 @@ class Driver:
             "apply",
             {
                 "dit_device_pyz": str(self.pyz),
+                "dit_edge_key": str(self.key),
                 "dit_edge_config": profile.edge_config(
-                    self.scenario, self.run.run_id, profile.model_spec(self.model), start_at
+                    self.scenario,
+                    self.run.run_id,
+                    profile.model_spec(self.model),
+                    start_at,
+                    key_file=f"{edge_root}/{KEY_FILE}",
                 ),
                 "dit_conditions": self.conditions,
             },
@@ -451,6 +466,12 @@ class Driver:
             },
         )
         self.process_failures = collected(raw, self.inv.hosts)
+        channel = edge_channel(raw, self.inv.edge_host) if uses_edge_service(self.runtime) else None
+        if channel is not None:  # status.json, which dit show and NNPM read
+            self.run.set_status(edge_channel=channel)
+            warning = edge_channel_warning(channel)
+            if warning:
+                self.reporter_warn(warning)
         for failure in self.process_failures:
             self.reporter_warn(failure.describe() + "".join(f"\n  {line}" for line in failure.stderr_tail))
 

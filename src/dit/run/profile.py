@@ -4,16 +4,20 @@ context, and how each host's processes met the start instant."""
 from __future__ import annotations
 
 import hashlib
+import secrets
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dit.conditions import HostContext
+from dit.device.protocol import KEY_FILE, KEY_MIN_BYTES
 from dit.models.resolve import ResolvedModel, resolve_model
 from dit.runtime_api.interface import PORTS_PER_NODE
 from dit.runtimes import LaunchContext, LaunchOutcome
 from dit.runtimes import envs as runtime_envs
 from dit.scenario import Scenario
+from dit.trusted import write_file_nofollow
 
 
 def scenario_model(
@@ -45,14 +49,30 @@ def model_record(model: ResolvedModel | None) -> dict[str, Any] | None:
     return None if model is None else {"spec": model.spec, "stand_in_for": model.stand_in_for}
 
 
+def write_run_key(directory: Path) -> Path:
+    """A new key for this run's edge channel, in ``directory`` as :data:`KEY_FILE` (hex, 0600 from its
+    creation, never written through a planted link). The apply stage ships it to every node beside the
+    device code; the edge service and the devices sign their frames with it (docs/protocol.md)."""
+    path = directory / KEY_FILE
+    write_file_nofollow(path, secrets.token_hex(KEY_MIN_BYTES).encode("ascii") + b"\n", mode=0o600)
+    return path
+
+
 def edge_config(
-    scenario: Scenario, run_id: str, model: Mapping[str, Any], start_at_file: str | None
+    scenario: Scenario,
+    run_id: str,
+    model: Mapping[str, Any],
+    start_at_file: str | None,
+    *,
+    key_file: str,
 ) -> dict[str, Any]:
     """The edge inference service's config (``dit_edge_config``); ``start_at_file`` is where the profile
-    stage announces the start instant when the service profiles its capacity again from it."""
+    stage announces the start instant when the service profiles its capacity again from it, ``key_file``
+    the run's key on the edge node."""
     edge = scenario.edge
     return {
         "run_id": run_id,
+        "key_file": key_file,
         "policy": edge.policy,
         "admission": edge.admission,
         "devices": list(scenario.devices),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.analysis.run import LoadedRun
+from dit.device.protocol import KEY_FILE
 from dit.paths import content_root
 from dit.runtime_api.interface import (
     Action,
@@ -215,6 +216,8 @@ class LayersRuntime:
                     "edge": {
                         "host": ctx.addresses[ctx.edge_host],
                         "port": ctx.edge_port,
+                        # the run's key, shipped by the apply stage: every frame is signed with it
+                        "key_file": f"{root}/{KEY_FILE}",
                         **(
                             {"source": ctx.source_addresses[device]}
                             if ctx.source_addresses.get(device)

@@ -28,6 +28,7 @@ from typing import Any
 from dit import units
 from dit.device.tags import RUN_ENV
 from dit.report import labels
+from dit.run.collect import edge_channel_warning
 from dit.run.procs import pid_alive
 from dit.run.rundir import (
     DRIVER,
@@ -299,6 +300,8 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "outcome_note": labels.run_outcome(status),  # a stopped, refused or failed run: what happened
         "lateness_ns": status.get("lateness_ns", {}),
         "teardown": status.get("teardown"),
+        # frames the edge service refused (its key did not verify them), or that it ran without one
+        "edge_channel": edge_channel_warning(status.get("edge_channel")),
         "metadata": {
             "mode": metadata.get("mode"),
             "model": metadata.get("model"),

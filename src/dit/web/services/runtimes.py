@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from dit.device.printable import printable, printable_lines
 from dit.run.ansible_exec import HostEvent, StageOutcome
 from dit.runtime_api.interface import CHECK_PREFIX, NodeReadiness, Runtime
 from dit.runtime_api.interface import Action as RuntimeAction
@@ -103,8 +104,8 @@ class Action:
     def line(self, node: str, stream: str, text: str) -> None:
         stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         with self._lock, self.log.open("a", encoding="utf-8") as out:
-            for part in text.splitlines() or [""]:
-                out.write(f"{stamp} {node} {stream} {part}\n")
+            for part in printable_lines(text):  # node output shown in NNPM's terminal: escapes escaped
+                out.write(f"{stamp} {printable(node)} {printable(stream)} {part}\n")
 
     def finish(self) -> None:
         """Done unless it failed; the time, and a last line saying how it ended."""

@@ -18,6 +18,8 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from dit.device.printable import printable
+
 BACKLOG_BYTES = 2 * 1024 * 1024  # at most this much history on connect
 BATCH_LINES = 500
 POLL_S = 0.25
@@ -69,7 +71,8 @@ def read_lines(path: Path, offset: int, limit: int = BATCH_LINES) -> tuple[list[
                 end = pos + MAX_LINE - 1
             else:
                 break
-        text = data[pos:end].decode("utf-8", errors="replace").rstrip("\r")
+        # run.log's own lines are escaped already; an action's log or an older run's may not be
+        text = printable(data[pos:end].decode("utf-8", errors="replace").rstrip("\r"))
         pos = end + 1
         lines.append({**parse_line(text), "o": offset + pos})
     return lines, offset + pos

@@ -600,6 +600,7 @@ function renderRun(d) {
     ["model", d.model && d.model.name ? el("span", { "data-testid": "run-model" }, modelText(d.model)) : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
     ["error", d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
+    ["edge channel", d.edge_channel],
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", { class: "num" }, "wall time")),
     ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage }, class: s.skipped !== undefined ? "skipped" : null }, el("td", {}, s.stage),
