@@ -39,7 +39,7 @@ def test_a_planted_link_is_not_written_through(tmp_path: Path) -> None:
 
 def test_the_edge_config_names_the_key_file() -> None:
     (scenario,) = expand(dict(BASE))
-    cfg = profile.edge_config(scenario, "r1", {}, None, key_file="/var/lib/dit/r1/edge.key")
+    cfg = profile.edge_config(scenario, "r1", {}, None, "/var/lib/dit/r1")
     assert cfg["key_file"] == "/var/lib/dit/r1/edge.key"
 
 

@@ -12,6 +12,7 @@ from dit.run.ansible_exec import StageOutcome
 from dit.run.errors import StageFailed
 from dit.run.rundir import RunDir
 from dit.run.stop import StopRequests
+from dit.runtime_api.interface import Runtime, uses_edge_service
 from dit.scenario import Scenario
 
 EDGE_SERVICE_TASK: Final = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
@@ -51,3 +52,9 @@ def settle(seconds: float, stop: StopRequests, info: Callable[[str], None]) -> N
     while time.monotonic() < deadline:
         stop.check()
         time.sleep(min(0.1, seconds))
+
+
+def edge_profiles_at_start(scenario: Scenario, runtime: Runtime) -> bool:
+    """The edge service profiles its capacity again from the start instant: when it profiles at all
+    and the runtime's devices use it (a plug-in's own inference would send it no request to end it)."""
+    return scenario.edge.profile_capacity and uses_edge_service(runtime)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import tarfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dit.run.errors import StageFailed
 from dit.run.procs import ProcessFailure, process_failures
-from dit.run.rundir import RunDirError
+from dit.run.rundir import RunDir, RunDirError
 from dit.scenario import Scenario
 from dit.trusted import write_file_nofollow
 
@@ -164,3 +164,15 @@ def edge_channel_warning(channel: object) -> str | None:
         f"the edge service refused {count} frame{'s' if count != 1 else ''} ({why}) that the run's key did "
         "not verify: something other than this run's devices sent to its port (edge logs: raw/edge)"
     )
+
+
+def report_edge_channel(run: RunDir, raw: Path, edge_host: str, warn: Callable[[str], None]) -> None:
+    """:func:`edge_channel` into ``status.json`` (which ``dit show`` and NNPM read), and its warning, if
+    any, to the console and run.log."""
+    channel = edge_channel(raw, edge_host)
+    if channel is None:
+        return
+    run.set_status(edge_channel=channel)
+    warning = edge_channel_warning(channel)
+    if warning:
+        warn(warning)

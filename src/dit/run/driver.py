@@ -9,7 +9,6 @@ The driver names no condition: it builds their variables and calls their hooks (
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -30,15 +29,15 @@ from dit.conditions import (
     process_vars,
     resolve_conditions,
 )
-from dit.device.protocol import KEY_FILE
 from dit.models.resolve import ResolvedModel
+from dit.models.weights import sha256_file
 from dit.run import analyse, profile
 from dit.run import apply as applying
 from dit.run import launch as runtime_launch
 from dit.run import preflight as gates
 from dit.run.ansible_exec import StageOutcome, run_stage
 from dit.run.apply import EDGE_SERVICE_TASK
-from dit.run.collect import collected, edge_channel, edge_channel_warning, iperf3_vars, link_targets
+from dit.run.collect import collected, iperf3_vars, link_targets, report_edge_channel
 from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
@@ -150,7 +149,7 @@ class Driver:
                     run, self.inventory, self.reporter, discard_results=run.discard_requested()
                 )
                 self.stop.in_teardown = False
-                self._forget_key()
+                profile.forget_run_key(self.key)  # the nodes' copies went with their run directories
                 if teardown_error:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
@@ -212,18 +211,11 @@ class Driver:
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
         self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
-        # what the nodes may run: dit_proc and dit_launch check the shipped zipapp against it
-        self.pyz_sha256 = hashlib.sha256(self.pyz.read_bytes()).hexdigest()
+        self.pyz_sha256 = sha256_file(self.pyz)  # what the nodes check the shipped zipapp against
         self.key = profile.write_run_key(device_dir)
         self.contexts = self._host_contexts()
         self.conditions = build_conditions(scn, self.contexts)
         self.processes = process_settings(scn, self.contexts)
-
-    def _forget_key(self) -> None:
-        """The run's key is of no use once its edge service has stopped: the controller's copy goes
-        (teardown removed the nodes' with their run directories)."""
-        if self.key is not None:
-            self.key.unlink(missing_ok=True)
 
     def _host_contexts(self) -> dict[str, HostContext]:
         return host_contexts(self.inv, self.run.run_id)
@@ -309,8 +301,7 @@ class Driver:
             },
         )
         nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
-        # Variables that depend on the nodes' facts (netem's backend) are settled before the metadata
-        # records the conditions, so the metadata says what is applied.
+        # what depends on the nodes' facts (netem's backend) is settled first: the metadata says so
         self.conditions = resolve_conditions(
             PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
         )
@@ -345,26 +336,18 @@ class Driver:
         facts = PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
         gates.condition_gates(facts, self.reporter_warn)
 
-    def _edge_profiles_at_start(self) -> bool:
-        """The edge service profiles its capacity again from the start instant: when it profiles at all
-        and the runtime's devices use it (a plug-in's own inference would send it no request to end it)."""
-        return self.scenario.edge.profile_capacity and uses_edge_service(self.runtime)
-
     def _apply(self) -> None:
         needed = active(self.conditions)
         edge_root = self.contexts[self.inv.edge_host].node_root
-        start_at = f"{edge_root}/{EDGE_START_AT_FILE}" if self._edge_profiles_at_start() else None
+        at_start = applying.edge_profiles_at_start(self.scenario, self.runtime)
+        start_at = f"{edge_root}/{EDGE_START_AT_FILE}" if at_start else None
         outcome = self._stage(
             "apply",
             {
                 "dit_device_pyz": str(self.pyz),
                 "dit_edge_key": str(self.key),
                 "dit_edge_config": profile.edge_config(
-                    self.scenario,
-                    self.run.run_id,
-                    profile.model_spec(self.model),
-                    start_at,
-                    key_file=f"{edge_root}/{KEY_FILE}",
+                    self.scenario, self.run.run_id, profile.model_spec(self.model), start_at, edge_root
                 ),
                 "dit_conditions": self.conditions,
             },
@@ -424,7 +407,8 @@ class Driver:
         add_metadata(self.run.path / "metadata.json", runtime_ports=ports)
         launched = runtime_launch.launch_vars(self.runtime, self._launch_context(ports), self.inv.hosts)
         stage_vars: dict[str, Any] = {"dit_launch_specs": launched, "dit_start_lead_ns": lead_ns}
-        if self._edge_profiles_at_start():  # the start task writes the instant on the edge too
+        # the start task writes the instant on the edge too
+        if applying.edge_profiles_at_start(self.scenario, self.runtime):
             stage_vars["dit_edge_start_at_file"] = EDGE_START_AT_FILE
         outcome = self._stage("profile", stage_vars)
         outcomes = runtime_launch.outcomes(outcome, launched)
@@ -466,12 +450,8 @@ class Driver:
             },
         )
         self.process_failures = collected(raw, self.inv.hosts)
-        channel = edge_channel(raw, self.inv.edge_host) if uses_edge_service(self.runtime) else None
-        if channel is not None:  # status.json, which dit show and NNPM read
-            self.run.set_status(edge_channel=channel)
-            warning = edge_channel_warning(channel)
-            if warning:
-                self.reporter_warn(warning)
+        if uses_edge_service(self.runtime):
+            report_edge_channel(self.run, raw, self.inv.edge_host, self.reporter_warn)
         for failure in self.process_failures:
             self.reporter_warn(failure.describe() + "".join(f"\n  {line}" for line in failure.stderr_tail))
 

@@ -58,21 +58,26 @@ def write_run_key(directory: Path) -> Path:
     return path
 
 
+def forget_run_key(path: Path | None) -> None:
+    """The controller's copy of the run's key goes once the edge service has stopped: it is of no use."""
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
 def edge_config(
     scenario: Scenario,
     run_id: str,
     model: Mapping[str, Any],
     start_at_file: str | None,
-    *,
-    key_file: str,
+    edge_root: str,
 ) -> dict[str, Any]:
     """The edge inference service's config (``dit_edge_config``); ``start_at_file`` is where the profile
-    stage announces the start instant when the service profiles its capacity again from it, ``key_file``
-    the run's key on the edge node."""
+    stage announces the start instant when the service profiles its capacity again from it; the run's
+    key is :data:`KEY_FILE` in the edge node's run directory ``edge_root``."""
     edge = scenario.edge
     return {
         "run_id": run_id,
-        "key_file": key_file,
+        "key_file": f"{edge_root}/{KEY_FILE}",
         "policy": edge.policy,
         "admission": edge.admission,
         "devices": list(scenario.devices),
