@@ -788,7 +788,7 @@ def reproduce(
         raise _fail(f"CHAPTER: {chapter!r} is not one of {', '.join(CHAPTERS)}", 2)
     if size not in SIZES:
         raise _fail(f"--size: {size!r} is not one of {', '.join(SIZES)}", 2)
-    inventory, where_label, shared = _reproduce_where(where)
+    inventory, where_label, shared = _reproduce_where(where, chapter)
     target = out_dir if out_dir is not None else default_out(chapter)
     try:
         check_writable(target / "runs")
@@ -801,9 +801,11 @@ def reproduce(
     out.print(f"report: {report_path}", highlight=False)
 
 
-def _reproduce_where(where: str) -> tuple[str | None, str, bool]:
+def _reproduce_where(where: str, chapter: str) -> tuple[str | None, str, bool]:
     """(inventory or None for local mode, the words the report uses, whether every node shares this
-    machine's cores)."""
+    machine's cores). The emulated rack is the one in ``DIT_RACK_DIR`` (as for ``dit rack``), else the
+    default state dir; Chapter 6 (parallel strategies side by side) refuses a rack whose devices'
+    quotas exceed the CPUs they share, before anything runs."""
     if where == "local":
         if (message := _local_settings_error()) is not None:
             raise _fail(message, 2)
@@ -811,14 +813,22 @@ def _reproduce_where(where: str) -> tuple[str | None, str, bool]:
     if where == "rack":
         from dit.rack import DEFAULT_STATE_DIR
         from dit.rack.executor import status as rack_status
-        from dit.rack.plan import RackError
+        from dit.rack.plan import RackError, RackSpec
 
+        state_dir = Path(os.environ.get("DIT_RACK_DIR") or DEFAULT_STATE_DIR)
         try:
-            state, _ = rack_status(DEFAULT_STATE_DIR.resolve())
+            state, _ = rack_status(state_dir.resolve())
         except RackError as exc:
             raise _fail(
                 f"--where rack: no emulated rack is up ({exc}); start one with `dit rack up`", 2
             ) from None
+        if chapter == "ch6":
+            try:
+                refusal = RackSpec.recorded(state.get("spec", {})).quota_refusal()
+            except RackError as exc:
+                raise _fail(f"--where rack: {state_dir}/{exc}", 2) from None
+            if refusal is not None:
+                raise _fail(f"--where rack: {refusal}", 2)
         return str(state["inventory"]), f"the emulated rack ({state['inventory']})", True
     if not Path(where).exists():
         raise _fail(f"--where: {where!r} is not local, rack or an existing inventory path", 2)
