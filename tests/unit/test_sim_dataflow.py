@@ -90,3 +90,16 @@ def test_accepted_speculation_takes_a_message_per_layer_off_the_critical_path() 
     assert seconds == pytest.approx((2 * L + 2) * ONE_WAY_S, rel=1e-6)
     # rejected, the heads run again on X: the path is the plain one
     assert token(every_stage_apart(), speculation=True, acceptance=(0.0,))[1] == 3 * L + 1
+
+
+def test_a_layer_whose_heads_all_sit_with_the_previous_ffn_does_not_speculate() -> None:
+    # Layer-wise, within a worker's block of layers the FFN's worker would run the next layer's heads
+    # itself, before or after the FFN: speculating there fills no idle time and a rejection only adds
+    # work, so those layers run exactly; at the 3 boundaries between 4 workers the next worker idles
+    # during the FFN, and speculates.
+    spec = simulate(
+        SimConfig(TINYLLAMA, FREE, placed("layerwise"), tokens=2, speculation=True, acceptance=(1.0,))
+    )
+    assert (spec.speculated, spec.reexecuted) == (2 * 3, 0)
+    everywhere = simulate(SimConfig(TINYLLAMA, FREE, every_stage_apart(), tokens=2, speculation=True))
+    assert everywhere.speculated == 2 * (L - 1)

@@ -203,8 +203,9 @@ class SimResult:
     between_s: list[float] = field(default_factory=list)
     # per token, the compute (wall) time HeadSplit would record per stage kind: heads (per heads stage the
     # slowest worker's), projections, FFNs; the per-call cost and pulls excluded, as HeadSplit's
-    # attention_ns, projection_ns and ffn_ns (+ reexec_ns + speculative_ns: a kept speculation's heads
-    # count twice there, in speculative_ns and attention_ns, and so here)
+    # attention_ns, projection_ns and ffn_ns (+ reexec_ns + speculative_ns: under control "rpc" a kept
+    # speculation's heads count twice there, in speculative_ns and attention_ns, and so here; under
+    # "dataflow" once)
     stage_s: list[tuple[float, float, float]] = field(default_factory=list)
     # decode steps: per (device, kind) the FLOPs computed and the wall seconds they took ("call": the
     # calls' per-call cost, its FLOPs the number of calls)
@@ -395,8 +396,10 @@ class _Run:
         # where X is, and how many messages its chain took since the token started
         src, src_hops = CONTROLLER, 0
         speculative: list[Any] = []  # this layer's head stages, started early on the previous Z
+        spec_s: list[float] = []  # their compute times, each worker's
         accepted = False
         for layer, (stage, proj, ffn) in enumerate(self.layers):
+            heads_s: list[float] = []
             if speculative and accepted:
                 # the heads ran on Z; the projection still needs the true X (the FFN's output), and
                 # the FFN's verdict travels with it
@@ -405,7 +408,7 @@ class _Run:
             else:
                 # no speculation, or rejected: the heads run (again) on the true X
                 parts = [
-                    env.process(self._heads(src, w, proj, n, g, head_f, kv_f, positions, src_hops))
+                    env.process(self._heads(src, w, proj, n, g, head_f, kv_f, positions, src_hops, heads_s))
                     for w, (n, g) in stage.items()
                 ]
                 if speculative:
@@ -413,22 +416,34 @@ class _Run:
                 if proj not in stage:  # X for the residual; a head worker has it with its heads' X
                     parts.append(env.process(self.push(src, proj, hidden_b, src_hops)))
             yield simpy.AllOf(env, parts)
+            # as HeadSplit times a heads stage: its slowest worker's compute; a rejected speculation's
+            # heads count as well as their re-execution
+            self.stage[0] += max(spec_s, default=0.0) + max(heads_s, default=0.0)
             hops = max(int(p.value) for p in parts)
-            yield env.process(self.compute(proj, proj_f / self.devices[proj].rate("proj", positions)))
-            speculative, accepted = [], False
-            if self.cfg.speculation and positions == 1 and layer + 1 < len(self.layers):
+            proj_s = proj_f / self.devices[proj].rate("proj", positions)
+            yield env.process(self.compute(proj, proj_s))
+            self.stage[1] += proj_s
+            speculative, spec_s, accepted = [], [], False
+            next_stage, next_proj, _ = self.layers[min(layer + 1, len(self.layers) - 1)]
+            if (
+                self.cfg.speculation
+                and positions == 1
+                and layer + 1 < len(self.layers)
+                and set(next_stage) != {ffn}  # the FFN's own worker has no idle time to fill
+            ):
                 # cross-layer speculation: the projection's worker pushes Z to the next layer's head
                 # workers too, whose heads start on it while the FFN runs; kept with the layer's
                 # acceptance probability
-                next_stage, next_proj, _ = self.layers[layer + 1]
                 speculative = [
-                    env.process(self._heads(proj, w, next_proj, n, g, head_f, kv_f, positions, hops))
+                    env.process(self._heads(proj, w, next_proj, n, g, head_f, kv_f, positions, hops, spec_s))
                     for w, (n, g) in next_stage.items()
                 ]
                 accepted = self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]
                 self.speculated += 1
             src_hops = yield env.process(self.push(proj, ffn, hidden_b, hops))
-            yield env.process(self.compute(ffn, ffn_f / self.devices[ffn].rate("ffn", positions)))
+            ffn_s = ffn_f / self.devices[ffn].rate("ffn", positions)
+            yield env.process(self.compute(ffn, ffn_s))
+            self.stage[2] += ffn_s
             src = ffn
         self.critical = yield env.process(self.push(src, CONTROLLER, DTYPE_BYTES * m.hidden, src_hops))
 
@@ -443,14 +458,16 @@ class _Run:
         kv_f: float,
         positions: int,
         hops: int,
+        compute_s: list[float],
     ) -> Generator[Any, Any, int]:
-        """One worker's heads of a layer: X pushed from ``src``, the heads, their outputs pushed to the
-        projection's worker; returns the chain's messages (``hops`` before it)."""
+        """One worker's heads of a layer: X pushed from ``src``, the heads (their compute time appended
+        to ``compute_s``), their outputs pushed to the projection's worker; returns the chain's messages
+        (``hops`` before it)."""
         m = self.cfg.model
         hops = yield self.env.process(self.push(src, w, DTYPE_BYTES * m.hidden * positions, hops))
-        yield self.env.process(
-            self.compute(w, (n * head_f + groups * kv_f) / self.devices[w].rate("head", positions))
-        )
+        seconds = (n * head_f + groups * kv_f) / self.devices[w].rate("head", positions)
+        yield self.env.process(self.compute(w, seconds))
+        compute_s.append(seconds)
         return (yield self.env.process(self.push(w, proj, DTYPE_BYTES * m.head_dim * n * positions, hops)))
 
     # -- one token, driven by the controller's RPCs (control "rpc") -----------------------------------
