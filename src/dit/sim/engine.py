@@ -33,9 +33,10 @@ Costs. A unit's compute time on device ``w`` is its FLOPs at the token's context
 ``flops_per_s``, plus ``w``'s ``call_overhead_s`` once per call (one call per device per stage). A
 message of ``b`` bytes from ``a`` to ``c`` costs, pushed (dataflow), half the link's round trip, and
 pulled (an RPC's pull, a migration), the whole round trip, plus ``b`` over the link's bandwidth; the
-bandwidth part holds the directed link (two messages on one link queue), the latency does not. A device computes one unit at a time. Under a
-CPU quota (``Device.cpu_quota_s`` per ``cpu_period_s``, a local run's cgroup ``cpu_share``) those
-times are CPU time, and the device's wall time follows from its quota (:meth:`_Run.busy`).
+bandwidth part holds the directed link (two messages on one link queue), the latency does not. A
+device computes one unit at a time. Under a CPU quota (``Device.cpu_quota_s`` per ``cpu_period_s``, a
+local run's cgroup ``cpu_share``) those times are CPU time, and the device's wall time follows from its
+quota (:meth:`_Run.busy`).
 
 Memory: after each token, every device's bytes at the new context length
 (:func:`headsplit.placement.bytes_by_worker`: weights, one KV copy per group it holds, the cache growing
