@@ -120,3 +120,16 @@ def test_galaxy_one_token_takes_the_hand_computed_time() -> None:
     result = simulate_galaxy(SimConfig(TINY, [A, B], SPLIT, tokens=1, partitioning="galaxy"))
     assert result.token_s == [pytest.approx(1.234667, abs=1e-6)]
     assert head_shares(32, [1.0, 2.0, 5.0]) == [4, 8, 20]
+
+
+def test_speculative_heads_never_hold_up_the_ffn_on_its_own_worker() -> None:
+    # Layer 0's projection on b, its FFN on a; layer 1 has a head on a. a runs the FFN (the critical
+    # path) and its layer-1 head after it on the true X; only b's head speculates on Z. A rejected
+    # speculation then costs nothing the token would not pay without it (1.490 s), where a speculative
+    # head on a would have held a's core when the true X came to re-run it (1.698 s).
+    shared = {**SPLIT, Unit(0, "proj"): "b", Unit(1, "head", 0): "a"}
+    plain = simulate(SimConfig(TINY, [A, B], shared, tokens=1)).token_s[0]
+    rejected = simulate(SimConfig(TINY, [A, B], shared, tokens=1, speculation=True, acceptance=(0.0,)))
+    assert plain == pytest.approx(1.490, abs=1e-9)
+    assert (rejected.speculated, rejected.reexecuted) == (1, 1)
+    assert rejected.token_s[0] == pytest.approx(plain, abs=1e-9)

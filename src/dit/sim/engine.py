@@ -402,9 +402,17 @@ class _Run:
         for layer, (stage, proj, ffn) in enumerate(self.layers):
             heads_s: list[float] = []
             if speculative and accepted:
-                # the heads ran on Z; the projection still needs the true X (the FFN's output), and
-                # the FFN's verdict travels with it
+                # the heads ran on Z, but for the FFN's worker's own (it ran its FFN first: they run
+                # now, on the true X); the projection needs the true X, and the FFN's verdict travels
+                # with it
                 parts = list(speculative)
+                if src in stage:
+                    n, g = stage[src]
+                    parts.append(
+                        env.process(
+                            self._heads(src, src, proj, n, g, head_f, kv_f, positions, src_hops, heads_s)
+                        )
+                    )
                 parts.append(env.process(self.push(src, proj, hidden_b, src_hops)))
             else:
                 # no speculation, or rejected: the heads run (again) on the true X
@@ -432,12 +440,14 @@ class _Run:
                 and layer + 1 < len(self.layers)
                 and set(next_stage) != {ffn}  # the FFN's own worker has no idle time to fill
             ):
-                # cross-layer speculation: the projection's worker pushes Z to the next layer's head
-                # workers too, whose heads start on it while the FFN runs; kept with the layer's
-                # acceptance probability
+                # cross-layer speculation: the projection's worker pushes Z to the next layer's other
+                # head workers too, whose heads start on it while the FFN runs (the FFN's worker
+                # runs the FFN, the token's critical path, before its own heads); kept with the
+                # layer's acceptance probability
                 speculative = [
                     env.process(self._heads(proj, w, next_proj, n, g, head_f, kv_f, positions, hops, spec_s))
                     for w, (n, g) in next_stage.items()
+                    if w != ffn
                 ]
                 accepted = self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]
                 self.speculated += 1
@@ -469,7 +479,8 @@ class _Run:
         seconds = (n * head_f + groups * kv_f) / self.devices[w].rate("head", positions)
         yield self.env.process(self.compute(w, seconds))
         compute_s.append(seconds)
-        return (yield self.env.process(self.push(w, proj, DTYPE_BYTES * m.head_dim * n * positions, hops)))
+        hops = yield self.env.process(self.push(w, proj, DTYPE_BYTES * m.head_dim * n * positions, hops))
+        return int(hops)
 
     # -- one token, driven by the controller's RPCs (control "rpc") -----------------------------------
     def call(
