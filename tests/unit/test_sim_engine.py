@@ -133,3 +133,11 @@ def test_speculative_heads_never_hold_up_the_ffn_on_its_own_worker() -> None:
     assert plain == pytest.approx(1.490, abs=1e-9)
     assert (rejected.speculated, rejected.reexecuted) == (1, 1)
     assert rejected.token_s[0] == pytest.approx(plain, abs=1e-9)
+
+
+def test_a_kept_speculations_heads_and_the_ffn_workers_own_are_one_heads_stage() -> None:
+    # layer 1: b's head speculated on Z (208 / 2000 = 0.104 s), a's run after a's FFN (208 / 1000 =
+    # 0.208 s): one stage, its slowest worker's 0.208 s; layer 0's stage is a's 0.208 s
+    shared = {**SPLIT, Unit(1, "head", 0): "a"}
+    kept = simulate(SimConfig(TINY, [A, B], shared, tokens=1, speculation=True, acceptance=(1.0,)))
+    assert kept.stage_s[0][0] == pytest.approx(0.416, abs=1e-9)

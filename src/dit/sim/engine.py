@@ -425,9 +425,13 @@ class _Run:
                 if proj not in stage:  # X for the residual; a head worker has it with its heads' X
                     parts.append(env.process(self.push(src, proj, hidden_b, src_hops)))
             yield simpy.AllOf(env, parts)
-            # as HeadSplit times a heads stage: its slowest worker's compute; a rejected speculation's
-            # heads count as well as their re-execution
-            self.stage[0] += max(spec_s, default=0.0) + max(heads_s, default=0.0)
+            # as HeadSplit times a heads stage: its slowest worker's compute (a kept speculation's
+            # workers and the FFN's worker's own heads are one stage); a rejected speculation's heads
+            # count as well as their re-execution
+            if accepted:
+                self.stage[0] += max(spec_s + heads_s, default=0.0)
+            else:
+                self.stage[0] += max(spec_s, default=0.0) + max(heads_s, default=0.0)
             hops = max(int(p.value) for p in parts)
             proj_s = proj_f / self.devices[proj].rate("proj", positions)
             yield env.process(self.compute(proj, proj_s))
