@@ -723,8 +723,35 @@ def simulate(
             "for `dit report DIR`.",
         ),
     ] = None,
+    fit_article: Annotated[
+        bool,
+        typer.Option(
+            "--fit-article",
+            help="Fit the article's rack to its Chapter 6 figures (board rate, heads' rate, one-way "
+            "latency, per-call cost; minutes) and print the fit, its residuals and the added-RTT sweep.",
+        ),
+    ] = False,
+    one_rate: Annotated[
+        bool,
+        typer.Option(
+            "--one-rate",
+            help="With --fit-article: one rate for every unit, fitted to the three times alone.",
+        ),
+    ] = False,
+    write: Annotated[
+        Path | None,
+        typer.Option(help="With --fit-article: write the fitted simulation file here."),
+    ] = None,
 ) -> None:
     """Simulate decoder generation over heterogeneous devices (HeadSplit's placements), or replay a run."""
+    if fit_article:
+        if spec is not None or replay is not None or placement is not None or out_dir is not None:
+            raise _fail("--fit-article fits the article's own rack: leave out the file, --replay, "
+                        "--placement and --out", 2)  # fmt: skip
+        _fit_article(one_rate, write)
+        return
+    if one_rate or write is not None:
+        raise _fail("--one-rate and --write go with --fit-article", 2)
     if (spec is None) == (replay is None):
         raise _fail("give either a simulation file or --replay RUN_DIR", 2)
     if replay is not None and placement is not None:
@@ -764,6 +791,23 @@ def simulate(
     except OSError as exc:
         raise _fail(f"--out: cannot write {out_dir}: {exc.strerror or exc}", 2) from None
     out.print(f"result: {out_dir} (dit report {out_dir})", highlight=False)
+
+
+def _fit_article(one_rate: bool, write: Path | None) -> None:
+    try:
+        from dit.sim.fit import Rack, fit, fitted_yaml, format_fit, format_sweep, sweep
+    except ImportError as exc:
+        raise _fail(f"dit simulate needs the sim extra (pip install 'dit[sim]'): {exc}", 2) from None
+    fitted = fit(Rack(), attention_rate=not one_rate)
+    out.print(format_fit(fitted), highlight=False)
+    out.print("", highlight=False)
+    out.print(format_sweep(sweep(fitted.board, fitted.rack)), highlight=False)
+    if write is not None:
+        try:
+            write.write_text(fitted_yaml(fitted), encoding="utf-8")
+        except OSError as exc:
+            raise _fail(f"--write: cannot write {write}: {exc.strerror or exc}", 2) from None
+        out.print(f"written: {write}", highlight=False)
 
 
 @app.command()
