@@ -100,3 +100,15 @@ def test_a_devices_head_rate_costs_its_heads_and_places_greedy() -> None:
     doc["devices"][0]["head_flops_per_s"] = 0
     with pytest.raises(SimError, match=r"devices\[0\].head_flops_per_s: must be > 0"):
         config_from(doc)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", "x.yaml", "--fit-article"], "--fit-article fits the article's own rack"),
+        (["simulate", "x.yaml", "--write", "out.yaml"], "--one-rate and --write go with --fit-article"),
+    ],
+)
+def test_the_fit_options_are_refused_where_they_do_not_apply(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 2 and message in result.output
