@@ -848,8 +848,35 @@ def simulate(
             "for `dit report DIR`.",
         ),
     ] = None,
+    fit_article: Annotated[
+        bool,
+        typer.Option(
+            "--fit-article",
+            help="Fit the article's rack to its Chapter 6 figures (board rate, heads' rate, one-way "
+            "latency, per-call cost; minutes) and print the fit, its residuals and the added-RTT sweep.",
+        ),
+    ] = False,
+    one_rate: Annotated[
+        bool,
+        typer.Option(
+            "--one-rate",
+            help="With --fit-article: one rate for every unit, fitted to the three times alone.",
+        ),
+    ] = False,
+    write: Annotated[
+        Path | None,
+        typer.Option(help="With --fit-article: write the fitted simulation file here."),
+    ] = None,
 ) -> None:
     """Simulate decoder generation over heterogeneous devices (HeadSplit's placements), or replay a run."""
+    if fit_article:
+        if spec is not None or replay is not None or placement is not None or out_dir is not None:
+            raise _fail("--fit-article fits the article's own rack: leave out the file, --replay, "
+                        "--placement and --out", 2)  # fmt: skip
+        _fit_article(one_rate, write)
+        return
+    if one_rate or write is not None:
+        raise _fail("--one-rate and --write go with --fit-article", 2)
     if (spec is None) == (replay is None):
         raise _fail("give either a simulation file or --replay RUN_DIR", 2)
     if replay is not None and placement is not None:
@@ -891,6 +918,23 @@ def simulate(
     out.print(f"result: {out_dir} (dit report {out_dir})", highlight=False)
 
 
+def _fit_article(one_rate: bool, write: Path | None) -> None:
+    try:
+        from dit.sim.fit import Rack, fit, fitted_yaml, format_fit, format_sweep, sweep
+    except ImportError as exc:
+        raise _fail(f"dit simulate needs the sim extra (pip install 'dit[sim]'): {exc}", 2) from None
+    fitted = fit(Rack(), attention_rate=not one_rate)
+    out.print(format_fit(fitted), highlight=False)
+    out.print("", highlight=False)
+    out.print(format_sweep(sweep(fitted.board, fitted.rack)), highlight=False)
+    if write is not None:
+        try:
+            write.write_text(fitted_yaml(fitted), encoding="utf-8")
+        except OSError as exc:
+            raise _fail(f"--write: cannot write {write}: {exc.strerror or exc}", 2) from None
+        out.print(f"written: {write}", highlight=False)
+
+
 @app.command()
 def reproduce(
     chapter: Annotated[str, typer.Argument(help="ch4, ch5 or ch6.")],
@@ -913,7 +957,7 @@ def reproduce(
         raise _fail(f"CHAPTER: {chapter!r} is not one of {', '.join(CHAPTERS)}", 2)
     if size not in SIZES:
         raise _fail(f"--size: {size!r} is not one of {', '.join(SIZES)}", 2)
-    inventory, where_label, shared = _reproduce_where(where)
+    inventory, where_label, shared = _reproduce_where(where, chapter)
     target = out_dir if out_dir is not None else default_out(chapter)
     _usable_runs_dir(target / "runs", "--out")  # its finished runs are reused, its report written
     try:
@@ -923,9 +967,11 @@ def reproduce(
     out.print(f"report: {report_path}", highlight=False)
 
 
-def _reproduce_where(where: str) -> tuple[str | None, str, bool]:
+def _reproduce_where(where: str, chapter: str) -> tuple[str | None, str, bool]:
     """(inventory or None for local mode, the words the report uses, whether every node shares this
-    machine's cores)."""
+    machine's cores). The emulated rack is the one in ``DIT_RACK_DIR`` (as for ``dit rack``), else the
+    default state dir; Chapter 6 (parallel strategies side by side) refuses a rack whose devices'
+    quotas exceed the CPUs they share, before anything runs."""
     if where == "local":
         if (message := _local_settings_error()) is not None:
             raise _fail(message, 2)
@@ -933,14 +979,22 @@ def _reproduce_where(where: str) -> tuple[str | None, str, bool]:
     if where == "rack":
         from dit.rack import DEFAULT_STATE_DIR
         from dit.rack.executor import status as rack_status
-        from dit.rack.plan import RackError
+        from dit.rack.plan import RackError, RackSpec
 
+        state_dir = Path(os.environ.get("DIT_RACK_DIR") or DEFAULT_STATE_DIR)
         try:
-            state, _ = rack_status(DEFAULT_STATE_DIR.resolve())
+            state, _ = rack_status(state_dir.resolve())
         except RackError as exc:
             raise _fail(
                 f"--where rack: no emulated rack is up ({exc}); start one with `dit rack up`", 2
             ) from None
+        if chapter == "ch6":
+            try:
+                refusal = RackSpec.recorded(state.get("spec", {})).quota_refusal()
+            except RackError as exc:
+                raise _fail(f"--where rack: {state_dir}/{exc}", 2) from None
+            if refusal is not None:
+                raise _fail(f"--where rack: {refusal}", 2)
         return str(state["inventory"]), f"the emulated rack ({state['inventory']})", True
     if not Path(where).exists():
         raise _fail(f"--where: {where!r} is not local, rack or an existing inventory path", 2)

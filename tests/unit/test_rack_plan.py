@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from dit.rack.plan import (
     rt_budgets_us,
     sshd_argv,
     sshd_config,
+    state_doc,
 )
 
 V1 = CgroupLayout(1, Path("/cg"))
@@ -456,3 +458,27 @@ def test_a_default_route_or_other_networks_are_no_collision() -> None:
         links={"dr-abcdef-br": "dit rack /elsewhere"},
     )
     assert collisions(spec(), host) is None
+
+
+def test_a_rack_whose_quotas_exceed_its_cpus_gets_the_up_command_that_fits() -> None:
+    assert spec(devices=4, cpu_share_pct=25, cpus="1").quota_refusal() is None
+    over = spec(devices=4, cpu_share_pct=40, cpus="1", memory_mb=2048)
+    command = over.fitting_up()
+    assert command is not None and command.startswith(
+        "dit rack up --devices 4 --cpu-share 25 --memory-mb 2048"
+    )
+    refusal = over.quota_refusal()
+    assert refusal is not None and "ask for 160 % of one CPU but share 1 CPU (1)" in refusal
+    assert f"`{command}`" in refusal
+    # more devices than 1 % each can fit: as many devices as fit
+    assert (spec(devices=150, cpu_share_pct=1, cpus="1").fitting_up() or "").startswith(
+        "dit rack up --devices 100 --cpu-share 1 "
+    )
+
+
+def test_the_recorded_spec_reads_back_as_written() -> None:
+    s = spec(devices=4, cpu_share_pct=40, cpus="1")
+    doc = state_doc(s, CgroupLayout(1), False, "", s.state_dir / "inventory.yml", 0)
+    assert RackSpec.recorded(json.loads(json.dumps(doc))["spec"]) == s
+    with pytest.raises(RackError, match=r"spec.devices: '4' is not an integer"):
+        RackSpec.recorded({**doc["spec"], "devices": "4"})

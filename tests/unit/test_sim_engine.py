@@ -31,15 +31,20 @@ SPLIT = {
 
 
 def test_one_token_over_two_devices_takes_the_hand_computed_time() -> None:
-    # Layer 0 from the controller. a: X (32 B) in 0.01 + 0.032, head0 + KV 208/1000 -> 0.250.
-    #   b: X in 0.03 + 0.032 = 0.062, head1 + KV 208/2000 -> 0.166, its output (16 B) to a over the
-    #   a-b link (rtt (0.01 + 0.03) / 2 = 0.02) + 0.016 -> 0.202. Projection on a after both: 0.250 + 0.128,
-    #   FFN on a + 0.512 -> 0.890.
-    # Layer 1 from a: X to b 0.02 + 0.032 -> 0.942, two heads + two KV copies 416/2000 -> 1.150,
-    #   projection 128/2000 -> 1.214, FFN 512/2000 -> 1.470; the output to the controller 0.03 + 0.032 -> 1.532.
+    # Every message is pushed: one way (half the round trip) + bytes over bandwidth.
+    # Layer 0 from the controller. a: X (32 B) in 0.005 + 0.032, head0 + KV 208/1000 -> 0.245.
+    #   b: X in 0.015 + 0.032 = 0.047, head1 + KV 208/2000 -> 0.151, its output (16 B) to a over the
+    #   a-b link (rtt (0.01 + 0.03) / 2 = 0.02, one way 0.01) + 0.016 -> 0.177. Projection on a after
+    #   both: 0.245 + 0.128, FFN on a + 0.512 -> 0.885.
+    # Layer 1 from a: X to b 0.01 + 0.032 -> 0.927, two heads + two KV copies 416/2000 -> 1.135,
+    #   projection 128/2000 -> 1.199, FFN 512/2000 -> 1.455; the output to the controller 0.015 + 0.032
+    #   -> 1.502.
     result = simulate(SimConfig(TINY, [A, B], SPLIT, tokens=1))
-    assert result.token_s == [pytest.approx(1.532, abs=1e-9)]
+    assert result.token_s == [pytest.approx(1.502, abs=1e-9)]
     assert result.oom is None and result.migrations == []
+    # messages: X to a and to b, b's outputs to a, X to b, the last X home; the longest chain is
+    # controller -> b -> a -> b -> controller
+    assert (result.messages, result.critical_messages) == (5, [4])
 
 
 def test_the_attention_cost_grows_with_the_context() -> None:
@@ -91,12 +96,12 @@ def test_a_unit_on_an_unknown_device_is_refused_naming_it() -> None:
 
 
 def test_accepted_speculation_overlaps_the_next_layers_heads_with_the_ffn() -> None:
-    # As the hand-computed token, but layer 1's heads start on Z when a's projection ends (0.378):
-    # Z to b 0.052 -> 0.430, heads 0.208 -> 0.638, while a's FFN ends at 0.890; accepted, b's projection
-    # still needs the true X from a: 0.890 + 0.052 -> 0.942, projection 0.064 -> 1.006, FFN 0.256 ->
-    # 1.262, output to the controller 0.062 -> 1.324 (against 1.532 without speculation).
+    # As the hand-computed token, but layer 1's heads start on Z when a's projection ends (0.373):
+    # Z to b 0.042 -> 0.415, heads 0.208 -> 0.623, while a's FFN ends at 0.885; accepted, b's projection
+    # still needs the true X from a: 0.885 + 0.042 -> 0.927, projection 0.064 -> 0.991, FFN 0.256 ->
+    # 1.247, output to the controller 0.047 -> 1.294 (against 1.502 without speculation).
     result = simulate(SimConfig(TINY, [A, B], SPLIT, tokens=1, speculation=True, acceptance=(1.0,)))
-    assert result.token_s == [pytest.approx(1.324, abs=1e-9)]
+    assert result.token_s == [pytest.approx(1.294, abs=1e-9)]
     assert (result.speculated, result.reexecuted) == (1, 0)
 
 
@@ -115,3 +120,24 @@ def test_galaxy_one_token_takes_the_hand_computed_time() -> None:
     result = simulate_galaxy(SimConfig(TINY, [A, B], SPLIT, tokens=1, partitioning="galaxy"))
     assert result.token_s == [pytest.approx(1.234667, abs=1e-6)]
     assert head_shares(32, [1.0, 2.0, 5.0]) == [4, 8, 20]
+
+
+def test_speculative_heads_never_hold_up_the_ffn_on_its_own_worker() -> None:
+    # Layer 0's projection on b, its FFN on a; layer 1 has a head on a. a runs the FFN (the critical
+    # path) and its layer-1 head after it on the true X; only b's head speculates on Z. A rejected
+    # speculation then costs nothing the token would not pay without it (1.490 s), where a speculative
+    # head on a would have held a's core when the true X came to re-run it (1.698 s).
+    shared = {**SPLIT, Unit(0, "proj"): "b", Unit(1, "head", 0): "a"}
+    plain = simulate(SimConfig(TINY, [A, B], shared, tokens=1)).token_s[0]
+    rejected = simulate(SimConfig(TINY, [A, B], shared, tokens=1, speculation=True, acceptance=(0.0,)))
+    assert plain == pytest.approx(1.490, abs=1e-9)
+    assert (rejected.speculated, rejected.reexecuted) == (1, 1)
+    assert rejected.token_s[0] == pytest.approx(plain, abs=1e-9)
+
+
+def test_a_kept_speculations_heads_and_the_ffn_workers_own_are_one_heads_stage() -> None:
+    # layer 1: b's head speculated on Z (208 / 2000 = 0.104 s), a's run after a's FFN (208 / 1000 =
+    # 0.208 s): one stage, its slowest worker's 0.208 s; layer 0's stage is a's 0.208 s
+    shared = {**SPLIT, Unit(1, "head", 0): "a"}
+    kept = simulate(SimConfig(TINY, [A, B], shared, tokens=1, speculation=True, acceptance=(1.0,)))
+    assert kept.stage_s[0][0] == pytest.approx(0.416, abs=1e-9)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
@@ -84,3 +85,30 @@ def test_control_and_worker_rtt_are_read_and_checked(tmp_path: Path) -> None:
     spec.write_text(SMALL + "control: push\n", encoding="utf-8")
     with pytest.raises(SimError, match=r"sim\.yaml: control: 'push' is not one of dataflow, rpc"):
         load(spec)
+
+
+def test_a_devices_head_rate_costs_its_heads_and_places_greedy() -> None:
+    from dit.sim.spec import config_from
+
+    doc = yaml.safe_load(SMALL)
+    doc["devices"][0]["head_flops_per_s"] = 2.5e8
+    config = config_from(doc)
+    assert {d.unit_flops_per_s for d in config.devices} == {(2.5e8, 1e9, 1e9)}
+    # HeadSplit's greedy places with the heads' rate (its cost model weighs them against the links)
+    plain = config_from(yaml.safe_load(SMALL)).placement
+    assert any(plain[u] != w for u, w in config.placement.items())
+    doc["devices"][0]["head_flops_per_s"] = 0
+    with pytest.raises(SimError, match=r"devices\[0\].head_flops_per_s: must be > 0"):
+        config_from(doc)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate", "x.yaml", "--fit-article"], "--fit-article fits the article's own rack"),
+        (["simulate", "x.yaml", "--write", "out.yaml"], "--one-rate and --write go with --fit-article"),
+    ],
+)
+def test_the_fit_options_are_refused_where_they_do_not_apply(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 2 and message in result.output

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,6 @@ from dit.rack.plan import (
     RackSpec,
     Step,
     UndoScope,
-    bridge_address,
-    bridge_name,
     cgroup_steps,
     client_key,
     collisions,
@@ -53,6 +51,7 @@ from dit.rack.plan import (
     procs_files,
     sshd_argv,
     sshd_config,
+    state_doc,
 )
 from dit.run.journal import Journal
 from dit.run.localmode import make_fake_sysfs
@@ -423,20 +422,7 @@ class Rack:
         progress(f"sshd up on {len(all_nodes)} nodes")
         inventory = inventory_yaml(spec, sys.executable, netem_dry_run=not netem, layout=layout)
         _write_file(spec.state_dir / INVENTORY, inventory, 0o644)
-        state = {
-            "spec": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()},
-            "rack_id": spec.rack_id,
-            "bridge": bridge_name(spec),
-            "controller_address": bridge_address(spec),
-            "cgroup_version": layout.version,
-            "netem": {"available": netem, "reason": netem_reason},
-            "nodes": {
-                n.name: {"address": n.address, "netns": n.netns, "veth": n.veth, "cgroup": n.cgroup}
-                for n in all_nodes
-            },
-            "inventory": str(spec.state_dir / INVENTORY),
-            "up_wall_ns": time.time_ns(),
-        }
+        state = state_doc(spec, layout, netem, netem_reason, spec.state_dir / INVENTORY, time.time_ns())
         _write_file(spec.state_dir / STATE, json.dumps(state, indent=2) + "\n", 0o644)
         return state
 

@@ -13,12 +13,13 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dit.ansible_data import unsafe_yaml
 from dit.conditions.cpu_share import period_us, quota_us
+from dit.rack import DEFAULT_STATE_DIR
 
 #: The rack's inference network: private test addresses on a bridge inside this machine.
 DEFAULT_SUBNET = "10.213.0"
@@ -73,22 +74,74 @@ class RackSpec:
     def rack_id(self) -> str:
         return rack_id(self.state_dir)
 
+    def _quotas(self) -> tuple[int, int, int] | None:
+        """(CPUs the devices share, their quotas' sum in % of one CPU, the largest ``--cpu-share`` that
+        fits) when the quotas add up to more than those CPUs; None when they fit."""
+        ncpus = len(cpu_set(self.cpus))
+        total = self.devices * self.cpu_share_pct
+        return None if total <= 100 * ncpus else (ncpus, total, 100 * ncpus // self.devices)
+
     def oversubscription(self) -> str | None:
         """A warning when the devices' quotas add up to more than the CPUs they share (``cpus``): each
         device then gets its quota only while the others are idle, so its capacity while it
         profiles alone is not its capacity when every device computes, and the delay model, which
         takes each node's capacity from its profile, mispredicts. None when they fit."""
-        ncpus = len(cpu_set(self.cpus))
-        total = self.devices * self.cpu_share_pct
-        if total <= 100 * ncpus:
+        over = self._quotas()
+        if over is None:
             return None
-        fits = 100 * ncpus // self.devices
+        ncpus, total, fits = over
         return (
             f"--cpu-share {self.cpu_share_pct}: {self.devices} devices x {self.cpu_share_pct} % = {total} % "
             f"of one CPU, but the devices share {ncpus} CPU{'s' if ncpus > 1 else ''} ({self.cpus}): a "
             "device's capacity will depend on what the others do. "
             + (f"--cpu-share {fits} or less keeps every device's capacity its own." if fits >= 1 else "")
         ).strip()
+
+    def fitting_up(self) -> str | None:
+        """The ``dit rack up`` command that rebuilds this rack with quotas that fit the CPUs its
+        devices share (the same devices, memory, name, subnet and state dir; as many devices as fit
+        at 1 % when even that is too much); None when the quotas already fit."""
+        over = self._quotas()
+        if over is None:
+            return None
+        ncpus, _, fits = over
+        devices, share = (self.devices, fits) if fits >= 1 else (100 * ncpus, 1)
+        argv = ["dit", "rack", "up", "--devices", str(devices), "--cpu-share", str(share)]
+        argv += ["--memory-mb", str(self.memory_mb)]
+        if self.name != RackSpec.name:
+            argv += ["--name", self.name]
+        if self.subnet != DEFAULT_SUBNET:
+            argv += ["--subnet", self.subnet]
+        if Path(self.state_dir) != DEFAULT_STATE_DIR:
+            argv += ["--state-dir", str(self.state_dir)]
+        return " ".join(argv)
+
+    def quota_refusal(self) -> str | None:
+        """One sentence refusing a measurement of parallel strategies on this rack when its devices'
+        quotas exceed the CPUs they share (DESIGN.md section 9: a device's capacity would then depend
+        on what the others do), naming the quotas and the command that fits; None when they fit."""
+        over, command = self._quotas(), self.fitting_up()
+        if over is None or command is None:
+            return None
+        ncpus, total, _ = over
+        return (
+            f"the rack's {self.devices} devices at --cpu-share {self.cpu_share_pct} ask for {total} % of "
+            f"one CPU but share {ncpus} CPU{'s' if ncpus > 1 else ''} ({self.cpus}), so one device's "
+            f"capacity would depend on what the others do: rebuild it with `dit rack down` and `{command}`"
+        )
+
+    @classmethod
+    def recorded(cls, doc: Mapping[str, Any]) -> RackSpec:
+        """The spec a rack recorded in its state file (``rack.json``'s ``spec``, as ``rack up``
+        writes it); :class:`RackError` names a field that is missing or of the wrong type."""
+        try:
+            spec = cls(**{**doc, "state_dir": Path(str(doc["state_dir"]))})
+        except (KeyError, TypeError) as exc:
+            raise RackError(f"rack.json: spec is not a rack's recorded spec ({exc})") from None
+        for name in ("devices", "cpu_share_pct", "memory_mb", "host_cpus"):
+            if isinstance(getattr(spec, name), bool) or not isinstance(getattr(spec, name), int):
+                raise RackError(f"rack.json: spec.{name}: {getattr(spec, name)!r} is not an integer")
+        return spec
 
     def validate(self) -> None:
         if not _NAME.match(self.name):
@@ -526,6 +579,32 @@ def inventory(
                 "devices": {"hosts": {n.name: host(n) for n in all_nodes if n.role != EDGE}},
             },
         }
+    }
+
+
+def state_doc(
+    spec: RackSpec,
+    layout: CgroupLayout,
+    netem: bool,
+    netem_reason: str,
+    inventory: Path,
+    up_wall_ns: int,
+) -> dict[str, Any]:
+    """What ``rack up`` records in the state dir's ``rack.json`` once the rack is up: its spec (the
+    quotas and CPUs ``dit reproduce --where rack`` checks), its nodes and where its inventory is."""
+    return {
+        "spec": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(spec).items()},
+        "rack_id": spec.rack_id,
+        "bridge": bridge_name(spec),
+        "controller_address": bridge_address(spec),
+        "cgroup_version": layout.version,
+        "netem": {"available": netem, "reason": netem_reason},
+        "nodes": {
+            n.name: {"address": n.address, "netns": n.netns, "veth": n.veth, "cgroup": n.cgroup}
+            for n in nodes(spec)
+        },
+        "inventory": str(inventory),
+        "up_wall_ns": up_wall_ns,
     }
 
 

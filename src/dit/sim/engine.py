@@ -13,7 +13,13 @@ runs it:
 4. **projection**, Z (``4 * hidden`` bytes) to the FFN's device, **FFN**; the last FFN's output goes back
    to the controller, which closes the token.
 
-That is ``control = "dataflow"``: each stage sends its output on. ``control = "rpc"`` is how HeadSplit's
+That is ``control = "dataflow"``, HeadSplit's dataflow design (DESIGN.md section 9): each stage pushes
+its output to its consumers, one way, and the FFN's worker decides a speculation (its verdict travels
+with X). A token's critical path then holds W + 1 messages layer-wise over W workers, and head-level
+over L layers 3 a layer at most (X to the head workers, head outputs to the projection's worker, Z to
+the FFN's) plus the last X home, 3L + 1 (the design's bound is 3L + 2); an accepted speculation takes
+one a layer off it. :attr:`SimResult.messages` and ``critical_messages`` count them.
+``control = "rpc"`` is how HeadSplit's
 controller runs it (``headsplit.engine.Engine.step``): it calls every stage by RPC and waits for it (a
 round trip to the worker each), the callee pulls its inputs by RPC from their holders (a round trip to
 each: the projection pulls the other workers' head outputs and X one after the other), a worker runs one
@@ -25,11 +31,12 @@ them.
 Costs. A unit's compute time on device ``w`` is its FLOPs at the token's context length (HeadSplit's
 :func:`headsplit.placement.unit_flops`, :func:`~headsplit.placement.kv_flops`) over ``w``'s
 ``flops_per_s``, plus ``w``'s ``call_overhead_s`` once per call (one call per device per stage). A
-message of ``b`` bytes from ``a`` to ``c`` costs the link's round trip (a pull: HeadSplit's workers fetch
-what they need) plus ``b`` over the link's bandwidth; the bandwidth part holds the directed link (two
-messages on one link queue), the round trip does not. A device computes one unit at a time. Under a
-CPU quota (``Device.cpu_quota_s`` per ``cpu_period_s``, a local run's cgroup ``cpu_share``) those
-times are CPU time, and the device's wall time follows from its quota (:meth:`_Run.busy`).
+message of ``b`` bytes from ``a`` to ``c`` costs, pushed (dataflow), half the link's round trip, and
+pulled (an RPC's pull, a migration), the whole round trip, plus ``b`` over the link's bandwidth; the
+bandwidth part holds the directed link (two messages on one link queue), the latency does not. A
+device computes one unit at a time. Under a CPU quota (``Device.cpu_quota_s`` per ``cpu_period_s``, a
+local run's cgroup ``cpu_share``) those times are CPU time, and the device's wall time follows from its
+quota (:meth:`_Run.busy`).
 
 Memory: after each token, every device's bytes at the new context length
 (:func:`headsplit.placement.bytes_by_worker`: weights, one KV copy per group it holds, the cache growing
@@ -160,7 +167,7 @@ class SimConfig:
     acceptance: Sequence[float] = (1.0,)
     seed: int = 0
     partitioning: str = "headsplit"  # or "galaxy" (dit.sim.galaxy, which ignores ``placement``)
-    # "dataflow": each stage's output is sent to the next stage (one round trip per message);
+    # "dataflow": each stage pushes its output to the next stage (one way: half a round trip);
     # "rpc": as HeadSplit's controller runs it (headsplit.engine.Engine.step): one RPC from the
     # controller per stage (heads per worker, projection, FFN), each callee pulling its inputs by RPC
     # (the projection one part after the other), stages in turn, and the last X fetched by the controller
@@ -188,13 +195,18 @@ class SimResult:
     reexecuted: int = 0  # of those, rejected and run again on the true X
     calls: int = 0  # control "rpc": the controller's calls to workers and its fetches of the last X
     pulls: int = 0  # control "rpc": inputs pulled by RPC from another endpoint (each a round trip)
+    messages: int = 0  # control "dataflow": messages pushed from one endpoint to another (each one way)
+    # control "dataflow", per token: the messages on its critical path (its longest chain of messages,
+    # each sent once the one before it arrived, from the controller's start to the last X's return)
+    critical_messages: list[int] = field(default_factory=list)
     # control "rpc": after each token, the controller's memory sample (one call to each worker in turn),
     # outside the token's latency as HeadSplit times it, inside its wall time
     between_s: list[float] = field(default_factory=list)
     # per token, the compute (wall) time HeadSplit would record per stage kind: heads (per heads stage the
     # slowest worker's), projections, FFNs; the per-call cost and pulls excluded, as HeadSplit's
-    # attention_ns, projection_ns and ffn_ns (+ reexec_ns + speculative_ns: a kept speculation's heads
-    # count twice there, in speculative_ns and attention_ns, and so here)
+    # attention_ns, projection_ns and ffn_ns (+ reexec_ns + speculative_ns: under control "rpc" a kept
+    # speculation's heads count twice there, in speculative_ns and attention_ns, and so here; under
+    # "dataflow" once)
     stage_s: list[tuple[float, float, float]] = field(default_factory=list)
     # decode steps: per (device, kind) the FLOPs computed and the wall seconds they took ("call": the
     # calls' per-call cost, its FLOPs the number of calls)
@@ -291,6 +303,8 @@ class _Run:
         self.rng = random.Random(cfg.seed)
         self.speculated = self.reexecuted = 0
         self.calls = self.pulls = 0
+        self.messages = 0  # control "dataflow": messages pushed between endpoints
+        self.critical: int | None = None  # control "dataflow": this token's messages on its longest chain
         # the quota's state per device: when the budget was last updated, the budget then
         self.budget: dict[str, tuple[float, float]] = {}
         self.stage = [0.0, 0.0, 0.0]  # this token's stage compute times (heads, proj, ffn)
@@ -349,6 +363,21 @@ class _Run:
             return
         self.events += 1
         yield self.env.timeout(self.net.rtt_s(src, dst))
+        yield from self._wire(src, dst, n_bytes)
+
+    def push(self, src: str, dst: str, n_bytes: float, hops: int) -> Generator[Any, Any, int]:
+        """A message ``src`` sends ``dst`` unasked (control "dataflow"): one way, half the link's round
+        trip, then its bytes over the link. ``hops``: the messages before it on its chain since the
+        token started; returns the count with this one (unchanged when ``src`` is ``dst``: no message)."""
+        if src == dst:
+            return hops
+        self.messages += 1
+        self.events += 1
+        yield self.env.timeout(self.net.rtt_s(src, dst) / 2)
+        yield from self._wire(src, dst, n_bytes)
+        return hops + 1
+
+    def _wire(self, src: str, dst: str, n_bytes: float) -> Generator[Any, Any, None]:
         wire = self.wire.get((src, dst))
         if wire is None:
             wire = self.wire[(src, dst)] = simpy.Resource(self.env, capacity=1)
@@ -365,52 +394,97 @@ class _Run:
             return
         m, env = self.cfg.model, self.env
         hidden_b, head_f, kv_f, proj_f, ffn_f = token_work(m, context, positions)
-        src = CONTROLLER
+        # where X is, and how many messages its chain took since the token started
+        src, src_hops = CONTROLLER, 0
         speculative: list[Any] = []  # this layer's head stages, started early on the previous Z
+        spec_s: list[float] = []  # their compute times, each worker's
         accepted = False
         for layer, (stage, proj, ffn) in enumerate(self.layers):
+            heads_s: list[float] = []
             if speculative and accepted:
-                # the heads ran on Z; the projection still needs the true X (the FFN's output)
+                # the heads ran on Z, but for the FFN's worker's own (it ran its FFN first: they run
+                # now, on the true X); the projection needs the true X, and the FFN's verdict travels
+                # with it
                 parts = list(speculative)
-                if proj != src:
-                    parts.append(env.process(self.send(src, proj, hidden_b)))
+                if src in stage:
+                    n, g = stage[src]
+                    parts.append(
+                        env.process(
+                            self._heads(src, src, proj, n, g, head_f, kv_f, positions, src_hops, heads_s)
+                        )
+                    )
+                parts.append(env.process(self.push(src, proj, hidden_b, src_hops)))
             else:
                 # no speculation, or rejected: the heads run (again) on the true X
                 parts = [
-                    env.process(self._heads(src, w, proj, n, g, head_f, kv_f, positions))
+                    env.process(self._heads(src, w, proj, n, g, head_f, kv_f, positions, src_hops, heads_s))
                     for w, (n, g) in stage.items()
                 ]
                 if speculative:
                     self.reexecuted += 1
-                if proj not in stage:  # X for the residual; a head device already has it
-                    parts.append(env.process(self.send(src, proj, hidden_b)))
+                if proj not in stage:  # X for the residual; a head worker has it with its heads' X
+                    parts.append(env.process(self.push(src, proj, hidden_b, src_hops)))
             yield simpy.AllOf(env, parts)
-            yield env.process(self.compute(proj, proj_f / self.devices[proj].rate("proj", positions)))
-            speculative, accepted = [], False
-            if self.cfg.speculation and positions == 1 and layer + 1 < len(self.layers):
-                # cross-layer speculation: the next layer's heads start on Z (at the projection's
-                # worker) while the FFN runs; kept with the layer's acceptance probability
-                next_stage, next_proj, _ = self.layers[layer + 1]
+            # as HeadSplit times a heads stage: its slowest worker's compute (a kept speculation's
+            # workers and the FFN's worker's own heads are one stage); a rejected speculation's heads
+            # count as well as their re-execution
+            if accepted:
+                self.stage[0] += max(spec_s + heads_s, default=0.0)
+            else:
+                self.stage[0] += max(spec_s, default=0.0) + max(heads_s, default=0.0)
+            hops = max(int(p.value) for p in parts)
+            proj_s = proj_f / self.devices[proj].rate("proj", positions)
+            yield env.process(self.compute(proj, proj_s))
+            self.stage[1] += proj_s
+            speculative, spec_s, accepted = [], [], False
+            next_stage, next_proj, _ = self.layers[min(layer + 1, len(self.layers) - 1)]
+            if (
+                self.cfg.speculation
+                and positions == 1
+                and layer + 1 < len(self.layers)
+                and set(next_stage) != {ffn}  # the FFN's own worker has no idle time to fill
+            ):
+                # cross-layer speculation: the projection's worker pushes Z to the next layer's other
+                # head workers too, whose heads start on it while the FFN runs (the FFN's worker
+                # runs the FFN, the token's critical path, before its own heads); kept with the
+                # layer's acceptance probability
                 speculative = [
-                    env.process(self._heads(proj, w, next_proj, n, g, head_f, kv_f, positions))
+                    env.process(self._heads(proj, w, next_proj, n, g, head_f, kv_f, positions, hops, spec_s))
                     for w, (n, g) in next_stage.items()
+                    if w != ffn
                 ]
                 accepted = self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]
                 self.speculated += 1
-            yield env.process(self.send(proj, ffn, hidden_b))
-            yield env.process(self.compute(ffn, ffn_f / self.devices[ffn].rate("ffn", positions)))
+            src_hops = yield env.process(self.push(proj, ffn, hidden_b, hops))
+            ffn_s = ffn_f / self.devices[ffn].rate("ffn", positions)
+            yield env.process(self.compute(ffn, ffn_s))
+            self.stage[2] += ffn_s
             src = ffn
-        yield env.process(self.send(src, CONTROLLER, DTYPE_BYTES * m.hidden))
+        self.critical = yield env.process(self.push(src, CONTROLLER, DTYPE_BYTES * m.hidden, src_hops))
 
     def _heads(
-        self, src: str, w: str, proj: str, n: int, groups: int, head_f: float, kv_f: float, positions: int
-    ) -> Generator[Any, Any, None]:
+        self,
+        src: str,
+        w: str,
+        proj: str,
+        n: int,
+        groups: int,
+        head_f: float,
+        kv_f: float,
+        positions: int,
+        hops: int,
+        compute_s: list[float],
+    ) -> Generator[Any, Any, int]:
+        """One worker's heads of a layer: X pushed from ``src``, the heads (their compute time appended
+        to ``compute_s``), their outputs pushed to the projection's worker; returns the chain's messages
+        (``hops`` before it)."""
         m = self.cfg.model
-        yield self.env.process(self.send(src, w, DTYPE_BYTES * m.hidden * positions))
-        yield self.env.process(
-            self.compute(w, (n * head_f + groups * kv_f) / self.devices[w].rate("head", positions))
-        )
-        yield self.env.process(self.send(w, proj, DTYPE_BYTES * m.head_dim * n * positions))
+        hops = yield self.env.process(self.push(src, w, DTYPE_BYTES * m.hidden * positions, hops))
+        seconds = (n * head_f + groups * kv_f) / self.devices[w].rate("head", positions)
+        yield self.env.process(self.compute(w, seconds))
+        compute_s.append(seconds)
+        hops = yield self.env.process(self.push(w, proj, DTYPE_BYTES * m.head_dim * n * positions, hops))
+        return int(hops)
 
     # -- one token, driven by the controller's RPCs (control "rpc") -----------------------------------
     def call(
@@ -591,9 +665,11 @@ def generate(run: _Run, cfg: SimConfig) -> SimResult:
         # keys attended: the prompt and the tokens fed so far (token t feeds the one token t-1 produced)
         context = cfg.prompt_tokens + t if cfg.prompt_tokens > 0 else t + 1
         start = run.env.now
-        run.stage, run.decoding = [0.0, 0.0, 0.0], not prefill
+        run.stage, run.decoding, run.critical = [0.0, 0.0, 0.0], not prefill, None
         run.env.run(until=run.env.process(run.token(context, cfg.prompt_tokens if prefill else 1)))
         result.token_s.append(run.env.now - start)
+        if run.critical is not None:
+            result.critical_messages.append(run.critical)
         result.stage_s.append((run.stage[0], run.stage[1], run.stage[2]))
         if cfg.control == "rpc":
             start = run.env.now
@@ -612,5 +688,5 @@ def simulate(cfg: SimConfig) -> SimResult:
     run = _Run(cfg)
     result = generate(run, cfg)
     result.speculated, result.reexecuted = run.speculated, run.reexecuted
-    result.calls, result.pulls = run.calls, run.pulls
+    result.calls, result.pulls, result.messages = run.calls, run.pulls, run.messages
     return result

@@ -23,7 +23,10 @@
                                   # trips to the controller, or sum (the controller at the hub)
 
 A device with ``count: n`` stands for ``n`` devices named ``<name>1`` .. ``<name>n``. ``call_overhead_ms``
-(default 0) is a device's fixed cost per call. Units: ms, MB (10^6 bytes), Mbit/s.
+(default 0) is a device's fixed cost per call. ``head_flops_per_s`` (default ``flops_per_s``) is the rate
+of its attention heads and their KV copies in decode steps, where a head's time is mostly per-head
+dispatch (the projection and the FFN run at ``flops_per_s``); HeadSplit's greedy places with it.
+Units: ms, MB (10^6 bytes), Mbit/s.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ _DEVICE_KEYS = {
     "rtt_ms",
     "bandwidth_mbps",
     "call_overhead_ms",
+    "head_flops_per_s",
 }
 _TOP_KEYS = {
     "model",
@@ -117,8 +121,12 @@ def devices_from(doc: Any) -> list[Device]:
             raise SimError(f"{where}.memory_mb: must be > 0")
         rtt = _number(d, "rtt_ms", where) / 1e3
         overhead = _number(d, "call_overhead_ms", where, default=0.0) / 1e3
+        head = _number(d, "head_flops_per_s", where, default=flops)
+        if head <= 0:
+            raise SimError(f"{where}.head_flops_per_s: must be > 0")
+        rates = (head, flops, flops) if head != flops else None
         names = [f"{name}{k + 1}" for k in range(count)] if count else [name]
-        out += [Device(n, flops, memory, rtt, bandwidth, overhead) for n in names]
+        out += [Device(n, flops, memory, rtt, bandwidth, overhead, rates) for n in names]
     seen: set[str] = set()
     for d in out:
         if d.name in seen:
@@ -150,7 +158,10 @@ def links_from(doc: Any, names: set[str]) -> list[Link]:
 
 def worker_specs(devices: list[Device]) -> list[WorkerSpec]:
     """The devices as HeadSplit's placement sees them."""
-    return [WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9)) for d in devices]
+    return [
+        WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9), d.unit_flops_per_s)
+        for d in devices
+    ]
 
 
 def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
