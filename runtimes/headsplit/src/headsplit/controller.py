@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from headsplit import engine, model
-from headsplit.config import ModelConfig, preset
+from headsplit.config import CONTROLS, ModelConfig, preset
 from headsplit.profile_costs import RULE, ProfileCosts, costs_from_document
 from headsplit.units import Unit
 
@@ -83,6 +83,9 @@ class RunConfig:
     # the placement's per-unit costs measured by a profile run (the file headsplit.json's
     # placement_profile names, read at load); None: the start-up micro-benchmark's flops_per_s
     placement_costs: ProfileCosts | None = None
+    # "dataflow": the workers push to each other, one start message per token; "rpc": the controller
+    # calls every stage (headsplit.dataflow)
+    control: str = "dataflow"
 
     @property
     def rendezvous(self) -> str:
@@ -191,6 +194,9 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
     strategy = doc.get("strategy", "greedy")
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy: one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    control = doc.get("control", "dataflow")
+    if control not in CONTROLS:
+        raise ConfigError(f"control: one of {', '.join(CONTROLS)}, got {control!r}")
     tau = doc.get("tau", 0.05)
     if not isinstance(tau, int | float) or isinstance(tau, bool) or tau < 0:
         raise ConfigError(f"tau: expected a number >= 0, got {tau!r}")
@@ -277,6 +283,7 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
         prompt_ids=tuple(ids) if ids is not None else None,
         perplexity=ppl,
         placement_costs=_placement_costs(doc, base or Path("."), workers),
+        control=control,
     )
 
 
@@ -533,12 +540,14 @@ def run(rc: RunConfig) -> dict[str, Any]:
         memory_limits=limits,
         memory_check=_memory_check(limits, threshold),
         replan=replan,
+        control=rc.control,
     )
     eng = engine.Engine(cfg, tr, placement, cw, opts)
     doc: dict[str, Any] = {
         "model": cfg.to_json(),
         "checkpoint": rc.checkpoint,
         "strategy": "explicit" if rc.placement is not None else rc.strategy,
+        "control": rc.control,
         "speculation": rc.speculation,
         "tau": rc.tau,
         "speculate_layers": sorted(opts.speculate_layers) if opts.speculate_layers is not None else None,

@@ -12,7 +12,9 @@ without executing it -- a stalled link, as the controller sees it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +29,7 @@ import torch.distributed as tdist
 import torch.distributed.rpc as trpc
 from torch.distributed.constants import default_pg_timeout
 
-from headsplit import engine, model, netif
+from headsplit import dataflow, engine, model, netif
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
@@ -213,9 +215,46 @@ def remote_call(method: str, args: tuple[Any, ...]) -> Any:
             raise RuntimeError("worker not set up: call setup first")
         _W.calls += 1
         value = getattr(_W.state, method)(*args)
-        if method == "nbytes":
-            _W.memory.append({"time_ns": time.time_ns(), "bytes": int(value[0]), "rss_bytes": rss_bytes()})
+        if method in ("nbytes", "report"):  # report: (bytes, stage records) between dataflow tokens
+            n = value[0] if method == "nbytes" else value[0][0]
+            _W.memory.append({"time_ns": time.time_ns(), "bytes": int(n), "rss_bytes": rss_bytes()})
         return value
+
+
+# the controller's inbox of dataflow control: the last X of a step (or a worker's error)
+INBOX: queue.Queue[dataflow.Msg] = queue.Queue()
+
+
+def _push(msg: dataflow.Msg) -> None:
+    """Send one dataflow message on (one-way: nobody waits on its reply; a push that fails leaves its
+    step without its last X, which the controller retries after its timeout)."""
+    trpc.rpc_async(msg.dst, remote_deliver, args=(msg,))
+
+
+def remote_deliver(msg: dataflow.Msg) -> None:
+    """A pushed message arrives: the controller's last X into its inbox; a worker's into its scheduler,
+    whose outputs are pushed on at once. Test hook: ``HEADSPLIT_STALL_ONCE=heads`` drops the first X
+    this worker receives after stalling (the heads' input never arrives)."""
+    if msg.dst == CONTROLLER_NAME:
+        INBOX.put(msg)
+        return
+    if _W.stall_pending == "heads" and msg.kind == "x":
+        _W.stall_pending = None
+        stall_s = float(os.environ.get("HEADSPLIT_STALL_S", "3"))
+        _W.stalls.append({"time_ns": time.time_ns(), "call": "heads", "seconds": stall_s})
+        time.sleep(stall_s)
+        return
+    try:
+        with _W.lock:
+            if _W.state is None:
+                raise RuntimeError("worker not set up: call setup first")
+            out = _W.state.deliver(msg)
+    except Exception as exc:  # the controller's step fails with it instead of timing out
+        text = f"{msg.dst}: {type(exc).__name__}: {exc}"
+        out = [dataflow.Msg("error", msg.step, msg.attempt, msg.start, msg.layer, msg.dst,
+                            CONTROLLER_NAME, None, text=text)]  # fmt: skip
+    for m in out:
+        _push(m)
 
 
 def remote_ping() -> int:
@@ -329,6 +368,35 @@ class RpcTransport:
 
     def publish(self, key: str, t: torch.Tensor) -> None:
         engine.store_put(STORE, key, t)
+
+    def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
+        """Push the step's start messages and wait for its last X. No last X within the timeout (a
+        stalled link, a lost push): the step is pushed again as a new attempt (the workers drop the
+        old attempt's messages; ``heads`` cuts its caches back, so re-running is safe), at most
+        ``max_retries`` times; a worker's error fails the step at once."""
+        attempt = 0
+        while True:
+            for m in msgs:
+                _push(dataclasses.replace(m, attempt=attempt))
+            want = (msgs[0].step, attempt)
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                try:
+                    got = INBOX.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    break
+                if got.key != want:
+                    continue  # an earlier attempt's
+                if got.kind == "error":
+                    raise RpcCallFailed(f"step {got.step}: {got.text}")
+                return got
+            attempt += 1
+            msg = f"no last X within {self.timeout_s:g} s"
+            self.retries.append(
+                {"time_ns": time.time_ns(), "worker": "", "call": "step", "attempt": attempt, "error": msg}
+            )
+            if attempt > self.max_retries:
+                raise RpcCallFailed(f"step {msgs[0].step}: failed {attempt} times, last error: {msg}")
 
     def fetch(self, owner: str, key: str) -> torch.Tensor:
         return self._sync(owner, remote_get, key)  # type: ignore[no-any-return, unused-ignore]
