@@ -354,17 +354,23 @@ class InProcessTransport:
         return Done(value, t0, time.perf_counter_ns())
 
     def send(self, msg: dataflow.Msg) -> None:
-        """One pushed message between processes (a counting transport overrides it)."""
+        """One pushed message between processes (a counting transport overrides it; ``delivering`` is
+        the message whose delivery sent it, None for the controller's start)."""
         self._queue.append(msg)
+
+    def next_message(self) -> dataflow.Msg:
+        """The message delivered next: the oldest (a test may deliver them in another order)."""
+        return self._queue.popleft()
 
     def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
         """The workers' pushes run here one message at a time, in the order they were sent."""
         self._queue: deque[dataflow.Msg] = deque()
+        self.delivering: dataflow.Msg | None = None
         for m in msgs:
             self.send(m)
         last: dataflow.Msg | None = None
         while self._queue:
-            m = self._queue.popleft()
+            m = self.delivering = self.next_message()
             if m.dst == CONTROLLER:
                 last = m
                 continue
