@@ -513,6 +513,8 @@ def run(rc: RunConfig) -> dict[str, Any]:
     t_setup = time.perf_counter_ns()
     for n in names:
         tr.setup(n, cfg, worker_checkpoint(rc.checkpoint, n), engine.units_of(placement, n))
+    if rc.control == "dataflow":
+        tr.open_push(names)
     setup_ns = time.perf_counter_ns() - t_setup
     pressure: dict[str, Any] | None = None
     if rc.memory_pressure is not None:
@@ -627,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(rc.threads)
     from headsplit import rpc
 
+    rpc.set_own_address(own)
+
     field = "controller.source_address" if rc.source_address else "controller.address"
     listening = rpc.init_listening_only_on(
         rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.rendezvous, rc.port, rc.rpc_timeout_s,
@@ -649,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     rpc.shutdown(graceful=code == 0)
+    rpc.close_push()
     return code
 
 

@@ -29,7 +29,7 @@ import torch.distributed as tdist
 import torch.distributed.rpc as trpc
 from torch.distributed.constants import default_pg_timeout
 
-from headsplit import dataflow, engine, model, netif
+from headsplit import dataflow, engine, model, netif, pushnet
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
@@ -137,6 +137,8 @@ class _Worker:
     stalls: list[dict[str, Any]] = field(default_factory=list)
     calls: int = 0
     stall_pending: str | None = None
+    net: pushnet.PushNet | None = None  # dataflow control's connections (headsplit.pushnet)
+    push_errors: list[str] = field(default_factory=list)
 
 
 _W = _Worker(stall_pending=os.environ.get("HEADSPLIT_STALL_ONCE") or None)
@@ -156,7 +158,8 @@ def _pull(owner: str, key: str) -> torch.Tensor:
 
 
 def worker_report() -> dict[str, Any]:
-    return {"memory": list(_W.memory), "stalls": list(_W.stalls), "calls": _W.calls}
+    errors = _W.push_errors + (_W.net.errors if _W.net is not None else [])
+    return {"memory": list(_W.memory), "stalls": list(_W.stalls), "calls": _W.calls, "push_errors": errors}
 
 
 def rss_bytes() -> int:
@@ -225,10 +228,46 @@ def remote_call(method: str, args: tuple[Any, ...]) -> Any:
 INBOX: queue.Queue[dataflow.Msg] = queue.Queue()
 
 
+# this process's own address (where its listeners are and its pushes leave from): netif.pin's
+OWN = {"address": "127.0.0.1"}
+
+
+def set_own_address(address: str) -> None:
+    OWN["address"] = address
+
+
 def _push(msg: dataflow.Msg) -> None:
-    """Send one dataflow message on (one-way: nobody waits on its reply; a push that fails leaves its
-    step without its last X, which the controller retries after its timeout)."""
-    trpc.rpc_async(msg.dst, remote_deliver, args=(msg,))
+    """Send one dataflow message on its persistent connection (headsplit.pushnet). A push that fails
+    leaves its step without its last X: the controller pushes the step again after its timeout."""
+    net = _W.net
+    try:
+        if net is None:
+            raise RuntimeError("no dataflow connections: remote_push_connect first")
+        net.send(msg)
+    except (OSError, RuntimeError, KeyError) as exc:
+        _W.push_errors.append(f"{msg.src}>{msg.dst}: {type(exc).__name__}: {exc}")
+
+
+def remote_push_open() -> tuple[str, int]:
+    """Open this worker's dataflow listener on its own address; where it listens."""
+    with _W.lock:
+        if _W.net is None:
+            _W.net = pushnet.PushNet(trpc.get_worker_info().name, OWN["address"], remote_deliver)
+        return _W.net.address
+
+
+def close_push() -> None:
+    """Close this process's dataflow connections (after the RPC group is shut down)."""
+    if _W.net is not None:
+        _W.net.close()
+        _W.net = None
+
+
+def remote_push_connect(table: dict[str, tuple[str, int]]) -> None:
+    """Connect to every other process of the run (name -> dataflow listener), once, before the first
+    token."""
+    assert _W.net is not None, "remote_push_open first"
+    _W.net.connect({k: (str(h), int(p)) for k, (h, p) in table.items()})
 
 
 def remote_deliver(msg: dataflow.Msg) -> None:
@@ -368,6 +407,17 @@ class RpcTransport:
 
     def publish(self, key: str, t: torch.Tensor) -> None:
         engine.store_put(STORE, key, t)
+
+    def open_push(self, workers: list[str]) -> None:
+        """Dataflow control's connections (headsplit.pushnet): every worker opens its listener, then
+        every process connects to every other, before the first token."""
+        if _W.net is None:
+            _W.net = pushnet.PushNet(CONTROLLER_NAME, OWN["address"], remote_deliver)
+        table = {w: tuple(self._sync(w, remote_push_open)) for w in workers}
+        table[CONTROLLER_NAME] = _W.net.address
+        for w in workers:
+            self._sync(w, remote_push_connect, table)
+        _W.net.connect(table)  # type: ignore[arg-type]
 
     def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
         """Push the step's start messages and wait for its last X. No last X within the timeout (a

@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(rc.threads)
     from headsplit import rpc
 
+    rpc.set_own_address(own)
     start_ns = time.time_ns()
     listening = rpc.init_listening_only_on(
         entry.name, entry.rank, 1 + len(rc.workers), rc.rendezvous, rc.port, rc.rpc_timeout_s,
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if listening is None:
         return 2
     rpc.shutdown()
+    rpc.close_push()
     out = Path(rc.result).parent / f"worker{entry.rank}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
