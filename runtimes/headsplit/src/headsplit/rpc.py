@@ -417,7 +417,7 @@ class RpcTransport:
         table[CONTROLLER_NAME] = _W.net.address
         for w in workers:
             self._sync(w, remote_push_connect, table)
-        _W.net.connect(table)  # type: ignore[arg-type]
+        _W.net.connect(table)
 
     def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
         """Push the step's start messages and wait for its last X. No last X within the timeout (a
