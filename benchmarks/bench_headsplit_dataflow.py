@@ -2,7 +2,7 @@
 (TensorPipe, ``uv`` transport, basic channel: as HeadSplit runs it) against plain TCP sockets
 (persistent, TCP_NODELAY, a small header and the raw float32 row per frame).
 
-    .venv/bin/python benchmarks/bench_headsplit_dataflow.py [--hops 300] [--reps 3] [--sizes 64,576,2048]
+    .venv/bin/python benchmarks/bench_headsplit_dataflow.py [--hops 300] [--reps 3] [--sizes 64,576,2048] [--smoke]
 
 Two processes on 127.0.0.1. Per payload (float32 rows of ``--sizes`` values: 64 a control-sized
 message, 576 SmolLM2-135M's hidden, 2048 TinyLlama's), prints the one-way time of a pushed message:
@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hops", type=int, default=300, help="messages per chain (even), and round trips")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sizes", default="64,576,2048", help="float32 values per message, comma-separated")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     ap.add_argument("--peer", choices=("rpc", "socket"), help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer == "socket":
         socket_peer(args.port)
         return 0
+    if args.smoke:
+        args.hops, args.reps, args.sizes = 20, 1, "64"
     hops = args.hops + args.hops % 2  # even: the chain ends where it started
     sizes = [int(x) for x in args.sizes.split(",")]
     results = {}
