@@ -173,6 +173,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     parse_config(doc)
     for key, value, match in (
         ("strategy", "best", "strategy: one of"),
+        ("control", "push", "control: one of dataflow, rpc, got 'push'"),
         ("tau", -1, "tau: expected"),
         ("tokens", 0, "tokens: must be"),
         ("workers", [{"rank": 2, "address": "x"}], r"workers\[0\]\.rank"),
