@@ -272,10 +272,7 @@ class Node:
 
 
 def fold_records(
-    plan: Plan,
-    records: dict[str, list[dict[str, Any]]],
-    t: dict[str, int],
-    sent: Callable[[str, str, int], None],
+    records: dict[str, list[dict[str, Any]]], t: dict[str, int], sent: Callable[[str, str, int], None]
 ) -> None:
     """A token's timing fields (``t``, added to) from every worker's stage records of the step, and its
     bytes per link (``sent(src, dst, n)``). Per layer the slowest head worker counts, as under rpc

@@ -1,13 +1,19 @@
 """The token loop: heads in parallel on their workers, gather at the projection, FFN, broadcast;
 cross-layer speculation; migration of units and KV slices; memory per worker per token.
 
+Two controls (``EngineOptions.control``). ``dataflow`` (the default; headsplit.dataflow): per token
+the controller pushes one start message and receives the last X through ``Transport.run_step``; the
+workers push activations to each other and run each stage when its inputs have arrived; between tokens
+one ``report`` call per worker (issued at once) returns its bytes and stage records. ``rpc``: the
+controller calls every stage of every layer and waits, as below.
+
 The engine talks to workers only through a ``Transport``: ``call(worker, method, *args)`` returns a
 ``Pending`` whose ``result()`` is the value of ``WorkerState.<method>`` (with the worker's compute
 time, and for heads/proj/ffn the time it spent pulling its inputs). ``InProcessTransport`` holds
 ``WorkerState`` objects in this process; ``headsplit.rpc.RpcTransport`` reaches the same class in
 worker processes.
 
-Data path. The controller sends only control messages (which unit, which step, where the input is);
+Data path under rpc control. The controller sends only control messages (which unit, which step, where the input is);
 activations go producer -> consumer directly: every worker keeps what it produced in its store under
 ``<step>:<name>`` and its consumers pull it (``Ref`` = (owner, key)). Per layer: the head workers
 pull X from its holder (the broadcast: the controller's embedding for layer 0, else the previous
@@ -716,8 +722,7 @@ class Engine:
         for w, p in pend.items():
             (n, recs), _ = p.result()
             samples[w], records[w] = int(n), recs
-        assert self._plan is not None
-        dataflow.fold_records(self._plan, records, tok.t, tok.send)
+        dataflow.fold_records(records, tok.t, tok.send)
         return samples
 
     def _memory(self, index: int, samples: dict[str, int]) -> tuple[str, int, int] | None:

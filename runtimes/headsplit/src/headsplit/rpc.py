@@ -1,12 +1,15 @@
 """torch.distributed.rpc (TensorPipe) between the controller (rank 0, ``controller``) and the workers
 (rank R, ``worker<R>``): the worker-side call targets, the RPC transport with bounded retries, RTT and
-FLOP/s measurement.
+FLOP/s measurement. Under dataflow control the tokens' messages go over headsplit.pushnet's
+connections instead (set up through RPC: ``open_push``); a token without its last X within the
+timeout is pushed again (``run_step``).
 
 Retries are safe because every worker call is idempotent: ``heads`` cuts its KV caches back to the
 step's start position before writing, ``proj``/``ffn``/``nbytes``/``export`` are pure, ``load`` and
 ``retain`` set state. Test hook: ``HEADSPLIT_STALL_ONCE=<method>`` in a worker's environment makes the
 first call of that method sleep ``HEADSPLIT_STALL_S`` seconds (default 3) and then drop the call
-without executing it -- a stalled link, as the controller sees it.
+without executing it -- a stalled link, as the controller sees it (dataflow: ``heads`` drops the first
+X pushed to the worker).
 """
 
 from __future__ import annotations
