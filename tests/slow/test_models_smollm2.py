@@ -128,10 +128,13 @@ def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(
     assert got.perplexity == pytest.approx(math.exp(loss), rel=1e-4)
 
 
-def test_headsplit_dataflow_over_torch_rpc_equals_transformers_greedy(model: Any, tmp_path: Path) -> None:
+def test_headsplit_dataflow_over_the_real_transport_equals_transformers_greedy(
+    model: Any, tmp_path: Path
+) -> None:
     """Dataflow control over the real transport (issue 47): a controller and 2 worker processes on
-    127.0.0.1 pushing to each other over torch RPC, the greedy placement with heads on both workers,
-    speculation on at tau = 0: the 24 ids are transformers' greedy ids."""
+    127.0.0.1 pushing to each other over their persistent connections (headsplit.pushnet; torch RPC for
+    the set-up), the greedy placement with heads on both workers, speculation on at tau = 0: the 24 ids
+    are transformers' greedy ids."""
     import json
     import os
     import socket
