@@ -645,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
     except Exception as exc:  # a failed run is a result file with its error, not a traceback
         doc, code = {"error": f"{type(exc).__name__}: {exc}"}, 1
-    doc["listeners"] = listening
+    doc["listeners"] = listening + rpc.push_listener()
     if code:
         print(f"headsplit controller: {doc['error']}", file=sys.stderr)
     # the result first: a shutdown after a failure may wait on a worker that is gone

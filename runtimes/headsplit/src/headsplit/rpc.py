@@ -259,6 +259,14 @@ def remote_push_open() -> tuple[str, int]:
         return _W.net.address
 
 
+def push_listener() -> list[str]:
+    """The dataflow listener of this process as ``host:port`` (recorded beside torch RPC's listeners)."""
+    if _W.net is None:
+        return []
+    host, port = _W.net.address
+    return [f"{host}:{port}"]
+
+
 def close_push() -> None:
     """Close this process's dataflow connections (after the RPC group is shut down)."""
     if _W.net is not None:

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if listening is None:
         return 2
     rpc.shutdown()
+    listening += rpc.push_listener()
     rpc.close_push()
     out = Path(rc.result).parent / f"worker{entry.rank}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
