@@ -29,6 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dit.extras import require_extras
+
 SOURCE = Path(__file__).resolve().parents[1] / "runtimes" / "headsplit" / "src"
 if importlib.util.find_spec("headsplit") is None:  # a checkout whose venv lacks the runtime
     sys.path.insert(0, str(SOURCE))
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--control", choices=("rpc", "dataflow", "both"), default="both")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     a = ap.parse_args()
+    require_extras("bench_headsplit_rpc.py", "llm")
     if a.smoke:
         a.tokens = 3
     print(f"model {a.model}, {a.workers} workers on 127.0.0.1, {a.tokens} tokens, {a.threads} thread(s), "

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dit.device.common import build_model
+from dit.extras import require_extras
 from dit.models.catalogue import entry
 from dit.models.keras_staged import KerasStagedModel
 
@@ -72,6 +73,7 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = ap.parse_args()
+    require_extras("bench_keras_timestamp_cost.py", "keras")
     if args.smoke:
         args.models, args.rounds, args.block = ["gru_vqp"], 2, 2
     print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")

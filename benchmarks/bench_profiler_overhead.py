@@ -47,6 +47,7 @@ from typing import Any
 from dit.device.adapter import TimedPass
 from dit.device.common import build_model
 from dit.device.profiler import profile_model
+from dit.extras import require_extras
 from dit.models.catalogue import entry
 
 PARAMS: dict[str, dict[str, Any]] = {
@@ -154,6 +155,7 @@ def main() -> None:
     )
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     args = ap.parse_args()
+    require_extras("bench_profiler_overhead.py", "keras", "llm")
     if args.smoke:
         args.models, args.reps, args.block, args.min_seconds = ["gru_vqp"], 2, 2, 0.0
     print(f"load average at start: {os.getloadavg()}; cores: {os.cpu_count()}")

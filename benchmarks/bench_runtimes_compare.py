@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from dit.extras import require_extras
 from dit.report.build import write_report
 from dit.report.rtt import RttRun, load_runs
 from dit.run.rundir import STATUS, read_json, runs_under
@@ -171,6 +172,7 @@ def main() -> None:
         "--smoke", action="store_true", help="2 devices, 2 tokens, no added RTT, llama.cpp at F32 only (CI)"
     )
     args = parser.parse_args()
+    require_extras("bench_runtimes_compare.py", "llm")
     quants: tuple[str, ...] = QUANTS
     if args.smoke:
         args.devices, args.tokens, args.rtts, quants = 2, 2, "0", ("F32",)

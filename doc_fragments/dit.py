@@ -51,6 +51,15 @@ options:
     description: CPU numbers the started processes and their children are confined to.
     type: list
     elements: int
+  verify:
+    description:
+      - Set by the action plugin from C(dit_device_pyz_sha256), never by a playbook. Maps a file an
+        C(argv) names (the shipped C(dit-device.pyz)) to its SHA-256 as shipped. The file is opened
+        without following a link once its directory and every parent are root's alone, hashed from
+        that descriptor, refused on a mismatch (naming both hashes), and run as C(/proc/self/fd/N),
+        so that a file put in its place after the check is never run.
+    type: dict
+    default: {}
 """
 
     # The nodes dit's modules run on.

@@ -196,6 +196,7 @@ from ansible.module_utils.dit_procs import (
     status_path,
     tagged_env,
 )
+from ansible.module_utils.dit_trusted import UntrustedPath
 
 # A prepared process waits for the start-at file at most this long beyond the prepare phase's own
 # timeout: the slowest node may prepare until that timeout, and the instant is picked after it.
@@ -222,11 +223,17 @@ def _inside(root: str, rel: str) -> str:
 
 
 def _write_atomic(path: str, text: str) -> None:
+    """Write a process's file 0600: it carries what the scenario named (a paragraph dit read from a
+    file only its author may read, a profile's costs), and the processes that read it run as this
+    module's user; a planted link at the temporary name is refused (O_NOFOLLOW)."""
     if not os.path.isdir(os.path.dirname(path)):
         os.makedirs(os.path.dirname(path))
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(fd, 0o600)  # a stale temporary file keeps its old mode through O_CREAT
         handle.write(text)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def _unlink(path: str) -> None:
@@ -300,6 +307,7 @@ class Launcher:
             self.err(name),
             p["cgroup"],
             p["cpus"],
+            p["verify"],
         )
         self.started[name] = proc
         self.info[name] = {"pid": proc.pid, "returncode": None, "results": {}, "ready": None}
@@ -411,6 +419,7 @@ def main() -> None:
             "env": {"type": "dict", "default": {}},
             "cgroup": {"type": "raw"},
             "cpus": {"type": "list", "elements": "int"},
+            "verify": {"type": "dict", "default": {}},
             "phase": {"type": "str", "default": "all", "choices": ["all", "prepare", "start"]},
             "prepared": {"type": "dict", "default": {}},
             "start_at_file": {"type": "str", "default": "start_at.json"},
@@ -471,7 +480,7 @@ def main() -> None:
                 launcher.start_main(spec, p["start_at_ns"])
             if waits:
                 launcher.wait_exit(p["processes"], names)
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, UntrustedPath) as exc:
         if launcher is not None and (waits or phase == "prepare"):
             launcher.kill()  # prepared processes of a failed prepare phase would wait for nothing
         message, _, stderr = str(exc).partition("\n")

@@ -13,6 +13,9 @@ description:
   - Writes O(holder) to O(path) (C(lease.json) in the node's dit directory) when no run holds the
     node or this run (O(run_id)) already does. Another run's lease is only replaced when its exact
     content is O(replaces); anything else found there fails the task and names the holder.
+  - Refuses, before it reads the lease, when its directory or any directory above it is not root's or
+    is writable by others (naming the directory, its owner and the fix); a missing directory is made
+    root's, one component at a time without following links.
   - Whether a holder still lives is decided on the controller by the C(dit_lease) action plugin
     (C(dit.run.lease_decision)), which reads the lease through this module's plan mode, refuses a live or
     unverifiable holder, and passes O(replaces) only for a lease it decided to break
@@ -69,7 +72,7 @@ author: The dit developers
 EXAMPLES = r"""
 - name: Take this node's lease
   dit_lease:
-    path: "{{ dit_lease_dir | default('/var/tmp/dit') }}/lease.json"
+    path: "{{ dit_lease_dir | default('/var/lib/dit') }}/lease.json"
     run_id: "{{ dit_run_id }}"
     holder: "{{ dit_lease }}"
     break_stale: "{{ dit_break_stale_lease | default(false) }}"
@@ -97,7 +100,15 @@ journal:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.dit_lease_file import LeaseError, LeaseHeld, read_text, run_id_of, take
+from ansible.module_utils.dit_lease_file import (
+    LeaseError,
+    LeaseHeld,
+    check_directory,
+    read_text,
+    run_id_of,
+    take,
+)
+from ansible.module_utils.dit_trusted import UntrustedPath
 
 
 def main() -> None:
@@ -115,6 +126,10 @@ def main() -> None:
     p = module.params
     if str(p["holder"].get("run_id")) != p["run_id"]:
         module.fail_json(msg="holder.run_id must be the run id {}".format(p["run_id"]))
+    try:  # before the lease is read: a lease another user could have put there decides nothing
+        check_directory(p["path"])
+    except UntrustedPath as exc:
+        module.fail_json(msg=str(exc))
     current = read_text(p["path"])
     ours = current is not None and run_id_of(current) == p["run_id"]
     after = json.dumps(p["holder"], sort_keys=True)
@@ -130,7 +145,7 @@ def main() -> None:
         module.fail_json(
             msg="cannot take the lease {}: {}".format(p["path"], exc), current=current, held=exc.current
         )
-    except (LeaseError, OSError) as exc:
+    except (LeaseError, OSError, UntrustedPath) as exc:
         module.fail_json(msg="cannot take the lease {}: {}".format(p["path"], exc), current=current)
     module.exit_json(changed=changed, current=current, diff=diff)
 

@@ -98,7 +98,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 TABLE = "mangle"
 HOOK = "POSTROUTING"
-CHAIN = re.compile(r"^DIT-[0-9a-f]{12}$")
+CHAIN = re.compile(r"^DIT-[0-9a-f]{12}\Z")
 
 
 def prefix(netns: str) -> list[str]:

@@ -13,10 +13,15 @@ description:
   - Creates O(path) (the node's run root) with C(results/) and C(logs/) inside and a C(.dit-run)
     marker holding the run id. The marker is what allows teardown to remove the tree; a directory
     without the marker of this run is never removed.
+  - Refuses, before it creates anything, when O(path) or any directory above it is not root's or is
+    writable by others, since another user could then swap what dit runs as root (a root-owned sticky
+    directory such as C(/tmp) is allowed above the node's dit directory). Missing directories are
+    created root's, one component at a time without following links; shipped files are written
+    through a new temporary name that follows no link.
   - Journaled through the C(dit_node) action plugin (journal before change).
 options:
   path:
-    description: The node's run root, for example C(/var/tmp/dit/<run id>).
+    description: The node's run root, for example C(/var/lib/dit/<run id>).
     type: path
     required: true
   run_id:
@@ -68,13 +73,15 @@ journal:
   type: list
 """
 
+import contextlib
 import hashlib
 import os
-import shutil
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_trusted import UntrustedPath, check_trusted_dir, trusted_dir, write_at
 
 MARKER = ".dit-run"
+WHAT = "the node's run directory"
 
 
 def main() -> None:
@@ -91,6 +98,12 @@ def main() -> None:
     path = module.params["path"]
     run_id = module.params["run_id"]
     marker = os.path.join(path, MARKER)
+    try:
+        # Every directory that exists on the way is checked before anything is read or made below it.
+        with contextlib.suppress(FileNotFoundError):
+            check_trusted_dir(path, what=WHAT)
+    except UntrustedPath as exc:
+        module.fail_json(msg=str(exc), path=path)
     present = os.path.isdir(path) and os.path.isfile(marker)
     if present:
         with open(marker, encoding="utf-8") as handle:
@@ -106,33 +119,41 @@ def main() -> None:
         journal = [] if present else [{"op": "mkdir", "undo": {"path": path, "run_id": run_id}}]
         module.exit_json(changed=bool(journal), path=path, journal=journal, diff=diff)
     changed = False
-    if not present:
-        for sub in ("", "results", "logs"):
-            os.makedirs(os.path.join(path, sub), mode=0o755, exist_ok=True)
-        with open(marker, "w", encoding="utf-8") as handle:
-            handle.write(run_id + "\n")
-        changed = True
     shipped = []
-    for item in module.params["files"]:
-        name = os.path.basename(str(item["name"]))
-        dest = os.path.join(path, name)
-        if _sha256(dest) != item["sha256"]:
-            if _sha256(item["tmp"]) != item["sha256"]:
-                module.fail_json(msg=f"{name}: the transferred file does not have the expected SHA-256")
-            shutil.copyfile(item["tmp"], dest + ".tmp")
-            os.chmod(dest + ".tmp", 0o644)
-            os.replace(dest + ".tmp", dest)
-            shipped.append(name)
-            changed = True
+    try:
+        with trusted_dir(path, what=WHAT, create=True, mode=0o755) as root_fd:
+            if not present:
+                for sub in ("results", "logs"):
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(sub, 0o755, dir_fd=root_fd)
+                write_at(root_fd, MARKER, (run_id + "\n").encode())
+                changed = True
+            for item in module.params["files"]:
+                name = os.path.basename(str(item["name"]))
+                if _sha256_at(root_fd, name) == item["sha256"]:
+                    continue
+                with open(item["tmp"], "rb") as handle:
+                    data = handle.read()
+                if hashlib.sha256(data).hexdigest() != item["sha256"]:
+                    module.fail_json(msg=f"{name}: the transferred file does not have the expected SHA-256")
+                # 0600: what dit ships is run by this module's user (the device code, as edge, monitors,
+                # load, link emulator), never read by another
+                write_at(root_fd, name, data, mode=0o600)
+                shipped.append(name)
+                changed = True
+    except UntrustedPath as exc:
+        module.fail_json(msg=str(exc), path=path)
     module.exit_json(changed=changed, path=path, shipped=shipped, diff=diff)
 
 
-def _sha256(path: str) -> str | None:
+def _sha256_at(dir_fd: int, name: str) -> str | None:
+    """The SHA-256 of file ``name`` in the directory ``dir_fd`` (a link there is not followed)."""
     try:
-        with open(path, "rb") as handle:
-            return hashlib.sha256(handle.read()).hexdigest()
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError:
         return None
+    with os.fdopen(fd, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
 
 
 if __name__ == "__main__":

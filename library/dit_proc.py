@@ -112,6 +112,7 @@ from ansible.module_utils.dit_procs import (
     status_path,
     tagged_env,
 )
+from ansible.module_utils.dit_trusted import UntrustedPath
 
 
 def _tail(path: str, limit: int = 2000) -> str:
@@ -140,6 +141,7 @@ def main() -> None:
             "config_path": {"type": "path"},
             "cgroup": {"type": "raw"},
             "cpus": {"type": "list", "elements": "int"},
+            "verify": {"type": "dict", "default": {}},
             "_dit_plan": {"type": "bool", "default": False},
             "_dit_adopt": {"type": "bool", "default": False},
         },
@@ -191,7 +193,10 @@ def main() -> None:
     extra = {str(k): str(v) for k, v in p["env"].items()}
     extra[STATUS_ENV] = status  # the device agent records its exit code there (dit_collect reads it)
     env = tagged_env(os.environ, p["run_id"], p["host"], p["tag"], extra)
-    proc = spawn(p["argv"], env, p["cwd"], out, err, p["cgroup"], p["cpus"])
+    try:
+        proc = spawn(p["argv"], env, p["cwd"], out, err, p["cgroup"], p["cpus"], p["verify"])
+    except UntrustedPath as exc:
+        module.fail_json(msg=str(exc))
     if p["ready_file"]:
         deadline = time.monotonic() + p["ready_timeout"]
         while ready is None:

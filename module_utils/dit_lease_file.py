@@ -4,7 +4,9 @@
 
 The controller decides (``dit.run.lease_decision``); these only act, under an exclusive ``flock`` on the lease's
 directory so that the hosts of one machine (local mode) and two controllers never interleave a
-read-check-write. The file is replaced atomically, so a reader never sees half a lease.
+read-check-write. The file is replaced atomically, so a reader never sees half a lease. The lease's
+directory, and every directory above it, must be root's alone (``dit_trusted``): a lease another user
+could plant or replace would refuse every run, or let a second one in.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from ansible.module_utils.dit_trusted import check_trusted_dir
+
 if TYPE_CHECKING:  # annotations only: the node's Python needs nothing beyond the stdlib
     from collections.abc import Iterator
 
 LEASE_FILE = "lease.json"
 MAX_BYTES = 65536
+WHAT = "the node's lease directory"
 
 
 class LeaseError(ValueError):
@@ -34,6 +39,13 @@ class LeaseHeld(LeaseError):
     def __init__(self, message: str, current: str) -> None:
         super().__init__(message)
         self.current = current
+
+
+def check_directory(path: str) -> None:
+    """Refuse (``UntrustedPath``) a lease whose directory, or one above it, is not root's alone; a
+    directory not made yet passes when what exists above it is root's."""
+    with contextlib.suppress(FileNotFoundError):
+        check_trusted_dir(os.path.dirname(path), what=WHAT)
 
 
 def read_text(path: str) -> str | None:
@@ -79,7 +91,7 @@ def take(path: str, lease: dict[str, Any], replaces: str | None = None) -> bool:
     """
     _check_path(path)
     directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+    check_trusted_dir(directory, what=WHAT, create=True)
     with _locked(directory):
         current = read_text(path)
         if current is not None and run_id_of(current) == lease["run_id"]:

@@ -11,10 +11,15 @@ remembered except the run id.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import os
 import signal
+import stat
 import time
 from typing import TYPE_CHECKING, Any
+
+from ansible.module_utils.dit_trusted import UntrustedPath, others_can_write, owner_name, trusted_dir
 
 if TYPE_CHECKING:  # annotations only: the lazy import below keeps a module's start-up small
     import subprocess
@@ -128,6 +133,52 @@ def cgroup_dirs(value: object) -> list[str]:
     return out
 
 
+def open_verified(path: str, sha256: str) -> int:
+    """A read-only descriptor of the file ``path``, once its content is known to have SHA-256 ``sha256``.
+
+    The directory holding it must be root's alone, parents included (``dit_trusted``), and the file
+    root's and not writable by others; it is opened without following a link and hashed from that
+    descriptor. Running it through the descriptor (``/proc/self/fd/N``) then runs exactly what was
+    hashed: a file renamed over ``path`` afterwards is another inode. Raises
+    :class:`UntrustedPath` naming the path, and on a mismatch both hashes.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    with trusted_dir(directory, what="the run directory") as dir_fd:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise UntrustedPath(
+                f"{path} is a symbolic link: dit runs only the file it shipped there. Run again so that "
+                "the file is shipped anew"
+            ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or others_can_write(st):
+            owner, mode = owner_name(st.st_uid), stat.S_IMODE(st.st_mode)
+            raise UntrustedPath(
+                f"{path} is owned by {owner} with mode {mode:04o}: dit runs only a regular file of root's "
+                "that others cannot write. Run again so that the file is shipped anew"
+            )
+        digest = hashlib.sha256()
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            digest.update(chunk)
+        found = digest.hexdigest()
+        if found != sha256:
+            raise UntrustedPath(
+                f"{path} has SHA-256 {found}, not the {sha256} shipped with this run: it was changed after "
+                "it was shipped, so dit will not run it. Find out who changed it, then run again"
+            )
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def spawn(
     argv: list[str],
     env: dict[str, str],
@@ -136,6 +187,7 @@ def spawn(
     stderr_path: str,
     cgroup: str | list[str] | None = None,
     cpus: list[int] | None = None,
+    verify: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` as the leader of a new session with ``env``; returns the Popen object.
 
@@ -143,7 +195,33 @@ def spawn(
     per controller, e.g. the memory and the cpu one) the child joins each before it executes, so the
     process and everything it starts are under the cgroups' limits from their first instruction.
     With ``cpus`` (a list of CPU numbers) the child and its descendants run only on those CPUs.
+    ``verify`` maps a file of ``argv`` (the device zipapp) to its SHA-256 as shipped: it is opened and
+    checked by :func:`open_verified` and the child is given ``/proc/self/fd/N`` in its place.
     """
+    verified: dict[str, int] = {}
+    try:
+        for arg in argv:
+            if verify and arg in verify and arg not in verified:
+                verified[arg] = open_verified(arg, verify[arg])
+        return _spawn(
+            [f"/proc/self/fd/{verified[a]}" if a in verified else a for a in argv],
+            env, cwd, stdout_path, stderr_path, cgroup, cpus, tuple(verified.values()),
+        )  # fmt: skip
+    finally:
+        for fd in verified.values():
+            os.close(fd)
+
+
+def _spawn(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    stdout_path: str,
+    stderr_path: str,
+    cgroup: str | list[str] | None,
+    cpus: list[int] | None,
+    pass_fds: tuple[int, ...],
+) -> subprocess.Popen[bytes]:
     import subprocess
 
     procs_files = [os.path.join(d, "cgroup.procs") for d in cgroup_dirs(cgroup)]
@@ -169,6 +247,7 @@ def spawn(
             stderr=err,
             start_new_session=True,
             close_fds=True,
+            pass_fds=pass_fds,
             preexec_fn=before_exec if (procs_files or affinity) else None,  # noqa: PLW1509 - no locks taken
         )
 

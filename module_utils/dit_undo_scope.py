@@ -39,7 +39,7 @@ CPU_SYSFS = "devices/system/cpu"  # the only sysfs subtree dit's modules write (
 TC_PROGRAMS = ("tc", "/sbin/tc", "/usr/sbin/tc", "/bin/tc", "/usr/bin/tc")
 IPTABLES_PROGRAMS = ("iptables", "/sbin/iptables", "/usr/sbin/iptables")
 IP_PROGRAMS = ("ip", "/sbin/ip", "/usr/sbin/ip", "/bin/ip", "/usr/bin/ip")
-NFQUEUE_CHAIN = re.compile(r"^DIT-[0-9a-f]{12}$")  # dit.conditions.netem.nfqueue.chain_name
+NFQUEUE_CHAIN = re.compile(r"^DIT-[0-9a-f]{12}\Z")  # dit.conditions.netem.nfqueue.chain_name
 QDISC_KINDS = ("pfifo", "bfifo", "pfifo_fast", "tbf", "htb", "netem")  # dit_tc's render_qdisc_options
 OPTION_WORDS = frozenset(
     [
@@ -66,12 +66,12 @@ OPTION_WORDS = frozenset(
     ]
 )
 # Option values as dit_tc renders them: 1000, 8000000bit, 25000us, 0.5%, 1e-05% (":g"), 0x1 (htb default).
-VALUE = re.compile(r"^(0x[0-9a-fA-F]{1,8}|[0-9]{1,20}(\.[0-9]{1,20})?(e-?[0-9]{1,3})?(bit|us|%)?)$")
-HANDLE = re.compile(r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{0,8}$")
-FILTER_HANDLE = re.compile(r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{0,8}:[0-9a-fA-F]{0,8}$")
-HEX = re.compile(r"^0x[0-9a-fA-F]{1,8}$")
-INTEGER = re.compile(r"^-?[0-9]{1,10}$")
-PROTOCOL = re.compile(r"^[a-z0-9_]{1,16}$")
+VALUE = re.compile(r"^(0x[0-9a-fA-F]{1,8}|[0-9]{1,20}(\.[0-9]{1,20})?(e-?[0-9]{1,3})?(bit|us|%)?)\Z")
+HANDLE = re.compile(r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{0,8}\Z")
+FILTER_HANDLE = re.compile(r"^[0-9a-fA-F]{1,8}:[0-9a-fA-F]{0,8}:[0-9a-fA-F]{0,8}\Z")
+HEX = re.compile(r"^0x[0-9a-fA-F]{1,8}\Z")
+INTEGER = re.compile(r"^-?[0-9]{1,10}\Z")
+PROTOCOL = re.compile(r"^[a-z0-9_]{1,16}\Z")
 
 
 class Refused(Exception):
@@ -264,7 +264,7 @@ def iptables_target(argv: list[str]) -> tuple[str, str | None, str]:
     if rest and rest[0] in IP_PROGRAMS:
         if len(rest) < 5 or rest[1:3] != ["netns", "exec"]:
             raise bad("expected ip netns exec <netns> iptables ...")
-        if not re.match(r"^[A-Za-z0-9_.-]{1,64}$", rest[3]) or rest[3].startswith("-"):
+        if not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", rest[3]) or rest[3].startswith("-"):
             raise bad("bad netns")
         netns, rest = rest[3], rest[4:]
     if not rest or rest[0] not in IPTABLES_PROGRAMS:
@@ -276,7 +276,7 @@ def iptables_target(argv: list[str]) -> tuple[str, str | None, str]:
         return tail[1], None, netns
     if (
         len(tail) == 6 and tail[:3] == ["-D", "POSTROUTING", "-o"] and tail[4] == "-j"
-        and NFQUEUE_CHAIN.match(tail[5]) and re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", tail[3])
+        and NFQUEUE_CHAIN.match(tail[5]) and re.match(r"^[A-Za-z0-9_.:@-]{1,15}\Z", tail[3])
         and not tail[3].startswith("-")
     ):  # fmt: skip
         return tail[5], tail[3], netns
@@ -293,13 +293,13 @@ def tc_target(argv: list[str]) -> tuple[str, str]:
         raise bad(f"the program must be one of {', '.join(TC_PROGRAMS)}")
     rest, netns = argv[1:], ""
     if rest[:1] == ["-n"]:
-        if len(rest) < 2 or not re.match(r"^[A-Za-z0-9_.-]{1,64}$", rest[1]) or rest[1].startswith("-"):
+        if len(rest) < 2 or not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", rest[1]) or rest[1].startswith("-"):
             raise bad("bad netns")
         rest, netns = rest[2:], rest[1]
     if len(rest) < 4 or rest[2] != "dev":
         raise bad("expected <object> <verb> dev <interface>")
     kind, verb, dev, tail = rest[0], rest[1], rest[3], rest[4:]
-    if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}$", dev) or dev.startswith("-"):
+    if not re.match(r"^[A-Za-z0-9_.:@-]{1,15}\Z", dev) or dev.startswith("-"):
         raise bad("bad interface name")
     if (kind, verb) == ("qdisc", "del"):
         if tail != ["root"]:

@@ -8,14 +8,18 @@ module; here the checkout's ``module_utils/`` joins the search path of the real
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import io
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import ansible.module_utils
 import yaml
+from ansible.module_utils import basic
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = REPO / "library"
@@ -43,6 +47,21 @@ def library_module(name: str, as_name: str | None = None) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_in_process(module: ModuleType, args: dict[str, Any]) -> dict[str, Any]:
+    """``module.main()`` with ``args`` as Ansible passes them, in this process (a second's start-up of
+    Ansible saved per call); its JSON result."""
+    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+    basic._ANSIBLE_PROFILE = "legacy"
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            module.main()
+    finally:
+        basic._ANSIBLE_ARGS = None
+    result: dict[str, Any] = json.loads(out.getvalue())
+    return result
 
 
 def library_names() -> list[str]:

@@ -31,6 +31,7 @@ from dit.run.rundir import (
     find_runs,
     read_json,
 )
+from dit.trusted import UntrustedPath
 
 if TYPE_CHECKING:
     from dit.scenario import Scenario
@@ -135,15 +136,13 @@ def run(
         from dit.run.dryrun import print_dry_runs
 
         raise typer.Exit(print_dry_runs(variants, options, as_json, out))
-    try:  # a read-only or full runs directory: one error before anything starts
-        check_writable(runs_dir)
-    except RunDirError as exc:
-        raise _fail(f"--runs-dir: {exc}", 2) from None
+    _usable_runs_dir(runs_dir, "--runs-dir")
     results = []
     for variant in variants:
+        # RunDirError, UntrustedPath: its run directory could not be made, no node was touched
         try:
             result = Driver(variant, options).execute()
-        except RunDirError as exc:  # its run directory could not be made: no node was touched
+        except (RunDirError, UntrustedPath) as exc:
             raise _fail(str(exc)) from None
         results.append(result)
         if result.state == "stopped":
@@ -169,6 +168,18 @@ def run(
         raise typer.Exit(1)
 
 
+def _usable_runs_dir(path: Path, option: str) -> None:
+    """Refuse, before anything starts, a runs directory this process cannot write (read-only, full) or
+    one another user owns or could write, itself or a directory above it: they could swap a run
+    directory, its inventory included, for theirs while root runs it (issue 46)."""
+    try:
+        check_writable(path, what=option)
+    except RunDirError as exc:
+        raise _fail(f"{option}: {exc}", 2) from None
+    except UntrustedPath as exc:
+        raise _fail(str(exc), 2) from None
+
+
 def _read_run_json(path: Path) -> dict[str, Any]:
     """A run's JSON file (status.json, driver.json, ...) as a mapping; one-line error if it is not."""
     try:
@@ -182,14 +193,31 @@ def _read_run_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def _trusted_run(run_dir: Path) -> RunDir:
+    """``run_dir`` as a run whose files dit may act on as root (its identity, inventory, journal), or
+    a one-line refusal naming it: the directory and every one above it must be root's alone, or
+    another user could have written them (issue 46)."""
+    run = RunDir(run_dir)
+    try:
+        run.check_trusted()
+    except UntrustedPath as exc:
+        raise _fail(str(exc), 2) from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise _fail(f"{run_dir} is not a dit run directory") from None
+    if not (run.path / DRIVER).exists():
+        raise _fail(f"{run_dir} is not a dit run directory")
+    return run
+
+
 def _driver_to_signal(run: RunDir) -> int | None:
     """The pid of the run's driver if it may be signalled; None: only the STOP file can reach it.
 
     Refuses a run that is not running, and a driver that is gone: the pid in driver.json may
     name an unrelated process by now (it is compared with the start time and command line the
-    driver recorded).
+    driver recorded). A process that matches driver.json but does not hold the run directory open,
+    as its driver does, is not signalled: driver.json names it, not the process itself.
     """
-    from dit.run.procs import identity_mismatch
+    from dit.run.procs import holds_directory, identity_mismatch
 
     state = _read_run_json(run.path / STATUS).get("state") if (run.path / STATUS).exists() else None
     if state != "running":
@@ -218,6 +246,14 @@ def _driver_to_signal(run: RunDir) -> int | None:
             f"the driver of {run.path} is gone ({reason}) although its status says running: "
             f"use 'dit cleanup {run.path}'"
         )
+    if not holds_directory(pid, run.path):
+        err.print(
+            f"[yellow]warning:[/] pid {pid} does not hold {escape(str(run.path))} open as the run's driver "
+            "does, so it is not that driver whatever driver.json says: asking the run to stop with the "
+            "STOP file only",
+            highlight=False,
+        )
+        return None
     return pid
 
 
@@ -238,9 +274,7 @@ def stop(
     discard_results: DiscardResults = False,
 ) -> None:
     """Ask a running driver to stop; it tears down fully before it exits."""
-    run = RunDir(run_dir)
-    if not (run_dir / DRIVER).exists():
-        raise _fail(f"{run_dir} is not a dit run directory")
+    run = _trusted_run(run_dir)
     pid = _driver_to_signal(run)
     try:
         run.request_stop(discard_results)
@@ -278,9 +312,7 @@ def cleanup(
     from dit.run.procs import pid_alive
     from dit.run.teardown import teardown
 
-    if not (run_dir / DRIVER).exists():
-        raise _fail(f"{run_dir} is not a dit run directory")
-    run = RunDir(run_dir)
+    run = _trusted_run(run_dir)  # its inventory and journal are run as root on the nodes
     try:
         info = read_json(run_dir / DRIVER)
         pid = int(info.get("pid", 0))
@@ -432,7 +464,7 @@ def note(
         return
     try:
         run.set_note(sys.stdin.read() if text == "-" else text)
-    except (ValueError, RunDirError) as exc:
+    except (ValueError, RunDirError, UntrustedPath) as exc:
         raise _fail(str(exc)) from None
 
 
@@ -516,7 +548,7 @@ def show(
         for row in frame.itertuples(index=False):
             table.add_row(*(_phase_cell(str(c), v) for c, v in zip(frame.columns, row, strict=True)))
         out.print(table)
-    _show_runtime_summary(run_dir / "aggregate" / "summary.json")
+    noted = _show_runtime_summary(run_dir / "aggregate" / "summary.json")
     _show_network(run_dir / "aggregate" / "netem_check.csv")
     fake_power = labels.fake_power_nodes(run_dir / "aggregate")
     energy_shown = False
@@ -528,28 +560,37 @@ def show(
         # an energy optimum over a fake sensor's power is a model's number: say so on the same line
         fake = ""
         if fake_power and data.get("objective") in labels.ENERGY_OBJECTIVES:
-            fake, energy_shown = " [yellow](fake power sensor)[/]", True
+            fake, energy_shown = f" [yellow]({labels.MODELLED})[/]", True
         out.print(f"optimise {escape(result.stem)}: vector {data.get('vector')} objective {shown}{fake}")
-    if energy_shown:
+    if energy_shown and not noted:  # said once, under the first figure it explains
         out.print(f"[yellow]{escape(labels.fake_sensor_note(fake_power))}[/]")
 
 
-def _show_runtime_summary(path: Path) -> None:
-    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale."""
+def _show_runtime_summary(path: Path) -> bool:
+    """The runtime's summary values (``aggregate/summary.json``), each in its unit at a readable scale;
+    True when it said that some of them a fake sensor gave (modelled)."""
     if not path.is_file():
-        return
+        return False
     doc = _read_run_json(path)
     values = [v for v in doc.get("values") or [] if isinstance(v, dict) and "name" in v]
     if not values:
-        return
+        return False
+    fake = labels.fake_power_nodes(path.parent)
     table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
     table.add_column("name")
     table.add_column("value", justify="right")
     table.add_column("what")
+    modelled = False
     for value in values:
-        shown = units.with_unit(value.get("value"), str(value.get("unit", "")))
+        unit = str(value.get("unit", ""))
+        tag = labels.modelled_tag(unit, fake)  # a fake sensor's energy is a model's number: said on its row
+        modelled = modelled or bool(tag)
+        shown = units.with_unit(value.get("value"), unit) + tag
         table.add_row(escape(str(value["name"])), escape(shown), escape(str(value.get("description", ""))))
     out.print(table)
+    if modelled:
+        out.print(f"[yellow]{escape(labels.fake_sensor_note(fake))}[/]")
+    return modelled
 
 
 def _show_network(path: Path) -> None:
@@ -630,7 +671,7 @@ def report(
 ) -> None:
     """One self-contained HTML report of a run, of a sweep's runs, or of several runs side by side
     (docs/report.md)."""
-    from dit.report.build import ReportError, write_report
+    from dit.report.build import ReportError, write_output, write_report
     from dit.report.compare import CompareError, build_comparison
 
     try:
@@ -640,8 +681,8 @@ def report(
             if round_ is not None:
                 raise _fail("--round: a comparison has no phase timeline; leave it out")
             target = output or Path("compare.html")
-            target.write_text(build_comparison(paths), encoding="utf-8")
-    except (ReportError, CompareError) as exc:
+            write_output(target, build_comparison(paths))
+    except (ReportError, CompareError, UntrustedPath) as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:
         raise _fail(f"cannot write the report: {exc.strerror or exc}") from None
@@ -673,7 +714,7 @@ def optimise(
             raise _fail(f"--vector: {vector!r} is not a comma-separated list of integers", 2) from None
     try:
         result = optimise_run(run_dir, algorithm, objective, policy, parsed, max_vectors=max_vectors)
-    except (OptimiseError, AggregateError) as exc:
+    except (OptimiseError, AggregateError, UntrustedPath) as exc:  # it writes into RUN_DIR/optimise
         raise _fail(str(exc), 2) from None
     if as_json:
         out.print_json(result.to_json())
@@ -790,13 +831,10 @@ def reproduce(
         raise _fail(f"--size: {size!r} is not one of {', '.join(SIZES)}", 2)
     inventory, where_label, shared = _reproduce_where(where)
     target = out_dir if out_dir is not None else default_out(chapter)
-    try:
-        check_writable(target / "runs")
-    except RunDirError as exc:
-        raise _fail(f"--out: {exc}", 2) from None
+    _usable_runs_dir(target / "runs", "--out")  # its finished runs are reused, its report written
     try:
         report_path = run_chapter(chapter, size, target, inventory, where_label, err, shared_machine=shared)
-    except ChapterError as exc:
+    except (ChapterError, UntrustedPath) as exc:
         raise _fail(str(exc), 2) from None
     out.print(f"report: {report_path}", highlight=False)
 
@@ -903,6 +941,7 @@ def web(
         config.ensure_token()
     except ValueError as exc:
         raise _fail(str(exc), 2) from None
+    _usable_runs_dir(runs_dir, "--runs-dir")  # NNPM starts, stops and tags runs there as root
     serve(config)
 
 

@@ -6,7 +6,8 @@ root could have prepared or can change: owned by root and not writable by group 
 must every directory above it, or another user could rename it away and put their own in its place
 (issue 46). A root-owned directory with the sticky bit (``/tmp``, ``/var/tmp``) is accepted as a
 *parent* only: there others may create names but not rename or remove root's, so a root-owned child
-below it stays root's; a directory dit itself writes into is never such a shared one.
+below it stays root's; a directory dit itself writes into is never such a shared one. When dit runs
+as a user other than root, that user's own directories are trusted as root's are (nobody else's).
 
 The walk opens one component at a time with ``O_NOFOLLOW`` relative to the directory above it, so
 what is checked is what is opened: a symlink is followed only when root owns it and the directory
@@ -18,6 +19,7 @@ is a link to it).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pwd
 import secrets
@@ -42,9 +44,16 @@ def owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def trusted_owner(uid: int) -> bool:
+    """Root, or the user dit runs as: a user who is not root can only trust what is theirs (and root's);
+    as root, that is root alone."""
+    return uid == 0 or uid == os.geteuid()
+
+
 def others_can_write(st: os.stat_result) -> bool:
-    """Whether anyone but root owns ``st`` or may write it (group- or world-writable)."""
-    return st.st_uid != 0 or bool(st.st_mode & _SHARED_WRITE)
+    """Whether anyone but root (or the user dit runs as) owns ``st`` or may write it (group- or
+    world-writable)."""
+    return not trusted_owner(st.st_uid) or bool(st.st_mode & _SHARED_WRITE)
 
 
 def _shared_sticky(st: os.stat_result) -> bool:
@@ -75,8 +84,9 @@ def open_trusted_dir(
     Each component must be a directory owned by root and not writable by group or others; a
     root-owned sticky directory is allowed above the last. ``create`` makes missing components
     (root's, ``mode``, with no umask widening). Raises :class:`UntrustedPath` naming ``what``
-    (for example ``--out`` or ``the runs directory``) and the offending directory, or
-    :class:`FileNotFoundError` when the path is missing and ``create`` is false. The caller closes
+    (for example ``--out`` or ``the runs directory``) and the offending directory,
+    :class:`FileNotFoundError` when the path is missing and ``create`` is false, or
+    :class:`NotADirectoryError` naming a component that is a file. The caller closes
     the descriptor.
     """
     shown_path = os.fspath(path)
@@ -117,7 +127,9 @@ def open_trusted_dir(
                 os.close(child)
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISLNK(st.st_mode):
-                if st.st_uid != 0 or (others_can_write(parent_st) and not _shared_sticky(parent_st)):
+                if not trusted_owner(st.st_uid) or (
+                    others_can_write(parent_st) and not _shared_sticky(parent_st)
+                ):
                     raise _refusal(
                         what, shown_path, shown, st, "a link anyone but root could have made or replaced",
                         f"Use the path it points to, once you have checked it ({os.readlink(name, dir_fd=fd)})",
@@ -132,10 +144,12 @@ def open_trusted_dir(
                     where = "/"
                 pending = [part for part in target.split("/") if part] + pending
                 continue
-            if not stat.S_ISDIR(st.st_mode):
-                raise UntrustedPath(f"{what} {shown_path}: {shown} is not a directory")
+            if not stat.S_ISDIR(st.st_mode):  # not a question of trust: the OSError callers already handle
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), shown)
             last = not pending
-            if st.st_uid != 0 or (bool(st.st_mode & _SHARED_WRITE) and (last or not _shared_sticky(st))):
+            if not trusted_owner(st.st_uid) or (
+                bool(st.st_mode & _SHARED_WRITE) and (last or not _shared_sticky(st))
+            ):
                 why = (
                     "another user could have prepared it or could replace what dit writes and reads back there"
                     if last

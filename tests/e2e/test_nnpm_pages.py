@@ -68,6 +68,15 @@ def runs(server: Server) -> dict[str, Path]:
         "node,sensor,samples,duration_ns,energy_j,mean_power_w\ndevice1,fake,40,9750000000,26.3,2.7\n",
         "utf-8",
     )
+    # the runtime's summary: its energy figures come from that fake sensor (issue 49 item 3)
+    values = [
+        ("tokens_per_s", 3.5, "1/s"),
+        ("energy", 2.4, "J"),
+        ("energy_per_token", 0.3, "J"),
+        ("edp", 0.9, "J*s"),
+    ]
+    summary = [{"name": n, "value": v, "unit": u, "type": "float"} for n, v, u in values]
+    write_json(demo / "aggregate" / "summary.json", {"runtime": "layers", "tables": [], "values": summary})
 
     bench = _fixture_run(server.runs, BENCH, [s for s in RUN_ORDER if s != "optimise"])
     scenario = (bench / "scenario.yaml").read_text("utf-8")
@@ -125,6 +134,14 @@ def test_the_run_page_reads_like_the_cli(page: Any, runs: dict[str, Path]) -> No
         "() => document.querySelector('#run-plots img[data-plot=layers]').naturalWidth > 0"
     )
     shot(page, "31-run-page-units")
+    # every energy figure of the runtime's summary says it is modelled, beside it; tokens/s does not
+    modelled = page.locator("#run-summary tr[data-modelled='1']")
+    assert modelled.evaluate_all("rs => rs.map(r => r.dataset.name)") == ["energy", "energy_per_token", "edp"]
+    assert all("modelled: fake sensor" in t for t in modelled.all_inner_texts())
+    assert "modelled" not in page.locator("#run-summary tr[data-name=tokens_per_s]").inner_text()
+    assert "Fake power sensor on device1" in page.locator("#run-summary .energy-note").inner_text()
+    page.locator("#run-summary").scroll_into_view_if_needed()
+    shot(page, "31a-run-summary-modelled")
     page.locator("#run-plots img[data-plot=monitors]").scroll_into_view_if_needed()
     shot(page, "31b-run-page-monitors")
 
@@ -323,3 +340,70 @@ def test_benchmarking_is_a_dialog_and_its_run_page_offers_no_optimise(
         "() => (document.querySelector('#run-plots img[data-plot=layers]') || {}).naturalWidth > 0"
     )
     shot(page, "36-benchmark-run-page")
+
+
+def test_a_benchmarks_derived_version_is_listed_marked_but_never_opened(page: Any, server: Server) -> None:
+    """Issue 49 item 2: after the benchmark above, pages_form opens on the version the researcher saved,
+    with Run on it; the benchmark's derived version (inference and optimisation off) is listed, marked."""
+    history = page.request.get(server.url + "api/scenarios/pages_form/versions").json()
+    derived = [v for v in history["versions"] if v["derived"]]
+    assert len(derived) == 1 and history["versions"][0] == derived[0]  # the newest of the name
+    page.reload()
+    page.wait_for_selector("body[data-ready='1']")
+    page.click("#tab-scenarios")
+    page.click("#stored-list li[data-name=pages_form]")
+    page.wait_for_function("() => !document.getElementById('run-button').disabled")
+    opened = page.locator("#version-hash").inner_text()
+    assert opened == history["opens"] == derived[0]["derived_from"]
+    item = page.locator(f"#history-list li[data-hash='{derived[0]['hash']}']")
+    assert "benchmark, derived from " + opened[:12] in item.inner_text()
+    assert item.locator("a:not([data-runs-of])").count() == 0  # no link opens it in the editor
+    assert opened[:12] in page.locator("#stored-list li[data-name=pages_form]").inner_text()
+    shot(page, "37-derived-version-listed-not-opened")
+
+
+def test_a_second_run_waits_its_turn_then_starts_after_the_first(page: Any, server: Server) -> None:
+    """Issue 49 item 1: with one run going and nothing waiting, Run queues at position 1 behind it (the
+    header keeps the going run), and the queue starts it once that run ends."""
+    import os
+
+    deadline = time.monotonic() + 60  # the benchmark above (an inventory without hosts) ends in seconds
+    while page.request.get(server.url + "api/queue").json()["holder"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    going = server.runs / "pages_going" / "20261201T120000Z-cccccccc"
+    going.mkdir(parents=True)
+    (going / "status.json").write_text(
+        json.dumps({"state": "running", "stage": "profile", "label": "pages_going"})
+    )
+    write_json(going / "driver.json", {"pid": os.getpid(), "host": os.uname().nodename, "local": True})
+    holder = "pages_going/20261201T120000Z-cccccccc"
+    page.click("#tab-scenarios")
+    page.click("#stored-list li[data-name=pages_form]")
+    page.wait_for_function("() => !document.getElementById('run-button').disabled")
+    version = page.locator("#version-hash").inner_text()
+    page.select_option("#run-mode", "inventory")  # no hosts: the run, once started, fails in seconds
+    before = page.evaluate("JSON.stringify(window.nnpm.state.run)")
+    with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as asked:
+        page.click("#run-button")
+    assert asked.value.status == 202 and "launch" not in asked.value.json()
+    page.wait_for_selector(f"#queued-note:has-text('queued at position 1, waiting for {holder}')")
+    assert page.evaluate("JSON.stringify(window.nnpm.state.run)") == before  # no second driver followed
+    page.click("#tab-runs")
+    page.wait_for_function("() => document.querySelectorAll('#queue-list li').length === 1")
+    assert holder in page.locator("#queue-holder").inner_text()
+    page.wait_for_selector(f"#runs-table tr[data-key='{holder}'] .state.running")
+    shot(page, "38-second-run-queued")
+    ended_ns = time.time_ns()
+    (going / "status.json").write_text(json.dumps({"state": "completed", "label": "pages_going"}))
+    mine: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while not mine and time.monotonic() < deadline:
+        time.sleep(0.5)
+        mine = [
+            r for r in page.request.get(server.url + "api/runs").json()["runs"] if r["version"] == version
+        ]
+    assert len(mine) == 1 and mine[0]["started_wall_ns"] > ended_ns, mine
+    assert page.request.get(server.url + "api/queue").json()["entries"] == []
+    page.click("#refresh-runs")
+    page.wait_for_selector(f"#runs-table tr[data-key='{mine[0]['key']}']")
+    page.wait_for_selector("#queue-box", state="hidden")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,12 +12,9 @@ from typing import Any
 
 from dit.run.ansible_exec import ansible_env
 from dit.run.journal import Journal
-from tests.conftest import REPO
+from tests.ansible_modules import module_util
 
-_spec = importlib.util.spec_from_file_location("dit_procs", REPO / "module_utils" / "dit_procs.py")
-assert _spec and _spec.loader
-procs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(procs)
+procs = module_util("dit_procs")
 
 
 def _start(

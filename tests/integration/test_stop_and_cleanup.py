@@ -148,6 +148,7 @@ def test_a_held_run_refuses_a_second_run_and_cleanup_then_dit_stop_tears_it_down
 
         stop = dit("stop", str(first.path))
         assert stop.returncode == 0, stop.stderr
+        assert "STOP file only" not in stop.stderr  # the driver holds its run directory: it is signalled
         assert proc.wait(timeout=60) == 1
     finally:
         if proc.poll() is None:

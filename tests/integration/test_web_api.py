@@ -319,6 +319,9 @@ def test_run_launch_tag_and_stop(env: Any) -> None:
     while time.monotonic() < deadline and not (mine and mine[0]["state"] in FINISHED_STATES):
         time.sleep(0.5)
         mine = [r for r in client.get("/api/runs").json()["runs"] if r["version"] == following]
+    # its driver exits a moment after the run finished; till then it holds the queue (issue 49 item 1)
+    while time.monotonic() < deadline and client.get("/api/queue").json()["holder"]:
+        time.sleep(0.3)
     assert client.get("/api/queue").json() == {"holder": None, "entries": []}
     assert len(mine) == 1 and mine[0]["state"] == "completed", mine
     assert mine[0]["started_wall_ns"] > run.status()["finished_wall_ns"]  # after the first ended
@@ -527,11 +530,32 @@ def test_runs_asked_for_while_one_is_going_are_queued_with_their_position(env: A
     body = {"version": version["hash"], "mode": "local"}
     for wrong, path in (
         ({"count": 0, "queue": True}, "count"),
-        ({"count": 2}, "count"),
+        ({"count": 2, "queue": False}, "count"),
         ({"queue": "yes"}, "queue"),
     ):
         got = client.post("/api/runs", json={**body, **wrong})
         assert got.status_code == 422 and [e["path"] for e in got.json()["errors"]] == [path], wrong
+    # issue 49 item 1: nothing waits, yet the holder is said, and one Run is refused (queue false: 409
+    # naming it) or queued; never a second driver beside the going one
+    assert client.get("/api/queue").json() == {"holder": f"fixture_small/{going.name}", "entries": []}
+    refused = client.post("/api/runs", json={**body, "queue": False})
+    assert refused.status_code == 409 and refused.json()["holder"] == f"fixture_small/{going.name}"
+    assert refused.json()["detail"].startswith(f"fixture_small/{going.name} is going: "), refused.text
+    one = client.post("/api/runs", json=body)
+    assert one.status_code == 202 and "launch" not in one.json(), one.text
+    assert [e["position"] for e in one.json()["queued"]] == [1]
+    assert one.json()["holder"] == f"fixture_small/{going.name}"
+    client.delete(f"/api/queue/{one.json()['queued'][0]['id']}")
+    # issue 49 item 2: a benchmark (queued too) saves its derived version, the newest of the name, yet
+    # the editor opens the researcher's own, and the stored list names that as the latest
+    bench = client.post("/api/runs", json={**body, "kind": "benchmark"}).json()
+    assert bench["version"]["derived"] is True and bench["version"]["derived_from"] == version["hash"]
+    history = client.get("/api/scenarios/api_queue/versions").json()
+    assert [v["hash"] for v in history["versions"]] == [bench["version"]["hash"], version["hash"]]
+    assert history["opens"] == version["hash"] and history["versions"][1]["derived"] is False
+    stored = {s["name"]: s["latest"]["hash"] for s in client.get("/api/scenarios").json()["stored"]}
+    assert stored["api_queue"] == version["hash"]
+    client.delete(f"/api/queue/{bench['queued'][0]['id']}")
     queued = client.post("/api/runs", json={**body, "queue": True, "count": 2})
     assert queued.status_code == 202, queued.text
     data = queued.json()
@@ -547,6 +571,7 @@ def test_runs_asked_for_while_one_is_going_are_queued_with_their_position(env: A
     assert [(e["id"], e["position"]) for e in after["entries"]] == [(data["queued"][1]["id"], 1)]
     assert client.delete(f"/api/queue/{data['queued'][0]['id']}").status_code == 404
     client.delete(f"/api/queue/{data['queued'][1]['id']}")
+    (going / "status.json").write_text(json.dumps({"state": "completed", "label": "fixture_small"}))
     assert client.get("/api/queue").json() == {"holder": None, "entries": []}
 
 

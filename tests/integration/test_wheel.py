@@ -17,6 +17,7 @@ CONTENT = (
     "dit/_content/playbooks/apply.yml.j2",
     "dit/_content/library/dit_restore.py",
     "dit/_content/module_utils/dit_procs.py",
+    "dit/_content/module_utils/dit_trusted.py",  # a link to src/dit/trusted.py in the checkout
     "dit/_content/action_plugins/dit_proc.py",
     "dit/_content/doc_fragments/dit.py",
     "dit/_content/scenarios/scenario.schema.json",
@@ -30,7 +31,21 @@ CONTENT = (
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(REPO)],
+        # Offline: the build backend (hatchling) comes from the locked dev environment, not from the index
+        # that build isolation would download it from (issue 49, item 10).
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--quiet",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
         check=True,
         timeout=600,
     )
@@ -47,7 +62,18 @@ def test_wheel_ships_the_ansible_content(wheel: Path) -> None:
 def test_installed_wheel_runs_a_scenario_from_anywhere(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(target), str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--quiet",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
         check=True,
         timeout=600,
     )

@@ -6,7 +6,7 @@ import os
 import platform
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,26 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+@pytest.fixture
+def driver_of() -> Iterator[Callable[[Path], subprocess.Popen[bytes]]]:
+    """A stand-in driver: a live process that holds a run directory open, as `dit run` holds its own."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(run: Path) -> subprocess.Popen[bytes]:
+        fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            started.append(subprocess.Popen(["sleep", "120"], pass_fds=(fd,)))
+        finally:
+            os.close(fd)
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 def fake_run(tmp_path: Path, state: str, driver: dict[str, Any]) -> Path:
@@ -67,11 +87,28 @@ def test_a_running_run_whose_pid_is_another_process_is_refused(
     assert sleeper.poll() is None
 
 
-def test_the_verified_driver_is_signalled(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
-    run = fake_run(tmp_path, "running", {"pid": sleeper.pid, **process_identity(sleeper.pid)})
+def test_the_verified_driver_is_signalled(
+    tmp_path: Path, driver_of: Callable[[Path], subprocess.Popen[bytes]]
+) -> None:
+    run = fake_run(tmp_path, "running", {})
+    driver = driver_of(run)
+    write_json(run / DRIVER, {"host": platform.node(), "pid": driver.pid, **process_identity(driver.pid)})
     code, _output = stop(run, "--wait", "1")
     assert code != 0  # a sleep does not write status.json: it never reports "stopped"
-    assert sleeper.wait(timeout=10) == -signal.SIGTERM
+    assert driver.wait(timeout=10) == -signal.SIGTERM
+    assert (run / STOP).exists()
+
+
+def test_a_process_driver_json_copied_but_not_holding_the_run_is_not_signalled(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    # issue 46: driver.json copies another process's pid, start time and command line from /proc
+    run = fake_run(tmp_path, "running", {"pid": sleeper.pid, **process_identity(sleeper.pid)})
+    code, output = stop(run, "--wait", "0.5")
+    assert code != 0
+    assert f"pid {sleeper.pid} does not hold {run} open" in " ".join(output.split())
+    assert "STOP file only" in output
+    assert sleeper.poll() is None
     assert (run / STOP).exists()
 
 

@@ -32,7 +32,7 @@ procs = module_util("dit_procs")
 
 def ctx(host: str, hostvars: dict[str, Any] | None = None, local: bool = False) -> HostContext:
     role = "edge" if host == "edge" else "device"
-    return HostContext(host, role, local, RUN, "/var/tmp/dit/x", "/sys", "edge", "10.0.0.1", hostvars or {})
+    return HostContext(host, role, local, RUN, "/var/lib/dit/x", "/sys", "edge", "10.0.0.1", hostvars or {})
 
 
 def contexts(local: bool = False, **hostvars: dict[str, Any]) -> dict[str, HostContext]:

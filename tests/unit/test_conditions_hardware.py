@@ -51,7 +51,7 @@ def ctx(host: str, hostvars: dict[str, Any] | None = None) -> HostContext:
         role,
         False,
         "hw-20261129T000000Z-abcd",
-        "/var/tmp/dit/x",
+        "/var/lib/dit/x",
         "/sys",
         "edge",
         "10.0.0.1",

@@ -62,10 +62,10 @@ def test_the_undo_scope_joins_what_every_condition_may_touch() -> None:
 
 class _Inventory:
     hosts = ("edge", "device1")
-    hostvars: Mapping[str, Mapping[str, Any]] = {"edge": {}, "device1": {"dit_lease_dir": "/var/lib/dit"}}
+    hostvars: Mapping[str, Mapping[str, Any]] = {"edge": {}, "device1": {"dit_lease_dir": "/srv/dit"}}
 
     def node_root(self, host: str, run_id: str) -> str:
-        return f"/var/tmp/dit/{run_id}"
+        return f"/var/lib/dit/{run_id}"
 
 
 def test_the_journals_scopes_come_from_the_inventory_and_the_conditions_the_run_built(tmp_path: Path) -> None:
@@ -75,11 +75,11 @@ def test_the_journals_scopes_come_from_the_inventory_and_the_conditions_the_run_
     )
     scopes = undo_scopes("r1", _Inventory(), metadata)  # type: ignore[arg-type]
     assert scopes["device1"] == {
-        "node_root": "/var/tmp/dit/r1",
+        "node_root": "/var/lib/dit/r1",
         "sysfs_root": "/sys",
         "interfaces": [{"dev": "veth1", "netns": "ns1", "log": "/tmp/tc.log"}],
         "cgroup_root": "/sys/fs/cgroup",
-        "lease_dir": "/var/lib/dit",
+        "lease_dir": "/srv/dit",
     }
     assert scopes["edge"]["interfaces"] == [] and "lease_dir" not in scopes["edge"]
     assert undo_scopes("r1", _Inventory(), tmp_path / "none.json")["device1"]["interfaces"] == []  # type: ignore[arg-type]

@@ -146,7 +146,7 @@ def test_resolve_applies_the_userspace_backend_without_sch_netem() -> None:
     assert d1["netem_userspace"]["queues"][0]["delay_ms"] == 20
     # device2 varies its delay: netem-vary now drives the emulator's control socket, not tc
     assert "template" not in d2["netem_variation"]
-    assert d2["netem_variation"]["control_socket"] == "/var/tmp/dit/run-1/link-emulator.sock"
+    assert d2["netem_variation"]["control_socket"] == "/var/lib/dit/run-1/link-emulator.sock"
     assert [o["expect"]["kind"] for o in d2["netem_tree"]] == ["tbf"]
     facts = PreflightFacts(scenario, {"device1": NO_NETEM, "device2": NO_NETEM}, built, {}, local=False)
     assert netem.preflight(facts) is None  # no sch_netem, yet nothing to refuse: userspace applies it

@@ -33,7 +33,7 @@ background_traffic:
 
 
 def ctx(host: str, local: bool, **hostvars: Any) -> HostContext:
-    base = f"/var/tmp/dit/{host}" if local else "/var/tmp/dit"
+    base = f"/var/lib/dit/{host}" if local else "/var/lib/dit"
     return HostContext(
         host=host,
         role="edge" if host == "edge" else "device",
@@ -57,7 +57,7 @@ def test_local_mode_records_netem_with_loopback_destinations() -> None:
     assert "netem" not in built["edge"] and "netem" not in built["device3"]
     v1 = built["device1"]["netem"]
     assert v1["netem_interface"] == "lo" and v1["netem_dry_run"] is True
-    assert v1["netem_log"] == "/var/tmp/dit/device1/run-1.tc.jsonl"
+    assert v1["netem_log"] == "/var/lib/dit/device1/run-1.tc.jsonl"
     assert v1["netem_variation"] == {}
     argv = [" ".join(o["argv"]) for o in v1["netem_tree"]]
     assert argv[0] == "tc qdisc replace dev lo root handle 1: htb default 1"
@@ -138,12 +138,12 @@ def test_background_traffic_servers_on_the_target_and_clients_on_the_devices() -
     assert udp_server["port"] == 5303 and udp_server["tag"] == "iperf3-server-device3"
     assert server["argv"] == [
         "iperf3", "-s", "-B", "192.168.50.1", "-p", "5301", "-i", "1", "--forceflush",
-        "--logfile", "/var/tmp/dit/run-1/results/iperf3_server_device1.log",
+        "--logfile", "/var/lib/dit/run-1/results/iperf3_server_device1.log",
     ]  # fmt: skip
     client = built["device1"]["background_traffic"]["background_traffic_client"]
     assert client["argv"] == [
         "iperf3", "-c", "192.168.50.1", "-p", "5301", "-b", "5M", "-t", "86400", "-i", "1", "--forceflush",
-        "--logfile", "/var/tmp/dit/run-1/results/background_traffic.log",
+        "--logfile", "/var/lib/dit/run-1/results/background_traffic.log",
     ]  # fmt: skip
     # device3 sends UDP to device2 (index 2 -> port 5303), whose address is only known locally.
     hosts = contexts(local=True)
@@ -166,7 +166,7 @@ def test_dry_run_netem_records_only_the_trees_that_need_netem() -> None:
     hosts = ("edge", "device1", "device2", "device3")
     built = build_conditions(scenario, {h: ctx(h, local=False, dit_tc_dry_run="netem") for h in hosts})
     assert built["device1"]["netem"]["netem_dry_run"] is True  # delay + jitter: needs sch_netem
-    assert built["device1"]["netem"]["netem_log"] == "/var/tmp/dit/run-1.tc.jsonl"
+    assert built["device1"]["netem"]["netem_log"] == "/var/lib/dit/run-1.tc.jsonl"
     assert built["device2"]["netem"]["netem_dry_run"] is True  # a varying delay too
     rate_only_text = SCENARIO.replace("variation: {kind: square, low_ms: 5, high_ms: 25, period_s: 4}", "")
     (rate_only,) = loads(rate_only_text.replace("target: device2", "target: edge"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ import pytest
 from dit.device import load
 from dit.device.common import ConfigError
 from dit.scenario import LOAD_REGIMES
+from tests.ansible_modules import module_util
 
 S = 1_000_000_000
 RUN_ID = f"test-load-{os.getpid()}"
@@ -25,12 +25,7 @@ RUN_ID = f"test-load-{os.getpid()}"
 
 def dit_procs() -> ModuleType:
     """The node-side process helpers teardown uses (``module_utils/dit_procs.py``)."""
-    path = Path(__file__).resolve().parents[2] / "module_utils" / "dit_procs.py"
-    spec = importlib.util.spec_from_file_location("dit_procs_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_util("dit_procs")
 
 
 def test_regimes_mirror_the_scenario_regimes() -> None:

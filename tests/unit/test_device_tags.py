@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 from dit.device import tags
+from tests.ansible_modules import module_util
 from tests.conftest import REPO
 
 
 def test_module_utils_spells_the_tags_like_dit() -> None:
-    spec = importlib.util.spec_from_file_location("dit_procs", REPO / "module_utils" / "dit_procs.py")
-    assert spec and spec.loader
-    node_side = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(node_side)
+    node_side = module_util("dit_procs")
     names = ("RUN_ENV", "HOST_ENV", "TAG_ENV", "START_AT_ENV", "START_AT_FILE_ENV", "PREPARED_FILE_ENV")
     for name in (*names, "START_WAIT_TIMEOUT_ENV"):
         assert getattr(node_side, name) == getattr(tags, name), name

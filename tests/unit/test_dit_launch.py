@@ -6,8 +6,6 @@ exits after each phase; the processes it starts lead their own sessions and outl
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -19,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ansible.module_utils import basic
 
-from tests.ansible_modules import LIBRARY, MODULE_UTILS, library_module, module_util
+from tests.ansible_modules import LIBRARY, MODULE_UTILS, library_module, module_util, run_in_process
 
 procs = module_util("dit_procs")
 launch = library_module("dit_launch")
@@ -72,16 +69,7 @@ with open("results/plain_out.json", "w") as out:
 
 def run_module(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
     """The module in this process (a second's start-up of Ansible saved per call)."""
-    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-    basic._ANSIBLE_PROFILE = "legacy"
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-            launch.main()
-    finally:
-        basic._ANSIBLE_ARGS = None
-    result: dict[str, Any] = json.loads(out.getvalue())
-    return result
+    return run_in_process(launch, args)
 
 
 def run_module_as_ansible(args: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
@@ -238,6 +226,38 @@ def test_the_one_phase_start_is_unchanged(node: dict[str, Any], tmp_path: Path) 
     res = run_module({**node, "processes": [PLAIN_SPEC], "start_at_ns": 42, "wait": True}, tmp_path)
     assert not res.get("failed"), res
     assert res["processes"]["plain"]["results"] == {"results/plain_out.json": {"start_at_ns": "42"}}
+
+
+def test_a_process_s_files_are_written_0600_whatever_the_umask_or_a_stale_temporary_file(
+    node: dict[str, Any], tmp_path: Path
+) -> None:
+    """Issue 46, item 5: a runtime's files carry what the scenario named (HeadSplit's headsplit.json holds
+    the perplexity paragraph dit read as root); only the user running the processes may read them."""
+    root = Path(node["node_root"])
+    (root / "conf").mkdir()
+    (root / "conf" / "run.json.tmp").write_text("stale")
+    (root / "conf" / "run.json.tmp").chmod(0o666)
+    spec = {**PLAIN_SPEC, "files": {**PLAIN_SPEC["files"], "conf/run.json": '{"secret": "paragraph"}'}}
+    old = os.umask(0o022)
+    try:
+        res = run_module({**node, "processes": [spec], "start_at_ns": 42, "wait": True}, tmp_path)
+    finally:
+        os.umask(old)
+    assert not res.get("failed"), res
+    for name in ("plain.py", "conf/run.json"):
+        assert (root / name).stat().st_mode & 0o777 == 0o600, name
+    assert (root / "conf" / "run.json").read_text() == '{"secret": "paragraph"}'
+
+
+def test_a_link_planted_at_a_file_s_temporary_name_is_not_followed(
+    node: dict[str, Any], tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("root's own")
+    (Path(node["node_root"]) / "plain.py.tmp").symlink_to(victim)
+    res = run_module({**node, "processes": [PLAIN_SPEC], "start_at_ns": 42, "wait": True}, tmp_path)
+    assert res.get("failed"), res
+    assert victim.read_text() == "root's own"
 
 
 def test_the_plan_journals_every_process_of_either_phase(node: dict[str, Any], tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,15 +13,11 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import REPO
+from tests.ansible_modules import module_util
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dit_procs", REPO / "module_utils" / "dit_procs.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_util("dit_procs")
 
 
 def test_spawned_processes_are_tagged_session_leaders_and_reaped_by_run_id(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def test_the_userspace_backend_s_iptables_commands_are_listed() -> None:
 
 
 def test_render_shortens_the_node_run_directory_and_says_when_nothing_changes() -> None:
-    run = "/var/tmp/dit/quickstart-x"
+    run = "/var/lib/dit/quickstart-x"
     report = DryRun("quickstart", "inventory", ["edge", "device1"], node_dirs={"edge": run})
     report.changes["edge"] = [
         change_of(

@@ -30,7 +30,7 @@ def test_split_and_parse() -> None:
 def test_ssh_argv_from_ansible_connection_variables() -> None:
     target = FollowTarget(
         "pi1",
-        "/var/tmp/dit/run-1",
+        "/var/lib/dit/run-1",
         {
             "ansible_host": "192.0.2.11",
             "ansible_user": "pi",
@@ -45,7 +45,7 @@ def test_ssh_argv_from_ansible_connection_variables() -> None:
     assert "StrictHostKeyChecking=no" in argv and argv[-2] == "pi@192.0.2.11"
     remote = shlex.split(argv[-1])
     assert remote[:4] == ["env", "DIT_RUN_ID=run-1", "DIT_HOST=pi1", "DIT_TAG=follow"]
-    assert remote[-1] == "/var/tmp/dit/run-1/logs"
+    assert remote[-1] == "/var/lib/dit/run-1/logs"
     assert FollowTarget("edge", "/x", {"ansible_connection": "local"}).is_local
 
 

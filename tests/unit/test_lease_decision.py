@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib.util
-import io
 import json
 import os
 from pathlib import Path
@@ -13,7 +10,6 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from ansible.module_utils import basic
 
 from dit.ansible_plugins.lease_action import LeaseAction
 from dit.run.lease_decision import (
@@ -26,8 +22,7 @@ from dit.run.lease_decision import (
     parse_holder,
     process_started_s,
 )
-from tests.ansible_modules import library_module
-from tests.conftest import REPO
+from tests.ansible_modules import library_module, module_util, run_in_process
 
 HERE = "controller-a"
 HOLDER = Holder(
@@ -39,7 +34,7 @@ HOLDER = Holder(
     run_dir="/runs/quickstart/20261201T060000Z-abababab-0123abcd",
 )
 ME = "quickstart-20261201T060000Z-abababab-ffffffff"
-PATH = "/var/tmp/dit/lease.json"
+PATH = "/var/lib/dit/lease.json"
 
 
 def text(holder: Holder) -> str:
@@ -132,13 +127,7 @@ def test_the_holder_round_trips_and_names_this_process(tmp_path: Path) -> None:
 
 # -- the node side (module_utils/dit_lease_file.py) -------------------------------------------------
 def node() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "dit_lease_utils", REPO / "module_utils" / "dit_lease_file.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return module_util("dit_lease_file")
 
 
 def test_take_is_a_compare_and_swap_and_release_only_removes_our_own(tmp_path: Path) -> None:
@@ -173,17 +162,7 @@ def test_release_touches_nothing_but_a_lease_file(tmp_path: Path) -> None:
 # -- the race: two runs both find the node free ------------------------------------------------
 def run_lease_module(args: dict[str, Any]) -> dict[str, Any]:
     """library/dit_lease.py in this process, as the action plugin would have it run on the node."""
-    module = library_module("dit_lease")
-    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
-    basic._ANSIBLE_PROFILE = "legacy"
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-            module.main()
-    finally:
-        basic._ANSIBLE_ARGS = None
-    result: dict[str, Any] = json.loads(out.getvalue())
-    return result
+    return run_in_process(library_module("dit_lease"), args)
 
 
 def test_the_loser_of_a_race_for_a_free_node_gets_the_full_refusal(tmp_path: Path) -> None:

@@ -118,9 +118,9 @@ def test_fake_sensor_power_and_energy_are_labelled(tmp_path: Path) -> None:
     html = build_report(run)
     power = _section(html, "power")
     assert "Fake power sensor on device1 (local mode)" in power and "not measured" in power
-    assert "<td>device1 (fake sensor)</td><td>fake</td>" in power  # the energy table names the sensor
+    assert "<td>device1 (modelled: fake sensor)</td><td>fake</td>" in power  # the energy table's row
     assert "power trace (fake sensor: modelled, not measured)" in power
-    assert "edge (fake sensor)" not in html  # the INA260 node is not labelled fake
+    assert "edge (modelled" not in html  # the INA260 node is not labelled fake
     validation = _section(html, "validation")
     assert "energy model MAPE 5.70 % against a fake power sensor on device1" in validation
     optimise = _section(html, "optimise")

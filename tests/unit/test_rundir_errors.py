@@ -32,7 +32,7 @@ def test_write_json_names_the_file_and_the_reason(tmp_path: Path) -> None:
 def test_a_full_disk_says_so_and_leaves_no_temporary_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def full(*_args: object) -> None:
+    def full(*_args: object, **_kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "replace", full)
@@ -63,7 +63,7 @@ def test_try_set_status_returns_the_error_instead_of_raising(
     run = RunDir.create(tmp_path / "runs", "s", "0123456789abcdef")
     run.set_status(state="running")
 
-    def read_only(*_args: object) -> None:
+    def read_only(*_args: object, **_kwargs: object) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
     monkeypatch.setattr(os, "replace", read_only)

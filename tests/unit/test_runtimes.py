@@ -201,7 +201,7 @@ def context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
         "edge_host": "edge",
         "devices": ("device1", "device2"),
         "addresses": {"edge": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12"},
-        "node_roots": {h: f"/var/tmp/dit/r1/{h}" for h in hosts},
+        "node_roots": {h: f"/var/lib/dit/r1/{h}" for h in hosts},
         "pythons": dict.fromkeys(hosts, "/usr/bin/python3"),
         "local": False,
         "model": {"name": "fake", "params": {"profile": "tiny"}},
@@ -265,16 +265,16 @@ def test_layers_launches_the_device_agent_with_todays_configuration() -> None:
     assert agent["name"] == "profile"
     assert agent["argv"] == [
         "/usr/bin/python3",
-        "/var/tmp/dit/r1/device2/dit-device.pyz",
+        "/var/lib/dit/r1/device2/dit-device.pyz",
         "profile",
         "--config",
-        "/var/tmp/dit/r1/device2/profile.json",
+        "/var/lib/dit/r1/device2/profile.json",
     ]
     config = json.loads(agent["files"]["profile.json"])
     assert config["inference"]["vectors"] == [[0, 1], [1, 2]]
     assert config["inference"]["device_index"] == 1
     assert config["inference"]["edge"] == {"host": "10.0.0.1", "port": 5000}
-    assert config["results_dir"] == "/var/tmp/dit/r1/device2/results" and config["host"] == "device2"
+    assert config["results_dir"] == "/var/lib/dit/r1/device2/results" and config["host"] == "device2"
     assert "start_at_ns" not in config  # the agent takes it from the start-at file
     assert agent["prepared_file"] == "profile.prepared.json"  # the two-phase start
     origin = {"results/origin.json": {"lateness_ns": 1234}}

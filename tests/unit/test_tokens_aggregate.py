@@ -180,7 +180,7 @@ def context(block: dict[str, Any]) -> LaunchContext:
         edge_host="edge",
         devices=("device1",),
         addresses={"edge": "10.0.0.1", "device1": "10.0.0.11"},
-        node_roots={h: f"/var/tmp/dit/r1/{h}" for h in hosts},
+        node_roots={h: f"/var/lib/dit/r1/{h}" for h in hosts},
         pythons=dict.fromkeys(hosts, "/usr/bin/python3"),
         local=False,
         model={"name": "gpt2"},

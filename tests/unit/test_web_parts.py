@@ -68,6 +68,30 @@ def test_a_versions_note_changes_neither_its_hash_nor_its_document(tmp_path: Pat
     store.close()
 
 
+def test_a_benchmarks_derived_version_is_marked_and_never_the_one_opened(tmp_path: Path) -> None:
+    """Issue 49 item 2: the benchmark's profiling-only copy is the newest version of its name, yet the
+    stored list and the editor open the researcher's own; saving that document oneself makes it theirs."""
+    from dit.web.services.benchmark import benchmark_document
+    from dit.web.services.store import opens
+
+    store = Store(tmp_path / "nnpm.sqlite")
+    mine, _ = store.save(DOC, expand(DOC))
+    profiling, wrong = benchmark_document(DOC, {"repetitions": 4})
+    assert wrong == []
+    bench, created = store.save(profiling, expand(profiling), "benchmark", mine.hash)
+    assert created and bench.derived and not mine.derived
+    assert bench.summary()["derived"] is True and bench.summary()["derived_from"] == mine.hash
+    history = store.history("s1")
+    assert [v.hash for v in history] == [bench.hash, mine.hash]  # listed, newest first
+    assert opens(history) == mine
+    assert [n["latest"]["hash"] for n in store.names()] == [mine.hash]
+    # the researcher saving the same document from the editor: no longer derived, so it opens
+    again, created = store.save(profiling, expand(profiling))
+    assert not created and again.hash == bench.hash and not again.derived and again.derived_from is None
+    assert opens(store.history("s1")) == again
+    store.close()
+
+
 def test_run_log_lines_resume_from_an_offset(tmp_path: Path) -> None:
     log = tmp_path / "run.log"
     log.write_text(

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from dit.scenario import expand
 from dit.web.services import queue
 from dit.web.services.runs import Launch
@@ -66,4 +68,39 @@ def test_an_entry_that_cannot_start_is_marked_failed_and_the_next_goes(tmp_path:
     (failed,) = store.queued(("failed",))
     assert failed["id"] == only and "no inventory" in failed["error"]
     assert store.queued() == []
+    store.close()
+
+
+def test_a_run_asked_for_while_one_is_going_is_queued_never_a_second_driver(tmp_path: Path) -> None:
+    """Issue 49 item 1: with one run going and nothing waiting, Run queued nothing (the holder was only
+    computed when something waited) and started a second driver the lease refused. The server decides:
+    queued behind the holder, refused when the request says not to queue, started only when free."""
+    runs = tmp_path / "runs"
+    store = Store(tmp_path / "nnpm.sqlite")
+    version, _ = store.save(DOC, expand(DOC))
+    started: list[str] = []
+
+    def start(v: Version, kind: str, mode: str) -> Launch:
+        started.append(kind)
+        return Launch(f"launch-{len(started)}", v.hash, kind, mode, 0, tmp_path / "log", [])
+
+    going = _going(runs)
+    assert queue.entries(runs, store)["holder"] == "other/20260101T000000Z-going"  # nothing waits
+    with pytest.raises(queue.Busy, match=r"^other/20260101T000000Z-going is going: .*queue it"):
+        queue.start_or_enqueue(runs, store, version, "run", "local", start, queue=False)
+    done = queue.start_or_enqueue(runs, store, version, "run", "local", start)
+    assert done.launch is None and len(done.queued) == 1 and started == []
+    # a benchmark asked for now waits too, behind the run already waiting
+    bench = queue.start_or_enqueue(runs, store, version, "benchmark", "local", start)
+    assert [e["id"] for e in queue.entries(runs, store)["entries"]] == [*done.queued, *bench.queued]
+    (going / "status.json").write_text(json.dumps({"state": "completed", "label": "other"}))
+    # nothing going, but runs wait: a new one takes its turn after them (false: refused, naming them)
+    with pytest.raises(queue.Busy, match=r"^2 run\(s\) wait their turn"):
+        queue.start_or_enqueue(runs, store, version, "run", "local", start, queue=False)
+    assert queue.advance(runs, store, start) == done.queued[0] and started == ["run"]
+    store.settle_queued(bench.queued[0], "cancelled")
+    # free: started at once, unless asked to queue
+    now = queue.start_or_enqueue(runs, store, version, "run", "local", start, queue=False)
+    assert now.launch is not None and now.launch.id == "launch-2" and now.queued == ()
+    assert queue.start_or_enqueue(runs, store, version, "run", "local", start, queue=True).launch is None
     store.close()

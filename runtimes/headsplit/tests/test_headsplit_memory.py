@@ -5,8 +5,14 @@ Pure Python (no torch): runs in CI's default phase.
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 
+from headsplit import memory as mem
+from headsplit import worker
 from headsplit.config import preset
 from headsplit.memory import MemoryTracker, crossing_token, predict, squeeze
 from headsplit.placement import WorkerSpec, place, worker_bytes
@@ -130,3 +136,112 @@ def test_squeeze_takes_the_first_worker_by_name_among_equals_and_refuses_what_ca
         squeeze(cfg, {u: "worker1" for u in units if u.kind != "head"}, 8, 1, 2)
     with pytest.raises(ValueError, match="needs 0 < replace_at < full_at, got 3 and 3"):
         squeeze(cfg, placement, 8, 3, 3)
+
+
+# ------------------------------------------------------------- a worker's peak, and how it ended
+
+
+def _tinyllama_layerwise() -> dict[Unit, str]:
+    specs = [WorkerSpec(f"worker{r}", 1 << 40, 1e9, 0) for r in (1, 2, 3, 4)]
+    return dict(place(preset("tinyllama"), specs, "layerwise", context_tokens=0))
+
+
+def test_each_workers_peak_is_its_units_the_larger_of_margin_and_caches_and_its_process() -> None:
+    cfg = preset("tinyllama")
+    plan = _tinyllama_layerwise()
+    needs = mem.needs(cfg, plan, 17)
+    n1 = needs["worker1"]
+    assert n1.units_bytes == worker_bytes(cfg, plan, "worker1", 0)
+    assert n1.margin_bytes == 4 * 2048 * 5632 + (16 << 20)  # one FFN matrix + the allocator's slack
+    assert n1.peak_bytes == mem.RUNTIME_BASE_BYTES + n1.units_bytes + n1.margin_bytes  # caches: 17 tokens
+    assert n1.describe() == "1443 MB at its peak (units 1060 MB + set-up margin 63 MB + process 320 MB)"
+    long = mem.needs(cfg, plan, 8192)["worker1"]  # caches past the margin
+    assert long.describe().startswith("1481 MB at its peak (units 1060 MB + KV caches 101 MB")
+    limits = {"worker1": 1024 << 20, "worker2": 2048 << 20, "worker3": 0}
+    assert mem.over_limit(needs, limits) == [
+        "worker1 needs 1443 MB at its peak (units 1060 MB + set-up margin 63 MB + process 320 MB), "
+        "its memory limit is 1074 MB"
+    ]
+
+
+def _cgroup(tmp_path: Path, files: dict[str, str]) -> Path:
+    d = tmp_path / "dit-r1-device1"
+    d.mkdir(parents=True)
+    for name, text in files.items():
+        (d / name).write_text(text)
+    return d
+
+
+def test_cgroup_counters_are_read_from_v1_and_v2(tmp_path: Path) -> None:
+    v1 = _cgroup(tmp_path / "v1", {
+        "memory.limit_in_bytes": "1610612736\n", "memory.max_usage_in_bytes": "1610600448\n",
+        "memory.failcnt": "12\n", "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+    })  # fmt: skip
+    assert mem.read_cgroup(v1) == mem.CgroupMemory(str(v1), 1610612736, 1610600448, 1, 12)
+    v2 = _cgroup(tmp_path / "v2", {
+        "memory.max": "max\n", "memory.peak": "5000\n",
+        "memory.events": "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 0\n",
+    })  # fmt: skip
+    assert mem.read_cgroup(v2) == mem.CgroupMemory(str(v2), None, 5000, 2, None)
+    unlimited = _cgroup(tmp_path / "v1u", {"memory.limit_in_bytes": "9223372036854771712\n"})
+    assert mem.read_cgroup(unlimited).limit_bytes is None
+
+
+def test_a_process_finds_its_memory_cgroup_and_the_limit_that_binds_it(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    inner = root / "memory" / "rack" / "device1"
+    inner.mkdir(parents=True)
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (root / "memory" / "rack" / "memory.limit_in_bytes").write_text("1000\n")
+    (inner / "memory.limit_in_bytes").write_text("2000\n")
+    v1 = tmp_path / "cgroup-v1"
+    v1.write_text("12:cpu,cpuacct:/rack/device1\n4:memory:/rack/device1\n0::/\n")
+    assert mem.own_memory_cgroup(v1, root) == inner
+    assert mem.effective_limit_bytes(inner) == 1000  # the parent's limit binds
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    v2 = tmp_path / "cgroup-v2"
+    v2.write_text("0::/rack/device1\n")
+    (root / "rack" / "device1").mkdir(parents=True)
+    assert mem.own_memory_cgroup(v2, root) == root / "rack" / "device1"
+    assert mem.own_memory_cgroup(tmp_path / "none", root) is None
+
+
+def test_the_loss_of_a_worker_names_the_kill_the_limit_and_its_need() -> None:
+    need = mem.Need("worker1", 1_060_200_000, 0, 62_900_000)
+    cg = mem.CgroupMemory("/sys/fs/cgroup/memory/dit-r1-device1", 1610612736, 1610600448, 1, 12)
+    oom = mem.ExitNote("worker1", -9, cg)
+    assert mem.ExitNote.from_json(oom.to_json()) == oom
+    assert mem.loss_message("worker1", "setup", oom, need, 1610612736) == (
+        "worker1 was killed by the kernel's memory limit (signal 9; memory cgroup "
+        "/sys/fs/cgroup/memory/dit-r1-device1, limit 1611 MB, oom_kill 1, failcnt 12, peak 1611 MB) during "
+        "setup; it needs 1443 MB at its peak (units 1060 MB + set-up margin 63 MB + process 320 MB): raise "
+        "its node's memory limit or spread the model over more workers"
+    )
+    # a SIGKILL the memory cgroup did not send, another signal, an exit status, no note at all
+    other = mem.ExitNote("worker1", -9, mem.CgroupMemory("/x", None, None, 0))
+    assert mem.loss_message("worker1", "heads", other, None, 0).startswith(
+        "worker1 was killed by signal 9 during heads; memory cgroup /x, oom_kill 0, its memory limit is unknown"
+    )
+    assert "exited with status 1 during ffn" in mem.loss_message(
+        "worker2", "ffn", mem.ExitNote("worker2", 1, None), None, 0
+    )
+    assert mem.loss_message("worker3", "setup", None, need, 1 << 30) == (
+        "worker3 stopped answering during setup and no record of its exit is readable here (its node's logs/ "
+        "and results/worker3.exit.json say how it ended); it needs 1443 MB at its peak (units 1060 MB + "
+        "set-up margin 63 MB + process 320 MB), its memory limit is 1074 MB"
+    )
+
+
+def test_the_supervisor_notes_a_worker_killed_by_a_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "headsplit.json").write_text(json.dumps({"result": "out/headsplit.json"}))
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    assert worker.supervise([sys.executable, "-c", kill], "headsplit.json", 2) == 128 + 9
+    note = mem.ExitNote.from_json(json.loads((tmp_path / "out" / "worker2.exit.json").read_text()))
+    assert note.worker == "worker2" and note.signal == 9
+    assert "headsplit worker: worker2 was killed by" in capsys.readouterr().err
+    # a worker that ends well leaves no note
+    assert worker.supervise([sys.executable, "-c", "pass"], "headsplit.json", 3) == 0
+    assert not (tmp_path / "out" / "worker3.exit.json").exists()

@@ -167,7 +167,7 @@ def context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
         "edge_host": "edgeserver",
         "devices": ("device1", "device2", "device3"),
         "addresses": {"edgeserver": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12", "device3": "10.0.0.13"},
-        "node_roots": {h: "/var/tmp/dit/r1" for h in HOSTS},
+        "node_roots": {h: "/var/lib/dit/r1" for h in HOSTS},
         "pythons": dict.fromkeys(HOSTS, "/usr/bin/python3"),
         "local": False,
         "model": {"name": "fake", "params": {"profile": "tiny"}},
@@ -217,19 +217,19 @@ def test_launch_starts_workers_then_the_controller_with_one_config(headsplit: An
     config = json.loads(controller["files"]["headsplit.json"])
     assert config == {
         "model": {"preset": "gpt2-tiny"},
-        "checkpoint": {"path": f"/var/tmp/dit/headsplit/files/{'a' * 64}/gpt2.safetensors", "sha256": "a" * 64},
+        "checkpoint": {"path": f"/var/lib/dit/headsplit/files/{'a' * 64}/gpt2.safetensors", "sha256": "a" * 64},
         "controller": {"host": "edgeserver", "address": "10.0.0.1", "source_address": None, "port": 29600},
         "workers": [
             {"rank": 1, "name": "worker1", "host": "device2", "address": "10.0.0.12", "source_address": None,
-             "memory_limit_bytes": 512 * 1024 * 1024},
+             "memory_limit_bytes": 512 * 1024 * 1024, "exit_note": None},
             {"rank": 2, "name": "worker2", "host": "device1", "address": "10.0.0.11", "source_address": None,
-             "memory_limit_bytes": 0},
+             "memory_limit_bytes": 0, "exit_note": None},
         ],
         "strategy": "roundrobin",
         "control": "rpc",
         "speculation": True,
         "tau": 0.02,
-        "speculation_profile": "/var/tmp/dit/headsplit/profiles/speculation-gpt2-tiny-tau0.02.json",
+        "speculation_profile": "/var/lib/dit/headsplit/profiles/speculation-gpt2-tiny-tau0.02.json",
         "tokens": 8,
         "prompt": "Heads expose the parallelism that layers hide.",
         "prompt_ids": None,
@@ -259,9 +259,12 @@ def test_local_mode_reads_files_where_they_are_and_the_block_may_name_the_interp
     }
     (controller,) = specs["edgeserver"]["main"]
     assert controller["argv"][0] == "/opt/dit/runtimes/headsplit/bin/python"
-    assert (
-        json.loads(controller["files"]["headsplit.json"])["checkpoint"]["path"] == "/models/gpt2.safetensors"
-    )
+    config = json.loads(controller["files"]["headsplit.json"])
+    assert config["checkpoint"]["path"] == "/models/gpt2.safetensors"
+    # one machine: the controller reads how a lost worker ended, in that worker's node root
+    assert [w["exit_note"] for w in config["workers"]] == [
+        f"/var/tmp/dit/r1/results/worker{r}.exit.json" for r in (1, 2, 3)
+    ]
 
 
 def test_local_mode_gives_every_process_its_device_s_own_address(headsplit: Any) -> None:
@@ -342,6 +345,17 @@ def test_validate_refuses_workers_and_controllers_that_are_not_nodes(
     assert messages(doc(runtime={"name": "headsplit", **block})) == [message]
 
 
+def test_validate_refuses_a_trained_model_without_its_checkpoint(headsplit: Any) -> None:
+    """smollm2-135m has no seeded weights to fall back on: refused at validate with the field's path
+    (issue 49, item 6), not by apply's prompt tokenizer 19 s later."""
+    assert messages(doc(runtime={"name": "headsplit", "model": "smollm2-135m"})) == [
+        "runtime.checkpoint: model smollm2-135m runs its trained weights: give the directory "
+        "`python -m dit.models.convert smollm2-135m DIR` writes and the pin it prints"
+    ]
+    pinned = {"path": "/data/smollm2-135m", "sha256": "0" * 64}
+    assert messages(doc(runtime={"name": "headsplit", "model": "smollm2-135m", "checkpoint": pinned})) == []
+
+
 def test_a_device_may_be_the_controller(headsplit: Any) -> None:
     block = {"name": "headsplit", "controller": "device3", "workers": ["device1", "device2"]}
     specs = launch_vars(headsplit, context(block), HOSTS)
@@ -407,11 +421,11 @@ def test_distribute_checkpoint_verifies_the_hash_here_and_on_every_node(
     assert not isinstance(plan.plays, Path)  # plays, not a playbook file
     (nodes,) = plan.plays
     assert nodes["hosts"] == "all"
-    names = [next(k for k in t if k.startswith("ansible.")) for t in nodes["tasks"]]
+    names = [next(k for k in t if k.startswith(("ansible.", "dit_"))) for t in nodes["tasks"]]
     assert names == [
         "ansible.builtin.stat",
         "ansible.builtin.assert",
-        "ansible.builtin.file",
+        "dit_trusted_dir",  # the directory and every parent root's alone (issue 46)
         "ansible.builtin.copy",
         "ansible.builtin.stat",
         "ansible.builtin.assert",
@@ -471,7 +485,7 @@ def test_build_speculation_profile_of_a_trained_model_sends_its_tokens(
     i = argv.index("--checkpoint")
     assert argv[i : i + 4] == [
         "--checkpoint",
-        f"/var/tmp/dit/headsplit/files/{sha}/smollm2-135m",
+        f"/var/lib/dit/headsplit/files/{sha}/smollm2-135m",
         "--sha256",
         sha,
     ]
@@ -511,7 +525,7 @@ def test_a_directory_checkpoint_gives_the_model_from_its_config_json(headsplit: 
         launch_vars(headsplit, context(block), HOSTS)["edgeserver"]["main"][0]["files"]["headsplit.json"]
     )
     assert config["model"]["config"]["family"] == "llama" and config["model"]["config"]["n_kv_heads"] == 2
-    assert config["checkpoint"]["path"] == f"/var/tmp/dit/headsplit/files/{'d' * 64}/tiny-llama"
+    assert config["checkpoint"]["path"] == f"/var/lib/dit/headsplit/files/{'d' * 64}/tiny-llama"
     assert "placement" not in config
 
 
@@ -549,7 +563,7 @@ def test_shards_give_each_worker_its_own_file_and_the_run_their_placement(
              "checkpoint": {"path": "/models/x", "sha256": pin, "shards": str(out)}}  # fmt: skip
     specs = launch_vars(headsplit, context(block), HOSTS)
     config = json.loads(specs["edgeserver"]["main"][0]["files"]["headsplit.json"])
-    base = f"/var/tmp/dit/headsplit/files/{pin}/shards"
+    base = f"/var/lib/dit/headsplit/files/{pin}/shards"
     assert config["checkpoint"] == {
         "path": f"{base}/controller.safetensors", "sha256": "0" * 64,
         "shards": {"worker1": {"path": f"{base}/worker1.safetensors", "sha256": "1" * 64},
@@ -616,7 +630,7 @@ def test_distribute_checkpoint_sends_a_directory_with_its_manifest(headsplit: An
     assert _rendered(plan, sums["dest"]).endswith("/tiny-llama/SHA256SUMS")
     verify = play["tasks"][-1]["ansible.builtin.command"]["argv"][-3:-1]
     assert [_rendered(plan, a, {"sha256": "a" * 64}) for a in verify] == [
-        f"/var/tmp/dit/headsplit/files/{'a' * 64}/tiny-llama", "--sha256"]  # fmt: skip
+        f"/var/lib/dit/headsplit/files/{'a' * 64}/tiny-llama", "--sha256"]  # fmt: skip
 
 
 def test_the_trained_smollm2_preset_needs_its_converted_checkpoint(headsplit: Any) -> None:
@@ -755,3 +769,22 @@ def test_placement_profile_reaches_the_controller_as_a_file(headsplit: Any, tmp_
         (worker,) = specs[device]["background"]
         assert set(worker["files"]) == {"headsplit.json"}
         assert json.loads(worker["files"]["headsplit.json"])["placement_profile"] is None
+
+
+def test_validate_refuses_a_worker_whose_peak_passes_its_memory_limit(headsplit: Any) -> None:
+    """TinyLlama layer-wise on 4 devices of 1024 MiB: 6 layers (1060 MB of units) fit the placement's
+    count, but not with the worker process and its set-up margin; the message names worker, need, limit."""
+    block = {"name": "headsplit", "model": "tinyllama", "strategy": "layerwise", "tokens": 16}
+    devices = ["device1", "device2", "device3", "device4"]
+    tight = doc(devices=devices, runtime=block, hardware={d: {"memory_limit_mb": 1024} for d in devices})
+    got = messages(tight)
+    assert got[0] == (
+        "runtime.model: tinyllama layerwise on 4 workers: worker1 (device1) needs 1443 MB at its peak "
+        "(units 1060 MB + set-up margin 63 MB + process 320 MB), hardware.device1.memory_limit_mb is 1024: "
+        "raise it to at least 1377 or place the model on more workers"
+    )
+    assert [m.split(" needs")[0].rsplit(": ", 1)[1] for m in got] == [
+        f"worker{r} (device{r})" for r in (1, 2, 3, 4)
+    ]
+    roomy = doc(devices=devices, runtime=block, hardware={d: {"memory_limit_mb": 1536} for d in devices})
+    assert messages(roomy) == []

@@ -161,7 +161,7 @@ def _context(block: dict[str, Any], **overrides: Any) -> LaunchContext:
         "run_id": "r1", "block": scenario["runtime"], "scenario": scenario, "edge_host": "edgeserver",
         "devices": ("device1", "device2", "device3"),
         "addresses": {"edgeserver": "10.0.0.1", "device1": "10.0.0.11", "device2": "10.0.0.12", "device3": "10.0.0.13"},
-        "node_roots": {h: "/var/tmp/dit/r1" for h in HOSTS}, "pythons": dict.fromkeys(HOSTS, "/usr/bin/python3"),
+        "node_roots": {h: "/var/lib/dit/r1" for h in HOSTS}, "pythons": dict.fromkeys(HOSTS, "/usr/bin/python3"),
         "local": False, "model": {}, "edge_port": None,
     }  # fmt: skip
     values.update(overrides)

@@ -46,6 +46,7 @@ from dit.analysis.phases import phases_summary
 from dit.analysis.points import POINTS_COLUMNS, points_rows
 from dit.analysis.power_model import read_power_models
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
+from dit.run.rundir import write_text
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def aggregate_run(run: LoadedRun | Path) -> AggregateSummary:
     written: list[Path] = []
     for name, frame in files.items():
         path = out / name
-        frame.to_csv(path, index=False)
+        write_text(path, frame.to_csv(index=False))
         written.append(path)
     return AggregateSummary(
         run_dir=run_dir,

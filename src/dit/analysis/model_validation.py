@@ -35,6 +35,7 @@ from dit.analysis.aggregate import aggregate_run, read_model_inputs
 from dit.analysis.delay import J_PER_W_NS, DelayModel, check_policy, energy_j, evaluate
 from dit.analysis.inputs import EDGE_HOST
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
+from dit.report import labels
 
 VALIDATION_COLUMNS: Final = (
     "run",
@@ -80,6 +81,7 @@ class ValidationSummary:
     energy_mape_pct: float | None = (
         None  # predicted vs measured energy per inference, when a power model exists
     )
+    energy_modelled: tuple[str, ...] = ()  # nodes whose "measured" energy came from a fake sensor
 
     def render_table(self) -> Table:
         table = Table(title=f"Model validation — MAPE {self.mape_pct:.2f} % over {self.points} points")
@@ -94,7 +96,8 @@ class ValidationSummary:
         if self.remote_mape_inrun_pct is not None:
             table.add_row("term remote, in-run edge stage times", f"{self.remote_mape_inrun_pct:.2f}")
         if self.energy_mape_pct is not None:
-            table.add_row("energy per inference", f"{self.energy_mape_pct:.2f}")
+            against = f" (against {labels.MODELLED} energy)" if self.energy_modelled else ""
+            table.add_row(f"energy per inference{against}", f"{self.energy_mape_pct:.2f}")
         return table
 
 
@@ -238,10 +241,20 @@ def _mape(pairs: Iterable[tuple[float, float]]) -> float:
     return sum(errors) / len(errors) if errors else float("nan")
 
 
-def plot(frame: pd.DataFrame, path: Path, title: str, energy_title: str | None = None) -> None:
+def plot(
+    frame: pd.DataFrame, path: Path, title: str, energy_title: str | None = None, fake: Sequence[str] = ()
+) -> None:
+    """:func:`validation_figure` written to ``path`` (PNG)."""
+    validation_figure(frame, title, energy_title, fake).savefig(path, dpi=120)
+
+
+def validation_figure(
+    frame: pd.DataFrame, title: str, energy_title: str | None = None, fake: Sequence[str] = ()
+) -> Figure:
     """Predicted vs measured delay (ms), a colour per device and a marker per policy, with y = x.
 
-    With ``energy_title``, a second panel: predicted vs measured energy per inference (mJ).
+    With ``energy_title``, a second panel: predicted vs measured energy per inference (mJ); ``fake``:
+    the nodes whose "measured" energy came from a fake sensor, which the axis and the legend say.
     """
     if energy_title is None:
         figure = Figure(figsize=(6.4, 5.6))
@@ -250,7 +263,10 @@ def plot(frame: pd.DataFrame, path: Path, title: str, energy_title: str | None =
         figure = Figure(figsize=(12.4, 5.6))
         ax, energy_ax = figure.subplots(1, 2)
         _energy_panel(
-            energy_ax, frame.dropna(subset=["predicted_energy_j", "measured_energy_j"]), energy_title
+            energy_ax,
+            frame.dropna(subset=["predicted_energy_j", "measured_energy_j"]),
+            energy_title,
+            fake,
         )
     colours = {d: f"C{k % 10}" for k, d in enumerate(dict.fromkeys(frame["device"]))}
     for (device, policy), rows in frame.groupby(["device", "policy"], sort=False):
@@ -272,10 +288,10 @@ def plot(frame: pd.DataFrame, path: Path, title: str, energy_title: str | None =
     ax.set_title(title)
     ax.legend(fontsize="small")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    return figure
 
 
-def _energy_panel(ax: Any, frame: pd.DataFrame, title: str) -> None:
+def _energy_panel(ax: Any, frame: pd.DataFrame, title: str, fake: Sequence[str]) -> None:
     colours = {d: f"C{k % 10}" for k, d in enumerate(dict.fromkeys(frame["device"]))}
     for (device, policy), rows in frame.groupby(["device", "policy"], sort=False):
         ax.scatter(
@@ -284,14 +300,21 @@ def _energy_panel(ax: Any, frame: pd.DataFrame, title: str) -> None:
             c=colours[str(device)],
             marker=MARKERS.get(str(policy), "^"),
             s=SIZES.get(str(policy), 40),
-            label=f"{device} · {policy}",
+            label=f"{labels.node_label(device, fake)} · {policy}",
             alpha=0.85,
         )
     top = float(max(frame["measured_energy_j"].max(), frame["predicted_energy_j"].max())) * 1e3 * 1.05
-    ax.plot([0, top], [0, top], color="0.5", linestyle="--", linewidth=1, label="predicted = measured")
+    diagonal = "predicted = sensor" if fake else "predicted = measured"
+    ax.plot([0, top], [0, top], color="0.5", linestyle="--", linewidth=1, label=diagonal)
     ax.set_xlim(0, top)
     ax.set_ylim(0, top)
-    ax.set_xlabel("measured energy per inference (mJ)")
+    # a fake sensor's energy is itself a model of the node's activity: never called measured
+    nodes = ", ".join(fake) if len(fake) <= 3 else f"{len(fake)} nodes"  # the legend names each
+    ax.set_xlabel(
+        f"energy per inference, {labels.MODELLED} on {nodes} (mJ)"
+        if fake
+        else "measured energy per inference (mJ)"
+    )
     ax.set_ylabel("predicted energy P_comp L + P_tx T + P_idle (R + wait) (mJ)")
     ax.set_title(title)
     ax.legend(fontsize="small")
@@ -344,11 +367,14 @@ def validate_runs(runs: Sequence[LoadedRun | Path], out_dir: Path) -> Validation
         if not energy_rows.empty
         else None
     )
+    fake = tuple(sorted({n for run in loaded for n in labels.fake_power_nodes(run.aggregate_dir)}))
+    against = labels.MODELLED if fake else "measurement"  # the axis and the legend name the nodes
     plot(
         frame,
         png_path,
         f"Delay model vs measurement — MAPE {mape:.1f} %",
-        None if energy_mape is None else f"Energy model vs measurement — MAPE {energy_mape:.1f} %",
+        None if energy_mape is None else f"Energy model vs {against} — MAPE {energy_mape:.1f} %",
+        fake,
     )
     return ValidationSummary(
         run_dirs=tuple(Path(d) for d in run_dirs),
@@ -362,6 +388,7 @@ def validate_runs(runs: Sequence[LoadedRun | Path], out_dir: Path) -> Validation
         remote_mape_inrun_pct=inrun,
         notes=tuple(notes),
         energy_mape_pct=energy_mape,
+        energy_modelled=fake if energy_mape is not None else (),
     )
 
 

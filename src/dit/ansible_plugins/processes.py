@@ -4,13 +4,38 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
 
 from dit.ansible_plugins.journaled import JournaledAction
+from dit.device.build import ZIPAPP_NAME
 from dit.run.journal import Journal
+
+#: The SHA-256 of the device zipapp the run ships (the driver sets it for every stage).
+PYZ_SHA256_VAR = "dit_device_pyz_sha256"
+
+
+def verify_zipapp(args: dict[str, Any], argvs: Iterable[object], task_vars: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with ``verify``: every path of ``argvs`` that names the device zipapp, to its shipped SHA-256.
+
+    The module then runs it by descriptor after checking it (``module_utils/dit_procs.py``
+    ``open_verified``), so a zipapp swapped on the node after it was shipped is refused, not run as root.
+    """
+    digest = task_vars.get(PYZ_SHA256_VAR)
+    if not digest:
+        return args
+    paths = {
+        str(arg)
+        for argv in argvs
+        if isinstance(argv, list)
+        for arg in argv
+        if posixpath.basename(str(arg)) == ZIPAPP_NAME
+    }
+    return {**args, "verify": dict.fromkeys(sorted(paths), str(digest))} if paths else args
 
 
 class ProcessAction(JournaledAction):
@@ -30,6 +55,9 @@ class ProcessAction(JournaledAction):
         if self._recorded(record, task_vars):
             args["_dit_adopt"] = True
         return [record]
+
+    def prepare(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        return verify_zipapp(args, [args.get("argv")], task_vars)
 
     def _recorded(self, record: dict[str, Any], task_vars: dict[str, Any]) -> bool:
         journal_path = task_vars.get("dit_journal_path")
@@ -59,6 +87,11 @@ class LaunchAction(JournaledAction):
             for spec in processes
             if isinstance(spec, dict) and "name" in spec
         ]
+
+    def prepare(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        processes = args.get("processes")
+        specs = processes if isinstance(processes, list) else []
+        return verify_zipapp(args, [spec.get("argv") for spec in specs if isinstance(spec, dict)], task_vars)
 
 
 class NodeAction(JournaledAction):

@@ -18,7 +18,7 @@ from dit.scenario.schema import condition_text, load_schema
 SchemaNode = Mapping[str, Any]
 
 _PLACEHOLDERS = {
-    "^[A-Za-z][A-Za-z0-9_-]{0,62}$": "<device>",
+    r"^[A-Za-z][A-Za-z0-9_-]{0,62}$(?!\n)": "<device>",
 }
 
 
@@ -171,6 +171,11 @@ def _rows(node: SchemaNode, root: SchemaNode, path: str, seen: set[str]) -> Iter
                 row.notes.append(f"Required {' or '.join(conditional[key])}.")
             if isinstance(full.get("pattern"), str) and full.get("type") == "string":
                 row.notes.append(f"Pattern: `{full['pattern']}`.")
+            if isinstance(full.get("x-readable"), list):
+                row.notes.append(
+                    "A path on the machine running dit: refused when the scenario's author (the owner of "
+                    "the scenario file) could not read it; what a run ships of it is 0600 on the nodes."
+                )
             yield row
             yield from _rows(full, root, child_path, seen)
 

@@ -32,8 +32,8 @@ import yaml
 from dit.mirror.manifest import sha256_file
 from dit.models.checkpoint_pin import SUMS, manifest, manifest_text
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 class CheckpointMirrorError(RuntimeError):

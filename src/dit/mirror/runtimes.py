@@ -51,9 +51,9 @@ from dit.mirror.locks import PLATFORMS, LockError, LockFile, read_lock
 from dit.mirror.manifest import sha256_file
 from dit.mirror.wheels import parse_wheel_name, pip_env
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 PIN_CHARS = 12  # of the pin in directory names: <name>-<pin12>
 RUNTIME_JSON = "runtime.json"
 #: Left out of a directory source's hash and of the tree the wheel is built from (build by-products).

@@ -26,9 +26,9 @@ import yaml
 
 from dit.mirror.manifest import sha256_file
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
+_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*\Z")
 
 
 class SdistError(RuntimeError):

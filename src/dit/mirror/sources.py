@@ -24,8 +24,8 @@ import yaml
 from dit.mirror.debs import DebianArchive
 
 PINNED_BRANCH = "dit-pinned"
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
 class SourcesError(RuntimeError):

@@ -19,7 +19,7 @@ from pathlib import Path
 from dit.mirror.locks import PYTHON_VERSION, LockFile, Platform, canonical
 from dit.mirror.manifest import sha256_file
 
-_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl$")
+_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-[^-]+-[^-]+-[^-]+\.whl\Z")
 
 
 class WheelError(RuntimeError):

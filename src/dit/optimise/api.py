@@ -33,6 +33,7 @@ from dit.analysis.delay import (
 )
 from dit.analysis.run import LoadedRun
 from dit.optimise import DEFAULT_MAX_VECTORS, OptimiseError, Problem, SearchResult, registry
+from dit.run.rundir import write_text
 
 DEFAULT_ALGORITHM: Final = "greedy"
 DEFAULT_OBJECTIVE: Final = "total_delay"
@@ -262,7 +263,7 @@ def optimise_run(
         output_path=path,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(outcome.to_json(), encoding="utf-8")
+    write_text(path, outcome.to_json())
     return outcome
 
 

@@ -16,7 +16,6 @@ import contextlib
 import fcntl
 import json
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -57,6 +56,7 @@ from dit.rack.plan import (
 )
 from dit.run.journal import Journal
 from dit.run.localmode import make_fake_sysfs
+from dit.trusted import others_can_write, owner_name
 
 JOURNAL = "journal.jsonl"
 STATE = "rack.json"
@@ -125,17 +125,6 @@ def _write(path: Path, value: str) -> None:
         raise RackError(f"cannot write {value!r} to {path}: {exc.strerror or exc}") from None
 
 
-def _owner(uid: int) -> str:
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _others_can_write(st: os.stat_result) -> bool:
-    return st.st_uid != 0 or bool(st.st_mode & 0o022)
-
-
 def check_state_dir(state_dir: Path, *, building: bool) -> None:
     """Refuse a state dir that anyone but root could write, or that sits below such a directory.
 
@@ -150,9 +139,9 @@ def check_state_dir(state_dir: Path, *, building: bool) -> None:
             st = os.stat(parent)
         except FileNotFoundError:
             break  # rack up creates the rest, root's with mode 0755
-        if _others_can_write(st):
+        if others_can_write(st):
             raise RackError(
-                f"--state-dir {state_dir}: {parent} above it is owned by {_owner(st.st_uid)} with mode "
+                f"--state-dir {state_dir}: {parent} above it is owned by {owner_name(st.st_uid)} with mode "
                 f"{stat.S_IMODE(st.st_mode):04o}: sshd (StrictModes) refuses the rack's keys below a "
                 "directory that is not root's or that others can write, and such a directory lets them "
                 "replace the keys and the journal. Choose a state dir whose every parent is root's and "
@@ -164,7 +153,7 @@ def check_state_dir(state_dir: Path, *, building: bool) -> None:
         return
     if not stat.S_ISDIR(st.st_mode):
         raise RackError(f"--state-dir {state_dir}: not a directory")
-    if _others_can_write(st):
+    if others_can_write(st):
         advice = (
             "Remove it or choose a new directory: rack up creates it root's alone (mode 0700)"
             if building
@@ -172,7 +161,7 @@ def check_state_dir(state_dir: Path, *, building: bool) -> None:
             f"`chmod 0700 {state_dir}`, then run `dit rack down` again"
         )
         raise RackError(
-            f"--state-dir {state_dir} is owned by {_owner(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}: "
+            f"--state-dir {state_dir} is owned by {owner_name(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}: "
             "someone else could have planted keys in it or rewritten its journal, so dit neither builds "
             f"a rack there nor obeys its journal. {advice}"
         )
@@ -188,9 +177,9 @@ def check_state_dir(state_dir: Path, *, building: bool) -> None:
         for name in dirs:
             path = Path(root, name)
             st = os.lstat(path)
-            if _others_can_write(st) or not stat.S_ISDIR(st.st_mode):
+            if others_can_write(st) or not stat.S_ISDIR(st.st_mode):
                 raise RackError(
-                    f"{path} is owned by {_owner(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}, "
+                    f"{path} is owned by {owner_name(st.st_uid)} with mode {stat.S_IMODE(st.st_mode):04o}, "
                     f"not as rack up makes it: remove {state_dir} or choose another --state-dir"
                 )
 

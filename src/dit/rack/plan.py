@@ -47,8 +47,8 @@ SSHD = "/usr/sbin/sshd"
 BRIDGE_ALIAS_PREFIX = "dit rack "
 IFALIAS_MAX = 255
 RACK_ID_HEX = 6  # dr-<id>-<index>: 3 + 6 + 1 + 3 = 13 characters, within IFNAMSIZ - 1 = 15
-_NAME = re.compile(r"^[a-z][a-z0-9]{0,5}$")
-_SUBNET = re.compile(r"^10\.(\d{1,3})\.(\d{1,3})$")
+_NAME = re.compile(r"^[a-z][a-z0-9]{0,5}\Z")
+_SUBNET = re.compile(r"^10\.(\d{1,3})\.(\d{1,3})\Z")
 
 
 class RackError(Exception):

@@ -22,7 +22,7 @@ from dit import units
 from dit.report import labels, rtt
 from dit.report.section import Section
 from dit.run.console import STAGES as STAGE_ORDER
-from dit.run.rundir import RunDir, read_json_object
+from dit.run.rundir import RunDir, read_json_object, write_text
 from dit.units import MISSING
 
 PHASES: Final = ("local_ns", "transmission_ns", "barrier_ns", "queue_ns", "remote_ns", "return_ns")
@@ -276,7 +276,7 @@ def _power(agg: Path) -> Section:
     section.note = labels.fake_sensor_note(fake)
 
     def who(node: Any) -> str:  # a fake sensor's node named so in every table row and legend
-        return f"{node} (fake sensor)" if str(node) in fake else str(node)
+        return labels.node_label(node, fake)
 
     if power is not None and not power.empty:
         figure = Figure(figsize=(8.0, 2.6))
@@ -386,7 +386,7 @@ def _optimise(run_dir: Path, status: Mapping[str, Any]) -> Section:
             badges.append({"kind": "prediction", "text": "prediction", "reason": reason})
         if objective in labels.ENERGY_OBJECTIVES and fake:
             badges.append(
-                {"kind": "fake-sensor", "text": "fake sensor", "reason": labels.fake_sensor_note(fake)}
+                {"kind": "fake-sensor", "text": labels.MODELLED, "reason": labels.fake_sensor_note(fake)}
             )
     return section
 
@@ -410,13 +410,16 @@ def _runtime(agg: Path) -> Section:
     if not values:
         section.note = "The runtime wrote no summary."
         return section
+    fake = labels.fake_power_nodes(agg)
+    rows = [
+        (v.get("name"), units.with_unit(v.get("value"), str(v.get("unit", "")))
+         + labels.modelled_tag(str(v.get("unit", "")), fake), v.get("description", ""))
+        for v in values
+    ]  # fmt: skip
     section.note = f"Runtime {summary.get('runtime', MISSING)}."
-    section.table(
-        "summary values",
-        ("name", "value", "description"),
-        [(v.get("name"), units.with_unit(v.get("value"), str(v.get("unit", ""))), v.get("description", ""))
-         for v in values],
-    )  # fmt: skip
+    if any(labels.MODELLED in str(row[1]) for row in rows):
+        section.note += " " + labels.fake_sensor_note(fake)
+    section.table("summary values", ("name", "value", "description"), rows)
     return section
 
 
@@ -619,5 +622,12 @@ def write_report(path: Path, out: Path | None = None, round_: int | None = None)
     """Write the report; by default ``<run>/report.html`` or ``<runs dir>/report.html``."""
     html = build_report(path, round_)
     target = Path(out) if out is not None else Path(path) / "report.html"
-    target.write_text(html, encoding="utf-8")
+    write_output(target, html)
     return target
+
+
+def write_output(target: Path, html: str) -> None:
+    """Write a report to ``target``: only into a directory root's alone, itself and every directory
+    above it (:class:`dit.trusted.UntrustedPath` otherwise), and never through a link planted at its
+    name, for dit runs as root and would overwrite whatever such a link names (issue 46)."""
+    write_text(Path(target), html, what="the report's directory")

@@ -110,8 +110,10 @@ class ComparedRun:
 
     def summary(self) -> dict[str, str]:
         doc = read_json_object(self.agg / "summary.json")
+        fake = labels.fake_power_nodes(self.agg)  # a fake sensor's energy says so in its own cell
         return {
             str(v["name"]): units.with_unit(v.get("value"), str(v.get("unit", "")))
+            + labels.modelled_tag(str(v.get("unit", "")), fake)
             for v in doc.get("values") or []
             if isinstance(v, dict) and "name" in v
         }

@@ -7,18 +7,36 @@ One place for these labels so the report, the run page, ``dit show`` and NNPM's 
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from dit.analysis.delay import ENERGY_OBJECTIVES
 from dit.run.console import STAGES
 
-__all__ = ["ENERGY_OBJECTIVES", "fake_power_nodes", "fake_sensor_note", "measured_policy", "power_sensors",
-           "prediction_reason", "run_outcome", "skipped_stages", "skipped_text"]  # fmt: skip
+__all__ = ["ENERGY_OBJECTIVES", "MODELLED", "POWER_UNITS", "fake_power_nodes", "fake_sensor_note", "measured_policy",
+           "modelled_tag", "node_label", "power_sensors", "prediction_reason", "run_outcome", "skipped_stages",
+           "skipped_text"]  # fmt: skip
 
 FAKE_SENSORS: Final = frozenset({"fake"})
 """``power.json``'s ``sensor`` values that model power instead of measuring it (dit.device.power)."""
+
+MODELLED: Final = "modelled: fake sensor"
+"""Said next to every figure a fake sensor gave (issue 49, item 3): it reads as measured otherwise."""
+
+POWER_UNITS: Final = frozenset({"W", "J", "J*s"})
+"""Units of the runtime summary values a power sensor gives: power, energy, energy-delay product."""
+
+
+def modelled_tag(unit: str, fake: Sequence[str]) -> str:
+    """`` (modelled: fake sensor)`` after a figure in ``unit`` of a run with a fake sensor on ``fake``
+    ("" for a measured one, or for a unit no power sensor gives)."""
+    return f" ({MODELLED})" if fake and unit in POWER_UNITS else ""
+
+
+def node_label(node: object, fake: Sequence[str]) -> str:
+    """A node as a power or energy table row or plot legend names it: a fake sensor's node says so."""
+    return f"{node} ({MODELLED})" if str(node) in fake else str(node)
 
 
 def power_sensors(agg: Path) -> dict[str, str]:

@@ -2,7 +2,9 @@
 
 A variant is finished when a run directory under ``<out>/runs`` holds the same scenario hash (the
 sha256 of the resolved scenario, ``metadata.json``) and ended ``completed`` or ``degraded``: its results
-are all there. A failed or stopped run is run again. A progress bar shows the variants done and an ETA.
+are all there. A failed or stopped run is run again, and so is one in a directory another user owns or
+could write (its files could be theirs, reported as measured). A progress bar shows the variants done and
+an ETA.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from rich.progress import (
 
 from dit.run.rundir import RunDir, find_runs, read_json_object
 from dit.scenario import Scenario
+from dit.trusted import UntrustedPath
 
 DONE_STATES: Final = frozenset({"completed", "degraded"})
 
@@ -44,9 +47,13 @@ class VariantOutcome:
 
 def finished_runs(runs_root: Path) -> dict[str, tuple[RunDir, str]]:
     """``{scenario hash: (run, state)}`` of the runs under ``runs_root`` whose results are all there
-    (the newest run of a hash kept)."""
+    (the newest run of a hash kept); a run directory that is not root's alone is not one of them."""
     found: dict[str, tuple[RunDir, str]] = {}
     for run in find_runs(runs_root):
+        try:
+            run.check_trusted()
+        except (UntrustedPath, OSError):
+            continue
         try:
             status = read_json_object(run.path / "status.json")
             meta = read_json_object(run.path / "metadata.json")
@@ -73,7 +80,7 @@ def drive(
     options = RunOptions(runs_root=runs_root, inventory=inventory, console=console)
     try:
         result = Driver(scenario, options).execute()
-    except RunDirError as exc:
+    except (RunDirError, UntrustedPath) as exc:
         return None, "failed", str(exc)
     return result.run_dir, result.state, result.error
 

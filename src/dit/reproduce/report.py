@@ -16,6 +16,8 @@ from dit.reproduce import ch4, ch5, ch6
 from dit.reproduce.chapters import Plan, plan
 from dit.reproduce.context import Context, where_text
 from dit.reproduce.execute import Runner, VariantOutcome, drive, run_variants
+from dit.run.rundir import write_text
+from dit.trusted import check_trusted_dir
 from dit.units import MISSING
 
 TITLES = {
@@ -87,7 +89,9 @@ def reproduce(
     chosen = plan(chapter, size, local=inventory is None)  # type: ignore[arg-type]  # plan checks SIZES
     ctx = Context(chapter, size, where, reductions=chosen.reductions)
     ctx.shared_machine = inventory is None if shared_machine is None else shared_machine
-    out.mkdir(parents=True, exist_ok=True)
+    # Its finished runs are reused as measured and its report written as root: root's alone, or
+    # UntrustedPath before anything runs (issue 46).
+    check_trusted_dir(out, what="--out", create=True)
     recorded = _recorded_loads(out / "reproduce.json")
     outcomes = [
         replace(o, load=recorded.get(str(o.run_dir))) if o.reused else o
@@ -110,7 +114,9 @@ def reproduce(
                 for o in outcomes
             ]
         )
-        sections = ch4.sections(runs, ctx, out / "validation")
+        validation = out / "validation"
+        check_trusted_dir(validation, what="--out", create=True)  # never a link to another directory
+        sections = ch4.sections(runs, ctx, validation)
     elif chapter == "ch5":
         done = [o.run_dir for o in outcomes if o.run_dir is not None and o.state in ("completed", "degraded")]
         sections = ch5.sections(done[0] if done else None, not_measured)
@@ -138,7 +144,7 @@ def reproduce(
     sections.insert(0, overview(ctx, chosen, outcomes))
     html = render(TITLES[chapter], sections, out)
     target = out / "report.html"
-    target.write_text(html, encoding="utf-8")
+    write_text(target, html, what="--out")
     record: dict[str, Any] = {
         "chapter": chapter,
         "size": size,
@@ -151,7 +157,7 @@ def reproduce(
         ],
         "not_run": list(chosen.not_run),
     }
-    (out / "reproduce.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_text(out / "reproduce.json", json.dumps(record, indent=2) + "\n", what="--out")
     return target
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from dit import units
 from dit.analysis.run import LoadedRun
 from dit.conditions import aggregate_hooks
+from dit.report import labels
 from dit.runtimes import Runtime
 from dit.scenario import Scenario
 from dit.scenario.spec import DEFAULT_RUNTIME
@@ -26,8 +27,10 @@ def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None])
     write_power_models(analysed)
     results = runtime.parse_results(analysed)
     write_summary(analysed.aggregate_dir, runtime.name, results)
+    fake = labels.fake_power_nodes(analysed.aggregate_dir)  # power_summary.csv, written above
     for value in results.summary:
-        say(f"{runtime.name}: {value.name} = {units.with_unit(value.value, value.unit)}")
+        shown = units.with_unit(value.value, value.unit) + labels.modelled_tag(value.unit, fake)
+        say(f"{runtime.name}: {value.name} = {shown}")
     for _condition, step in aggregate_hooks():
         step(analysed)
 

@@ -23,6 +23,7 @@ import jinja2
 
 from dit.ansible_data import unsafe_yaml
 from dit.paths import content_root
+from dit.run.rundir import write_text
 
 RESULT_EVENTS = {
     "runner_on_ok": "ok",
@@ -115,7 +116,7 @@ def render_playbook(stage: str, dest_dir: Path, context: Mapping[str, Any]) -> P
     template = _TEMPLATE_ENV.from_string(source.read_text(encoding="utf-8"))
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / f"{stage}.yml"
-    dest.write_text(template.render(**context), encoding="utf-8")
+    write_text(dest, template.render(**context))
     return dest
 
 
@@ -129,10 +130,7 @@ def write_extravars(private_dir: Path, extravars: Mapping[str, Any]) -> Path:
     """
     path = private_dir / "env" / "extravars"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(unsafe_yaml(dict(extravars)), encoding="utf-8")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_text(path, unsafe_yaml(dict(extravars)), mode=0o600)
     return path
 
 

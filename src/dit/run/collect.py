@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tarfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from dit.run.errors import StageFailed
 from dit.run.procs import ProcessFailure, process_failures
 from dit.run.rundir import RunDirError
 from dit.scenario import Scenario
+from dit.trusted import write_file_nofollow
 
 #: Offset of the device-to-device iperf3 servers from the collect stage's iperf3 port base (the edge's
 #: servers use base + device index): the server on device i listens on base + 500 + i.
@@ -105,12 +105,10 @@ def extract_collected(raw_dir: Path, host: str) -> list[str]:
             if source is None:
                 continue
             # Whole or absent: teardown takes a file in raw/ for fetched and removes the node's copy.
-            target, part = target_dir / name, target_dir / f".{name}.part"
+            target = target_dir / name
             try:
-                part.write_bytes(source.read())
-                os.replace(part, target)
+                write_file_nofollow(target, source.read())
             except OSError as exc:
-                part.unlink(missing_ok=True)
                 raise RunDirError(target, "write", exc) from None
             names.append(str(target.relative_to(raw_dir)))
     archive.unlink()

@@ -9,6 +9,8 @@ The driver names no condition: it builds their variables and calls their hooks (
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -112,8 +114,18 @@ class Driver:
 
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> RunResult:
+        self.run = run = RunDir.create(self.options.runs_root, self.scenario.name, self.scenario.hash)
+        # Held open while the run lasts: `dit stop` signals only a process that holds its run directory
+        # (procs.holds_directory), never one whose pid, start time and command line a forged
+        # driver.json copied.
+        held = os.open(run.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            return self._execute(run)
+        finally:
+            os.close(held)
+
+    def _execute(self, run: RunDir) -> RunResult:
         scn = self.scenario
-        self.run = run = RunDir.create(self.options.runs_root, scn.name, scn.hash)
         write_run_files(run, scn, self.options.inventory, self.local)
         run.set_status(state="running", stage=None, label=scn.label, started_wall_ns=time.time_ns())
         self.reporter = Reporter(run.log, self.options.console, f"{scn.label} → {run.path}")
@@ -204,6 +216,8 @@ class Driver:
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
         self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
+        # what the nodes may run: dit_proc and dit_launch check the shipped zipapp against it
+        self.pyz_sha256 = hashlib.sha256(self.pyz.read_bytes()).hexdigest()
         self.contexts = self._host_contexts()
         self.conditions = build_conditions(scn, self.contexts)
         self.processes = process_settings(scn, self.contexts)
@@ -215,6 +229,10 @@ class Driver:
         return {
             "dit_run_id": self.run.run_id,
             "dit_journal_path": str(self.run.journal),
+            # every node's run directory as the journal's undo scope has it (RunInventory.node_root):
+            # the playbooks take it from here, so no default is spelled twice
+            "dit_node_roots": {h: self.inv.node_root(h, self.run.run_id) for h in self.inv.hosts},
+            "dit_device_pyz_sha256": self.pyz_sha256,
             **process_vars(self.processes),
         }
 
@@ -278,6 +296,7 @@ class Driver:
             "preflight",
             {
                 "dit_lease": controller_holder(self.run.run_id, self.run.path).to_json(),
+                "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
                 "dit_break_stale_lease": self.options.break_stale_lease,
                 "dit_runtime_env": env.dirname or "",
                 "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(

@@ -29,12 +29,13 @@ from dit.run.localmode import (
     local_runtimes_dir,
     make_fake_sysfs,
 )
-from dit.run.rundir import DRIVER, RunDir, read_json
+from dit.run.rundir import DRIVER, RunDir, read_json, write_text
+from dit.runtime_api.interface import NODE_DIT_DIR
 
 EDGE = "edge"
 LOCAL_INVENTORY = "inventory.yml"  # local mode's generated inventory, in the run directory
 OLD_LOCAL_INVENTORY = "inventory.json"  # its name (plain JSON) before it was written unsafe
-DEFAULT_REMOTE_BASE = "/var/tmp/dit"  # where run directories are made on a node (dit_remote_base)
+DEFAULT_REMOTE_BASE = NODE_DIT_DIR  # where run directories are made on a node (dit_remote_base)
 
 
 class InventoryError(Exception):
@@ -64,6 +65,11 @@ class RunInventory:
         """The run's directory on ``host`` (as a path on the node): ``<dit_remote_base>/<run id>``."""
         base = str(self.hostvars.get(host, {}).get("dit_remote_base", DEFAULT_REMOTE_BASE))
         return f"{base}/{run_id}"
+
+    def lease_dir(self, host: str) -> str:
+        """Where ``host``'s lease is (as a path on the node): ``dit_lease_dir``, else its dit directory."""
+        hostvars = self.hostvars.get(host, {})
+        return str(hostvars.get("dit_lease_dir", hostvars.get("dit_remote_base", DEFAULT_REMOTE_BASE)))
 
     def source_of(self, host: str) -> str:
         """The address ``host``'s inference traffic leaves from when it must be told apart ("" else):
@@ -141,6 +147,7 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     """Generate the local-mode inventory: one directory per node under ``run_dir/nodes``."""
     nodes = run_dir / "nodes"
     python = sys.executable
+    lease_dir = local_lease_dir()  # refused first, before any node directory is made, if not root's alone
 
     def host(name: str, role: str) -> dict[str, Any]:
         base = nodes / name
@@ -151,7 +158,7 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
             "dit_role": role,
             # The nodes are this machine: one lease for all of them, shared by every local run. A host
             # variable, not a group one, so that RunInventory.hostvars (teardown's undo scope) has it.
-            "dit_lease_dir": local_lease_dir(),
+            "dit_lease_dir": lease_dir,
             # one directory of external runtimes' venvs for every node on this machine (dit runtimes install)
             "dit_runtimes_dir": local_runtimes_dir(),
         }
@@ -199,7 +206,7 @@ def local_inventory(run_dir: Path, devices: tuple[str, ...]) -> RunInventory:
     }
     # paths under the runs directory are the user's text: written unsafe, never rendered by Ansible
     path = run_dir / LOCAL_INVENTORY
-    path.write_text(unsafe_yaml(inventory), encoding="utf-8")
+    write_text(path, unsafe_yaml(inventory))  # the interpreter root runs on every node: never through a link
     # as ansible-inventory reports a user inventory's: the group's variables merged into each host's
     hostvars = {host: {**common, **values} for host, values in {EDGE: edge_vars, **device_vars}.items()}
     return RunInventory(str(path), True, EDGE, devices, "127.0.0.1", hostvars)

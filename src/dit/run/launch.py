@@ -16,7 +16,7 @@ from dit.runtime_api.interface import PORTS_ENV, LaunchContext, LaunchOutcome, L
 
 LAUNCH_MODULE = "dit_launch"
 MAIN_TASK = "Run the runtime's main processes from the start instant"  # its name in profile.yml.j2
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}\Z")
 RESERVED_TAGS = ("edge", "follow", "monitor", "load", "netem-vary", "background", "power")
 
 

@@ -1,7 +1,7 @@
 """Node leases: one run at a time per node, decided on the controller.
 
 Preflight takes a lease on every node: ``lease.json`` in the node's dit directory (``dit_lease_dir``,
-by default the directory holding the runs' node directories, ``/var/tmp/dit``), holding who took it.
+by default the directory holding the runs' node directories, ``/var/lib/dit``), holding who took it.
 The node-side ``dit_lease`` module only reads, writes (compare-and-swap) and removes that file; whether
 the holder still lives can only be told here, on the controller, because the holder is a controller
 process: :func:`classify` and :func:`decide` are that decision, as pure functions.
@@ -13,11 +13,14 @@ explicit ``--break-stale-lease`` takes the node from it (its age proves nothing:
 
 Local mode is the same: its nodes are this machine, which two local runs really share (CPUs,
 loopback, memory cgroups), so the lease lives in one directory per machine
-(:func:`local_lease_dir`) and two local runs contend, whatever their runs directories.
+(:func:`local_lease_dir`) and two local runs contend, whatever their runs directories. That directory
+is trusted only when it and every directory above it are root's alone (:mod:`dit.trusted`): a lease
+another user could plant there would refuse every local run, or let one through beside another.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -31,9 +34,12 @@ from typing import Any
 
 import psutil
 
+from dit.runtime_api.interface import NODE_DIT_DIR
+from dit.trusted import check_trusted_dir
+
 LEASE_FILE = "lease.json"
 LOCAL_LEASE_DIR_ENV = "DIT_LOCAL_LEASE_DIR"
-DEFAULT_LEASE_DIR = "/var/tmp/dit"  # a rack node's dit directory, and this machine's in local mode
+DEFAULT_LEASE_DIR = NODE_DIT_DIR  # a rack node's dit directory, and this machine's in local mode
 BREAK_FLAG = "--break-stale-lease"
 # Process start times come from boot time + start ticks; the boot time psutil derives can move by
 # a second when the clock is stepped. A reused pid that started within a second of the old one is
@@ -42,8 +48,17 @@ START_TOLERANCE_S = 1.0
 
 
 def local_lease_dir() -> str:
-    """The directory of this machine's lease in local mode (``DIT_LOCAL_LEASE_DIR`` overrides it)."""
-    return os.environ.get(LOCAL_LEASE_DIR_ENV) or DEFAULT_LEASE_DIR
+    """The directory of this machine's lease in local mode (``DIT_LOCAL_LEASE_DIR`` overrides it), once
+    it and the directories above it are known to be root's alone.
+
+    Raises :class:`dit.trusted.UntrustedPath` naming the directory, its owner and the fix otherwise.
+    A directory that does not exist yet passes when what exists above it does: ``dit_lease`` creates
+    it, root's, component by component.
+    """
+    path = os.environ.get(LOCAL_LEASE_DIR_ENV) or DEFAULT_LEASE_DIR
+    with contextlib.suppress(FileNotFoundError):
+        check_trusted_dir(path, what=f"local mode's lease directory ({LOCAL_LEASE_DIR_ENV})")
+    return path
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,28 @@ def identity_mismatch(pid: int, identity: dict[str, object]) -> str | None:
     return None
 
 
+def holds_directory(pid: int, directory: Path) -> bool:
+    """Whether process ``pid`` has ``directory`` open (``/proc/<pid>/fd``), as a run's driver holds
+    its run directory for as long as it runs (:meth:`dit.run.driver.Driver.execute`).
+
+    Unlike the pid, start time and command line in ``driver.json``, which anyone who could write that
+    file could have copied from any process, this is the process's own state. False when it cannot be
+    read (gone, no /proc).
+    """
+    try:
+        wanted = os.stat(directory)
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.path.samestat(os.stat(f"/proc/{pid}/fd/{fd}"), wanted):
+                return True
+        except OSError:  # closed meanwhile
+            continue
+    return False
+
+
 # --------------------------------------------------------------------------- device process exits
 
 

@@ -21,7 +21,7 @@ import dit
 from dit.conditions import ProcessSettings
 from dit.paths import content_root
 from dit.run.procs import process_identity
-from dit.run.rundir import DRIVER, RunDir, RunDirError, write_json
+from dit.run.rundir import DRIVER, RunDir, write_json, write_text
 from dit.scenario import Scenario
 
 FRAMEWORKS = ("tensorflow", "tensorflow-cpu", "torch", "transformers", "numpy", "pandas")
@@ -118,10 +118,7 @@ def write_run_files(run: RunDir, scenario: Scenario, inventory: str | None, loca
     Nothing has started yet: a run directory that cannot be written fails here (RunDirError, one line
     naming the file), before any node is touched.
     """
-    try:
-        (run.path / "scenario.yaml").write_text(scenario.to_yaml(), encoding="utf-8")
-    except OSError as exc:
-        raise RunDirError(run.path / "scenario.yaml", "write", exc) from None
+    write_text(run.path / "scenario.yaml", scenario.to_yaml())
     write_json(
         run.path / DRIVER,
         {

@@ -13,6 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dit.trusted import check_trusted_dir, open_trusted_dir, trusted_dir, write_at
+
 STATUS = "status.json"
 DRIVER = "driver.json"
 STOP = "STOP"
@@ -71,21 +73,25 @@ class RunDirError(OSError):
         return f"{self.filename}: cannot {self.action}: {self.reason}"
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any, *, what: str = "the run directory", mode: int = 0o644) -> None:
     """Write JSON atomically (rename over the old file); :class:`RunDirError` names ``path`` when
-    it cannot be written, and no half-written temporary file is left beside it."""
-    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    it cannot be written, and no half-written temporary file is left beside it. The directory must
+    be trusted (:class:`UntrustedPath` otherwise, see :func:`write_text`)."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", what=what, mode=mode)
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write ``text`` atomically, as :func:`write_json` writes JSON."""
-    tmp = path.with_name(path.name + ".tmp")
+def write_text(path: Path, text: str, *, what: str = "the run directory", mode: int = 0o644) -> None:
+    """Write ``text`` atomically, as :func:`write_json` writes JSON.
+
+    dit reads back what it writes in a run directory (its identity, its status, the inventory it
+    runs with), as root: the directory and every one above it must be root's alone, or
+    :class:`UntrustedPath` names ``what`` and the fix, and nothing is written. The file goes to a new
+    temporary name that follows no link, with ``mode``, then is renamed over ``path`` (issue 46).
+    """
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        with trusted_dir(path.parent, what=what) as dir_fd:
+            write_at(dir_fd, path.name, text.encode("utf-8"), mode=mode)
     except OSError as exc:
-        with contextlib.suppress(OSError):  # the reason below is the one that matters
-            tmp.unlink(missing_ok=True)
         raise RunDirError(path, "write", exc) from None
 
 
@@ -131,31 +137,47 @@ class RunDir:
 
     @classmethod
     def create(cls, runs_root: Path, name: str, scenario_hash: str) -> RunDir:
+        """A new run directory under ``runs_root/name``, made by walking down from ``/`` so that no
+        directory another user owns or can write is on the way (:class:`UntrustedPath`)."""
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         parent = runs_root / name
         try:
-            parent.mkdir(parents=True, exist_ok=True)
+            parent_fd = open_trusted_dir(parent, what="the runs directory", create=True)
         except OSError as exc:
             raise RunDirError(parent, "create the directory", exc) from None
-        # The run id (scenario name + this directory's name) tags every process, cgroup and node
-        # directory of the run, and nodes are shared: two runs of one scenario started in the same
-        # second from different runs directories must still differ, hence the random part.
-        base = f"{stamp}-{scenario_hash[:8]}-{secrets.token_hex(RANDOM_BYTES)}"
-        for attempt in range(1, 1000):
-            candidate = parent / (base if attempt == 1 else f"{base}-{attempt}")
-            try:
-                candidate.mkdir()
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                raise RunDirError(candidate, "create the run directory", exc) from None
-            for sub in ("raw", "aggregate", "ansible", "optimise"):
+        try:
+            # The run id (scenario name + this directory's name) tags every process, cgroup and node
+            # directory of the run, and nodes are shared: two runs of one scenario started in the same
+            # second from different runs directories must still differ, hence the random part.
+            base = f"{stamp}-{scenario_hash[:8]}-{secrets.token_hex(RANDOM_BYTES)}"
+            for attempt in range(1, 1000):
+                leaf = base if attempt == 1 else f"{base}-{attempt}"
+                candidate = parent / leaf
                 try:
-                    (candidate / sub).mkdir()
+                    os.mkdir(leaf, 0o755, dir_fd=parent_fd)
+                    run_fd = os.open(leaf, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+                except FileExistsError:
+                    continue
                 except OSError as exc:
-                    raise RunDirError(candidate / sub, "create the directory", exc) from None
-            return cls(candidate)
+                    raise RunDirError(candidate, "create the run directory", exc) from None
+                try:
+                    for sub in ("raw", "aggregate", "ansible", "optimise"):
+                        try:
+                            os.mkdir(sub, 0o755, dir_fd=run_fd)
+                        except OSError as exc:
+                            raise RunDirError(candidate / sub, "create the directory", exc) from None
+                finally:
+                    os.close(run_fd)
+                return cls(candidate)
+        finally:
+            os.close(parent_fd)
         raise RunDirError(parent, "create a run directory", FileExistsError(errno.EEXIST, "999 names taken"))
+
+    def check_trusted(self) -> None:
+        """Refuse (:class:`UntrustedPath`) a run directory another user owns or could write, or one
+        below such a directory: its identity files, inventory and journal could be theirs, and
+        root would act on them."""
+        check_trusted_dir(self.path, what="the run directory")
 
     @property
     def run_id(self) -> str:
@@ -216,7 +238,10 @@ class RunDir:
         path = self.path / NOTE
         if not text.strip():
             try:
-                path.unlink(missing_ok=True)
+                with trusted_dir(self.path, what="the run directory") as dir_fd:
+                    os.unlink(NOTE, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
             except OSError as exc:
                 raise RunDirError(path, "remove", exc) from None
             return
@@ -239,23 +264,27 @@ class RunDir:
         return isinstance(request, dict) and request.get("discard_results") is True
 
 
-def check_writable(runs_root: Path) -> None:
-    """Refuse a runs directory this process cannot write (read-only, full, not a directory) before
-    anything starts: :class:`RunDirError` naming it."""
+def check_writable(runs_root: Path, *, what: str = "the runs directory") -> None:
+    """Refuse a runs directory before anything starts: :class:`UntrustedPath` when another user
+    owns or could write it or a directory above it (they could swap a run directory for theirs,
+    inventory included, while root runs it), :class:`RunDirError` naming it when this process
+    cannot write it (read-only, full, not a directory). A missing one is made root's, 0755."""
     if runs_root.exists() and not runs_root.is_dir():
         raise RunDirError(runs_root, "use it", NotADirectoryError(errno.ENOTDIR, "not a directory"))
     try:
-        runs_root.mkdir(parents=True, exist_ok=True)
+        root_fd = open_trusted_dir(runs_root, what=what, create=True)
     except OSError as exc:
         raise RunDirError(runs_root, "create the runs directory", exc) from None
-    probe = runs_root / f".dit-write-check-{os.getpid()}-{secrets.token_hex(4)}"
+    probe = f".dit-write-check-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        probe.write_bytes(b"dit\n")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=root_fd))
     except OSError as exc:
         raise RunDirError(runs_root, "write in the runs directory", exc) from None
+    else:
+        with contextlib.suppress(OSError):  # the check is done; a leftover probe harms nothing
+            os.unlink(probe, dir_fd=root_fd)
     finally:
-        with contextlib.suppress(OSError):  # it was never created
-            probe.unlink(missing_ok=True)
+        os.close(root_fd)
 
 
 def find_runs(runs_root: Path) -> list[RunDir]:

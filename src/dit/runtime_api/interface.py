@@ -26,6 +26,13 @@ ValueType = Literal["int", "float", "str", "bool"]
 NodeState = Literal["ok", "failed", "unreachable"]
 
 
+#: Where a node keeps dit's directories (its runs' directories, its lease) unless the inventory sets
+#: ``dit_remote_base``: a directory only root can write, never a world-writable one such as /var/tmp,
+#: where another user could create it first and own what dit runs as root (issue 46).
+NODE_DIT_DIR = "/var/lib/dit"
+#: The same, as the Ansible expression a runtime's plays use to put files on a node.
+NODE_BASE = "{{ dit_remote_base | default('" + NODE_DIT_DIR + "') }}"
+
 #: How many TCP ports the testbed sets aside per node for a run's runtime (:meth:`LaunchContext.port`).
 PORTS_PER_NODE = 4
 #: The environment variable every launched process finds its node's ports in (comma-separated).

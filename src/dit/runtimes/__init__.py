@@ -9,6 +9,7 @@ maintenance actions (``dit runtimes``).
 from __future__ import annotations
 
 from dit.runtime_api.interface import (
+    NODE_BASE,
     Action,
     ActionPlan,
     BlockProblem,
@@ -26,6 +27,7 @@ from dit.runtime_api.interface import (
 )
 
 __all__ = [
+    "NODE_BASE",
     "Action",
     "ActionPlan",
     "BlockProblem",

@@ -17,17 +17,18 @@ from typing import Any
 from dit.runtime_api import registry
 from dit.runtime_api.interface import check_block_of
 from dit.scenario import schema as sch
+from dit.scenario.author import Author, problem
 from dit.scenario.errors import FieldError, ScenarioError, sorted_unique
 from dit.scenario.pathexpr import Segment, parse_path, render_path
 from dit.scenario.spec import DEFAULT_RUNTIME, Scenario, build, partition_vector
-from dit.scenario.yamlio import load_yaml
+from dit.scenario.yamlio import load_yaml, load_yaml_file
 
 #: The largest number of variants one scenario may expand to.
 MAX_VARIANTS = 1000
 
 DEVICE_BLOCKS = ("load", "network", "hardware", "background_traffic")
 _REGIME_MODES = ("light", "moderate", "heavy", "continuous")
-_DEVICE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+_DEVICE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}\Z")
 
 
 def _entry_point_names(group: str) -> list[str]:
@@ -382,7 +383,7 @@ def _plain_doc(raw: Mapping[str, Any]) -> tuple[dict[str, Any], list[FieldError]
     return doc, errors
 
 
-def _check_one(doc: dict[str, Any]) -> tuple[list[FieldError], dict[str, Any]]:
+def _check_one(doc: dict[str, Any], author: Author) -> tuple[list[FieldError], dict[str, Any]]:
     """Schema + semantic errors of one document (its sweep ignored) and its resolution."""
     errors = sch.schema_errors(doc)
     schema_ok = not errors
@@ -390,8 +391,22 @@ def _check_one(doc: dict[str, Any]) -> tuple[list[FieldError], dict[str, Any]]:
     resolved = resolve(base)
     errors += semantic_errors(base, resolved)
     if schema_ok:  # a runtime's own check may rely on its block being what its schema says
-        errors += runtime_errors(resolved)
+        unreadable = unreadable_errors(resolved, author)
+        errors += unreadable
+        if not unreadable:  # the runtime's check reads those files as dit's user, and may quote them
+            errors += runtime_errors(resolved)
     return errors, resolved
+
+
+def unreadable_errors(d: Mapping[str, Any], author: Author) -> list[FieldError]:
+    """The path inputs of ``d`` (``x-readable`` fields) that name a file ``author`` could not read:
+    dit reads them as root and a run copies what it read (docs/runtimes.md, "Files a scenario names")."""
+    errors: list[FieldError] = []
+    for parts, value, reads in sch.readable_inputs(d):
+        found = problem(value, reads, author)
+        if found is not None:
+            errors.append(FieldError(render_path(parts), found))
+    return errors
 
 
 def runtime_errors(d: Mapping[str, Any]) -> list[FieldError]:
@@ -412,12 +427,12 @@ def runtime_errors(d: Mapping[str, Any]) -> list[FieldError]:
 
 
 def _analyse(
-    raw: Mapping[str, Any],
+    raw: Mapping[str, Any], author: Author
 ) -> tuple[list[FieldError], list[tuple[tuple[tuple[str, Any], ...], dict[str, Any]]]]:
     doc, errors = _plain_doc(raw)
     if errors:
         return sorted_unique(errors), []
-    errors, resolved = _check_one(doc)
+    errors, resolved = _check_one(doc, author)
     axes, axis_errors = _axes(doc, resolved)
     errors += axis_errors
     if errors:
@@ -437,7 +452,7 @@ def _analyse(
             if problem is not None:
                 variant_errors.append(FieldError(render_path([*axis.where, "path"]), problem))
         if not variant_errors:
-            found, resolved_variant = _check_one(variant)
+            found, resolved_variant = _check_one(variant, author)
             for e in found:
                 owner = next(
                     (
@@ -475,15 +490,17 @@ def _analyse(
     return [], variants
 
 
-def validate(raw: Mapping[str, Any]) -> list[FieldError]:
-    """Every problem of a scenario document (schema, semantics, each sweep variant), sorted by path."""
-    errors, _ = _analyse(raw)
+def validate(raw: Mapping[str, Any], author: Author | None = None) -> list[FieldError]:
+    """Every problem of a scenario document (schema, semantics, each sweep variant), sorted by path.
+    ``author``: whose read permission its path inputs are held to (by default the user running dit)."""
+    errors, _ = _analyse(raw, author or Author.current())
     return errors
 
 
-def expand(raw: Mapping[str, Any]) -> list[Scenario]:
-    """The scenarios of a document: one, or one per sweep point. Raises :class:`ScenarioError`."""
-    errors, variants = _analyse(raw)
+def expand(raw: Mapping[str, Any], author: Author | None = None) -> list[Scenario]:
+    """The scenarios of a document: one, or one per sweep point. Raises :class:`ScenarioError`.
+    ``author`` as for :func:`validate`."""
+    errors, variants = _analyse(raw, author or Author.current())
     if errors:
         raise ScenarioError(errors)
     return [build(resolved, point) for point, resolved in variants]
@@ -495,5 +512,6 @@ def loads(text: str | bytes) -> list[Scenario]:
 
 
 def load(path: str | os.PathLike[str]) -> list[Scenario]:
-    """:func:`expand` of a YAML file."""
-    return expand(load_yaml(Path(path)))
+    """:func:`expand` of a YAML file; its path inputs are held to what the file's author could read."""
+    doc, status = load_yaml_file(Path(path))
+    return expand(doc, Author.of_stat(status))

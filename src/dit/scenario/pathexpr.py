@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 Segment = str | int
 
-_PLAIN = re.compile(r"^[A-Za-z0-9_<>?-]+$")
+_PLAIN = re.compile(r"^[A-Za-z0-9_<>?-]+\Z")
 _TOKEN = re.compile(r'\.?([^.\[\]"]+)|\[(\d+)\]|\[("(?:[^"\\]|\\.)*")\]')
 
 

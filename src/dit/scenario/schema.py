@@ -8,7 +8,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,11 @@ JSON = Any
 SchemaNode = Mapping[str, Any]
 
 _PATTERN_NAMES = {
-    "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$": (
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$(?!\n)": (
         "is not a valid scenario name (letters, digits, '_', '.' and '-', "
         "starting with a letter or a digit, at most 64 characters)"
     ),
-    "^[A-Za-z][A-Za-z0-9_-]{0,62}$": (
+    r"^[A-Za-z][A-Za-z0-9_-]{0,62}$(?!\n)": (
         "is not a valid device name (letters, digits, '_' and '-', starting with a letter, "
         "at most 63 characters)"
     ),
@@ -387,6 +387,59 @@ def apply_defaults(instance: JSON, node: SchemaNode | None = None) -> None:
         sub_node = child_schema(node, key)
         if sub_node is not None and isinstance(val, dict):
             apply_defaults(val, sub_node)
+
+
+@functools.lru_cache(maxsize=1)
+def _readable_holders(_generation: int) -> frozenset[str]:
+    """The scenario's top-level fields with an ``x-readable`` field somewhere below (``$ref`` followed):
+    the walk of every variant skips the others (devices' blocks, the model)."""
+    root = root_schema()
+
+    def holds(node: Any, seen: frozenset[str]) -> bool:
+        if isinstance(node, Mapping):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref not in seen and holds(deref({"$ref": ref}, root), seen | {ref}):
+                return True
+            return "x-readable" in node or any(holds(v, seen) for k, v in node.items() if k != "$ref")
+        return isinstance(node, list) and any(holds(v, seen) for v in node)
+
+    return frozenset(k for k, v in dict(root.get("properties", {})).items() if holds(v, frozenset()))
+
+
+def readable_inputs(
+    instance: JSON, node: SchemaNode | None = None, path: tuple[Segment, ...] = ()
+) -> Iterator[tuple[list[Segment], str, list[str]]]:
+    """Every string of ``instance`` whose field names a file on the machine running dit (``x-readable``
+    in its schema: what is read below it): its path, its value and that list. A runtime's field is
+    looked up in the rule its block matches (its ``name``), as :func:`apply_defaults` does."""
+    if node is None and isinstance(instance, dict):  # the top: only the fields that hold one (runtime)
+        holders = _readable_holders(generation())
+        instance = {k: v for k, v in instance.items() if k in holders}
+    node = deref(node if node is not None else root_schema())
+    if node.get("x-free"):
+        return
+    items: list[tuple[Segment, Any, SchemaNode | None]] = []
+    if isinstance(instance, dict):
+        node = _object_branch(node)
+        layers = [node]
+        for rule in node.get("allOf", []):
+            if "if" in rule and "then" in rule and _is_valid(instance, rule["if"]):
+                layers.append(deref(rule["then"]))
+        for key, value in instance.items():
+            own = [
+                layer["properties"][key] for layer in reversed(layers) if key in layer.get("properties", {})
+            ]
+            items.append((key, value, deref(own[0]) if own else child_schema(node, key)))
+    elif isinstance(instance, list):
+        items = [(i, value, child_schema(node, i)) for i, value in enumerate(instance)]
+    for key, value, sub in items:
+        if sub is None:
+            continue
+        reads = sub.get("x-readable")
+        if isinstance(value, str) and isinstance(reads, list):
+            yield [*path, key], value, [str(r) for r in reads]
+        elif isinstance(value, dict | list):
+            yield from readable_inputs(value, sub, (*path, key))
 
 
 def order_keys(instance: JSON, node: SchemaNode | None = None) -> JSON:

@@ -108,13 +108,12 @@ def _check_tree(root: yaml.Node) -> None:
     size(root, [], 0)
 
 
-def _read_bounded(path: Path) -> bytes:
+def _read_bounded(path: Path) -> tuple[bytes, os.stat_result]:
     try:
         with path.open("rb") as fh:
-            data = fh.read(MAX_YAML_BYTES + 1)
+            return fh.read(MAX_YAML_BYTES + 1), os.fstat(fh.fileno())
     except OSError as exc:
         raise _fail(f"cannot read {path}: {exc.strerror or exc}") from exc
-    return data
 
 
 def load_yaml(source: str | bytes | os.PathLike[str]) -> dict[str, Any]:
@@ -124,13 +123,21 @@ def load_yaml(source: str | bytes | os.PathLike[str]) -> dict[str, Any]:
     text itself (``str`` or ``bytes``). Raises :class:`ScenarioError`.
     """
     if isinstance(source, os.PathLike):
-        data = _read_bounded(Path(source))
-    elif isinstance(source, bytes):
-        data = source
-    else:
-        data = source.encode("utf-8", errors="surrogatepass")
+        return load_yaml_file(Path(source))[0]
+    data = source if isinstance(source, bytes) else source.encode("utf-8", errors="surrogatepass")
+    return _parse(data, f"{len(data)} bytes")
+
+
+def load_yaml_file(path: Path) -> tuple[dict[str, Any], os.stat_result]:
+    """:func:`load_yaml` of a file, with the status of the file it read: taken from the same open, so
+    the owner is the owner of what was read, whatever ``path`` names by then."""
+    data, status = _read_bounded(path)
+    return _parse(data, "more than 1 MiB"), status
+
+
+def _parse(data: bytes, size: str) -> dict[str, Any]:
+    """The document in ``data``; ``size``: how a message names its size when it is too big."""
     if len(data) > MAX_YAML_BYTES:
-        size = f"{len(data)} bytes" if not isinstance(source, os.PathLike) else "more than 1 MiB"
         raise _fail(f"the scenario is {size}; the limit is {MAX_YAML_BYTES} bytes (1 MiB)")
     try:
         text = data.decode("utf-8")

@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -47,6 +48,9 @@ class WorkerEntry:
     memory_limit_bytes: int
     # the device's own address to listen on instead (local mode: its loopback address 127.A.B.C)
     source_address: str | None = None
+    # where the worker's supervisor writes how it ended (headsplit.worker), when this node can read it
+    # (local mode: one machine); None: the note stays on the worker's node (its results/)
+    exit_note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -185,10 +189,13 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
         limit = w.get("memory_limit_bytes", 0)
         if not isinstance(limit, int) or limit < 0:
             raise ConfigError(f"{where}memory_limit_bytes: expected an integer >= 0, got {limit!r}")
+        note = w.get("exit_note")
+        if note is not None and (not isinstance(note, str) or not note):
+            raise ConfigError(f"{where}exit_note: expected null or a path, got {note!r}")
         workers.append(
             WorkerEntry(
                 rank, name, str(w.get("host", name)), _get(w, "address", str, where), limit,
-                _source_address(w, where),
+                _source_address(w, where), note,
             )
         )  # fmt: skip
     strategy = doc.get("strategy", "greedy")
@@ -417,6 +424,80 @@ def costs_record(rc: RunConfig, hp: Any, context_tokens: int) -> dict[str, Any]:
     return {"source": "profile", **costs.source(), "rule": RULE, "kinds": kinds}
 
 
+class SetupRefused(RuntimeError):
+    """A worker would need more memory than its node allows: refused before anything is built."""
+
+
+def setup_needs(
+    cfg: ModelConfig,
+    placement: engine.Placement,
+    tokens: int,
+    node_limits: dict[str, int],
+    workers_doc: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Each worker's peak need (:func:`headsplit.memory.needs`), said on the log and recorded in
+    ``workers_doc`` (``need_bytes``); :class:`SetupRefused` when one passes what its node allows."""
+    mem = importlib.import_module("headsplit.memory")
+    needs: dict[str, Any] = mem.needs(cfg, placement, tokens)
+    for d in workers_doc:
+        need = needs.get(d["name"])
+        d["need_bytes"] = need.peak_bytes if need is not None else 0
+        if need is not None:
+            limit = node_limits[d["name"]]
+            print(
+                f"headsplit controller: {d['name']} needs {need.describe()}, its node allows {limit / 1e6:.0f} MB"
+            )
+    refused = mem.over_limit(needs, node_limits)
+    if refused:
+        raise SetupRefused(
+            f"placement refused before set-up: {'; '.join(refused)} (the kernel would kill it): give its "
+            "node more memory (hardware.<device>.memory_limit_mb, dit rack up --memory-mb) or place the "
+            "model on more workers"
+        )
+    return needs
+
+
+# what torch RPC (TensorPipe) says when the peer's process is gone: its connection closed under the call
+GONE = re.compile(r"\bEOF\b|connection (reset|refused|closed)|broken pipe|pipe closed", re.IGNORECASE)
+NOTE_WAIT_S = 5.0  # the supervisor writes its note as soon as its child is gone; the call fails at once
+
+
+def _note(path: str | None, wait_s: float) -> Any:
+    """The exit note at ``path`` (waiting up to ``wait_s`` for it), None when there is none to read."""
+    if path is None:
+        return None
+    mem = importlib.import_module("headsplit.memory")
+    file = Path(path)
+    deadline = time.monotonic() + wait_s
+    while not file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        return mem.ExitNote.from_json(json.loads(file.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def why_lost(rc: RunConfig, message: str, needs: dict[str, Any], node_limits: dict[str, int]) -> str:
+    """A failed worker call (``workerN.remote_setup: failed 4 times, last error: EOF``) with its cause
+    first when a worker is gone: killed by its memory cgroup, by another signal, or an exit status, from
+    the note its supervisor wrote (:mod:`headsplit.worker`) where this node can read it. The worker lost
+    may be another than the one called (a call that pulled from it)."""
+    mem = importlib.import_module("headsplit.memory")
+    worker, _, rest = message.partition(".")
+    call = rest.partition(":")[0].removeprefix("remote_") or "its call"
+    entry = next((w for w in rc.workers if w.name == worker), None)
+    if entry is None:
+        return message
+    note = _note(entry.exit_note, NOTE_WAIT_S)
+    if note is None:  # the one called may be alive and another gone under it
+        note = next(filter(None, (_note(w.exit_note, 0) for w in rc.workers if w is not entry)), None)
+    if note is None and (entry.exit_note is not None or not GONE.search(message)):
+        return message  # nothing says a process is gone: it failed while alive, as far as can be told
+    lost = worker if note is None else note.worker
+    cause = mem.loss_message(lost, call, note, needs.get(lost), node_limits.get(lost, 0))
+    return f"{cause} ({message})"
+
+
 def run(rc: RunConfig) -> dict[str, Any]:
     """Everything after the RPC group is up; returns the results document."""
     from headsplit import rpc
@@ -425,10 +506,12 @@ def run(rc: RunConfig) -> dict[str, Any]:
     tr = rpc.RpcTransport(rc.rpc_timeout_s, rc.rpc_retries)
     workers_doc: list[dict[str, Any]] = []
     limits: dict[str, int] = {}
+    node_limits: dict[str, int] = {}  # what the kernel allows each worker process (cgroup, else RAM)
     for w in rc.workers:
         rtt = tr.rtt_ns(w.name)
         flops = tr.flops_per_s(w.name)
-        limits[w.name] = w.memory_limit_bytes or tr.node_memory(w.name)
+        node_limits[w.name] = tr.node_memory(w.name)
+        limits[w.name] = w.memory_limit_bytes or node_limits[w.name]
         # what the placement costs each unit kind at: the micro-benchmark's, or the profile run's
         rates = (flops,) * 3 if rc.placement_costs is None else rc.placement_costs.rates(w.host)
         workers_doc.append(
@@ -440,6 +523,7 @@ def run(rc: RunConfig) -> dict[str, Any]:
                 "placement_flops_per_s": dict(zip(("head", "proj", "ffn"), rates, strict=True)),
                 "memory_limit_bytes": w.memory_limit_bytes,
                 "memory_bytes": limits[w.name],
+                "node_memory_bytes": node_limits[w.name],
             }
         )
     prompt_ids = list(rc.prompt_ids) if rc.prompt_ids is not None else model.tokenize(rc.prompt, cfg)
@@ -504,6 +588,9 @@ def run(rc: RunConfig) -> dict[str, Any]:
             cfg, specs, placement, context_tokens=planned
         )
         placement_doc["costs"] = costs_record(rc, hp, planned)
+    needs: dict[str, Any] = {}
+    if hp is not None:
+        needs = setup_needs(cfg, placement, planned, node_limits, workers_doc)
     if rc.checkpoint:
         cw = model.load_checkpoint(
             cfg, rc.checkpoint["path"], rc.checkpoint["sha256"], names=model.controller_tensor_names(cfg)
@@ -511,8 +598,11 @@ def run(rc: RunConfig) -> dict[str, Any]:
     else:
         cw = model.seeded_weights(cfg, model.controller_tensor_names(cfg))
     t_setup = time.perf_counter_ns()
-    for n in names:
-        tr.setup(n, cfg, worker_checkpoint(rc.checkpoint, n), engine.units_of(placement, n))
+    try:
+        for n in names:
+            tr.setup(n, cfg, worker_checkpoint(rc.checkpoint, n), engine.units_of(placement, n))
+    except rpc.RpcCallFailed as exc:
+        raise rpc.RpcCallFailed(why_lost(rc, str(exc), needs, node_limits)) from exc
     if rc.control == "dataflow":
         tr.open_push(names)
     setup_ns = time.perf_counter_ns() - t_setup
@@ -569,7 +659,7 @@ def run(rc: RunConfig) -> dict[str, Any]:
     try:
         res = eng.generate(prompt_ids, rc.tokens)
     except rpc.RpcCallFailed as exc:
-        error = str(exc)
+        error = why_lost(rc, str(exc), needs, node_limits)
         res = eng.result
     end_ns = time.time_ns()
     secs = max(end_ns - start_ns, 1) / 1e9

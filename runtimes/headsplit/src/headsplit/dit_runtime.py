@@ -3,8 +3,8 @@
 With :mod:`headsplit.plugin` (the scenario block, launch, actions and results parser, as llamacpp's
 plug-in splits them), the only headsplit code that imports the testbed (docs/runtimes.md is the
 interface, docs/headsplit.md the user's guide). It must import without torch: the testbed loads it in the
-controller's own venv to validate scenarios, so it imports nothing of headsplit but the torch-free
-``headsplit.config``.
+controller's own venv to validate scenarios, so it imports nothing of headsplit but its torch-free
+modules (``config``, ``placement``, ``memory``, ``checkpoint``, ``profile_costs``).
 
 The processes it describes (HEADSPLIT.md, the contract with hs-core): one ``headsplit.worker`` per
 worker device (background: torch RPC's rendezvous blocks until every rank joined, so there is no ready
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dit.analysis.run import LoadedRun
 from dit.runtimes import (
@@ -28,8 +28,9 @@ from dit.runtimes import (
     Results,
     RuntimeBase,
 )
-from dit.runtimes.helpers import EDGE, node_problems, worker_hosts
-from headsplit import __version__, profile_costs
+from dit.runtimes.helpers import EDGE, MIB, memory_limits, node_problems, worker_hosts
+from headsplit import __version__, memory, placement, profile_costs
+from headsplit.config import ModelConfig, preset
 from headsplit.plugin.actions import (
     CHECKPOINT_INPUTS,
     PROFILE_INPUTS,
@@ -42,7 +43,7 @@ from headsplit.plugin.common import (
     HeadSplitLaunchError,
     HeadSplitResultsError,
 )
-from headsplit.plugin.launch import launch_specs, read_paragraph
+from headsplit.plugin.launch import checkpoint_problem, launch_specs, model_doc, read_paragraph
 from headsplit.plugin.results import parse
 from headsplit.plugin.schema import block_schema
 
@@ -132,6 +133,51 @@ def pressure_problems(block: Mapping[str, Any]) -> list[BlockProblem]:
     return problems
 
 
+def memory_problems(block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
+    """Each worker's peak need (:func:`headsplit.memory.needs`) against its device's memory limit, for the
+    placement the run would make with equal worker speeds (the controller places with measured ones and
+    checks again before anything is built): a worker that would be killed is refused at ``dit validate``."""
+    raw = scenario.get("devices")
+    devices = [str(d) for d in raw] if isinstance(raw, list) else []
+    controller = str(block.get("controller", EDGE))
+    workers = worker_hosts(block, devices, controller, default_excludes_controller=False)
+    limits = memory_limits(scenario, workers)
+    if not limits or not workers:
+        return []
+    try:
+        doc = model_doc(block, len(workers))
+        cfg = ModelConfig.from_json(doc["config"]) if "config" in doc else preset(doc["preset"])
+    except (HeadSplitLaunchError, ValueError, TypeError):
+        return []  # the schema and the launch name what is wrong with the model
+    tokens = block.get("tokens", 16)
+    if not isinstance(tokens, int):
+        return []
+    context = max(len(str(block.get("prompt", "")).encode()), 1) + tokens  # byte-level: the most tokens
+    names = {f"worker{rank}": device for rank, device in enumerate(workers, start=1)}
+    strategy = block.get("strategy", "greedy")
+    if strategy not in placement.STRATEGIES:
+        return []  # the schema names it
+    specs = [placement.WorkerSpec(w, limits.get(d, 1 << 50), 1e9, 0) for w, d in names.items()]
+    try:
+        plan = dict(placement.place(cfg, specs, cast(placement.Strategy, strategy), context_tokens=context))
+    except placement.PlacementError as exc:
+        return [BlockProblem(("model",), f"{cfg.name} does not fit {len(workers)} workers: {exc}")]
+    problems = []
+    for worker, need in memory.needs(cfg, plan, context).items():
+        device = names[worker]
+        limit = limits.get(device, 0)
+        if limit and need.peak_bytes > limit:
+            problems.append(
+                BlockProblem(
+                    ("model",),
+                    f"{cfg.name} {strategy} on {len(workers)} workers: {worker} ({device}) needs "
+                    f"{need.describe()}, hardware.{device}.memory_limit_mb is {limit // MIB}: raise it to at "
+                    f"least {-(-need.peak_bytes // MIB)} or place the model on more workers",
+                )
+            )
+    return problems
+
+
 class HeadSplitRuntime(RuntimeBase):
     """Attention heads placed across workers over torch RPC, with cross-layer speculation."""
 
@@ -144,14 +190,21 @@ class HeadSplitRuntime(RuntimeBase):
 
     def check_block(self, block: Mapping[str, Any], scenario: Mapping[str, Any]) -> list[BlockProblem]:
         """At ``dit validate``: the controller and the workers are nodes of this scenario; the paragraph
-        ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``); the
-        profile run ``placement_profile`` names has costs of every worker's device and of no other;
-        ``memory_pressure`` passes the threshold before the limit and before the last token."""
+        ``perplexity`` scores can be read (``perplexity_paragraph`` only with ``perplexity: true``); a
+        trained model has its ``checkpoint``; the profile run ``placement_profile`` names has costs of
+        every worker's device and of no other; ``memory_pressure`` passes the threshold before the limit
+        and before the last token; every worker's peak need fits its device's ``memory_limit_mb``
+        (:func:`memory_problems`)."""
         problems = node_problems(block, scenario, default_excludes_controller=False)
         _, problem = read_paragraph(block)
         if problem is not None:
             problems.append(BlockProblem(("perplexity_paragraph",), problem))
+        problem = checkpoint_problem(block)
+        if problem is not None:
+            problems.append(BlockProblem(("checkpoint",), problem))
         problems += pressure_problems(block)
+        if not problems:
+            problems += memory_problems(block, scenario)
         path = block.get("placement_profile")
         if isinstance(path, str) and not problems:
             raw = scenario.get("devices")

@@ -36,10 +36,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from headsplit import checkpoint as ckpt
 from headsplit import dataflow, model
 from headsplit.config import ModelConfig
 from headsplit.units import Unit, all_units
@@ -277,18 +279,37 @@ def share_tensor_names(cfg: ModelConfig, units: Iterable[Unit]) -> set[str]:
     return names
 
 
+def share_from(
+    cfg: ModelConfig, src: model.TensorSource, units: Iterable[Unit]
+) -> tuple[dict[str, model.Weights], dict[SlotKey, tuple[model.Weights, torch.Tensor, torch.Tensor]]]:
+    """The weights a worker needs for ``units``, read from ``src`` one unit (and KV copy) at a time, in
+    ``WorkerState.load``'s format (empty caches): nothing but what it keeps is ever whole in memory."""
+    us = sorted(units)  # a layer's heads in order: consecutive rows of its Wq
+    unit_w = {u.key(): model.unit_weights_from(cfg, src, u) for u in us}
+    slots = {
+        (layer, kvh): (model.kv_weights_from(cfg, src, layer, kvh), torch.empty(0), torch.empty(0))
+        for layer, kvh in sorted(slots_needed(cfg, us))
+    }
+    return unit_w, slots
+
+
 def build_share(
     cfg: ModelConfig, w: model.Weights, units: Iterable[Unit]
 ) -> tuple[dict[str, model.Weights], dict[SlotKey, tuple[model.Weights, torch.Tensor, torch.Tensor]]]:
-    """The weights a worker needs for ``units``, cut from ``w`` (which holds at least
-    ``share_tensor_names``), in ``WorkerState.load``'s format (empty caches)."""
-    us = list(units)
-    unit_w = {u.key(): model.unit_weights(cfg, w, u) for u in us}
-    slots = {
-        (layer, kvh): (model.kv_weights(cfg, w, layer, kvh), torch.empty(0), torch.empty(0))
-        for layer, kvh in slots_needed(cfg, us)
-    }
-    return unit_w, slots
+    """:func:`share_from` weights already in memory (which hold at least ``share_tensor_names``)."""
+    return share_from(cfg, model.WeightsSource(w), units)
+
+
+def load_share(
+    cfg: ModelConfig, checkpoint: Mapping[str, str] | None, units: Iterable[Unit]
+) -> tuple[dict[str, model.Weights], dict[SlotKey, tuple[model.Weights, torch.Tensor, torch.Tensor]]]:
+    """A worker's set-up: its units' seeded weights, or the checkpoint verified by its SHA-256 and then
+    read unit by unit (:class:`headsplit.model.CheckpointSource`)."""
+    if not checkpoint:
+        return share_from(cfg, model.SeededSource(cfg), units)
+    path = Path(checkpoint["path"])
+    ckpt.verify(path, checkpoint["sha256"])
+    return share_from(cfg, model.CheckpointSource(cfg, path), units)
 
 
 def units_of(placement: Placement, worker: str) -> list[Unit]:

@@ -12,7 +12,9 @@ against (agreement within float32 rounding, not bit-identity).
 
 Seeded weights: every tensor has its own ``torch.Generator`` seeded from ``cfg.seed`` and the tensor's
 name (CRC32), so a worker materialises only the tensors its units need, in any order, and gets the same
-values as every other process.
+values as every other process. A worker never holds more: ``unit_weights_from`` builds a unit from a
+``TensorSource`` that yields just the rows it keeps -- ``SeededSource`` draws them (the whole tensor's
+values), ``CheckpointSource`` reads only their bytes from the safetensors files.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import json
 import math
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 from headsplit import checkpoint as ckpt
 from headsplit.checkpoint import CheckpointError, checkpoint_sha256, sha256_file
 from headsplit.config import ModelConfig
-from headsplit.units import Unit
+from headsplit.units import DTYPE_BYTES, Unit
 
 Weights = dict[str, torch.Tensor]
 __all__ = ["CheckpointError", "checkpoint_sha256", "sha256_file"]  # re-exported from headsplit.checkpoint
@@ -74,25 +77,96 @@ def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _seeded(cfg: ModelConfig, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-    if name.endswith("norm.weight"):
-        return torch.ones(shape)
-    if "norm" in name:
-        return torch.zeros(shape)
-    gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-    std = INIT_STD
+def _generator(cfg: ModelConfig, name: str) -> torch.Generator:
+    return torch.Generator().manual_seed((cfg.seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+
+
+def _std(cfg: ModelConfig, name: str) -> float:
     if name.endswith(("o.weight", "fc2.weight", "down.weight")):
-        std = INIT_STD / math.sqrt(2 * cfg.n_layers)  # GPT-2's scaling of residual projections
-    elif name == "pos.weight":
-        std = INIT_STD / 2
-    return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+        return INIT_STD / math.sqrt(2 * cfg.n_layers)  # GPT-2's scaling of residual projections
+    if name == "pos.weight":
+        return INIT_STD / 2
+    return INIT_STD
+
+
+# torch's CPU normal sampler draws 16 values at a time (Box-Muller over a block of 16 uniforms) and
+# redraws the last 16 of a request whose size is not a multiple of 16: requests of whole rows, each a
+# multiple of 16 values, consume the generator exactly as one request of the whole tensor does, so rows
+# drawn in pieces are the whole tensor's rows bit for bit (test_model.py checks it on every preset).
+NORMAL_BLOCK = 16
+SKIP_ELEMENTS = 1 << 20  # rows not kept are drawn and dropped in pieces of at most this many values
+
+
+class TensorSource(Protocol):
+    """Rows of this package's tensors (``tensor_shapes`` names and layout), float32 and contiguous, one
+    request at a time: a worker builds its units one by one from it and never holds a whole tensor it
+    does not keep."""
+
+    def rows(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor: ...
+
+
+def _span(shape: tuple[int, ...], start: int, stop: int | None) -> int:
+    stop = shape[0] if stop is None else stop
+    if not 0 <= start <= stop <= shape[0]:
+        raise ValueError(f"rows {start}:{stop} outside a tensor of {shape[0]} rows")
+    return stop
+
+
+class SeededSource:
+    """Seeded weights (``cfg.seed``), drawn per request: every tensor has its own generator (seed and the
+    tensor's CRC32), so a worker draws only the rows its units keep, in any order, and gets the values
+    every other process gets for the whole tensor. Rows after one request continue the same generator
+    (a worker's heads of one layer are consecutive row blocks of Wq: drawn once, not from the start each)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.cfg = cfg
+        self.shapes = tensor_shapes(cfg)
+        self._streams: dict[str, tuple[torch.Generator, int]] = {}  # name -> generator, next row
+
+    def rows(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        shape = self.shapes[name]
+        stop = _span(shape, start, stop)
+        out_shape = (stop - start, *shape[1:])
+        if name.endswith("norm.weight"):
+            return torch.ones(out_shape)
+        if "norm" in name:
+            return torch.zeros(out_shape)
+        cols = math.prod(shape[1:])
+        std = _std(self.cfg, name)
+        if (start, stop) == (0, shape[0]) or cols % NORMAL_BLOCK:
+            # the whole tensor; rows of one whose rows are not whole blocks (1-D biases) are cut from it
+            whole = torch.randn(shape, generator=_generator(self.cfg, name), dtype=torch.float32).mul_(std)
+            return whole if stop - start == shape[0] else whole[start:stop].clone()
+        gen, at = self._streams.pop(name, (None, 0))
+        if gen is None or at > start:
+            gen, at = _generator(self.cfg, name), 0
+        step = max(1, SKIP_ELEMENTS // cols)
+        while at < start:
+            n = min(step, start - at)
+            torch.randn((n, cols), generator=gen, dtype=torch.float32)
+            at += n
+        out = torch.randn((stop - start, cols), generator=gen, dtype=torch.float32).mul_(std)
+        if stop < shape[0]:
+            self._streams[name] = (gen, stop)
+        return out.reshape(out_shape)
+
+
+class WeightsSource:
+    """Rows cut from weights already in memory (the single-process reference), as contiguous copies."""
+
+    def __init__(self, w: Weights) -> None:
+        self.w = w
+
+    def rows(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        t = self.w[name]
+        stop = _span(tuple(t.shape), start, stop)
+        return t[start:stop].clone()
 
 
 def seeded_weights(cfg: ModelConfig, names: Iterable[str] | None = None) -> Weights:
     """Deterministic weights from ``cfg.seed``; only ``names`` if given (a worker's share)."""
-    shapes = tensor_shapes(cfg)
-    wanted = list(shapes) if names is None else list(names)
-    return {n: _seeded(cfg, n, shapes[n]) for n in wanted}
+    src = SeededSource(cfg)
+    return {n: src.rows(n) for n in (src.shapes if names is None else names)}
 
 
 def unit_tensor_names(cfg: ModelConfig, unit: Unit) -> list[str]:
@@ -119,27 +193,36 @@ def controller_tensor_names(cfg: ModelConfig) -> list[str]:
     return [n for n in tensor_shapes(cfg) if not n.startswith("L")]
 
 
-def unit_weights(cfg: ModelConfig, w: Weights, unit: Unit) -> Weights:
-    """The tensors a unit owns, cut from full weights as contiguous copies (short keys)."""
+def unit_weights_from(cfg: ModelConfig, src: TensorSource, unit: Unit) -> Weights:
+    """The tensors a unit owns (short keys), read from ``src``: a query head's Wq rows and its norm copy,
+    a projection, an FFN. Each is its own contiguous tensor."""
     p = f"L{unit.layer}."
     if unit.kind == "head":
         hd = cfg.head_dim
-        rows = slice(unit.head * hd, (unit.head + 1) * hd)
-        out = {"norm.weight": w[p + "attn_norm.weight"].clone(), "q.weight": w[p + "q.weight"][rows].clone()}
+        a, b = unit.head * hd, (unit.head + 1) * hd
+        out = {"norm.weight": src.rows(p + "attn_norm.weight"), "q.weight": src.rows(p + "q.weight", a, b)}
         if cfg.family == "gpt2":
-            out["norm.bias"] = w[p + "attn_norm.bias"].clone()
-            out["q.bias"] = w[p + "q.bias"][rows].clone()
+            out["norm.bias"] = src.rows(p + "attn_norm.bias")
+            out["q.bias"] = src.rows(p + "q.bias", a, b)
         return out
-    names = unit_tensor_names(cfg, unit)
-    return {n[len(p) :]: w[n].clone() for n in names}
+    return {n[len(p) :]: src.rows(n) for n in unit_tensor_names(cfg, unit)}
+
+
+def kv_weights_from(cfg: ModelConfig, src: TensorSource, layer: int, kv_head: int) -> Weights:
+    """One KV head's Wk/Wv rows (and biases), read from ``src``."""
+    p = f"L{layer}."
+    a, b = kv_head * cfg.head_dim, (kv_head + 1) * cfg.head_dim
+    return {n[len(p) :]: src.rows(n, a, b) for n in kv_tensor_names(cfg, layer)}
+
+
+def unit_weights(cfg: ModelConfig, w: Weights, unit: Unit) -> Weights:
+    """The tensors a unit owns, cut from full weights as contiguous copies (short keys)."""
+    return unit_weights_from(cfg, WeightsSource(w), unit)
 
 
 def kv_weights(cfg: ModelConfig, w: Weights, layer: int, kv_head: int) -> Weights:
     """One KV head's Wk/Wv rows (and biases), contiguous copies."""
-    p = f"L{layer}."
-    hd = cfg.head_dim
-    rows = slice(kv_head * hd, (kv_head + 1) * hd)
-    return {n[len(p) :]: w[n][rows].clone() for n in kv_tensor_names(cfg, layer)}
+    return kv_weights_from(cfg, WeightsSource(w), layer, kv_head)
 
 
 # ---------------------------------------------------------------------------------------- checkpoint
@@ -153,47 +236,156 @@ def checkpoint_files(path: Path) -> list[Path]:
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64}
 
 
-def read_safetensors(path: Path, names: set[str] | None = None) -> Weights:
-    """Read (some of) a safetensors file with the standard library: 8-byte header size, JSON header,
-    raw little-endian data. Only the wanted tensors are read. Everything comes back as float32."""
-    out: Weights = {}
-    with path.open("rb") as fh:
-        (n,) = struct.unpack("<Q", fh.read(8))
-        header = json.loads(fh.read(n))
-        base = 8 + n
+@dataclass(frozen=True)
+class _Stored:
+    """Where one tensor of a safetensors file is: its dtype code, shape and absolute byte offset."""
+
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+
+def _index(files: Iterable[Path]) -> dict[str, _Stored]:
+    """Every tensor of the files, from their headers alone (8-byte size, JSON header): nothing is read
+    beyond them until a tensor's rows are asked for. GPT-2's ``transformer.`` prefix is dropped."""
+    out: dict[str, _Stored] = {}
+    for path in files:
+        with path.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
         for name, meta in header.items():
-            if name == "__metadata__" or (names is not None and name not in names):
+            if name == "__metadata__":
                 continue
-            dtype = _ST_DTYPES.get(meta["dtype"])
-            if dtype is None:
-                raise CheckpointError(
-                    f"{path}: tensor {name} has dtype {meta['dtype']}; readable: {', '.join(_ST_DTYPES)}"
-                )
-            start, end = meta["data_offsets"]
-            fh.seek(base + start)
-            raw = bytearray(fh.read(end - start))
-            t = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-            out[name] = t.reshape(meta["shape"]).to(torch.float32)
+            start, _ = meta["data_offsets"]
+            stored = _Stored(path, str(meta["dtype"]), tuple(int(d) for d in meta["shape"]), 8 + n + start)
+            out[name.removeprefix("transformer.")] = stored
     return out
+
+
+@dataclass(frozen=True)
+class _From:
+    """Where rows of one of this package's tensors are stored: the stored tensor, whether this package's
+    rows are its columns (GPT-2's Conv1D ``[in, out]``), and the offset of row 0 along that axis (q, k
+    and v side by side in GPT-2's fused ``c_attn``)."""
+
+    stored: str
+    transposed: bool = False
+    offset: int = 0
+    parts: int = 1  # how many of this package's tensors the stored one holds side by side
+
+
+class CheckpointSource:
+    """Rows of this package's tensors read from a checkpoint's safetensors files (this package's names,
+    or Hugging Face names of GPT2LMHeadModel / GPT2Model / LlamaForCausalLM): only the bytes of the
+    rows asked for are read (a seek into the file, as safetensors' ``get_slice`` does), so a worker
+    holds its units' slices and never a whole model. The checkpoint is not verified here
+    (:func:`load_checkpoint`, :func:`headsplit.engine.load_share` do that first)."""
+
+    def __init__(self, cfg: ModelConfig, path: Path) -> None:
+        self.cfg = cfg
+        self.path = path
+        self.shapes = tensor_shapes(cfg)
+        self.stored = _index(checkpoint_files(path))
+        # this package's names (a per-worker shard has no embedding); lm_head.weight is also Llama's HF name
+        own = any(k in self.shapes and k != "lm_head.weight" for k in self.stored)
+        self._hf = None if own else _hf_names(cfg)
+
+    def _from(self, name: str) -> _From | None:
+        if self._hf is None:
+            return _From(name) if name in self.stored else None
+        if self.cfg.family == "gpt2":
+            layer, _, rest = name.partition(".")
+            stem, _, kind = rest.partition(".")
+            if layer.startswith("L") and stem in ("q", "k", "v"):
+                offset = "qkv".index(stem) * self.cfg.hidden
+                return _From(f"h.{layer[1:]}.attn.c_attn.{kind}", kind == "weight", offset, 3)
+        theirs = self._hf.get(name)
+        if theirs in self.stored:
+            transposed = self.cfg.family == "gpt2" and theirs.endswith(("c_proj.weight", "c_fc.weight"))
+            return _From(theirs, transposed)
+        if name == "lm_head.weight" and self.cfg.family == "llama":
+            return self._from("embed.weight")  # tied llama checkpoints
+        return None
+
+    def rows(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        need = self.shapes[name]
+        stop = _span(need, start, stop)
+        where = self._from(name)
+        if where is None:
+            raise CheckpointError(f"checkpoint {self.path}: tensor {name} (model {self.cfg.name}) is missing")
+        st = self.stored[where.stored]
+        shape = st.shape[::-1] if where.transposed else st.shape
+        if where.parts == 1 and shape != need:
+            raise CheckpointError(
+                f"checkpoint {self.path}: tensor {name} has shape {shape}, model {self.cfg.name} needs {need}"
+            )
+        if where.parts > 1 and (shape[0] != where.parts * need[0] or shape[1:] != need[1:]):
+            raise CheckpointError(
+                f"checkpoint {self.path}: tensor {where.stored} has shape {st.shape}, model {self.cfg.name} "
+                f"needs {where.parts} tensors of {need} side by side in it ({name} one of them)"
+            )
+        dtype = _ST_DTYPES.get(st.dtype)
+        if dtype is None:
+            raise CheckpointError(
+                f"{st.file}: tensor {where.stored} has dtype {st.dtype}; readable: {', '.join(_ST_DTYPES)}"
+            )
+        n = stop - start
+        item = dtype.itemsize
+        with st.file.open("rb") as fh:
+            if not where.transposed:
+                row = math.prod(shape[1:])
+                fh.seek(st.offset + (where.offset + start) * row * item)
+                raw = _read(fh, n * row * item, st.file, where.stored)
+                t = _from_bytes(raw, dtype).reshape(n, *need[1:])
+            else:  # this package's rows are columns of the stored [in, out]: one run of bytes per stored row
+                rows_in, cols = st.shape
+                raw = bytearray(rows_in * n * item)
+                for r in range(rows_in):
+                    fh.seek(st.offset + (r * cols + where.offset + start) * item)
+                    raw[r * n * item : (r + 1) * n * item] = _read(fh, n * item, st.file, where.stored)
+                t = _from_bytes(raw, dtype).reshape(rows_in, n).t()
+        return t.to(torch.float32).contiguous()
+
+
+def _read(fh: BinaryIO, n: int, file: Path, name: str) -> bytearray:
+    raw = bytearray(fh.read(n))
+    if len(raw) != n:
+        raise CheckpointError(
+            f"{file}: tensor {name} is cut short ({len(raw)} of {n} bytes): the file is truncated"
+        )
+    return raw
+
+
+def _from_bytes(raw: bytearray, dtype: torch.dtype) -> torch.Tensor:
+    return torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
 
 
 def write_safetensors(path: Path, tensors: Weights) -> None:
     """Write float32 tensors as a safetensors file (tests, and exporting seeded weights)."""
+    src = WeightsSource(tensors)
+    write_rows(path, {n: tuple(t.shape) for n, t in tensors.items()}, src.rows)
+
+
+def write_rows(path: Path, shapes: dict[str, tuple[int, ...]], read: Callable[[str], torch.Tensor]) -> None:
+    """Write a float32 safetensors file of the tensors ``shapes`` names, each read (``read(name)``) and
+    written in turn: a per-worker shard of a whole checkpoint holds one tensor at a time in memory."""
     header: dict[str, object] = {}
-    blobs: list[bytes] = []
     offset = 0
-    for name, t in tensors.items():
-        data = t.detach().to(torch.float32).contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
+    for name, shape in shapes.items():
+        size = DTYPE_BYTES * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
     with path.open("wb") as fh:
         fh.write(struct.pack("<Q", len(head)))
         fh.write(head)
-        for b in blobs:
-            fh.write(b)
+        for name, shape in shapes.items():
+            t = read(name).detach().to(torch.float32).contiguous()
+            if tuple(t.shape) != shape:
+                raise ValueError(f"{path}: tensor {name} has shape {tuple(t.shape)}, the header says {shape}")
+            fh.write(t.numpy().tobytes())
 
 
 def _hf_names(cfg: ModelConfig) -> dict[str, str]:
@@ -214,7 +406,7 @@ def _hf_names(cfg: ModelConfig) -> dict[str, str]:
             ):
                 m[p + ours + ".weight"] = h + theirs + ".weight"
                 m[p + ours + ".bias"] = h + theirs + ".bias"
-            # q, k, v come fused in attn.c_attn: handled in _from_hf
+            # q, k, v come fused in attn.c_attn: CheckpointSource reads them from it
         return m
     m.update(
         {
@@ -241,32 +433,6 @@ def _hf_names(cfg: ModelConfig) -> dict[str, str]:
     return m
 
 
-def _from_hf(cfg: ModelConfig, raw: Weights) -> Weights:
-    raw = {k.removeprefix("transformer."): v for k, v in raw.items()}
-    out: Weights = {}
-    for ours, theirs in _hf_names(cfg).items():
-        if theirs in raw:
-            t = raw[theirs]
-            # GPT-2 stores Conv1D weights as [in, out]; this package uses nn.Linear's [out, in]
-            if cfg.family == "gpt2" and theirs.endswith(("c_proj.weight", "c_fc.weight")):
-                t = t.t().contiguous()
-            out[ours] = t
-    if cfg.family == "gpt2":
-        d = cfg.hidden
-        for i in range(cfg.n_layers):
-            w = raw.get(f"h.{i}.attn.c_attn.weight")
-            b = raw.get(f"h.{i}.attn.c_attn.bias")
-            if w is not None:
-                for j, s in enumerate("qkv"):
-                    out[f"L{i}.{s}.weight"] = w[:, j * d : (j + 1) * d].t().contiguous()
-            if b is not None:
-                for j, s in enumerate("qkv"):
-                    out[f"L{i}.{s}.bias"] = b[j * d : (j + 1) * d].clone()
-    elif "lm_head.weight" not in out and "embed.weight" in out:
-        out["lm_head.weight"] = out["embed.weight"]  # tied llama checkpoints
-    return out
-
-
 def load_checkpoint(
     cfg: ModelConfig, path: str | Path, sha256: str, names: Iterable[str] | None = None
 ) -> Weights:
@@ -276,28 +442,12 @@ def load_checkpoint(
     its shards). Accepted layouts: this package's own names (``tensor_shapes``; per-worker shards), or
     Hugging Face names of GPT2LMHeadModel / GPT2Model (with or without ``transformer.``) and
     LlamaForCausalLM. safetensors only (no pickled ``.bin``). ``names``: only these of this package's
-    tensors are kept (a worker's share).
+    tensors are read (a worker's share; the controller's embedding and LM head), nothing else.
     """
     p = Path(path)
     ckpt.verify(p, sha256)
-    raw: Weights = {}
-    for f in checkpoint_files(p):
-        raw.update(read_safetensors(f))
-    shapes = tensor_shapes(cfg)
-    # this package's names (a per-worker shard has no embedding); lm_head.weight is also Llama's HF name
-    own = any(k in shapes and k != "lm_head.weight" for k in raw)
-    w = dict(raw) if own else _from_hf(cfg, raw)
-    wanted = list(shapes) if names is None else list(names)
-    out: Weights = {}
-    for n in wanted:
-        if n not in w:
-            raise CheckpointError(f"checkpoint {p}: tensor {n} (model {cfg.name}) is missing")
-        if tuple(w[n].shape) != shapes[n]:
-            raise CheckpointError(
-                f"checkpoint {p}: tensor {n} has shape {tuple(w[n].shape)}, model {cfg.name} needs {shapes[n]}"
-            )
-        out[n] = w[n].to(torch.float32).contiguous()
-    return out
+    src = CheckpointSource(cfg, p)
+    return {n: src.rows(n) for n in (src.shapes if names is None else names)}
 
 
 def to_hf(cfg: ModelConfig, w: Weights) -> Weights:

@@ -32,7 +32,7 @@ import torch.distributed as tdist
 import torch.distributed.rpc as trpc
 from torch.distributed.constants import default_pg_timeout
 
-from headsplit import dataflow, engine, model, netif, pushnet
+from headsplit import dataflow, engine, memory, netif, pushnet
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
@@ -166,44 +166,32 @@ def worker_report() -> dict[str, Any]:
 
 
 def rss_bytes() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return memory.status_bytes("VmRSS")
 
 
 def node_memory_bytes() -> int:
-    """The memory a worker may use when no limit is configured: its cgroup's memory.max, else RAM."""
-    try:
-        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if raw.isdigit():
-            return int(raw)
-    except OSError:
-        pass
+    """The memory a worker may use when no limit is configured: its memory cgroup's limit (cgroup v1 or
+    v2, the smallest up the hierarchy: the emulated rack's node cgroup), else RAM."""
+    own = memory.own_memory_cgroup()
+    limit = None if own is None else memory.effective_limit_bytes(own)
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return 0
+            ram = int(line.split()[1]) * 1024
+            return ram if limit is None else min(limit, ram)
+    return limit or 0
 
 
 def remote_setup(
     cfg_doc: dict[str, Any], checkpoint: dict[str, str] | None, unit_keys: list[str]
 ) -> tuple[int, int]:
-    """Materialise this worker's units: seeded tensors, or the checkpoint verified here by SHA-256."""
+    """Materialise this worker's units one at a time: seeded, or read from the checkpoint verified here."""
     t0 = time.perf_counter_ns()
     cfg = ModelConfig.from_json(cfg_doc)
     units = [Unit.parse(k) for k in unit_keys]
-    names = engine.share_tensor_names(cfg, units)
-    if checkpoint:
-        w = model.load_checkpoint(cfg, checkpoint["path"], checkpoint["sha256"], names=sorted(names))
-    else:
-        w = model.seeded_weights(cfg, sorted(names))
+    share = engine.load_share(cfg, checkpoint, units)
     with _W.lock:
         st = engine.WorkerState(trpc.get_worker_info().name, cfg, fetch=_pull, store=STORE)
-        st.load(*engine.build_share(cfg, w, units))
+        st.load(*share)
         _W.state = st
         n, _ = st.nbytes()
     return n, time.perf_counter_ns() - t0

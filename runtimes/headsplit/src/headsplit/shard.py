@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from headsplit import checkpoint as ckpt
 from headsplit import engine, model, placement
 from headsplit.checkpoint import CheckpointError, directory_config, sha256_file
 from headsplit.config import ModelConfig, preset
@@ -35,8 +36,10 @@ CONTROLLER = "controller"
 def write_shards(
     cfg: ModelConfig, source: Path, sha256: str, plan: dict[Unit, str], out: Path
 ) -> dict[str, Any]:
-    """Write one safetensors file per worker of ``plan`` (and the controller's) into ``out``."""
-    w = model.load_checkpoint(cfg, source, sha256)
+    """Write one safetensors file per worker of ``plan`` (and the controller's) into ``out``, reading
+    each tensor from the verified checkpoint as it is written (one tensor in memory at a time)."""
+    ckpt.verify(source, sha256)
+    src = model.CheckpointSource(cfg, source)
     engine.check_placement(cfg, plan, set(plan.values()))
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Any] = {}
@@ -50,7 +53,7 @@ def write_shards(
     shares[CONTROLLER] = ([], sorted(model.controller_tensor_names(cfg)))
     for owner, (units, names) in shares.items():
         path = out / f"{owner}.safetensors"
-        model.write_safetensors(path, {n: w[n] for n in names})
+        model.write_rows(path, {n: src.shapes[n] for n in names}, src.rows)
         files[owner] = {"file": path.name, "sha256": sha256_file(path), "units": units, "tensors": names}
     doc = {
         "checkpoint_sha256": sha256,

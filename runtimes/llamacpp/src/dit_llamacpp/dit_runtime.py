@@ -24,6 +24,7 @@ from typing import Any
 
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
 from dit.runtimes import (
+    NODE_BASE,
     Action,
     ActionPlan,
     BlockProblem,
@@ -55,9 +56,12 @@ QUANTS = (*models.QUANTS, *(q for t in models.TRAINED.values() for q in t.quants
 DEFAULT_BIN = str(build.DEFAULT_CACHE / build.SDIST_SHA256[:12] / "bin")
 DEFAULT_MODELS_DIR = "/var/cache/dit/gguf"
 DEFAULT_PORT = 50052
-NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
-SHA256 = "^[0-9a-f]{64}$"
-BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
+# `$(?!\n)`: `$` of JSON Schema's (ECMA-262) `pattern` ends the string, but jsonschema runs it with
+# Python's re.search, where it also matches before a final newline; the lookahead refuses that under both.
+NODE_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,62}$(?!\n)"
+SHA256 = r"^[0-9a-f]{64}$(?!\n)"
+ABSOLUTE_PATH = r"^/[^\u0000-\u001f\u007f]*$(?!\n)"
+BASE = NODE_BASE
 PY = "{{ dit_python | default(ansible_python_interpreter) | default('/usr/bin/python3') }}"
 CHECKS = ("rpc-server", "controller", "build-record")
 
@@ -74,8 +78,8 @@ def _abs(description: str, default: str | None = None) -> dict[str, Any]:
     schema: dict[str, Any] = {
         "description": description,
         "type": "string",
-        "pattern": "^/",
-        "x-pattern-text": "is not an absolute path",
+        "pattern": ABSOLUTE_PATH,
+        "x-pattern-text": "is not an absolute path (a '/' first, no control characters)",
     }
     if default is not None:
         schema["default"] = default
@@ -474,8 +478,7 @@ def build_plan(inputs: Mapping[str, Any]) -> ActionPlan:
     jobs = int(inputs.get("jobs", 0))
     jobs_expr = str(jobs) if jobs else "{{ ansible_facts.processor_nproc | default(1) }}"
     tasks: list[dict[str, Any]] = [
-        {"name": "The build's work directory",
-         "ansible.builtin.file": {"path": work, "state": "directory", "mode": "0755"}},
+        {"name": "The build's work directory (root's alone, parents included)", "dit_trusted_dir": {"path": work}},
         {"name": "Copy the build program", "ansible.builtin.copy": {"src": str(Path(build.__file__).resolve()),
                                                                     "dest": f"{work}/build.py", "mode": "0644"}},
         {"name": "Copy the source unpacker", "ansible.builtin.copy": {"src": str(Path(source.__file__).resolve()),

@@ -20,6 +20,7 @@ from dit.report import labels
 from dit.run.procs import pid_alive
 from dit.run.rundir import RunDir, RunDirError, write_json
 from dit.scenario import expand, validate
+from dit.trusted import UntrustedPath
 from dit.web.routes.common import (
     Context,
     Ctx,
@@ -69,13 +70,14 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
     kind = body.get("kind", "run")
     mode = body.get("mode", "local")
     errors = launch_errors(ctx, body, ("run", "benchmark"))
-    queued = body.get("queue", False)
+    # absent: queued when it must wait (something going or waiting); true: always; false: refused then
+    queued = body.get("queue")
     count = body.get("count", 1)
-    if not isinstance(queued, bool):
+    if queued is not None and not isinstance(queued, bool):
         errors.append({"path": "queue", "message": "true or false"})
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_QUEUED:
         errors.append({"path": "count", "message": f"a whole number from 1 to {MAX_QUEUED}"})
-    elif count > 1 and not queued:
+    elif count > 1 and queued is False:
         errors.append({"path": "count", "message": "several runs wait their turn: set queue to true"})
     version = ctx.store.find(str(body.get("version", "")))
     if errors or version is None:
@@ -93,10 +95,25 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
         chosen, _ = await asyncio.to_thread(
             ctx.store.save, document, expand(document), "benchmark", version.hash
         )
-    if queued:  # the housekeeping starts each in turn when nothing is going (dit.web.services.queue)
-        ids = await asyncio.to_thread(ctx.store.enqueue, chosen.hash, kind, mode, count)
+
+    def start(version: Version, kind: str, mode: str) -> runs_mod.Launch:
+        return runs_mod.launch(version, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store)
+
+    # a run going holds the nodes' lease: this one waits its turn (the housekeeping starts each in turn,
+    # dit.web.services.queue) rather than a second driver the lease refuses
+    try:
+        done = await asyncio.to_thread(
+            run_queue.start_or_enqueue, ctx.runs_root, ctx.store, chosen, kind, mode, start, count, queued
+        )
+    except run_queue.Busy as exc:
+        return JSONResponse(
+            {"detail": str(exc), "holder": exc.going, "waiting": exc.waiting,
+             "errors": [{"path": "queue", "message": str(exc)}]},
+            status_code=409,
+        )  # fmt: skip
+    if done.launch is None:
         line = await asyncio.to_thread(run_queue.entries, ctx.runs_root, ctx.store)
-        mine = [e for e in line["entries"] if e["id"] in ids]
+        mine = [e for e in line["entries"] if e["id"] in done.queued]
         return {
             "queued": mine,
             "holder": line["holder"],
@@ -104,9 +121,7 @@ async def start_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse
             "kind": kind,
             "mode": mode,
         }
-    record = await asyncio.to_thread(
-        runs_mod.launch, chosen, kind, mode, ctx.runs_root, ctx.config.inventory.resolve(), ctx.store
-    )
+    record = done.launch
     return {"launch": record.id, "pid": record.pid, "version": chosen.summary(), "kind": kind, "mode": mode}
 
 
@@ -168,8 +183,8 @@ async def _dry_run(ctx: Context, version: Version, mode: str, action: Action) ->
     keep = dry_run_file(ctx, version.hash, mode)
     try:
         keep.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(write_json, keep, result)
-    except (OSError, RunDirError) as exc:  # the report is still the answer; the page says it was not kept
+        await asyncio.to_thread(write_json, keep, result, what="NNPM's directory")
+    except (OSError, UntrustedPath) as exc:  # the report is still the answer; the page says it was not kept
         result["not_kept"] = str(exc)
         action.line("nnpm", "error", f"the dry run's report was not kept: {exc}")
     return result
@@ -279,6 +294,8 @@ async def put_note(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[
         return unprocessable([{"path": "text", "message": str(exc).removeprefix("note: ")}])
     except RunDirError as exc:
         raise HTTPException(500, str(exc)) from None
+    except UntrustedPath as exc:
+        raise HTTPException(409, str(exc)) from None
     return {"note": rundir.note()}
 
 
@@ -288,7 +305,10 @@ def stop(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
     summary = runs_mod.run_summary(rundir, ctx.runs_root, ctx.store)
     if summary["state"] in runs_mod.STATES_DONE:
         raise HTTPException(409, f"the run is already {summary['state']}")
-    proc = runs_mod.stop_run(rundir)
+    try:
+        proc = runs_mod.stop_run(rundir)
+    except UntrustedPath as exc:  # its driver.json could name any process: dit stop would refuse it too
+        raise HTTPException(409, str(exc)) from None
     return {"stopping": summary["key"], "pid": proc.pid}
 
 
@@ -427,6 +447,8 @@ async def optimise(ctx: Ctx, scenario: str, run: str, request: Request) -> dict[
         )
     except (OptimiseError, AggregateError) as exc:
         return unprocessable([{"path": "", "message": str(exc)}])
+    except UntrustedPath as exc:  # it writes into the run's optimise/
+        raise HTTPException(409, str(exc)) from None
     settings_of_run = runpage.run_settings(runs_mod.read_scenario(rundir.path))
     data: dict[str, Any] = runpage.optimise_view(
         json.loads(result.to_json()), settings_of_run, labels.fake_power_nodes(rundir.path / "aggregate")

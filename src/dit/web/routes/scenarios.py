@@ -12,7 +12,7 @@ from dit.scenario import ScenarioError, expand, load_schema, load_yaml, validate
 from dit.web.routes.common import Context, Ctx, field_errors, json_body, unprocessable
 from dit.web.routes.nodes import map_points
 from dit.web.services.measured import measured_links
-from dit.web.services.store import Version, diff, version_hash
+from dit.web.services.store import Version, diff, opens, version_hash
 from dit.web.services.topology import apply_map_delays, topology_delays
 
 router = APIRouter(prefix="/api")
@@ -133,7 +133,13 @@ async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONRes
 
 @router.get("/scenarios/{name}/versions")
 def get_history(ctx: Ctx, name: str) -> dict[str, Any]:
-    return {"name": name, "versions": [v.summary() for v in ctx.store.history(name)]}
+    """The versions of ``name``, newest first, and ``opens``: the one the editor shows (never derived)."""
+    history = ctx.store.history(name)
+    return {
+        "name": name,
+        "versions": [v.summary() for v in history],
+        "opens": opens(history).hash if history else None,
+    }
 
 
 def version_or_404(ctx: Context, digest: str) -> Version:

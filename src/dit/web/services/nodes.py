@@ -26,8 +26,8 @@ from dit.ansible_data import UnsafeText, load_unsafe_yaml, marked_yaml
 from dit.run.inventory import InventoryError, list_inventory
 from dit.web.services.topology import Point
 
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
-ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}$")
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}\Z")
+ADDRESS = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,252}\Z")
 ROLES = ("edge", "device")
 GROUP_OF = {"edge": "edge", "device": "devices"}
 PLAN_RANGE = (("x", 0.0, 20_000.0), ("y", 0.0, 20_000.0))  # image pixels (floorplan.MAX_SIDE)

@@ -128,7 +128,7 @@ def monitors_figure(frame: pd.DataFrame, fake_power: Sequence[str] = ()) -> obje
         label, divisor = monitor_axis(metric)
         sub = frame[frame["metric"] == metric]
         for node, rows in sub.groupby("node"):
-            name = f"{node} (fake sensor)" if metric == "power_w" and str(node) in fake_power else str(node)
+            name = labels.node_label(node, fake_power) if metric == "power_w" else str(node)
             ax.plot(rows["t_ns"] / 1e9, rows["value"] / divisor, label=name, linewidth=1)
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)

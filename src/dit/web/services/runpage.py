@@ -207,4 +207,5 @@ def optimise_view(
     )
     if shows_energy and fake_power:
         out["energy_note"] = labels.fake_sensor_note(fake_power)
+        out["energy_badge"] = labels.MODELLED
     return out

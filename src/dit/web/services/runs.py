@@ -29,12 +29,23 @@ from dit import units
 from dit.device.tags import RUN_ENV
 from dit.report import labels
 from dit.run.procs import pid_alive
-from dit.run.rundir import DRIVER, FINISHED_STATES, STATUS, RunDir, find_runs, read_json, write_json
+from dit.run.rundir import (
+    DRIVER,
+    FINISHED_STATES,
+    STATUS,
+    RunDir,
+    find_runs,
+    read_json,
+    write_json,
+    write_text,
+)
+from dit.trusted import UntrustedPath, trusted_dir
 from dit.web.services import runpage
 from dit.web.services.store import Store, Version
 
 NNPM_FILE = "nnpm.json"
-SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# \Z, not $: `$` also matches before a final newline, and "name\n" is no directory dit made
+SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 STATES_DONE = FINISHED_STATES
 
 
@@ -143,9 +154,7 @@ def version_file(version: Version, runs_root: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{version.hash}.yaml"
     if not path.exists():
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(version.yaml(), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text(path, version.yaml(), what="NNPM's directory")  # the driver runs what it says, as root
     return path
 
 
@@ -213,7 +222,7 @@ def tag_runs(runs_root: Path, store: Store) -> list[Path]:
         return tagged
     for run in find_runs(runs_root):
         marker = run.path / NNPM_FILE
-        if marker.exists():
+        if marker.exists() or not trusted(run):
             continue
         driver = _read(run.path / DRIVER)
         row = launches.get(int(driver.get("pid") or 0))
@@ -236,12 +245,28 @@ def tag_runs(runs_root: Path, store: Store) -> list[Path]:
     return tagged
 
 
+def trusted(run: RunDir) -> bool:
+    """Whether ``run``'s directory is root's alone, it and every directory above it: NNPM writes into
+    no other, and acts on no other's identity (:meth:`RunDir.check_trusted`)."""
+    try:
+        run.check_trusted()
+    except (UntrustedPath, OSError):
+        return False
+    return True
+
+
 def stop_run(run: RunDir, python: str = sys.executable) -> subprocess.Popen[bytes]:
-    """``dit stop RUN_DIR`` in the background (it returns once the teardown has finished)."""
+    """``dit stop RUN_DIR`` in the background (it returns once the teardown has finished); its output
+    goes to ``nnpm-stop.log`` in the run. :class:`UntrustedPath` for a run directory that is not root's
+    alone (``dit stop`` refuses it too)."""
     argv = [python, "-m", "dit", "stop", str(run.path)]
-    log = run.path / "nnpm-stop.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    with trusted_dir(run.path, what="the run directory") as dir_fd:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        log = os.open("nnpm-stop.log", flags, 0o644, dir_fd=dir_fd)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        os.close(log)
     _CHILDREN[proc.pid] = proc
     return proc
 
@@ -312,13 +337,20 @@ def read_scenario(path: Path) -> dict[str, Any]:
 
 
 def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
-    """The runtime's ``aggregate/summary.json`` (runtime, tables, named values with units), if written."""
+    """The runtime's ``aggregate/summary.json`` (runtime, tables, named values with units), if written;
+    each value ``modelled`` when a fake sensor gave it (the page says so beside it), with the note why."""
     doc = _read(aggregate / "summary.json")
     if not doc or not isinstance(doc.get("values"), list):
         return None
+    fake = labels.fake_power_nodes(aggregate)
     values = [
-        {k: v.get(k) for k in ("name", "value", "unit", "type", "description")}
+        {
+            **{k: v.get(k) for k in ("name", "value", "unit", "type", "description")},
+            # the label the page shows beside the value ("" when measured or not a power figure)
+            "modelled": labels.MODELLED if labels.modelled_tag(str(v.get("unit", "")), fake) else "",
+        }
         for v in doc["values"]
         if isinstance(v, dict) and isinstance(v.get("name"), str)
     ]
-    return {"runtime": str(doc.get("runtime", "")), "values": values}
+    note = labels.fake_sensor_note(fake) if any(v["modelled"] for v in values) else ""
+    return {"runtime": str(doc.get("runtime", "")), "values": values, "modelled_note": note}

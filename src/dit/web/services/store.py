@@ -97,6 +97,12 @@ class Version:
     derived_from: str | None
     note: str = ""  # the researcher's note on the version (not part of it: not hashed)
 
+    @property
+    def derived(self) -> bool:
+        """Made by dit from another version (a benchmark's profiling-only copy), not saved by the
+        researcher: listed, marked, never the version the editor opens (issue 49, item 2)."""
+        return self.kind != "scenario"
+
     def yaml(self) -> str:
         return dump_yaml(self.document, header=f"# {self.name} · NNPM version sha256 {self.hash}\n")
 
@@ -106,6 +112,7 @@ class Version:
             "name": self.name,
             "created_ns": self.created_ns,
             "kind": self.kind,
+            "derived": self.derived,
             "derived_from": self.derived_from,
             "note": self.note,
         }
@@ -147,10 +154,17 @@ class Store:
         kind: str = "scenario",
         derived_from: str | None = None,
     ) -> tuple[Version, bool]:
-        """Store a (valid) document; ``(version, created)`` — an identical version is returned as is."""
+        """Store a (valid) document; ``(version, created)`` — an identical version is returned as is,
+        except that the researcher saving what dit had derived makes it theirs (no longer derived)."""
         resolved = version_document(doc)
         digest = content_hash(resolved)
         existing = self.get(digest)
+        if existing is not None and existing.derived and kind == "scenario":
+            with self._tx() as db:
+                db.execute(
+                    "UPDATE versions SET kind = 'scenario', derived_from = NULL WHERE hash = ?", (digest,)
+                )
+            existing = self.get(digest)
         if existing is not None:
             return existing, False
         now = time.time_ns()
@@ -205,6 +219,7 @@ class Store:
         return self._version(rows[0]) if len(rows) == 1 else None
 
     def history(self, name: str) -> list[Version]:
+        """Every version of ``name``, newest first (derived ones too: :meth:`opens` picks the editor's)."""
         with self._lock:
             rows = self._db.execute(
                 f"{_SELECT} WHERE name = ? ORDER BY created_ns DESC, hash", (name,)
@@ -219,7 +234,7 @@ class Store:
             ).fetchall()
         out = []
         for row in rows:
-            latest = self.history(row["name"])[0]
+            latest = opens(self.history(row["name"]))
             out.append({"name": row["name"], "versions": row["versions"], "latest": latest.summary()})
         return out
 
@@ -299,6 +314,13 @@ class Store:
         with self._lock:
             rows = self._db.execute("SELECT * FROM launches ORDER BY created_ns DESC").fetchall()
         return [{**dict(r), "argv": json.loads(r["argv"])} for r in rows]
+
+
+def opens(history: list[Version]) -> Version:
+    """The version the editor opens of a (non-empty, newest first) history: the newest the researcher
+    saved, never a derived one (a benchmark's copy, with inference and optimisation off), unless every
+    version is derived."""
+    return next((v for v in history if not v.derived), history[0])
 
 
 def diff(a: Version, b: Version) -> dict[str, Any]:

@@ -92,8 +92,10 @@ async function openStored(name) {
   state.saved = null;
   setRunnable(false);
   const data = await loadHistory(name);
-  if (data.versions[0]) {
-    const full = await api(`/api/versions/${data.versions[0].hash}`);
+  // the newest version the researcher saved: a benchmark's derived copy (inference and optimisation off)
+  // never opens here, where Run would run it (issue 49, item 2)
+  if (data.opens) {
+    const full = await api(`/api/versions/${data.opens}`);
     editScenario(full.document);
     markSaved(full, false);
   }
@@ -114,14 +116,18 @@ async function loadHistory(name) {
   state.selected = same ? state.selected.filter((h) => listed.has(h)) : [];
   $("history").hidden = false;
   $("history-name").textContent = name;
-  $("history-list").replaceChildren(...data.versions.map((v) => el("li", {},
+  $("history-list").replaceChildren(...data.versions.map((v) => el("li", { dataset: { hash: v.hash, kind: v.kind } },
     el("input", { type: "checkbox", onchange: (e) => {
       state.selected = e.target.checked ? [...state.selected, v.hash].slice(-2) : state.selected.filter((h) => h !== v.hash);
       for (const box of $("history-list").querySelectorAll("input")) box.checked = state.selected.includes(box.dataset.hash);
       $("diff-button").disabled = state.selected.length !== 2;
     }, dataset: { hash: v.hash } }),
-    el("a", { href: "#", onclick: async (e) => { e.preventDefault(); const full = await api(`/api/versions/${v.hash}`); editScenario(full.document); markSaved(full, false); } },
-      short(v.hash)), el("code", {}, `${v.kind} · ${new Date(v.created_ns / 1e6).toLocaleString()}`), " ",
+    v.derived
+      ? el("code", { class: "derived", title: "made by dit for a benchmark (inference and optimisation off): not opened in the editor, where Run would run it" }, short(v.hash))
+      : el("a", { href: "#", onclick: async (e) => { e.preventDefault(); const full = await api(`/api/versions/${v.hash}`); editScenario(full.document); markSaved(full, false); } },
+        short(v.hash)),
+    el("code", { class: v.derived ? "derived" : "" }, (v.derived ? `${v.kind}, derived from ${short(v.derived_from)}` : v.kind) +
+      ` · ${new Date(v.created_ns / 1e6).toLocaleString()}`), " ",
     el("a", { href: "#", class: "small", dataset: { runsOf: v.hash }, title: "every run made from this version",
       onclick: (e) => { e.preventDefault(); state.runsOf = v.hash; show("runs"); } }, "runs"),
     v.note ? el("div", { class: "small note", title: v.note }, v.note.split("\n")[0].slice(0, 100)) : null)));
@@ -259,25 +265,29 @@ function linkWritten(doc, written) {
 const linkPanel = new LinkPanel({ readDocument: () => state.form.read(), writeDocument: linkWritten, origins: state.origins });
 
 // A run asked for while another is going, or several at once, waits its turn in the server's queue
-// (listed under Runs, with its position and what it waits for) instead of being refused by the lease.
+// (listed under Runs, with its position and what it waits for) instead of being refused by the lease:
+// the server decides (POST /api/runs queues it when something is going), so the header keeps the going
+// run and its Stop.
+function started(res, kind) {
+  if (res.queued) {
+    const box = $("save-result");
+    box.hidden = false;
+    box.replaceChildren(el("span", { id: "queued-note" }, `${res.queued.length} ${kind}(s) of ${res.version.name} queued at position ${res.queued.map((e) => e.position).join(", ")}` +
+      (res.holder ? `, waiting for ${res.holder}` : ": the first starts now")));
+    loadQueue();
+    return;
+  }
+  state.run = { launch: res.launch, key: null, label: `${res.version.name} (${kind})` };
+  showActive();
+  followLaunch(res.launch);
+}
+
 async function startRun(kind) {
   if (!state.saved) return;
   try {
     const count = kind === "run" ? Number($("run-count").value || 1) : 1;
-    const going = (await api("/api/queue")).holder;
-    const queue = count > 1 || !!going;
-    const res = await api("/api/runs", { method: "POST", body: { version: state.saved.hash, kind, mode: $("run-mode").value, queue, count } });
-    if (res.queued) {
-      const box = $("save-result");
-      box.hidden = false;
-      box.textContent = `${res.queued.length} run(s) of ${res.version.name} queued at position ${res.queued.map((e) => e.position).join(", ")}` +
-        (res.holder ? `, waiting for ${res.holder}` : ": the first starts now");
-      loadQueue();
-      return;
-    }
-    state.run = { launch: res.launch, key: null, label: `${res.version.name} (${kind})` };
-    showActive();
-    followLaunch(res.launch);
+    const res = await api("/api/runs", { method: "POST", body: { version: state.saved.hash, kind, mode: $("run-mode").value, count } });
+    started(res, kind);
   } catch (err) {
     alert(err.errors.map((e) => `${e.path}: ${e.message}`).join("\n") || err.message);
   }
@@ -392,9 +402,9 @@ $("bench-form").addEventListener("submit", async (event) => {
     const body = { version: state.saved.hash, kind: "benchmark", mode: $("bench-mode").value, profiling: benchProfiling() };
     const res = await api("/api/runs", { method: "POST", body });
     $("bench-dialog").close();
-    state.run = { launch: res.launch, key: null, label: `${res.version.name} (benchmark)` };
-    showActive();
-    followLaunch(res.launch);
+    started(res, "benchmark");
+    // its derived version is listed (marked) at once; the editor stays on the version it was made from
+    if ($("history-name").textContent === res.version.name) loadHistory(res.version.name);
   } catch (err) {
     const errors = err.errors.map((e) => ({ ...e, path: (e.path || "").replace(/^profiling\.?/, "") }));
     state.benchForm.showErrors(errors);
@@ -611,14 +621,19 @@ function renderRun(d) {
   }
 }
 
-// the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning
+// the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning;
+// a value a fake sensor gave (energy, EDP) says "modelled" beside it, with the note why (issue 49, item 3)
 function renderSummary(summary) {
   $("run-summary-box").hidden = !summary || !summary.values.length;
   if (!summary) { $("run-summary").replaceChildren(); return; }
   $("run-summary-runtime").textContent = summary.runtime;
+  const note = summary.modelled_note || "";
   $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "name"), el("th", {}, "value"), el("th", {}, "meaning")),
-    ...summary.values.map((v) => el("tr", { dataset: { name: v.name } }, el("td", {}, v.name),
-      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit)), el("td", { class: "small" }, v.description || ""))));
+    ...summary.values.map((v) => el("tr", { dataset: { name: v.name, modelled: v.modelled ? "1" : "" } }, el("td", {}, v.name),
+      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit),
+        v.modelled ? el("span", { class: "badge fake-sensor", title: note }, v.modelled) : null),
+      el("td", { class: "small" }, v.description || ""))),
+    ...(note ? [el("tr", {}, el("td", { colspan: 3, class: "small energy-note" }, note))] : []));
 }
 
 // Optimiser results: the objective and every term in a readable unit (dit.units, as the CLI), the
@@ -646,7 +661,7 @@ function renderOptimise(opt, detail) {
         r.measured ? el("span", { class: "badge measured", title: `the edge server ran ${r.policy} during the run` }, "measured policy")
           : el("span", { class: "badge prediction", title: r.prediction_reason }, "prediction"),
         r.measured ? null : el("div", { class: "small prediction-reason" }, r.prediction_reason),
-        r.energy_note ? el("span", { class: "badge fake-sensor", title: r.energy_note }, "fake sensor") : null,
+        r.energy_note ? el("span", { class: "badge fake-sensor", title: r.energy_note }, r.energy_badge) : null,
         r.energy_note ? el("div", { class: "small energy-note" }, r.energy_note) : null),
       el("tr", {}, el("th", {}, "device"), el("th", { title: "partition point: stages 1..p on the device" }, "p"),
         el("th", { title: "the largest feasible partition point of the device" }, "max p"),

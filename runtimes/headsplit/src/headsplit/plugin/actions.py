@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.runtimes import (
+    NODE_BASE,
     ActionPlan,
 )
 from dit.runtimes.helpers import EDGE
@@ -83,6 +84,12 @@ PROFILE_INPUTS: dict[str, Any] = {
 }  # fmt: skip
 
 
+# What the actions put on a node is the owner's alone (a checkpoint may be one only its author could
+# read on this machine); the processes that read it run as the same user. Symbolic: a directory copied
+# whole keeps its subdirectories searchable (X) while its files become 0600.
+FILE_MODE = "u=rwX,go="
+
+
 def _verified_copy_tasks(
     src: str, dest_dir: str, name: str, sha_expr: str, what: str
 ) -> list[dict[str, Any]]:
@@ -91,11 +98,11 @@ def _verified_copy_tasks(
     return [
         {
             "name": f"The {what}'s directory",
-            "ansible.builtin.file": {"path": dest_dir, "state": "directory", "mode": "0755"},
+            "dit_trusted_dir": {"path": dest_dir},
         },
         {
             "name": f"Copy the {what}",
-            "ansible.builtin.copy": {"src": src, "dest": dest, "mode": "0644"},
+            "ansible.builtin.copy": {"src": src, "dest": dest, "mode": FILE_MODE},
         },
         {
             "name": f"SHA-256 of the {what} on the node",
@@ -116,7 +123,7 @@ def _verified_copy_tasks(
     ]
 
 
-BASE = "{{ dit_remote_base | default('/var/tmp/dit') }}"
+BASE = NODE_BASE
 
 
 LOCAL_PY = "{{ ansible_playbook_python }}"  # this machine's dit interpreter (headsplit is installed in it)
@@ -199,10 +206,9 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
         is_dir = True
         tasks: list[dict[str, Any]] = [
             here,
-            {"name": "The checkpoint's directory", "ansible.builtin.file": {"path": dest_dir, "state": "directory",
-                                                                            "mode": "0755"}},
+            {"name": "The checkpoint's directory", "dit_trusted_dir": {"path": dest_dir}},
             {"name": "Copy the checkpoint", "ansible.builtin.copy": {"src": path, "dest": f"{dest_dir}/",
-                                                                     "mode": "preserve" if is_dir else "0644"}},
+                                                                     "mode": FILE_MODE}},
         ]  # fmt: skip
         if is_dir:  # the manifest taken here goes with it: the node names a changed file
             extravars["hs_checkpoint_manifest"] = ckpt.manifest_text(ckpt.manifest(Path(local_path)))
@@ -212,7 +218,7 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
                     "ansible.builtin.copy": {
                         "content": "{{ hs_checkpoint_manifest }}",
                         "dest": f"{dest_dir}/{name}/{ckpt.SUMS}",
-                        "mode": "0644",
+                        "mode": FILE_MODE,
                     },
                 }
             )
@@ -247,11 +253,10 @@ def distribute_checkpoint(inputs: Mapping[str, Any]) -> ActionPlan:
         here,
         _local({"name": "Cut the checkpoint into per-worker shards here", "ansible.builtin.command": {"argv": argv},
                 "changed_when": True}),
-        {"name": "The shards' directory", "ansible.builtin.file": {"path": shard_dir, "state": "directory",
-                                                                   "mode": "0755"}, "when": when},
+        {"name": "The shards' directory", "dit_trusted_dir": {"path": shard_dir}, "when": when},
         {"name": "Copy this node's shard", "ansible.builtin.copy": {
             "src": f"{out}/{{{{ {record}.file }}}}", "dest": f"{shard_dir}/{{{{ {record}.file }}}}",
-            "mode": "0644"}, "when": when},
+            "mode": FILE_MODE}, "when": when},
         {**_node_verify(f"{shard_dir}/{{{{ {record}.file }}}}", f"{{{{ {record}.sha256 }}}}", "shard"),
          "when": when},
     ]  # fmt: skip
@@ -308,7 +313,7 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
         on_edge_ids = f"{BASE}/{PROFILES_DIR}/{name}.ids.json"
         ids_task = [{"name": "The corpus in the model's own tokens",
                      "ansible.builtin.copy": {"content": "{{ hs_corpus_ids | to_json }}", "dest": on_edge_ids,
-                                              "mode": "0644"}}]  # fmt: skip
+                                              "mode": FILE_MODE}}]  # fmt: skip
         # --corpus names the text the ids came from (its SHA-256 goes in the profile); a path here, so
         # the edge reads the installed copy of the default and only an explicit corpus must be there too
         argv += ["--ids", on_edge_ids]
@@ -324,7 +329,7 @@ def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
         "tasks": [
             {
                 "name": "The profiles directory",
-                "ansible.builtin.file": {"path": f"{BASE}/{PROFILES_DIR}", "state": "directory", "mode": "0755"},
+                "dit_trusted_dir": {"path": f"{BASE}/{PROFILES_DIR}"},
             },
             *ids_task,
             {"name": "Build the profile", "ansible.builtin.command": {"argv": argv}, "changed_when": True},

@@ -16,8 +16,13 @@ CONTROLLER_TAG = "hs-controller"
 WORKER_TAG = "hs-worker{rank}"
 STRATEGIES = ("layerwise", "roundrobin", "greedy")
 DEFAULT_PORT = 29500
-NODE_NAME = "^[A-Za-z][A-Za-z0-9_-]{0,62}$"
-SHA256 = "^[0-9a-f]{64}$"
+# Schema patterns end in `$(?!\n)`: JSON Schema's `pattern` is ECMA-262, where `$` is the end of the
+# string, but jsonschema runs it with Python's re.search, where `$` also matches before a final newline
+# ("device1\n" would pass validate and fail on the node); the lookahead refuses that under both.
+NODE_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,62}$(?!\n)"
+SHA256 = r"^[0-9a-f]{64}$(?!\n)"
+ABSOLUTE_PATH = r"^/[^\u0000-\u001f\u007f]*$(?!\n)"
+ABSOLUTE_PATH_TEXT = "is not an absolute path (a '/' first, no control characters)"
 SHA256_TEXT = "is not a SHA-256 (64 lower-case hexadecimal digits)"
 # Where the actions put files on a node (below its dit_remote_base) and where the launch finds them.
 FILES_DIR = "headsplit/files"

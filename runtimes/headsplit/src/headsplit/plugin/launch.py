@@ -33,6 +33,7 @@ from headsplit.plugin.common import (
     WORKER_TAG,
     HeadSplitLaunchError,
 )
+from headsplit.worker import EXIT_NOTE
 
 # -- launch -------------------------------------------------------------------------------------
 
@@ -167,17 +168,27 @@ def model_tokens(model: str, text: str) -> tuple[int, ...]:
     return tuple(int(i) for i in model_tokenizer(model)(text)["input_ids"])
 
 
+def checkpoint_problem(block: Mapping[str, Any]) -> str | None:
+    """What is wrong with ``runtime.checkpoint`` for the block's model: a trained preset has no seeded
+    weights to fall back on, so it needs its checkpoint (found at validate, not 19 s into apply)."""
+    name = str(block.get("model", "gpt2-tiny"))
+    if name in TRAINED and not isinstance(block.get("checkpoint"), Mapping):
+        return (
+            f"model {name} runs its trained weights: give the directory "
+            f"`python -m dit.models.convert {name} DIR` writes and the pin it prints"
+        )
+    return None
+
+
 def prompt_ids(block: Mapping[str, Any]) -> list[int] | None:
     """The prompt in a trained model's own tokens, tokenized here (the nodes' HeadSplit venvs have no
     tokenizer); None for the other presets (byte-level tokens on the controller)."""
     name = str(block.get("model", "gpt2-tiny"))
     if name not in TRAINED:
         return None
-    if not isinstance(block.get("checkpoint"), Mapping):
-        raise HeadSplitLaunchError(
-            f"runtime.checkpoint: model {name} runs its trained weights: give the directory "
-            f"`python -m dit.models.convert {name} DIR` writes and the pin it prints"
-        )
+    problem = checkpoint_problem(block)
+    if problem is not None:
+        raise HeadSplitLaunchError(f"runtime.checkpoint: {problem}")
     return list(model_tokens(name, str(block.get("prompt", "")) or "Hello"))
 
 
@@ -276,6 +287,12 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
                 "address": ctx.addresses[device],
                 "source_address": ctx.source_addresses.get(device),
                 "memory_limit_bytes": memory_limit_bytes(ctx.scenario, device),
+                # local mode: the controller reads how a lost worker ended (its supervisor's note)
+                "exit_note": posixpath.join(
+                    ctx.node_roots[device], posixpath.dirname(RESULT_FILE), EXIT_NOTE.format(rank=rank)
+                )
+                if ctx.local
+                else None,
             }
             for rank, device in enumerate(workers, start=1)
         ],

@@ -7,16 +7,22 @@ from typing import Any
 from dit.runtimes.helpers import EDGE
 from headsplit.config import CONTROLS, PRESETS
 from headsplit.plugin.common import (
+    ABSOLUTE_PATH,
+    ABSOLUTE_PATH_TEXT,
     DEFAULT_PORT,
     NODE_NAME,
     SHA256,
     SHA256_TEXT,
     STRATEGIES,
 )
+from headsplit.profile_costs import HEADS_CSV
 
 
 def block_schema() -> dict[str, Any]:
-    """The JSON Schema of the scenario's ``runtime`` block (``name: headsplit`` added by dit)."""
+    """The JSON Schema of the scenario's ``runtime`` block (``name: headsplit`` added by dit).
+
+    ``x-readable`` marks the files on the machine running dit a field names (what is read below it):
+    dit refuses one the scenario's author could not read (dit.scenario.author)."""
     return {
         "type": "object",
         "additionalProperties": False,
@@ -45,6 +51,7 @@ def block_schema() -> dict[str, Any]:
                         "description": "The checkpoint file or directory.",
                         "type": "string",
                         "minLength": 1,
+                        "x-readable": ["**"],
                     },
                     "sha256": {
                         "description": "Its pin: a file's SHA-256; a directory's manifest hash "
@@ -59,6 +66,7 @@ def block_schema() -> dict[str, Any]:
                         "its own shard and the run uses the placement they were cut for.",
                         "type": "string",
                         "minLength": 1,
+                        "x-readable": ["**"],
                     },
                 },
             },
@@ -108,6 +116,7 @@ def block_schema() -> dict[str, Any]:
                 "predicted time per token are recorded.",
                 "type": "string",
                 "minLength": 1,
+                "x-readable": [HEADS_CSV],
             },
             "speculation": {
                 "title": "Cross-layer speculation",
@@ -130,6 +139,7 @@ def block_schema() -> dict[str, Any]:
                 "speculates.",
                 "type": "string",
                 "minLength": 1,
+                "x-readable": ["."],
             },
             "tokens": {
                 "title": "Tokens",
@@ -162,6 +172,7 @@ def block_schema() -> dict[str, Any]:
                 "paragraph (needs `perplexity: true`).",
                 "type": "string",
                 "minLength": 1,
+                "x-readable": ["."],
             },
             "memory_threshold": {
                 "title": "Re-placement threshold",
@@ -242,8 +253,8 @@ def block_schema() -> dict[str, Any]:
                 "description": "The interpreter of headsplit's venv on every node (absolute path); without it "
                 "the node's `dit_headsplit_python`, else its dit Python.",
                 "type": "string",
-                "pattern": "^/",
-                "x-pattern-text": "is not an absolute path",
+                "pattern": ABSOLUTE_PATH,
+                "x-pattern-text": ABSOLUTE_PATH_TEXT,
             },
         },
     }

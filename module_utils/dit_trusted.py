@@ -1,0 +1,1 @@
+../src/dit/trusted.py
