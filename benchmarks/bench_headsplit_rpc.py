@@ -1,7 +1,10 @@
 """HeadSplit over torch RPC on this machine: per-token time split into compute and communication.
 
     .venv/bin/python benchmarks/bench_headsplit_rpc.py \\
-        [--model gpt2-tiny] [--tokens 16] [--workers 2] [--threads 1]
+        [--model gpt2-tiny] [--tokens 16] [--workers 2] [--threads 1] [--control rpc|dataflow|both]
+
+Each placement runs under each control (``--control``, default both): rpc (the controller calls every
+stage) and dataflow (the workers push to each other; headsplit.dataflow).
 
 Starts one controller and ``--workers`` workers on 127.0.0.1 (a free port), twice: a layer-wise
 placement (contiguous layers per worker) and a head-split one (heads dealt round-robin, projection
@@ -55,7 +58,9 @@ def placement(name: str, mode: str, workers: list[str]) -> dict[str, str]:
     return out
 
 
-def run(name: str, mode: str, tokens: int, n_workers: int, threads: int) -> dict[str, Any]:
+def run(
+    name: str, mode: str, tokens: int, n_workers: int, threads: int, control: str = "rpc"
+) -> dict[str, Any]:
     workers = [f"worker{r}" for r in range(1, n_workers + 1)]
     with tempfile.TemporaryDirectory(prefix="hs-bench-") as tmp:
         doc = {
@@ -63,6 +68,7 @@ def run(name: str, mode: str, tokens: int, n_workers: int, threads: int) -> dict
             "controller": {"host": "edge", "address": "127.0.0.1", "port": free_port()},
             "workers": [{"rank": r, "address": "127.0.0.1"} for r in range(1, n_workers + 1)],
             "speculation": False,
+            "control": control,
             "tokens": tokens,
             "prompt": "Heads expose the parallelism inside a layer.",
             "rpc_timeout_s": 60,
@@ -96,6 +102,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--control", choices=("rpc", "dataflow", "both"), default="both")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the same code path (CI)")
     a = ap.parse_args()
     require_extras("bench_headsplit_rpc.py", "llm")
@@ -103,24 +110,33 @@ def main() -> None:
         a.tokens = 3
     print(f"model {a.model}, {a.workers} workers on 127.0.0.1, {a.tokens} tokens, {a.threads} thread(s), "
           f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    controls = ("rpc", "dataflow") if a.control == "both" else (a.control,)
     for mode in ("layerwise", "headsplit"):
-        d = run(a.model, mode, a.tokens, a.workers, a.threads)
-        dec = d["tokens"][1:]
+        for control in controls:
+            report(run(a.model, mode, a.tokens, a.workers, a.threads, control), f"{mode}, control {control}")
 
-        def med(*keys: str, rows: list[dict[str, Any]] = dec) -> float:
-            return float(statistics.median(sum(t[k] for k in keys) for t in rows))
 
-        rtt = statistics.median(x for w in d["workers"] for x in w["rtt_ns"])
-        layers = d["model"]["n_layers"]
-        print(f"\n{mode}: {d['tokens_per_s']:.1f} tokens/s, RTT median {ms(rtt)}")
-        print(f"  per token: total {ms(med('total_ns'))}")
-        print(f"    compute (attention+projection+FFN) {ms(med('attention_ns', 'projection_ns', 'ffn_ns'))}")
+def report(d: dict[str, Any], label: str) -> None:
+    dec = d["tokens"][1:]
+
+    def med(*keys: str, rows: list[dict[str, Any]] = dec) -> float:
+        return float(statistics.median(sum(t.get(k, 0) for k in keys) for t in rows))
+
+    rtt = statistics.median(x for w in d["workers"] for x in w["rtt_ns"])
+    layers = d["model"]["n_layers"]
+    print(f"\n{label}: {d['tokens_per_s']:.1f} tokens/s, RTT median {ms(rtt)}")
+    print(f"  per token: total {ms(med('total_ns'))}")
+    print(f"    compute (attention+projection+FFN) {ms(med('attention_ns', 'projection_ns', 'ffn_ns'))}")
+    print(f"    compute on the critical path       {ms(med('critical_ns'))}")
+    print(f"    the rest: messages, waits (comm)   {ms(med('comm_ns'))}")
+    if d.get("control") == "dataflow":
+        print(f"    messages on the critical path      {med('critical_messages'):8.0f}")
+    else:
         print(f"    pulls (broadcast+gather+Z forward) {ms(med('broadcast_ns', 'gather_ns', 'zforward_ns'))}")
         print(f"    RPC control overhead               {ms(med('control_ns'))}")
-        per_layer = med("broadcast_ns", "gather_ns", "zforward_ns", "control_ns") / layers
-        print(f"  communication per layer per token {ms(per_layer)}, "
-              f"compute per layer {ms(med('attention_ns', 'projection_ns', 'ffn_ns') / layers)}")  # fmt: skip
-        print(f"  bytes per decode token {statistics.median(sum(t['bytes'].values()) for t in dec):.0f} B")
+    print(f"  communication per layer per token {ms(med('comm_ns') / layers)}, "
+          f"compute per layer {ms(med('attention_ns', 'projection_ns', 'ffn_ns') / layers)}")  # fmt: skip
+    print(f"  bytes per decode token {statistics.median(sum(t['bytes'].values()) for t in dec):.0f} B")
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ HAND4 = ModelConfig(
 )
 
 
-def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
-    """A HeadSplit results file whose token times are the simulator's at ``call_s`` per call."""
+def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0, control: str = "rpc") -> Path:
+    """A HeadSplit results file whose token times are the simulator's at ``call_s`` per call, driven by
+    ``control`` (recorded in the file when dataflow: a file of before the field was rpc's)."""
     devices = [
         Device("worker1", 4e10, 10**10, 0.002, 125e6, call_s),
         Device("worker2", 2e10, 10**10, 0.004, 125e6, call_s),
@@ -35,13 +36,17 @@ def write_run(tmp_path: Path, call_s: float, *, jitter: float = 0.0) -> Path:
     placement = place(MODEL, specs, "roundrobin", context_tokens=64)
     # as a replay simulates a HeadSplit run: the controller's RPCs, worker to worker through the controller
     sim = simulate(
-        SimConfig(MODEL, devices, placement, tokens=6, prompt_tokens=10, control="rpc", worker_rtt="sum")
+        SimConfig(MODEL, devices, placement, tokens=6, prompt_tokens=10, control=control, worker_rtt="sum")
     )
     token_ns = [round(s * 1e9 * (1 + (jitter if i % 2 else -jitter))) for i, s in enumerate(sim.token_s)]
     tokens = [{"index": i, "total_ns": ns} for i, ns in enumerate(token_ns)]
-    return _write_results(
+    run = _write_results(
         tmp_path, devices, {"units": {u.key(): w for u, w in placement.items()}}, tokens, sim
     )
+    if control != "rpc":
+        file = run / "raw" / "edge" / "edge_headsplit.json"
+        file.write_text(json.dumps({**json.loads(file.read_text(encoding="utf-8")), "control": control}))
+    return run
 
 
 def _write_results(

@@ -38,6 +38,7 @@ class Needs:
 NEEDS: dict[str, Needs] = {
     "bench_ch4_mape.py": Needs(root=True),  # ch4's load conditions (cgroups)
     "bench_cpu_share_grain.py": Needs(root=True, cgroup_v1_cpu=True),
+    "bench_headsplit_dataflow.py": Needs(modules=("torch",)),
     "bench_headsplit_rpc.py": Needs(modules=("torch",)),
     "bench_link_emulation.py": Needs(root=True, programs=("iptables", "iperf3", "ping")),
     "bench_keras_timestamp_cost.py": Needs(modules=("tensorflow",)),

@@ -392,18 +392,22 @@ def _hs_run(site: Path, tmp_path: Path, name: str, python: Path, network: dict[s
     return run_dir
 
 
-def _stages_answered_by(results: dict[str, Any], worker: str) -> int:
-    """How many of one token's sequential stages wait for ``worker``'s reply (no speculation): per layer,
-    the heads (if it holds one), the projection and the FFN (if it holds them); then the controller's
-    fetch of the last layer's output, from the last FFN's worker."""
+def _pushes_waited_for(results: dict[str, Any], worker: str) -> int:
+    """Dataflow control (issue 47), no speculation: how many of one token's messages that the next
+    stage cannot start without ``worker`` sends to another process. Per layer: its head outputs to
+    another projection worker, its Z to another FFN worker, its X to the next layer's projection on
+    another worker (or, after the last layer, to the controller)."""
     units: dict[str, str] = results["placement"]["units"]
-    layers = {int(key.split(".")[0][1:]) for key in units}
-    stages = 0
-    for layer in layers:
-        stages += any(units[k] == worker for k in units if k.startswith(f"L{layer}.head"))
-        stages += units[f"L{layer}.proj"] == worker
-        stages += units[f"L{layer}.ffn"] == worker
-    return stages + (units[f"L{max(layers)}.ffn"] == worker)
+    n_layers = 1 + max(int(key.split(".")[0][1:]) for key in units)
+    pushes = 0
+    for layer in range(n_layers):
+        proj, ffn = units[f"L{layer}.proj"], units[f"L{layer}.ffn"]
+        heads = {units[k] for k in units if k.startswith(f"L{layer}.head")}
+        pushes += worker in heads and proj != worker
+        pushes += proj == worker and ffn != worker
+        nxt = units[f"L{layer + 1}.proj"] if layer + 1 < n_layers else "controller"
+        pushes += ffn == worker and nxt != worker
+    return pushes
 
 
 @pytest.mark.slow
@@ -414,8 +418,9 @@ def _stages_answered_by(results: dict[str, Any], worker: str) -> int:
 def test_a_local_headsplit_device_s_delay_reaches_its_rpc(site: Path, tmp_path: Path) -> None:
     """Issue 31 item 4: local mode's userspace link emulator selects a device's packets by its own loopback
     address, and HeadSplit's processes listen there, so device1's 20 ms reaches every reply its worker
-    sends: the controller's RTT samples of worker1 and every token's stages that wait for it. The same
-    configuration without the delay is the baseline; lower bounds only (a loaded machine adds time)."""
+    sends: the controller's RTT samples of worker1; and (dataflow control, issue 47) every push of its
+    worker, sent from that address, that a stage of the token waits for. The same configuration without
+    the delay is the baseline; lower bounds only (a loaded machine adds time)."""
     pytest.importorskip("torch")
     python = python_wrapper(tmp_path, site)
     plain = _hs_run(site, tmp_path, "hs_plain", python, {})
@@ -453,8 +458,11 @@ def test_a_local_headsplit_device_s_delay_reaches_its_rpc(site: Path, tmp_path: 
     }
     # each RTT sample of worker1 waits for one reply from device1's address
     assert rtt["delayed"]["worker1"] - rtt["plain"]["worker1"] >= 0.8 * DELAY_MS, rtt
-    stages = _stages_answered_by(after, "worker1")
-    assert stages >= 3 and stages == _stages_answered_by(before, "worker1")  # the same placement
+    # rpc control: every stage that waits for worker1's reply; dataflow: every push of worker1 a stage
+    # waits for, sent on a connection worker1 opened from device1's address (headsplit.pushnet)
+    assert after["control"] == before["control"] == "dataflow"
+    stages = _pushes_waited_for(after, "worker1")
+    assert stages >= 3 and stages == _pushes_waited_for(before, "worker1")  # the same placement
     per_token = {
         label: statistics.median(t["total_ns"] for t in doc["tokens"]) / 1e6
         for label, doc in (("plain", before), ("delayed", after))

@@ -59,9 +59,13 @@ def test_partition_equivalence_and_decoder_profile(model: Any) -> None:
     assert prof.headwise_max_abs_diff < 1e-3
 
 
-def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(model: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("control", ["dataflow", "rpc"])
+def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(
+    model: Any, tmp_path: Path, control: str
+) -> None:
     """The converted directory (item 3) through HeadSplit's engine, 2 workers in process, speculation
-    on at tau = 0, the prompt tokenized by the model's own tokenizer: the ids of transformers' greedy."""
+    on at tau = 0, the prompt tokenized by the model's own tokenizer: the ids of transformers' greedy,
+    under both controls (issue 47)."""
     pytest.importorskip("safetensors")
     sys.path.insert(0, str(REPO / "runtimes" / "headsplit" / "src"))
     from headsplit import checkpoint, engine, shard
@@ -95,7 +99,11 @@ def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(model: Any, tm
         states[worker] = st
     cw = hs_model.load_checkpoint(cfg, d, pin, names=hs_model.controller_tensor_names(cfg))
     eng = engine.Engine(
-        cfg, engine.InProcessTransport(states), plan, cw, engine.EngineOptions(speculation=True, tau=0.0)
+        cfg,
+        engine.InProcessTransport(states),
+        plan,
+        cw,
+        engine.EngineOptions(speculation=True, tau=0.0, control=control),
     )
     res = eng.generate(ids, n)
     assert res.generated == want
@@ -118,3 +126,64 @@ def test_headsplit_tau0_on_two_workers_equals_transformers_greedy(model: Any, tm
     got = eng.perplexity(paragraph)
     assert got.tokens == len(paragraph) - 1 and got.accepted == 0
     assert got.perplexity == pytest.approx(math.exp(loss), rel=1e-4)
+
+
+def test_headsplit_dataflow_over_the_real_transport_equals_transformers_greedy(
+    model: Any, tmp_path: Path
+) -> None:
+    """Dataflow control over the real transport (issue 47): a controller and 2 worker processes on
+    127.0.0.1 pushing to each other over their persistent connections (headsplit.pushnet; torch RPC for
+    the set-up), the greedy placement with heads on both workers, speculation on at tau = 0: the 24 ids
+    are transformers' greedy ids."""
+    import json
+    import os
+    import socket
+    import subprocess
+
+    pytest.importorskip("safetensors")
+    sys.path.insert(0, str(REPO / "runtimes" / "headsplit" / "src"))
+    from headsplit import checkpoint, shard
+
+    d = tmp_path / "smollm2-135m"
+    pin = write_hf_directory(d, llama_config_json(model.model.config), model_tensors(model.model))
+    cfg = checkpoint.directory_config(d)
+    assert cfg is not None
+    ids = model.tokenizer(PROMPT)["input_ids"]
+    n = 24
+    plan = shard.plan_for(cfg, 2, "greedy", 1 << 31, len(ids) + n)
+    assert {w for u, w in plan.items() if u.kind == "head"} == {"worker1", "worker2"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    doc = {
+        "model": {"config": cfg.to_json()},
+        "checkpoint": {"path": str(d), "sha256": pin},
+        "controller": {"host": "edge", "address": "127.0.0.1", "port": port},
+        "workers": [{"rank": r, "address": "127.0.0.1", "memory_limit_bytes": 0} for r in (1, 2)],
+        "placement": {u.key(): w for u, w in plan.items()},
+        "control": "dataflow",
+        "speculation": True,
+        "tau": 0.0,
+        "tokens": n,
+        "prompt_ids": ids,
+        "rpc_timeout_s": 120,
+        "result": "results/headsplit.json",
+    }
+    (tmp_path / "headsplit.json").write_text(json.dumps(doc))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "runtimes" / "headsplit" / "src")}
+    argv = [sys.executable, "-m", "headsplit.worker", "--config", "headsplit.json", "--rank"]
+    workers = [subprocess.Popen([*argv, str(r)], cwd=tmp_path, env=env) for r in (1, 2)]
+    try:
+        ctl = [sys.executable, "-m", "headsplit.controller", "--config", "headsplit.json"]
+        assert subprocess.run(ctl, cwd=tmp_path, env=env, check=False, timeout=900).returncode == 0
+        for p in workers:
+            assert p.wait(timeout=120) == 0
+    finally:
+        for p in workers:
+            if p.poll() is None:
+                p.kill()
+    res = json.loads((tmp_path / "results" / "headsplit.json").read_text())
+    assert res["control"] == "dataflow" and res["error"] is None
+    assert res["generated"] == model.generate(ids, n)
+    assert all(t["rejected"] == list(range(cfg.n_layers - 1)) for t in res["tokens"])
+    assert all(0 < t["critical_messages"] <= 3 * cfg.n_layers + 1 for t in res["tokens"])

@@ -24,6 +24,14 @@ def test_a_run_the_simulator_made_replays_exactly_with_its_call_cost_recovered(t
     assert "MAPE 0.0 %" in format_replay(r).splitlines()
 
 
+def test_a_dataflow_run_is_replayed_as_dataflow(tmp_path: Path) -> None:
+    """Issue 47: a run whose results say ``control: dataflow`` is simulated so, its call cost recovered."""
+    r = replay(write_run(tmp_path, 0.003, control="dataflow"))
+    assert r.config.control == "dataflow"
+    assert fitted_call_s(r.config) == pytest.approx(0.003, rel=1e-3)
+    assert r.mape_percent == pytest.approx(0.0, abs=0.01)
+
+
 def test_token_to_token_noise_shows_in_the_mape(tmp_path: Path) -> None:
     r = replay(write_run(tmp_path, 0.003, jitter=0.1))
     assert r.mape_percent == pytest.approx(10.0, abs=1.0)

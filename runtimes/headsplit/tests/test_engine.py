@@ -19,6 +19,15 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
+CONTROL = {"control": "dataflow"}  # what make() runs under: every test here runs under both controls
+
+
+@pytest.fixture(autouse=True, params=["dataflow", "rpc"])
+def control(request: pytest.FixtureRequest) -> str:
+    CONTROL["control"] = request.param
+    return str(request.param)
+
+
 def spread(cfg: ModelConfig, workers: list[str]) -> engine.Placement:
     """Heads dealt round-robin, projection and FFN of a layer on two other workers."""
     p: engine.Placement = {}
@@ -46,6 +55,7 @@ def make(
     **opts: object,
 ) -> engine.Engine:
     tr = engine.InProcessTransport.from_weights(cfg, w, placement, workers)
+    opts = {**CONTROL, **opts}
     return engine.Engine(cfg, tr, placement, w, engine.EngineOptions(**opts))  # type: ignore[arg-type]
 
 
@@ -210,7 +220,7 @@ def test_migrate_moves_units_and_kv_slots() -> None:
     w = model.seeded_weights(cfg)
     start = spread(cfg, WORKERS)
     tr = engine.InProcessTransport.from_weights(cfg, w, start, WORKERS)
-    eng = engine.Engine(cfg, tr, start, w)
+    eng = engine.Engine(cfg, tr, start, w, engine.EngineOptions(**CONTROL))  # type: ignore[arg-type]
     eng.generate(PROMPT, 2)
     new = dict(start)
     new[Unit(0, "head", 1)] = "worker1"  # worker1 already holds KV head 0 of layer 0 -> no slot copy

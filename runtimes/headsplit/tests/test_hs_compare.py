@@ -74,20 +74,22 @@ def test_speedups_are_over_the_layerwise_run_of_the_same_rtt(tmp_path: Path) -> 
     }
     table = run_compare(str(tmp_path / "ch6" / "greedy-0"), str(tmp_path / "ch6" / "layerwise-0")).stdout
     assert table.splitlines()[0].split() == [
-        "variant", "strategy", "speculation", "network", "tokens/s", "speedup", "agreement", "perplexity",
+        "variant", "strategy", "speculation", "control", "network", "tokens/s", "speedup", "agreement",
+        "perplexity",
     ]  # fmt: skip
     assert [line.split() for line in table.splitlines()[1:]] == [
         [
             "ch6[greedy-0]",
             "greedy",
             "yes",
+            "rpc",  # a run of before the control field
             "none",
             "6.00",
             "1.50x",
             "-",
             "-",
         ],  # no hs_generated.json: no agreement; no hs_quality.json: no perplexity
-        ["ch6[layerwise-0]", "layerwise", "no", "none", "4.00", "1.00x", "-", "-"],
+        ["ch6[layerwise-0]", "layerwise", "no", "rpc", "none", "4.00", "1.00x", "-", "-"],
     ]
 
 
@@ -149,3 +151,27 @@ def test_the_perplexity_column_reads_hs_quality_json(tmp_path: Path) -> None:
     (tmp_path / "ch6" / "tau0" / "aggregate" / "hs_quality.json").write_text('{"perplexity": "low"}')
     broken = run_compare(str(tmp_path))
     assert broken.returncode == 2 and "hs_quality.json: perplexity: 'low' is not a number" in broken.stderr
+
+
+def test_both_controls_side_by_side_each_over_its_own_layerwise_run(tmp_path: Path) -> None:
+    """Issue 47: a sweep over the control groups each control's strategies with that control's
+    layer-wise run, and the table names the control (the summary's value)."""
+    for control, rates in (("rpc", (2.0, 3.0)), ("dataflow", (4.0, 8.0))):
+        for strategy, rate in zip(("layerwise", "greedy"), rates, strict=True):
+            block = {"strategy": strategy, "speculation": False, "control": control}
+            fake_run(
+                tmp_path, f"{strategy}-{control}", block, [["runtime", {"name": "headsplit", **block}]], rate
+            )
+            summary = tmp_path / "ch6" / f"{strategy}-{control}" / "aggregate" / "summary.json"
+            doc = json.loads(summary.read_text(encoding="utf-8"))
+            doc["values"].append({"name": "control", "value": control, "unit": "", "type": "str"})
+            summary.write_text(json.dumps(doc), encoding="utf-8")
+    done = run_compare("--json", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    got = {Path(r["run"]).name: (r["control"], r["speedup"]) for r in json.loads(done.stdout)}
+    assert got == {
+        "layerwise-rpc": ("rpc", 1.0),
+        "greedy-rpc": ("rpc", 1.5),
+        "layerwise-dataflow": ("dataflow", 1.0),
+        "greedy-dataflow": ("dataflow", 2.0),
+    }

@@ -330,3 +330,15 @@ def test_the_placement_its_costs_and_its_predicted_time_are_recorded(tmp_path: P
         HeadSplitResultsError, match=r"placement\.costs\.source: is not one of micro-benchmark, profile"
     ):
         HeadSplitRuntime().parse_results(make_run(tmp_path / "bad", doc))
+
+
+def test_the_control_is_a_summary_value(tmp_path: Path) -> None:
+    """Issue 47: how the run drove its tokens reaches the summary; an older results file (rpc, before
+    the field) has none rather than a guess."""
+    doc = json.loads((DATA / "results_ok.json").read_text(encoding="utf-8"))
+    assert "control" not in values(HeadSplitRuntime().parse_results(make_run(tmp_path / "old", doc)))
+    for control in ("dataflow", "rpc"):
+        got = values(
+            HeadSplitRuntime().parse_results(make_run(tmp_path / control, {**doc, "control": control}))
+        )
+        assert got["control"] == (control, "", "str")

@@ -10,7 +10,8 @@ Inputs, all from the run directory:
 - ``aggregate/links.csv`` when present: each worker's uplink rate (the row towards ``edge``) and, between
   two workers, the measured RTT and rate of that link.
 
-The run is simulated as HeadSplit's controller drives it (``SimConfig.control = "rpc"``): one RPC round
+The run is simulated as HeadSplit drove it: ``SimConfig.control`` is the results' ``control``
+(``dataflow``: each stage sends its output on; a file without the field is rpc's). Under ``rpc``: one RPC round
 trip per stage call (heads per worker, projection, FFN) at the worker's measured RTT, and one per input a
 callee pulls from another endpoint; between two workers the sum of their round trips to the controller
 (``worker_rtt = "sum"``: the controller at the hub, each worker behind its own access link, as the
@@ -383,7 +384,8 @@ def replay(
         links,
         speculation=speculation,
         acceptance=(_acceptance(tokens),),
-        control="rpc",
+        # as the run was driven: a results file of before dataflow control was rpc's
+        control=str(doc.get("control") or "rpc"),
         worker_rtt="sum",
     )
     first = simulate(base)

@@ -50,6 +50,7 @@ class Variant:
     agreement: float | None = None
     first_difference: int | None = None
     perplexity: float | None = None  # of the held-out paragraph (hs_quality.json), None: not measured
+    control: str = "rpc"  # how the run drove its tokens (a run of before the field: rpc)
 
 
 class CompareError(ValueError):
@@ -143,6 +144,7 @@ def load_variant(run: Path) -> Variant:
         exact=not speculation or float(block.get("tau", 0.05)) == 0.0,
         fidelity_key=key,
         perplexity=perplexity,
+        control=str(values.get("control") or block.get("control") or "rpc"),
     )
 
 
@@ -194,6 +196,7 @@ def render(rows: Sequence[Variant]) -> str:
         "variant",
         "strategy",
         "speculation",
+        "control",
         "network",
         "tokens/s",
         "speedup",
@@ -205,6 +208,7 @@ def render(rows: Sequence[Variant]) -> str:
             r.label,
             r.strategy,
             "yes" if r.speculation else "no",
+            r.control,
             r.network,
             "-" if r.tokens_per_s is None else f"{r.tokens_per_s:.2f}",
             (f"oom at token {r.oom_token}" if r.oom_token is not None else "-")
@@ -241,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         doc = [
             {"run": str(r.path), "label": r.label, "strategy": r.strategy, "speculation": r.speculation,
-             "network": r.network, "tokens_per_s": r.tokens_per_s, "oom_token": r.oom_token,
+             "control": r.control, "network": r.network, "tokens_per_s": r.tokens_per_s, "oom_token": r.oom_token,
              "speedup": r.speedup, "agreement": r.agreement, "first_difference": r.first_difference,
              "perplexity": r.perplexity}
             for r in rows

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 Family = Literal["gpt2", "llama"]
+# How the controller drives a token (headsplit.dataflow; here, torch-free, for the plug-in's schema too)
+CONTROLS = ("dataflow", "rpc")
 
 
 @dataclass(frozen=True)

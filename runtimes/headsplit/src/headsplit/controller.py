@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from headsplit import engine, model
-from headsplit.config import ModelConfig, preset
+from headsplit.config import CONTROLS, ModelConfig, preset
 from headsplit.profile_costs import RULE, ProfileCosts, costs_from_document
 from headsplit.units import Unit
 
@@ -87,6 +87,9 @@ class RunConfig:
     # the placement's per-unit costs measured by a profile run (the file headsplit.json's
     # placement_profile names, read at load); None: the start-up micro-benchmark's flops_per_s
     placement_costs: ProfileCosts | None = None
+    # "dataflow": the workers push to each other, one start message per token; "rpc": the controller
+    # calls every stage (headsplit.dataflow)
+    control: str = "dataflow"
 
     @property
     def rendezvous(self) -> str:
@@ -198,6 +201,9 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
     strategy = doc.get("strategy", "greedy")
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy: one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    control = doc.get("control", "dataflow")
+    if control not in CONTROLS:
+        raise ConfigError(f"control: one of {', '.join(CONTROLS)}, got {control!r}")
     tau = doc.get("tau", 0.05)
     if not isinstance(tau, int | float) or isinstance(tau, bool) or tau < 0:
         raise ConfigError(f"tau: expected a number >= 0, got {tau!r}")
@@ -284,6 +290,7 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
         prompt_ids=tuple(ids) if ids is not None else None,
         perplexity=ppl,
         placement_costs=_placement_costs(doc, base or Path("."), workers),
+        control=control,
     )
 
 
@@ -596,6 +603,8 @@ def run(rc: RunConfig) -> dict[str, Any]:
             tr.setup(n, cfg, worker_checkpoint(rc.checkpoint, n), engine.units_of(placement, n))
     except rpc.RpcCallFailed as exc:
         raise rpc.RpcCallFailed(why_lost(rc, str(exc), needs, node_limits)) from exc
+    if rc.control == "dataflow":
+        tr.open_push(names)
     setup_ns = time.perf_counter_ns() - t_setup
     pressure: dict[str, Any] | None = None
     if rc.memory_pressure is not None:
@@ -623,12 +632,14 @@ def run(rc: RunConfig) -> dict[str, Any]:
         memory_limits=limits,
         memory_check=_memory_check(limits, threshold),
         replan=replan,
+        control=rc.control,
     )
     eng = engine.Engine(cfg, tr, placement, cw, opts)
     doc: dict[str, Any] = {
         "model": cfg.to_json(),
         "checkpoint": rc.checkpoint,
         "strategy": "explicit" if rc.placement is not None else rc.strategy,
+        "control": rc.control,
         "speculation": rc.speculation,
         "tau": rc.tau,
         "speculate_layers": sorted(opts.speculate_layers) if opts.speculate_layers is not None else None,
@@ -708,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(rc.threads)
     from headsplit import rpc
 
+    rpc.set_own_address(own)
+
     field = "controller.source_address" if rc.source_address else "controller.address"
     listening = rpc.init_listening_only_on(
         rpc.CONTROLLER_NAME, 0, 1 + len(rc.workers), rc.rendezvous, rc.port, rc.rpc_timeout_s,
@@ -722,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
             code = 1
     except Exception as exc:  # a failed run is a result file with its error, not a traceback
         doc, code = {"error": f"{type(exc).__name__}: {exc}"}, 1
-    doc["listeners"] = listening
+    doc["listeners"] = listening + rpc.push_listener()
     if code:
         print(f"headsplit controller: {doc['error']}", file=sys.stderr)
     # the result first: a shutdown after a failure may wait on a worker that is gone
@@ -730,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     rpc.shutdown(graceful=code == 0)
+    rpc.close_push()
     return code
 
 

@@ -1,13 +1,19 @@
 """The token loop: heads in parallel on their workers, gather at the projection, FFN, broadcast;
 cross-layer speculation; migration of units and KV slices; memory per worker per token.
 
+Two controls (``EngineOptions.control``). ``dataflow`` (the default; headsplit.dataflow): per token
+the controller pushes one start message and receives the last X through ``Transport.run_step``; the
+workers push activations to each other and run each stage when its inputs have arrived; between tokens
+one ``report`` call per worker (issued at once) returns its bytes and stage records. ``rpc``: the
+controller calls every stage of every layer and waits, as below.
+
 The engine talks to workers only through a ``Transport``: ``call(worker, method, *args)`` returns a
 ``Pending`` whose ``result()`` is the value of ``WorkerState.<method>`` (with the worker's compute
 time, and for heads/proj/ffn the time it spent pulling its inputs). ``InProcessTransport`` holds
 ``WorkerState`` objects in this process; ``headsplit.rpc.RpcTransport`` reaches the same class in
 worker processes.
 
-Data path. The controller sends only control messages (which unit, which step, where the input is);
+Data path under rpc control. The controller sends only control messages (which unit, which step, where the input is);
 activations go producer -> consumer directly: every worker keeps what it produced in its store under
 ``<step>:<name>`` and its consumers pull it (``Ref`` = (owner, key)). Per layer: the head workers
 pull X from its holder (the broadcast: the controller's embedding for layer 0, else the previous
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +42,7 @@ from typing import Any, Protocol
 import torch
 
 from headsplit import checkpoint as ckpt
-from headsplit import model
+from headsplit import dataflow, model
 from headsplit.config import ModelConfig
 from headsplit.units import Unit, all_units
 
@@ -43,7 +50,7 @@ Placement = dict[Unit, str]
 SlotKey = tuple[int, int]  # (layer, kv head)
 Ref = tuple[str, str]  # (owner: worker or controller, key) of an activation held in the owner's store
 Fetch = Callable[[str, str], torch.Tensor]  # (owner, key) -> tensor, pulled from the owner
-CONTROLLER = "controller"
+CONTROLLER = dataflow.CONTROLLER
 
 
 def store_put(store: dict[str, torch.Tensor], key: str, t: torch.Tensor) -> None:
@@ -72,6 +79,10 @@ class Transport(Protocol):
 
     def fetch(self, owner: str, key: str) -> torch.Tensor:
         """Pull an activation from its owner to the controller (the last X)."""
+
+    def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
+        """Dataflow control: push the step's start messages and return the message that reaches the
+        controller (the last X), once the workers have pushed everything in between."""
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -109,6 +120,7 @@ class WorkerState:
         # activations this worker produced this step, pulled by the workers that consume them
         self.store: dict[str, torch.Tensor] = {} if store is None else store
         self.fetch = fetch
+        self.node: dataflow.Node | None = None  # dataflow control's scheduler, set by configure
 
     def _get(self, ref: Ref) -> torch.Tensor:
         owner, key = ref
@@ -155,50 +167,97 @@ class WorkerState:
             del self.slots[s]
         return len(gone) + len(gone_s), time.perf_counter_ns() - t0
 
-    def heads(
-        self, layer: int, heads: list[int], x_ref: Ref, start_pos: int, out: str
-    ) -> tuple[None, int, int]:
-        """This worker's heads of ``layer`` on X (pulled from its holder); the outputs, concatenated
-        in head order, are stored as ``out``. Returns (None, compute_ns, fetch_ns)."""
+    def heads_compute(
+        self, layer: int, heads: list[int], x: torch.Tensor, start_pos: int
+    ) -> tuple[torch.Tensor, int]:
+        """This worker's heads of ``layer`` on X: their outputs concatenated in head order, and the
+        compute time."""
         t0 = time.perf_counter_ns()
-        x = self._get(x_ref)
-        t1 = time.perf_counter_ns()
         with torch.no_grad():
             hw = {h: self.units[Unit(layer, "head", h).key()] for h in heads}
             slots = {kvh: self.slots[(layer, kvh)] for kvh in {self.cfg.kv_head_of(h) for h in heads}}
             outs = model.heads_forward(self.cfg, hw, slots, x, start_pos)
-            store_put(self.store, out, torch.cat([outs[h] for h in sorted(heads)], dim=-1))
-        return None, time.perf_counter_ns() - t1, t1 - t0
+            out = torch.cat([outs[h] for h in sorted(heads)], dim=-1)
+        return out, time.perf_counter_ns() - t0
+
+    def proj_compute(
+        self, layer: int, parts: list[tuple[torch.Tensor, list[int]]], x: torch.Tensor
+    ) -> tuple[torch.Tensor, int]:
+        """Z = X + proj(every head's output, in head order), from each head worker's outputs."""
+        t0 = time.perf_counter_ns()
+        with torch.no_grad():
+            by_head: dict[int, torch.Tensor] = {}
+            for t, hs in parts:
+                by_head.update(zip(sorted(hs), torch.split(t, self.cfg.head_dim, dim=-1), strict=True))
+            concat = torch.cat([by_head[h] for h in range(self.cfg.n_heads)], dim=-1)
+            z = x + model.proj(self.cfg, self.units[Unit(layer, "proj").key()], concat)
+        return z, time.perf_counter_ns() - t0
+
+    def ffn_compute(self, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, float, int]:
+        """X = Z + FFN(Z) and ||FFN(Z)|| / ||Z|| for the speculation test."""
+        t0 = time.perf_counter_ns()
+        with torch.no_grad():
+            d = model.ffn(self.cfg, self.units[Unit(layer, "ffn").key()], z)
+            ratio = model.ffn_ratio(d, z)
+            x = z + d
+        return x, ratio, time.perf_counter_ns() - t0
+
+    def heads(
+        self, layer: int, heads: list[int], x_ref: Ref, start_pos: int, out: str
+    ) -> tuple[None, int, int]:
+        """(rpc control) This worker's heads of ``layer`` on X (pulled from its holder); the outputs,
+        concatenated in head order, are stored as ``out``. Returns (None, compute_ns, fetch_ns)."""
+        t0 = time.perf_counter_ns()
+        x = self._get(x_ref)
+        fetch_ns = time.perf_counter_ns() - t0
+        t, ns = self.heads_compute(layer, heads, x, start_pos)
+        store_put(self.store, out, t)
+        return None, ns, fetch_ns
 
     def proj(
         self, layer: int, parts: list[tuple[Ref, list[int]]], x_ref: Ref, out: str
     ) -> tuple[None, int, int]:
-        """The gather: pull every head worker's outputs and X, then Z = X + proj(heads in order),
-        stored as ``out``."""
+        """(rpc control) The gather: pull every head worker's outputs and X, then Z = X + proj(heads
+        in order), stored as ``out``."""
         t0 = time.perf_counter_ns()
         pulled = [(self._get(ref), hs) for ref, hs in parts]
         x = self._get(x_ref)
-        t1 = time.perf_counter_ns()
-        with torch.no_grad():
-            by_head: dict[int, torch.Tensor] = {}
-            for t, hs in pulled:
-                by_head.update(zip(sorted(hs), torch.split(t, self.cfg.head_dim, dim=-1), strict=True))
-            concat = torch.cat([by_head[h] for h in range(self.cfg.n_heads)], dim=-1)
-            store_put(
-                self.store, out, x + model.proj(self.cfg, self.units[Unit(layer, "proj").key()], concat)
-            )
-        return None, time.perf_counter_ns() - t1, t1 - t0
+        fetch_ns = time.perf_counter_ns() - t0
+        z, ns = self.proj_compute(layer, pulled, x)
+        store_put(self.store, out, z)
+        return None, ns, fetch_ns
 
     def ffn(self, layer: int, z_ref: Ref, out: str) -> tuple[float, int, int]:
-        """X = Z + FFN(Z), stored as ``out``; returns ||FFN(Z)|| / ||Z|| for the speculation test."""
+        """(rpc control) X = Z + FFN(Z), stored as ``out``; returns ||FFN(Z)|| / ||Z||."""
         t0 = time.perf_counter_ns()
         z = self._get(z_ref)
-        t1 = time.perf_counter_ns()
-        with torch.no_grad():
-            d = model.ffn(self.cfg, self.units[Unit(layer, "ffn").key()], z)
-            store_put(self.store, out, z + d)
-            ratio = model.ffn_ratio(d, z)
-        return ratio, time.perf_counter_ns() - t1, t1 - t0
+        fetch_ns = time.perf_counter_ns() - t0
+        x, ratio, ns = self.ffn_compute(layer, z)
+        store_put(self.store, out, x)
+        return ratio, ns, fetch_ns
+
+    # -- dataflow control (headsplit.dataflow)
+    def configure(self, plan: dataflow.Plan) -> tuple[None, int]:
+        """The routes to follow from the next step on (sent whenever the placement changes)."""
+        t0 = time.perf_counter_ns()
+        if self.node is None:
+            self.node = dataflow.Node(self, plan)
+        else:
+            self.node.plan = plan
+        return None, time.perf_counter_ns() - t0
+
+    def deliver(self, msg: dataflow.Msg) -> list[dataflow.Msg]:
+        """One pushed message in; the messages this worker pushes on (to other processes) out."""
+        if self.node is None:
+            raise RuntimeError(f"{self.name}: a dataflow message before configure")
+        return self.node.deliver(msg)
+
+    def report(self, step: int) -> tuple[tuple[int, list[dict[str, Any]]], int]:
+        """Between tokens: the bytes held (as ``nbytes``) and this worker's stage records of ``step``."""
+        t0 = time.perf_counter_ns()
+        n, _ = self.nbytes()
+        recs = self.node.records(step) if self.node is not None else []
+        return (n, recs), time.perf_counter_ns() - t0
 
     def nbytes(self) -> tuple[int, int]:
         """Bytes held: unit weights + KV copies (weights and cache)."""
@@ -321,6 +380,33 @@ class InProcessTransport:
         value = getattr(self.states[worker], method)(*args)
         return Done(value, t0, time.perf_counter_ns())
 
+    def send(self, msg: dataflow.Msg) -> None:
+        """One pushed message between processes (a counting transport overrides it; ``delivering`` is
+        the message whose delivery sent it, None for the controller's start)."""
+        self._queue.append(msg)
+
+    def next_message(self) -> dataflow.Msg:
+        """The message delivered next: the oldest (a test may deliver them in another order)."""
+        return self._queue.popleft()
+
+    def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
+        """The workers' pushes run here one message at a time, in the order they were sent."""
+        self._queue: deque[dataflow.Msg] = deque()
+        self.delivering: dataflow.Msg | None = None
+        for m in msgs:
+            self.send(m)
+        last: dataflow.Msg | None = None
+        while self._queue:
+            m = self.delivering = self.next_message()
+            if m.dst == CONTROLLER:
+                last = m
+                continue
+            for out in self.states[m.dst].deliver(m):
+                self.send(out)
+        if last is None:
+            raise RuntimeError("dataflow: the step ended without its last X reaching the controller")
+        return last
+
 
 # ----------------------------------------------------------------------------------------- engine
 
@@ -345,6 +431,9 @@ class EngineOptions:
     memory_limits: dict[str, int] = field(default_factory=dict)  # worker -> bytes; 0/absent: none
     memory_check: MemoryCheck = field(default_factory=threshold_check)
     replan: Replan | None = None
+    # "dataflow": one start message per token, the workers push to each other (headsplit.dataflow);
+    # "rpc": the controller calls every stage of every layer and waits (kept for comparison)
+    control: str = "dataflow"
 
 
 @dataclass
@@ -392,9 +481,13 @@ class _Token:
                 "speculative_ns",
                 "zforward_ns",
                 "control_ns",
+                "controller_ns",
+                "critical_ns",
+                "comm_ns",
             ),
             0,
         )
+        self.hops = 0  # dataflow: the messages on the token's longest chain
         self.bytes: dict[str, int] = {}
         self.speculated: list[int] = []
         self.accepted: list[int] = []
@@ -426,6 +519,9 @@ class Engine:
         self.result = EngineResult()
         self.migration_bytes: dict[str, int] = {}
         self._step = 0  # forward passes so far: the prefix of activation keys
+        if self.options.control not in dataflow.CONTROLS:
+            raise ValueError(f"control: one of {', '.join(dataflow.CONTROLS)}, got {self.options.control!r}")
+        self._plan: dataflow.Plan | None = None  # dataflow: the routes the workers have (None: send them)
 
     # -- placement lookups
     def _head_workers(self, layer: int) -> dict[str, list[int]]:
@@ -483,11 +579,59 @@ class Engine:
 
     def step(self, ids: list[int], start: int) -> tuple[torch.Tensor, _Token]:
         """One forward pass over ``ids`` at positions start.. (the prefill, or one new token)."""
+        if self.options.control == "dataflow":
+            return self._step_dataflow(ids, start)
+        return self._step_rpc(ids, start)
+
+    def _configure(self) -> dataflow.Plan:
+        """Send the routes of the current placement to every worker (before the first token and after
+        a re-placement: between tokens)."""
+        if self._plan is None:
+            plan = dataflow.make_plan(self.cfg, self.placement, self._speculates, self.options.tau)
+            for p in [self.transport.call(w, "configure", plan) for w in self.workers]:
+                p.result()
+            self._plan = plan
+        return self._plan
+
+    def _step_dataflow(self, ids: list[int], start: int) -> tuple[torch.Tensor, _Token]:
+        cfg, tok = self.cfg, _Token()
+        plan = self._configure()
+        self._step += 1
+        t0 = time.perf_counter_ns()
+        with torch.no_grad():
+            x0 = model.embed(cfg, self.w, ids, start)
+        t1 = time.perf_counter_ns()
+        msgs = [
+            dataflow.Msg("x", self._step, 0, start, 0, CONTROLLER, w, x0)
+            for w in dataflow.first_consumers(plan)
+        ]
+        for m in msgs:
+            tok.send(CONTROLLER, m.dst, m.nbytes())
+        t2 = time.perf_counter_ns()
+        last = self.transport.run_step(msgs)
+        t3 = time.perf_counter_ns()
+        assert last.t is not None  # its bytes are in the FFN worker's records (fold_records)
+        with torch.no_grad():
+            logits = model.lm_logits(cfg, self.w, last.t[-1])
+        t4 = time.perf_counter_ns()
+        tok.t["controller_ns"] = (t1 - t0) + (t4 - t3)
+        tok.t["control_ns"] = t2 - t1
+        tok.t["critical_ns"] = last.path_ns
+        tok.hops = last.hops
+        for layer, ratio, kept in last.verdicts:
+            tok.speculated.append(layer)
+            tok.ratios[str(layer)] = ratio
+            (tok.accepted if kept else tok.rejected).append(layer)
+        return logits, tok
+
+    def _step_rpc(self, ids: list[int], start: int) -> tuple[torch.Tensor, _Token]:
         cfg, tok = self.cfg, _Token()
         self._step += 1
         key = f"{self._step}:x-1"
+        t0 = time.perf_counter_ns()
         with torch.no_grad():
             self.transport.publish(key, model.embed(cfg, self.w, ids, start))
+        tok.t["controller_ns"] += time.perf_counter_ns() - t0
         x_ref: Ref = (CONTROLLER, key)
         row_bytes = len(ids) * cfg.hidden * 4  # X and Z: [tokens of this step, hidden] float32
         head_bytes = len(ids) * cfg.head_dim * 4
@@ -497,9 +641,11 @@ class Engine:
             pw = self.placement[Unit(layer, "proj")]
             fw = self.placement[Unit(layer, "ffn")]
             if parts is None:
-                parts, _ = self._collect_heads(
+                parts, ns = self._collect_heads(
                     self._issue_heads(layer, x_ref, start, f"h{layer}"), tok, "attention_ns"
                 )
+                tok.t["critical_ns"] += ns
+            before = tok.t["projection_ns"]
             for (w, _), hs in parts:
                 tok.send(w, pw, len(hs) * head_bytes)
             z_ref: Ref = (pw, f"{self._step}:z{layer}")
@@ -510,6 +656,8 @@ class Engine:
                 "gather_ns",
             )
             tok.send(pw, fw, row_bytes)
+            tok.t["critical_ns"] += tok.t["projection_ns"] - before
+            before = tok.t["ffn_ns"]
             spec = self._speculates(layer)
             fp = self.transport.call(fw, "ffn", layer, z_ref, f"{self._step}:x{layer}")
             spec_pend: list[tuple[Ref, list[int], Pending]] = []
@@ -520,10 +668,14 @@ class Engine:
             ratio = float(self._timed(fp, tok, "ffn_ns", "zforward_ns"))
             x_ref = (fw, f"{self._step}:x{layer}")
             parts = None
+            ffn_ns = tok.t["ffn_ns"] - before
+            tok.t["critical_ns"] += ffn_ns
             if spec:
                 tok.speculated.append(layer)
                 tok.ratios[str(layer)] = ratio
                 spec_parts, spec_ns = self._collect_heads(spec_pend, tok, "speculative_ns")
+                # the speculative heads ran beside the FFN: the longer of the two is on the path
+                tok.t["critical_ns"] += max(spec_ns - ffn_ns, 0)
                 if ratio < self.options.tau:
                     tok.accepted.append(layer)
                     tok.t["attention_ns"] += spec_ns
@@ -532,15 +684,18 @@ class Engine:
                 else:
                     tok.rejected.append(layer)
                     self._send_x(tok, fw, layer + 1, row_bytes, heads_too=True)
-                    parts, _ = self._collect_heads(
+                    parts, ns = self._collect_heads(
                         self._issue_heads(layer + 1, x_ref, start, f"h{layer + 1}"), tok, "reexec_ns"
                     )
+                    tok.t["critical_ns"] += ns
             elif layer + 1 < cfg.n_layers:
                 self._send_x(tok, fw, layer + 1, row_bytes, heads_too=True)
         x = self.transport.fetch(*x_ref)
         tok.send(x_ref[0], CONTROLLER, row_bytes)
+        t0 = time.perf_counter_ns()
         with torch.no_grad():
             logits = model.lm_logits(cfg, self.w, x[-1])
+        tok.t["controller_ns"] += time.perf_counter_ns() - t0
         return logits, tok
 
     # -- migration
@@ -573,12 +728,26 @@ class Engine:
             keep_u = [u.key() for u in units_of(new, w)]
             self.transport.call(w, "retain", keep_u, sorted(new_slots[w])).result()
         self.placement = dict(new)
+        self._plan = None  # the workers get the new routes before the next token (dataflow)
         return {"moved_units": len(moved), "migration_ns": time.perf_counter_ns() - t0, "bytes": nbytes}
 
     # -- memory
-    def _memory(self, index: int) -> tuple[str, int, int] | None:
-        """Sample every worker; re-place if one needs it; return (worker, bytes, limit) on OOM."""
-        samples = {w: int(self.transport.call(w, "nbytes").result()[0]) for w in self.workers}
+    def _samples(self, tok: _Token) -> dict[str, int]:
+        """Every worker's bytes after the token. Dataflow: one ``report`` call to every worker at once
+        (between tokens, off the token's path), whose stage records give the token's timings; rpc: a
+        ``nbytes`` call to each worker in turn."""
+        if self.options.control == "rpc":
+            return {w: int(self.transport.call(w, "nbytes").result()[0]) for w in self.workers}
+        pend = {w: self.transport.call(w, "report", self._step) for w in self.workers}
+        samples, records = {}, {}
+        for w, p in pend.items():
+            (n, recs), _ = p.result()
+            samples[w], records[w] = int(n), recs
+        dataflow.fold_records(records, tok.t, tok.send)
+        return samples
+
+    def _memory(self, index: int, samples: dict[str, int]) -> tuple[str, int, int] | None:
+        """Record the samples; re-place if a worker needs it; return (worker, bytes, limit) on OOM."""
         for w, n in samples.items():
             self.result.memory.append({"token": index, "worker": w, "bytes": n})
         limits = self.options.memory_limits
@@ -632,7 +801,8 @@ class Engine:
             logits, tok = self.step(ids, start)
             nxt = int(torch.argmax(logits))
             total = time.perf_counter_ns() - t0
-            oom = self._memory(index)
+            oom = self._memory(index, self._samples(tok))
+            tok.t["comm_ns"] = max(total - tok.t["critical_ns"] - tok.t["controller_ns"], 0)
             if oom is not None:
                 res.oom = {"token": index, "worker": oom[0], "bytes": oom[1], "limit_bytes": oom[2]}
                 break
@@ -646,6 +816,8 @@ class Engine:
                 ratios=tok.ratios,
                 bytes=tok.bytes,
             )
+            if self.options.control == "dataflow":
+                rec["critical_messages"] = tok.hops
             res.tokens.append(rec)
             start += len(ids)
             ids = [nxt]

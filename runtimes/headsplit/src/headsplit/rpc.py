@@ -1,18 +1,23 @@
 """torch.distributed.rpc (TensorPipe) between the controller (rank 0, ``controller``) and the workers
 (rank R, ``worker<R>``): the worker-side call targets, the RPC transport with bounded retries, RTT and
-FLOP/s measurement.
+FLOP/s measurement. Under dataflow control the tokens' messages go over headsplit.pushnet's
+connections instead (set up through RPC: ``open_push``); a token without its last X within the
+timeout is pushed again (``run_step``).
 
 Retries are safe because every worker call is idempotent: ``heads`` cuts its KV caches back to the
 step's start position before writing, ``proj``/``ffn``/``nbytes``/``export`` are pure, ``load`` and
 ``retain`` set state. Test hook: ``HEADSPLIT_STALL_ONCE=<method>`` in a worker's environment makes the
 first call of that method sleep ``HEADSPLIT_STALL_S`` seconds (default 3) and then drop the call
-without executing it -- a stalled link, as the controller sees it.
+without executing it -- a stalled link, as the controller sees it (dataflow: ``heads`` drops the first
+X pushed to the worker).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +32,7 @@ import torch.distributed as tdist
 import torch.distributed.rpc as trpc
 from torch.distributed.constants import default_pg_timeout
 
-from headsplit import engine, memory, netif
+from headsplit import dataflow, engine, memory, netif, pushnet
 from headsplit.config import ModelConfig
 from headsplit.units import Unit
 
@@ -135,6 +140,8 @@ class _Worker:
     stalls: list[dict[str, Any]] = field(default_factory=list)
     calls: int = 0
     stall_pending: str | None = None
+    net: pushnet.PushNet | None = None  # dataflow control's connections (headsplit.pushnet)
+    push_errors: list[str] = field(default_factory=list)
 
 
 _W = _Worker(stall_pending=os.environ.get("HEADSPLIT_STALL_ONCE") or None)
@@ -154,7 +161,8 @@ def _pull(owner: str, key: str) -> torch.Tensor:
 
 
 def worker_report() -> dict[str, Any]:
-    return {"memory": list(_W.memory), "stalls": list(_W.stalls), "calls": _W.calls}
+    errors = _W.push_errors + (_W.net.errors if _W.net is not None else [])
+    return {"memory": list(_W.memory), "stalls": list(_W.stalls), "calls": _W.calls, "push_errors": errors}
 
 
 def rss_bytes() -> int:
@@ -201,9 +209,90 @@ def remote_call(method: str, args: tuple[Any, ...]) -> Any:
             raise RuntimeError("worker not set up: call setup first")
         _W.calls += 1
         value = getattr(_W.state, method)(*args)
-        if method == "nbytes":
-            _W.memory.append({"time_ns": time.time_ns(), "bytes": int(value[0]), "rss_bytes": rss_bytes()})
+        if method in ("nbytes", "report"):  # report: (bytes, stage records) between dataflow tokens
+            n = value[0] if method == "nbytes" else value[0][0]
+            _W.memory.append({"time_ns": time.time_ns(), "bytes": int(n), "rss_bytes": rss_bytes()})
         return value
+
+
+# the controller's inbox of dataflow control: the last X of a step (or a worker's error)
+INBOX: queue.Queue[dataflow.Msg] = queue.Queue()
+
+
+# this process's own address (where its listeners are and its pushes leave from): netif.pin's
+OWN = {"address": "127.0.0.1"}
+
+
+def set_own_address(address: str) -> None:
+    OWN["address"] = address
+
+
+def _push(msg: dataflow.Msg) -> None:
+    """Send one dataflow message on its persistent connection (headsplit.pushnet). A push that fails
+    leaves its step without its last X: the controller pushes the step again after its timeout."""
+    net = _W.net
+    try:
+        if net is None:
+            raise RuntimeError("no dataflow connections: remote_push_connect first")
+        net.send(msg)
+    except (OSError, RuntimeError, KeyError) as exc:
+        _W.push_errors.append(f"{msg.src}>{msg.dst}: {type(exc).__name__}: {exc}")
+
+
+def remote_push_open() -> tuple[str, int]:
+    """Open this worker's dataflow listener on its own address; where it listens."""
+    with _W.lock:
+        if _W.net is None:
+            _W.net = pushnet.PushNet(trpc.get_worker_info().name, OWN["address"], remote_deliver)
+        return _W.net.address
+
+
+def push_listener() -> list[str]:
+    """The dataflow listener of this process as ``host:port`` (recorded beside torch RPC's listeners)."""
+    if _W.net is None:
+        return []
+    host, port = _W.net.address
+    return [f"{host}:{port}"]
+
+
+def close_push() -> None:
+    """Close this process's dataflow connections (after the RPC group is shut down)."""
+    if _W.net is not None:
+        _W.net.close()
+        _W.net = None
+
+
+def remote_push_connect(table: dict[str, tuple[str, int]]) -> None:
+    """Connect to every other process of the run (name -> dataflow listener), once, before the first
+    token."""
+    assert _W.net is not None, "remote_push_open first"
+    _W.net.connect({k: (str(h), int(p)) for k, (h, p) in table.items()})
+
+
+def remote_deliver(msg: dataflow.Msg) -> None:
+    """A pushed message arrives: the controller's last X into its inbox; a worker's into its scheduler,
+    whose outputs are pushed on at once. Test hook: ``HEADSPLIT_STALL_ONCE=heads`` drops the first X
+    this worker receives after stalling (the heads' input never arrives)."""
+    if msg.dst == CONTROLLER_NAME:
+        INBOX.put(msg)
+        return
+    if _W.stall_pending == "heads" and msg.kind == "x":
+        _W.stall_pending = None
+        stall_s = float(os.environ.get("HEADSPLIT_STALL_S", "3"))
+        _W.stalls.append({"time_ns": time.time_ns(), "call": "heads", "seconds": stall_s})
+        time.sleep(stall_s)
+        return
+    try:
+        with _W.lock:
+            if _W.state is None:
+                raise RuntimeError("worker not set up: call setup first")
+            out = _W.state.deliver(msg)
+    except Exception as exc:  # the controller's step fails with it instead of timing out
+        text = f"{msg.dst}: {type(exc).__name__}: {exc}"
+        out = [dataflow.Msg("error", msg.step, msg.attempt, msg.start, msg.layer, msg.dst,
+                            CONTROLLER_NAME, None, text=text)]  # fmt: skip
+    for m in out:
+        _push(m)
 
 
 def remote_ping() -> int:
@@ -317,6 +406,46 @@ class RpcTransport:
 
     def publish(self, key: str, t: torch.Tensor) -> None:
         engine.store_put(STORE, key, t)
+
+    def open_push(self, workers: list[str]) -> None:
+        """Dataflow control's connections (headsplit.pushnet): every worker opens its listener, then
+        every process connects to every other, before the first token."""
+        if _W.net is None:
+            _W.net = pushnet.PushNet(CONTROLLER_NAME, OWN["address"], remote_deliver)
+        table = {w: tuple(self._sync(w, remote_push_open)) for w in workers}
+        table[CONTROLLER_NAME] = _W.net.address
+        for w in workers:
+            self._sync(w, remote_push_connect, table)
+        _W.net.connect(table)
+
+    def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
+        """Push the step's start messages and wait for its last X. No last X within the timeout (a
+        stalled link, a lost push): the step is pushed again as a new attempt (the workers drop the
+        old attempt's messages; ``heads`` cuts its caches back, so re-running is safe), at most
+        ``max_retries`` times; a worker's error fails the step at once."""
+        attempt = 0
+        while True:
+            for m in msgs:
+                _push(dataclasses.replace(m, attempt=attempt))
+            want = (msgs[0].step, attempt)
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                try:
+                    got = INBOX.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    break
+                if got.key != want:
+                    continue  # an earlier attempt's
+                if got.kind == "error":
+                    raise RpcCallFailed(f"step {got.step}: {got.text}")
+                return got
+            attempt += 1
+            msg = f"no last X within {self.timeout_s:g} s"
+            self.retries.append(
+                {"time_ns": time.time_ns(), "worker": "", "call": "step", "attempt": attempt, "error": msg}
+            )
+            if attempt > self.max_retries:
+                raise RpcCallFailed(f"step {msgs[0].step}: failed {attempt} times, last error: {msg}")
 
     def fetch(self, owner: str, key: str) -> torch.Tensor:
         return self._sync(owner, remote_get, key)  # type: ignore[no-any-return, unused-ignore]

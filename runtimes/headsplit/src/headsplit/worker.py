@@ -123,6 +123,7 @@ def serve(args: argparse.Namespace) -> int:
     torch.set_num_threads(rc.threads)
     from headsplit import rpc
 
+    rpc.set_own_address(own)
     start_ns = time.time_ns()
     listening = rpc.init_listening_only_on(
         entry.name, entry.rank, 1 + len(rc.workers), rc.rendezvous, rc.port, rc.rpc_timeout_s,
@@ -131,6 +132,8 @@ def serve(args: argparse.Namespace) -> int:
     if listening is None:
         return 2
     rpc.shutdown()
+    listening += rpc.push_listener()
+    rpc.close_push()
     out = Path(rc.result).parent / f"worker{entry.rank}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {

@@ -297,6 +297,7 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
             for rank, device in enumerate(workers, start=1)
         ],
         "strategy": str(block.get("strategy", "greedy")),
+        "control": str(block.get("control", "dataflow")),
         "speculation": bool(block.get("speculation", False)),
         "tau": float(block.get("tau", 0.05)),
         "speculation_profile": profile_on_node(ctx, host, str(profile)) if isinstance(profile, str) else None,

@@ -401,6 +401,10 @@ def parse(run: LoadedRun) -> Results:
         SummaryValue("bytes_per_token", statistics.fmean(bytes_per_token) if tokens else None, "B", "float",
                      "mean bytes moved per token"),
     ]  # fmt: skip
+    control = doc.get("control")
+    if isinstance(control, str):  # absent from a results file of before dataflow control: rpc's
+        values.append(SummaryValue("control", control, "", "str",
+                                   "how tokens were driven: dataflow (pushed) or rpc (controller calls)"))  # fmt: skip
     placement = doc.get("placement")
     if isinstance(placement, Mapping) and isinstance(placement.get("planning_ns"), int):
         values.append(

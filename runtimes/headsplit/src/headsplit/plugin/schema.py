@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dit.runtimes.helpers import EDGE
-from headsplit.config import PRESETS
+from headsplit.config import CONTROLS, PRESETS
 from headsplit.plugin.common import (
     ABSOLUTE_PATH,
     ABSOLUTE_PATH_TEXT,
@@ -95,6 +95,15 @@ def block_schema() -> dict[str, Any]:
                 "balancing memory, costed with the measured RTT + 15 %.",
                 "enum": list(STRATEGIES),
                 "default": "greedy",
+            },
+            "control": {
+                "title": "Control",
+                "description": "How a token is driven. `dataflow`: the controller sends one message that "
+                "starts the token and receives its last X; every worker pushes what it produces to its "
+                "consumers as soon as it exists (the speculation test decided where the FFN runs). "
+                "`rpc`: the controller calls every stage of every layer and waits (kept for comparison).",
+                "enum": list(CONTROLS),
+                "default": "dataflow",
             },
             "placement_profile": {
                 "title": "Placement profile",
