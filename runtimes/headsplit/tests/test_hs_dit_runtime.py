@@ -263,7 +263,7 @@ def test_local_mode_reads_files_where_they_are_and_the_block_may_name_the_interp
     assert config["checkpoint"]["path"] == "/models/gpt2.safetensors"
     # one machine: the controller reads how a lost worker ended, in that worker's node root
     assert [w["exit_note"] for w in config["workers"]] == [
-        f"/var/tmp/dit/r1/results/worker{r}.exit.json" for r in (1, 2, 3)
+        f"/var/lib/dit/r1/results/worker{r}.exit.json" for r in (1, 2, 3)
     ]
 
 
