@@ -18,6 +18,7 @@ not a network's.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import socket
 import statistics
@@ -28,8 +29,18 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed.rpc as trpc
+from dit.extras import require_extras
+
+require_extras("bench_headsplit_dataflow.py", "llm")  # before torch's import: one line, not a traceback
+
+import torch  # noqa: E402 (after the extras' check)
+import torch.distributed.rpc as trpc  # noqa: E402
+
+SOURCE = Path(__file__).resolve().parents[1] / "runtimes" / "headsplit" / "src"
+if importlib.util.find_spec("headsplit") is None:  # a checkout whose venv lacks the runtime
+    sys.path.insert(0, str(SOURCE))
+
+from headsplit.pushnet import recv_exact  # noqa: E402 (after the source-tree fallback)
 
 _DONE = threading.Event()
 _PEER = {"name": ""}
@@ -101,21 +112,11 @@ def bench_rpc(port: int, sizes: list[int], hops: int, reps: int) -> dict[int, tu
     return out
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
-
-
 def recv_frame(s: socket.socket) -> tuple[str, int, torch.Tensor]:
     """A frame: kind (1 byte), hops to go, payload length, then the raw float32 row (not pickled: a
     pickled tensor goes through torch.save, ~0.3 ms a message here)."""
-    kind, k, n = FRAME.unpack(_recv_exact(s, FRAME.size))
-    t = torch.frombuffer(bytearray(_recv_exact(s, n)), dtype=torch.float32).view(1, -1)
+    kind, k, n = FRAME.unpack(recv_exact(s, FRAME.size))
+    t = torch.frombuffer(bytearray(recv_exact(s, n)), dtype=torch.float32).view(1, -1)
     return ("hop" if kind == b"h" else "echo"), k, t
 
 

@@ -101,6 +101,16 @@ def write_scenario(directory: Path, **overrides: object) -> Path:
 
 
 @pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process of no run's (``sleep 120``): the pid a stale or forged driver.json names."""
+    proc = subprocess.Popen(["sleep", "120"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
 def scenario_dir(tmp_path: Path) -> Path:
     d = tmp_path / "scenarios"
     d.mkdir()

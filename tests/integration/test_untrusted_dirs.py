@@ -10,7 +10,6 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,16 +75,6 @@ def victim(tmp_path: Path) -> Path:
     path = tmp_path / "victim"
     path.write_text("root's\n", encoding="utf-8")
     return path
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """A live root process whose pid, start time and command line a forged driver.json copies."""
-    proc = subprocess.Popen(["sleep", "120"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
 
 
 def forged_run(run: Path, pid: int) -> Path:

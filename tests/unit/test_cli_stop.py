@@ -21,16 +21,6 @@ from dit.run.rundir import DRIVER, STATUS, STOP, RunDir, write_json
 
 
 @pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    """An unrelated live process whose pid ends up in driver.json."""
-    proc = subprocess.Popen(["sleep", "120"])
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-@pytest.fixture
 def driver_of() -> Iterator[Callable[[Path], subprocess.Popen[bytes]]]:
     """A stand-in driver: a live process that holds a run directory open, as `dit run` holds its own."""
     started: list[subprocess.Popen[bytes]] = []

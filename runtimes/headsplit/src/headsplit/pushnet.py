@@ -53,7 +53,7 @@ def decode(raw: bytes, payload: bytes) -> Msg:
     return Msg(t=t, verdicts=verdicts, **{k: head[k] for k in _FIELDS})
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
+def recv_exact(s: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
         chunk = s.recv(n - len(buf))
@@ -64,8 +64,8 @@ def _recv_exact(s: socket.socket, n: int) -> bytes:
 
 
 def _recv(s: socket.socket) -> tuple[bytes, bytes]:
-    n_head, n_payload = FRAME.unpack(_recv_exact(s, FRAME.size))
-    return _recv_exact(s, n_head), _recv_exact(s, n_payload)
+    n_head, n_payload = FRAME.unpack(recv_exact(s, FRAME.size))
+    return recv_exact(s, n_head), recv_exact(s, n_payload)
 
 
 class PushNet:
