@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from dit.extras import require_extras
+
 SOURCE = Path(__file__).resolve().parents[1] / "runtimes" / "headsplit" / "src"
 if importlib.util.find_spec("headsplit") is None:  # a checkout whose venv lacks the runtime
     sys.path.insert(0, str(SOURCE))
@@ -118,8 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rpc", action="store_true", help="run controller and workers for real (seeded, 1 token)"
     )
+    ap.add_argument(
+        "--smoke", action="store_true", help="gpt2-tiny on 2 workers: the same code path in seconds (CI)"
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    require_extras("bench_headsplit_setup_memory.py", "llm")
+    if a.smoke:
+        a.model, a.workers = "gpt2-tiny", 2
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         return 0

@@ -40,6 +40,7 @@ NEEDS: dict[str, Needs] = {
     "bench_cpu_share_grain.py": Needs(root=True, cgroup_v1_cpu=True),
     "bench_headsplit_dataflow.py": Needs(modules=("torch",)),
     "bench_headsplit_rpc.py": Needs(modules=("torch",)),
+    "bench_headsplit_setup_memory.py": Needs(modules=("torch",)),
     "bench_link_emulation.py": Needs(root=True, programs=("iptables", "iperf3", "ping")),
     "bench_keras_timestamp_cost.py": Needs(modules=("tensorflow",)),
     "bench_profiler_overhead.py": Needs(modules=("tensorflow",)),

@@ -30,6 +30,7 @@ RUN_WITHOUT_EXTRAS = (
         ("bench_headsplit_rpc.py", "llm"),
         ("bench_runtimes_compare.py", "llm"),
         ("bench_headsplit_dataflow.py", "llm"),
+        ("bench_headsplit_setup_memory.py", "llm"),
     ],
 )
 def test_benchmark_without_its_extra_says_so_in_one_line(bench: str, extra: str) -> None:

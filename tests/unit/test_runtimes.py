@@ -612,7 +612,7 @@ def test_a_scenario_without_a_model_reaches_every_reader_as_no_model(echo: Any, 
     model = profile.scenario_model(scenario, True, True, warnings.append)
     assert model is None and warnings == []
     assert profile.model_spec(model) == {} and profile.model_record(model) is None
-    assert profile.edge_config(scenario, "r1", profile.model_spec(model), None, key_file="k")["model"] == {}
+    assert profile.edge_config(scenario, "r1", profile.model_spec(model), None, "/r1")["model"] == {}
     metadata = run_metadata(
         "r1", scenario, local=True, inventory="local", model=profile.model_record(model),
         runtime={}, conditions={}, processes={}, nodes={},
