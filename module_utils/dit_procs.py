@@ -19,7 +19,13 @@ import stat
 import time
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ansible.module_utils.dit_trusted import UntrustedPath, others_can_write, owner_name, trusted_dir
+from ansible.module_utils.dit_trusted import (
+    UntrustedPath,
+    open_private_append,
+    others_can_write,
+    owner_name,
+    trusted_dir,
+)
 
 if TYPE_CHECKING:  # annotations only: the lazy import below keeps a module's start-up small
     import subprocess
@@ -255,9 +261,7 @@ def _spawn(
 
 def _private_log(path: str) -> BinaryIO:
     """``path`` opened for appending, created 0600 (an existing file is narrowed to 0600 too)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    os.fchmod(fd, 0o600)
-    return os.fdopen(fd, "ab")
+    return os.fdopen(open_private_append(path), "ab")
 
 
 def status_path(logs_dir: str, tag: str) -> str:

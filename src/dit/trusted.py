@@ -193,6 +193,20 @@ def trusted_dir(
         os.close(fd)
 
 
+def open_private_append(path: str | os.PathLike[str]) -> int:
+    """A descriptor appending to the log ``path``, created 0600 (an existing one narrowed to 0600), never
+    through a link at its name: a log names what others must not learn (the edge service's port)."""
+    fd = os.open(
+        path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600
+    )
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def write_at(dir_fd: int, name: str, data: bytes, *, mode: int = 0o644) -> None:
     """Replace file ``name`` in the directory ``dir_fd`` with ``data``, atomically, following no link.
 

@@ -25,6 +25,7 @@ from rich.table import Table
 
 from dit.device.printable import printable, printable_lines
 from dit.run.ansible_exec import HostEvent
+from dit.trusted import open_private_append
 
 STAGES = ("preflight", "apply", "profile", "collect", "aggregate", "optimise", "teardown")
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "skipped": "dim"}
@@ -39,8 +40,7 @@ class Reporter:
         self._log: TextIO | None = None
         try:
             # 0600: it names the edge service's port (issue 46); only root reads a run's log
-            fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            self._log = os.fdopen(fd, "a", encoding="utf-8")
+            self._log = os.fdopen(open_private_append(log_path), "a", encoding="utf-8")
         except OSError as exc:
             self._log_failed(exc)
         self.stage_state: dict[str, str] = dict.fromkeys(STAGES, "pending")
