@@ -62,7 +62,7 @@ def _shared_sticky(st: os.stat_result) -> bool:
 
 
 def _refusal(what: str, path: str, shown: str, st: os.stat_result, why: str, fix: str) -> UntrustedPath:
-    here = "" if shown == path else f": {shown} above it"
+    here = "" if shown == os.path.abspath(path) else f": {shown} above it"
     return UntrustedPath(
         f"{what} {path}{here} is owned by {owner_name(st.st_uid)} with mode "
         f"{stat.S_IMODE(st.st_mode):04o}: {why}. {fix}"

@@ -101,3 +101,14 @@ def test_write_at_never_writes_through_a_planted_symlink(root_dir: Path) -> None
         write_at(fd, "status.json", b"{}", mode=0o600)
     assert ((root_dir / "status.json").stat().st_mode & 0o777) == 0o600
     assert sorted(os.listdir(root_dir)) == ["note.md", "status.json", "victim"]
+
+
+def test_a_relative_path_is_named_as_itself_not_as_a_directory_above_it(
+    root_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (root_dir / "runs").mkdir()
+    os.chown(root_dir / "runs", NOBODY, NOBODY)
+    monkeypatch.chdir(root_dir)
+    with pytest.raises(UntrustedPath) as refused:
+        check_trusted_dir("runs", what="--runs-dir")
+    assert str(refused.value).startswith("--runs-dir runs is owned by nobody"), refused.value
