@@ -50,6 +50,11 @@ FIGURES: Final[dict[str, Figure]] = {
     ),
     "ch6.speedup_full": Figure("the full system 1.54 to 1.67x over layer-wise", HEADSPLIT, 1.54, 1.67),
     "ch6.rtt": Figure("≥ 1.35x up to 15 ms added RTT; layer-wise better past ~25 ms", HEADSPLIT, 1.35, None),
+    "ch6.shares_layerwise": Figure(
+        "layer-wise: attention about 55 %, the FFN 35 % of per-layer time", HEADSPLIT
+    ),
+    "ch6.shares_heads": Figure("heads distributed: attention 24 %, the FFN 48 %", HEADSPLIT),
+    "ch6.overtake": Figure("layer-wise better past ~25 ms added RTT", HEADSPLIT),
     "ch6.acceptance": Figure("acceptance 84 % at τ = 0.05 (TinyLlama)", HEADSPLIT, 74.0, 94.0),
     # Memory: the article's only figures on re-placement (no bytes moved, no speed before and after)
     "ch6.replacement": Figure(

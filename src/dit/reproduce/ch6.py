@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
@@ -21,8 +21,12 @@ from dit.paths import content_root
 from dit.report import labels
 from dit.report.section import Section
 from dit.reproduce.article import ARTICLE_256_TOKENS_S, ARTICLE_TAU, FIGURES
+from dit.reproduce.ch6_tokens import why
 from dit.reproduce.context import verdict_table
 from dit.units import MISSING
+
+if TYPE_CHECKING:
+    from headsplit.breakdown import Token
 
 PLACEMENTS: Final = ("layerwise", "roundrobin", "greedy")
 ADDED_RTT_MS: Final = (0, 5, 15, 25, 50)
@@ -135,14 +139,21 @@ def sections(not_measured: str, doc: Mapping[str, Any] | None = None) -> list[Se
 
 
 def measured_section(
-    run_dirs: list[Path], cores: int | None, doc: Mapping[str, Any] | None = None
+    run_dirs: list[Path],
+    cores: int | None,
+    doc: Mapping[str, Any] | None = None,
+    found: Mapping[Path, Token] | None = None,
 ) -> Section:
-    """HeadSplit's runs here: tokens/s and speedup over layer-wise per strategy and added RTT, beside the
-    simulator's speedup for the article's rack at the same added RTT and the article's range. ``cores``:
-    the cores every worker shares (None on real boards, each with its own)."""
+    """HeadSplit's runs here: tokens/s and speedup over layer-wise per strategy, control and added RTT,
+    beside the simulator's speedup for the article's rack at the same added RTT and the article's range;
+    a strategy that misses it says which part of its token is why (``found``: the runs' median decode
+    tokens, ch6_tokens). ``cores``: the cores every worker shares without a quota each (local mode; None
+    on boards or a rack whose quotas fit)."""
     from headsplit.compare import CompareError, compare, load_variant
 
     doc = rack_document() if doc is None else doc
+    found = found or {}
+    baselines = {(t.control, t.one_way_ms): t for t in found.values() if t.name == "layerwise"}
     section = Section("Strategies measured here", "measured")
     variants = []
     problems: list[str] = []
@@ -189,7 +200,13 @@ def measured_section(
                 if cores is not None and cores < workers
                 else ""
             )
-        rows.append([f"{name}, +{added:g} ms ({v.network})", measured, sim, article, verdict])
+            mine = found.get(v.path)
+            base = None if mine is None else baselines.get((mine.control, mine.one_way_ms))
+            if mine is not None and base is not None:
+                verdict += "; " + why(base, mine)
+        rows.append(
+            [f"{name}, +{added:g} ms ({v.network}), control {v.control}", measured, sim, article, verdict]
+        )
     verdict_table(section, rows)
     section.note = (
         "HeadSplit's runs of the chapter's sweep (python -m headsplit.compare gives the same table). "

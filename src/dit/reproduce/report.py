@@ -12,7 +12,7 @@ from rich.console import Console
 
 from dit.report.build import render
 from dit.report.section import Section
-from dit.reproduce import ch4, ch5, ch6
+from dit.reproduce import ch4, ch5, ch6, ch6_tokens
 from dit.reproduce.chapters import Plan, plan
 from dit.reproduce.context import Context, where_text
 from dit.reproduce.execute import Runner, VariantOutcome, drive, run_variants
@@ -132,8 +132,11 @@ def reproduce(
         llamacpp = [d for d in finished if d.parent.name == "ch6_llamacpp"]
         if outcomes:
             shared = ctx.cores if ctx.shared_machine else None
+            found, unread = ch6_tokens.tokens(strategies)
             sections[:0] = [
-                ch6.measured_section(strategies, shared),
+                ch6.measured_section(strategies, shared, found=found),
+                ch6_tokens.breakdown_section(found, where_text(ctx), unread),
+                ch6_tokens.delay_section(found, where_text(ctx)),
                 ch6.llamacpp_section(llamacpp, next((w for w in chosen.not_run if "llama.cpp" in w), None)),
                 ch6.tolerance_section(tolerance),
                 ch6.memory_section(memory),
