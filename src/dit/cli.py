@@ -988,14 +988,18 @@ def _reproduce_where(where: str, chapter: str) -> tuple[str | None, str, bool]:
             raise _fail(
                 f"--where rack: no emulated rack is up ({exc}); start one with `dit rack up`", 2
             ) from None
-        if chapter == "ch6":
-            try:
-                refusal = RackSpec.recorded(state.get("spec", {})).quota_refusal()
-            except RackError as exc:
-                raise _fail(f"--where rack: {state_dir}/{exc}", 2) from None
-            if refusal is not None:
-                raise _fail(f"--where rack: {refusal}", 2)
-        return str(state["inventory"]), f"the emulated rack ({state['inventory']})", True
+        try:
+            spec = RackSpec.recorded(state.get("spec", {}))
+        except RackError as exc:
+            raise _fail(f"--where rack: {state_dir}/{exc}", 2) from None
+        if chapter == "ch6" and (refusal := spec.quota_refusal()) is not None:
+            raise _fail(f"--where rack: {refusal}", 2)
+        label = (
+            f"the emulated rack ({state['inventory']}: {spec.devices} devices x {spec.cpu_share_pct} % of "
+            f"CPU {spec.cpus}, {spec.memory_mb} MiB each)"
+        )
+        # Chapter 6 runs only on a rack whose quotas fit: each device's capacity is its own there
+        return str(state["inventory"]), label, chapter != "ch6"
     if not Path(where).exists():
         raise _fail(f"--where: {where!r} is not local, rack or an existing inventory path", 2)
     return where, f"the hosts of {where}", False

@@ -216,18 +216,41 @@ def test_the_load_said_is_the_runs_own_even_when_they_are_reused(tmp_path: Path)
     assert [v["load"] for v in record["variants"]] == [[3.0, 4.0], [5.0, 6.0]]  # kept for the next invocation
 
 
-def _headsplit_run(root: Path, strategy: str, speculation: bool, tokens_per_s: float | None) -> Path:
-    """A finished HeadSplit run as headsplit.compare reads it (metadata.json, aggregate/summary.json)."""
+def _headsplit_run(
+    root: Path,
+    strategy: str,
+    speculation: bool,
+    tokens_per_s: float | None,
+    parts_ms: dict[str, float] | None = None,
+    delay_ms: float = 0.0,
+    control: str | None = None,
+) -> Path:
+    """A finished HeadSplit run as headsplit.compare reads it (metadata.json, aggregate/summary.json);
+    ``parts_ms``: its decode tokens' attention_ns, ffn_ns, ... in ms (aggregate/hs_tokens.csv, a prefill
+    token 0 ten times as long that the readers must leave out)."""
     block = {"name": "headsplit", "strategy": strategy, "speculation": speculation, "model": "tinyllama-half"}
-    run = root / f"{strategy}-{speculation}"
+    if control is not None:
+        block["control"] = control
+    run = root / f"{strategy}-{speculation}-{control}-{delay_ms:g}"
     (run / "aggregate").mkdir(parents=True)
+    point: list[list[object]] = [["runtime", block]]
+    if delay_ms:
+        point.append(["network", {d: {"delay_ms": delay_ms} for d in ("device1", "device2")}])
     meta = {
-        "scenario": {"label": run.name, "sweep_point": [["runtime", block]]},
+        "scenario": {"label": run.name, "sweep_point": point},
         "runtime": {"name": "headsplit", "block": block},
     }
     (run / "metadata.json").write_text(json.dumps(meta))
     values = [] if tokens_per_s is None else [{"name": "tokens_per_s", "value": tokens_per_s}]
     (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
+    if parts_ms is not None:
+        fields = ["attention_ns", "projection_ns", "ffn_ns", "comm_ns", "controller_ns"]
+        total = sum(parts_ms.get(f, 0.0) for f in fields)
+        lines = ["token,total_ns," + ",".join(fields)]
+        for index, scale in ((0, 10), (1, 1), (2, 1), (3, 1)):
+            cells = [int(scale * 1e6 * parts_ms.get(f, 0.0)) for f in fields]
+            lines.append(f"{index},{int(scale * 1e6 * total)}," + ",".join(map(str, cells)))
+        (run / "aggregate" / "hs_tokens.csv").write_text("\n".join(lines) + "\n")
     return run
 
 
@@ -243,19 +266,72 @@ def test_ch6_measured_rows_hold_each_strategy_to_the_article(tmp_path: Path) -> 
     section = ch6.measured_section(runs, cores=2, doc=doc)
     rows = {r[0]: r for r in section.tables[0]["rows"]}
     assert set(rows) == {
-        "layerwise, +0 ms (none)",
-        "greedy, +0 ms (none)",
-        "roundrobin, +0 ms (none)",
-        "greedy + speculation, +0 ms (none)",
+        "layerwise, +0 ms (none), control rpc",
+        "greedy, +0 ms (none), control rpc",
+        "roundrobin, +0 ms (none), control rpc",
+        "greedy + speculation, +0 ms (none), control rpc",
     }
-    assert rows["greedy, +0 ms (none)"][1] == "2.56 tokens/s, 1.28x over layer-wise"
-    assert rows["greedy, +0 ms (none)"][4] == "reproduces"
-    assert rows["roundrobin, +0 ms (none)"][4] == (
+    assert rows["greedy, +0 ms (none), control rpc"][1] == "2.56 tokens/s, 1.28x over layer-wise"
+    assert rows["greedy, +0 ms (none), control rpc"][4] == "reproduces"
+    assert rows["roundrobin, +0 ms (none), control rpc"][4] == (
         "does not reproduce: 0.75x; 4 workers share 2 cores here, so their heads cannot run in parallel"
     )
-    assert rows["roundrobin, +0 ms (none)"][2].endswith("x over layer-wise")  # the simulated rack
-    assert rows["greedy + speculation, +0 ms (none)"][4] == "cannot say: no speedup measured"
-    assert rows["layerwise, +0 ms (none)"][4] == "the baseline"
+    assert rows["roundrobin, +0 ms (none), control rpc"][2].endswith(
+        "x over layer-wise"
+    )  # the simulated rack
+    assert rows["greedy + speculation, +0 ms (none), control rpc"][4] == "cannot say: no speedup measured"
+    assert rows["layerwise, +0 ms (none), control rpc"][4] == "the baseline"
+
+
+def test_ch6_a_missed_strategy_says_which_part_of_its_token_is_why(tmp_path: Path) -> None:
+    """Issue 47: where greedy misses the article's speedup, the row breaks the token down beside
+    layer-wise's and names what grew, and the bound the attention's share sets over 4 workers."""
+    pytest.importorskip("headsplit.breakdown")
+    from dit.reproduce import ch6_tokens
+
+    lw = {"attention_ns": 50.0, "projection_ns": 2.0, "ffn_ns": 40.0, "comm_ns": 3.0, "controller_ns": 5.0}
+    gr = {"attention_ns": 15.0, "projection_ns": 2.0, "ffn_ns": 40.0, "comm_ns": 33.0, "controller_ns": 5.0}
+    runs = [
+        _headsplit_run(tmp_path, "layerwise", False, 10.0, lw, control="dataflow"),
+        _headsplit_run(tmp_path, "greedy", False, 10.5, gr, control="dataflow"),  # 1.05x: misses 1.24
+    ]
+    found, problems = ch6_tokens.tokens(runs)
+    assert problems == [] and [t.total_ms for t in found.values()] == [100.0, 95.0]  # the prefill left out
+    section = ch6.measured_section(runs, cores=None, doc={**ch6.rack_document(), "tokens": 4}, found=found)
+    verdict = {r[0]: r[4] for r in section.tables[0]["rows"]}["greedy, +0 ms (none), control dataflow"]
+    assert verdict.startswith(
+        "does not reproduce: 1.05x; per token (layer-wise → greedy): attention 50.0 → 15.0 ms"
+    )
+    assert "it saved 35.0 ms and spent 30.0 ms more, most of it on communication (+30.0 ms)" in verdict
+    # attention + projection 52 % of the token: 1 / (0.48 + 0.52 / 4) = 1.64x at most
+    assert verdict.endswith("so spreading them over 4 workers can give at most 1.64x")
+    shares = ch6_tokens.breakdown_section(found, "the emulated rack").tables[0]["rows"]
+    assert shares[0][0] == "greedy, +0 ms, control dataflow" and shares[0][2] == "15.0 ms (16 %)"
+    assert shares[0][-1] == FIGURES["ch6.shares_heads"].text
+    assert shares[1][-1] == FIGURES["ch6.shares_layerwise"].text
+
+
+def test_ch6_delay_rows_give_the_slope_per_ms_and_where_layer_wise_overtakes(tmp_path: Path) -> None:
+    """Two delay columns per strategy: the slope is ms of token per ms of one-way delay, and layer-wise
+    overtakes where the lines cross (greedy 60 ms + 12/ms against layer-wise 100 ms + 4/ms: at 5 ms
+    one-way, +10 ms RTT)."""
+    pytest.importorskip("headsplit.breakdown")
+    from dit.reproduce import ch6_tokens
+
+    def parts(total: float) -> dict[str, float]:
+        return {"attention_ns": total / 2, "ffn_ns": total / 2}
+
+    runs = [
+        _headsplit_run(tmp_path, "layerwise", False, 10.0, parts(100.0), 0.0, "dataflow"),
+        _headsplit_run(tmp_path, "layerwise", False, 8.0, parts(130.0), 7.5, "dataflow"),
+        _headsplit_run(tmp_path, "greedy", False, 16.0, parts(60.0), 0.0, "dataflow"),
+        _headsplit_run(tmp_path, "greedy", False, 6.0, parts(150.0), 7.5, "dataflow"),
+    ]
+    found, _ = ch6_tokens.tokens(runs)
+    rows = {r[0]: r for r in ch6_tokens.delay_section(found, "here").tables[0]["rows"]}
+    assert rows["layerwise, control dataflow"][1:5] == ["100.0 ms", "130.0 ms", "4.00", "the baseline"]
+    assert rows["greedy, control dataflow"][1:5] == ["60.0 ms", "150.0 ms", "12.00", "+10.0 ms"]
+    assert rows["greedy, control dataflow"][5] == FIGURES["ch6.overtake"].text
 
 
 def test_ch6_measured_rows_carry_energy_per_token_and_edp_labelled_when_modelled(tmp_path: Path) -> None:
@@ -269,8 +345,8 @@ def test_ch6_measured_rows_carry_energy_per_token_and_edp_labelled_when_modelled
         (run / "aggregate" / "power_summary.csv").write_text(f"node,sensor\ndevice1,{sensor}\n")
     section = ch6.measured_section(runs, cores=2, doc={**ch6.rack_document(), "tokens": 4})
     rows = {r[0]: r[1] for r in section.tables[0]["rows"]}
-    assert rows["layerwise, +0 ms (none)"] == "2.00 tokens/s, 250 mJ per token, EDP 12.5 J·s"
-    assert rows["greedy, +0 ms (none)"].endswith(
+    assert rows["layerwise, +0 ms (none), control rpc"] == "2.00 tokens/s, 250 mJ per token, EDP 12.5 J·s"
+    assert rows["greedy, +0 ms (none), control rpc"].endswith(
         "250 mJ per token, EDP 12.5 J·s (fake sensor: modelled, not measured)"
     )
 
@@ -541,3 +617,22 @@ def test_ch6_llama_cpp_row_says_why_bytes_are_missing(
     (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
     (row,) = ch6.llamacpp_section([run], None).tables[0]["rows"]
     assert row[1] == f"14.30 tokens/s, {said}"
+
+
+@pytest.mark.parametrize("size", ["quick", "full"])
+def test_ch6_runs_tinyllama_s_own_geometry_in_both_sizes_within_two_gb_a_worker(size: str) -> None:
+    """Chapter 6's strategies run TinyLlama's real geometry (issue 47), not the 16-wide-head reduced model,
+    and every variant validates against 2 GB a worker (dit validate states each worker's need)."""
+    pytest.importorskip("headsplit")
+    quick = plan("ch6", size, local=False)  # type: ignore[arg-type]
+    strategies = [v for v in quick.variants if v.name == "ch6_headsplit"]
+    blocks = [thaw(v.data["runtime"]) for v in strategies]
+    assert blocks and {b["model"] for b in blocks} == {"tinyllama"}
+    assert {b["tokens"] for b in blocks} == {16 if size == "quick" else 256}
+    limits = {
+        d: thaw(v.data["hardware"])[d]["memory_limit_mb"] for v in strategies for d in v.data["devices"]
+    }
+    assert set(limits.values()) == {2048}
+    # quick: every strategy at two RTT columns; full: the article's five
+    assert len(strategies) == 4 * (2 if size == "quick" else 5)
+    assert any("TinyLlama's geometry with seeded weights" in r for r in quick.reductions)
