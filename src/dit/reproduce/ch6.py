@@ -1,7 +1,8 @@
 """Chapter 6's simulated projection for the article's rack, beside the HeadSplit article's figures.
 
-The rack is ``scenarios/sim/rack4_pi4.yaml`` (four Raspberry Pi 4 over one access point, 8 to 12 ms RTT;
-its per-device speed is an assumption written in the file). The simulator runs HeadSplit's own
+The rack is ``scenarios/sim/rack4_pi4.yaml``: four Raspberry Pi 4 boards whose rates, per-message latency
+and per-call cost were fitted to the article's own 256-token figures (``dit simulate --fit-article``,
+dit.sim.fit; what the fit could not give is said in the file). The simulator runs HeadSplit's own
 placement code; the added RTT is added to every device's round trip.
 """
 
@@ -61,8 +62,8 @@ def _within(value: float, key: str, simulated: bool = True) -> str:
     if holds:
         return f"reproduces: {value:.2f}x lies in the article's range"
     return (
-        f"does not reproduce: {what} gives {value:.2f}x under the board speed and per-call cost "
-        f"{RACK_FILE} assumes (not measured on a Pi 4)"
+        f"does not reproduce: {what} gives {value:.2f}x with the board rates, latency and per-call cost "
+        f"{RACK_FILE} fitted to the article's three 256-token times (no one set gives all three)"
     )
 
 
@@ -91,7 +92,7 @@ def sections(not_measured: str, doc: Mapping[str, Any] | None = None) -> list[Se
                 + (
                     ""
                     if abs(sim - article) <= 0.2 * article
-                    else f" ({sim / article:.2f}x its time) under the board speed {RACK_FILE} assumes"
+                    else f" ({sim / article:.2f}x its time) with the parameters {RACK_FILE} fitted"
                 ),
             ]
         )
@@ -130,7 +131,7 @@ def sections(not_measured: str, doc: Mapping[str, Any] | None = None) -> list[Se
             else (
                 "reproduces"
                 if good
-                else f"does not reproduce under the board speed and per-call cost {RACK_FILE} assumes"
+                else f"does not reproduce with the parameters {RACK_FILE} fitted to the 256-token times"
             )
         )
         rtt_rows.append([f"+{added} ms", "not measured", f"{speedup:.2f}x", expected, verdict])

@@ -185,12 +185,12 @@ def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ..
     doc["hardware"] = {d: {"memory_limit_mb": CH6_WORKER_MEMORY_MB} for d in doc["devices"]}
     doc["sweep"] = [runtime_axis, network_axis]
     reductions = [
-        f"TinyLlama's geometry with seeded weights ({tokens} tokens; the article's trained TinyLlama is not "
-        "carried by the mirror): the timing is the model's, the tokens are not"
+        "TinyLlama's geometry with seeded weights (the article's trained TinyLlama is not carried by the "
+        "mirror): the timing is the model's, the tokens are not"
     ]
     if size == "full":
         return doc, tuple(reductions)
-    reductions[0] += f", {tokens} tokens instead of the article's 256"
+    reductions[0] += f"; {tokens} tokens instead of the article's 256"
     if local:
         # In local mode every worker shares this machine's cores (no quota per device): the RTT
         # columns and the strategies' capacities belong on a rack whose quotas fit
