@@ -144,6 +144,7 @@ def measured_section(
     cores: int | None,
     doc: Mapping[str, Any] | None = None,
     found: Mapping[Path, Token] | None = None,
+    where: str = "",
 ) -> Section:
     """HeadSplit's runs here: tokens/s and speedup over layer-wise per strategy, control and added RTT,
     beside the simulator's speedup for the article's rack at the same added RTT and the article's range;
@@ -209,9 +210,12 @@ def measured_section(
             [f"{name}, +{added:g} ms ({v.network}), control {v.control}", measured, sim, article, verdict]
         )
     verdict_table(section, rows)
+    geometry = "; ".join(sorted({t.geometry for t in found.values()}))
     section.note = (
-        "HeadSplit's runs of the chapter's sweep (python -m headsplit.compare gives the same table). "
-        "Simulated: the same strategy on the article's rack at the same added RTT, without speculation."
+        (f"Measured on {where}" + (f"; {geometry}" if geometry else "") + ". " if where else "")
+        + "HeadSplit's runs of the chapter's sweep (python -m headsplit.compare gives the same table). "
+        "Simulated: the same strategy on the article's rack at the same added RTT, without speculation "
+        f"({RACK_FILE}, fitted to the article's 256-token times)."
         + (" Not compared: " + "; ".join(problems) if problems else "")
     )
     return section

@@ -134,7 +134,7 @@ def reproduce(
             shared = ctx.cores if ctx.shared_machine else None
             found, unread = ch6_tokens.tokens(strategies)
             sections[:0] = [
-                ch6.measured_section(strategies, shared, found=found),
+                ch6.measured_section(strategies, shared, found=found, where=where_text(ctx)),
                 ch6_tokens.breakdown_section(found, where_text(ctx), unread),
                 ch6_tokens.delay_section(found, where_text(ctx)),
                 ch6.llamacpp_section(llamacpp, next((w for w in chosen.not_run if "llama.cpp" in w), None)),
