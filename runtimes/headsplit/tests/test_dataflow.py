@@ -251,3 +251,13 @@ def test_plan_follows_a_migration() -> None:
     ref_ids, _ = model.generate(cfg, w, PROMPT, 3)
     assert res.generated[-3:] == ref_ids
     assert all(u.kind != "head" or wk == "worker3" for u, wk in eng.placement.items() if u in all_units(cfg))
+
+
+def test_a_step_waits_its_timeout_per_position_before_it_is_taken_for_stalled() -> None:
+    """The prompt's prefill computes a decode token per position: a fixed 30 s retried TinyLlama's
+    round-robin prefill on 25 % boards at +15 ms until it failed (issue 47)."""
+    prefill = [dataflow.Msg("x", 0, 0, 0, 0, "controller", w, torch.zeros(46, 8)) for w in ("w1", "w2")]
+    decode = [dataflow.Msg("x", 1, 0, 46, 0, "controller", "w1", torch.zeros(1, 8))]
+    assert dataflow.step_timeout_s(30.0, prefill) == 30.0 * 46
+    assert dataflow.step_timeout_s(30.0, decode) == 30.0
+    assert dataflow.step_timeout_s(30.0, []) == 30.0

@@ -123,6 +123,16 @@ class Msg:
         return 0 if self.t is None else int(self.t.numel() * self.t.element_size())
 
 
+def step_timeout_s(timeout_s: float, msgs: list[Msg]) -> float:
+    """How long the controller waits for a step's last X before taking it for stalled: ``timeout_s``
+    per position the step computes (the start messages' rows), so the prompt's prefill of N positions,
+    about N decode tokens of work, gets N times a token's wait. A fixed wait retried TinyLlama's
+    round-robin prefill on 25 % boards at +15 ms, which takes longer than 30 s, until it failed (each
+    retry restarts the whole prefill)."""
+    rows = max((m.t.shape[0] for m in msgs if m.t is not None and m.t.dim() >= 2), default=1)
+    return timeout_s * max(1, int(rows))
+
+
 @dataclass
 class _Arrived:
     msg: Msg

@@ -419,16 +419,18 @@ class RpcTransport:
         _W.net.connect(table)
 
     def run_step(self, msgs: list[dataflow.Msg]) -> dataflow.Msg:
-        """Push the step's start messages and wait for its last X. No last X within the timeout (a
-        stalled link, a lost push): the step is pushed again as a new attempt (the workers drop the
-        old attempt's messages; ``heads`` cuts its caches back, so re-running is safe), at most
-        ``max_retries`` times; a worker's error fails the step at once."""
+        """Push the step's start messages and wait for its last X. No last X within the timeout (per
+        position the step computes: dataflow.step_timeout_s; a stalled link, a lost push): the step
+        is pushed again as a new attempt (the workers drop the old attempt's messages; ``heads`` cuts
+        its caches back, so re-running is safe), at most ``max_retries`` times; a worker's error
+        fails the step at once."""
         attempt = 0
         while True:
             for m in msgs:
                 _push(dataclasses.replace(m, attempt=attempt))
             want = (msgs[0].step, attempt)
-            deadline = time.monotonic() + self.timeout_s
+            wait_s = dataflow.step_timeout_s(self.timeout_s, msgs)
+            deadline = time.monotonic() + wait_s
             while True:
                 try:
                     got = INBOX.get(timeout=max(deadline - time.monotonic(), 0.0))
@@ -440,7 +442,7 @@ class RpcTransport:
                     raise RpcCallFailed(f"step {got.step}: {got.text}")
                 return got
             attempt += 1
-            msg = f"no last X within {self.timeout_s:g} s"
+            msg = f"no last X within {wait_s:g} s"
             self.retries.append(
                 {"time_ns": time.time_ns(), "worker": "", "call": "step", "attempt": attempt, "error": msg}
             )
