@@ -158,7 +158,9 @@ def test_the_rates_can_be_chosen(tmp_path: Path) -> None:
         replay(RACK / "greedy_0ms", rates="profile")
     with pytest.raises(SimError, match=r"^--rates compute: .* has no compute times"):
         replay(write_run(tmp_path, 0.003), rates="compute")
-    with pytest.raises(SimError, match=r"^--rates: one of auto, profile, compute, benchmark, got 'best'"):
+    with pytest.raises(SimError, match=r"^--rates trace: .* has no compute times"):
+        replay(write_run(tmp_path / "trace", 0.003), rates="trace")
+    with pytest.raises(SimError, match=r"^--rates: one of auto, profile, compute, benchmark, trace, got 'best'"):
         replay(RACK / "greedy_0ms", rates="best")
 
 
