@@ -13,10 +13,11 @@ OTHER``). ``--rates``: the replay's compute rates (``dit.sim.replay.RATES``), ea
 per-call cost from the other column), ``compute`` at the run's mean rates (a prediction takes the
 other column's rates too).
 
-Per run and rates, the decode tokens' means, measured beside simulated: the token, the compute on its
-critical path (HeadSplit's ``critical_ns``), the controller's own compute (``controller_ns``), the rest
-(``comm_ns``: messages, waits, dispatch) and the messages on the critical path; and ``floor``: the MAPE
-of the measured mean itself, what a simulation with one latency per token cannot go below. Replays do
+Per run fitted on itself, ``floor``: the MAPE of the measured mean itself, what a simulation with one
+latency per token cannot go below. Per prediction, the decode tokens' means, measured beside simulated
+(a fit on the run itself matches them by construction): the token, the compute on its critical path
+(HeadSplit's ``critical_ns``), the controller's own compute (``controller_ns``), the rest (``comm_ns``:
+messages, waits, dispatch) and the messages on the critical path. Replays do
 not depend on the machine's load; the runs' own timings do (the load average is printed for the record).
 """
 
@@ -122,7 +123,6 @@ def main() -> None:
                 f"  floor {floor_percent(run.doc):5.1f} %  call {r.config.devices[0].call_overhead_s * 1e3:5.2f} ms"
                 f"  {run.path.name}"
             )
-            print(f"      measured/simulated ms: {components(r, run.doc)}")
         print(f"--rates {mode}: predicted from the same group at another column (calibration -> replayed)")
         for target in sorted(runs, key=lambda r: (r.group, r.delay_ms)):
             for cal in runs:
@@ -139,6 +139,7 @@ def main() -> None:
                     f"  decode mean {1e3 * statistics.fmean(r.result.token_s[r.decode_from :]):6.1f}"
                     f" / {1e3 * statistics.fmean(r.measured_token_s[r.decode_from :]):6.1f} ms"
                 )
+                print(f"      measured/simulated ms: {components(r, target.doc)}")
 
 
 if __name__ == "__main__":

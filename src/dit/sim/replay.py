@@ -681,9 +681,24 @@ def format_replay(r: Replay) -> str:
         else "no decode token",
         f"MAPE {r.mape_percent:.1f} %",
     ]
-    lines.append(
-        f"calls {r.result.calls}, pulls {r.result.pulls} (each an RPC round trip); compute rates: {r.rates}"
-    )
+    if r.config.control == "dataflow":
+        crit = r.result.critical_messages[r.decode_from :]
+        sends = sorted({d.send_s for d in r.config.devices if d.send_s is not None})
+        lines.append(
+            f"messages {r.result.messages}, {statistics.fmean(crit) if crit else 0:.1f} a decode token on its "
+            f"critical path (each one way: "
+            + (
+                f"its sender's measured delay, {', '.join(f'{1e3 * x:.2f}' for x in sends)} ms from the workers, "
+                "0 from the controller"
+                if sends
+                else "half the round trip"
+            )
+            + f"); the controller's own compute {1e3 * r.controller_s:.2f} ms a decode token; compute rates: {r.rates}"
+        )
+    else:
+        lines.append(
+            f"calls {r.result.calls}, pulls {r.result.pulls} (each an RPC round trip); compute rates: {r.rates}"
+        )
     if r.cpu_time:
         lines += per_device_lines(r)
     if r.speculation:
