@@ -837,7 +837,8 @@ def simulate(
         str,
         typer.Option(
             help="With --replay: the compute rates, auto (a profile's when there is one, else the run's "
-            "own compute times), profile, compute or benchmark (HeadSplit's start-up flops_per_s)."
+            "own compute times), profile, compute, benchmark (HeadSplit's start-up flops_per_s) or trace "
+            "(each decode token at the speed the replayed run computed it)."
         ),
     ] = "auto",
     out_dir: Annotated[

@@ -4,6 +4,8 @@ workers, at most 3L + 1 head-level over L layers (the design's bound is 3L + 2).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
@@ -103,3 +105,37 @@ def test_a_layer_whose_heads_all_sit_with_the_previous_ffn_does_not_speculate() 
     assert (spec.speculated, spec.reexecuted) == (2 * 3, 0)
     everywhere = simulate(SimConfig(TINYLLAMA, FREE, every_stage_apart(), tokens=2, speculation=True))
     assert everywhere.speculated == 2 * (L - 1)
+
+
+def test_a_push_costs_its_senders_own_delay_not_half_a_round_trip() -> None:
+    """A link emulator or netem delays what a device sends (a local run's or the rack's device-to-device
+    ping reads the sum of the two devices' delays): layer-wise, the controller's start is not delayed,
+    each worker's hand-over and the last X home cost the sender's ``send_s``."""
+    sends = [0.001, 0.002, 0.003, 0.004]
+    devices = [replace(d, send_s=s) for d, s in zip(FREE, sends, strict=True)]
+    r = simulate(SimConfig(TINYLLAMA, devices, placed("layerwise"), tokens=1, controller_send_s=0.0))
+    assert r.critical_messages == [5]
+    # controller -> w1 free, then w1 -> w2, w2 -> w3, w3 -> w4 and w4 -> controller at their senders'
+    assert r.token_s[0] == pytest.approx(sum(sends), rel=1e-6)
+    # without send_s: half the round trip each way, as before (the article's fit relies on it)
+    assert token(placed("layerwise"))[0] == pytest.approx(5 * ONE_WAY_S, rel=1e-6)
+
+
+def test_stage_times_are_wall_time_through_a_cpu_quota_and_the_controller_is_on_the_path() -> None:
+    """HeadSplit times a stage on the worker's clock, so through a CPU quota a stage's recorded time is
+    its wall time, not its CPU time (a replay fits its rates to them); the controller's own compute
+    (embedding, LM head) lengthens the token; ``critical_s`` is the compute on the longest chain."""
+    quota = [
+        Device(f"w{i}", 1e7, 10**10, 0.0, 1e18, cpu_quota_s=0.001, cpu_period_s=0.004) for i in range(1, 5)
+    ]
+    free_cpu = [replace(d, cpu_quota_s=None) for d in quota]
+    small = PRESETS["gpt2-tiny"]
+    specs = [WorkerSpec(d.name, d.memory_bytes, 1e9, 0) for d in quota]
+    layerwise = dict(place(small, specs, "layerwise", context_tokens=16))
+    cpu = simulate(SimConfig(small, free_cpu, layerwise, tokens=2))
+    wall = simulate(SimConfig(small, quota, layerwise, tokens=2, controller_s=(0.0, 0.010)))
+    # at 25 % of a CPU, work longer than the 1 ms budget takes about 4 times its CPU time
+    assert sum(wall.stage_s[1]) > 3 * sum(cpu.stage_s[1])
+    # layer-wise: every stage is on the one chain, and the token is that compute plus the controller's
+    assert wall.critical_s[1] == pytest.approx(sum(wall.stage_s[1]), rel=1e-9)
+    assert wall.token_s[1] == pytest.approx(wall.critical_s[1] + 0.010, rel=1e-6)

@@ -97,6 +97,11 @@ class Device:
     # longer work at about quota / period of it.
     cpu_quota_s: float | None = None
     cpu_period_s: float = 0.0
+    # control "dataflow": the one-way latency of a message this device pushes, whatever its destination
+    # (a link emulator or netem delays what a device sends, not what it receives: a local run's or the
+    # emulated rack's device-to-device ping reads the sum of the two devices' delays). None: half the
+    # link's round trip, the same both ways.
+    send_s: float | None = None
 
     def rate(self, kind: str, positions: int = 1) -> float:
         """The FLOP/s a unit of ``kind`` (head, proj or ffn) runs at on this device in a pass over
@@ -173,6 +178,14 @@ class SimConfig:
     # (the projection one part after the other), stages in turn, and the last X fetched by the controller
     control: str = "dataflow"
     worker_rtt: str = "mean"  # Network.worker_rtt
+    # the one-way latency of the controller's pushes (Device.send_s); None: half the link's round trip
+    controller_send_s: float | None = None
+    # per token (index as token_s), the controller's own compute on the token's path (embedding before
+    # it starts the token, LM head after the last X): HeadSplit's controller_ns; none: free
+    controller_s: Sequence[float] = ()
+    # per token, (head, proj, ffn) FLOP/s of every device in that decode step, in place of the devices'
+    # own rates (a replay of a run's own per-token compute times); none or None: the devices' rates
+    token_rates: Sequence[tuple[float, float, float] | None] = ()
 
 
 @dataclass(frozen=True)
@@ -196,6 +209,9 @@ class SimResult:
     calls: int = 0  # control "rpc": the controller's calls to workers and its fetches of the last X
     pulls: int = 0  # control "rpc": inputs pulled by RPC from another endpoint (each a round trip)
     messages: int = 0  # control "dataflow": messages pushed from one endpoint to another (each one way)
+    # control "dataflow", per token: the compute on its longest compute chain (each stage adds its compute
+    # to the most of its inputs'), as HeadSplit's critical_ns; the controller's own compute not included
+    critical_s: list[float] = field(default_factory=list)
     # control "dataflow", per token: the messages on its critical path (its longest chain of messages,
     # each sent once the one before it arrived, from the controller's start to the last X's return)
     critical_messages: list[int] = field(default_factory=list)
@@ -261,6 +277,20 @@ def _check(cfg: SimConfig) -> dict[str, Device]:
     return devices
 
 
+class Chain(NamedTuple):
+    """What led to a message or a stage's output since the token started (control "dataflow", as
+    HeadSplit's ``Msg.hops`` and ``Msg.path_ns``): the messages on its longest chain of messages, the
+    compute on its longest chain of stages."""
+
+    hops: int
+    compute_s: float
+
+
+def joined(chains: Sequence[Chain]) -> Chain:
+    """A stage's inputs joined: the longest of each (the two maxima need not be one chain's)."""
+    return Chain(max(c.hops for c in chains), max(c.compute_s for c in chains))
+
+
 class TokenWork(NamedTuple):
     """What one forward pass over ``positions`` new tokens moves and computes, per unit of each kind."""
 
@@ -304,7 +334,8 @@ class _Run:
         self.speculated = self.reexecuted = 0
         self.calls = self.pulls = 0
         self.messages = 0  # control "dataflow": messages pushed between endpoints
-        self.critical: int | None = None  # control "dataflow": this token's messages on its longest chain
+        self.critical: Chain | None = None  # control "dataflow": this token's longest chains
+        self.token_index = 0
         # the quota's state per device: when the budget was last updated, the budget then
         self.budget: dict[str, tuple[float, float]] = {}
         self.stage = [0.0, 0.0, 0.0]  # this token's stage compute times (heads, proj, ffn)
@@ -326,16 +357,16 @@ class _Run:
             )
 
     # -- primitives ----------------------------------------------------------------------------------
-    def busy(self, device: str, cpu_s: float) -> Generator[Any, Any, None]:
+    def busy(self, device: str, cpu_s: float) -> Generator[Any, Any, float]:
         """``device`` runs ``cpu_s`` seconds of CPU time: that long without a quota. With one, CFS
         bandwidth control averaged over the period's phase (a token bucket: the budget refills
         continuously at quota / period, up to the quota): at the core's speed while the budget lasts
-        (it drains at 1 - share while running), then at the share."""
+        (it drains at 1 - share while running), then at the share. Returns the wall time it took."""
         d = self.devices[device]
         if d.cpu_quota_s is None or cpu_s <= 0:
             if cpu_s > 0:
                 yield self.env.timeout(cpu_s)
-            return
+            return max(cpu_s, 0.0)
         share, now = d.cpu_quota_s / d.cpu_period_s, self.env.now
         last, budget = self.budget.get(device, (now, d.cpu_quota_s))
         budget = min(d.cpu_quota_s, budget + share * (now - last))
@@ -346,17 +377,40 @@ class _Run:
             wall, budget = fast + (cpu_s - fast) / share, 0.0
         self.budget[device] = (now + wall, budget)
         yield self.env.timeout(wall)
+        return wall
 
     def _account(self, device: str, kind: str, flops: float, seconds: float) -> None:
         if self.decoding:
             f, s = self.work.get((device, kind), (0.0, 0.0))
             self.work[(device, kind)] = (f + flops, s + seconds)
 
-    def compute(self, device: str, seconds: float) -> Generator[Any, Any, None]:
+    def rate(self, device: str, kind: str, positions: int) -> float:
+        """The FLOP/s of a unit of ``kind`` on ``device`` in this pass: the token's own rates when the
+        configuration has them for this decode step (:attr:`SimConfig.token_rates`), else the device's."""
+        rates = self.cfg.token_rates
+        if positions == 1 and self.token_index < len(rates):
+            mine = rates[self.token_index]
+            if mine is not None:
+                return mine[KINDS.index(kind)]
+        return self.devices[device].rate(kind, positions)
+
+    def compute(
+        self, device: str, seconds: float, kind: str = "", flops: float = 0.0
+    ) -> Generator[Any, Any, float]:
+        """``device`` runs one stage: its per-call cost, then ``seconds`` of compute (``flops`` of
+        ``kind``). Returns the compute's wall time (what HeadSplit's worker times: through a CPU quota
+        longer than ``seconds``), the per-call cost not included."""
         self.events += 1
         with self.cpu[device].request() as slot:
             yield slot
-            yield from self.busy(device, seconds + self.devices[device].call_overhead_s)
+            start = self.env.now
+            yield from self.busy(device, self.devices[device].call_overhead_s)
+            if kind:
+                self._account(device, "call", 1.0, self.env.now - start)
+            wall: float = yield from self.busy(device, seconds)
+            if kind:
+                self._account(device, kind, flops, wall)
+        return wall
 
     def send(self, src: str, dst: str, n_bytes: float) -> Generator[Any, Any, None]:
         if src == dst:
@@ -365,17 +419,23 @@ class _Run:
         yield self.env.timeout(self.net.rtt_s(src, dst))
         yield from self._wire(src, dst, n_bytes)
 
-    def push(self, src: str, dst: str, n_bytes: float, hops: int) -> Generator[Any, Any, int]:
-        """A message ``src`` sends ``dst`` unasked (control "dataflow"): one way, half the link's round
-        trip, then its bytes over the link. ``hops``: the messages before it on its chain since the
-        token started; returns the count with this one (unchanged when ``src`` is ``dst``: no message)."""
+    def one_way_s(self, src: str, dst: str) -> float:
+        """A pushed message's latency from ``src`` to ``dst``: the sender's own (``send_s``) where it is
+        given, else half the link's round trip."""
+        own = self.cfg.controller_send_s if src == CONTROLLER else self.devices[src].send_s
+        return own if own is not None else self.net.rtt_s(src, dst) / 2
+
+    def push(self, src: str, dst: str, n_bytes: float, chain: Chain) -> Generator[Any, Any, Chain]:
+        """A message ``src`` sends ``dst`` unasked (control "dataflow"): one way (:meth:`one_way_s`),
+        then its bytes over the link. ``chain``: what led to it since the token started; returns it
+        with this message (unchanged when ``src`` is ``dst``: no message)."""
         if src == dst:
-            return hops
+            return chain
         self.messages += 1
         self.events += 1
-        yield self.env.timeout(self.net.rtt_s(src, dst) / 2)
+        yield self.env.timeout(self.one_way_s(src, dst))
         yield from self._wire(src, dst, n_bytes)
-        return hops + 1
+        return Chain(chain.hops + 1, chain.compute_s)
 
     def _wire(self, src: str, dst: str, n_bytes: float) -> Generator[Any, Any, None]:
         wire = self.wire.get((src, dst))
@@ -389,13 +449,17 @@ class _Run:
     def token(self, context: int, positions: int) -> Generator[Any, Any, None]:
         """One forward pass over ``positions`` new tokens (1 when decoding, the prompt for the prefill)
         attending to ``context`` keys at the last of them."""
+        own = self.cfg.controller_s
+        if self.token_index < len(own) and own[self.token_index] > 0:
+            # the controller's embedding and LM head: before the first message and after the last
+            yield self.env.timeout(own[self.token_index])
         if self.cfg.control == "rpc":
             yield from self._token_rpc(context, positions)
             return
         m, env = self.cfg.model, self.env
         hidden_b, head_f, kv_f, proj_f, ffn_f = token_work(m, context, positions)
-        # where X is, and how many messages its chain took since the token started
-        src, src_hops = CONTROLLER, 0
+        # where X is, and what led to it since the token started
+        src, src_hops = CONTROLLER, Chain(0, 0.0)
         speculative: list[Any] = []  # this layer's head stages, started early on the previous Z
         spec_s: list[float] = []  # their compute times, each worker's
         accepted = False
@@ -432,10 +496,12 @@ class _Run:
                 self.stage[0] += max(spec_s + heads_s, default=0.0)
             else:
                 self.stage[0] += max(spec_s, default=0.0) + max(heads_s, default=0.0)
-            hops = max(int(p.value) for p in parts)
-            proj_s = proj_f / self.devices[proj].rate("proj", positions)
-            yield env.process(self.compute(proj, proj_s))
+            joined_in = joined([p.value for p in parts])
+            proj_s = yield env.process(
+                self.compute(proj, proj_f / self.rate(proj, "proj", positions), "proj", proj_f)
+            )
             self.stage[1] += proj_s
+            hops = Chain(joined_in.hops, joined_in.compute_s + proj_s)
             speculative, spec_s, accepted = [], [], False
             next_stage, next_proj, _ = self.layers[min(layer + 1, len(self.layers) - 1)]
             if (
@@ -455,11 +521,12 @@ class _Run:
                 ]
                 accepted = self.rng.random() < self.cfg.acceptance[(layer + 1) % len(self.cfg.acceptance)]
                 self.speculated += 1
-            src_hops = yield env.process(self.push(proj, ffn, hidden_b, hops))
-            ffn_s = ffn_f / self.devices[ffn].rate("ffn", positions)
-            yield env.process(self.compute(ffn, ffn_s))
+            at_ffn = yield env.process(self.push(proj, ffn, hidden_b, hops))
+            ffn_s = yield env.process(
+                self.compute(ffn, ffn_f / self.rate(ffn, "ffn", positions), "ffn", ffn_f)
+            )
             self.stage[2] += ffn_s
-            src = ffn
+            src, src_hops = ffn, Chain(at_ffn.hops, at_ffn.compute_s + ffn_s)
         self.critical = yield env.process(self.push(src, CONTROLLER, DTYPE_BYTES * m.hidden, src_hops))
 
     def _heads(
@@ -472,19 +539,25 @@ class _Run:
         head_f: float,
         kv_f: float,
         positions: int,
-        hops: int,
+        hops: Chain,
         compute_s: list[float],
-    ) -> Generator[Any, Any, int]:
+    ) -> Generator[Any, Any, Chain]:
         """One worker's heads of a layer: X pushed from ``src``, the heads (their compute time appended
-        to ``compute_s``), their outputs pushed to the projection's worker; returns the chain's messages
+        to ``compute_s``), their outputs pushed to the projection's worker; returns the chain with them
         (``hops`` before it)."""
         m = self.cfg.model
-        hops = yield self.env.process(self.push(src, w, DTYPE_BYTES * m.hidden * positions, hops))
-        seconds = (n * head_f + groups * kv_f) / self.devices[w].rate("head", positions)
-        yield self.env.process(self.compute(w, seconds))
+        got = yield self.env.process(self.push(src, w, DTYPE_BYTES * m.hidden * positions, hops))
+        flops = n * head_f + groups * kv_f
+        seconds = yield self.env.process(
+            self.compute(w, flops / self.rate(w, "head", positions), "head", flops)
+        )
         compute_s.append(seconds)
-        hops = yield self.env.process(self.push(w, proj, DTYPE_BYTES * m.head_dim * n * positions, hops))
-        return int(hops)
+        out: Chain = yield self.env.process(
+            self.push(
+                w, proj, DTYPE_BYTES * m.head_dim * n * positions, Chain(got.hops, got.compute_s + seconds)
+            )
+        )
+        return out
 
     # -- one token, driven by the controller's RPCs (control "rpc") -----------------------------------
     def call(
@@ -554,7 +627,7 @@ class _Run:
                 self.call(
                     proj,
                     gather,
-                    proj_f / self.devices[proj].rate("proj", positions),
+                    proj_f / self.rate(proj, "proj", positions),
                     kind="proj",
                     flops=proj_f,
                 )
@@ -564,7 +637,7 @@ class _Run:
                 self.call(
                     ffn,
                     [(proj, hidden_b)],
-                    ffn_f / self.devices[ffn].rate("ffn", positions),
+                    ffn_f / self.rate(ffn, "ffn", positions),
                     kind="ffn",
                     flops=ffn_f,
                 )
@@ -610,7 +683,7 @@ class _Run:
                 self.call(
                     w,
                     [(x_owner, x_bytes)],
-                    (n * head_f + g * kv_f) / self.devices[w].rate("head", positions),
+                    (n * head_f + g * kv_f) / self.rate(w, "head", positions),
                     kind="head",
                     flops=n * head_f + g * kv_f,
                 )
@@ -665,11 +738,12 @@ def generate(run: _Run, cfg: SimConfig) -> SimResult:
         # keys attended: the prompt and the tokens fed so far (token t feeds the one token t-1 produced)
         context = cfg.prompt_tokens + t if cfg.prompt_tokens > 0 else t + 1
         start = run.env.now
-        run.stage, run.decoding, run.critical = [0.0, 0.0, 0.0], not prefill, None
+        run.stage, run.decoding, run.critical, run.token_index = [0.0, 0.0, 0.0], not prefill, None, t
         run.env.run(until=run.env.process(run.token(context, cfg.prompt_tokens if prefill else 1)))
         result.token_s.append(run.env.now - start)
         if run.critical is not None:
-            result.critical_messages.append(run.critical)
+            result.critical_messages.append(run.critical.hops)
+            result.critical_s.append(run.critical.compute_s)
         result.stage_s.append((run.stage[0], run.stage[1], run.stage[2]))
         if cfg.control == "rpc":
             start = run.env.now

@@ -80,6 +80,8 @@ class Replay:
     # the rates and the per-call cost are CPU time, each device's wall time through its CPU quota (a
     # local run's cpu_share, :func:`cpu_quotas`); False: wall-time rates, no quota simulated
     cpu_time: bool = False
+    # the controller's compute per decode token the simulation charged (s; a dataflow run's mean)
+    controller_s: float = 0.0
 
     @property
     def simulated_tokens_per_s(self) -> float:
@@ -177,24 +179,22 @@ def _unit_rates(
     return out, f"profile {costs.get('path') or 'of the run placement_profile'}"
 
 
-def stage_rates(
+def _stage_work(
     doc: Mapping[str, Any], model: ModelConfig, placement: Placement
-) -> tuple[float, float, float] | None:
-    """(head, proj, ffn) FLOP/s the run itself measured: over its decode tokens, the FLOPs of the units
-    HeadSplit timed over the compute time it recorded (``attention_ns`` + ``reexec_ns`` +
-    ``speculative_ns``: per heads stage the slowest worker's compute, so the FLOPs of the worker with the
-    most; ``projection_ns``, ``ffn_ns``). HeadSplit records one time per stage, not per worker: the rates
-    are the same on every worker. None when the run recorded no compute times."""
+) -> list[tuple[int, tuple[float, float, float], tuple[int, int, int]]] | None:
+    """Per decode token: its position in ``tokens``, the FLOPs of the units HeadSplit timed per stage
+    kind (heads, projections, FFNs: :func:`stage_rates`) and the compute time it recorded for them (ns).
+    None when the run recorded no compute times."""
     prompt = int(doc.get("prompt_tokens") or 0)
-    heads_f = proj_f = ffn_f = 0.0
-    heads_ns = proj_ns = ffn_ns = 0
     stage_groups = []
     for layer in range(model.n_layers):
         count: dict[str, list[int]] = {}
         for h in range(model.n_heads):
             count.setdefault(placement[Unit(layer, "head", h)], []).append(h)
         stage_groups.append([(len(hs), len({model.kv_head_of(h) for h in hs})) for hs in count.values()])
-    for t in (doc.get("tokens") or [])[1 if prompt > 0 else 0 :]:
+    first = 1 if prompt > 0 else 0
+    out = []
+    for i, t in enumerate((doc.get("tokens") or [])[first:], start=first):
         try:
             ns = [
                 int(t[k]) for k in ("attention_ns", "reexec_ns", "speculative_ns", "projection_ns", "ffn_ns")
@@ -205,15 +205,47 @@ def stage_rates(
         work = token_work(model, context, 1)
         # every heads stage: each layer's, and the early one of each speculated transition l -> l + 1
         stages = list(range(model.n_layers)) + [int(layer) + 1 for layer in t.get("speculated") or []]
-        heads_f += sum(
+        heads_f = sum(
             max(n * work.head_flops + g * work.kv_flops for n, g in stage_groups[layer]) for layer in stages
         )
-        proj_f += model.n_layers * work.proj_flops
-        ffn_f += model.n_layers * work.ffn_flops
-        heads_ns, proj_ns, ffn_ns = heads_ns + sum(ns[:3]), proj_ns + ns[3], ffn_ns + ns[4]
-    if min(heads_ns, proj_ns, ffn_ns) <= 0:
+        flops = (heads_f, model.n_layers * work.proj_flops, model.n_layers * work.ffn_flops)
+        out.append((i, flops, (sum(ns[:3]), ns[3], ns[4])))
+    return out
+
+
+def token_rates(
+    doc: Mapping[str, Any], model: ModelConfig, placement: Placement
+) -> list[tuple[float, float, float] | None] | None:
+    """Per token (index as ``tokens``; None for the prefill and where a stage recorded no time) the
+    (head, proj, ffn) FLOP/s of that token's own compute times (:func:`stage_rates` over one token):
+    a replay with ``--rates trace`` runs each decode step at the speed the run computed it. None when
+    the run recorded no compute times."""
+    work = _stage_work(doc, model, placement)
+    if work is None:
         return None
-    return heads_f / heads_ns * 1e9, proj_f / proj_ns * 1e9, ffn_f / ffn_ns * 1e9
+    out: list[tuple[float, float, float] | None] = [None] * len(doc.get("tokens") or [])
+    for i, flops, ns in work:
+        if min(ns) > 0:
+            out[i] = (flops[0] / ns[0] * 1e9, flops[1] / ns[1] * 1e9, flops[2] / ns[2] * 1e9)
+    return out
+
+
+def stage_rates(
+    doc: Mapping[str, Any], model: ModelConfig, placement: Placement
+) -> tuple[float, float, float] | None:
+    """(head, proj, ffn) FLOP/s the run itself measured: over its decode tokens, the FLOPs of the units
+    HeadSplit timed over the compute time it recorded (``attention_ns`` + ``reexec_ns`` +
+    ``speculative_ns``: per heads stage the slowest worker's compute, so the FLOPs of the worker with the
+    most; ``projection_ns``, ``ffn_ns``). HeadSplit records one time per stage, not per worker: the rates
+    are the same on every worker. None when the run recorded no compute times."""
+    work = _stage_work(doc, model, placement)
+    if work is None:
+        return None
+    flops = [sum(f[k] for _, f, _ in work) for k in range(3)]
+    ns = [sum(n[k] for _, _, n in work) for k in range(3)]
+    if min(ns) <= 0:
+        return None
+    return flops[0] / ns[0] * 1e9, flops[1] / ns[1] * 1e9, flops[2] / ns[2] * 1e9
 
 
 def cpu_quotas(run_dir: Path, host_of: Mapping[str, str]) -> dict[str, tuple[float, float]]:
@@ -303,7 +335,46 @@ def load_profile(path: Path) -> ProfileCosts:
         raise SimError(f"--profile: {exc}") from None
 
 
-RATES = ("auto", "profile", "compute", "benchmark")
+RATES = ("auto", "profile", "compute", "benchmark", "trace")
+
+
+def send_delays(run_dir: Path, host_of: Mapping[str, str]) -> dict[str, float] | None:
+    """Each worker's one-way delay on what it sends (s), as the run measured its links: the ping from
+    the device to the edge (``aggregate/netem_check.csv``, ``measured_rtt_ms`` less the unshaped
+    ``baseline_rtt_ms``; the edge's own replies are not delayed, so the round trip is the device's
+    egress delay); 0 for a device without such a row (no delay applied). None when the run has no
+    ``netem_check.csv`` (a run of before it, or a file the simulator wrote)."""
+    path = run_dir / "aggregate" / "netem_check.csv"
+    if not path.is_file():
+        return None
+    worker_of = {h: w for w, h in host_of.items()}
+    out = dict.fromkeys(host_of, 0.0)
+    with path.open(encoding="utf-8") as handle:
+        for i, row in enumerate(csv.DictReader(handle)):
+            w = worker_of.get(row.get("device", ""))
+            if w is None or row.get("target") != "edge":
+                continue
+            try:
+                rtt, base = float(row["measured_rtt_ms"]), float(row.get("baseline_rtt_ms") or 0.0)
+            except (KeyError, TypeError, ValueError):
+                raise SimError(
+                    f"{path}: row {i + 1} (device {row.get('device')!r}): measured_rtt_ms and "
+                    "baseline_rtt_ms must be numbers"
+                ) from None
+            out[w] = max(rtt - base, 0.0) / 1e3
+    return out
+
+
+def controller_times(doc: Mapping[str, Any]) -> list[float]:
+    """Per token the controller's own compute (s): HeadSplit's ``controller_ns`` (embedding and LM
+    head), 0 where the token does not record it."""
+    out = []
+    for t in doc.get("tokens") or []:
+        try:
+            out.append(int(t.get("controller_ns") or 0) / 1e9)
+        except (TypeError, ValueError):
+            out.append(0.0)
+    return out
 
 
 def replay(
@@ -315,7 +386,14 @@ def replay(
     MAPE is a prediction: nothing of ``run_dir``'s timings went into the simulation). ``profile``: a
     profile run whose per-kind rates cost the units (of both runs). ``rates``: where the compute rates
     come from (:func:`_own_rates`): ``auto`` a profile's when there is one, else the run's compute times;
-    or only ``profile``, ``compute`` or ``benchmark`` (HeadSplit's start-up ``flops_per_s``)."""
+    or only ``profile``, ``compute`` or ``benchmark`` (HeadSplit's start-up ``flops_per_s``); or
+    ``trace``: each decode step at the speed the replayed run computed that token (:func:`token_rates`,
+    with a calibration run too: then only the per-call cost is the other run's).
+
+    A dataflow run is simulated as its messages travelled: each push costs its sender's measured
+    one-way delay (:func:`send_delays`; the controller's 0) where the run measured its links, and the
+    controller's own compute (``controller_ns``) is on every token's path: each token's under
+    ``trace``, else the decode tokens' mean (the calibration run's for a prediction)."""
     if rates not in RATES:
         raise SimError(f"--rates: one of {', '.join(RATES)}, got {rates!r}")
     file = results_file(run_dir)
@@ -336,7 +414,21 @@ def replay(
         raise SimError(f"{file}: placement.units: {exc}") from None
     cal = replay(calibration, profile=profile, rates=rates) if calibration is not None else None
     quotas = cpu_quotas(run_dir, host_of)
-    if cal is not None:
+    control = str(doc.get("control") or "rpc")  # a results file of before dataflow control was rpc's
+    prompt = int(doc.get("prompt_tokens") or 0)
+    decode_from = 1 if prompt > 0 else 0
+    traced: list[tuple[float, float, float] | None] = []
+    if rates == "trace":
+        # the run's own compute, token by token: its wall times, CPU quota waits included (no quota
+        # simulated); a calibration run gives only the per-call cost
+        per_token = token_rates(doc, model, placement)
+        mean = stage_rates(doc, model, placement)
+        if per_token is None or mean is None:
+            raise SimError(f"--rates trace: {file} has no compute times (tokens[].attention_ns ...)")
+        traced = per_token
+        by_host = dict.fromkeys(host_of.values(), mean)
+        rates_from, cpu_time = f"each token's own compute times of {run_dir.name}", False
+    elif cal is not None:
         # a prediction: the calibration run's rates and per-call cost, nothing of this run's timings
         missing = [h for h in host_of.values() if h not in cal.rates_by_host]
         if missing and cal.rates_by_host:
@@ -351,6 +443,16 @@ def replay(
         cpu_time = bool(quotas) and rates_from.startswith("the compute times of ")
     if not cpu_time:
         quotas = {}
+    # dataflow: each push at its sender's measured delay, the controller's compute on the token's path
+    delays = send_delays(run_dir, host_of) if control == "dataflow" else None
+    controller_s: list[float] = []
+    if control == "dataflow":
+        own = controller_times(doc)
+        if rates == "trace":
+            controller_s = own
+        else:
+            decode = own[decode_from:] if cal is None else [cal.controller_s]
+            controller_s = [statistics.fmean(decode) if decode else 0.0] * len(tokens)
     uplink, pair_rates = _links(run_dir, host_of)
     devices = [
         Device(
@@ -362,6 +464,7 @@ def replay(
             unit_flops_per_s=by_host.get(host_of[str(w["name"])]),
             cpu_quota_s=quotas[str(w["name"])][0] if str(w["name"]) in quotas else None,
             cpu_period_s=quotas[str(w["name"])][1] if str(w["name"]) in quotas else 0.0,
+            send_s=delays.get(str(w["name"]), 0.0) if delays is not None else None,
         )
         for w in workers
     ]
@@ -372,8 +475,6 @@ def replay(
         for b in devices[i + 1 :]
         if frozenset((a.name, b.name)) in pair_rates
     ]
-    prompt = int(doc.get("prompt_tokens") or 0)
-    decode_from = 1 if prompt > 0 else 0
     measured = [int(t["total_ns"]) / 1e9 for t in tokens]
     base = SimConfig(
         model,
@@ -384,9 +485,11 @@ def replay(
         links,
         speculation=speculation,
         acceptance=(_acceptance(tokens),),
-        # as the run was driven: a results file of before dataflow control was rpc's
-        control=str(doc.get("control") or "rpc"),
+        control=control,
         worker_rtt="sum",
+        controller_send_s=0.0 if delays is not None else None,
+        controller_s=controller_s,
+        token_rates=traced,
     )
     first = simulate(base)
     if first.oom and len(first.token_s) <= decode_from < len(tokens):
@@ -429,6 +532,7 @@ def replay(
         rates_from,
         by_host,
         cpu_time,
+        statistics.fmean(controller_s[decode_from:]) if controller_s[decode_from:] else 0.0,
     )
 
 
@@ -577,9 +681,24 @@ def format_replay(r: Replay) -> str:
         else "no decode token",
         f"MAPE {r.mape_percent:.1f} %",
     ]
-    lines.append(
-        f"calls {r.result.calls}, pulls {r.result.pulls} (each an RPC round trip); compute rates: {r.rates}"
-    )
+    if r.config.control == "dataflow":
+        crit = r.result.critical_messages[r.decode_from :]
+        sends = sorted({d.send_s for d in r.config.devices if d.send_s is not None})
+        lines.append(
+            f"messages {r.result.messages}, {statistics.fmean(crit) if crit else 0:.1f} a decode token on its "
+            f"critical path (each one way: "
+            + (
+                f"its sender's measured delay, {', '.join(f'{1e3 * x:.2f}' for x in sends)} ms from the workers, "
+                "0 from the controller"
+                if sends
+                else "half the round trip"
+            )
+            + f"); the controller's own compute {1e3 * r.controller_s:.2f} ms a decode token; compute rates: {r.rates}"
+        )
+    else:
+        lines.append(
+            f"calls {r.result.calls}, pulls {r.result.pulls} (each an RPC round trip); compute rates: {r.rates}"
+        )
     if r.cpu_time:
         lines += per_device_lines(r)
     if r.speculation:
