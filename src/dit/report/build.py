@@ -89,7 +89,10 @@ def _facts(run_dir: Path, status: Mapping[str, Any], meta: Mapping[str, Any]) ->
                 + (", modified)" if git.get("dirty") else ")")),
         ("runtime", str((meta.get("runtime") or {}).get("name", "layers"))),
     ]  # fmt: skip
-    if status.get("error"):
+    if status.get("state") == "stopped":  # the user's choice, not an error, and what the run kept
+        rows.append(("stopped", labels.run_outcome(status) or str(status.get("error") or "")))
+        rows.append(("kept", labels.kept_text(run_dir, status) or ""))
+    elif status.get("error"):
         rows.append(("error", str(status["error"])))
     written = RunDir(run_dir).note().strip()
     if written:  # the researcher's note (dit note, NNPM's run page), as written

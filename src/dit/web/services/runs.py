@@ -298,6 +298,9 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "settings": settings,  # the run's own optimisation settings and the policy it measured
         "inference_ran": bool(phases and phases["rows"]),
         "outcome_note": labels.run_outcome(status),  # a stopped, refused or failed run: what happened
+        # a stopped run: what it kept (raw/'s files per node) and what of it is aggregated and shown
+        "kept_note": labels.kept_text(run.path, status),
+        "kept_files": labels.kept_files(run.path) if status.get("state") == "stopped" else {},
         "lateness_ns": status.get("lateness_ns", {}),
         "teardown": status.get("teardown"),
         # frames the edge service refused (its key did not verify them), or that it ran without one

@@ -561,7 +561,8 @@ function modelText(m) {
 function renderPhases(d) {
   const phases = d.phases;
   $("run-phases-box").hidden = !d.inference_ran;
-  $("run-no-inference").hidden = d.inference_ran || !d.finished;
+  // a stopped run says so in its own box at the top, with what it kept (renderStopped)
+  $("run-no-inference").hidden = d.inference_ran || !d.finished || d.state === "stopped";
   // a stopped or refused run says so (and where), never "a benchmark profiles only"
   $("run-no-inference").textContent = d.outcome_note || "No inference ran in this run (a benchmark profiles only): no phases, nothing to optimise.";
   if (!d.inference_ran) { $("run-phases").replaceChildren(); return; }
@@ -599,12 +600,13 @@ function renderRun(d) {
     ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_text],
     ["model", d.model && d.model.name ? el("span", { "data-testid": "run-model" }, modelText(d.model)) : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
-    ["error", d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
+    ["error", d.state === "stopped" ? "" : d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
     ["edge channel", d.edge_channel],
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", { class: "num" }, "wall time")),
     ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage }, class: s.skipped !== undefined ? "skipped" : null }, el("td", {}, s.stage),
       el("td", { class: s.skipped !== undefined ? "small" : "num", title: s.ns !== null ? `${s.ns} ns` : s.skipped }, s.text))));
+  renderStopped(d);
   renderSummary(d.summary, d.token_spread || []);
   renderPhases(d);
   // a fake sensor's power is a model of the node's activity: said above the plots that show it
@@ -620,6 +622,18 @@ function renderRun(d) {
     plots.replaceChildren(...want.flatMap(([k, title, axes]) => [el("h3", {}, title),
       el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: `${title}: ${axes}`, dataset: { plot: k } })]));
   }
+}
+
+// A stopped run is the user's choice, not an error: who stopped it at which stage, and what it kept (the
+// files fetched from each node, what of them is aggregated and shown below) (issue 49, item 4)
+function renderStopped(d) {
+  $("run-stopped").hidden = d.state !== "stopped";
+  if (d.state !== "stopped") return;
+  $("run-stopped-text").textContent = d.outcome_note || "Stopped.";
+  $("run-kept-text").textContent = d.kept_note || "";
+  const files = Object.entries(d.kept_files || {});
+  $("run-kept").hidden = !files.length;
+  $("run-kept-files").replaceChildren(...files.map(([node, names]) => el("li", { dataset: { node } }, el("strong", {}, `${node}: `), names.join(", "))));
 }
 
 // the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning;
