@@ -16,7 +16,8 @@ window.nnpm = { state, terminal };
 function show(view) {
   for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === view);
   for (const s of document.querySelectorAll(".view")) s.classList.toggle("active", s.id === `view-${view}`);
-  if (view === "map" && state.map) setTimeout(() => state.map.map.invalidateSize(), 0);
+  // the links show the delays of the scenario in the editor: redrawn at once, not at the next refresh
+  if (view === "map" && state.map) setTimeout(() => { state.map.map.invalidateSize(); state.map.refresh().catch(() => {}); }, 0);
   if (view === "runs") loadRuns();
   if (view === "scenarios") loadScenarioLists();
   if (view === "runtimes") loadRuntimes();
@@ -240,6 +241,31 @@ $("topology-button").addEventListener("click", async () => {
   box.replaceChildren(el("div", {}, `per-destination delays from the map (edge: ${res.edge})` + (res.not_on_map.length ? `; not on the map: ${res.not_on_map.join(", ")}` : "")),
     el("ul", { id: "map-links", class: "small" }, ...(res.links || []).map((l) => el("li", { dataset: { device: l.device, peer: l.peer, source: l.source } }, line(l)))));
 });
+
+// The delays the scenario open in the editor puts on a map link, one per direction it shapes (a device's egress
+// towards the other end): its destination's delay_ms (typed, or a measured RTT written into it; a value the
+// map wrote follows the rule), else the device's own delay_ms, else the distance rule's (issue 49, item 5).
+function delaysInForce() {
+  const doc = (state.form && state.form.read().value) || {};
+  const devices = new Set((doc.devices || []).filter((d) => typeof d === "string"));
+  const network = doc.network || {};
+  return (link, role) => {
+    const out = [];
+    for (const [from, to] of [[link.a, link.b], [link.b, link.a]]) {
+      if (!devices.has(from) || (role[to] !== "edge" && !devices.has(to))) continue;
+      const block = network[from] || {};
+      const dest = ((block.destinations || {})[to]) || {};
+      const origin = state.origins.get(linkKey(from, to));
+      const rule = link.delay_ms === null || link.delay_ms === undefined ? null : link.delay_ms;
+      // a value Apply map delays wrote is the rule's (as it was then); one the link panel wrote from a run is measured
+      const source = origin === "measured" ? "measured" : origin === "map" ? "rule" : "typed";
+      if (typeof dest.delay_ms === "number") out.push({ from, to, ms: dest.delay_ms, source });
+      else if (typeof block.delay_ms === "number" && !Object.keys(dest).length) out.push({ from, to, ms: block.delay_ms, source: "typed (device)" });
+      else out.push({ from, to, ms: rule, source: rule === null ? "no rule" : "rule" });
+    }
+    return out;
+  };
+}
 
 // -- one link of the map: its profile written into the form (link.js) -------------------------------
 // Typing a destination's delay in the form makes it typed: the map no longer writes over it.
@@ -881,7 +907,7 @@ async function main() {
   const schema = await api("/api/schema");
   state.form = new SchemaForm($("scenario-form"), schema);
   editScenario(STARTER);
-  state.map = new NodeMap(state.config, () => {}, (link, nodes) => linkPanel.open(link, nodes).catch((err) => alert(err.message)));
+  state.map = new NodeMap(state.config, () => {}, (link, nodes) => linkPanel.open(link, nodes).catch((err) => alert(err.message)), delaysInForce);
   await state.map.refresh();
   setInterval(() => state.map.refresh().catch(() => {}), 2000);
   // a run that is going on when the page opens becomes the active run
