@@ -313,8 +313,8 @@ def stop(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
 
 
 @router.get("/runs/{scenario}/{run}/plots/{plot}.png")
-async def plot(ctx: Ctx, scenario: str, run: str, plot: str) -> Response:
-    from dit.web.services.plots import layers_png, monitors_png
+async def plot(ctx: Ctx, scenario: str, run: str, plot: str, v: str | None = None) -> Response:
+    from dit.web.services.plots import cached_png, layers_png, monitors_png
 
     agg = run_or_404(ctx, scenario, run).path / "aggregate"
     if plot == "validation":
@@ -327,8 +327,10 @@ async def plot(ctx: Ctx, scenario: str, run: str, plot: str) -> Response:
     make, name = makers[plot]
     if not (agg / name).is_file():
         raise HTTPException(404, f"the run has no {name}")
-    png = await asyncio.to_thread(make, agg / name)
-    return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
+    png = await asyncio.to_thread(cached_png, make, agg / name)
+    # the page asks with its inputs' stamp (run detail's plot_stamps): a new stamp is a new address
+    cache = "private, max-age=86400" if v else "no-cache"
+    return Response(png, media_type="image/png", headers={"Cache-Control": cache})
 
 
 @router.get("/runs/{scenario}/{run}/report")

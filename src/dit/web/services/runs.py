@@ -327,6 +327,12 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
             "monitors": (agg / "monitors.csv").is_file(),
             "validation": (agg / "validation.png").is_file(),
         },
+        # each plot's inputs' version: the page asks for the PNG under it, so a reopened page is served
+        # from the caches (NNPM's and the browser's) until the run's files change
+        "plot_stamps": {
+            "layers": runpage.stamp(agg / "layers.csv"),
+            "monitors": runpage.stamp(agg / "monitors.csv", agg / "power_summary.csv"),
+        },
         "optimise": optimise,
         "finished": summary["state"] in STATES_DONE,
         "aggregated": (agg / "layers.csv").is_file() and (agg / "links.csv").is_file(),
@@ -353,6 +359,9 @@ def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
     values = [
         {
             **{k: v.get(k) for k in ("name", "value", "unit", "type", "description")},
+            # written by dit.units, as dit show and the report write it (the page's own formatter said
+            # 13.59 % where they said 13.6 %: issue 49, item 6)
+            "text": units.with_unit(v.get("value"), str(v.get("unit") or "")),
             # the label the page shows beside the value ("" when measured or not a power figure)
             "modelled": labels.MODELLED if labels.modelled_tag(str(v.get("unit", "")), fake) else "",
         }

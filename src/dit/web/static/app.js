@@ -642,11 +642,13 @@ function renderRun(d) {
   const plots = $("run-plots");
   const want = [["layers", "Per-layer latency", "latency (ms) per stage and cumulative up to each partition point"],
     ["monitors", "Monitors", "each metric in its unit against the time from the run's common origin (s)"]].filter(([k]) => d.plots[k]);
-  const current = [...plots.querySelectorAll("img")].map((i) => i.dataset.plot).join();
-  if (current !== want.map(([k]) => k).join() || state.plotsFor !== d.key) {
-    state.plotsFor = d.key;
+  // each plot's address carries its inputs' stamp: the same run reopened is served from the caches, a run
+  // whose files changed (a stopped run aggregated, a new optimisation) asks again (issue 49, item 6)
+  const src = (k) => `/api/runs/${d.key}/plots/${k}.png?v=${encodeURIComponent((d.plot_stamps || {})[k] || "")}`;
+  const current = [...plots.querySelectorAll("img")].map((i) => i.getAttribute("src")).join();
+  if (current !== want.map(([k]) => src(k)).join()) {
     plots.replaceChildren(...want.flatMap(([k, title, axes]) => [el("h3", {}, title),
-      el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: `${title}: ${axes}`, dataset: { plot: k } })]));
+      el("img", { src: src(k), alt: `${title}: ${axes}`, dataset: { plot: k } })]));
   }
 }
 
@@ -672,7 +674,7 @@ function renderSummary(summary, tokens) {
   const note = summary.modelled_note || "";
   $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "name"), el("th", {}, "value"), el("th", {}, "meaning")),
     ...summary.values.map((v) => el("tr", { dataset: { name: v.name, modelled: v.modelled ? "1" : "" } }, el("td", {}, v.name),
-      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit),
+      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, v.text ?? fmtQuantity(v.value, v.unit),
         v.modelled ? el("span", { class: "badge fake-sensor", title: note }, v.modelled) : null),
       el("td", { class: "small" }, v.description || ""))),
     ...tokens.map((t) => el("tr", { class: "token-spread", dataset: { host: t.host } }, el("td", {}, `decode token latency · ${t.host}`),
