@@ -631,10 +631,12 @@ def _x(row: Mapping[str, Any], axis: str | None, index: int) -> Any:
 # --------------------------------------------------------------------------- rendering
 
 
-def render(title: str, sections: Sequence[Section], source: Path) -> str:
+def render(title: str, sections: Sequence[Section], source: Path, wide: bool = False) -> str:
+    """The report's HTML; ``wide``: the page takes the window's width (a comparison's side-by-side table
+    has a column per run, which a 60 rem page showed one of at 1400 px, the rest scrolled away)."""
     env = Environment(loader=PackageLoader("dit.report", "."), autoescape=select_autoescape(["html", "j2"]))
     template = env.get_template("report.html.j2")
-    return template.render(title=title, sections=sections, source=str(source))
+    return template.render(title=title, sections=sections, source=str(source), wide=wide)
 
 
 def build_report(path: Path, round_: int | None = None) -> str:

@@ -337,19 +337,23 @@ function renderDryRun(r) {
     r.error ? el("p", { class: "err" }, r.error) : null, ...nodes);
 }
 
-// The dry run goes on in the server: its progress streams to the terminal (the dialog is not modal while it
-// runs, so the terminal stays in view), and its report is kept as the version's last dry run in that mode,
-// which "Last dry run" opens again (after the tab was closed, too).
-function showDryRunReport(res, modal) {
+// The dry run goes on in the server: its progress streams to the terminal (seen below the dialog), and its
+// report is kept as the version's last dry run in that mode, which "Last dry run" opens again (after the tab
+// was closed, too). The dialog is modal: opened with show() it lay under the sticky toolbar, and a click
+// beside it could start another run meanwhile (issue 49, item 6).
+function showDryRunReport(res) {
   $("dry-run-title").textContent = `Dry run of ${res.version.name} · ${short(res.version.hash)} (${res.mode} mode, ${new Date(res.finished_ns / 1e6).toLocaleString()})`;
   const body = $("dry-run-body");
   body.replaceChildren(...res.dry_runs.map(renderDryRun));
   if (!res.ok && !res.dry_runs.some((r) => r.error)) body.append(el("pre", { class: "err" }, res.log_tail));
   if (res.not_kept) body.append(el("p", { class: "err" }, `not kept for later: ${res.not_kept}`));
-  if (!$("dry-run-dialog").open) modal ? $("dry-run-dialog").showModal() : $("dry-run-dialog").show();
+  if (!$("dry-run-dialog").open) $("dry-run-dialog").showModal();
 }
 
+// asked which modes have a kept report first: a 404 for "none yet" was a console error on every version load
 async function lastDryRun(hash, mode) {
+  const kept = await api(`/api/versions/${hash}/dry-runs`);
+  if (!kept[mode]) return null;
   try { return await api(`/api/versions/${hash}/dry-run?mode=${mode}`); } catch (err) { if (err.status === 404) return null; throw err; }
 }
 
@@ -368,14 +372,14 @@ async function dryRun() {
   const body = $("dry-run-body");
   $("dry-run-title").textContent = `Dry run of ${version.name || version.hash.slice(0, 12)}`;
   body.replaceChildren(el("p", { class: "small", "data-testid": "dry-run-waiting" },
-    "checking every node in Ansible check mode… its progress streams to the terminal below; closing this page does not stop it (Last dry run shows its report)"));
-  $("dry-run-dialog").show();
+    "checking every node in Ansible check mode… its progress streams to the terminal below this dialog; closing this page does not stop it (Last dry run shows its report)"));
+  if (!$("dry-run-dialog").open) $("dry-run-dialog").showModal();
   $("dry-button").disabled = true;
   try {
     const started = await api("/api/dry-runs", { method: "POST", body: { version: version.hash, mode, background: true } });
     const action = await watchAction(started.action, () => {});
     const res = await lastDryRun(version.hash, mode);
-    if (res && res.finished_ns >= action.started_ns) showDryRunReport(res, false);
+    if (res && res.finished_ns >= action.started_ns) showDryRunReport(res);
     else body.replaceChildren(el("p", { class: "err" }, action.error || "the dry run gave no report"));
     showLastDryRunButton();
   } catch (err) {
@@ -387,7 +391,7 @@ async function dryRun() {
 $("dry-button").addEventListener("click", dryRun);
 $("dry-last").addEventListener("click", async () => {
   const res = state.saved && await lastDryRun(state.saved.hash, $("run-mode").value);
-  if (res) showDryRunReport(res, true);
+  if (res) showDryRunReport(res);
 });
 $("run-mode").addEventListener("change", showLastDryRunButton);
 
@@ -503,10 +507,14 @@ state.compare = new Set();
 function compareLink() {
   const keys = [...state.compare];
   const ok = keys.length >= 2;
-  $("compare-runs").setAttribute("aria-disabled", String(!ok));
   $("compare-runs").textContent = ok ? `Compare ${keys.length}` : "Compare";
-  if (ok) $("compare-runs").href = `/api/compare/report?${keys.map((k) => `runs=${encodeURIComponent(k)}`).join("&")}`;
-  else $("compare-runs").removeAttribute("href");
+  // read in a tab of its own as wide as the window (one column per run), or downloaded as a file (issue 49)
+  const query = keys.map((k) => `runs=${encodeURIComponent(k)}`).join("&");
+  for (const [id, href] of [["compare-runs", `/api/compare/report?${query}&view=true`], ["compare-download", `/api/compare/report?${query}`]]) {
+    $(id).setAttribute("aria-disabled", String(!ok));
+    if (ok) $(id).href = href;
+    else $(id).removeAttribute("href");
+  }
 }
 
 async function loadRuns() {
@@ -555,7 +563,7 @@ $("run-note-save").addEventListener("click", async () => {
   }
 });
 $("runs-filter-clear").addEventListener("click", () => { state.runsOf = null; loadRuns(); });
-$("compare-runs").addEventListener("click", (e) => { if (state.compare.size < 2) e.preventDefault(); });
+for (const id of ["compare-runs", "compare-download"]) $(id).addEventListener("click", (e) => { if (state.compare.size < 2) e.preventDefault(); });
 
 // a run's stored version; a run started from the CLI of a scenario never saved here: its scenario hash
 function versionCell(r) {
@@ -626,7 +634,8 @@ function renderRun(d) {
     ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_text],
     ["model", d.model && d.model.name ? el("span", { "data-testid": "run-model" }, modelText(d.model)) : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
-    ["error", d.state === "stopped" ? "" : d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
+    // said once: a stop in its own box, a refusal in the outcome sentence below (which quotes the error)
+    ["error", d.state === "stopped" || (!d.inference_ran && d.error && (d.outcome_note || "").includes(d.error)) ? "" : d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
     ["edge channel", d.edge_channel],
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", { class: "num" }, "wall time")),
