@@ -503,7 +503,11 @@ def show(
     outcome = labels.run_outcome(status)  # stopped / refused / failed: what happened, with the error
     if outcome or status.get("error"):
         shown = "\n".join(printable_lines(outcome or str(status["error"])))  # may quote a node's output
-        out.print(f"[red]{escape(shown)}[/]")
+        # a stop is the user's choice, not an error: said plainly, with what the run kept
+        out.print(escape(shown) if status.get("state") == "stopped" else f"[red]{escape(shown)}[/]")
+    kept = labels.kept_text(run.path, status)
+    if kept:
+        out.print(escape(kept), highlight=False)
     for failed in status.get("degraded") or []:  # device processes that failed (the run is degraded)
         if failed.get("stderr_tail"):
             out.print(

@@ -80,7 +80,7 @@ def test_map_add_and_drag_nodes(page: Any, server: Server) -> None:
     )
     expected = link_latency_ms(km)
     shown = link_latency_text(page, "device1", "edge")
-    assert shown in (f"{expected:.1f} ms", f"{expected:.2f} ms")
+    assert shown in (f"{expected:.1f} ms rule", f"{expected:.2f} ms rule")  # the starter types no delay
     # the latency label on the link itself, on the map
     # (its own label: another link's can read the same at some zoom, as one did on CI's loaded machine;
     # the label drawn before the drag fades out for 200 ms before Leaflet removes it: wait for that)
@@ -320,6 +320,17 @@ def test_stop_during_a_run_tears_down(page: Any, server: Server) -> None:
     assert run_processes(run.run_id) == []
     page.wait_for_selector(".term .l[data-stream=stage]:has-text('teardown done')")
     shot(page, "10-stopped-teardown-done")
+    # its page says the user stopped it at its stage, with what it kept, not as an error (issue 49 item 4)
+    page.click("#tab-runs")
+    page.click(f"#runs-table tr[data-key='{run.path.parent.name}/{run.path.name}']")
+    page.wait_for_selector("#run-stopped:not([hidden])")
+    stopped = page.locator("#run-stopped").inner_text()
+    assert f"Stopped by the user (dit stop or NNPM's Stop) at the {status['ended_stage']} stage" in stopped
+    assert "Kept from before the stop: " in stopped and "device1: " in stopped
+    assert "error" not in page.locator("#run-meta").inner_text()
+    assert status["kept"]["aggregated"], status["kept"]  # at least the monitors
+    page.wait_for_selector("#run-plots img[data-plot=monitors]")
+    shot(page, "10b-stopped-run-page")
 
 
 def test_two_runs_compare_side_by_side(page: Any, server: Server) -> None:

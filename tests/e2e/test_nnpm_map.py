@@ -163,7 +163,7 @@ def test_upload_scale_and_place_nodes_on_the_plan(plan_page: Any, plan_server: S
         page.locator("#link-table tr[data-link='device1-edge'] td.distance").inner_text()
         == f"{link['m']:.2f}"
     )
-    assert page.locator("#link-table tr[data-link='device1-edge'] td.latency").inner_text() == "5.01 ms"
+    assert page.locator("#link-table tr[data-link='device1-edge'] td.latency").inner_text() == "5.01 ms rule"
     # The map redraws its links on every refresh (node saved, probe round): wait for the redraw to settle
     # on one label for the one link, then check it (CI once counted two mid-redraw).
     page.wait_for_function(
@@ -256,6 +256,18 @@ def test_badge_cli_hash_and_terminal(browser_context: Any, plan_server: Server) 
     status.write_text(json.dumps({**json.loads(status.read_text()), "state": "stopped"}), encoding="utf-8")
 
 
+def assert_link_delay(page: Any, link: str, text: str) -> None:
+    """The map view's label on ``link`` and its Links table row both read ``text``."""
+    page.click("#tab-map")
+    cell = page.locator(f"#link-table tr[data-link='{link}'] td.latency")
+    label = page.locator(f".leaflet-tooltip.link-label[data-link='{link}']")
+    for _ in range(100):  # the map redraws on its refresh: a label fades out for 200 ms once replaced
+        if cell.inner_text() == text and label.count() == 1 and label.inner_text() == text:
+            return
+        page.wait_for_timeout(100)
+    assert (cell.inner_text(), label.all_inner_texts()) == (text, [text])
+
+
 def open_link(page: Any, link: str) -> Any:
     """Click the link on the map (its wide, invisible hit line) and wait for its control."""
     page.click("#tab-map")
@@ -297,6 +309,9 @@ def test_a_link_on_the_map_sets_its_profile_and_a_typed_delay_stays(
         for k in ("delay_ms", "jitter_ms", "loss_pct", "rate_mbit")
     }
     assert values == {"delay_ms": "12", "jitter_ms": "2", "loss_pct": "0.5", "rate_mbit": "50"}
+    # the map shows the delay in force, typed, in its label and in the Links table (issue 49 item 5)
+    assert_link_delay(page, "device1-edge", "12.0 ms typed")
+    page.click("#tab-scenarios")
 
     # the map's delays are applied: the typed 12 ms stays, and both the list and the panel say typed applies
     page.click("#topology-button")
@@ -328,9 +343,46 @@ def test_a_link_on_the_map_sets_its_profile_and_a_typed_delay_stays(
     shot(page, "44-link-control-measured")
     page.click("#link-save")
     page.wait_for_selector("#link-written[data-source=measured]")
+    assert_link_delay(page, "device1-edge", "0.04 ms measured")
+    page.click("#tab-scenarios")
     assert form.locator(f"[name='{at}.delay_ms']").input_value() == "0.0441"
     assert form.locator(f"[name='{at}.jitter_ms']").input_value() == "2"
     # applying the map again keeps the measured delay: the map fills only what nobody chose
     page.click("#topology-button")
     page.wait_for_selector("#map-links li[data-device=device1]:has-text('measured RTT as delay, kept')")
     assert form.locator(f"[name='{at}.delay_ms']").input_value() == "0.0441"
+
+
+def test_the_distance_rule_is_set_on_the_map(plan_page: Any, plan_server: Server) -> None:
+    """Issue 49 item 5: the researcher sets the rule's base and per-metre terms, or none; the links of a
+    scenario that types no delay follow it, each labelled."""
+    page = plan_page
+    page.click("#tab-scenarios")
+    page.click("#new-scenario")  # no delay typed: device1 → edge follows the rule
+    page.click("#tab-map")
+    assert page.locator("#rule-text").inner_text() == "5 ms + 1 ms/km"
+    metres = float(page.locator("#link-table tr[data-link='device1-edge'] td.distance").inner_text())
+    page.fill("#rule-form input[name=base_ms]", "0.2")
+    page.fill("#rule-form input[name=per]", "0.05")
+    page.click("#rule-save")
+    page.wait_for_selector("#rule-text:has-text('0.2 ms + 0.05 ms/m')")
+    (link,) = [x for x in api_get(page, plan_server, "/api/nodes")["links"] if x["a"] == "device1"]
+    assert link["delay_ms"] == pytest.approx(0.2 + 0.05 * metres, abs=0.001)
+    assert_link_delay(page, "device1-edge", f"{link['delay_ms']:.2f} ms rule")
+    shot(page, "46-distance-rule-set")
+    page.fill("#rule-form input[name=per]", "-1")
+    page.click("#rule-save")
+    page.wait_for_selector("#rule-error:has-text('ms per m: must lie in [0, 1000]')")
+    page.check("#rule-form input[name=none]")
+    page.click("#rule-save")
+    page.wait_for_selector("#rule-text:has-text('no distance rule')")
+    assert_link_delay(page, "device1-edge", "no delay (no rule)")
+    assert api_get(page, plan_server, "/api/nodes")["delay_rule"] == {
+        "none": True,
+        "text": "no distance rule",
+    }
+    page.uncheck("#rule-form input[name=none]")
+    page.fill("#rule-form input[name=base_ms]", "5")
+    page.fill("#rule-form input[name=per]", "0.001")
+    page.click("#rule-save")
+    page.wait_for_selector("#rule-text:has-text('5 ms + 1 ms/km')")

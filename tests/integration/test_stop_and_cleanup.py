@@ -159,7 +159,10 @@ def test_a_held_run_refuses_a_second_run_and_cleanup_then_dit_stop_tears_it_down
     assert status["teardown"]["ok"] is True
     # the stage it stopped in is kept, and said (issue 36): not "no inference ran (a benchmark)"
     assert status["ended_stage"] in STAGES
-    assert (run_outcome(status) or "").startswith(f"Stopped during the {status['ended_stage']} stage")
+    assert status["error"] == "stopped by dit stop"  # its request file, then SIGTERM: the user stopped it
+    assert (run_outcome(status) or "").startswith(
+        f"Stopped by the user (dit stop or NNPM's Stop) at the {status['ended_stage']} stage"
+    )
     assert_clean(first)
     assert not lease_file().exists()
     after = dit("run", str(tiny_scenario(scenario_dir)), "--runs-dir", str(tmp_path / "runs-c"))

@@ -144,3 +144,43 @@ def test_local_tiles_are_served_by_nnpm(tmp_path: Path, nnpm: StartNnpm) -> None
     client = nnpm(config_for(tmp_path, str(mbtiles)))
     assert client.get("/tiles/3/4/2.png").content == png(3, 3)
     assert client.get("/tiles/3/4/5.png").status_code == 404
+
+
+def test_the_distance_rule_is_the_researchers_to_set(client: TestClient, tmp_path: Path) -> None:
+    """Issue 49 item 5: 5 ms + 1 ms/km gives every link in a room ~5.00 ms; the researcher sets the
+    rule's base and per-metre terms (stored with the inventory), or none (the map then gives no delay)."""
+    assert (
+        client.put("/api/floorplan/scale", json={"a": [0, 0], "b": [400, 0], "distance_m": 20}).status_code
+        == 200
+    )
+    node = {"name": "edge", "role": "edge", "address": "127.0.0.1", "x": 100, "y": 100}
+    assert client.post("/api/nodes", json=node).status_code == 201
+    assert (
+        client.post("/api/nodes", json={**node, "name": "d1", "role": "device", "y": 300}).status_code == 201
+    )
+    nodes = client.get("/api/nodes").json()
+    assert nodes["delay_rule"]["text"] == "5 ms + 1 ms/km" and nodes["links"][0]["delay_ms"] == pytest.approx(
+        5.01
+    )
+    rule = client.put("/api/delay-rule", json={"base_ms": 0.2, "ms_per_m": 0.05})
+    assert rule.status_code == 200, rule.text
+    assert rule.json()["text"] == "0.2 ms + 0.05 ms/m"
+    assert client.get("/api/nodes").json()["links"][0]["delay_ms"] == pytest.approx(0.7)  # 0.2 + 10 m x 0.05
+    assert client.get("/api/topology").json()["delays"] == {"d1": {"edge": pytest.approx(0.7)}}
+    saved = yaml.safe_load((tmp_path / "inv.yml").read_text("utf-8"))
+    assert saved["all"]["vars"]["dit_delay_rule"] == {"base_ms": 0.2, "ms_per_m": 0.05}
+    doc = {"name": "s", "devices": ["d1"]}
+    applied = client.post("/api/scenarios/topology", json={"document": doc}).json()
+    assert applied["document"]["network"] == {
+        "d1": {"destinations": {"edge": {"delay_ms": pytest.approx(0.7)}}}
+    }
+    bad = client.put("/api/delay-rule", json={"base_ms": -1, "ms_per_m": 0.05})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["path"] == "base_ms"
+    assert "[0, 10000]" in bad.json()["errors"][0]["message"]
+    missing = client.put("/api/delay-rule", json={"base_ms": 1})
+    assert missing.status_code == 422 and missing.json()["errors"][0]["path"] == "ms_per_m"
+    none = client.put("/api/delay-rule", json={"none": True})
+    assert none.status_code == 200 and none.json() == {"none": True, "text": "no distance rule"}
+    assert client.get("/api/nodes").json()["links"][0]["delay_ms"] is None
+    applied = client.post("/api/scenarios/topology", json={"document": doc}).json()
+    assert "network" not in applied["document"] and applied["links"] == [] and applied["not_on_map"] == []

@@ -21,7 +21,7 @@ def test_run_outcome_names_the_stage_and_the_lease() -> None:
     stopped = {"state": "stopped", "error": "stopped by SIGINT", "ended_stage": "apply",
                "stage_ns": {"preflight": 5, "teardown": 7}}  # fmt: skip
     assert labels.run_outcome(stopped) == (
-        "Stopped during the apply stage (stopped by SIGINT): the stages after it did not run."
+        "Stopped by the user (Ctrl-C) at the apply stage: the stages after it did not run."
     )
     # a run written before the driver recorded ended_stage: the stage after the last that ended
     legacy = {
@@ -29,7 +29,7 @@ def test_run_outcome_names_the_stage_and_the_lease() -> None:
         "error": "stopped by SIGTERM",
         "stage_ns": {"preflight": 5, "apply": 6, "teardown": 7},
     }
-    assert (labels.run_outcome(legacy) or "").startswith("Stopped during the profile stage")
+    assert (labels.run_outcome(legacy) or "").startswith("Stopped by SIGTERM at the profile stage")
     refused = labels.run_outcome({"state": "failed", "error": HELD, "ended_stage": "preflight"}) or ""
     assert refused.startswith("Refused by a node's lease during the preflight stage: ")
     assert "is leased by run 20261201T100000Z-aaaaaaaa" in refused
@@ -53,13 +53,13 @@ def test_report_and_run_page_say_the_run_stopped(tmp_path: Path) -> None:
     html = build_report(run)
     phases = html[html.index('<section id="phases">') :]
     phases = phases[: phases.index("</section>")]
-    assert "Stopped during the apply stage (stopped by SIGINT)" in phases
+    assert "Stopped by the user (Ctrl-C) at the apply stage" in phases
     assert "No inference ran" not in phases
     from dit.run.rundir import RunDir
     from dit.web.services.store import Store
 
     detail = runs_mod.run_detail(RunDir(run), tmp_path / "runs", Store(tmp_path / "store.db"))
-    assert (detail["outcome_note"] or "").startswith("Stopped during the apply stage")
+    assert (detail["outcome_note"] or "").startswith("Stopped by the user (Ctrl-C) at the apply stage")
     assert detail["inference_ran"] is False
 
 
@@ -72,5 +72,5 @@ def test_dit_show_says_the_run_stopped_in_one_sentence(tmp_path: Path) -> None:
     shown = CliRunner().invoke(app, ["show", str(run)], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.output.split())
-    assert "Stopped during the apply stage (stopped by SIGINT): the stages after it did not run." in text
-    assert text.count("stopped by SIGINT") == 1  # the sentence carries the error: not printed twice
+    assert "Stopped by the user (Ctrl-C) at the apply stage: the stages after it did not run." in text
+    assert "stopped by SIGINT" not in text  # the sentence says it: the raw reason is not printed beside it

@@ -325,3 +325,23 @@ def test_expand_raises_with_every_error() -> None:
 
 def test_top_level_must_be_a_mapping() -> None:
     assert messages([1, 2]) == ["the top level must be a mapping, got list"]  # type: ignore[arg-type]
+
+
+def test_each_missing_key_is_said_once() -> None:
+    """Issue 49 item 6: jsonschema reports each missing key on its own; rendering every missing key for
+    each made two missing keys read "is required; is required" at each field (scenario and action inputs)."""
+    from dit.runtime_api.interface import Action
+    from dit.runtime_ops.plays import InputError, validate_inputs
+
+    assert [m for m in messages({}) if m.endswith(": is required")] == [
+        "devices: is required",
+        "name: is required",
+    ]
+    schema = {"type": "object", "required": ["path", "sha256"], "properties": {"path": {}, "sha256": {}}}
+    action = Action("a", "A", "an action", schema, lambda _inputs: None)  # type: ignore[arg-type,return-value]
+    with pytest.raises(InputError) as refused:
+        validate_inputs(action, {})
+    assert [(e.path, e.message) for e in refused.value.errors] == [
+        ("path", "is required"),
+        ("sha256", "is required"),
+    ]

@@ -298,3 +298,25 @@ def test_an_idle_terminal_tail_ends_when_its_page_closes(tmp_path: Path) -> None
     ws = _ClosingSocket()
     asyncio.run(asyncio.wait_for(tail(ws, log, None, lambda: False), timeout=5))  # type: ignore[arg-type]
     assert ws.sent[0]["type"] == "hello"
+
+
+def test_a_diff_lists_no_default_nobody_typed(tmp_path: Path) -> None:
+    """Issue 49 item 6: a network block added by Apply map delays brought its defaults (measure_throughput,
+    variation) into the diff as added lines, never typed; a default the researcher did type is listed."""
+    store = Store(tmp_path / "nnpm.sqlite")
+    v1, _ = store.save(DOC, expand(DOC))
+    doc2 = {**DOC, "network": {"device1": {"destinations": {"edge": {"delay_ms": 12}}}}}
+    v2, _ = store.save(doc2, expand(doc2))
+    d = diff(v1, v2)
+    assert [(c["path"], c["b"], c["added"]) for c in d["changes"]] == [
+        ("network.device1", {"destinations": {"edge": {"delay_ms": 12}}}, True)
+    ]
+    assert "measure_throughput" not in d["unified"] and "variation" not in d["unified"]
+    assert "+      edge: {delay_ms: 12}" in d["unified"].splitlines(), d["unified"]
+    typed = {**DOC, "network": {"device1": {"delay_ms": 3, "measure_throughput": False}}}
+    v3, _ = store.save(typed, expand(typed))
+    (change,) = diff(v1, v3)["changes"]
+    assert change["b"] == {"delay_ms": 3, "measure_throughput": False}  # typed, so listed; variation is not
+    # the same value in both (a default in one, typed in the other) is no change
+    paths = [c["path"] for c in diff(v2, v3)["changes"]]
+    assert paths == ["network.device1.delay_ms", "network.device1.destinations"]

@@ -123,3 +123,25 @@ def test_apply_map_delays_follows_the_map_where_the_map_wrote_the_delay() -> Non
         by_link[("device2", "edge")]["source"] == "map" and "previous_ms" not in by_link[("device2", "edge")]
     )
     assert by_link[("device2", "device1")]["source"] == "map"
+
+
+def test_the_distance_rule_has_settable_terms_or_none() -> None:
+    """Issue 49 item 5: the rule is a base and a per-metre term the researcher sets, or no rule."""
+    from dit.web.services.topology import DEFAULT_RULE, DelayRule, RuleError, links, rule_from, rule_of
+
+    assert rule_from(None) == DEFAULT_RULE and DEFAULT_RULE.latency_ms(2.0) == 7.0
+    room = rule_from({"base_ms": 0.1, "ms_per_m": 0.05})
+    assert room == DelayRule(0.1, 0.05) and room is not None and room.latency_ms(0.012) == 0.7
+    assert room.text() == "0.1 ms + 0.05 ms/m" and DEFAULT_RULE.text() == "5 ms + 1 ms/km"
+    assert DelayRule(2, 0).text() == "2 ms whatever the distance"
+    assert rule_from({"none": True}) is None
+    edge, dev = Point("edge", "edge", x_m=0, y_m=0), Point("d1", "device", x_m=3, y_m=4)
+    assert links([edge, dev], None)[0]["delay_ms"] is None and topology_delays([edge, dev], None) == {}
+    assert topology_delays([edge, dev], room) == {"d1": {"edge": 0.35}}
+    for body, field in (({"base_ms": "1", "ms_per_m": 0}, "base_ms"), ({"base_ms": 1, "ms_per_m": 2000}, "ms_per_m"),
+                        ({"base_ms": 1, "ms_per_m": float("nan")}, "ms_per_m")):  # fmt: skip
+        with pytest.raises(RuleError) as caught:
+            rule_from(body)
+        assert caught.value.field == field
+    assert rule_of({"dit_delay_rule": {"base_ms": 1, "ms_per_m": 0.5}}) == DelayRule(1, 0.5)
+    assert rule_of({"dit_delay_rule": {"base_ms": "x"}}) == DEFAULT_RULE  # a hand-edit that cannot be read

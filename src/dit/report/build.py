@@ -89,7 +89,10 @@ def _facts(run_dir: Path, status: Mapping[str, Any], meta: Mapping[str, Any]) ->
                 + (", modified)" if git.get("dirty") else ")")),
         ("runtime", str((meta.get("runtime") or {}).get("name", "layers"))),
     ]  # fmt: skip
-    if status.get("error"):
+    if status.get("state") == "stopped":  # the user's choice, not an error, and what the run kept
+        rows.append(("stopped", labels.run_outcome(status) or str(status.get("error") or "")))
+        rows.append(("kept", labels.kept_text(run_dir, status) or ""))
+    elif status.get("error"):
         rows.append(("error", str(status["error"])))
     written = RunDir(run_dir).note().strip()
     if written:  # the researcher's note (dit note, NNPM's run page), as written
@@ -628,10 +631,12 @@ def _x(row: Mapping[str, Any], axis: str | None, index: int) -> Any:
 # --------------------------------------------------------------------------- rendering
 
 
-def render(title: str, sections: Sequence[Section], source: Path) -> str:
+def render(title: str, sections: Sequence[Section], source: Path, wide: bool = False) -> str:
+    """The report's HTML; ``wide``: the page takes the window's width (a comparison's side-by-side table
+    has a column per run, which a 60 rem page showed one of at 1400 px, the rest scrolled away)."""
     env = Environment(loader=PackageLoader("dit.report", "."), autoescape=select_autoescape(["html", "j2"]))
     template = env.get_template("report.html.j2")
-    return template.render(title=title, sections=sections, source=str(source))
+    return template.render(title=title, sections=sections, source=str(source), wide=wide)
 
 
 def build_report(path: Path, round_: int | None = None) -> str:

@@ -255,4 +255,4 @@ def comparison_sections(runs: Sequence[ComparedRun]) -> tuple[str, list[Section]
 def build_comparison(paths: Sequence[Path]) -> str:
     """The HTML of the comparison of ``paths`` (two or more run directories)."""
     title, sections = comparison_sections(load([Path(p) for p in paths]))
-    return render(title, sections, Path(paths[0]).parent)
+    return render(title, sections, Path(paths[0]).parent, wide=True)

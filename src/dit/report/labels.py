@@ -14,9 +14,9 @@ from typing import Any, Final
 from dit.analysis.delay import ENERGY_OBJECTIVES
 from dit.run.console import STAGES
 
-__all__ = ["ENERGY_OBJECTIVES", "MODELLED", "POWER_UNITS", "fake_power_nodes", "fake_sensor_note", "measured_policy",
-           "modelled_tag", "node_label", "power_sensors", "prediction_reason", "run_outcome", "skipped_stages",
-           "skipped_text"]  # fmt: skip
+__all__ = ["ENERGY_OBJECTIVES", "MODELLED", "POWER_UNITS", "fake_power_nodes", "fake_sensor_note", "kept_files",
+           "kept_text", "measured_policy", "modelled_tag", "node_label", "power_sensors", "prediction_reason",
+           "run_outcome", "skipped_stages", "skipped_text"]  # fmt: skip
 
 FAKE_SENSORS: Final = frozenset({"fake"})
 """``power.json``'s ``sensor`` values that model power instead of measuring it (dit.device.power)."""
@@ -116,12 +116,62 @@ def run_outcome(status: Mapping[str, Any]) -> str | None:
     stage = _stage_reached(status)
     where = f"during the {stage} stage" if stage else "before its first stage"
     if state == "stopped":
-        return f"Stopped {where}" + (f" ({error})" if error else "") + ": the stages after it did not run."
+        at = f"at the {stage} stage" if stage else "before its first stage"
+        return f"Stopped {_stopped_by(error)} {at}: the stages after it did not run."
     if state == "failed" and any(p in error for p in LEASE_REFUSALS):
         return f"Refused by a node's lease {where}: {error}."
     if state == "failed":
         return f"Failed {where}" + (f": {error}" if error else "") + "."
     return None
+
+
+STOPPED_BY: Final = {"dit stop": "by the user (dit stop or NNPM's Stop)", "SIGINT": "by the user (Ctrl-C)"}
+"""Who stopped a run, by the reason the driver recorded (``stopped by <reason>``, dit.run.stop)."""
+
+
+def _stopped_by(error: str) -> str:
+    reason = error.removeprefix("stopped by ").strip()
+    return STOPPED_BY.get(reason, f"by {reason}" if reason else "by a stop request")
+
+
+def kept_files(run_dir: Path) -> dict[str, list[str]]:
+    """node -> the files fetched into ``raw/<node>/`` (sorted): what a stopped run kept of its nodes'
+    results and logs; empty without raw/."""
+    raw = run_dir / "raw"
+    if not raw.is_dir():
+        return {}
+    kept: dict[str, list[str]] = {}
+    for node in sorted(p for p in raw.iterdir() if p.is_dir() and not p.is_symlink()):
+        files = sorted(
+            str(f.relative_to(node)) for f in node.rglob("*") if f.is_file() and not f.is_symlink()
+        )
+        if files:
+            kept[node.name] = files
+    return kept
+
+
+def kept_text(run_dir: Path, status: Mapping[str, Any]) -> str | None:
+    """What a stopped run kept and what the run page and report show of it, in one or two sentences;
+    None for a run that was not stopped (issue 49, item 4: a stop reads as an error otherwise)."""
+    if status.get("state") != "stopped":
+        return None
+    files = kept_files(run_dir)
+    if not files:
+        return "Nothing was fetched from the nodes before the stop: no results were kept."
+    count = sum(len(names) for names in files.values())
+    per_node = ", ".join(f"{node}: {len(names)}" for node, names in files.items())
+    text = f"Kept from before the stop: {count} file(s) fetched into raw/ ({per_node})"
+    kept = status.get("kept")
+    if not isinstance(kept, Mapping):
+        return text + "."
+    done = [str(s) for s in kept.get("aggregated") or []]
+    missing = kept.get("not_aggregated")
+    missing = missing if isinstance(missing, Mapping) else {}
+    if done:
+        text += f"; aggregated from them: {', '.join(done)} (shown below)"
+    if missing:
+        text += "; not aggregated: " + "; ".join(f"{step} ({why})" for step, why in missing.items())
+    return text + "."
 
 
 def skipped_stages(status: Mapping[str, Any]) -> dict[str, str]:

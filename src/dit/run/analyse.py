@@ -35,6 +35,42 @@ def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None])
         step(analysed)
 
 
+def aggregate_kept(analysed: LoadedRun, runtime: Runtime) -> dict[str, Any]:
+    """A stopped run's aggregate from what it kept (the files fetched into raw/ until the stop).
+
+    Each step of :func:`aggregate` runs on its own: a step whose inputs the stop cut short (a device
+    that never profiled, say) is named with why, and the others still give what they can, so the run
+    page and the report show the phases, tokens and traces measured before the stop (issue 49,
+    item 4). Never raises: ``{"aggregated": [step…], "not_aggregated": {step: why}}``.
+    """
+    from dit.analysis.monitors import aggregate_monitors
+    from dit.analysis.power_model import write_power_models
+    from dit.runtime_api.interface import write_summary
+
+    def results() -> None:
+        write_summary(analysed.aggregate_dir, runtime.name, runtime.parse_results(analysed))
+
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("monitors", lambda: aggregate_monitors(analysed)),
+        ("power models", lambda: write_power_models(analysed)),
+        (f"{runtime.name} results", results),
+        *(
+            (f"{condition.name} checks", lambda step=step: step(analysed))
+            for condition, step in aggregate_hooks()
+        ),
+    ]
+    done: list[str] = []
+    missing: dict[str, str] = {}
+    for name, step in steps:
+        try:
+            step()
+        except Exception as exc:  # cut-short inputs break a step in any way; the others go on
+            missing[name] = " ".join(str(exc).split())[:300] or type(exc).__name__
+        else:
+            done.append(name)
+    return {"aggregated": done, "not_aggregated": missing}
+
+
 def optimise_skipped(scenario: Scenario) -> str | None:
     """Why the optimise stage does not run for ``scenario`` (status.json and ``dit show`` say it), or None.
     The optimisers search the partition vectors of the layer profile only the default runtime measures."""

@@ -86,7 +86,13 @@ class Reporter:
         stages.add_column("time", justify="right")
         for stage in STAGES:
             state = self.stage_state[stage]
-            colour = {"running": "cyan", "done": "green", "failed": "red", "skipped": "dim"}.get(state, "")
+            colour = {
+                "running": "cyan",
+                "done": "green",
+                "failed": "red",
+                "stopped": "yellow",
+                "skipped": "dim",
+            }.get(state, "")
             ms = self.stage_ms.get(stage)
             stages.add_row(
                 stage, f"[{colour}]{state}[/]" if colour else state, f"{ms / 1000:.2f} s" if ms else ""

@@ -153,6 +153,8 @@ class Driver:
                 if teardown_error:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
+            if state == "stopped":
+                self._aggregate_kept(run)
         if state == "completed" and self.process_failures:
             state, error = "degraded", "; ".join(f.describe() for f in self.process_failures)
         unwritten = run.try_set_status(
@@ -264,7 +266,7 @@ class Driver:
             check=self.options.check,
         )
         if outcome.status == "canceled" or (self.stop.reason and stage != "teardown"):
-            self._end(stage, start, "failed")
+            self._end(stage, start, "stopped")  # not "failed": the console says what happened
             raise Stopped(self.stop.reason or "cancel")
         if not outcome.ok or outcome.failures():
             self._end(stage, start, "failed")
@@ -464,6 +466,21 @@ class Driver:
     def analysed(self) -> LoadedRun:
         """The run directory as the analysis steps see it: ``scenario.yaml`` read once for all of them."""
         return LoadedRun(self.run.path)
+
+    def _aggregate_kept(self, run: RunDir) -> None:
+        """What a stopped run fetched into raw/ (collect's files, or teardown's), aggregated as far as
+        it goes (:func:`analyse.aggregate_kept`); recorded as status.json's ``kept``."""
+        raw = run.path / "raw"
+        if not raw.is_dir() or not any(p.is_file() for p in raw.rglob("*")):
+            return
+        kept = analyse.aggregate_kept(self.analysed, self.runtime)
+        if kept["aggregated"]:
+            self.reporter_info(
+                f"aggregated from the files kept before the stop: {', '.join(kept['aggregated'])}"
+            )
+        for step, why in kept["not_aggregated"].items():
+            self.reporter_info(f"not aggregated ({step}): {why}")
+        run.try_set_status(kept=kept)
 
     def _aggregate(self) -> None:
         self._timed("aggregate", lambda: analyse.aggregate(self.analysed, self.runtime, self.reporter_info))

@@ -9,6 +9,9 @@ from types import FrameType
 
 from dit.run.errors import Stopped
 
+USER_STOP = "dit stop"
+"""The stop reason of a run the user stopped with ``dit stop`` or NNPM's Stop (its request file)."""
+
 
 class StopRequests:
     """The first reason to stop wins; teardown is never cancelled (it is what a stop runs)."""
@@ -22,14 +25,16 @@ class StopRequests:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.reason is None:
-            self.reason = name
+            # `dit stop` (NNPM's Stop too) writes its request file, then signals: the run says the
+            # user stopped it, not that some SIGTERM did (issue 49, item 4)
+            self.reason = USER_STOP if self._requested() else name
             self._warn(f"{name} received: stopping and tearing down")
 
     def should_cancel(self) -> bool:
         if self.in_teardown:
             return False
         if self.reason is None and self._requested():
-            self.reason = "dit stop"
+            self.reason = USER_STOP
         return self.reason is not None
 
     def check(self) -> None:

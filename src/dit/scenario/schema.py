@@ -246,7 +246,10 @@ def _render(error: ValidationError) -> list[FieldError]:
     if kind == "required":
         cond = _condition(error)
         missing = [k for k in value if isinstance(inst, dict) and k not in inst]
-        return [FieldError(render_path([*parts, k]), f"is required{cond}") for k in missing]
+        # jsonschema reports each missing key in its own error ("'name' is a required property"): this
+        # one's key only, or two missing keys read "is required; is required" at each (issue 49, item 6)
+        named = [k for k in missing if error.message.startswith(f"{k!r} ")]
+        return [FieldError(render_path([*parts, k]), f"is required{cond}") for k in named or missing]
     if kind == "additionalProperties" and isinstance(inst, dict):
         schema: Any = error.schema
         props = list(schema.get("properties", {}))

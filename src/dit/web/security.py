@@ -28,6 +28,8 @@
   style attributes (Leaflet positions its elements through ``element.style``, which the policy does not
   govern); and ``X-Content-Type-Options: nosniff``. The page builds every view from DOM nodes and
   text; the policy is the second line if a value ever reaches markup (stored XSS, issue 16).
+  One answer brings its own, stricter policy (:data:`REPORT_CSP`), which then replaces this one: a report
+  viewed in the browser (its styles are inline in the file) runs in a sandbox with no script at all.
 
 A refused WebSocket is accepted and then closed with code ``4000 + status`` (4401, 4403): a
 WebSocket refused at the handshake reaches the page only as code 1006, with no reason to show.
@@ -62,6 +64,12 @@ CSP_BASE = (
     "base-uri 'none'",
     "frame-ancestors 'none'",
 )
+REPORT_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'; sandbox"
+)
+"""A ``dit report`` file viewed in NNPM (a comparison): its own inline styles and data: images, nothing
+else, in a sandbox (no script runs whatever the file holds)."""
 HOW_TO_GET_IN = (
     "NNPM needs its token: open the URL with ?token=… that `dit web` printed when it started (the page "
     "then keeps the token in a cookie), or send the header 'Authorization: Bearer <token>'"
@@ -281,7 +289,9 @@ class Guard:
 
         async def sending(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *extra]
+                # an answer with its own policy keeps it (REPORT_CSP, stricter): two policies would both apply
+                own = {name.lower() for name, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []), *(h for h in extra if h[0] not in own)]
             await send(message)
 
         return sending

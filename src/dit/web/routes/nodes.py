@@ -20,7 +20,16 @@ from fastapi.responses import FileResponse, Response
 from dit.web.routes.common import Context, Ctx, json_body
 from dit.web.services import floorplan
 from dit.web.services.nodes import Node, NodeError, check_node
-from dit.web.services.topology import Point, links, topology_delays
+from dit.web.services.topology import (
+    RULE_VAR,
+    DelayRule,
+    Point,
+    RuleError,
+    links,
+    rule_from,
+    rule_of,
+    topology_delays,
+)
 
 router = APIRouter()
 LOCAL_TILES = "/tiles/{z}/{x}/{y}.png"
@@ -83,10 +92,20 @@ def map_points(ctx: Context, nodes: list[Node] | None = None) -> tuple[list[Poin
     return [p for p in (n.plan_point(mpp) for n in nodes) if p is not None], {"mode": mode, "plan": plan}
 
 
+def delay_rule(ctx: Context) -> DelayRule | None:
+    """The distance rule the map's delays follow (the inventory's ``dit_delay_rule``), None for none."""
+    return rule_of(ctx.inventory.variables())
+
+
+def rule_json(rule: DelayRule | None) -> dict[str, Any]:
+    return {"none": True, "text": "no distance rule"} if rule is None else rule.to_json()
+
+
 @router.get("/api/nodes")
 def get_nodes(ctx: Ctx) -> dict[str, Any]:
     nodes = ctx.inventory.nodes()
     points, view = map_points(ctx, nodes)
+    rule = delay_rule(ctx)
     results = ctx.probe.results
     out = []
     for node in nodes:
@@ -94,7 +113,8 @@ def get_nodes(ctx: Ctx) -> dict[str, Any]:
         out.append({**node.to_json(), "probe": result.to_json() if result else None})
     return {
         "nodes": out,
-        "links": links(points),
+        "links": links(points, rule),
+        "delay_rule": rule_json(rule),
         "map": view,
         "editable": ctx.inventory.editable,
         "probe_method": ctx.probe.method,
@@ -149,8 +169,30 @@ def delete_node(ctx: Ctx, name: str) -> Response:
 @router.get("/api/topology")
 def get_topology(ctx: Ctx) -> dict[str, Any]:
     valid, view = map_points(ctx)
+    rule = delay_rule(ctx)
     edge = next((p.name for p in valid if p.role == "edge"), None)
-    return {"edge": edge, "mode": view["mode"], "links": links(valid), "delays": topology_delays(valid)}
+    return {
+        "edge": edge,
+        "mode": view["mode"],
+        "links": links(valid, rule),
+        "delays": topology_delays(valid, rule),
+        "delay_rule": rule_json(rule),
+    }
+
+
+@router.put("/api/delay-rule")
+async def put_delay_rule(ctx: Ctx, request: Request) -> dict[str, Any]:
+    """``{base_ms, ms_per_m}`` (a link's delay: base + per-metre term of its distance) or ``{none: true}``
+    (the map gives no delay): the rule the map's labels, the Links table and Apply map delays follow."""
+    ctx.inventory.require_editable()
+    body = await json_body(request)
+    try:
+        rule = rule_from(body)
+    except RuleError as exc:
+        raise NodeError(exc.field, exc.message) from None
+    stored = {"none": True} if rule is None else {"base_ms": rule.base_ms, "ms_per_m": rule.ms_per_m}
+    await asyncio.to_thread(ctx.inventory.set_variable, RULE_VAR, stored)
+    return rule_json(rule)
 
 
 # -- the floor plan ----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from dit.web.routes.common import (
     json_body,
     unprocessable,
 )
+from dit.web.security import REPORT_CSP
 from dit.web.services import queue as run_queue
 from dit.web.services import runpage
 from dit.web.services import runs as runs_mod
@@ -242,6 +243,26 @@ async def dry_run(ctx: Ctx, request: Request) -> dict[str, Any] | JSONResponse:
     return {**result, "action": action.id}
 
 
+@router.get("/versions/{digest}/dry-runs")
+def kept_dry_runs(ctx: Ctx, digest: str) -> dict[str, Any]:
+    """Which modes a saved version has a kept dry run in: ``{local, inventory}``, each ``{finished_ns,
+    ok}`` or null. The page asks this on every version it opens, never a 404 it would log as an error."""
+    version = ctx.store.find(digest)
+    if version is None:
+        raise HTTPException(404, f"no saved version {digest}")
+    out: dict[str, Any] = {}
+    for mode in ("local", "inventory"):
+        path = dry_run_file(ctx, version.hash, mode)
+        try:
+            kept = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        except (OSError, ValueError):
+            kept = None
+        out[mode] = (
+            {"finished_ns": kept.get("finished_ns"), "ok": kept.get("ok")} if isinstance(kept, dict) else None
+        )
+    return out
+
+
 @router.get("/versions/{digest}/dry-run")
 def last_dry_run(ctx: Ctx, digest: str, mode: str = "local") -> Any:
     """The last dry run of a saved version in ``mode`` (``local`` or ``inventory``), kept on disk."""
@@ -313,8 +334,8 @@ def stop(ctx: Ctx, scenario: str, run: str) -> dict[str, Any]:
 
 
 @router.get("/runs/{scenario}/{run}/plots/{plot}.png")
-async def plot(ctx: Ctx, scenario: str, run: str, plot: str) -> Response:
-    from dit.web.services.plots import layers_png, monitors_png
+async def plot(ctx: Ctx, scenario: str, run: str, plot: str, v: str | None = None) -> Response:
+    from dit.web.services.plots import cached_png, layers_png, monitors_png
 
     agg = run_or_404(ctx, scenario, run).path / "aggregate"
     if plot == "validation":
@@ -327,8 +348,10 @@ async def plot(ctx: Ctx, scenario: str, run: str, plot: str) -> Response:
     make, name = makers[plot]
     if not (agg / name).is_file():
         raise HTTPException(404, f"the run has no {name}")
-    png = await asyncio.to_thread(make, agg / name)
-    return Response(png, media_type="image/png", headers={"Cache-Control": "no-store"})
+    png = await asyncio.to_thread(cached_png, make, agg / name)
+    # the page asks with its inputs' stamp (run detail's plot_stamps): a new stamp is a new address
+    cache = "private, max-age=86400" if v else "no-cache"
+    return Response(png, media_type="image/png", headers={"Cache-Control": cache})
 
 
 @router.get("/runs/{scenario}/{run}/report")
@@ -378,9 +401,10 @@ async def archive(ctx: Ctx, scenario: str, run: str) -> Response:
 
 
 @router.get("/compare/report")
-async def compare_report(ctx: Ctx, runs: Annotated[list[str], Query()]) -> Response:
-    """Two or more runs side by side (``dit report RUN RUN …``) as a download: ``runs`` are run keys
-    (``<scenario>/<run>``, as ``GET /api/runs`` lists them), each resolved inside the runs directory."""
+async def compare_report(ctx: Ctx, runs: Annotated[list[str], Query()], view: bool = False) -> Response:
+    """Two or more runs side by side (``dit report RUN RUN …``): ``runs`` are run keys (``<scenario>/<run>``,
+    as ``GET /api/runs`` lists them), each resolved inside the runs directory. A download, or with
+    ``view=true`` a page to read in the browser, under its own sandboxed policy (:data:`REPORT_CSP`)."""
     from dit.report.compare import CompareError, build_comparison
 
     dirs = []
@@ -393,11 +417,11 @@ async def compare_report(ctx: Ctx, runs: Annotated[list[str], Query()]) -> Respo
         html = await asyncio.to_thread(build_comparison, dirs)
     except CompareError as exc:
         raise HTTPException(422, f"runs: {exc}") from None
-    return Response(
-        html,
-        media_type="text/html; charset=utf-8",
-        headers={"Content-Disposition": 'attachment; filename="compare.html"', "Cache-Control": "no-store"},
-    )
+    if view:
+        headers = {"Content-Security-Policy": REPORT_CSP, "Cache-Control": "no-store"}
+    else:
+        headers = {"Content-Disposition": 'attachment; filename="compare.html"', "Cache-Control": "no-store"}
+    return Response(html, media_type="text/html; charset=utf-8", headers=headers)
 
 
 @router.get("/benchmark")

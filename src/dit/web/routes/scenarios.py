@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from dit.scenario import ScenarioError, expand, load_schema, load_yaml, validate
 from dit.web.routes.common import Context, Ctx, field_errors, json_body, unprocessable
-from dit.web.routes.nodes import map_points
+from dit.web.routes.nodes import delay_rule, map_points, rule_json
 from dit.web.services.measured import measured_links
 from dit.web.services.store import Version, diff, opens, version_hash
 from dit.web.services.topology import apply_map_delays, topology_delays
@@ -119,8 +119,9 @@ async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONRes
         return unprocessable(errors)
     valid, _view = map_points(ctx)  # the floor plan's or the world map's positions, as the map shows
     edge = next((p.name for p in valid if p.role == "edge"), None)
-    delays = topology_delays(valid)
-    missing = [d for d in devices if d not in delays]
+    rule = delay_rule(ctx)
+    delays = topology_delays(valid, rule)
+    missing = [d for d in devices if d not in delays] if rule is not None else []
     network, links = apply_map_delays(
         delays, devices, edge, bool(body.get("device_links")), document.get("network") or {}, from_map
     )
@@ -128,7 +129,8 @@ async def apply_topology(ctx: Ctx, request: Request) -> dict[str, Any] | JSONRes
     if network:
         out["network"] = network
     # per link: the delay that applies and where it comes from (typed values are kept, and said so)
-    return {"document": out, "edge": edge, "delays": delays, "not_on_map": missing, "links": links}
+    return {"document": out, "edge": edge, "delays": delays, "not_on_map": missing, "links": links,
+            "delay_rule": rule_json(rule)}  # fmt: skip
 
 
 @router.get("/scenarios/{name}/versions")

@@ -4,14 +4,35 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from dit.report import labels
+from dit.web.services.runpage import stamp
 
 _LOCK = threading.Lock()  # pyplot is not thread-safe; the figures are small
+_CACHE: OrderedDict[tuple[object, ...], bytes] = OrderedDict()
+CACHE_SIZE = 32  # plots kept; a run page shows two, each tens of kB
+
+
+def cached_png(make: Callable[[Path], bytes], csv_path: Path) -> bytes:
+    """``make(csv_path)``, drawn once per version of its inputs (the CSV and the power summary beside it,
+    which says which power is modelled): a run page reopened showed each plot drawn again, 8 s on the
+    machine of issue 49 (item 6). At most :data:`CACHE_SIZE` plots are kept, the least recent dropped."""
+    key = (make.__name__, str(csv_path), stamp(csv_path, csv_path.parent / "power_summary.csv"))
+    with _LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    png = make(csv_path)
+    with _LOCK:
+        _CACHE[key] = png
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return png
 
 
 def _png(fig: object) -> bytes:
@@ -129,7 +150,9 @@ def monitors_figure(frame: pd.DataFrame, fake_power: Sequence[str] = ()) -> obje
         sub = frame[frame["metric"] == metric]
         for node, rows in sub.groupby("node"):
             name = labels.node_label(node, fake_power) if metric == "power_w" else str(node)
-            ax.plot(rows["t_ns"] / 1e9, rows["value"] / divisor, label=name, linewidth=1)
+            # a line through one sample draws nothing (a load's CPU target is often set once): a marker
+            ax.plot(rows["t_ns"] / 1e9, rows["value"] / divisor, label=name, linewidth=1,
+                    marker="o" if len(rows) < 2 else None, markersize=4)  # fmt: skip
         ax.set_ylabel(label, fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")

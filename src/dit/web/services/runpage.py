@@ -59,6 +59,19 @@ TERMS: Final[dict[str, tuple[str, str]]] = {
 """The delay model's per-device terms (:mod:`dit.analysis.delay`), as the optimiser table names them."""
 
 
+def stamp(*paths: Path) -> str:
+    """A version of the files a plot is drawn from (their mtimes and sizes): it changes when they do."""
+    parts = []
+    for path in paths:
+        try:
+            info = path.stat()
+        except OSError:
+            parts.append("-")
+            continue
+        parts.append(f"{info.st_mtime_ns:x}.{info.st_size:x}")
+    return "-".join(parts)
+
+
 def _number(text: str) -> float | None:
     try:
         value = float(text)

@@ -298,6 +298,9 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "settings": settings,  # the run's own optimisation settings and the policy it measured
         "inference_ran": bool(phases and phases["rows"]),
         "outcome_note": labels.run_outcome(status),  # a stopped, refused or failed run: what happened
+        # a stopped run: what it kept (raw/'s files per node) and what of it is aggregated and shown
+        "kept_note": labels.kept_text(run.path, status),
+        "kept_files": labels.kept_files(run.path) if status.get("state") == "stopped" else {},
         "lateness_ns": status.get("lateness_ns", {}),
         "teardown": status.get("teardown"),
         # frames the edge service refused (its key did not verify them), or that it ran without one
@@ -323,6 +326,12 @@ def run_detail(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
             "layers": (agg / "layers.csv").is_file(),
             "monitors": (agg / "monitors.csv").is_file(),
             "validation": (agg / "validation.png").is_file(),
+        },
+        # each plot's inputs' version: the page asks for the PNG under it, so a reopened page is served
+        # from the caches (NNPM's and the browser's) until the run's files change
+        "plot_stamps": {
+            "layers": runpage.stamp(agg / "layers.csv"),
+            "monitors": runpage.stamp(agg / "monitors.csv", agg / "power_summary.csv"),
         },
         "optimise": optimise,
         "finished": summary["state"] in STATES_DONE,
@@ -350,6 +359,9 @@ def runtime_summary(aggregate: Path) -> dict[str, Any] | None:
     values = [
         {
             **{k: v.get(k) for k in ("name", "value", "unit", "type", "description")},
+            # written by dit.units, as dit show and the report write it (the page's own formatter said
+            # 13.59 % where they said 13.6 %: issue 49, item 6)
+            "text": units.with_unit(v.get("value"), str(v.get("unit") or "")),
             # the label the page shows beside the value ("" when measured or not a power figure)
             "modelled": labels.MODELLED if labels.modelled_tag(str(v.get("unit", "")), fake) else "",
         }

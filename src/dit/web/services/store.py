@@ -323,9 +323,39 @@ def opens(history: list[Version]) -> Version:
     return next((v for v in history if not v.derived), history[0])
 
 
+def _typed_paths(doc: Any, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """Every path the researcher wrote in ``doc`` (a model given by name is its ``model.name``)."""
+    out: set[tuple[str, ...]] = {path} if path else set()
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            out |= _typed_paths(value, (*path, str(key)))
+    elif path == ("model",) and isinstance(doc, str):
+        out.add(("model", "name"))
+    return out
+
+
+def _shown(side: Any, other: Any, typed: set[tuple[str, ...]], path: tuple[str, ...] = ()) -> Any:
+    """``side``'s resolved document without the defaults that only it holds and nobody typed: a block added
+    in one version brings its defaults with it, which are no change the researcher made (issue 49, item 6).
+    A value in both versions stays (unchanged, it is context; changed, it is a change)."""
+    if not isinstance(side, dict):
+        return side
+    out: dict[str, Any] = {}
+    for key, value in side.items():
+        sub = (*path, str(key))
+        there = other.get(key, _MISSING) if isinstance(other, dict) else _MISSING
+        shown = _shown(value, there, typed, sub)
+        if there is not _MISSING or sub in typed or (isinstance(shown, dict) and shown):
+            out[key] = shown
+    return out
+
+
 def diff(a: Version, b: Version) -> dict[str, Any]:
-    """What changed from ``a`` to ``b``: changed paths (resolved values) and a unified YAML diff."""
+    """What changed from ``a`` to ``b``: changed paths (resolved values) and a unified YAML diff, neither
+    listing a default that only one version holds because a block was added or removed around it."""
     changes: list[dict[str, Any]] = []
+    typed = _typed_paths(a.document) | _typed_paths(b.document)
+    shown_a, shown_b = _shown(a.resolved, b.resolved, typed), _shown(b.resolved, a.resolved, typed)
 
     def walk(x: Any, y: Any, path: str) -> None:
         if isinstance(x, dict) and isinstance(y, dict):
@@ -344,9 +374,9 @@ def diff(a: Version, b: Version) -> dict[str, Any]:
                 }
             )
 
-    walk(a.resolved, b.resolved, "")
-    text_a = dump_yaml(a.resolved).splitlines(keepends=True)
-    text_b = dump_yaml(b.resolved).splitlines(keepends=True)
+    walk(shown_a, shown_b, "")
+    text_a = dump_yaml(shown_a).splitlines(keepends=True)
+    text_b = dump_yaml(shown_b).splitlines(keepends=True)
     unified = "".join(
         difflib.unified_diff(
             text_a, text_b, fromfile=f"{a.name}@{a.hash[:12]}", tofile=f"{b.name}@{b.hash[:12]}"

@@ -1,6 +1,8 @@
 """A topology drawn on a map as a network: distance → synthetic link latency → netem.
 
-The latency of a link between two nodes is ``5 ms + 1 ms per km`` of their distance: great-circle
+The latency of a link between two nodes comes from the distance rule (:class:`DelayRule`), by default
+``5 ms + 1 ms per km`` of their distance; the researcher sets its base and per-metre terms, or no rule
+at all (the map then gives no delay), as the inventory's ``dit_delay_rule``. Distances are great-circle
 (haversine on a sphere of radius :data:`EARTH_RADIUS_KM`) between nodes on a world map, straight-line
 between nodes on a floor plan (metres from the plan's scale; across a room the rule gives 5 ms plus
 a few microseconds, i.e. the base latency of a link). A scenario carries it as per-destination
@@ -20,6 +22,75 @@ from typing import Any
 EARTH_RADIUS_KM = 6371.0088  # mean Earth radius (IUGG)
 BASE_MS = 5.0
 MS_PER_KM = 1.0
+RULE_VAR = "dit_delay_rule"
+"""The inventory variable (group ``all``) holding the distance rule the researcher set."""
+MAX_BASE_MS = 10_000.0
+MAX_MS_PER_M = 1_000.0
+
+
+class RuleError(ValueError):
+    """A distance rule that cannot be used: ``field`` names the offending key."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+@dataclass(frozen=True)
+class DelayRule:
+    """A link's synthetic one-way latency from its distance: ``base_ms + ms_per_m * metres``.
+
+    The default (5 ms + 1 ms per km) suits a world map; across a room it gives every link ~5.00 ms,
+    so a floor plan's researcher sets their own terms (issue 49, item 5).
+    """
+
+    base_ms: float = BASE_MS
+    ms_per_m: float = MS_PER_KM / 1000
+
+    def latency_ms(self, distance_km: float) -> float:
+        """Rounded to microseconds."""
+        return round(self.base_ms + self.ms_per_m * distance_km * 1000, 3)
+
+    def text(self) -> str:
+        """``5 ms + 1 ms/km`` (a world map's scale) or ``0.1 ms + 0.05 ms/m`` (a room's)."""
+        if self.ms_per_m == 0:
+            return f"{self.base_ms:g} ms whatever the distance"
+        per = f"{self.ms_per_m * 1000:g} ms/km" if self.ms_per_m < 0.01 else f"{self.ms_per_m:g} ms/m"
+        return f"{self.base_ms:g} ms + {per}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base_ms": self.base_ms, "ms_per_m": self.ms_per_m, "text": self.text()}
+
+
+DEFAULT_RULE = DelayRule()
+
+
+def _term(body: Mapping[str, Any], key: str, top: float) -> float:
+    value = body.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RuleError(key, "a number of milliseconds" + (" per metre" if key == "ms_per_m" else ""))
+    if not 0 <= value <= top:
+        raise RuleError(key, f"must lie in [0, {top:g}]")
+    return float(value)
+
+
+def rule_from(body: Mapping[str, Any] | None) -> DelayRule | None:
+    """The rule of ``{base_ms, ms_per_m}`` or ``{none: true}`` (no rule: None); :class:`RuleError`
+    names the key that is wrong."""
+    if body is None:
+        return DEFAULT_RULE
+    if body.get("none") is True:
+        return None
+    return DelayRule(_term(body, "base_ms", MAX_BASE_MS), _term(body, "ms_per_m", MAX_MS_PER_M))
+
+
+def rule_of(variables: Mapping[str, Any]) -> DelayRule | None:
+    """The rule stored in the inventory (the default when none is stored or it cannot be read)."""
+    stored = variables.get(RULE_VAR)
+    try:
+        return rule_from(stored if isinstance(stored, Mapping) else None)
+    except RuleError:
+        return DEFAULT_RULE
 
 
 @dataclass(frozen=True)
@@ -53,13 +124,14 @@ def distance_km(a: Point, b: Point) -> float:
     return haversine_km(a.lat, a.lon, b.lat, b.lon)
 
 
-def link_latency_ms(distance_km: float) -> float:
-    """The synthetic one-way latency of a link: 5 ms + 1 ms per km, rounded to microseconds."""
-    return round(BASE_MS + MS_PER_KM * distance_km, 3)
+def link_latency_ms(distance_km: float, rule: DelayRule = DEFAULT_RULE) -> float:
+    """The synthetic one-way latency of a link under ``rule`` (5 ms + 1 ms per km by default)."""
+    return rule.latency_ms(distance_km)
 
 
-def links(points: Iterable[Point]) -> list[dict[str, Any]]:
-    """Every pair of nodes once, with its distance (km) and latency (ms), in name order."""
+def links(points: Iterable[Point], rule: DelayRule | None = DEFAULT_RULE) -> list[dict[str, Any]]:
+    """Every pair of nodes once, with its distance (km) and latency (ms) under ``rule`` (None without
+    a rule), in name order."""
     ordered = sorted(points, key=lambda p: p.name)
     out: list[dict[str, Any]] = []
     for i, a in enumerate(ordered):
@@ -71,19 +143,24 @@ def links(points: Iterable[Point]) -> list[dict[str, Any]]:
                     "b": b.name,
                     "km": round(km, 6),
                     "m": round(km * 1000, 2),
-                    "delay_ms": link_latency_ms(km),
+                    "delay_ms": None if rule is None else rule.latency_ms(km),
                 }
             )
     return out
 
 
-def topology_delays(nodes: Iterable[Point]) -> dict[str, dict[str, float]]:
-    """``{device: {peer: delay_ms}}``: every device's latency to every other node (edge and devices)."""
+def topology_delays(
+    nodes: Iterable[Point], rule: DelayRule | None = DEFAULT_RULE
+) -> dict[str, dict[str, float]]:
+    """``{device: {peer: delay_ms}}``: every device's latency to every other node (edge and devices)
+    under ``rule``; empty without a rule (the map then writes no delay)."""
     points = list(nodes)
     out: dict[str, dict[str, float]] = {}
+    if rule is None:
+        return out
     for dev in sorted((p for p in points if p.role == "device"), key=lambda p: p.name):
         out[dev.name] = {
-            peer.name: link_latency_ms(distance_km(dev, peer))
+            peer.name: rule.latency_ms(distance_km(dev, peer))
             for peer in sorted(points, key=lambda p: p.name)
             if peer.name != dev.name
         }

@@ -16,7 +16,8 @@ window.nnpm = { state, terminal };
 function show(view) {
   for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === view);
   for (const s of document.querySelectorAll(".view")) s.classList.toggle("active", s.id === `view-${view}`);
-  if (view === "map" && state.map) setTimeout(() => state.map.map.invalidateSize(), 0);
+  // the links show the delays of the scenario in the editor: redrawn at once, not at the next refresh
+  if (view === "map" && state.map) setTimeout(() => { state.map.map.invalidateSize(); state.map.refresh().catch(() => {}); }, 0);
   if (view === "runs") loadRuns();
   if (view === "scenarios") loadScenarioLists();
   if (view === "runtimes") loadRuntimes();
@@ -241,6 +242,31 @@ $("topology-button").addEventListener("click", async () => {
     el("ul", { id: "map-links", class: "small" }, ...(res.links || []).map((l) => el("li", { dataset: { device: l.device, peer: l.peer, source: l.source } }, line(l)))));
 });
 
+// The delays the scenario open in the editor puts on a map link, one per direction it shapes (a device's egress
+// towards the other end): its destination's delay_ms (typed, or a measured RTT written into it; a value the
+// map wrote follows the rule), else the device's own delay_ms, else the distance rule's (issue 49, item 5).
+function delaysInForce() {
+  const doc = (state.form && state.form.read().value) || {};
+  const devices = new Set((doc.devices || []).filter((d) => typeof d === "string"));
+  const network = doc.network || {};
+  return (link, role) => {
+    const out = [];
+    for (const [from, to] of [[link.a, link.b], [link.b, link.a]]) {
+      if (!devices.has(from) || (role[to] !== "edge" && !devices.has(to))) continue;
+      const block = network[from] || {};
+      const dest = ((block.destinations || {})[to]) || {};
+      const origin = state.origins.get(linkKey(from, to));
+      const rule = link.delay_ms === null || link.delay_ms === undefined ? null : link.delay_ms;
+      // a value Apply map delays wrote is the rule's (as it was then); one the link panel wrote from a run is measured
+      const source = origin === "measured" ? "measured" : origin === "map" ? "rule" : "typed";
+      if (typeof dest.delay_ms === "number") out.push({ from, to, ms: dest.delay_ms, source });
+      else if (typeof block.delay_ms === "number" && !Object.keys(dest).length) out.push({ from, to, ms: block.delay_ms, source: "typed (device)" });
+      else out.push({ from, to, ms: rule, source: rule === null ? "no rule" : "rule" });
+    }
+    return out;
+  };
+}
+
 // -- one link of the map: its profile written into the form (link.js) -------------------------------
 // Typing a destination's delay in the form makes it typed: the map no longer writes over it.
 $("scenario-form").addEventListener("input", (e) => {
@@ -311,19 +337,23 @@ function renderDryRun(r) {
     r.error ? el("p", { class: "err" }, r.error) : null, ...nodes);
 }
 
-// The dry run goes on in the server: its progress streams to the terminal (the dialog is not modal while it
-// runs, so the terminal stays in view), and its report is kept as the version's last dry run in that mode,
-// which "Last dry run" opens again (after the tab was closed, too).
-function showDryRunReport(res, modal) {
+// The dry run goes on in the server: its progress streams to the terminal (seen below the dialog), and its
+// report is kept as the version's last dry run in that mode, which "Last dry run" opens again (after the tab
+// was closed, too). The dialog is modal: opened with show() it lay under the sticky toolbar, and a click
+// beside it could start another run meanwhile (issue 49, item 6).
+function showDryRunReport(res) {
   $("dry-run-title").textContent = `Dry run of ${res.version.name} · ${short(res.version.hash)} (${res.mode} mode, ${new Date(res.finished_ns / 1e6).toLocaleString()})`;
   const body = $("dry-run-body");
   body.replaceChildren(...res.dry_runs.map(renderDryRun));
   if (!res.ok && !res.dry_runs.some((r) => r.error)) body.append(el("pre", { class: "err" }, res.log_tail));
   if (res.not_kept) body.append(el("p", { class: "err" }, `not kept for later: ${res.not_kept}`));
-  if (!$("dry-run-dialog").open) modal ? $("dry-run-dialog").showModal() : $("dry-run-dialog").show();
+  if (!$("dry-run-dialog").open) $("dry-run-dialog").showModal();
 }
 
+// asked which modes have a kept report first: a 404 for "none yet" was a console error on every version load
 async function lastDryRun(hash, mode) {
+  const kept = await api(`/api/versions/${hash}/dry-runs`);
+  if (!kept[mode]) return null;
   try { return await api(`/api/versions/${hash}/dry-run?mode=${mode}`); } catch (err) { if (err.status === 404) return null; throw err; }
 }
 
@@ -342,14 +372,14 @@ async function dryRun() {
   const body = $("dry-run-body");
   $("dry-run-title").textContent = `Dry run of ${version.name || version.hash.slice(0, 12)}`;
   body.replaceChildren(el("p", { class: "small", "data-testid": "dry-run-waiting" },
-    "checking every node in Ansible check mode… its progress streams to the terminal below; closing this page does not stop it (Last dry run shows its report)"));
-  $("dry-run-dialog").show();
+    "checking every node in Ansible check mode… its progress streams to the terminal below this dialog; closing this page does not stop it (Last dry run shows its report)"));
+  if (!$("dry-run-dialog").open) $("dry-run-dialog").showModal();
   $("dry-button").disabled = true;
   try {
     const started = await api("/api/dry-runs", { method: "POST", body: { version: version.hash, mode, background: true } });
     const action = await watchAction(started.action, () => {});
     const res = await lastDryRun(version.hash, mode);
-    if (res && res.finished_ns >= action.started_ns) showDryRunReport(res, false);
+    if (res && res.finished_ns >= action.started_ns) showDryRunReport(res);
     else body.replaceChildren(el("p", { class: "err" }, action.error || "the dry run gave no report"));
     showLastDryRunButton();
   } catch (err) {
@@ -361,7 +391,7 @@ async function dryRun() {
 $("dry-button").addEventListener("click", dryRun);
 $("dry-last").addEventListener("click", async () => {
   const res = state.saved && await lastDryRun(state.saved.hash, $("run-mode").value);
-  if (res) showDryRunReport(res, true);
+  if (res) showDryRunReport(res);
 });
 $("run-mode").addEventListener("change", showLastDryRunButton);
 
@@ -477,10 +507,14 @@ state.compare = new Set();
 function compareLink() {
   const keys = [...state.compare];
   const ok = keys.length >= 2;
-  $("compare-runs").setAttribute("aria-disabled", String(!ok));
   $("compare-runs").textContent = ok ? `Compare ${keys.length}` : "Compare";
-  if (ok) $("compare-runs").href = `/api/compare/report?${keys.map((k) => `runs=${encodeURIComponent(k)}`).join("&")}`;
-  else $("compare-runs").removeAttribute("href");
+  // read in a tab of its own as wide as the window (one column per run), or downloaded as a file (issue 49)
+  const query = keys.map((k) => `runs=${encodeURIComponent(k)}`).join("&");
+  for (const [id, href] of [["compare-runs", `/api/compare/report?${query}&view=true`], ["compare-download", `/api/compare/report?${query}`]]) {
+    $(id).setAttribute("aria-disabled", String(!ok));
+    if (ok) $(id).href = href;
+    else $(id).removeAttribute("href");
+  }
 }
 
 async function loadRuns() {
@@ -529,7 +563,7 @@ $("run-note-save").addEventListener("click", async () => {
   }
 });
 $("runs-filter-clear").addEventListener("click", () => { state.runsOf = null; loadRuns(); });
-$("compare-runs").addEventListener("click", (e) => { if (state.compare.size < 2) e.preventDefault(); });
+for (const id of ["compare-runs", "compare-download"]) $(id).addEventListener("click", (e) => { if (state.compare.size < 2) e.preventDefault(); });
 
 // a run's stored version; a run started from the CLI of a scenario never saved here: its scenario hash
 function versionCell(r) {
@@ -561,7 +595,8 @@ function modelText(m) {
 function renderPhases(d) {
   const phases = d.phases;
   $("run-phases-box").hidden = !d.inference_ran;
-  $("run-no-inference").hidden = d.inference_ran || !d.finished;
+  // a stopped run says so in its own box at the top, with what it kept (renderStopped)
+  $("run-no-inference").hidden = d.inference_ran || !d.finished || d.state === "stopped";
   // a stopped or refused run says so (and where), never "a benchmark profiles only"
   $("run-no-inference").textContent = d.outcome_note || "No inference ran in this run (a benchmark profiles only): no phases, nothing to optimise.";
   if (!d.inference_ran) { $("run-phases").replaceChildren(); return; }
@@ -599,12 +634,14 @@ function renderRun(d) {
     ["run id", d.run_id], ["mode", d.mode], ["kind", d.kind], ["started", started], ["duration", d.duration_text],
     ["model", d.model && d.model.name ? el("span", { "data-testid": "run-model" }, modelText(d.model)) : ""],
     ["git", d.metadata.dit && d.metadata.dit.git ? short(d.metadata.dit.git.commit) + (d.metadata.dit.git.dirty ? " (dirty)" : "") : ""],
-    ["error", d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
+    // said once: a stop in its own box, a refusal in the outcome sentence below (which quotes the error)
+    ["error", d.state === "stopped" || (!d.inference_ran && d.error && (d.outcome_note || "").includes(d.error)) ? "" : d.error], ...(d.degraded || []).map((p) => [`${p.node} ${p.process}`, el("pre", { class: "small" }, (p.stderr_tail || []).join("\n") || p.error || "")]), ["teardown", d.teardown ? (d.teardown.ok ? "complete, nothing left" : d.teardown.errors.join("; ")) : ""],
     ["edge channel", d.edge_channel],
   ]));
   $("run-stages").replaceChildren(el("tr", {}, el("th", {}, "stage"), el("th", { class: "num" }, "wall time")),
     ...d.stages.map((s) => el("tr", { dataset: { stage: s.stage }, class: s.skipped !== undefined ? "skipped" : null }, el("td", {}, s.stage),
       el("td", { class: s.skipped !== undefined ? "small" : "num", title: s.ns !== null ? `${s.ns} ns` : s.skipped }, s.text))));
+  renderStopped(d);
   renderSummary(d.summary, d.token_spread || []);
   renderPhases(d);
   // a fake sensor's power is a model of the node's activity: said above the plots that show it
@@ -614,12 +651,26 @@ function renderRun(d) {
   const plots = $("run-plots");
   const want = [["layers", "Per-layer latency", "latency (ms) per stage and cumulative up to each partition point"],
     ["monitors", "Monitors", "each metric in its unit against the time from the run's common origin (s)"]].filter(([k]) => d.plots[k]);
-  const current = [...plots.querySelectorAll("img")].map((i) => i.dataset.plot).join();
-  if (current !== want.map(([k]) => k).join() || state.plotsFor !== d.key) {
-    state.plotsFor = d.key;
+  // each plot's address carries its inputs' stamp: the same run reopened is served from the caches, a run
+  // whose files changed (a stopped run aggregated, a new optimisation) asks again (issue 49, item 6)
+  const src = (k) => `/api/runs/${d.key}/plots/${k}.png?v=${encodeURIComponent((d.plot_stamps || {})[k] || "")}`;
+  const current = [...plots.querySelectorAll("img")].map((i) => i.getAttribute("src")).join();
+  if (current !== want.map(([k]) => src(k)).join()) {
     plots.replaceChildren(...want.flatMap(([k, title, axes]) => [el("h3", {}, title),
-      el("img", { src: `/api/runs/${d.key}/plots/${k}.png?t=${Date.now()}`, alt: `${title}: ${axes}`, dataset: { plot: k } })]));
+      el("img", { src: src(k), alt: `${title}: ${axes}`, dataset: { plot: k } })]));
   }
+}
+
+// A stopped run is the user's choice, not an error: who stopped it at which stage, and what it kept (the
+// files fetched from each node, what of them is aggregated and shown below) (issue 49, item 4)
+function renderStopped(d) {
+  $("run-stopped").hidden = d.state !== "stopped";
+  if (d.state !== "stopped") return;
+  $("run-stopped-text").textContent = d.outcome_note || "Stopped.";
+  $("run-kept-text").textContent = d.kept_note || "";
+  const files = Object.entries(d.kept_files || {});
+  $("run-kept").hidden = !files.length;
+  $("run-kept-files").replaceChildren(...files.map(([node, names]) => el("li", { dataset: { node } }, el("strong", {}, `${node}: `), names.join(", "))));
 }
 
 // the runtime's summary values (aggregate/summary.json): name, value with its unit scaled to read, meaning;
@@ -632,7 +683,7 @@ function renderSummary(summary, tokens) {
   const note = summary.modelled_note || "";
   $("run-summary").replaceChildren(el("tr", {}, el("th", {}, "name"), el("th", {}, "value"), el("th", {}, "meaning")),
     ...summary.values.map((v) => el("tr", { dataset: { name: v.name, modelled: v.modelled ? "1" : "" } }, el("td", {}, v.name),
-      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, fmtQuantity(v.value, v.unit),
+      el("td", { class: "num", title: `${v.value} ${v.unit}`.trim() }, v.text ?? fmtQuantity(v.value, v.unit),
         v.modelled ? el("span", { class: "badge fake-sensor", title: note }, v.modelled) : null),
       el("td", { class: "small" }, v.description || ""))),
     ...tokens.map((t) => el("tr", { class: "token-spread", dataset: { host: t.host } }, el("td", {}, `decode token latency · ${t.host}`),
@@ -867,7 +918,7 @@ async function main() {
   const schema = await api("/api/schema");
   state.form = new SchemaForm($("scenario-form"), schema);
   editScenario(STARTER);
-  state.map = new NodeMap(state.config, () => {}, (link, nodes) => linkPanel.open(link, nodes).catch((err) => alert(err.message)));
+  state.map = new NodeMap(state.config, () => {}, (link, nodes) => linkPanel.open(link, nodes).catch((err) => alert(err.message)), delaysInForce);
   await state.map.refresh();
   setInterval(() => state.map.refresh().catch(() => {}), 2000);
   // a run that is going on when the page opens becomes the active run

@@ -1,6 +1,7 @@
 // The map of nodes: markers coloured by the last probe (green only when all three answered), draggable;
-// a click in "add" mode opens the node dialog; every pair of nodes is a link labelled with its synthetic
-// latency (5 ms + 1 ms per km of distance, computed by the server); a click on a link opens its own
+// a click in "add" mode opens the node dialog; every pair of nodes is a link labelled with the delay in force
+// for the scenario open in the editor (typed, measured, or the distance rule's: base + per-metre term, set
+// by the researcher, or none; computed by the server), each labelled; a click on a link opens its own
 // control (link.js: delay, jitter, loss and rate of device → destination).
 //
 // Two views (GET /api/config → tiles):
@@ -26,8 +27,10 @@ export function boardText(board) {
 const L = window.L;
 
 export class NodeMap {
-  constructor(config, onChange, onLink) {
+  // inForce() -> (link, roles) -> [{ from, to, ms, source }]: the delays the open scenario puts on a link
+  constructor(config, onChange, onLink, inForce = () => () => []) {
     this.config = config;
+    this.inForce = inForce;
     this.onChange = onChange;
     this.onLink = onLink;
     this.mode = config.tiles ? "tiles" : "plan";
@@ -60,6 +63,7 @@ export class NodeMap {
     this.dialog = document.getElementById("node-dialog");
     this.form = document.getElementById("node-form");
     this.form.addEventListener("submit", (e) => this.submit(e));
+    document.getElementById("rule-form").addEventListener("submit", (e) => { e.preventDefault(); this.saveRule(); });
     this.fitted = false;
   }
 
@@ -312,11 +316,12 @@ export class NodeMap {
     this.linkLayer.clearLayers();
     const pos = Object.fromEntries(data.nodes.map((n) => [n.name, this.latLngOf(n)]).filter(([, p]) => p));
     const role = Object.fromEntries(data.nodes.map((n) => [n.name, n.role]));
+    const inForce = this.inForce();
     for (const link of data.links) {
       const edgeLink = role[link.a] === "edge" || role[link.b] === "edge";
       if (!pos[link.a] || !pos[link.b]) continue;
       const line = L.polyline([pos[link.a], pos[link.b]], { color: edgeLink ? "#2458c6" : "#7d8db3", weight: edgeLink ? 3 : 1.5, dashArray: edgeLink ? null : "4 4", opacity: 0.8, interactive: false });
-      line.bindTooltip(`${fmtMs(link.delay_ms)}`, { permanent: true, direction: "center", className: "link-label" });
+      line.bindTooltip(this.delayText(link, role, inForce), { permanent: true, direction: "center", className: "link-label" });
       line.addTo(this.linkLayer);
       line.getTooltip().getElement().dataset.link = `${link.a}-${link.b}`;
       // a wider, invisible line over it takes the click: a 3 px line is hard to hit
@@ -332,7 +337,50 @@ export class NodeMap {
     }
   }
 
+  // The delay in force on a link, with where it comes from: what the scenario open in the editor says on
+  // each shaped direction (typed, or a measured RTT written into it), else the distance rule's value (issue
+  // 49, item 5: the map said 5.01 ms while the scenario said 12 ms).
+  delayText(link, role, inForce) {
+    const set = inForce(link, role);
+    const rule = link.delay_ms === null || link.delay_ms === undefined ? "no delay (no rule)" : `${fmtMs(link.delay_ms)} rule`;
+    if (!set.length) return rule;
+    const text = (d) => (d.ms === null ? `no delay (${d.source})` : `${fmtMs(d.ms)} ${d.source}`);
+    if (new Set(set.map(text)).size === 1) return text(set[0]);
+    return set.map((d) => `${d.from}→${d.to} ${text(d)}`).join(" · ");
+  }
+
+  fillRule(data) {
+    const rule = data.delay_rule || {};
+    const form = document.getElementById("rule-form");
+    document.getElementById("rule-text").textContent = rule.text || "";
+    const plan = this.mode === "plan";
+    document.getElementById("rule-per-unit").textContent = plan ? "m" : "km";
+    if (form.contains(document.activeElement)) return; // never overwrite what is being typed
+    form.elements.none.checked = !!rule.none;
+    form.elements.base_ms.value = rule.none ? "" : String(rule.base_ms);
+    form.elements.per.value = rule.none ? "" : String(+(rule.ms_per_m * (plan ? 1 : 1000)).toPrecision(6));
+  }
+
+  async saveRule() {
+    const form = document.getElementById("rule-form");
+    const plan = this.mode === "plan";
+    const number = (v) => (v.trim() === "" ? null : Number(v));
+    const per = number(form.elements.per.value);
+    const body = form.elements.none.checked ? { none: true }
+      : { base_ms: number(form.elements.base_ms.value), ms_per_m: per === null ? null : plan ? per : per / 1000 };
+    const error = document.getElementById("rule-error");
+    try {
+      await api("/api/delay-rule", { method: "PUT", body });
+      error.textContent = "";
+      document.activeElement.blur();
+      await this.refresh();
+    } catch (err) {
+      error.textContent = (err.errors || []).map((e) => `${e.path === "ms_per_m" ? `ms per ${plan ? "m" : "km"}` : e.path}: ${e.message}`).join("; ") || err.message;
+    }
+  }
+
   fillTables(data) {
+    this.fillRule(data);
     const plan = this.mode === "plan";
     document.getElementById("inventory-info").textContent = `${data.editable ? "inventory" : "read-only inventory"} · probe: ${data.probe_method}`;
     const tbody = document.querySelector("#node-table tbody");
@@ -343,8 +391,10 @@ export class NodeMap {
       el("td", {}, n.name), el("td", {}, n.role), el("td", {}, n.address),
       el("td", { class: "small" }, n.probe ? `${n.probe.answered}/${n.probe.sent}` : "–"))));
     document.getElementById("link-distance-unit").textContent = plan ? "m" : "km";
+    const role = Object.fromEntries(data.nodes.map((n) => [n.name, n.role]));
+    const inForce = this.inForce();
     const links = document.querySelector("#link-table tbody");
     links.replaceChildren(...data.links.map((l) => el("tr", { dataset: { link: `${l.a}-${l.b}` } },
-      el("td", {}, `${l.a} ↔ ${l.b}`), el("td", { class: "distance" }, plan ? l.m.toFixed(2) : l.km.toFixed(2)), el("td", { class: "latency" }, fmtMs(l.delay_ms)))));
+      el("td", {}, `${l.a} ↔ ${l.b}`), el("td", { class: "distance" }, plan ? l.m.toFixed(2) : l.km.toFixed(2)), el("td", { class: "latency" }, this.delayText(l, role, inForce)))));
   }
 }
