@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from dit.analysis.run import LoadedRun
+from dit.runtime_api.chapters import ChapterPlan, ChapterRequest, ChapterRuns, ChapterSections
 from dit.runtimes import (
     Action,
     BlockProblem,
@@ -255,3 +256,15 @@ class HeadSplitRuntime(RuntimeBase):
 
     def parse_results(self, run: LoadedRun) -> Results:
         return parse(run)
+
+    # The chapter's sections import dit's report and simulator: loaded when a chapter asks, not when dit
+    # loads the runtime to validate a scenario
+    def chapter_plan(self, request: ChapterRequest) -> ChapterPlan | None:
+        from headsplit.plugin import chapter6
+
+        return chapter6.chapter_plan(request)
+
+    def chapter_sections(self, runs: ChapterRuns) -> ChapterSections | None:
+        from headsplit.plugin import chapter6
+
+        return chapter6.chapter_sections(runs)

@@ -1,142 +1,196 @@
-"""Chapter 6's simulated projection for the article's rack, beside the HeadSplit article's figures.
+"""HeadSplit's part of ``dit reproduce ch6``: its scenario variants and the sections measured from them.
 
-The rack is ``scenarios/sim/rack4_pi4.yaml``: four Raspberry Pi 4 boards whose rates, per-message latency
-and per-call cost were fitted to the article's own 256-token figures (``dit simulate --fit-article``,
-dit.sim.fit; what the fit could not give is said in the file). The simulator runs HeadSplit's own
-placement code; the added RTT is added to every device's round trip.
+The core's chapter (``dit.reproduce.chapters``, ``dit.reproduce.report``) asks every runtime what it adds
+(``chapter_plan`` and ``chapter_sections`` of :class:`headsplit.dit_runtime.HeadSplitRuntime`,
+docs/runtimes.md); this module answers for HeadSplit: the strategies' sweep on TinyLlama's geometry, the
+tolerance sweep and the memory pair, and their tables beside the simulator's projection for the article's
+rack (``dit.reproduce.ch6``) and the article's figures.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
-
-import yaml
+from typing import Any, Final
 
 from dit import units
-from dit.paths import content_root
-from dit.report import labels
 from dit.report.section import Section
-from dit.reproduce.article import ARTICLE_256_TOKENS_S, ARTICLE_TAU, FIGURES
-from dit.reproduce.ch6_tokens import why
+from dit.reproduce.article import ARTICLE_TAU, FIGURES
+from dit.reproduce.ch6 import (
+    RACK_FILE,
+    added_rtt_ms,
+    energy_cells,
+    rack_document,
+    simulate_seconds,
+    simulated_memory,
+    summary_values,
+)
+from dit.reproduce.chapters import Size, shipped_document
 from dit.reproduce.context import verdict_table
+from dit.runtime_api.chapters import ChapterPlan, ChapterRequest, ChapterRuns, ChapterSections
 from dit.units import MISSING
+from headsplit.breakdown import Token
+from headsplit.compare import CompareError, compare, load_variant, network_backends
+from headsplit.config import DEFAULT_TAU
+from headsplit.plugin.chapter6_tokens import breakdown_section, delay_section, tokens, why
 
-if TYPE_CHECKING:
-    from headsplit.breakdown import Token
-
-PLACEMENTS: Final = ("layerwise", "roundrobin", "greedy")
-ADDED_RTT_MS: Final = (0, 5, 15, 25, 50)
-RACK_FILE: Final = Path("scenarios") / "sim" / "rack4_pi4.yaml"
-
-
-def rack_document() -> dict[str, Any]:
-    doc = yaml.safe_load((content_root() / RACK_FILE).read_text(encoding="utf-8"))
-    if not isinstance(doc, dict):
-        raise ValueError(f"{RACK_FILE}: not a mapping")
-    return doc
+#: Where HeadSplit's sections sit among a chapter's (llama.cpp's beside them ranks 40).
+RANKS: Final = {"measured": 10, "breakdown": 20, "delay": 30, "tolerance": 50, "memory": 60}
+#: The chapter's scenario names (each run directory's parent) and the sections that read them.
+STRATEGIES, TOLERANCE, MEMORY = "ch6_headsplit", "ch6_tolerance", "ch6_memory"
 
 
-def simulate_seconds(doc: Mapping[str, Any], placement: str, added_rtt_ms: float = 0.0) -> float:
-    """Simulated seconds to generate the document's tokens with ``placement`` and ``added_rtt_ms``."""
-    from dit.sim.engine import simulate
-    from dit.sim.spec import config_from
+def chapter_plan(request: ChapterRequest) -> ChapterPlan | None:
+    """Chapter 6's HeadSplit variants at the request's size: the strategies' sweep, the tolerance sweep
+    and the memory pair (None for any other chapter)."""
+    if request.chapter != "ch6":
+        return None
+    size: Size = "full" if request.size == "full" else "quick"
+    doc, reductions = ch6_document(size, request.local)
+    tolerance, tau_reductions = ch6_tolerance_document(size)
+    memory, memory_reductions = ch6_memory_document(size)
+    ranked = [(RANKS["measured"], text) for text in reductions]
+    ranked += [(RANKS["tolerance"], text) for text in tau_reductions]
+    ranked += [(RANKS["memory"], text) for text in memory_reductions]
+    return ChapterPlan((doc, tolerance, memory), tuple(ranked))
 
-    shifted = {
-        **doc,
-        "devices": [{**d, "rtt_ms": float(d.get("rtt_ms", 0)) + added_rtt_ms} for d in doc["devices"]],
+
+def chapter_sections(runs: ChapterRuns) -> ChapterSections | None:
+    """Chapter 6's measured sections from HeadSplit's finished runs (None for any other chapter)."""
+    if runs.chapter != "ch6":
+        return None
+    strategies = list(runs.finished.get(STRATEGIES, ()))
+    found, unread = tokens(strategies)
+    sections = (
+        (RANKS["measured"], measured_section(strategies, runs.shared_cores, found=found, where=runs.where)),
+        (RANKS["breakdown"], breakdown_section(found, runs.where, unread)),
+        (RANKS["delay"], delay_section(found, runs.where)),
+        (RANKS["tolerance"], tolerance_section(list(runs.finished.get(TOLERANCE, ())))),
+        (RANKS["memory"], memory_section(list(runs.finished.get(MEMORY, ())))),
+    )
+    network = ", ".join(sorted({network_text(run) for run in runs.runs}))
+    return ChapterSections(sections, network)
+
+
+def network_text(run_dir: Path) -> str:
+    """What applied a run's added RTT (netem, userspace, recorded), or that none was asked."""
+    try:
+        meta = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "unknown"
+    return network_backends(meta)
+
+
+def ch6_tolerance_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 6's tolerance sweep (greedy + speculation, tau 0 / 0.02 / 0.05 / 0.10) at ``size``."""
+    doc = shipped_document("ch6_tolerance")
+    if size == "full":
+        return doc, ()
+    quick = copy.deepcopy(doc)
+    # The held-out perplexity is a teacher-forced pass over the paragraph, one decode step per position:
+    # on the emulated rack about 93 s per variant against 3.5 s for the 16 tokens, and on the reduced
+    # model's seeded weights it says nothing of fidelity (the tokens as at tau = 0 still do)
+    quick["runtime"] = {**quick["runtime"], "tokens": 16, "perplexity": False}
+    # Each variant costs about 40 s on the emulated rack, 25 s of it orchestration: the two ends of the
+    # article's values keep the quick size near 10 minutes there (ch6's speculation row is tau 0.05)
+    quick["sweep"] = {**quick["sweep"], "values": [0, 0.10]}
+    return quick, (
+        "the tolerance sweep: tau 0 and 0.10 instead of 0, 0.02, 0.05 and 0.10",
+        "the tolerance sweep: 16 tokens instead of 64",
+        "the tolerance sweep: no held-out perplexity (a pass over the paragraph costs about 25 times the "
+        "16 tokens, and the reduced model's seeded weights give it no meaning; the tokens as at tau = 0 "
+        "are the fidelity measured)",
+    )
+
+
+# The memory pair's emulated pressure: quick, re-placement after token 4 and a static placement's
+# out-of-memory after token 10 of 16; full, after tokens 256 and 400 of 512 (the article's static
+# placement "ran out of memory beyond roughly 400 tokens"; it gives no token for its re-placements)
+MEMORY_PRESSURE: Final = {
+    "quick": {"tokens": 16, "replace_at": 4, "full_at": 10},
+    "full": {"tokens": 512, "replace_at": 256, "full_at": 400},
+}
+
+
+def ch6_memory_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 6's memory pair: greedy with re-placement and the same run with a static placement, one
+    worker under emulated memory pressure (``runtime.memory_pressure``, docs/headsplit.md)."""
+    sizes = MEMORY_PRESSURE[size]
+    model = "tinyllama-half" if size == "quick" else "tinyllama"
+    pressure = {"replace_at": sizes["replace_at"], "full_at": sizes["full_at"]}
+    block = {"name": "headsplit", "strategy": "greedy", "speculation": False, "model": model,
+             "tokens": sizes["tokens"], "memory_pressure": pressure}  # fmt: skip
+    doc = {
+        "name": "ch6_memory",
+        "description": "HeadSplit greedy under memory pressure: re-placement against a static placement",
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": ["device1", "device2", "device3", "device4"],
+        "repetitions": 1,
+        "seed": 2026,
+        "inference": {"enabled": False},
+        "runtime": {"name": "headsplit"},
+        "sweep": [{"path": "runtime", "values": [block, {**block, "replacement": False}]}],
     }
-    return simulate(config_from(shifted, placement)).total_s
-
-
-def _within(value: float, key: str, simulated: bool = True) -> str:
-    figure = FIGURES[key]
-    holds = figure.holds(value)
-    what = "the simulation" if simulated else "the measurement"
-    if holds is None:
-        return MISSING
-    if holds:
-        return f"reproduces: {value:.2f}x lies in the article's range"
-    return (
-        f"does not reproduce: {what} gives {value:.2f}x with the board rates, latency and per-call cost "
-        f"{RACK_FILE} fitted to the article's three 256-token times (no one set gives all three)"
+    if size == "full":
+        return doc, ()
+    return doc, (
+        "memory: tinyllama-half, 16 tokens instead of TinyLlama's 512; the emulated pressure passes the "
+        "threshold after token 4 and the limit after token 10 (after 256 and 400 of 512 at full size)",
     )
 
 
-def sections(not_measured: str, doc: Mapping[str, Any] | None = None) -> list[Section]:
-    """The 256-token table and the added-RTT table; ``not_measured`` is why the column is empty here."""
-    doc = rack_document() if doc is None else doc
-    tokens = int(doc.get("tokens", 256))
-    seconds = {p: simulate_seconds(doc, p) for p in PLACEMENTS}
-    first = Section("Placements on the article's rack", "placements")
-    first.note = (
-        f"{tokens} tokens of {doc.get('model')} on four simulated boards ({RACK_FILE}). "
-        f"Measured here: {not_measured}."
-    )
-    rows: list[list[str]] = []
-    for placement in PLACEMENTS:
-        article = ARTICLE_256_TOKENS_S[placement]
-        sim = seconds[placement]
-        same = tokens == 256
-        rows.append(
-            [
-                f"{tokens} tokens, {placement}",
-                "not measured",
-                f"{sim:.1f} s",
-                f"{article:.1f} s" if same else f"{article:.1f} s (256 tokens)",
-                f"{'within' if abs(sim - article) <= 0.2 * article else 'not within'} 20 % of the article"
-                + (
-                    ""
-                    if abs(sim - article) <= 0.2 * article
-                    else f" ({sim / article:.2f}x its time) with the parameters {RACK_FILE} fitted"
-                ),
-            ]
-        )
-    for placement in ("roundrobin", "greedy"):
-        speedup = seconds["layerwise"] / seconds[placement]
-        rows.append(
-            [
-                f"speedup of {placement} over layer-wise",
-                "not measured",
-                f"{speedup:.2f}x",
-                FIGURES["ch6.speedup_heads"].text,
-                _within(speedup, "ch6.speedup_heads"),
-            ]
-        )
-    verdict_table(first, rows)
+#: Chapter 6's model in both sizes (issue 47): TinyLlama's own geometry (22 layers, 32 query heads of 64,
+#: 4 KV heads, hidden 2048, FFN 5632), seeded weights: the timing is the model's, the tokens are not
+#: TinyLlama's. The quick size generates fewer tokens; full the article's 256.
+CH6_MODEL: Final = "tinyllama"
+CH6_TOKENS: Final = {"quick": 16, "full": 256}
+#: Each worker's memory limit: the article's boards had 4 GB; 2 GB holds the layer-wise and greedy
+#: placements of TinyLlama on 4 workers (dit validate states each worker's need against it).
+CH6_WORKER_MEMORY_MB: Final = 2048
 
-    second = Section("Greedy over layer-wise as the round trip grows", "rtt")
-    second.note = (
-        "Every board's round trip increased by the added RTT. The article: "
-        f"{FIGURES['ch6.rtt'].text}. Measured here: {not_measured}."
-    )
-    rtt_rows: list[list[str]] = []
-    for added in ADDED_RTT_MS:
-        layerwise = simulate_seconds(doc, "layerwise", added)
-        greedy = simulate_seconds(doc, "greedy", added)
-        speedup = layerwise / greedy
-        if added <= 15:
-            expected, good = "≥ 1.35x", speedup >= 1.35
-        elif added >= 25:
-            expected, good = "layer-wise better (< 1x)", speedup < 1
-        else:
-            expected, good = "no figure", None
-        verdict = (
-            MISSING
-            if good is None
-            else (
-                "reproduces"
-                if good
-                else f"does not reproduce with the parameters {RACK_FILE} fitted to the 256-token times"
-            )
+
+def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 6's sweep at ``size``: every strategy on TinyLlama's geometry; the added RTT where it can be
+    applied."""
+    doc = copy.deepcopy(shipped_document("ch6_headsplit"))
+    sweep = list(doc["sweep"])
+    tokens = CH6_TOKENS[size]
+    runtime_axis = {
+        **sweep[0],
+        "values": [{**v, "model": CH6_MODEL, "tokens": tokens} for v in sweep[0]["values"]],
+    }
+    network_axis = sweep[1]
+    doc["hardware"] = {d: {"memory_limit_mb": CH6_WORKER_MEMORY_MB} for d in doc["devices"]}
+    doc["sweep"] = [runtime_axis, network_axis]
+    reductions = [
+        "TinyLlama's geometry with seeded weights (the article's trained TinyLlama is not carried by the "
+        "mirror): the timing is the model's, the tokens are not"
+    ]
+    if size == "full":
+        return doc, tuple(reductions)
+    reductions[0] += f"; {tokens} tokens instead of the article's 256"
+    if local:
+        # In local mode every worker shares this machine's cores (no quota per device): the RTT
+        # columns and the strategies' capacities belong on a rack whose quotas fit
+        doc["sweep"] = [runtime_axis]
+        reductions.append(
+            "no added RTT in local mode: the workers share this machine's cores without a quota each, so "
+            "the columns would measure the machine, not the boards (run with --where rack for them)"
         )
-        rtt_rows.append([f"+{added} ms", "not measured", f"{speedup:.2f}x", expected, verdict])
-    verdict_table(second, rtt_rows)
-    return [first, second]
+    else:
+        doc["sweep"] = [
+            runtime_axis,
+            {**network_axis, "values": [network_axis["values"][0], network_axis["values"][2]]},
+        ]
+        reductions.append(
+            "added RTT 0 and 15 ms instead of 0, 5, 15, 25 and 50 ms (per-token time is linear in the added "
+            "delay: the overtaking RTT is where the strategies' lines through the two columns cross)"
+        )
+    return doc, tuple(reductions)
 
 
 def measured_section(
@@ -149,10 +203,8 @@ def measured_section(
     """HeadSplit's runs here: tokens/s and speedup over layer-wise per strategy, control and added RTT,
     beside the simulator's speedup for the article's rack at the same added RTT and the article's range;
     a strategy that misses it says which part of its token is why (``found``: the runs' median decode
-    tokens, ch6_tokens). ``cores``: the cores every worker shares without a quota each (local mode; None
-    on boards or a rack whose quotas fit)."""
-    from headsplit.compare import CompareError, compare, load_variant
-
+    tokens, :mod:`.chapter6_tokens`). ``cores``: the cores every worker shares without a quota each
+    (local mode; None on boards or a rack whose quotas fit)."""
     doc = rack_document() if doc is None else doc
     found = found or {}
     baselines = {(t.control, t.one_way_ms): t for t in found.values() if t.name == "layerwise"}
@@ -167,7 +219,7 @@ def measured_section(
     rows: list[list[str]] = []
     simulated: dict[tuple[str, float], float] = {}
     for v in compare(variants):
-        added = _added_rtt_ms(v.others)
+        added = added_rtt_ms(v.others)
         name = v.strategy + (" + speculation" if v.speculation else "")
         key = (v.strategy, added)
         if key not in simulated:
@@ -178,13 +230,13 @@ def measured_section(
         measured = MISSING if v.tokens_per_s is None else f"{v.tokens_per_s:.2f} tokens/s"
         if v.speedup is not None and v.strategy != "layerwise":
             measured += f", {v.speedup:.2f}x over layer-wise"
-        values = _summary_values(v.path)
+        values = summary_values(v.path)
         moved = values.get("bytes_per_token")
         if isinstance(moved, int | float):
             measured += f", {units.size(moved)} moved per token"
         if values.get("replacements"):
             measured += f", {values['replacements']} re-placement(s)"
-        measured += _energy_cells(v.path, values)
+        measured += energy_cells(v.path, values)
         if v.agreement is not None and v.speculation:
             measured += f", {100 * v.agreement:.0f} % of tokens as without speculation"
         sim = MISSING if v.speculation else f"{simulated[key]:.2f}x over layer-wise"
@@ -221,112 +273,17 @@ def measured_section(
     return section
 
 
-def llamacpp_section(run_dirs: list[Path], not_run: str | None) -> Section:
-    """llama.cpp's RPC runs beside HeadSplit's strategies: tokens/s, per-token latency and bytes moved per
-    weight type and added RTT; ``not_run`` says why there are none (llama.cpp not built here, ...)."""
-    section = Section("llama.cpp RPC beside HeadSplit", "llamacpp")
-    rows: list[list[str]] = []
-    for run in run_dirs:
-        try:
-            meta = json.loads((run / "metadata.json").read_text(encoding="utf-8"))
-            block = meta["runtime"]["block"]
-            point = meta.get("scenario", {}).get("sweep_point") or []
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            rows.append([run.name, f"unreadable: {exc}", MISSING, MISSING, MISSING])
-            continue
-        values = _summary_values(run)
-        tps, latency = values.get("tokens_per_s"), values.get("token_latency_mean")
-        cells = [MISSING if not isinstance(tps, int | float) else f"{tps:.2f} tokens/s"]
-        if isinstance(latency, int | float):
-            cells.append(f"{latency / 1e6:.1f} ms per token after the first")
-        cells.append(_llamacpp_bytes(run, values.get("bytes_per_token")))
-        added = _added_rtt_ms(json.dumps(point))
-        model = block.get("model", "?")
-        rows.append(
-            [
-                f"llama.cpp RPC, {model} {block.get('quant', 'F32')}, +{added:g} ms",
-                ", ".join(cells) + _energy_cells(run, values),
-                MISSING,
-                "no figure: the article did not run llama.cpp",
-                f"beside HeadSplit, not against it: {model} here, HeadSplit's sweep runs its own model "
-                "(the llamacpp-rpc runtime has no GGUF of it)",
-            ]
-        )
-    if not rows:
-        rows.append(["llama.cpp RPC", not_run or "no finished run", MISSING, MISSING, MISSING])
-    verdict_table(section, rows)
-    section.note = (
-        "llama.cpp's RPC backend (docs/llamacpp.md) on the same four workers, every layer offloaded over "
-        "--rpc, the controller on the edge server; tokens/s counts the prefill as HeadSplit's does. Bytes "
-        "moved per token: the TCP payload through the rpc-servers' connections after the weights' upload "
-        "(the kernel's per-socket counters, both directions; docs/llamacpp.md, Results), per generated token "
-        "as HeadSplit's rows count theirs."
-    )
-    return section
-
-
-def _energy_cells(run: Path, values: Mapping[str, Any]) -> str:
-    """ ", <energy> per token, EDP <J*s>" from the run's summary, said to be modelled where a node's power
-    came from a fake sensor (local mode); "" without a power trace."""
-    per_token, edp = values.get("energy_per_token"), values.get("edp")
-    if not isinstance(per_token, int | float):
-        return ""
-    cells = f", {units.energy(float(per_token))} per token"
-    if isinstance(edp, int | float):
-        cells += f", EDP {units.with_unit(float(edp), 'J*s')}"
-    if labels.fake_power_nodes(run / "aggregate"):
-        cells += " (fake sensor: modelled, not measured)"
-    return cells
-
-
-def _description(run: Path, name: str) -> str:
-    """The summary value's description ("" where there is none)."""
-    try:
-        doc = json.loads((run / "aggregate" / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    for value in doc.get("values", []):
-        if isinstance(value, dict) and value.get("name") == name:
-            return str(value.get("description") or "")
-    return ""
-
-
-def _llamacpp_bytes(run: Path, moved: Any) -> str:
-    """The llama.cpp row's bytes moved per token, or why there is no figure: the run's own reason
-    ("... (not measured: <reason>)"), or a run aggregated before the rpc-servers' TCP bytes were counted
-    (its figure came from per-process I/O counters, which miss send/recv)."""
-    text = _description(run, "bytes_per_token")
-    marker = "(not measured: "
-    if marker in text:
-        return "bytes moved not measured: " + text[text.index(marker) + len(marker) :].removesuffix(")")
-    if not isinstance(moved, int | float):
-        return "bytes moved not measured"
-    if "TCP" not in text:
-        return "bytes moved not measured: aggregated before the rpc-servers' TCP bytes were counted"
-    return f"{units.size(moved)} moved per token"
-
-
-def _summary_values(run: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads((run / "aggregate" / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {v["name"]: v.get("value") for v in doc.get("values", []) if isinstance(v, dict) and "name" in v}
-
-
 def tolerance_section(run_dirs: list[Path]) -> Section:
     """The tolerance sweep: per tau, tokens/s and speedup over tau = 0, speculation's acceptance, the
     tokens as at tau = 0 and the held-out perplexity, beside the article's TinyLlama figures."""
-    from headsplit.compare import CompareError, compare, load_variant
-
     section = Section("Speculation's tolerance: speed against fidelity", "tolerance")
     loaded = []
     problems: list[str] = []
     for run in run_dirs:
         try:
             meta = json.loads((run / "metadata.json").read_text(encoding="utf-8"))
-            tau = float(meta["runtime"]["block"].get("tau", 0.05))
-            loaded.append((tau, load_variant(run), _summary_values(run)))
+            tau = float(meta["runtime"]["block"].get("tau", DEFAULT_TAU))
+            loaded.append((tau, load_variant(run), summary_values(run)))
         except (OSError, ValueError, KeyError, TypeError, CompareError) as exc:
             problems.append(f"{run.name}: {exc}")
     loaded.sort(key=lambda item: item[0])
@@ -345,7 +302,7 @@ def tolerance_section(run_dirs: list[Path]) -> Section:
             "perplexity " + (MISSING if perplexity is None else f"{float(perplexity):.2f}"),
         ]
         figure = FIGURES["ch6.acceptance"]
-        if tau == 0.05 and acceptance is not None:
+        if tau == DEFAULT_TAU and acceptance is not None:  # the article's acceptance is at the default
             verdict = (
                 "reproduces"
                 if figure.holds(float(acceptance))
@@ -363,22 +320,6 @@ def tolerance_section(run_dirs: list[Path]) -> Section:
         "paragraph where the run measured it." + (" Not compared: " + "; ".join(problems) if problems else "")
     )
     return section
-
-
-def _added_rtt_ms(others: str) -> float:
-    """The worker-to-worker RTT a sweep point adds: twice each device's delay (netem delays each egress)."""
-    try:
-        point = json.loads(others)
-    except ValueError:
-        return 0.0
-    delays = [
-        float(block.get("delay_ms", 0))
-        for path, value in (point if isinstance(point, list) else [])
-        if path == "network" and isinstance(value, dict)
-        for block in value.values()
-        if isinstance(block, dict)
-    ]
-    return 2 * max(delays, default=0.0)
 
 
 # -- memory re-placement --------------------------------------------------------------------------------
@@ -418,7 +359,7 @@ def load_memory_run(run: Path) -> MemoryRun:
         run,
         bool(block.get("replacement", True)),
         pressure if isinstance(pressure, dict) else None,
-        _summary_values(run),
+        summary_values(run),
         replacements,
         tokens,
         oom if isinstance(oom, dict) else None,
@@ -452,26 +393,6 @@ def _rate(token_ns: Mapping[int, int], tokens: Iterable[int]) -> float | None:
 
 def _tokens_per_s(value: float | None) -> str:
     return MISSING if value is None else f"{value:.2f} tokens/s"
-
-
-def simulated_memory(doc: Mapping[str, Any], tokens: int = 512) -> str:
-    """The article's rack (``RACK_FILE``) generating ``tokens`` with re-placement: how often it re-places,
-    or why it never does (each board's peak against 85 % of its memory)."""
-    from dit.sim.engine import simulate
-    from dit.sim.spec import config_from
-
-    result = simulate(config_from({**doc, "tokens": tokens, "replacement": True}, "greedy"))
-    if result.migrations or result.oom:
-        moved = sum(m.bytes for m in result.migrations)
-        return f"{len(result.migrations)} re-placement(s) in {tokens} tokens, {units.size(moved)} moved" + (
-            f"; out of memory: {result.oom}" if result.oom else ""
-        )
-    peak = max((max(sample.values()) for sample in result.memory), default=0)
-    boards = min(float(d["memory_mb"]) for d in doc["devices"]) * 1e6
-    return (
-        f"no re-placement in {tokens} tokens: a board peaks at {units.size(peak)}, under 85 % of the "
-        f"{units.size(boards)} {RACK_FILE} gives it (a static placement fits too)"
-    )
 
 
 def memory_section(
