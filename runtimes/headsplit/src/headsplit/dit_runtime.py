@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from dit.analysis.run import LoadedRun
 from dit.runtime_api.chapters import ChapterPlan, ChapterRequest, ChapterRuns, ChapterSections
+from dit.runtime_api.placement import PlacementModel
 from dit.runtimes import (
     Action,
     BlockProblem,
@@ -268,3 +269,9 @@ class HeadSplitRuntime(RuntimeBase):
         from headsplit.plugin import chapter6
 
         return chapter6.chapter_sections(runs)
+
+    def placement_model(self) -> PlacementModel:
+        """HeadSplit's placement and cost model, which ``dit simulate`` places every unit with."""
+        from headsplit.plugin.placement_model import MODEL
+
+        return MODEL
