@@ -558,8 +558,8 @@ def test_ch6_runs_llama_cpp_beside_headsplit_only_where_it_is_built(monkeypatch:
 
 def test_llamacpp_missing_names_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("dit_llamacpp")
-    from dit_llamacpp.chapter6 import llamacpp_missing
     from dit_llamacpp import build
+    from dit_llamacpp.chapter6 import llamacpp_missing
 
     monkeypatch.setattr(build, "lookup", lambda *a, **k: None)
     assert "not built here (dit runtimes act llamacpp-rpc build" in str(llamacpp_missing(tmp_path))
