@@ -22,9 +22,9 @@ import random
 import statistics
 import time
 
-from dit.sim._headsplit import PRESETS, STRATEGIES, PlacementError, WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, simulate
 from dit.sim.exact_placement import gaps
+from dit.sim.placement_model import PRESETS, STRATEGIES, PlacementError, place, worker_spec
 from dit.sim.spec import worker_specs
 
 
@@ -80,7 +80,7 @@ def bench_exact(instances: int, sizes: tuple[int, ...]) -> None:
         for seed in range(instances):
             rng = random.Random(1000 * n + seed)
             ws = [
-                WorkerSpec(f"worker{i + 1}", 10**9, rng.uniform(1e8, 1e9), rng.randint(1, 20) * 10**6)
+                worker_spec(f"worker{i + 1}", 10**9, rng.uniform(1e8, 1e9), rng.randint(1, 20) * 10**6)
                 for i in range(n)
             ]
             t0 = time.perf_counter()

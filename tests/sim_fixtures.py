@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dit.sim._headsplit import PRESETS, ModelConfig, WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, SimResult, simulate
+from dit.sim.placement_model import PRESETS, place
+from headsplit.config import ModelConfig
+from headsplit.placement import WorkerSpec
 
 MODEL = PRESETS["gpt2-tiny"]
 # two layers of four heads (two KV heads): small enough to compute a token's time by hand

@@ -481,8 +481,8 @@ def test_ch6_memory_variant_re_places_in_local_mode_and_the_report_says_what_mov
     workers, the emulated pressure passing the threshold after token 2 and the limit after token 5 of 8:
     the re-placement fires at token 2, moves units and bytes, and every token is generated."""
     pytest.importorskip("torch")
-    from dit.reproduce import ch6
-    from dit.reproduce.chapters import ch6_memory_document
+    from headsplit.plugin import chapter6 as ch6
+    from headsplit.plugin.chapter6 import ch6_memory_document
 
     doc, _ = ch6_memory_document("quick")
     block = doc["sweep"][0]["values"][0]  # the run with re-placement

@@ -21,6 +21,8 @@ from dit.reproduce.report import reproduce
 from dit.scenario import Scenario
 from dit.scenario.frozen import thaw
 from dit.units import MISSING
+from dit_llamacpp import chapter6 as llamacpp_ch6
+from headsplit.plugin import chapter6 as hs_ch6
 
 QUIET = Console(quiet=True)
 
@@ -263,7 +265,7 @@ def test_ch6_measured_rows_hold_each_strategy_to_the_article(tmp_path: Path) -> 
         _headsplit_run(tmp_path, "greedy", True, None),  # no tokens/s recorded: said, not dropped
     ]
     doc = {**ch6.rack_document(), "tokens": 4}
-    section = ch6.measured_section(runs, cores=2, doc=doc)
+    section = hs_ch6.measured_section(runs, cores=2, doc=doc)
     rows = {r[0]: r for r in section.tables[0]["rows"]}
     assert set(rows) == {
         "layerwise, +0 ms (none), control rpc",
@@ -287,7 +289,7 @@ def test_ch6_a_missed_strategy_says_which_part_of_its_token_is_why(tmp_path: Pat
     """Issue 47: where greedy misses the article's speedup, the row breaks the token down beside
     layer-wise's and names what grew, and the bound the attention's share sets over 4 workers."""
     pytest.importorskip("headsplit.breakdown")
-    from dit.reproduce import ch6_tokens
+    from headsplit.plugin import chapter6_tokens as ch6_tokens
 
     lw = {"attention_ns": 50.0, "projection_ns": 2.0, "ffn_ns": 40.0, "comm_ns": 3.0, "controller_ns": 5.0}
     gr = {"attention_ns": 15.0, "projection_ns": 2.0, "ffn_ns": 40.0, "comm_ns": 33.0, "controller_ns": 5.0}
@@ -297,7 +299,7 @@ def test_ch6_a_missed_strategy_says_which_part_of_its_token_is_why(tmp_path: Pat
     ]
     found, problems = ch6_tokens.tokens(runs)
     assert problems == [] and [t.total_ms for t in found.values()] == [100.0, 95.0]  # the prefill left out
-    section = ch6.measured_section(runs, cores=None, doc={**ch6.rack_document(), "tokens": 4}, found=found)
+    section = hs_ch6.measured_section(runs, cores=None, doc={**ch6.rack_document(), "tokens": 4}, found=found)
     verdict = {r[0]: r[4] for r in section.tables[0]["rows"]}["greedy, +0 ms (none), control dataflow"]
     assert verdict.startswith(
         "does not reproduce: 1.05x; per token (layer-wise → greedy): attention 50.0 → 15.0 ms"
@@ -316,7 +318,7 @@ def test_ch6_delay_rows_give_the_slope_per_ms_and_where_layer_wise_overtakes(tmp
     overtakes where the lines cross (greedy 60 ms + 12/ms against layer-wise 100 ms + 4/ms: at 5 ms
     one-way, +10 ms RTT)."""
     pytest.importorskip("headsplit.breakdown")
-    from dit.reproduce import ch6_tokens
+    from headsplit.plugin import chapter6_tokens as ch6_tokens
 
     def parts(total: float) -> dict[str, float]:
         return {"attention_ns": total / 2, "ffn_ns": total / 2}
@@ -343,7 +345,7 @@ def test_ch6_measured_rows_carry_energy_per_token_and_edp_labelled_when_modelled
         doc["values"] += [{"name": "energy_per_token", "value": 0.25}, {"name": "edp", "value": 12.5}]
         summary.write_text(json.dumps(doc))
         (run / "aggregate" / "power_summary.csv").write_text(f"node,sensor\ndevice1,{sensor}\n")
-    section = ch6.measured_section(runs, cores=2, doc={**ch6.rack_document(), "tokens": 4})
+    section = hs_ch6.measured_section(runs, cores=2, doc={**ch6.rack_document(), "tokens": 4})
     rows = {r[0]: r[1] for r in section.tables[0]["rows"]}
     assert rows["layerwise, +0 ms (none), control rpc"] == "2.00 tokens/s, 250 mJ per token, EDP 12.5 J·s"
     assert rows["greedy, +0 ms (none), control rpc"].endswith(
@@ -352,7 +354,7 @@ def test_ch6_measured_rows_carry_energy_per_token_and_edp_labelled_when_modelled
 
 
 def test_ch6_quick_tolerance_sweep_skips_the_perplexity_pass_and_says_so() -> None:
-    from dit.reproduce.chapters import ch6_tolerance_document
+    from headsplit.plugin.chapter6 import ch6_tolerance_document
 
     quick, reductions = ch6_tolerance_document("quick")
     assert quick["runtime"]["perplexity"] is False and quick["runtime"]["tokens"] == 16
@@ -382,7 +384,7 @@ def test_ch6_tolerance_rows_set_speed_beside_fidelity(tmp_path: Path) -> None:
         (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
         (run / "aggregate" / "hs_generated.json").write_text(json.dumps({"ids": ids}))
         runs.append(run)
-    section = ch6.tolerance_section(runs[::-1])  # in tau order whatever order the runs come in
+    section = hs_ch6.tolerance_section(runs[::-1])  # in tau order whatever order the runs come in
     rows = section.tables[0]["rows"]
     assert [r[0] for r in rows] == ["tau = 0", "tau = 0.05"]
     assert (
@@ -446,7 +448,7 @@ def test_ch6_memory_rows_say_the_replacement_the_speed_around_it_and_the_static_
     tmp_path: Path,
 ) -> None:
     runs = [_memory_run(tmp_path, False), _memory_run(tmp_path, True)]  # in any order
-    section = ch6.memory_section(runs, simulate=False)
+    section = hs_ch6.memory_section(runs, simulate=False)
     rows = {r[0]: r for r in section.tables[0]["rows"]}
     moved = rows["re-placements"]
     assert moved[1] == (
@@ -471,7 +473,7 @@ def test_ch6_memory_rows_say_the_replacement_the_speed_around_it_and_the_static_
     doc = json.loads(results.read_text())
     doc["memory_pressure"] = {**doc["memory_pressure"], "worker": "worker1", "limit_bytes": 22_300_000}
     results.write_text(json.dumps(doc))
-    note = ch6.memory_section(runs, simulate=False).note
+    note = hs_ch6.memory_section(runs, simulate=False).note
     assert "with re-placement: worker3: limit 43.3 MB" in note and "static: worker1: limit 22.3 MB" in note
 
 
@@ -479,7 +481,7 @@ def test_ch6_memory_rows_say_what_is_missing(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     (broken / "aggregate").mkdir(parents=True)
     (broken / "metadata.json").write_text(json.dumps({"runtime": {"name": "headsplit", "block": {}}}))
-    section = ch6.memory_section([broken], simulate=False)
+    section = hs_ch6.memory_section([broken], simulate=False)
     rows = section.tables[0]["rows"]
     assert [r[0] for r in rows] == [
         "re-placements",
@@ -497,7 +499,7 @@ def test_ch6_memory_rows_say_what_is_missing(tmp_path: Path) -> None:
     (quiet / "aggregate" / "hs_replacements.csv").write_text(
         "token,worker,planning_ns,migration_ns,moved_units\n"
     )
-    row = ch6.memory_section([quiet], simulate=False).tables[0]["rows"][0]
+    row = hs_ch6.memory_section([quiet], simulate=False).tables[0]["rows"][0]
     assert row[1] == "no re-placement: the threshold was never passed"
     assert row[4] == "does not reproduce: no re-placement fired"
 
@@ -508,7 +510,7 @@ def test_ch6_memory_projection_on_the_article_rack_says_why_nothing_moves() -> N
 
 
 def test_ch6_memory_pair_is_greedy_twice_under_the_same_pressure_one_static() -> None:
-    from dit.reproduce.chapters import ch6_memory_document
+    from headsplit.plugin.chapter6 import ch6_memory_document
 
     quick, reductions = ch6_memory_document("quick")
     replacing, static = quick["sweep"][0]["values"]
@@ -527,7 +529,7 @@ def test_ch6_memory_pair_is_greedy_twice_under_the_same_pressure_one_static() ->
 def test_ch6_runs_llama_cpp_beside_headsplit_only_where_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("headsplit")
-    from dit.reproduce import chapters
+    from dit_llamacpp import chapter6 as chapters
 
     monkeypatch.setattr(chapters, "llamacpp_missing", lambda **_: "llama.cpp RPC: not built here (...)")
     without = plan("ch6", "quick")
@@ -556,8 +558,8 @@ def test_ch6_runs_llama_cpp_beside_headsplit_only_where_it_is_built(monkeypatch:
 
 def test_llamacpp_missing_names_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("dit_llamacpp")
-    from dit.reproduce.chapters import llamacpp_missing
     from dit_llamacpp import build
+    from dit_llamacpp.chapter6 import llamacpp_missing
 
     monkeypatch.setattr(build, "lookup", lambda *a, **k: None)
     assert "not built here (dit runtimes act llamacpp-rpc build" in str(llamacpp_missing(tmp_path))
@@ -570,7 +572,9 @@ def test_llamacpp_missing_names_what_to_do(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_ch6_llama_cpp_rows_or_why_there_are_none(tmp_path: Path) -> None:
-    none = ch6.llamacpp_section([], "llama.cpp RPC: not built here (dit runtimes act llamacpp-rpc build)")
+    none = llamacpp_ch6.llamacpp_section(
+        [], "llama.cpp RPC: not built here (dit runtimes act llamacpp-rpc build)"
+    )
     assert none.tables[0]["rows"] == [
         ["llama.cpp RPC", "llama.cpp RPC: not built here (dit runtimes act llamacpp-rpc build)"]
         + [MISSING] * 3
@@ -586,7 +590,7 @@ def test_ch6_llama_cpp_rows_or_why_there_are_none(tmp_path: Path) -> None:
     values = [{"name": "tokens_per_s", "value": 21.5}, {"name": "token_latency_mean", "value": 40_000_000},
               {"name": "bytes_per_token", "value": 235_520, "description": tcp}]  # fmt: skip
     (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
-    (row,) = ch6.llamacpp_section([run], None).tables[0]["rows"]
+    (row,) = llamacpp_ch6.llamacpp_section([run], None).tables[0]["rows"]
     assert row[0] == "llama.cpp RPC, smollm2-135m Q8_0, +15 ms"
     assert row[1] == (
         f"21.50 tokens/s, 40.0 ms per token after the first, {units.size(235_520)} moved per token"
@@ -615,7 +619,7 @@ def test_ch6_llama_cpp_row_says_why_bytes_are_missing(
     values = [{"name": "tokens_per_s", "value": 14.3},
               {"name": "bytes_per_token", "value": value, "description": description}]  # fmt: skip
     (run / "aggregate" / "summary.json").write_text(json.dumps({"values": values}))
-    (row,) = ch6.llamacpp_section([run], None).tables[0]["rows"]
+    (row,) = llamacpp_ch6.llamacpp_section([run], None).tables[0]["rows"]
     assert row[1] == f"14.30 tokens/s, {said}"
 
 

@@ -10,8 +10,10 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import PRESETS, Placement, Unit, WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, simulate
+from dit.sim.placement_model import PRESETS, Placement, place
+from headsplit.placement import WorkerSpec
+from headsplit.units import Unit
 
 TINYLLAMA = PRESETS["tinyllama"]  # the real geometry: 22 layers, 32 heads of 64, 4 KV heads
 L = TINYLLAMA.n_layers

@@ -6,10 +6,12 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import ModelConfig, Unit, place
 from dit.sim.engine import Device, SimConfig, SimError, simulate
 from dit.sim.galaxy import head_shares, simulate_galaxy
+from dit.sim.placement_model import place
 from dit.sim.spec import worker_specs
+from headsplit.config import ModelConfig
+from headsplit.units import Unit
 
 # d = 8, head_dim = 4, ffn 16, two heads with a KV head each: per unit at 1 key
 #   head 2*8*4 + 4*1*4 = 80 FLOPs, its KV copy 4*8*4 = 128, projection 2*8*8 = 128, FFN (gpt2) 4*8*16 = 512

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("highspy", reason="the sim extra (HiGHS) is not installed")
 
-from dit.sim._headsplit import PRESETS, STRATEGIES, PlacementError, WorkerSpec, place
 from dit.sim.exact_placement import exact_place, gaps
-from headsplit.placement import bytes_by_worker, estimate_token_s
+from dit.sim.placement_model import PRESETS, STRATEGIES, PlacementError, place
+from headsplit.placement import WorkerSpec, bytes_by_worker, estimate_token_s
 
 MODEL = PRESETS["llama-tiny"]  # 4 layers x 8 query heads over 2 KV heads
 BW = 12.5e6

@@ -14,9 +14,10 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, SimError, simulate
+from dit.sim.placement_model import place
 from dit.sim.replay import cpu_quotas, fitted_call_s, format_replay, replay
+from headsplit.placement import WorkerSpec
 from tests.sim_fixtures import CPU_RATES, HAND4, write_quota_run
 
 # two layers of four heads; layer-wise puts layer 0 on a, layer 1 on b

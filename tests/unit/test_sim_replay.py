@@ -10,9 +10,11 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import Unit, WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, SimError, simulate, token_work
+from dit.sim.placement_model import place
 from dit.sim.replay import fitted_call_s, format_replay, replay, stage_rates
+from headsplit.placement import WorkerSpec
+from headsplit.units import Unit
 from tests.sim_fixtures import MODEL, write_run
 
 

@@ -10,8 +10,9 @@ import pytest
 
 pytest.importorskip("simpy", reason="the sim extra (SimPy) is not installed")
 
-from dit.sim._headsplit import Placement, WorkerSpec, place
 from dit.sim.engine import Device, SimConfig, SimError, simulate
+from dit.sim.placement_model import Placement, place
+from headsplit.placement import WorkerSpec
 from tests.sim_fixtures import HAND4
 
 # two layers of four heads (two KV heads), two equal workers

@@ -19,11 +19,42 @@ from typing import Any, Final, Literal
 import yaml
 
 from dit.paths import content_root
+from dit.runtime_api import registry
+from dit.runtime_api.chapters import ChapterRequest, chapter_plan_of
 from dit.scenario import Scenario, expand
 
 Size = Literal["quick", "full"]
 SIZES: Final = ("quick", "full")
 CHAPTERS: Final = ("ch4", "ch5", "ch6")
+
+
+#: The runtimes whose variants a chapter measures: without one of them the chapter runs nothing.
+CHAPTER_RUNTIMES: Final[Mapping[str, tuple[str, ...]]] = {"ch6": ("headsplit",)}
+
+
+@dataclass(frozen=True)
+class AbsentRuntime:
+    """A runtime a chapter sets beside its own when installed; when it is not, its row says so."""
+
+    why: str  # the chapter's "not measured here" sentence
+    title: str  # its section's title and anchor, and the row's first cell
+    anchor: str
+    label: str
+    rank: int  # where its section sits among the runtimes' (docs/runtimes.md)
+
+
+#: Chapter 6 sets llama.cpp's RPC beside HeadSplit (issue 37).
+ABSENT_RUNTIMES: Final[Mapping[str, Mapping[str, AbsentRuntime]]] = {
+    "ch6": {
+        "llamacpp-rpc": AbsentRuntime(
+            "llama.cpp RPC: the llamacpp-rpc runtime is not installed here (pip install ./runtimes/llamacpp)",
+            "llama.cpp RPC beside HeadSplit",
+            "llamacpp",
+            "llama.cpp RPC",
+            40,
+        )
+    }
+}
 
 
 class ChapterError(Exception):
@@ -41,7 +72,8 @@ class Plan:
     not_run: tuple[str, ...] = ()  # parts of the chapter this machine cannot measure, and why
 
 
-def _shipped(name: str) -> dict[str, Any]:
+def shipped_document(name: str) -> dict[str, Any]:
+    """``scenarios/<name>.yaml`` as a mapping (:class:`ChapterError` when it cannot be read)."""
     path = content_root() / "scenarios" / f"{name}.yaml"
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -54,7 +86,7 @@ def _shipped(name: str) -> dict[str, Any]:
 
 def ch4_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Chapter 4's scenario at ``size`` and the reductions made for it."""
-    doc = _shipped("ch4_validation")
+    doc = shipped_document("ch4_validation")
     if size == "full":
         return doc, ()
     quick = copy.deepcopy(doc)
@@ -103,170 +135,6 @@ def ch5_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
     return doc, reductions
 
 
-def ch6_tolerance_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Chapter 6's tolerance sweep (greedy + speculation, tau 0 / 0.02 / 0.05 / 0.10) at ``size``."""
-    doc = _shipped("ch6_tolerance")
-    if size == "full":
-        return doc, ()
-    quick = copy.deepcopy(doc)
-    # The held-out perplexity is a teacher-forced pass over the paragraph, one decode step per position:
-    # on the emulated rack about 93 s per variant against 3.5 s for the 16 tokens, and on the reduced
-    # model's seeded weights it says nothing of fidelity (the tokens as at tau = 0 still do)
-    quick["runtime"] = {**quick["runtime"], "tokens": 16, "perplexity": False}
-    # Each variant costs about 40 s on the emulated rack, 25 s of it orchestration: the two ends of the
-    # article's values keep the quick size near 10 minutes there (ch6's speculation row is tau 0.05)
-    quick["sweep"] = {**quick["sweep"], "values": [0, 0.10]}
-    return quick, (
-        "the tolerance sweep: tau 0 and 0.10 instead of 0, 0.02, 0.05 and 0.10",
-        "the tolerance sweep: 16 tokens instead of 64",
-        "the tolerance sweep: no held-out perplexity (a pass over the paragraph costs about 25 times the "
-        "16 tokens, and the reduced model's seeded weights give it no meaning; the tokens as at tau = 0 "
-        "are the fidelity measured)",
-    )
-
-
-# The memory pair's emulated pressure: quick, re-placement after token 4 and a static placement's
-# out-of-memory after token 10 of 16; full, after tokens 256 and 400 of 512 (the article's static
-# placement "ran out of memory beyond roughly 400 tokens"; it gives no token for its re-placements)
-MEMORY_PRESSURE: Final = {
-    "quick": {"tokens": 16, "replace_at": 4, "full_at": 10},
-    "full": {"tokens": 512, "replace_at": 256, "full_at": 400},
-}
-
-
-def ch6_memory_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Chapter 6's memory pair: greedy with re-placement and the same run with a static placement, one
-    worker under emulated memory pressure (``runtime.memory_pressure``, docs/headsplit.md)."""
-    sizes = MEMORY_PRESSURE[size]
-    model = "tinyllama-half" if size == "quick" else "tinyllama"
-    pressure = {"replace_at": sizes["replace_at"], "full_at": sizes["full_at"]}
-    block = {"name": "headsplit", "strategy": "greedy", "speculation": False, "model": model,
-             "tokens": sizes["tokens"], "memory_pressure": pressure}  # fmt: skip
-    doc = {
-        "name": "ch6_memory",
-        "description": "HeadSplit greedy under memory pressure: re-placement against a static placement",
-        "model": {"name": "fake", "params": {"profile": "tiny"}},
-        "devices": ["device1", "device2", "device3", "device4"],
-        "repetitions": 1,
-        "seed": 2026,
-        "inference": {"enabled": False},
-        "runtime": {"name": "headsplit"},
-        "sweep": [{"path": "runtime", "values": [block, {**block, "replacement": False}]}],
-    }
-    if size == "full":
-        return doc, ()
-    return doc, (
-        "memory: tinyllama-half, 16 tokens instead of TinyLlama's 512; the emulated pressure passes the "
-        "threshold after token 4 and the limit after token 10 (after 256 and 400 of 512 at full size)",
-    )
-
-
-#: Chapter 6's model in both sizes (issue 47): TinyLlama's own geometry (22 layers, 32 query heads of 64,
-#: 4 KV heads, hidden 2048, FFN 5632), seeded weights: the timing is the model's, the tokens are not
-#: TinyLlama's. The quick size generates fewer tokens; full the article's 256.
-CH6_MODEL: Final = "tinyllama"
-CH6_TOKENS: Final = {"quick": 16, "full": 256}
-#: Each worker's memory limit: the article's boards had 4 GB; 2 GB holds the layer-wise and greedy
-#: placements of TinyLlama on 4 workers (dit validate states each worker's need against it).
-CH6_WORKER_MEMORY_MB: Final = 2048
-
-
-def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Chapter 6's sweep at ``size``: every strategy on TinyLlama's geometry; the added RTT where it can be
-    applied."""
-    doc = copy.deepcopy(_shipped("ch6_headsplit"))
-    sweep = list(doc["sweep"])
-    tokens = CH6_TOKENS[size]
-    runtime_axis = {
-        **sweep[0],
-        "values": [{**v, "model": CH6_MODEL, "tokens": tokens} for v in sweep[0]["values"]],
-    }
-    network_axis = sweep[1]
-    doc["hardware"] = {d: {"memory_limit_mb": CH6_WORKER_MEMORY_MB} for d in doc["devices"]}
-    doc["sweep"] = [runtime_axis, network_axis]
-    reductions = [
-        "TinyLlama's geometry with seeded weights (the article's trained TinyLlama is not carried by the "
-        "mirror): the timing is the model's, the tokens are not"
-    ]
-    if size == "full":
-        return doc, tuple(reductions)
-    reductions[0] += f"; {tokens} tokens instead of the article's 256"
-    if local:
-        # In local mode every worker shares this machine's cores (no quota per device): the RTT
-        # columns and the strategies' capacities belong on a rack whose quotas fit
-        doc["sweep"] = [runtime_axis]
-        reductions.append(
-            "no added RTT in local mode: the workers share this machine's cores without a quota each, so "
-            "the columns would measure the machine, not the boards (run with --where rack for them)"
-        )
-    else:
-        doc["sweep"] = [
-            runtime_axis,
-            {**network_axis, "values": [network_axis["values"][0], network_axis["values"][2]]},
-        ]
-        reductions.append(
-            "added RTT 0 and 15 ms instead of 0, 5, 15, 25 and 50 ms (per-token time is linear in the added "
-            "delay: the overtaking RTT is where the strategies' lines through the two columns cross)"
-        )
-    return doc, tuple(reductions)
-
-
-#: llama.cpp's RPC beside HeadSplit (issue 37): the trained model the llamacpp-rpc runtime runs (it has no
-#: GGUF of HeadSplit's tinyllama-half), the weight types per size, and where its files are looked for.
-LLAMACPP_MODEL: Final = "smollm2-135m"
-LLAMACPP_QUANTS: Final = {"quick": ("F32",), "full": ("F32", "Q8_0", "Q4_1")}
-LLAMACPP_MODELS_DIR: Final = Path("/var/cache/dit/gguf")
-PROMPT: Final = "The capital of France is"  # scenarios/ch6_smollm2.yaml's
-
-
-def llamacpp_missing(
-    models_dir: Path = LLAMACPP_MODELS_DIR, quants: tuple[str, ...] = ("F32",)
-) -> str | None:
-    """Why llama.cpp's row cannot be measured here (not installed, not built, its GGUF not made), or None."""
-    if importlib.util.find_spec("dit_llamacpp") is None:
-        return (
-            "llama.cpp RPC: the llamacpp-rpc runtime is not installed here (pip install ./runtimes/llamacpp)"
-        )
-    from dit_llamacpp import build
-
-    if build.lookup() is None:
-        return (
-            "llama.cpp RPC: not built here (dit runtimes act llamacpp-rpc build; it builds from the mirror's "
-            "llama-cpp-python sdist, docs/llamacpp.md)"
-        )
-    absent = [q for q in quants if not (models_dir / f"{LLAMACPP_MODEL}-{q}.gguf").is_file()]
-    if absent:
-        return (
-            f"llama.cpp RPC: no {LLAMACPP_MODEL} GGUF ({', '.join(absent)}) in {models_dir} "
-            f"(python -m dit_llamacpp.models convert {LLAMACPP_MODEL} {' '.join(absent)} --out {models_dir})"
-        )
-    return None
-
-
-def ch6_llamacpp_document(size: Size, network_axis: Mapping[str, Any] | None) -> dict[str, Any]:
-    """llama.cpp's RPC on HeadSplit's four workers with the controller on the edge server, per weight
-    type of ``size``, over the same added RTTs as HeadSplit's sweep (``network_axis``; None: none)."""
-    tokens = 16 if size == "quick" else 64
-    runtime_axis = {
-        "path": "runtime",
-        "values": [
-            {"name": "llamacpp-rpc", "model": LLAMACPP_MODEL, "quant": q, "tokens": tokens, "prompt": PROMPT}
-            for q in LLAMACPP_QUANTS[size]
-        ],
-    }
-    return {
-        "name": "ch6_llamacpp",
-        "description": f"llama.cpp RPC beside HeadSplit: {LLAMACPP_MODEL}, 4 workers, controller on the edge.",
-        "model": {"name": "fake", "params": {"profile": "tiny"}},
-        "devices": ["device1", "device2", "device3", "device4"],
-        "repetitions": 1,
-        "seed": 2026,
-        "inference": {"enabled": False},
-        "runtime": {"name": "llamacpp-rpc"},
-        "sweep": [runtime_axis] if network_axis is None else [runtime_axis, dict(network_axis)],
-    }
-
-
 def plan(chapter: str, size: Size, local: bool = True) -> Plan:
     """The variants of ``chapter`` at ``size`` (:class:`ChapterError` for an unknown chapter or size);
     ``local``: in local mode (what local mode cannot apply is left out and said)."""
@@ -277,29 +145,16 @@ def plan(chapter: str, size: Size, local: bool = True) -> Plan:
     if chapter == "ch4":
         doc, reductions = ch4_document(size)
         return Plan(chapter, size, tuple(expand(doc)), reductions)
-    missing = [name for name in ("torch", "headsplit") if importlib.util.find_spec(name) is None]
     if chapter == "ch5":
         missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    else:
+        missing = [name for name in ("torch",) if importlib.util.find_spec(name) is None]
+        missing += [name for name in CHAPTER_RUNTIMES[chapter] if name not in registry.installed()]
     if chapter == "ch5" and not missing:
         doc, reductions = ch5_document(size)
         return Plan(chapter, size, tuple(expand(doc)), reductions)
     if chapter == "ch6" and not missing:
-        doc, reductions = ch6_document(size, local)
-        tolerance, tau_reductions = ch6_tolerance_document(size)
-        memory, memory_reductions = ch6_memory_document(size)
-        variants = (*expand(doc), *expand(tolerance), *expand(memory))
-        why_not = llamacpp_missing(quants=LLAMACPP_QUANTS[size])
-        if why_not is None:
-            network = next((axis for axis in doc["sweep"] if axis.get("path") == "network"), None)
-            variants += tuple(expand(ch6_llamacpp_document(size, network)))
-            reductions += (f"llama.cpp RPC on {LLAMACPP_MODEL} (the runtime has no GGUF of tinyllama-half)",)
-        return Plan(
-            chapter,
-            size,
-            variants,
-            (*reductions, *tau_reductions, *memory_reductions),
-            () if why_not is None else (why_not,),
-        )
+        return _runtimes_plan(chapter, size, local)
     why = (
         f"{'Chapter 5' if chapter == 'ch5' else 'Chapter 6'} measures decoders with PyTorch, and "
         f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed here "
@@ -310,6 +165,26 @@ def plan(chapter: str, size: Size, local: bool = True) -> Plan:
         )
     )
     return Plan(chapter, size, (), (), (why,))
+
+
+def _runtimes_plan(chapter: str, size: Size, local: bool) -> Plan:
+    """The chapter's variants as its runtimes plan them (every installed runtime asked in the registry's
+    order); a runtime the chapter sets beside the others but which is not installed is said, not run."""
+    documents: list[Mapping[str, Any]] = []
+    reductions: list[tuple[int, str]] = []
+    not_run: list[str] = []
+    for runtime in registry.installed().values():
+        part = chapter_plan_of(runtime, ChapterRequest(chapter, size, local, tuple(documents)))
+        if part is not None:
+            documents += part.documents
+            reductions += part.reductions
+            not_run += part.not_run
+    for name, absent in ABSENT_RUNTIMES.get(chapter, {}).items():
+        if name not in registry.installed():
+            not_run.append(absent.why)
+    variants = tuple(v for doc in documents for v in expand(doc))
+    ordered = tuple(text for _, text in sorted(reductions, key=lambda ranked: ranked[0]))
+    return Plan(chapter, size, variants, ordered, tuple(not_run))
 
 
 def default_out(chapter: str) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +12,13 @@ from rich.console import Console
 
 from dit.report.build import render
 from dit.report.section import Section
-from dit.reproduce import ch4, ch5, ch6, ch6_tokens
-from dit.reproduce.chapters import Plan, plan
-from dit.reproduce.context import Context, where_text
+from dit.reproduce import ch4, ch5, ch6
+from dit.reproduce.chapters import ABSENT_RUNTIMES, Plan, plan
+from dit.reproduce.context import Context, verdict_table, where_text
 from dit.reproduce.execute import Runner, VariantOutcome, drive, run_variants
 from dit.run.rundir import write_text
+from dit.runtime_api import registry
+from dit.runtime_api.chapters import ChapterRuns, chapter_sections_of
 from dit.trusted import check_trusted_dir
 from dit.units import MISSING
 
@@ -126,24 +128,19 @@ def reproduce(
         ]
         measured = "the section above" if finished else not_measured
         sections = ch6.sections(measured)
-        strategies = [d for d in finished if d.parent.name == "ch6_headsplit"]
-        tolerance = [d for d in finished if d.parent.name == "ch6_tolerance"]
-        memory = [d for d in finished if d.parent.name == "ch6_memory"]
-        llamacpp = [d for d in finished if d.parent.name == "ch6_llamacpp"]
         if outcomes:
-            shared = ctx.cores if ctx.shared_machine else None
-            found, unread = ch6_tokens.tokens(strategies)
-            sections[:0] = [
-                ch6.measured_section(strategies, shared, found=found, where=where_text(ctx)),
-                ch6_tokens.breakdown_section(found, where_text(ctx), unread),
-                ch6_tokens.delay_section(found, where_text(ctx)),
-                ch6.llamacpp_section(llamacpp, next((w for w in chosen.not_run if "llama.cpp" in w), None)),
-                ch6.tolerance_section(tolerance),
-                ch6.memory_section(memory),
-            ]
-        ctx.network = (
-            ", ".join(sorted({_network(o.run_dir) for o in outcomes if o.run_dir is not None})) or ""
-        )
+            found = runtime_sections(
+                ChapterRuns(
+                    chapter,
+                    {d.parent.name: tuple(f for f in finished if f.parent == d.parent) for d in finished},
+                    tuple(o.run_dir for o in outcomes if o.run_dir is not None),
+                    where_text(ctx),
+                    ctx.cores if ctx.shared_machine else None,
+                    chosen.not_run,
+                )
+            )
+            sections[:0] = found.sections
+            ctx.network = found.network
     sections.insert(0, overview(ctx, chosen, outcomes))
     html = render(TITLES[chapter], sections, out)
     target = out / "report.html"
@@ -164,15 +161,35 @@ def reproduce(
     return target
 
 
-def _network(run_dir: Path) -> str:
-    """What applied a HeadSplit run's added RTT (netem, userspace, recorded), or that none was asked."""
-    try:
-        from headsplit.compare import network_backends
+@dataclass(frozen=True)
+class RuntimeSections:
+    """The sections a chapter's runtimes built, in rank order, and how their runs' network was applied."""
 
-        meta = json.loads((run_dir / "metadata.json").read_text(encoding="utf-8"))
-    except (ImportError, OSError, ValueError):
-        return "unknown"
-    return network_backends(meta)
+    sections: list[Section]
+    network: str
+
+
+def runtime_sections(runs: ChapterRuns) -> RuntimeSections:
+    """Every installed runtime's sections of the chapter, and a row saying so for each runtime the chapter
+    sets beside the others that is not installed (:data:`dit.reproduce.chapters.ABSENT_RUNTIMES`)."""
+    ranked: list[tuple[int, Section]] = []
+    network = ""
+    installed = registry.installed()
+    for runtime in installed.values():
+        part = chapter_sections_of(runtime, runs)
+        if part is None:
+            continue
+        for rank, section in part.sections:
+            if not isinstance(section, Section):
+                raise TypeError(f"runtime {runtime.name}: chapter_sections gave {section!r}, not a Section")
+            ranked.append((rank, section))
+        network = network or (part.network or "")
+    for name, absent in ABSENT_RUNTIMES.get(runs.chapter, {}).items():
+        if name not in installed:
+            section = Section(absent.title, absent.anchor)
+            verdict_table(section, [[absent.label, absent.why, MISSING, MISSING, MISSING]])
+            ranked.append((absent.rank, section))
+    return RuntimeSections([s for _, s in sorted(ranked, key=lambda item: item[0])], network)
 
 
 def _recorded_loads(path: Path) -> dict[str, tuple[float, float]]:

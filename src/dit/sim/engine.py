@@ -55,19 +55,19 @@ from typing import Any, NamedTuple
 
 import simpy
 
-from dit.sim._headsplit import (
+from dit.sim.placement_model import (
     DTYPE_BYTES,
     ModelConfig,
     Placement,
     PlacementError,
-    Unit,
-    WorkerSpec,
     bytes_by_worker,
     kv_flops,
     migration_bytes,
     moves,
     replace,
+    unit,
     unit_flops,
+    worker_spec,
 )
 
 CONTROLLER = "controller"
@@ -308,10 +308,10 @@ def token_work(m: ModelConfig, context: int, positions: int) -> TokenWork:
     mean_ctx = context if positions == 1 else max((context + 1) // 2, 1)
     return TokenWork(
         DTYPE_BYTES * m.hidden * positions,
-        unit_flops(m, Unit(0, "head", 0), mean_ctx) * positions,
+        unit_flops(m, unit(0, "head", 0), mean_ctx) * positions,
         kv_flops(m) * positions,
-        unit_flops(m, Unit(0, "proj"), mean_ctx) * positions,
-        unit_flops(m, Unit(0, "ffn"), mean_ctx) * positions,
+        unit_flops(m, unit(0, "proj"), mean_ctx) * positions,
+        unit_flops(m, unit(0, "ffn"), mean_ctx) * positions,
     )
 
 
@@ -350,10 +350,10 @@ class _Run:
         for layer in range(m.n_layers):
             heads: dict[str, list[int]] = {}
             for h in range(m.n_heads):
-                heads.setdefault(self.placement[Unit(layer, "head", h)], []).append(h)
+                heads.setdefault(self.placement[unit(layer, "head", h)], []).append(h)
             stage = {w: (len(hs), len({m.kv_head_of(h) for h in hs})) for w, hs in heads.items()}
             self.layers.append(
-                (stage, self.placement[Unit(layer, "proj")], self.placement[Unit(layer, "ffn")])
+                (stage, self.placement[unit(layer, "proj")], self.placement[unit(layer, "ffn")])
             )
 
     # -- primitives ----------------------------------------------------------------------------------
@@ -700,14 +700,15 @@ class _Run:
         over = [d for d, b in used.items() if b > cfg.threshold * self.devices[d].memory_bytes]
         if cfg.replacement and over and token + 1 < cfg.tokens:
             specs = [
-                WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9), d.unit_flops_per_s)
+                worker_spec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9), d.unit_flops_per_s)
                 for d in cfg.devices
             ]
             ahead = max(cfg.prompt_tokens + cfg.tokens - context, 1)
             try:
                 new = replace(m, specs, self.placement, tokens_so_far=context, tokens_ahead=ahead)
             except PlacementError as exc:
-                result.oom = f"{exc.worker} at token {token}: re-placement found no room ({exc})"
+                worker = getattr(exc, "worker", "a worker")  # HeadSplit's PlacementError names it
+                result.oom = f"{worker} at token {token}: re-placement found no room ({exc})"
                 return False
             moved = moves(self.placement, new)
             if moved:

@@ -25,20 +25,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dit.optimise.milp import Milp
-from dit.sim._headsplit import (
+from dit.sim.placement_model import (
     DTYPE_BYTES,
+    RTT_MARGIN,
     STRATEGIES,
     ModelConfig,
     Placement,
     PlacementError,
-    Unit,
     WorkerSpec,
+    estimate_token_s,
+    kv_cache_bytes_per_token,
     kv_flops,
+    kv_weight_bytes,
+    no_fit,
     place,
+    unit,
     unit_flops,
+    weight_bytes,
 )
-from headsplit.placement import RTT_MARGIN, estimate_token_s
-from headsplit.units import kv_cache_bytes_per_token, kv_weight_bytes, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -62,14 +66,14 @@ def exact_place(
     bw = bandwidth_bytes_per_s
     hidden_s, head_out_s = DTYPE_BYTES * cfg.hidden / bw, DTYPE_BYTES * cfg.head_dim / bw
     gs, n_groups, L = cfg.group_size, cfg.n_kv_heads, cfg.n_layers
-    c_head = unit_flops(cfg, Unit(0, "head", 0), context_tokens)
+    c_head = unit_flops(cfg, unit(0, "head", 0), context_tokens)
     c_kv, c_proj, c_ffn = (
         kv_flops(cfg),
-        unit_flops(cfg, Unit(0, "proj"), 1),
-        unit_flops(cfg, Unit(0, "ffn"), 1),
+        unit_flops(cfg, unit(0, "proj"), 1),
+        unit_flops(cfg, unit(0, "ffn"), 1),
     )
     b_head, b_proj, b_ffn = (
-        weight_bytes(cfg, u) for u in (Unit(0, "head", 0), Unit(0, "proj"), Unit(0, "ffn"))
+        weight_bytes(cfg, u) for u in (unit(0, "head", 0), unit(0, "proj"), unit(0, "ffn"))
     )
     b_kv = kv_weight_bytes(cfg) + kv_cache_bytes_per_token(cfg) * context_tokens
 
@@ -137,7 +141,7 @@ def exact_place(
     try:
         value, x = m.solve(time_limit_s)
     except RuntimeError as exc:
-        raise PlacementError(
+        raise no_fit(
             f"no exact placement: {exc}", worker=names[0], needed_bytes=0, limit_bytes=ws[0].memory_bytes
         ) from None
     placement: Placement = {}
@@ -146,9 +150,9 @@ def exact_place(
             heads = iter(range(j * gs, (j + 1) * gs))
             for w in W:
                 for _ in range(round(x[n[ly, j, w]])):
-                    placement[Unit(ly, "head", next(heads))] = names[w]
-        placement[Unit(ly, "proj")] = names[max(W, key=lambda w: x[p[ly, w]])]
-        placement[Unit(ly, "ffn")] = names[max(W, key=lambda w: x[f[ly, w]])]
+                    placement[unit(ly, "head", next(heads))] = names[w]
+        placement[unit(ly, "proj")] = names[max(W, key=lambda w: x[p[ly, w]])]
+        placement[unit(ly, "ffn")] = names[max(W, key=lambda w: x[f[ly, w]])]
     return placement, value + hidden_s  # the last FFN's output to the controller: a constant's transfer
 
 

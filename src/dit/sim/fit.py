@@ -237,12 +237,12 @@ def levenberg_marquardt(
 def start_points(rack: Rack, targets: Targets, attention_rate: bool) -> list[Board]:
     """Where the fit starts: rates that make layer-wise's compute its article time (its shares when
     given), at a few one-way latencies from the article's (4-6 ms) down to none, and calls of 0.1 ms."""
-    from dit.sim._headsplit import PRESETS, Unit, kv_flops, unit_flops
+    from dit.sim.placement_model import PRESETS, kv_flops, unit, unit_flops
 
     m = PRESETS[rack.model]
     ctx = rack.prompt_tokens + rack.tokens // 2
-    heads = m.n_heads * unit_flops(m, Unit(0, "head", 0), ctx) + m.n_kv_heads * kv_flops(m)
-    proj, ffn = unit_flops(m, Unit(0, "proj"), ctx), unit_flops(m, Unit(0, "ffn"), ctx)
+    heads = m.n_heads * unit_flops(m, unit(0, "head", 0), ctx) + m.n_kv_heads * kv_flops(m)
+    proj, ffn = unit_flops(m, unit(0, "proj"), ctx), unit_flops(m, unit(0, "ffn"), ctx)
     per_layer_s = targets.seconds.get("layerwise", ARTICLE_SECONDS["layerwise"]) / rack.tokens / m.n_layers
     att_share, ffn_share = targets.shares.get("layerwise", ARTICLE_SHARES["layerwise"])
     if attention_rate:

@@ -27,9 +27,14 @@ from typing import Any
 
 import simpy
 
-from dit.sim._headsplit import DTYPE_BYTES, Unit
 from dit.sim.engine import CONTROLLER, SimConfig, SimResult, _Run, generate, token_work
-from headsplit.units import kv_cache_bytes_per_token, kv_weight_bytes, weight_bytes
+from dit.sim.placement_model import (
+    DTYPE_BYTES,
+    kv_cache_bytes_per_token,
+    kv_weight_bytes,
+    unit,
+    weight_bytes,
+)
 
 
 def head_shares(n_heads: int, speeds: list[float]) -> list[int]:
@@ -95,9 +100,9 @@ class _GalaxyRun(_Run):
     def memory(self, token: int, context: int, result: SimResult) -> bool:
         m = self.cfg.model
         layer_weights = (
-            m.n_heads * weight_bytes(m, Unit(0, "head", 0))
-            + weight_bytes(m, Unit(0, "proj"))
-            + weight_bytes(m, Unit(0, "ffn"))
+            m.n_heads * weight_bytes(m, unit(0, "head", 0))
+            + weight_bytes(m, unit(0, "proj"))
+            + weight_bytes(m, unit(0, "ffn"))
         )
         copy = kv_weight_bytes(m) + kv_cache_bytes_per_token(m) * context
         used = {

@@ -50,17 +50,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dit.sim._headsplit import (
+from dit.sim.engine import CONTROLLER, Device, Link, SimConfig, SimError, SimResult, simulate, token_work
+from dit.sim.placement_model import (
     PRESETS,
     ModelConfig,
     Placement,
     ProfileCosts,
     ProfileError,
-    Unit,
+    model_from_json,
     placement_from_json,
     read_profile,
+    unit,
 )
-from dit.sim.engine import CONTROLLER, Device, Link, SimConfig, SimError, SimResult, simulate, token_work
 
 DEFAULT_BANDWIDTH_BYTES_PER_S = (
     125e6  # 1 Gbit/s: where links.csv gives no rate (local mode's loopback is faster)
@@ -120,7 +121,7 @@ def _model(doc: Mapping[str, Any], file: Path) -> ModelConfig:
             raise SimError(f"{file}: model.preset: {name!r} is not one of {', '.join(PRESETS)}")
         return PRESETS[name]
     try:
-        return ModelConfig.from_json(dict(model))  # type: ignore[arg-type]
+        return model_from_json(dict(model))  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
         raise SimError(f"{file}: model: not a HeadSplit model ({exc})") from None
 
@@ -190,7 +191,7 @@ def _stage_work(
     for layer in range(model.n_layers):
         count: dict[str, list[int]] = {}
         for h in range(model.n_heads):
-            count.setdefault(placement[Unit(layer, "head", h)], []).append(h)
+            count.setdefault(placement[unit(layer, "head", h)], []).append(h)
         stage_groups.append([(len(hs), len({model.kv_head_of(h) for h in hs})) for hs in count.values()])
     first = 1 if prompt > 0 else 0
     out = []

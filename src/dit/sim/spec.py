@@ -38,8 +38,17 @@ from typing import Any, cast
 
 import yaml
 
-from dit.sim._headsplit import PRESETS, STRATEGIES, PlacementError, Strategy, WorkerSpec, all_units, place
 from dit.sim.engine import CONTROLLER, CONTROLS, WORKER_RTTS, Device, Link, SimConfig, SimError
+from dit.sim.placement_model import (
+    PRESETS,
+    STRATEGIES,
+    PlacementError,
+    Strategy,
+    WorkerSpec,
+    all_units,
+    place,
+    worker_spec,
+)
 
 _DEVICE_KEYS = {
     "name",
@@ -159,7 +168,7 @@ def links_from(doc: Any, names: set[str]) -> list[Link]:
 def worker_specs(devices: list[Device]) -> list[WorkerSpec]:
     """The devices as HeadSplit's placement sees them."""
     return [
-        WorkerSpec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9), d.unit_flops_per_s)
+        worker_spec(d.name, d.memory_bytes, d.flops_per_s, round(d.rtt_s * 1e9), d.unit_flops_per_s)
         for d in devices
     ]
 
@@ -172,7 +181,7 @@ def config_from(doc: Any, strategy: str | None = None) -> SimConfig:
     model_name = doc.get("model")
     if model_name not in PRESETS:
         raise SimError(f"model: {model_name!r} is not one of {', '.join(PRESETS)}")
-    model = PRESETS[model_name]
+    model = PRESETS[str(model_name)]
     tokens = _int(doc, "tokens", minimum=1)
     prompt = _int(doc, "prompt_tokens", default=0)
     strategy = strategy or doc.get("placement", "greedy")

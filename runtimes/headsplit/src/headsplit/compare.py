@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from headsplit.config import DEFAULT_TAU
+
 BASELINE = "layerwise"
 _CHOICE = ("strategy", "speculation")
 
@@ -141,7 +143,7 @@ def load_variant(run: Path) -> Variant:
         oom_token=int(oom) if isinstance(oom, int) and not isinstance(oom, bool) else None,
         network=network_backends(meta),
         ids=ids,
-        exact=not speculation or float(block.get("tau", 0.05)) == 0.0,
+        exact=not speculation or float(block.get("tau", DEFAULT_TAU)) == 0.0,
         fidelity_key=key,
         perplexity=perplexity,
         control=str(values.get("control") or block.get("control") or "rpc"),

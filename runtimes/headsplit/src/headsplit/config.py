@@ -12,6 +12,9 @@ from typing import Any, Literal
 Family = Literal["gpt2", "llama"]
 # How the controller drives a token (headsplit.dataflow; here, torch-free, for the plug-in's schema too)
 CONTROLS = ("dataflow", "rpc")
+#: Speculation's tolerance on ||FFN(Z)|| / ||Z|| unless a run sets ``tau`` (the article's TinyLlama figures
+#: are at it); every default of it in HeadSplit and its plug-in is this one
+DEFAULT_TAU = 0.05
 
 
 @dataclass(frozen=True)

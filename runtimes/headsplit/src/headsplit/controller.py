@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from headsplit import engine, model
-from headsplit.config import CONTROLS, ModelConfig, preset
+from headsplit.config import CONTROLS, DEFAULT_TAU, ModelConfig, preset
 from headsplit.profile_costs import RULE, ProfileCosts, costs_from_document
 from headsplit.units import Unit
 
@@ -204,7 +204,7 @@ def parse_config(doc: dict[str, Any], base: Path | None = None) -> RunConfig:
     control = doc.get("control", "dataflow")
     if control not in CONTROLS:
         raise ConfigError(f"control: one of {', '.join(CONTROLS)}, got {control!r}")
-    tau = doc.get("tau", 0.05)
+    tau = doc.get("tau", DEFAULT_TAU)
     if not isinstance(tau, int | float) or isinstance(tau, bool) or tau < 0:
         raise ConfigError(f"tau: expected a number >= 0, got {tau!r}")
     tokens = _get(doc, "tokens", int)

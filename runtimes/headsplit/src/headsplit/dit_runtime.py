@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from dit.analysis.run import LoadedRun
+from dit.runtime_api.chapters import ChapterPlan, ChapterRequest, ChapterRuns, ChapterSections
+from dit.runtime_api.placement import PlacementModel
 from dit.runtimes import (
     Action,
     BlockProblem,
@@ -255,3 +257,21 @@ class HeadSplitRuntime(RuntimeBase):
 
     def parse_results(self, run: LoadedRun) -> Results:
         return parse(run)
+
+    # The chapter's sections import dit's report and simulator: loaded when a chapter asks, not when dit
+    # loads the runtime to validate a scenario
+    def chapter_plan(self, request: ChapterRequest) -> ChapterPlan | None:
+        from headsplit.plugin import chapter6
+
+        return chapter6.chapter_plan(request)
+
+    def chapter_sections(self, runs: ChapterRuns) -> ChapterSections | None:
+        from headsplit.plugin import chapter6
+
+        return chapter6.chapter_sections(runs)
+
+    def placement_model(self) -> PlacementModel:
+        """HeadSplit's placement and cost model, which ``dit simulate`` places every unit with."""
+        from headsplit.plugin.placement_model import MODEL
+
+        return MODEL

@@ -43,7 +43,7 @@ import torch
 
 from headsplit import checkpoint as ckpt
 from headsplit import dataflow, model
-from headsplit.config import ModelConfig
+from headsplit.config import DEFAULT_TAU, ModelConfig
 from headsplit.units import Unit, all_units
 
 Placement = dict[Unit, str]
@@ -426,7 +426,7 @@ def threshold_check(threshold: float = 0.85) -> MemoryCheck:
 @dataclass
 class EngineOptions:
     speculation: bool = False
-    tau: float = 0.05
+    tau: float = DEFAULT_TAU
     speculate_layers: frozenset[int] | None = None  # source layers l of l -> l+1; None: every one
     memory_limits: dict[str, int] = field(default_factory=dict)  # worker -> bytes; 0/absent: none
     memory_check: MemoryCheck = field(default_factory=threshold_check)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from headsplit import model
-from headsplit.config import ModelConfig, preset
+from headsplit.config import DEFAULT_TAU, ModelConfig, preset
 from headsplit.units import Unit
 
 DEFAULT_CORPUS = Path(__file__).parent / "data" / "corpus.txt"
@@ -52,7 +52,7 @@ def _canonical(doc: dict[str, Any]) -> bytes:
     ).encode()
 
 
-TAUS = (0.02, 0.05, 0.1, 0.2, 0.3)  # the tolerances the acceptance table reports (issue 32)
+TAUS = (0.02, DEFAULT_TAU, 0.1, 0.2, 0.3)  # the tolerances the acceptance table reports (issue 32)
 
 
 @dataclass
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m headsplit.speculation", description="Build a speculation profile."
     )
     ap.add_argument("--model", required=True, help="a preset name")
-    ap.add_argument("--tau", type=float, default=0.05)
+    ap.add_argument("--tau", type=float, default=DEFAULT_TAU)
     ap.add_argument("--out", required=True)
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
     ap.add_argument(

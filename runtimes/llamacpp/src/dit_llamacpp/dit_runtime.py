@@ -1,8 +1,9 @@
 """llama.cpp's RPC backend as a dit runtime (``llamacpp-rpc``): block, launch, readiness, build action, results.
 
-The only module of the package that imports the testbed (docs/runtimes.md is the interface,
-docs/llamacpp.md the user's guide). Processes (all started by dit's process module, tagged with the run
-id and reaped at teardown or by ``dit cleanup``):
+With :mod:`dit_llamacpp.chapter6` (its part of ``dit reproduce ch6``), the only modules of the package
+that import the testbed (docs/runtimes.md is the interface, docs/llamacpp.md the user's guide).
+Processes (all started by dit's process module, tagged with the run id and reaped at teardown or by
+``dit cleanup``):
 
 * ``llama-worker<N>`` on each worker device (background): ``node.py worker`` checks the bind address
   (:func:`dit_llamacpp.launch.check_bind`: the node's inference address only, loopback only in local
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.analysis.run import AggregateError, LoadedRun, raw_file
+from dit.runtime_api.chapters import ChapterPlan, ChapterRequest, ChapterRuns, ChapterSections
 from dit.runtimes import (
     NODE_BASE,
     Action,
@@ -704,6 +706,17 @@ class LlamaCppRpcRuntime(RuntimeBase):
 
     def parse_results(self, run: LoadedRun) -> Results:
         return parse(run)
+
+    # The chapter's row imports dit's report: loaded when a chapter asks, not when dit loads the runtime
+    def chapter_plan(self, request: ChapterRequest) -> ChapterPlan | None:
+        from dit_llamacpp import chapter6
+
+        return chapter6.chapter_plan(request)
+
+    def chapter_sections(self, runs: ChapterRuns) -> ChapterSections | None:
+        from dit_llamacpp import chapter6
+
+        return chapter6.chapter_sections(runs)
 
 
 def run_reference(model: str, prompt_ids: Sequence[int], llama_ids: Sequence[int]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dit.runtimes import (
 )
 from dit.runtimes.helpers import EDGE
 from headsplit import checkpoint as ckpt
-from headsplit.config import PRESETS
+from headsplit.config import DEFAULT_TAU, PRESETS
 from headsplit.plugin.common import (
     FILES_DIR,
     NODE_NAME,
@@ -69,7 +69,7 @@ PROFILE_INPUTS: dict[str, Any] = {
     "properties": {
         "model": {"description": "The model preset.", "enum": sorted(PRESETS), "default": "gpt2-tiny"},
         "tau": {"description": "The tolerance the profile is built for.", "type": "number", "minimum": 0,
-                "default": 0.05},
+                "default": DEFAULT_TAU},
         "corpus": {"description": "A text corpus on the edge server (default: headsplit's own); for a trained "
                    "model (smollm2-135m) a file on this machine, tokenized here with the model's own tokenizer.",
                    "type": "string", "minLength": 1},
@@ -271,7 +271,7 @@ def profile_name(model: str, tau: float) -> str:
 
 def build_speculation_profile(inputs: Mapping[str, Any]) -> ActionPlan:
     """Run ``python -m headsplit.speculation`` on the edge server, fetch the profile, distribute it."""
-    model, tau = str(inputs.get("model", "gpt2-tiny")), float(inputs.get("tau", 0.05))
+    model, tau = str(inputs.get("model", "gpt2-tiny")), float(inputs.get("tau", DEFAULT_TAU))
     extravars: dict[str, Any] = {
         "hs_profile_name": profile_name(model, tau),
         "hs_profile_model": model,

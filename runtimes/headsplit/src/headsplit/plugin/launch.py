@@ -19,6 +19,7 @@ from dit.runtimes import (
 from dit.runtimes.helpers import memory_limit_bytes
 from headsplit import checkpoint as ckpt
 from headsplit import profile_costs
+from headsplit.config import DEFAULT_TAU
 from headsplit.plugin.common import (
     CONFIG_FILE,
     CONTROLLER_TAG,
@@ -299,7 +300,7 @@ def run_config(ctx: LaunchContext, host: str) -> dict[str, Any]:
         "strategy": str(block.get("strategy", "greedy")),
         "control": str(block.get("control", "dataflow")),
         "speculation": bool(block.get("speculation", False)),
-        "tau": float(block.get("tau", 0.05)),
+        "tau": float(block.get("tau", DEFAULT_TAU)),
         "speculation_profile": profile_on_node(ctx, host, str(profile)) if isinstance(profile, str) else None,
         "tokens": int(block.get("tokens", 16)),
         "prompt": str(block.get("prompt", "")),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dit.runtimes.helpers import EDGE
-from headsplit.config import CONTROLS, PRESETS
+from headsplit.config import CONTROLS, DEFAULT_TAU, PRESETS
 from headsplit.plugin.common import (
     ABSOLUTE_PATH,
     ABSOLUTE_PATH_TEXT,
@@ -130,7 +130,7 @@ def block_schema() -> dict[str, Any]:
                 "description": "The speculation tolerance on ||FFN(Z)|| / ||Z||; 0 makes speculation exact.",
                 "type": "number",
                 "minimum": 0,
-                "default": 0.05,
+                "default": DEFAULT_TAU,
             },
             "speculation_profile": {
                 "title": "Speculation profile",

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from dit.report.section import Section
 from dit.reproduce.article import FIGURES
 from dit.units import MISSING
-
-if TYPE_CHECKING:
-    from headsplit.breakdown import Token
+from headsplit.breakdown import PARTS, Token, lines, overtaking_rtt_ms, token
+from headsplit.compare import CompareError
 
 #: The strategy the article gives its token's shares for, per name (greedy: the heads distributed).
 _SHARE_FIGURES = {"layerwise": "ch6.shares_layerwise", "greedy": "ch6.shares_heads"}
@@ -25,9 +23,6 @@ _WORKERS = 4
 
 def tokens(run_dirs: Sequence[Path]) -> tuple[dict[Path, Token], list[str]]:
     """Every run's median decode token, and why a run has none."""
-    from headsplit.breakdown import token
-    from headsplit.compare import CompareError
-
     found: dict[Path, Token] = {}
     problems: list[str] = []
     for run in run_dirs:
@@ -41,8 +36,6 @@ def tokens(run_dirs: Sequence[Path]) -> tuple[dict[Path, Token], list[str]]:
 def why(baseline: Token, other: Token) -> str:
     """Which part of ``other``'s token keeps it from beating layer-wise's by more: the parts side by side,
     what the heads saved and what grew, and the bound the attention's share sets over the workers."""
-    from headsplit.breakdown import PARTS
-
     names = [n for _, n in PARTS]
     changes = {n: other.parts_ms[n] - baseline.parts_ms[n] for n in names}
     side = ", ".join(f"{n} {baseline.parts_ms[n]:.1f} → {other.parts_ms[n]:.1f} ms" for n in names)
@@ -65,8 +58,6 @@ def why(baseline: Token, other: Token) -> str:
 
 def breakdown_section(found: Mapping[Path, Token], where: str, problems: Sequence[str] = ()) -> Section:
     """Per run, the median decode token's parts and shares, beside the article's shares."""
-    from headsplit.breakdown import PARTS
-
     section = Section("Where a token's time goes", "breakdown")
     rows = []
     for t in sorted(found.values(), key=lambda t: (t.one_way_ms, t.control, t.name)):
@@ -91,8 +82,6 @@ def breakdown_section(found: Mapping[Path, Token], where: str, problems: Sequenc
 def delay_section(found: Mapping[Path, Token], where: str) -> Section:
     """Per strategy and control: the decode token at each added RTT, its growth per ms of one-way delay
     and the added RTT past which layer-wise is faster, beside the article's ~25 ms."""
-    from headsplit.breakdown import lines, overtaking_rtt_ms
-
     section = Section("A token against the added delay", "delay")
     fitted = lines(found.values())
     columns = sorted({x for line in fitted for x, _ in line.points})
