@@ -2,6 +2,7 @@
 predicted from the same strategy at every other added-delay column, and where the error comes from.
 
     .venv/bin/python benchmarks/bench_sim_replay.py RUNS_DIR [RUNS_DIR ...] [--rates trace,compute]
+    .venv/bin/python benchmarks/bench_sim_replay.py --smoke   # the checked-in runs (CI)
 
 ``RUNS_DIR``: any directory holding finished run directories (``runs/ch6_headsplit`` of a sweep, the
 emulated rack's ``runs/``, a local ``--runs-dir``); every ``raw/<controller>/<controller>_headsplit.json``
@@ -100,9 +101,16 @@ def components(r: Replay, doc: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="directories holding run directories")
+    parser.add_argument("runs", nargs="*", type=Path, help="directories holding run directories")
     parser.add_argument("--rates", default="trace,compute", help="comma-separated, of " + ", ".join(RATES))
+    parser.add_argument(
+        "--smoke", action="store_true", help="the checked-in dataflow runs (tests/fixtures/sim_dataflow): CI"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.runs = [Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "sim_dataflow"]
+    elif not args.runs:
+        parser.error("RUNS_DIR: at least one directory of runs (or --smoke)")
     modes = [m.strip() for m in args.rates.split(",") if m.strip()]
     print(f"load average {os.getloadavg()[0]:.2f} (the replays do not depend on it)")
     runs = find_runs(args.runs)

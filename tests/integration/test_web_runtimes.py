@@ -196,7 +196,10 @@ def test_the_run_detail_carries_the_runtimes_summary_values_with_units(
     summary = client.get(f"/api/runs/{key}").json()["summary"]
     assert summary == {  # no fake sensor in this run: nothing is marked modelled
         "runtime": "layers",
-        "values": [{**v.to_json(), "modelled": ""} for v in values],
+        "values": [
+            {**values[0].to_json(), "modelled": "", "text": "8"},
+            {**values[1].to_json(), "modelled": "", "text": "1.23 ms"},  # dit.units, as dit show says it
+        ],
         "modelled_note": "",
     }
 
