@@ -10,6 +10,7 @@ from dit import units
 from dit.analysis.run import LoadedRun
 from dit.conditions import aggregate_hooks
 from dit.report import labels
+from dit.run.rundir import RunDir
 from dit.runtimes import Runtime
 from dit.scenario import Scenario
 from dit.scenario.spec import DEFAULT_RUNTIME
@@ -33,6 +34,23 @@ def aggregate(analysed: LoadedRun, runtime: Runtime, say: Callable[[str], None])
         say(f"{runtime.name}: {value.name} = {shown}")
     for _condition, step in aggregate_hooks():
         step(analysed)
+
+
+def record_kept(
+    run: RunDir, load: Callable[[], LoadedRun], runtime: Runtime, info: Callable[[str], None]
+) -> None:
+    """What a stopped run fetched into raw/ (collect's files, or teardown's), aggregated as far as it
+    goes (:func:`aggregate_kept`); recorded as status.json's ``kept``. Beside the stage, not in the
+    driver (its class stays a sequencer)."""
+    raw = run.path / "raw"
+    if not raw.is_dir() or not any(p.is_file() for p in raw.rglob("*")):
+        return
+    kept = aggregate_kept(load(), runtime)
+    if kept["aggregated"]:
+        info(f"aggregated from the files kept before the stop: {', '.join(kept['aggregated'])}")
+    for step, why in kept["not_aggregated"].items():
+        info(f"not aggregated ({step}): {why}")
+    run.try_set_status(kept=kept)
 
 
 def aggregate_kept(analysed: LoadedRun, runtime: Runtime) -> dict[str, Any]:

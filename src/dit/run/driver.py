@@ -154,7 +154,7 @@ class Driver:
                     state = "failed"
                     error = f"{error}; {teardown_error}" if error else teardown_error
             if state == "stopped":
-                self._aggregate_kept(run)
+                analyse.record_kept(run, lambda: self.analysed, self.runtime, self.reporter_info)
         if state == "completed" and self.process_failures:
             state, error = "degraded", "; ".join(f.describe() for f in self.process_failures)
         unwritten = run.try_set_status(
@@ -241,8 +241,7 @@ class Driver:
         return time.monotonic_ns()
 
     def _end(self, stage: str, start_ns: int, state: str) -> None:
-        """Record a stage's wall time in status.json at once (atomic write), not only at the end:
-        a driver killed later in the run still leaves the times of the stages that ended."""
+        """A stage's wall time in status.json at once: a killed driver leaves the ended stages' times."""
         assert self.reporter is not None
         self.stage_ns[stage] = time.monotonic_ns() - start_ns
         self.run.set_status(stage_ns=self.stage_ns)
@@ -372,10 +371,9 @@ class Driver:
 
     def _follow(self) -> None:
         """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.run.follow`)."""
-        if self.reporter is None:
-            return
-        self.follower = LogFollower(targets_for(self.contexts), self.run.run_id, self.reporter.line)
-        self.follower.start()
+        if self.reporter is not None:
+            self.follower = LogFollower(targets_for(self.contexts), self.run.run_id, self.reporter.line)
+            self.follower.start()
 
     def _unfollow(self) -> None:
         if self.follower is not None:
@@ -466,21 +464,6 @@ class Driver:
     def analysed(self) -> LoadedRun:
         """The run directory as the analysis steps see it: ``scenario.yaml`` read once for all of them."""
         return LoadedRun(self.run.path)
-
-    def _aggregate_kept(self, run: RunDir) -> None:
-        """What a stopped run fetched into raw/ (collect's files, or teardown's), aggregated as far as
-        it goes (:func:`analyse.aggregate_kept`); recorded as status.json's ``kept``."""
-        raw = run.path / "raw"
-        if not raw.is_dir() or not any(p.is_file() for p in raw.rglob("*")):
-            return
-        kept = analyse.aggregate_kept(self.analysed, self.runtime)
-        if kept["aggregated"]:
-            self.reporter_info(
-                f"aggregated from the files kept before the stop: {', '.join(kept['aggregated'])}"
-            )
-        for step, why in kept["not_aggregated"].items():
-            self.reporter_info(f"not aggregated ({step}): {why}")
-        run.try_set_status(kept=kept)
 
     def _aggregate(self) -> None:
         self._timed("aggregate", lambda: analyse.aggregate(self.analysed, self.runtime, self.reporter_info))
