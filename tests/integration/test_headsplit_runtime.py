@@ -187,7 +187,13 @@ def test_a_local_headsplit_run_through_all_stages(site: Path, tmp_path: Path) ->
         assert replayed.returncode == 0, replayed.stdout + replayed.stderr
         mape = [line for line in replayed.stdout.splitlines() if line.startswith("MAPE ")]
         assert len(mape) == 1 and mape[0].endswith(" %"), replayed.stdout
-        assert float(mape[0].split()[1]) <= 30, replayed.stdout
+        # one latency per decode token cannot follow the run's own spread (3 decode tokens here; on a
+        # loaded machine one of them can take several times the others): the bound is 30 % or that
+        # spread's own MAPE (the floor, benchmarks/bench_sim_replay.py) + 10 points, whichever is larger
+        doc = json.loads(next(run_dir.glob("raw/*/*_headsplit.json")).read_text())
+        total = [int(t["total_ns"]) for t in doc["tokens"][1:]]
+        floor = 100 * statistics.fmean(abs(statistics.fmean(total) - t) / t for t in total)
+        assert float(mape[0].split()[1]) <= max(30.0, floor + 10), f"{replayed.stdout}floor {floor:.1f} %"
         assert "tokens/s" in replayed.stdout
 
 

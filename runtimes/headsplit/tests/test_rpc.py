@@ -149,7 +149,9 @@ def test_two_workers_tau_zero_exact_with_a_stalled_call_retried(tmp_path: Path, 
     if control == "dataflow":
         stalled = [r for r in doc["retries"] if r["call"] == "step"]
         assert stalled and stalled[0]["attempt"] == 1 and stalled[0]["time_ns"] > doc["start_ns"]
-        assert "no last X within 5 s" in stalled[0]["error"]
+        # a step waits the timeout per position it computes: the stalled one is the prompt's prefill
+        positions = len(model.tokenize("The heads", cfg))
+        assert f"no last X within {5 * positions:g} s" in stalled[0]["error"]
         # worker2's heads and the FFN share a worker: 2 messages per layer after the first (<= 3L + 1)
         assert all(t["critical_messages"] == 2 * 4 + 2 for t in doc["tokens"])
     else:
