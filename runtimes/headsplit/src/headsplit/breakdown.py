@@ -71,19 +71,28 @@ def _median(rows: Sequence[Mapping[str, str]], field: str) -> float:
     return statistics.median(float(r[field]) for r in rows) / 1e6
 
 
-def _geometry(run: Path) -> str:
+def _controller_doc(run: Path) -> Mapping[str, Any]:
+    """The controller's results (``raw/<controller>/<controller>_headsplit.json``), read once per run;
+    empty when none is readable."""
     for raw in sorted(run.glob("raw/*/*_headsplit.json")):
         try:
-            model = json.loads(raw.read_text(encoding="utf-8")).get("model")
+            doc = json.loads(raw.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if isinstance(model, Mapping):
-            return (
-                f"{model.get('name')}: {model.get('n_layers')} layers, {model.get('n_heads')} heads "
-                f"({model.get('n_kv_heads')} KV) of {_head_dim(model)}, hidden {model.get('hidden')}, "
-                f"FFN {model.get('ffn_hidden')}"
-            )
-    return "geometry not recorded"
+        if isinstance(doc, Mapping):
+            return doc
+    return {}
+
+
+def _geometry(doc: Mapping[str, Any]) -> str:
+    model = doc.get("model")
+    if not isinstance(model, Mapping):
+        return "geometry not recorded"
+    return (
+        f"{model.get('name')}: {model.get('n_layers')} layers, {model.get('n_heads')} heads "
+        f"({model.get('n_kv_heads')} KV) of {_head_dim(model)}, hidden {model.get('hidden')}, "
+        f"FFN {model.get('ffn_hidden')}"
+    )
 
 
 def _head_dim(model: Mapping[str, Any]) -> Any:
@@ -122,7 +131,7 @@ def token(run: Path) -> Token:
     missing = [f for f in needed if f not in rows[0]]
     if missing:
         raise CompareError(f"{path}: no column {', '.join(missing)}")
-    messages = _messages(run)
+    doc = _controller_doc(run)
     return Token(
         path=run,
         strategy=variant.strategy,
@@ -131,25 +140,19 @@ def token(run: Path) -> Token:
         one_way_ms=one_way_ms(variant.others),
         total_ms=_median(rows, "total_ns"),
         parts_ms={name: _median(rows, field) for field, name in PARTS},
-        messages=messages,
-        geometry=_geometry(run),
+        messages=_messages(doc),
+        geometry=_geometry(doc),
     )
 
 
-def _messages(run: Path) -> float | None:
-    for raw in sorted(run.glob("raw/*/*_headsplit.json")):
-        try:
-            tokens = json.loads(raw.read_text(encoding="utf-8")).get("tokens")
-        except (OSError, ValueError):
-            continue
-        counts = [
-            t["critical_messages"]
-            for t in (tokens if isinstance(tokens, list) else [])[1:]
-            if isinstance(t, Mapping) and isinstance(t.get("critical_messages"), int)
-        ]
-        if counts:
-            return float(statistics.median(counts))
-    return None
+def _messages(doc: Mapping[str, Any]) -> float | None:
+    tokens = doc.get("tokens")
+    counts = [
+        t["critical_messages"]
+        for t in (tokens if isinstance(tokens, list) else [])[1:]
+        if isinstance(t, Mapping) and isinstance(t.get("critical_messages"), int)
+    ]
+    return float(statistics.median(counts)) if counts else None
 
 
 def lines(tokens: Iterable[Token]) -> list[Line]:
