@@ -442,12 +442,19 @@ def test_a_local_headsplit_device_s_delay_reaches_its_rpc(site: Path, tmp_path: 
     worker1 = json.loads((delayed / "raw" / "device1" / "device1_worker1.json").read_text(encoding="utf-8"))
     assert {listener.rsplit(":", 1)[0] for listener in worker1["listeners"]} == {source}
 
-    # the self-check: every link of device1 shaped by the userspace backend, and within its tolerance
+    # the self-check: every link of device1 shaped by the userspace backend, its emulator healthy, and no
+    # ping faster than the delay asked for less the tolerance. A lower bound only: on a loaded machine (CI's
+    # slow phase beside two torch workers) the mean RTT runs more than the 2 ms tolerance over and the row's
+    # ``pass`` is False because it was slower, which says the delay was applied, not that it was missing
     with (delayed / "aggregate" / "netem_check.csv").open(encoding="utf-8") as handle:
         rows = [r for r in csv.DictReader(handle) if r["device"] == "device1"]
     assert rows and all(
-        (r["backend"], r["shaping"], r["pass"]) == ("userspace", "applied", "True") for r in rows
+        (r["backend"], r["shaping"], r["emulator"]) == ("userspace", "applied", "ok") for r in rows
     ), rows
+    for row in rows:
+        fastest = float(row["measured_rtt_min_ms"]) - float(row["baseline_rtt_ms"] or 0.0)
+        assert fastest >= float(row["intended_delay_ms"]) - float(row["tolerance_ms"]), row
+        assert row["pass"] == "True" or float(row["difference_ms"]) > float(row["tolerance_ms"]), row
     assert float(next(r for r in rows if r["target"] == "edge")["intended_delay_ms"]) == DELAY_MS
 
     def results(run_dir: Path) -> dict[str, Any]:
