@@ -14,9 +14,9 @@ from types import ModuleType
 
 import pytest
 
+from dit.conditions.load import LOAD_REGIMES
 from dit.device import load
 from dit.device.common import ConfigError
-from dit.scenario import LOAD_REGIMES
 from tests.ansible_modules import module_util
 
 S = 1_000_000_000

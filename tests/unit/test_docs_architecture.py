@@ -142,3 +142,23 @@ def test_the_runtime_interface_and_registry_import_nothing_above_the_scenario(pa
         m for m in _imports(path) if m.split(".")[0] == "dit" and m.split(".")[1:2] in ([a] for a in above)
     )
     assert not upward, f"src/dit/runtime_api/{path.name} imports {upward}"
+
+
+@pytest.mark.parametrize("path", sorted(SRC.joinpath("scenario").glob("*.py")), ids=lambda p: p.name)
+def test_the_scenario_imports_no_condition(path: Path) -> None:
+    """The page: a condition's block check is found through ``dit.conditions.block_checks`` when a
+    scenario is checked; the conditions stand above the scenario (a builder takes a Scenario)."""
+    named = sorted(m for m in _imports(path) if m.startswith("dit.conditions"))
+    assert not named, f"src/dit/scenario/{path.name} imports {named}"
+
+
+def test_the_scenario_names_no_condition_block_in_its_checks() -> None:
+    """The page: no ``if block == "network"`` in the scenario's checks; each condition checks its own."""
+    tree = ast.parse((SRC / "scenario" / "core.py").read_text(encoding="utf-8"))
+    spelled = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and node.value in ("load", "network", "background_traffic", "hardware")
+    }
+    assert not spelled, f"src/dit/scenario/core.py names the blocks {sorted(spelled)}"

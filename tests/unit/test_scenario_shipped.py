@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from dit.conditions.load import LOAD_REGIMES
 from dit.devtools.schemadoc import render_reference
 from dit.paths import content_root
-from dit.scenario import LOAD_REGIMES, expand, load, load_schema, load_yaml, schema_path, validate
+from dit.scenario import expand, load, load_schema, load_yaml, schema_path, validate
 
 SCENARIOS = content_root() / "scenarios"
 SHIPPED = ["ch4_validation.yaml", "quickstart.yaml", "two_device_policies.yaml"]

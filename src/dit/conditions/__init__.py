@@ -1,7 +1,10 @@
 """Controlled conditions: one package per condition, from a scenario to the variables of its role.
 
 A condition is a package ``dit/conditions/<name>/`` (with its role ``roles/<role>/``, and a module
-under ``library/`` if it writes privileged state). Its ``__init__`` defines
+under ``library/`` if it writes privileged state). When the scenario sets it, its ``schema.json`` is its
+part of the scenario schema: its block (netem's ``network``) or its fields of a shared block (cpufreq's
+``hardware.cpu_freq_mhz``), merged into ``scenarios/scenario.schema.json`` by
+``python -m dit.devtools.scenario_schema``. Its ``__init__`` defines
 
 - ``CONDITION = Condition(name=..., role=..., order=..., variables=(...))`` and
 - ``build(scenario, host, ctx) -> dict[str, Any] | None`` (:data:`Builder`): the role's public
@@ -10,6 +13,11 @@ under ``library/`` if it writes privileged state). Its ``__init__`` defines
 
 and may define these hooks, each called by the driver for every condition that has it, in
 ``order``, without the driver naming the condition:
+
+- ``check_block(block, device, conf, report)`` (:data:`dit.scenario.errors.BlockCheck`): the checks of
+  one device's entry of the condition's per-device block (a top-level field of its ``schema.json``)
+  that the schema cannot express, each problem reported at its field's path; called by the scenario's
+  validation (:func:`block_checks`), not by the driver;
 
 - ``process(scenario, host, ctx) -> ProcessSettings | None`` (:data:`ProcessHook`): environment,
   cgroup and CPUs of the run's device processes on the host (the memory limit, the CPU share, thread
@@ -46,15 +54,19 @@ this package, so adding a condition touches no shared file.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
 import pkgutil
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from dit.scenario import Scenario
+from dit.scenario.errors import BlockCheck
 
 if TYPE_CHECKING:
     from dit.analysis.run import LoadedRun
@@ -184,6 +196,21 @@ def _modules() -> list[ModuleType]:
     return sorted(
         found, key=lambda m: (cast(Condition, m.CONDITION).order, cast(Condition, m.CONDITION).name)
     )
+
+
+@functools.cache
+def block_checks() -> dict[str, BlockCheck]:
+    """``{block: check}``: the ``check_block`` hook of each condition, for the blocks its ``schema.json``
+    defines (its top-level ``properties``)."""
+    checks: dict[str, BlockCheck] = {}
+    for module in _modules():
+        hook = cast("BlockCheck | None", getattr(module, "check_block", None))
+        if hook is None:
+            continue
+        fragment = Path(module.__file__ or "").with_name("schema.json")
+        blocks = json.loads(fragment.read_text(encoding="utf-8")).get("properties", {})
+        checks.update(dict.fromkeys(blocks, hook))
+    return checks
 
 
 def conditions() -> list[Condition]:

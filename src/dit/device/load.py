@@ -79,7 +79,7 @@ from dit.device.common import ConfigError, Origin, require, write_json
 from dit.device.sampling import StopSignal, deadline_ns
 from dit.device.tags import RUN_ENV
 
-#: The thesis's compute regimes in percent: (CPU range, memory range). Mirrors ``dit.scenario.LOAD_REGIMES``.
+#: The thesis's compute regimes in percent: (CPU range, memory range). Mirrors ``dit.conditions.load.LOAD_REGIMES``.
 REGIMES: Final[Mapping[str, tuple[tuple[float, float], tuple[float, float]]]] = {
     "light": ((10.0, 20.0), (10.0, 20.0)),
     "moderate": ((30.0, 50.0), (30.0, 40.0)),

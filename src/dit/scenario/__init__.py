@@ -16,18 +16,16 @@ hash; any value that changes the experiment (including ``name`` and ``descriptio
 
 from __future__ import annotations
 
-from dit.scenario.core import DEVICE_BLOCKS, MAX_VARIANTS, expand, load, loads, resolve, validate
+from dit.scenario.core import MAX_VARIANTS, expand, load, loads, resolve, validate
 from dit.scenario.errors import FieldError, ScenarioError
 from dit.scenario.frozen import FrozenDict, freeze, thaw
-from dit.scenario.schema import load_schema, schema_path
+from dit.scenario.schema import device_blocks, load_schema, schema_path
 from dit.scenario.spec import (
-    LOAD_REGIMES,
     EdgeSpec,
     InferenceSpec,
     InputSpec,
     ModelSpec,
     OptimisationSpec,
-    Regime,
     Scenario,
     TimingSpec,
     canonical_json,
@@ -36,8 +34,6 @@ from dit.scenario.spec import (
 from dit.scenario.yamlio import MAX_YAML_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, dump_yaml, load_yaml
 
 __all__ = [
-    "DEVICE_BLOCKS",
-    "LOAD_REGIMES",
     "MAX_VARIANTS",
     "MAX_YAML_BYTES",
     "MAX_YAML_DEPTH",
@@ -49,12 +45,12 @@ __all__ = [
     "InputSpec",
     "ModelSpec",
     "OptimisationSpec",
-    "Regime",
     "Scenario",
     "ScenarioError",
     "TimingSpec",
     "canonical_json",
     "content_hash",
+    "device_blocks",
     "dump_yaml",
     "expand",
     "freeze",

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import copy
 import difflib
+import importlib
 import importlib.metadata
-import ipaddress
 import itertools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dit.runtime_api import registry
 from dit.runtime_api.interface import check_block_of
 from dit.scenario import schema as sch
 from dit.scenario.author import Author, problem
-from dit.scenario.errors import FieldError, ScenarioError, sorted_unique
+from dit.scenario.errors import BlockCheck, FieldError, ScenarioError, sorted_unique
 from dit.scenario.pathexpr import Segment, parse_path, render_path
 from dit.scenario.spec import DEFAULT_RUNTIME, Scenario, build, partition_vector
 from dit.scenario.yamlio import load_yaml, load_yaml_file
@@ -26,8 +26,6 @@ from dit.scenario.yamlio import load_yaml, load_yaml_file
 #: The largest number of variants one scenario may expand to.
 MAX_VARIANTS = 1000
 
-DEVICE_BLOCKS = ("load", "network", "hardware", "background_traffic")
-_REGIME_MODES = ("light", "moderate", "heavy", "continuous")
 _DEVICE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}\Z")
 
 
@@ -105,6 +103,14 @@ def resolve(doc: Mapping[str, Any]) -> dict[str, Any]:
 # -- semantic checks ----------------------------------------------------------------------------
 
 
+def _block_checks() -> Mapping[str, BlockCheck]:
+    """``{block: check}``: each condition checks its own block (its package's ``check_block``)."""
+    # found when a scenario is checked, not imported: the conditions stand above the scenario (a
+    # builder takes a Scenario), as a runtime's block check is found through the runtime registry
+    conditions = importlib.import_module("dit.conditions")
+    return cast("Callable[[], Mapping[str, BlockCheck]]", conditions.block_checks)()
+
+
 def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldError]:
     """Checks the schema cannot express; ``raw`` as written (no sweep), ``d`` = ``resolve(raw)``."""
     errors: list[FieldError] = []
@@ -115,7 +121,8 @@ def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldE
     devices_raw = d.get("devices")
     devices = [x for x in devices_raw if isinstance(x, str)] if isinstance(devices_raw, list) else []
 
-    for block in DEVICE_BLOCKS:
+    checks = _block_checks()
+    for block in sch.device_blocks():
         entries = d.get(block)
         if not isinstance(entries, dict):
             continue
@@ -124,8 +131,9 @@ def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldE
                 err([block, dev], "edge is the edge server, not a device; its settings live in edge_server")
             elif dev not in devices and _DEVICE_NAME.match(dev):
                 err([block, dev], f"{dev} is not in devices")
-            if isinstance(conf, dict):
-                _check_block(block, dev, conf, err)
+            check = checks.get(block)
+            if isinstance(conf, dict) and check is not None:
+                check(block, dev, conf, err)
 
     model = d.get("model")
     model_path: list[Segment] = ["model"] if isinstance(raw.get("model"), str) else ["model", "name"]
@@ -211,54 +219,6 @@ def _there(count: int, noun: str) -> str:
 def _check_point(parts: list[Segment], p: Any, count: int | None, name: Any, err: Any) -> None:
     if isinstance(p, int) and not isinstance(p, bool) and count is not None and p > count:
         err(parts, f"{p} is beyond the {count} stages of model {name} (partition points are 0..{count})")
-
-
-def _check_loss_correlation(where: list[Segment], profile: Mapping[str, Any], err: Any) -> None:
-    """A loss correlation correlates loss draws: without a loss there are none (netem draws none)."""
-    correlation, loss = profile.get("loss_correlation_pct"), profile.get("loss_pct")
-    if (
-        isinstance(correlation, int | float)
-        and correlation > 0
-        and not (isinstance(loss, int | float) and loss > 0)
-    ):
-        err(
-            [*where, "loss_correlation_pct"],
-            f"a loss correlation ({correlation:g} %) needs a loss: set loss_pct above 0 beside it",
-        )
-
-
-def _check_block(block: str, dev: str, conf: Mapping[str, Any], err: Any) -> None:
-    if block == "load":
-        mode = conf.get("mode")
-        if "processes" in conf and mode != "processes":
-            err([block, dev, "processes"], f"only valid with mode processes (mode is {mode})")
-        for key in ("regime", "interval_s"):
-            if key in conf and mode != "continuous":
-                err([block, dev, key], f"only valid with mode continuous (mode is {mode})")
-        for key in ("cpu_pct", "mem_pct"):
-            if key in conf and mode not in _REGIME_MODES:
-                err([block, dev, key], f"only valid with modes {', '.join(_REGIME_MODES)} (mode is {mode})")
-    elif block == "network":
-        var = conf.get("variation")
-        if isinstance(var, dict):
-            low, high = var.get("low_ms"), var.get("high_ms")
-            if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
-                err([block, dev, "variation", "low_ms"], f"low_ms ({low}) is greater than high_ms ({high})")
-        _check_loss_correlation([block, dev], conf, err)
-        dests = conf.get("destinations")
-        if isinstance(dests, dict):
-            for target, profile in dests.items():
-                if isinstance(profile, dict):
-                    _check_loss_correlation([block, dev, "destinations", target], profile, err)
-                if "/" in target:
-                    try:
-                        ipaddress.ip_network(target, strict=False)
-                    except ValueError:
-                        err([block, dev, "destinations", target], f"{target!r} is not a valid CIDR")
-                elif target == dev:
-                    err([block, dev, "destinations", target], "a device cannot be its own destination")
-    elif block == "background_traffic" and conf.get("target") == dev:
-        err([block, dev, "target"], "a device cannot send background traffic to itself")
 
 
 # -- sweeps -------------------------------------------------------------------------------------

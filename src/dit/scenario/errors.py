@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from dit.scenario.pathexpr import Segment
 
 _NUM = re.compile(r"(\d+)")
 
@@ -31,6 +34,13 @@ def sort_key(error: FieldError) -> tuple[tuple[tuple[int, int | str], ...], str]
 
 def sorted_unique(errors: Iterable[FieldError]) -> list[FieldError]:
     return sorted(set(errors), key=sort_key)
+
+
+#: ``report(parts, message)``: one problem at the field ``parts`` (``["network", "device1", "loss_pct"]``).
+Report = Callable[[list[Segment], str], None]
+#: ``check_block(block, device, conf, report)``: a condition's checks of one device's entry of its scenario
+#: block that the schema cannot express (``dit.conditions``: the ``check_block`` hook).
+BlockCheck = Callable[[str, str, Mapping[str, Any], Report], None]
 
 
 class ScenarioError(Exception):

@@ -84,6 +84,17 @@ def root_schema() -> SchemaNode:
     return schema
 
 
+def device_blocks() -> tuple[str, ...]:
+    """The top-level fields keyed by device name (``load``, ``network``: the conditions' per-device blocks)."""
+    root = root_schema()
+    name = deref({"$ref": "#/$defs/deviceName"}, root).get("pattern")
+    return tuple(
+        key
+        for key, node in dict(root.get("properties", {})).items()
+        if name in dict(deref(node, root).get("patternProperties", {}))
+    )
+
+
 def show(value: JSON) -> str:
     """A value in a message: strings quoted, everything else as JSON."""
     if isinstance(value, str):

@@ -6,7 +6,6 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Final
 
 from dit.runtime_api.registry import DEFAULT
@@ -15,24 +14,6 @@ from dit.scenario.yamlio import dump_yaml
 
 #: The runtime of a scenario without a ``runtime`` block (docs/runtimes.md).
 DEFAULT_RUNTIME: Final = DEFAULT
-
-
-@dataclass(frozen=True)
-class Regime:
-    """A compute-load regime: the ranges its CPU and memory targets are drawn from, in percent."""
-
-    cpu_pct: tuple[float, float]
-    mem_pct: tuple[float, float]
-
-
-#: The thesis's compute regimes (light / moderate / heavy), in percent of CPU and of memory.
-LOAD_REGIMES: Final[Mapping[str, Regime]] = MappingProxyType(
-    {
-        "light": Regime(cpu_pct=(10.0, 20.0), mem_pct=(10.0, 20.0)),
-        "moderate": Regime(cpu_pct=(30.0, 50.0), mem_pct=(30.0, 40.0)),
-        "heavy": Regime(cpu_pct=(60.0, 80.0), mem_pct=(50.0, 60.0)),
-    }
-)
 
 
 def canonical_json(data: Any) -> str:
@@ -238,13 +219,11 @@ def build(resolved: Mapping[str, Any], sweep_point: tuple[tuple[str, Any], ...])
 
 __all__ = [
     "DEFAULT_RUNTIME",
-    "LOAD_REGIMES",
     "EdgeSpec",
     "InferenceSpec",
     "InputSpec",
     "ModelSpec",
     "OptimisationSpec",
-    "Regime",
     "Scenario",
     "TimingSpec",
     "build",

@@ -24,6 +24,7 @@ from typing import Any
 from dit.conditions import Condition, HostContext
 from dit.conditions.netem import resolve_address
 from dit.scenario import Scenario
+from dit.scenario.errors import Report
 
 CONDITION = Condition(
     name="background_traffic",
@@ -35,6 +36,12 @@ CONDITION = Condition(
 REAL_PORT_BASE = 5301
 LOCAL_PORT_RANGE = (20000, 12000)  # base drawn in 20000 .. 31999
 DURATION_S = 86400  # iperf3's longest test; the run's teardown ends it
+
+
+def check_block(block: str, dev: str, conf: Mapping[str, Any], err: Report) -> None:
+    """``background_traffic.<device>``: the stream goes to another host."""
+    if conf.get("target") == dev:
+        err([block, dev, "target"], "a device cannot send background traffic to itself")
 
 
 def port_base(ctx: HostContext) -> int:

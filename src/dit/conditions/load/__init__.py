@@ -16,11 +16,15 @@ the order changes nothing for the edge.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final
 
 from dit.conditions import Applied, Condition, HostContext, StageResults
 from dit.conditions.load.settle import settle_messages, settle_records
 from dit.scenario import Scenario
+from dit.scenario.errors import Report
 
 CONDITION = Condition(
     name="load",
@@ -37,6 +41,38 @@ CONDITION = Condition(
         "load_settle",
     ),
 )
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A compute-load regime: the ranges its CPU and memory targets are drawn from, in percent."""
+
+    cpu_pct: tuple[float, float]
+    mem_pct: tuple[float, float]
+
+
+#: The thesis's compute regimes (light / moderate / heavy), in percent of CPU and of memory.
+LOAD_REGIMES: Final[Mapping[str, Regime]] = MappingProxyType(
+    {
+        "light": Regime(cpu_pct=(10.0, 20.0), mem_pct=(10.0, 20.0)),
+        "moderate": Regime(cpu_pct=(30.0, 50.0), mem_pct=(30.0, 40.0)),
+        "heavy": Regime(cpu_pct=(60.0, 80.0), mem_pct=(50.0, 60.0)),
+    }
+)
+_REGIME_MODES = (*LOAD_REGIMES, "continuous")
+
+
+def check_block(block: str, dev: str, conf: Mapping[str, Any], err: Report) -> None:
+    """``load.<device>``: each field only with the modes that read it."""
+    mode = conf.get("mode")
+    if "processes" in conf and mode != "processes":
+        err([block, dev, "processes"], f"only valid with mode processes (mode is {mode})")
+    for key in ("regime", "interval_s"):
+        if key in conf and mode != "continuous":
+            err([block, dev, key], f"only valid with mode continuous (mode is {mode})")
+    for key in ("cpu_pct", "mem_pct"):
+        if key in conf and mode not in _REGIME_MODES:
+            err([block, dev, key], f"only valid with modes {', '.join(_REGIME_MODES)} (mode is {mode})")
 
 
 def build(scenario: Scenario, host: str, ctx: HostContext) -> dict[str, Any] | None:

@@ -32,6 +32,8 @@ from dit.conditions.netem.tc import NetemError, build_tree, check_interface, nee
 from dit.runtime_api import registry
 from dit.runtime_api.interface import sends_from_source_address
 from dit.scenario import Scenario
+from dit.scenario.errors import Report
+from dit.scenario.pathexpr import Segment
 
 if TYPE_CHECKING:
     from dit.analysis.run import LoadedRun
@@ -53,6 +55,42 @@ CONDITION = Condition(
     ),
 )
 EMULATOR_SOCKET = "link-emulator.sock"  # beside the node's run files: netem-vary sends it the delay
+
+
+def _check_loss_correlation(where: list[Segment], profile: Mapping[str, Any], err: Report) -> None:
+    """A loss correlation correlates loss draws: without a loss there are none (netem draws none)."""
+    correlation, loss = profile.get("loss_correlation_pct"), profile.get("loss_pct")
+    if (
+        isinstance(correlation, int | float)
+        and correlation > 0
+        and not (isinstance(loss, int | float) and loss > 0)
+    ):
+        err(
+            [*where, "loss_correlation_pct"],
+            f"a loss correlation ({correlation:g} %) needs a loss: set loss_pct above 0 beside it",
+        )
+
+
+def check_block(block: str, dev: str, conf: Mapping[str, Any], err: Report) -> None:
+    """``network.<device>``: the variation's range, loss correlations, the destinations' keys."""
+    var = conf.get("variation")
+    if isinstance(var, dict):
+        low, high = var.get("low_ms"), var.get("high_ms")
+        if isinstance(low, int | float) and isinstance(high, int | float) and low > high:
+            err([block, dev, "variation", "low_ms"], f"low_ms ({low}) is greater than high_ms ({high})")
+    _check_loss_correlation([block, dev], conf, err)
+    dests = conf.get("destinations")
+    if isinstance(dests, dict):
+        for target, profile in dests.items():
+            if isinstance(profile, dict):
+                _check_loss_correlation([block, dev, "destinations", target], profile, err)
+            if "/" in target:
+                try:
+                    ipaddress.ip_network(target, strict=False)
+                except ValueError:
+                    err([block, dev, "destinations", target], f"{target!r} is not a valid CIDR")
+            elif target == dev:
+                err([block, dev, "destinations", target], "a device cannot be its own destination")
 
 
 def dry_run_log(ctx: HostContext) -> str:
