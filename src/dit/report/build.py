@@ -9,8 +9,9 @@ disappearing, so two reports read alike. docs/report.md lists the sections and t
 from __future__ import annotations
 
 import base64
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -145,13 +146,28 @@ def _stages(status: Mapping[str, Any]) -> Section:
     return section
 
 
-def _phases(agg: Path, round_: int | None, status: Mapping[str, Any]) -> Section:
-    section = Section("Phases per device", "phases")
+def _table_section(
+    title: str,
+    anchor: str,
+    frame: pd.DataFrame | None,
+    missing: str,
+    fill: Callable[[Section, pd.DataFrame], None],
+) -> Section:
+    """A section drawn from one aggregate table by ``fill``; ``missing`` is its note when there is none."""
+    section = Section(title, anchor)
+    if frame is None or frame.empty:
+        section.note = missing
+    else:
+        fill(section, frame)
+    return section
+
+
+def _phases_frame(agg: Path) -> pd.DataFrame | None:
     phases = read_frame(agg / "phases.csv")
-    if phases is None or phases.empty or not set(PHASES) <= set(phases.columns):
-        # a stopped or refused run says what happened, not that it was a run without inference
-        section.note = labels.run_outcome(status) or "No inference ran in this run (no aggregate/phases.csv)."
-        return section
+    return phases if phases is not None and set(PHASES) <= set(phases.columns) else None
+
+
+def _phases(agg: Path, round_: int | None, section: Section, phases: pd.DataFrame) -> None:
     rounds = sorted(int(r) for r in phases["round"].unique())
     chosen = round_ if round_ is not None and round_ in rounds else rounds[0]
     rows = phases[phases["round"] == chosen]
@@ -186,7 +202,6 @@ def _phases(agg: Path, round_: int | None, status: Mapping[str, Any]) -> Section
             for host, row in means.iterrows()
         ],
     )  # fmt: skip
-    return section
 
 
 def _total_spreads(run_dir: Path) -> dict[tuple[str, int, int], results.Spread]:
@@ -221,12 +236,7 @@ def _token_spread(section: Section, run_dir: Path) -> Section:
     return section
 
 
-def _layers(agg: Path) -> Section:
-    section = Section("Per-layer profile", "layers")
-    layers = read_frame(agg / "layers.csv")
-    if layers is None or layers.empty:
-        section.note = "No profile (aggregate/layers.csv)."
-        return section
+def _layers(section: Section, layers: pd.DataFrame) -> None:
     body = layers[layers["stage"] >= 1]
     figure = Figure(figsize=(8.0, 5.0))
     top, bottom = figure.subplots(2, 1, sharex=True)
@@ -242,15 +252,9 @@ def _layers(agg: Path) -> Section:
     bottom.set_xlabel("stage (partition point)")
     top.legend(fontsize="small")
     section.figure("per-stage latency and output size", figure)
-    return section
 
 
-def _feasibility(agg: Path) -> Section:
-    section = Section("Feasibility", "feasibility")
-    feas = read_frame(agg / "feasibility.csv")
-    if feas is None or feas.empty:
-        section.note = "No feasibility.csv."
-        return section
+def _feasibility(section: Section, feas: pd.DataFrame) -> None:
     section.table(
         "the largest partition point each device can run, and what binds it",
         ("device", "max p", "binding", "memory limit", "peak memory at max", "CPU budget", "peak CPU at max"),
@@ -261,7 +265,6 @@ def _feasibility(agg: Path) -> Section:
             for _, r in feas.iterrows()
         ],
     )  # fmt: skip
-    return section
 
 
 def _num(value: Any) -> float | None:
@@ -272,12 +275,7 @@ def _num(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _monitors(agg: Path) -> Section:
-    section = Section("Monitors", "monitors")
-    frame = read_frame(agg / "monitors.csv")
-    if frame is None or frame.empty:
-        section.note = "No monitor traces."
-        return section
+def _monitors(section: Section, frame: pd.DataFrame) -> None:
     metrics = frame["metric"].astype(str)
     panels = []
     for prefix, label in MONITOR_METRICS:  # prefix: a regular expression
@@ -286,7 +284,7 @@ def _monitors(agg: Path) -> Section:
             panels.append((label, chosen))
     if not panels:
         section.note = "The monitor traces hold no CPU, memory, temperature, frequency or throttling metric."
-        return section
+        return
     figure = Figure(figsize=(8.0, 1.9 * len(panels)))
     axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (label, chosen) in zip(axes, panels, strict=True):
@@ -297,7 +295,6 @@ def _monitors(agg: Path) -> Section:
         ax.legend(fontsize="x-small", ncol=3)
     axes[-1].set_xlabel("time from the run's common origin (s)")
     section.figure("monitor traces on one time axis", figure)
-    return section
 
 
 def _power(agg: Path) -> Section:
@@ -351,13 +348,8 @@ def _power(agg: Path) -> Section:
     return section
 
 
-def _validation(agg: Path) -> Section:
-    section = Section("Model validation", "validation")
-    frame = read_frame(agg / "validation.csv")
+def _validation(agg: Path, section: Section, frame: pd.DataFrame) -> None:
     png = agg / "validation.png"
-    if frame is None or frame.empty:
-        section.note = "No model validation (no inference rounds)."
-        return section
     errors = frame["ape_pct"].dropna()
     note = f"Delay model MAPE {errors.mean():.2f} % over {len(errors)} (round, device) points"
     if "energy_ape_pct" in frame.columns and frame["energy_ape_pct"].notna().any():
@@ -378,7 +370,6 @@ def _validation(agg: Path) -> Section:
             for _, r in frame.iterrows()
         ],
     )  # fmt: skip
-    return section
 
 
 def _optimise(run_dir: Path, status: Mapping[str, Any]) -> Section:
@@ -429,16 +420,10 @@ def _optimise(run_dir: Path, status: Mapping[str, Any]) -> Section:
     return section
 
 
-def _netem(agg: Path) -> Section:
-    section = Section("Network self-check", "netem")
-    frame = read_frame(agg / "netem_check.csv")
-    if frame is None or frame.empty:
-        section.note = "No shaped link in this run."
-        return section
+def _netem(section: Section, frame: pd.DataFrame) -> None:
     columns = [c for c in frame.columns if c != "address"]
     rows = [[(MISSING if pd.isna(v) else v) for v in row] for row in frame[columns].itertuples(index=False)]
     section.table("intended vs measured per link (ms)", columns, rows)
-    return section
 
 
 def _runtime(agg: Path) -> Section:
@@ -468,18 +453,52 @@ def run_sections(run_dir: Path, round_: int | None = None) -> tuple[str, list[Se
     meta = read_json_object(run_dir / "metadata.json")
     agg = run_dir / "aggregate"
     title = str((meta.get("scenario") or {}).get("label") or status.get("label") or run_dir.name)
+    # a stopped or refused run says what happened, not that it was a run without inference
+    no_phases = labels.run_outcome(status) or "No inference ran in this run (no aggregate/phases.csv)."
     sections = [
         _facts(run_dir, status, meta),
         _stages(status),
         _token_spread(_runtime(agg), run_dir),
-        _phases(agg, round_, status),
-        _layers(agg),
-        _feasibility(agg),
-        _monitors(agg),
+        _table_section(
+            "Phases per device",
+            "phases",
+            _phases_frame(agg),
+            no_phases,
+            functools.partial(_phases, agg, round_),
+        ),
+        _table_section(
+            "Per-layer profile",
+            "layers",
+            read_frame(agg / "layers.csv"),
+            "No profile (aggregate/layers.csv).",
+            _layers,
+        ),
+        _table_section(
+            "Feasibility",
+            "feasibility",
+            read_frame(agg / "feasibility.csv"),
+            "No feasibility.csv.",
+            _feasibility,
+        ),
+        _table_section(
+            "Monitors", "monitors", read_frame(agg / "monitors.csv"), "No monitor traces.", _monitors
+        ),
         _power(agg),
-        _validation(agg),
+        _table_section(
+            "Model validation",
+            "validation",
+            read_frame(agg / "validation.csv"),
+            "No model validation (no inference rounds).",
+            functools.partial(_validation, agg),
+        ),
         _optimise(run_dir, status),
-        _netem(agg),
+        _table_section(
+            "Network self-check",
+            "netem",
+            read_frame(agg / "netem_check.csv"),
+            "No shaped link in this run.",
+            _netem,
+        ),
     ]
     return title, sections
 
