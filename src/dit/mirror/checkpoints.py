@@ -20,20 +20,17 @@ nothing is downloaded.
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dit.mirror.entries import NAME, SHA256_FIELD, Field, entry_values, read_sources
 from dit.mirror.manifest import sha256_file
 from dit.models.checkpoint_pin import SUMS, manifest, manifest_text
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
+_FIELDS = {"name": Field("is not a plain name", NAME), "path": Field("is not a path"), "sha256": SHA256_FIELD}
 
 
 class CheckpointMirrorError(RuntimeError):
@@ -55,19 +52,7 @@ def parse_checkpoints(entries: Any, base: Path, where: str = "checkpoints") -> t
         raise CheckpointMirrorError(f"{where}: a list of checkpoints")
     out: list[CheckpointSource] = []
     for i, entry in enumerate(entries):
-        at = f"{where}[{i}]"
-        if not isinstance(entry, dict):
-            raise CheckpointMirrorError(f"{at}: not a mapping")
-        unknown = sorted(set(entry) - {"name", "path", "sha256"})
-        if unknown:
-            raise CheckpointMirrorError(f"{at}: unknown field(s) {', '.join(unknown)}")
-        name, path, sha = entry.get("name"), entry.get("path"), entry.get("sha256")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise CheckpointMirrorError(f"{at}.name: {name!r} is not a plain name")
-        if not isinstance(path, str) or not path:
-            raise CheckpointMirrorError(f"{at}.path: {path!r} is not a path")
-        if not isinstance(sha, str) or not _SHA256.match(sha):
-            raise CheckpointMirrorError(f"{at}.sha256: {sha!r} is not a SHA-256 (64 lower-case hex digits)")
+        name, path, sha = entry_values(entry, f"{where}[{i}]", _FIELDS, CheckpointMirrorError)
         out.append(CheckpointSource(name, (base / path).resolve(), sha))
     names = [c.name for c in out]
     twice = sorted({n for n in names if names.count(n) > 1})
@@ -77,10 +62,7 @@ def parse_checkpoints(entries: Any, base: Path, where: str = "checkpoints") -> t
 
 
 def load_checkpoints(sources_file: Path) -> tuple[CheckpointSource, ...]:
-    try:
-        doc: Any = yaml.safe_load(sources_file.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise CheckpointMirrorError(f"{sources_file}: {exc}") from exc
+    doc = read_sources(sources_file, CheckpointMirrorError)
     if not isinstance(doc, dict):
         raise CheckpointMirrorError(f"{sources_file}: not a mapping")
     return parse_checkpoints(doc.get("checkpoints"), sources_file.parent, f"{sources_file}: checkpoints")

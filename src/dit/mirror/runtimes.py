@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from dit.mirror.entries import read_sources
 from dit.mirror.locks import PLATFORMS, LockError, LockFile, read_lock
 from dit.mirror.manifest import sha256_file
 from dit.mirror.wheels import parse_wheel_name, pip_env
@@ -195,10 +194,7 @@ def parse_runtimes(entries: Any, base: Path, where: str = "runtimes") -> tuple[R
 
 def load_runtimes(path: Path) -> tuple[RuntimeSource, ...]:
     """The ``runtimes:`` of a sources file (``mirror/sources.yaml``)."""
-    try:
-        doc: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise RuntimeSourceError(f"{path}: {exc}") from exc
+    doc = read_sources(path, RuntimeSourceError)
     if not isinstance(doc, dict):
         raise RuntimeSourceError(f"{path}: not a mapping")
     return parse_runtimes(doc.get("runtimes"), path.parent, f"{path}: runtimes")

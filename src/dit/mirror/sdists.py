@@ -20,15 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 
-import yaml
-
+from dit.mirror.entries import NAME, SHA256_FIELD, Field, entry_values, read_sources
 from dit.mirror.manifest import sha256_file
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
-_PROJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-_VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!-]*\Z")
+_FIELDS = {
+    "name": Field("is not a project name", NAME),
+    "version": Field("is not an exact version (quote it in YAML)", re.compile(r"^[0-9][0-9A-Za-z.+!-]*\Z")),
+    "sha256": SHA256_FIELD,
+}
 
 
 class SdistError(RuntimeError):
@@ -54,10 +54,7 @@ class Sdist:
 
 def load_sdists(path: Path) -> tuple[Sdist, ...]:
     """The ``sdists`` of a sources file (errors name the entry and field)."""
-    try:
-        doc: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise SdistError(f"{path}: {exc}") from exc
+    doc = read_sources(path, SdistError)
     entries = (doc or {}).get("sdists") if isinstance(doc, dict) else None
     if entries is None:
         return ()
@@ -65,20 +62,7 @@ def load_sdists(path: Path) -> tuple[Sdist, ...]:
         raise SdistError(f"{path}: sdists: not a list")
     out: list[Sdist] = []
     for i, entry in enumerate(entries):
-        where = f"{path}: sdists[{i}]"
-        if not isinstance(entry, dict):
-            raise SdistError(f"{where}: not a mapping")
-        unknown = sorted(set(entry) - {"name", "version", "sha256"})
-        if unknown:
-            raise SdistError(f"{where}: unknown field(s) {', '.join(unknown)}")
-        name, version, sha = entry.get("name"), entry.get("version"), entry.get("sha256")
-        if not isinstance(name, str) or not _PROJECT.match(name):
-            raise SdistError(f"{where}.name: {name!r} is not a project name")
-        if not isinstance(version, str) or not _VERSION.match(version):
-            raise SdistError(f"{where}.version: {version!r} is not an exact version (quote it in YAML)")
-        if not isinstance(sha, str) or not _SHA256.match(sha):
-            raise SdistError(f"{where}.sha256: {sha!r} is not a SHA-256 (64 lower-case hex digits)")
-        out.append(Sdist(name, version, sha))
+        out.append(Sdist(*entry_values(entry, f"{path}: sdists[{i}]", _FIELDS, SdistError)))
     return tuple(out)
 
 

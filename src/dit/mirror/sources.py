@@ -17,15 +17,16 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from dit.mirror.debs import DebianArchive
+from dit.mirror.entries import NAME, Field, entry_values, read_sources
 
 PINNED_BRANCH = "dit-pinned"
-_COMMIT = re.compile(r"^[0-9a-f]{40}\Z")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+_FIELDS = {
+    "name": Field("is not a plain name", NAME),
+    "url": Field("is not a URL"),
+    "commit": Field("is not a full 40-hex commit id ({name})", re.compile(r"^[0-9a-f]{40}\Z")),
+}
 
 
 class SourcesError(RuntimeError):
@@ -48,10 +49,7 @@ class Sources:
 
 def load_sources(path: Path) -> Sources:
     """Read and check ``mirror/sources.yaml`` (errors name the offending entry)."""
-    try:
-        doc: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise SourcesError(f"{path}: {exc}") from exc
+    doc = read_sources(path, SourcesError)
     if not isinstance(doc, dict):
         raise SourcesError(f"{path}: not a mapping")
     debian = doc.get("debian") or {}
@@ -67,17 +65,8 @@ def load_sources(path: Path) -> Sources:
         packages[str(arch)] = tuple(str(p) for p in [*common, *extra])
     git: list[GitSource] = []
     for i, entry in enumerate(doc.get("git") or []):
-        where = f"{path}: git[{i}]"
-        if not isinstance(entry, dict):
-            raise SourcesError(f"{where}: not a mapping")
-        name, url, commit = entry.get("name"), entry.get("url"), entry.get("commit")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise SourcesError(f"{where}.name: {name!r} is not a plain name")
-        if not isinstance(url, str) or not url:
-            raise SourcesError(f"{where}.url: {url!r} is not a URL")
-        if not isinstance(commit, str) or not _COMMIT.match(commit):
-            raise SourcesError(f"{where}.commit: {commit!r} is not a full 40-hex commit id ({name})")
-        git.append(GitSource(name, url, commit))
+        # unknown fields of a git entry have never been refused: they stay allowed
+        git.append(GitSource(*entry_values(entry, f"{path}: git[{i}]", _FIELDS, SourcesError, closed=False)))
     return Sources(DebianArchive(tuple(archive_lines), keyring), packages, tuple(git))
 
 
