@@ -146,8 +146,8 @@ def test_the_runtime_interface_and_registry_import_nothing_above_the_scenario(pa
 
 @pytest.mark.parametrize("path", sorted(SRC.joinpath("scenario").glob("*.py")), ids=lambda p: p.name)
 def test_the_scenario_imports_no_condition(path: Path) -> None:
-    """The page: a condition's block check is found through ``dit.conditions.block_checks`` when a
-    scenario is checked; the conditions stand above the scenario (a builder takes a Scenario)."""
+    """The page: a condition's block check is called by the name the schema gives it (``x-check``);
+    the conditions stand above the scenario (a builder takes a Scenario)."""
     named = sorted(m for m in _imports(path) if m.startswith("dit.conditions"))
     assert not named, f"src/dit/scenario/{path.name} imports {named}"
 

@@ -17,7 +17,7 @@ and may define these hooks, each called by the driver for every condition that h
 - ``check_block(block, device, conf, report)`` (:data:`dit.scenario.errors.BlockCheck`): the checks of
   one device's entry of the condition's per-device block (a top-level field of its ``schema.json``)
   that the schema cannot express, each problem reported at its field's path; called by the scenario's
-  validation (:func:`block_checks`), not by the driver;
+  validation, not by the driver: the assembled schema names it in the block's ``x-check``;
 
 - ``process(scenario, host, ctx) -> ProcessSettings | None`` (:data:`ProcessHook`): environment,
   cgroup and CPUs of the run's device processes on the host (the memory limit, the CPU share, thread
@@ -54,19 +54,15 @@ this package, so adding a condition touches no shared file.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import json
 import pkgutil
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from dit.scenario import Scenario
-from dit.scenario.errors import BlockCheck
 
 if TYPE_CHECKING:
     from dit.analysis.run import LoadedRun
@@ -196,21 +192,6 @@ def _modules() -> list[ModuleType]:
     return sorted(
         found, key=lambda m: (cast(Condition, m.CONDITION).order, cast(Condition, m.CONDITION).name)
     )
-
-
-@functools.cache
-def block_checks() -> dict[str, BlockCheck]:
-    """``{block: check}``: the ``check_block`` hook of each condition, for the blocks its ``schema.json``
-    defines (its top-level ``properties``)."""
-    checks: dict[str, BlockCheck] = {}
-    for module in _modules():
-        hook = cast("BlockCheck | None", getattr(module, "check_block", None))
-        if hook is None:
-            continue
-        fragment = Path(module.__file__ or "").with_name("schema.json")
-        blocks = json.loads(fragment.read_text(encoding="utf-8")).get("properties", {})
-        checks.update(dict.fromkeys(blocks, hook))
-    return checks
 
 
 def conditions() -> list[Condition]:

@@ -4,7 +4,9 @@ The scenario package owns ``src/dit/scenario/base.schema.json`` (name, devices, 
 inference, optimisation, sweep, timing, the shared ``hardware`` block); a condition that the scenario
 sets owns ``src/dit/conditions/<name>/schema.json``, a fragment with the same shape (``properties``,
 ``$defs``) merged into it: its block (netem's ``network``), or its fields of a shared block (cpufreq's
-``hardware.cpu_freq_mhz``). Two parts defining the same field is an error naming both.
+``hardware.cpu_freq_mhz``). Two parts defining the same field is an error naming both. A block whose
+condition has a ``check_block`` hook names it in ``x-check`` (``dit.conditions.netem:check_block``):
+the scenario's validation calls it by that name, so the scenario imports no condition.
 
 ``python -m dit.devtools.scenario_schema`` writes the assembled file, which stays checked in (it is what
 dit loads, what the wheel ships and what NNPM's form and the scenario reference are drawn from);
@@ -15,6 +17,7 @@ a new one goes after the fields beside it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -67,9 +70,15 @@ def assemble(base: Path = BASE, parts: Sequence[Path] | None = None, like: Any =
     root = content_root().resolve()
     out: dict[str, Any] = json.loads(base.read_text(encoding="utf-8"))
     owners: dict[str, str] = {}
+    known = {c.name for c in conditions()}
     for path in fragments() if parts is None else parts:
         name = str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
-        _merge(out, json.loads(path.read_text(encoding="utf-8")), name, owners, "")
+        fragment = json.loads(path.read_text(encoding="utf-8"))
+        _merge(out, fragment, name, owners, "")
+        module = f"{dit.conditions.__name__}.{path.parent.name}"
+        if path.parent.name in known and hasattr(importlib.import_module(module), "check_block"):
+            for block in fragment.get("properties", {}):
+                out["properties"][block]["x-check"] = f"{module}:check_block"
     return _ordered(out, like) if like is not None else out
 
 

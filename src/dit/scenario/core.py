@@ -9,7 +9,7 @@ import importlib.metadata
 import itertools
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -103,12 +103,17 @@ def resolve(doc: Mapping[str, Any]) -> dict[str, Any]:
 # -- semantic checks ----------------------------------------------------------------------------
 
 
-def _block_checks() -> Mapping[str, BlockCheck]:
-    """``{block: check}``: each condition checks its own block (its package's ``check_block``)."""
-    # found when a scenario is checked, not imported: the conditions stand above the scenario (a
-    # builder takes a Scenario), as a runtime's block check is found through the runtime registry
-    conditions = importlib.import_module("dit.conditions")
-    return cast("Callable[[], Mapping[str, BlockCheck]]", conditions.block_checks)()
+def _block_checks() -> dict[str, BlockCheck]:
+    """``{block: check}``: the check that each block's schema names (``x-check``, its condition's own)."""
+    # by name, as a runtime's check is found through the registry: the conditions stand above the
+    # scenario (a builder takes a Scenario), so the scenario imports none of them
+    checks: dict[str, BlockCheck] = {}
+    for block, node in dict(sch.root_schema().get("properties", {})).items():
+        name = node.get("x-check") if isinstance(node, Mapping) else None
+        if isinstance(name, str):
+            module, _, function = name.partition(":")
+            checks[block] = cast(BlockCheck, getattr(importlib.import_module(module), function))
+    return checks
 
 
 def semantic_errors(raw: Mapping[str, Any], d: Mapping[str, Any]) -> list[FieldError]:
