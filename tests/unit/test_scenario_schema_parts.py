@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 
 import pytest
 
+import dit.conditions
 from dit.conditions import conditions
 from dit.devtools.scenario_schema import BASE, assemble, fragments, main, render
 from dit.scenario import device_blocks, load_schema, validate
@@ -100,3 +102,15 @@ def test_a_condition_check_reports_at_its_field() -> None:
     assert [str(e) for e in errors] == [
         "background_traffic.d1.target: a device cannot send background traffic to itself"
     ]
+
+
+def test_every_condition_check_has_a_block_to_check() -> None:
+    """A check_block without a block in its package's schema.json would never be called."""
+    folder = Path(dit.conditions.__file__).parent
+    for condition in conditions():
+        module = importlib.import_module(f"dit.conditions.{condition.name}")
+        if hasattr(module, "check_block"):
+            fragment = json.loads((folder / condition.name / "schema.json").read_text(encoding="utf-8"))
+            assert fragment.get("properties"), (
+                f"{condition.name}: check_block but no block in its schema.json"
+            )
