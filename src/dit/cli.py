@@ -975,8 +975,8 @@ def reproduce(
 def _reproduce_where(where: str, chapter: str) -> tuple[str | None, str, bool]:
     """(inventory or None for local mode, the words the report uses, whether every node shares this
     machine's cores). The emulated rack is the one in ``DIT_RACK_DIR`` (as for ``dit rack``), else the
-    default state dir; Chapter 6 (parallel strategies side by side) refuses a rack whose devices'
-    quotas exceed the CPUs they share, before anything runs."""
+    default state dir; a chapter with ``fitting_quotas`` (Chapter 6's strategies side by side) refuses a
+    rack whose devices' quotas exceed the CPUs they share, before anything runs."""
     if where == "local":
         if (message := _local_settings_error()) is not None:
             raise _fail(message, 2)
@@ -985,6 +985,7 @@ def _reproduce_where(where: str, chapter: str) -> tuple[str | None, str, bool]:
         from dit.rack import DEFAULT_STATE_DIR
         from dit.rack.executor import status as rack_status
         from dit.rack.plan import RackError, RackSpec
+        from dit.reproduce.chapters import chapter as reproduce_chapter
 
         state_dir = Path(os.environ.get("DIT_RACK_DIR") or DEFAULT_STATE_DIR)
         try:
@@ -997,14 +998,15 @@ def _reproduce_where(where: str, chapter: str) -> tuple[str | None, str, bool]:
             spec = RackSpec.recorded(state.get("spec", {}))
         except RackError as exc:
             raise _fail(f"--where rack: {state_dir}/{exc}", 2) from None
-        if chapter == "ch6" and (refusal := spec.quota_refusal()) is not None:
+        fitting = reproduce_chapter(chapter).fitting_quotas
+        if fitting and (refusal := spec.quota_refusal()) is not None:
             raise _fail(f"--where rack: {refusal}", 2)
         label = (
             f"the emulated rack ({state['inventory']}: {spec.devices} devices x {spec.cpu_share_pct} % of "
             f"CPU {spec.cpus}, {spec.memory_mb} MiB each)"
         )
-        # Chapter 6 runs only on a rack whose quotas fit: each device's capacity is its own there
-        return str(state["inventory"]), label, chapter != "ch6"
+        # a chapter that runs only on a rack whose quotas fit: each device's capacity is its own there
+        return str(state["inventory"]), label, not fitting
     if not Path(where).exists():
         raise _fail(f"--where: {where!r} is not local, rack or an existing inventory path", 2)
     return where, f"the hosts of {where}", False

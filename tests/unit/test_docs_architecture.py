@@ -162,3 +162,20 @@ def test_the_scenario_names_no_condition_block_in_its_checks() -> None:
         and node.value in ("load", "network", "background_traffic", "hardware")
     }
     assert not spelled, f"src/dit/scenario/core.py names the blocks {sorted(spelled)}"
+
+
+def test_every_chapter_module_is_in_the_registry_and_the_entry_points_name_none() -> None:
+    """docs/architecture.md, "A chapter of dit reproduce": a chapter is its module and a registry line; the
+    command and the report ask the registry instead of an if/elif per chapter."""
+    from dit.reproduce.chapters import REGISTRY
+
+    modules = sorted(p.stem for p in SRC.joinpath("reproduce").glob("ch[0-9]*.py"))
+    assert sorted(REGISTRY) == modules, "each src/dit/reproduce/chN.py ends with CHAPTER, listed in REGISTRY"
+    for path in (SRC / "cli.py", SRC / "reproduce" / "report.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        spelled = {
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in REGISTRY
+        }
+        assert not spelled, f"{path.relative_to(REPO)} names the chapters {sorted(spelled)}: ask the Chapter"

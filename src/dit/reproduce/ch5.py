@@ -10,13 +10,15 @@ import json
 import platform
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from dit import units
 from dit.report import labels
 from dit.report.section import Section
 from dit.reproduce.article import FIGURES
+from dit.reproduce.chapter import Chapter, Finished, Plan, Size, missing_modules, not_installed
 from dit.reproduce.context import verdict_table
+from dit.scenario import expand
 from dit.units import MISSING
 
 NOT_SIMULATED = "n/a (the simulator takes these as inputs)"
@@ -144,3 +146,49 @@ def sections(run_dir: Path | None, missing: str) -> list[Section]:
         "generated token, docs/models.md). Decode tokens only: token 0 is the prompt's prefill."
     )
     return [section]
+
+
+def document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Chapter 5's decoder profile: TinyLlama generating tokens on one device with the per-head hooks
+    (the layers runtime, docs/models.md), whole for ``full``, two of its 22 layers for ``quick``."""
+    params: dict[str, Any] = {"prompt_len": 8}
+    tokens = 32
+    reductions: tuple[str, ...] = ()
+    if size == "quick":
+        params["num_layers"] = 2
+        tokens = 8
+        reductions = (
+            "TinyLlama with 2 of its 22 decoder layers (per-layer and per-head costs are per layer; the "
+            "weights are seeded, not trained: timing does not depend on them)",
+            "8 generated tokens instead of 32, 1 repetition",
+        )
+    doc = {
+        "name": "ch5_decoder_profile",
+        "description": "Chapter 5: per-head, projection and FFN costs of a decoder layer per token",
+        "model": {"name": "tinyllama", "params": params},
+        "devices": ["device1"],
+        "repetitions": 1 if size == "quick" else 3,
+        "warmup": 1,
+        "seed": 2024,
+        "runtime": {"name": "layers", "tokens": tokens},
+        "inference": {"enabled": False},
+        "optimisation": {"enabled": False},
+        "timing": {"start_lead_s": 5},
+    }
+    return doc, reductions
+
+
+def _plan(size: Size, local: bool) -> Plan:
+    missing = missing_modules("torch", "transformers")
+    if missing:
+        return not_installed("ch5", size, "Chapter 5", missing, "pip install -e '.[llm]'")
+    doc, reductions = document(size)
+    return Plan("ch5", size, tuple(expand(doc)), reductions)
+
+
+def _report(done: Finished) -> list[Section]:
+    finished = done.finished_runs()
+    return sections(finished[0] if finished else None, done.not_measured())
+
+
+CHAPTER: Final = Chapter("ch5", "Chapter 5 — decoder profiles of a trained model", _plan, _report)

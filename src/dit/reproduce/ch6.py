@@ -21,7 +21,20 @@ from dit.paths import content_root
 from dit.report import labels
 from dit.report.section import Section
 from dit.reproduce.article import ARTICLE_256_TOKENS_S, FIGURES
-from dit.reproduce.context import verdict_table
+from dit.reproduce.chapter import (
+    AbsentRuntime,
+    Chapter,
+    Finished,
+    Plan,
+    Size,
+    missing_modules,
+    not_installed,
+    runtimes_plan,
+    runtimes_sections,
+)
+from dit.reproduce.context import verdict_table, where_text
+from dit.runtime_api import registry
+from dit.runtime_api.chapters import ChapterRuns
 from dit.units import MISSING
 
 PLACEMENTS: Final = ("layerwise", "roundrobin", "greedy")
@@ -190,3 +203,56 @@ def simulated_memory(doc: Mapping[str, Any], tokens: int = 512) -> str:
         f"no re-placement in {tokens} tokens: a board peaks at {units.size(peak)}, under 85 % of the "
         f"{units.size(boards)} {RACK_FILE} gives it (a static placement fits too)"
     )
+
+
+#: Chapter 6 sets llama.cpp's RPC beside HeadSplit (issue 37).
+ABSENT: Final[Mapping[str, AbsentRuntime]] = {
+    "llamacpp-rpc": AbsentRuntime(
+        "llama.cpp RPC: the llamacpp-rpc runtime is not installed here (pip install ./runtimes/llamacpp)",
+        "llama.cpp RPC beside HeadSplit",
+        "llamacpp",
+        "llama.cpp RPC",
+        40,
+    )
+}
+RUNTIMES: Final = ("headsplit",)
+
+
+def _plan(size: Size, local: bool) -> Plan:
+    missing = missing_modules("torch") + [name for name in RUNTIMES if name not in registry.installed()]
+    if missing:
+        install = "pip install -e '.[llm]'; pip install ./runtimes/headsplit"
+        return not_installed("ch6", size, "Chapter 6", missing, install)
+    return runtimes_plan(CHAPTER, size, local)
+
+
+def _report(done: Finished) -> list[Section]:
+    finished = done.finished_runs()
+    found = sections("the section above" if finished else done.not_measured())
+    if done.outcomes:
+        ctx = done.ctx
+        runtimes = runtimes_sections(
+            ChapterRuns(
+                "ch6",
+                {d.parent.name: tuple(f for f in finished if f.parent == d.parent) for d in finished},
+                tuple(o.run_dir for o in done.outcomes if o.run_dir is not None),
+                where_text(ctx),
+                ctx.cores if ctx.shared_machine else None,
+                done.plan.not_run,
+            ),
+            ABSENT,
+        )
+        found[:0] = runtimes.sections
+        ctx.network = runtimes.network
+    return found
+
+
+CHAPTER: Final = Chapter(
+    "ch6",
+    "Chapter 6 — HeadSplit: strategies, added RTT, speculation, memory re-placement",
+    _plan,
+    _report,
+    runtimes=RUNTIMES,
+    absent=ABSENT,
+    fitting_quotas=True,
+)

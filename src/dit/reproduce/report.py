@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -12,21 +12,15 @@ from rich.console import Console
 
 from dit.report.build import render
 from dit.report.section import Section
-from dit.reproduce import ch4, ch5, ch6
-from dit.reproduce.chapters import ABSENT_RUNTIMES, Plan, plan
-from dit.reproduce.context import Context, verdict_table, where_text
+from dit.reproduce.chapter import Finished, Plan, RuntimeSections, runtimes_sections
+from dit.reproduce.chapters import chapter as chapter_of
+from dit.reproduce.chapters import plan
+from dit.reproduce.context import Context, where_text
 from dit.reproduce.execute import Runner, VariantOutcome, drive, run_variants
 from dit.run.rundir import write_text
-from dit.runtime_api import registry
-from dit.runtime_api.chapters import ChapterRuns, chapter_sections_of
+from dit.runtime_api.chapters import ChapterRuns
 from dit.trusted import check_trusted_dir
 from dit.units import MISSING
-
-TITLES = {
-    "ch4": "Chapter 4 — the delay model under RR and SJF, and the optimisers",
-    "ch5": "Chapter 5 — decoder profiles of a trained model",
-    "ch6": "Chapter 6 — HeadSplit: strategies, added RTT, speculation, memory re-placement",
-}
 
 
 def overview(ctx: Context, chosen: Plan, outcomes: Sequence[VariantOutcome]) -> Section:
@@ -106,43 +100,10 @@ def reproduce(
             "a reused run's load average is unknown: it was made before reproduce.json recorded it"
         )
     ctx.model = _model_text(outcomes)
-    sections: list[Section] = []
-    not_measured = "; ".join(chosen.not_run) or "see the variants above"
-    if chapter == "ch4":
-        ctx.network = "no delay asked by ch4_validation: the links are measured (ping), not shaped"
-        runs = ch4.policy_runs(
-            [
-                {"policy": _policy(o), "run_dir": o.run_dir, "state": o.state, "error": o.error}
-                for o in outcomes
-            ]
-        )
-        validation = out / "validation"
-        check_trusted_dir(validation, what="--out", create=True)  # never a link to another directory
-        sections = ch4.sections(runs, ctx, validation)
-    elif chapter == "ch5":
-        done = [o.run_dir for o in outcomes if o.run_dir is not None and o.state in ("completed", "degraded")]
-        sections = ch5.sections(done[0] if done else None, not_measured)
-    else:
-        finished = [
-            o.run_dir for o in outcomes if o.run_dir is not None and o.state in ("completed", "degraded")
-        ]
-        measured = "the section above" if finished else not_measured
-        sections = ch6.sections(measured)
-        if outcomes:
-            found = runtime_sections(
-                ChapterRuns(
-                    chapter,
-                    {d.parent.name: tuple(f for f in finished if f.parent == d.parent) for d in finished},
-                    tuple(o.run_dir for o in outcomes if o.run_dir is not None),
-                    where_text(ctx),
-                    ctx.cores if ctx.shared_machine else None,
-                    chosen.not_run,
-                )
-            )
-            sections[:0] = found.sections
-            ctx.network = found.network
+    found = chapter_of(chapter)
+    sections = found.sections(Finished(ctx, chosen, outcomes, out))
     sections.insert(0, overview(ctx, chosen, outcomes))
-    html = render(TITLES[chapter], sections, out)
+    html = render(found.title, sections, out)
     target = out / "report.html"
     write_text(target, html, what="--out")
     record: dict[str, Any] = {
@@ -161,35 +122,10 @@ def reproduce(
     return target
 
 
-@dataclass(frozen=True)
-class RuntimeSections:
-    """The sections a chapter's runtimes built, in rank order, and how their runs' network was applied."""
-
-    sections: list[Section]
-    network: str
-
-
 def runtime_sections(runs: ChapterRuns) -> RuntimeSections:
     """Every installed runtime's sections of the chapter, and a row saying so for each runtime the chapter
-    sets beside the others that is not installed (:data:`dit.reproduce.chapters.ABSENT_RUNTIMES`)."""
-    ranked: list[tuple[int, Section]] = []
-    network = ""
-    installed = registry.installed()
-    for runtime in installed.values():
-        part = chapter_sections_of(runtime, runs)
-        if part is None:
-            continue
-        for rank, section in part.sections:
-            if not isinstance(section, Section):
-                raise TypeError(f"runtime {runtime.name}: chapter_sections gave {section!r}, not a Section")
-            ranked.append((rank, section))
-        network = network or (part.network or "")
-    for name, absent in ABSENT_RUNTIMES.get(runs.chapter, {}).items():
-        if name not in installed:
-            section = Section(absent.title, absent.anchor)
-            verdict_table(section, [[absent.label, absent.why, MISSING, MISSING, MISSING]])
-            ranked.append((absent.rank, section))
-    return RuntimeSections([s for _, s in sorted(ranked, key=lambda item: item[0])], network)
+    sets beside the others that is not installed (its :attr:`~dit.reproduce.chapter.Chapter.absent`)."""
+    return runtimes_sections(runs, chapter_of(runs.chapter).absent)
 
 
 def _recorded_loads(path: Path) -> dict[str, tuple[float, float]]:
@@ -204,11 +140,3 @@ def _recorded_loads(path: Path) -> dict[str, tuple[float, float]]:
         if isinstance(load, list) and len(load) == 2 and variant.get("run_dir"):
             loads[str(variant["run_dir"])] = (float(load[0]), float(load[1]))
     return loads
-
-
-def _policy(outcome: VariantOutcome) -> str:
-    # the sweep's label names the policy: ch4_validation[edge_server.policy=RR]
-    marker = "edge_server.policy="
-    if marker in outcome.label:
-        return outcome.label.split(marker, 1)[1].split(",", 1)[0].rstrip("]")
-    return "RR"

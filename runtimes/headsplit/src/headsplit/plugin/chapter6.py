@@ -1,6 +1,6 @@
 """HeadSplit's part of ``dit reproduce ch6``: its scenario variants and the sections measured from them.
 
-The core's chapter (``dit.reproduce.chapters``, ``dit.reproduce.report``) asks every runtime what it adds
+The core's chapter (``dit.reproduce.ch6``, ``dit.reproduce.chapter``) asks every runtime what it adds
 (``chapter_plan`` and ``chapter_sections`` of :class:`headsplit.dit_runtime.HeadSplitRuntime`,
 docs/runtimes.md); this module answers for HeadSplit: the strategies' sweep on TinyLlama's geometry, the
 tolerance sweep and the memory pair, and their tables beside the simulator's projection for the article's
@@ -29,7 +29,7 @@ from dit.reproduce.ch6 import (
     simulated_memory,
     summary_values,
 )
-from dit.reproduce.chapters import Size, shipped_document
+from dit.reproduce.chapter import Size, shipped_document
 from dit.reproduce.context import verdict_table
 from dit.runtime_api.chapters import ChapterPlan, ChapterRequest, ChapterRuns, ChapterSections
 from dit.units import MISSING
