@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dit.cli import _reproduce_where, app
+from dit.cli import app
+from dit.commands.reproduce import _reproduce_where
 from dit.rack.executor import INVENTORY, STATE
 from dit.rack.plan import CgroupLayout, RackSpec, inventory_yaml, state_doc
 

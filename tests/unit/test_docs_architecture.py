@@ -171,7 +171,7 @@ def test_every_chapter_module_is_in_the_registry_and_the_entry_points_name_none(
 
     modules = sorted(p.stem for p in SRC.joinpath("reproduce").glob("ch[0-9]*.py"))
     assert sorted(REGISTRY) == modules, "each src/dit/reproduce/chN.py ends with CHAPTER, listed in REGISTRY"
-    for path in (SRC / "cli.py", SRC / "reproduce" / "report.py"):
+    for path in (SRC / "cli.py", SRC / "commands" / "reproduce.py", SRC / "reproduce" / "report.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         spelled = {
             node.value
@@ -179,3 +179,27 @@ def test_every_chapter_module_is_in_the_registry_and_the_entry_points_name_none(
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in REGISTRY
         }
         assert not spelled, f"{path.relative_to(REPO)} names the chapters {sorted(spelled)}: ask the Chapter"
+
+
+def test_the_dit_command_only_assembles_its_groups() -> None:
+    """docs/architecture.md, "A command": each command is defined in its group's module of dit.commands
+    (or, for a group of sub-commands, its package's cli.py); src/dit/cli.py only names them."""
+    import typer.main
+
+    from dit.cli import app
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.main.TyperGroup)
+    for name, command in group.commands.items():
+        callback = command.callback
+        if isinstance(command, typer.main.TyperGroup):
+            continue  # rack, runtimes: their package's cli.py
+        module = getattr(callback, "__module__", "")
+        assert module.startswith("dit.commands."), (
+            f"dit {name} is defined in {module}: give it a dit.commands module"
+        )
+    tree = ast.parse((SRC / "cli.py").read_text(encoding="utf-8"))
+    defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert defined == ["_add_runtimes"], (
+        f"src/dit/cli.py defines {defined}: a command's code goes to dit.commands"
+    )
