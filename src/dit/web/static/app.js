@@ -3,6 +3,7 @@ import { api, el, fmtQuantity, short } from "./api.js";
 import { SchemaForm } from "./form.js";
 import { LinkPanel, linkKey } from "./link.js";
 import { NodeMap } from "./map.js";
+import { runtimesView } from "./runtimes.js";
 import { Terminal } from "./terminal.js";
 
 const $ = (id) => document.getElementById(id);
@@ -10,6 +11,7 @@ const $ = (id) => document.getElementById(id);
 // any other value in the scenario is typed, and Apply map delays keeps it (issue 36 item 1)
 const state = { config: null, form: null, saved: null, run: null, history: [], selected: [], origins: new Map() };
 const terminal = new Terminal();
+const runtimes = runtimesView(terminal);
 window.nnpm = { state, terminal };
 
 // -- views ---------------------------------------------------------------------------------------
@@ -20,7 +22,7 @@ function show(view) {
   if (view === "map" && state.map) setTimeout(() => { state.map.map.invalidateSize(); state.map.refresh().catch(() => {}); }, 0);
   if (view === "runs") loadRuns();
   if (view === "scenarios") loadScenarioLists();
-  if (view === "runtimes") loadRuntimes();
+  if (view === "runtimes") runtimes.load();
 }
 for (const b of document.querySelectorAll("nav button")) b.addEventListener("click", () => show(b.dataset.view));
 
@@ -377,7 +379,7 @@ async function dryRun() {
   $("dry-button").disabled = true;
   try {
     const started = await api("/api/dry-runs", { method: "POST", body: { version: version.hash, mode, background: true } });
-    const action = await watchAction(started.action, () => {});
+    const action = await terminal.watch(started.action, () => {});
     const res = await lastDryRun(version.hash, mode);
     if (res && res.finished_ns >= action.started_ns) showDryRunReport(res);
     else body.replaceChildren(el("p", { class: "err" }, action.error || "the dry run gave no report"));
@@ -774,141 +776,6 @@ $("optimise-form").addEventListener("submit", async (event) => {
     }
   } catch (err) {
     $("optimise-form").querySelector(".err").textContent = err.errors.map((e) => e.message).join("; ") || err.message;
-  }
-});
-
-// -- runtimes: every installed runtime × every node, readiness only from the real check -------------
-const VERDICT = { ok: "ready", failed: "failed", unreachable: "unreachable" };
-
-async function loadRuntimes() {
-  const [rt, nodes] = await Promise.all([api("/api/runtimes"), api("/api/nodes")]);
-  state.runtimes = rt;
-  state.nodes = nodes.nodes;
-  const checked = new Set(chosenHosts());
-  $("runtime-hosts").replaceChildren(...nodes.nodes.map((n) => el("label", { class: "inline" },
-    el("input", { type: "checkbox", value: n.name, checked: checked.size ? checked.has(n.name) : n.role === "device" }), n.name)));
-  const which = $("runtime-which").value;
-  $("runtime-which").replaceChildren(el("option", { value: "" }, "all installed"), ...rt.runtimes.map((r) => el("option", { value: r.name }, r.name)));
-  $("runtime-which").value = which;
-  const current = $("maintenance-action").value;
-  $("maintenance-action").replaceChildren(...rt.runtimes.flatMap((r) => r.actions.map((a) =>
-    el("option", { value: `${r.name}/${a.name}`, title: a.description }, `${r.name}: ${a.title}`))));
-  if (current) $("maintenance-action").value = current;
-  const installing = $("install-runtime").value;
-  const installable = rt.runtimes.filter((r) => r.installable);
-  $("install-runtime").replaceChildren(...installable.map((r) => el("option", { value: r.name }, `${r.name} v${r.version}`)));
-  if (installing) $("install-runtime").value = installing;
-  $("install-run").disabled = !installable.length;
-  $("install-run").title = installable.length ? "" : "no external runtime is declared in the mirror's sources file";
-  // a refresh keeps the form of the action still chosen, and what the user typed into it
-  if (!current || $("maintenance-action").value !== current || !state.actionForm) showActionInputs();
-  $("runtime-problems").replaceChildren(...Object.entries(rt.problems).map(([name, why]) => el("li", {}, `${name} did not load: ${why}`)));
-  $("runtime-problems").hidden = !Object.keys(rt.problems).length;
-  renderReadiness(rt.readiness, {});
-}
-
-function chosenHosts() { return [...$("runtime-hosts").querySelectorAll("input:checked")].map((i) => i.value); }
-
-// one cell per runtime and node: the latest verdict (green only for "ok"), the check running, or none yet
-function readinessCell(runtime, host, verdict, running) {
-  const attrs = { dataset: { runtime, host, state: verdict ? verdict.state : running ? "running" : "none" } };
-  if (!verdict) return el("td", { ...attrs, class: "small" }, running ? "checking…" : "not checked");
-  const checks = verdict.checks.map((c) => `${c.ok ? "✓" : "✗"} ${c.name}: ${c.detail}`).join("\n");
-  return el("td", { ...attrs, title: checks || verdict.reason },
-    el("span", { class: `dot ${verdict.state === "ok" ? "ok" : "bad"}` }), " ",
-    el("strong", { class: verdict.state === "ok" ? "" : "bad-text" }, VERDICT[verdict.state] || verdict.state),
-    verdict.reason ? el("div", { class: "small reason" }, verdict.reason) : null,
-    verdict.checks.length ? el("div", { class: "small" }, verdict.checks.map((c) => `${c.ok ? "✓" : "✗"} ${c.name}`).join(" · ")) : null);
-}
-
-function renderReadiness(latest, running) {
-  const runtimes = state.runtimes ? state.runtimes.runtimes : [];
-  const hosts = (state.nodes || []).map((n) => n.name);
-  $("runtime-results").replaceChildren(
-    el("tr", {}, el("th", {}, "node"), ...runtimes.map((r) => el("th", { title: r.title }, r.name, el("div", { class: "small" }, `v${r.version} · ${r.checks.join(", ") || "no checks"}`)))),
-    ...hosts.map((h) => el("tr", { dataset: { host: h } }, el("td", {}, h),
-      ...runtimes.map((r) => readinessCell(r.name, h, (latest[r.name] || {})[h], (running[r.name] || []).includes(h))))));
-}
-
-async function watchAction(action, render) {
-  terminal.attach(`/api/actions/${action.id}/terminal`, action.title);
-  for (;;) {
-    const a = await api(`/api/actions/${action.id}`);
-    render(a);
-    if (a.state !== "running") return a;
-    await new Promise((r) => setTimeout(r, 700));
-  }
-}
-
-$("runtime-check").addEventListener("click", async () => {
-  const hosts = chosenHosts();
-  const runtimes = $("runtime-which").value ? [$("runtime-which").value] : state.runtimes.runtimes.map((r) => r.name);
-  $("runtime-check").disabled = true;
-  try {
-    for (const name of runtimes) {
-      const a = await api("/api/runtimes/check", { method: "POST", body: { runtime: name, hosts, model: $("runtime-model").value } });
-      await watchAction(a, (x) => { if (x.state === "running") renderReadiness(state.runtimes.readiness, { [name]: hosts }); });
-      state.runtimes = await api("/api/runtimes");
-      renderReadiness(state.runtimes.readiness, {});
-    }
-  } catch (err) { alert(err.errors.map((e) => e.message).join("\n") || err.message); }
-  finally { $("runtime-check").disabled = false; }
-});
-
-$("install-run").addEventListener("click", async () => {
-  const runtime = $("install-runtime").value;
-  const hosts = chosenHosts();
-  const show = (text, cls) => { $("install-state").textContent = text; $("install-state").className = `state ${cls}`; };
-  $("install-run").disabled = true;
-  try {
-    const a = await api("/api/runtimes/install", { method: "POST", body: { runtime, hosts } });
-    const done = await watchAction(a, (x) => {
-      show(`${x.title}: ${x.state}${x.error ? ` (${x.error})` : ""}`, x.state === "done" ? "completed" : x.state);
-      if (x.state === "running") renderReadiness(state.runtimes.readiness, { [runtime]: hosts });
-    });
-    state.runtimes = await api("/api/runtimes");
-    renderReadiness(state.runtimes.readiness, {});
-    const ready = done.nodes.filter((n) => n.state === "ok").length;
-    show(`${done.title}: ${done.state}${done.error ? ` (${done.error})` : ""}; ready ${ready} of ${done.nodes.length}`, done.state === "done" ? "completed" : "failed");
-  } catch (err) {
-    show((err.errors || []).map((e) => `${e.path}: ${e.message}`).join("; ") || err.message, "failed");
-  } finally { $("install-run").disabled = false; }
-});
-
-function chosenAction() {
-  const [runtime, name] = ($("maintenance-action").value || "/").split("/");
-  const r = (state.runtimes ? state.runtimes.runtimes : []).find((x) => x.name === runtime);
-  return { runtime, name, spec: r && r.actions.find((a) => a.name === name) };
-}
-
-function showActionInputs() {
-  const { spec } = chosenAction();
-  const hasInputs = spec && Object.keys(spec.inputs.properties || {}).length;
-  $("maintenance-inputs").hidden = !hasInputs;
-  state.actionForm = hasInputs ? new SchemaForm($("maintenance-inputs"), spec.inputs) : null;
-  if (state.actionForm) state.actionForm.render({});
-  else $("maintenance-inputs").replaceChildren();
-}
-$("maintenance-action").addEventListener("change", showActionInputs);
-
-$("maintenance-run").addEventListener("click", async () => {
-  const { runtime, name } = chosenAction();
-  let inputs = {};
-  if (state.actionForm) {
-    const read = state.actionForm.read();
-    if (read.errors.length) { state.actionForm.showErrors(read.errors); return; }
-    inputs = read.value;
-  }
-  try {
-    const a = await api("/api/runtimes/actions", { method: "POST", body: { runtime, action: name, inputs, hosts: chosenHosts() } });
-    await watchAction(a, (x) => {
-      $("maintenance-state").textContent = `${x.title}: ${x.state}${x.error ? ` (${x.error})` : ""}`;
-      $("maintenance-state").className = `state ${x.state === "done" ? "completed" : x.state}`;
-    });
-  } catch (err) {
-    if (err.status === 422 && state.actionForm) state.actionForm.showErrors(err.errors.map((e) => ({ ...e, path: e.path.replace(/^inputs\.?/, "") })));
-    $("maintenance-state").textContent = err.errors.map((e) => `${e.path}: ${e.message}`).join("; ") || err.message;
-    $("maintenance-state").className = "state failed";
   }
 });
 

@@ -1,7 +1,7 @@
 // The terminal: the merged, tagged output of every node, live over a WebSocket.
 // Bounded (MAX_LINES kept, oldest dropped); a node filter; on a dropped connection it reconnects with
 // the byte offset of the last line it received, so no line is lost or shown twice.
-import { el, wsUrl } from "./api.js";
+import { api, el, wsUrl } from "./api.js";
 
 const MAX_LINES = 5000;
 
@@ -105,5 +105,17 @@ export class Terminal {
     const node = this.filter.value;
     for (const row of this.box.children) row.classList.toggle("hidden", !!node && row.dataset.node !== node);
     if (this.follow.checked) this.box.scrollTop = this.box.scrollHeight;
+  }
+
+  // An action (a dry run, a runtime's check, install or maintenance action): its output followed here, its
+  // state polled until it ends; render() is given each state seen, and the last is returned.
+  async watch(action, render) {
+    this.attach(`/api/actions/${action.id}/terminal`, action.title);
+    for (;;) {
+      const a = await api(`/api/actions/${action.id}`);
+      render(a);
+      if (a.state !== "running") return a;
+      await new Promise((r) => setTimeout(r, 700));
+    }
   }
 }
