@@ -82,9 +82,12 @@ export function runtimesView(terminal) {
     $("install-run").disabled = true;
     try {
       const a = await api("/api/runtimes/install", { method: "POST", body: { runtime, hosts } });
+      // the box turns completed only with the nodes' readiness: said done before it, it read as finished while
+      // the readiness was still being fetched (the e2e test read "done" without "ready 1 of 1")
       const done = await terminal.watch(a, (x) => {
-        show(`${x.title}: ${x.state}${x.error ? ` (${x.error})` : ""}`, x.state === "done" ? "completed" : x.state);
-        if (x.state === "running") renderReadiness(view.runtimes.readiness, { [runtime]: hosts });
+        if (x.state !== "running") return;
+        show(`${x.title}: ${x.state}`, x.state);
+        renderReadiness(view.runtimes.readiness, { [runtime]: hosts });
       });
       view.runtimes = await api("/api/runtimes");
       renderReadiness(view.runtimes.readiness, {});
