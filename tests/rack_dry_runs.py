@@ -85,6 +85,23 @@ def _dry_run_key(scenario: Scenario) -> str:
     return json.dumps(doc, sort_keys=True)
 
 
+def shared_key(scenario: Scenario) -> str:
+    """What a dry run of ``scenario`` depends on across shipped scenarios: :func:`_dry_run_key` less the
+    scenario's name and description (labels no task reads), plus what of the runtime block a node sees
+    before the profile stage (its runtime, which decides the edge service and the readiness checks, and
+    those checks' controller, workers, port and interpreter) and what a runtime builds from (its model
+    and checkpoint). ch6's HeadSplit scenarios differ only in the swept fields :func:`_dry_run_key`
+    already leaves out (strategy, speculation, control, tau, tokens): one dry run answers for them all."""
+    doc = json.loads(_dry_run_key(scenario))
+    doc.pop("name", None)
+    doc.pop("description", None)
+    runtime = scenario.runtime
+    doc["runtime"] = {
+        k: runtime.get(k) for k in ("name", "model", "checkpoint", "controller", "workers", "port", "python")
+    }
+    return json.dumps(doc, sort_keys=True)
+
+
 def extremes(variants: list[Scenario]) -> list[Scenario]:
     """The variants worth a dry run: of those that dry-run alike (:func:`_dry_run_key`: a strategy or
     a policy sweep), one; of the rest, the sweep's first and last points (its extremes): CI time grows
