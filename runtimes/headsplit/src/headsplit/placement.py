@@ -201,6 +201,21 @@ def kv_flops(cfg: ModelConfig) -> float:
     return 4.0 * cfg.hidden * cfg.head_dim
 
 
+def step_rates(cfg: ModelConfig, context_tokens: int, step_s: Sequence[float]) -> tuple[float, float, float]:
+    """(head, proj, ffn) FLOP/s (:attr:`WorkerSpec.unit_flops_per_s`) from the seconds one decode step
+    of a layer's heads (every query head and KV copy), of its projection and of its FFN took at
+    ``context_tokens`` (``headsplit.engine.time_unit_steps``): the cost model's FLOPs over the time, so
+    that ``c(u, w)`` gives back the time measured."""
+    if len(step_s) != len(UNIT_KINDS) or not all(s > 0 and math.isfinite(s) for s in step_s):
+        raise ValueError(f"step_s must give the (heads, proj, ffn) seconds, each > 0, got {tuple(step_s)}")
+    heads = cfg.n_heads * unit_flops(cfg, Unit(0, "head", 0), context_tokens) + cfg.n_kv_heads * kv_flops(cfg)
+    proj, ffn = (
+        unit_flops(cfg, Unit(0, "proj"), context_tokens),
+        unit_flops(cfg, Unit(0, "ffn"), context_tokens),
+    )
+    return (heads / step_s[0], proj / step_s[1], ffn / step_s[2])
+
+
 def bytes_by_worker(cfg: ModelConfig, placement: Mapping[Unit, str], tokens: int) -> dict[str, int]:
     """:func:`worker_bytes` of every worker that holds a unit, in one pass."""
     sizes = _kind_bytes(cfg)
