@@ -1,8 +1,9 @@
 """The controller process: ``python -m headsplit.controller --config headsplit.json``.
 
 Rank 0 of the RPC group (it hosts the rendezvous), it measures every worker (10 RTT samples, a matmul
-FLOP/s benchmark, its memory limit), places the units (costed by the benchmark, or by the rates of a
-profile run when ``placement_profile`` names its costs file: headsplit.profile_costs), has each
+FLOP/s benchmark, its decode steps of the run's units, its memory limit), places the units (costed by
+those steps, or by the rates of a profile run when ``placement_profile`` names its costs file:
+headsplit.profile_costs), has each
 worker materialise its share, runs the engine, writes the results file and shuts the group down.
 Exit 0 also for an out-of-memory outcome; 1 when generation failed (the results file then has
 ``error``); 2 for a bad config.
