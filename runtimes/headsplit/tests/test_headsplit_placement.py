@@ -26,6 +26,7 @@ from headsplit.placement import (
     placement_from_json,
     placement_to_json,
     replace,
+    step_rates,
     unit_flops,
     worker_bytes,
 )
@@ -430,3 +431,66 @@ def test_greedy_is_no_slower_than_roundrobin_in_its_cost_model(rtt_ms: int) -> N
     assert cost["greedy"] <= cost["roundrobin"] * 1.001, cost
     if rtt_ms == 0:  # with free links, spreading the heads beats keeping each layer on one worker
         assert cost["greedy"] < cost["layerwise"], cost
+
+
+#: TinyLlama's decode steps at 64 tokens of context as engine.time_unit_steps timed them on the project's
+#: 2-core machine (one thread, loaded): a layer's 32 heads with their 4 KV copies 17 ms (0.53 ms a head,
+#: mostly kernel dispatch), the projection 3.6 ms, the FFN 25 ms. The matmul micro-benchmark's 30 GFLOP/s
+#: priced the same head at 9 us and the heads of a layer at 0.3 ms.
+TINYLLAMA_STEP_S = (17e-3, 3.6e-3, 25e-3)
+
+
+def heads_spread(cfg: ModelConfig, placement: dict[Unit, str]) -> list[int]:
+    """Per layer, how many workers hold its query heads."""
+    return [
+        len({placement[Unit(layer, "head", h)] for h in range(cfg.n_heads)}) for layer in range(cfg.n_layers)
+    ]
+
+
+def test_step_rates_give_back_the_timed_steps() -> None:
+    cfg = preset("tinyllama")
+    head_rate, proj_rate, ffn_rate = step_rates(cfg, 64, TINYLLAMA_STEP_S)
+    heads = cfg.n_heads * unit_flops(cfg, Unit(0, "head", 0), 64) + cfg.n_kv_heads * kv_flops(cfg)
+    assert heads / head_rate == pytest.approx(17e-3)
+    assert unit_flops(cfg, Unit(0, "proj"), 64) / proj_rate == pytest.approx(3.6e-3)
+    assert unit_flops(cfg, Unit(0, "ffn"), 64) / ffn_rate == pytest.approx(25e-3)
+    with pytest.raises(ValueError, match=r"step_s must give the \(heads, proj, ffn\) seconds"):
+        step_rates(cfg, 64, (17e-3, 0.0, 25e-3))
+
+
+def test_greedy_at_measured_step_costs_splits_heads_unless_messages_dominate() -> None:
+    """Priced at what a head's decode step costs (0.53 ms), greedy spreads every layer's heads over the
+    4 workers when a message costs what one did on a token's path on the emulated rack (6 ms), and
+    predicts that faster than layer-wise; when a message costs
+    100 ms it keeps every layer's heads on the worker its input comes from wherever that also holds
+    the projection (the heads a message would take off it cost less than the message). Priced at the
+    matmul micro-benchmark's rate (a head 9 us), no layer's heads went beyond the two workers its
+    messages visit anyway: nearly layer-wise, as measured on the rack (issue 47)."""
+    cfg = preset("tinyllama")
+    rates = step_rates(cfg, 64, TINYLLAMA_STEP_S)
+
+    def greedy(message_ms: float, unit_rates: tuple[float, float, float] | None) -> dict[Unit, str]:
+        ws = [WorkerSpec(f"worker{i}", 64 * GB, 30e9, int(message_ms * 1e6), unit_rates) for i in range(1, 5)]
+        return place(cfg, ws, "greedy", context_tokens=64)
+
+    cheap = greedy(6, rates)
+    assert heads_spread(cfg, cheap) == [4] * cfg.n_layers
+    ws = [WorkerSpec(f"worker{i}", 64 * GB, 30e9, 6_000_000, rates) for i in range(1, 5)]
+    layerwise = place(cfg, ws, "layerwise", context_tokens=64)
+    assert estimate_token_s(cfg, ws, cheap, context_tokens=64) < estimate_token_s(
+        cfg, ws, layerwise, context_tokens=64
+    )
+    # the matmul's price: heads leave the layer's input worker only for the projection's, where the
+    # layer crosses a link anyway
+    matmul = greedy(6, None)
+    assert max(heads_spread(cfg, matmul)) <= 2, heads_spread(cfg, matmul)
+
+    dear = greedy(100, rates)
+    whole = 0
+    for layer, spread in enumerate(heads_spread(cfg, dear)):
+        source = dear[Unit(layer - 1, "ffn")] if layer else None
+        if source == dear[Unit(layer, "proj")]:
+            assert spread == 1, (layer, spread)
+            assert dear[Unit(layer, "head", 0)] == source
+            whole += 1
+    assert whole >= cfg.n_layers / 2

@@ -1,8 +1,9 @@
 """The controller process: ``python -m headsplit.controller --config headsplit.json``.
 
 Rank 0 of the RPC group (it hosts the rendezvous), it measures every worker (10 RTT samples, a matmul
-FLOP/s benchmark, its memory limit), places the units (costed by the benchmark, or by the rates of a
-profile run when ``placement_profile`` names its costs file: headsplit.profile_costs), has each
+FLOP/s benchmark, its decode steps of the run's units, its memory limit), places the units (costed by
+those steps, or by the rates of a profile run when ``placement_profile`` names its costs file:
+headsplit.profile_costs), has each
 worker materialise its share, runs the engine, writes the results file and shuts the group down.
 Exit 0 also for an out-of-memory outcome; 1 when generation failed (the results file then has
 ``error``); 2 for a bad config.
@@ -400,6 +401,13 @@ def perplexity_pass(rc: RunConfig, eng: engine.Engine) -> dict[str, Any]:
     }
 
 
+UNIT_STEPS_RULE = (
+    "per worker at start, one decode step of a layer's heads (with their KV copies), of its projection and "
+    "of its FFN on the run's model at the planned context, timed in turn (workers[].unit_step_ns); a unit "
+    "kind's rate is the cost model's FLOPs of that step over its time"
+)
+
+
 def costs_record(rc: RunConfig, hp: Any, context_tokens: int) -> dict[str, Any]:
     """The results' ``placement.costs``: where the placement's per-unit costs came from. For a profile
     run, per unit kind the FLOPs of one of the run's units at ``context_tokens`` beside one profiled
@@ -409,7 +417,7 @@ def costs_record(rc: RunConfig, hp: Any, context_tokens: int) -> dict[str, Any]:
     if costs is None:
         return {
             "source": "micro-benchmark",
-            "rule": "every unit kind at the worker's flops_per_s (a head-sized matmul timed at start)",
+            "rule": UNIT_STEPS_RULE,
         }
     kinds: dict[str, Any] = {}
     for kind in ("head", "proj", "ffn"):
@@ -507,13 +515,34 @@ def run(rc: RunConfig) -> dict[str, Any]:
     workers_doc: list[dict[str, Any]] = []
     limits: dict[str, int] = {}
     node_limits: dict[str, int] = {}  # what the kernel allows each worker process (cgroup, else RAM)
+    prompt_ids = list(rc.prompt_ids) if rc.prompt_ids is not None else model.tokenize(rc.prompt, cfg)
+    model.check_positions(cfg, len(prompt_ids), rc.tokens)
+    context = len(prompt_ids) + rc.tokens
+    planned = rc.plan_tokens or context  # smaller: the KV growth is left to re-placement
+    replan: Callable[[engine.Placement, int], engine.Placement] | None = None
+    # hs-place's module, imported before the clock starts: planning_ns times the planning alone.
+    # An explicit placement runs without it, but re-places with it when it is installed.
+    hp: Any = None
+    try:
+        hp = importlib.import_module("headsplit.placement")
+    except ImportError:
+        if rc.placement is None:
+            raise
     for w in rc.workers:
         rtt = tr.rtt_ns(w.name)
         flops = tr.flops_per_s(w.name)
         node_limits[w.name] = tr.node_memory(w.name)
         limits[w.name] = w.memory_limit_bytes or node_limits[w.name]
-        # what the placement costs each unit kind at: the micro-benchmark's, or the profile run's
-        rates = (flops,) * 3 if rc.placement_costs is None else rc.placement_costs.rates(w.host)
+        # what the placement costs each unit kind at: the profile run's, else the worker's own decode
+        # steps of the run's units timed now (the matmul's flops_per_s is no unit's rate)
+        step_s: tuple[float, float, float] | None = None
+        if rc.placement_costs is not None:
+            rates = rc.placement_costs.rates(w.host)
+        elif hp is not None:
+            step_s = tr.unit_step_s(w.name, cfg, planned)
+            rates = hp.step_rates(cfg, planned, step_s)
+        else:
+            rates = (flops,) * 3
         workers_doc.append(
             {
                 "name": w.name,
@@ -526,18 +555,9 @@ def run(rc: RunConfig) -> dict[str, Any]:
                 "node_memory_bytes": node_limits[w.name],
             }
         )
-    prompt_ids = list(rc.prompt_ids) if rc.prompt_ids is not None else model.tokenize(rc.prompt, cfg)
-    model.check_positions(cfg, len(prompt_ids), rc.tokens)
-    context = len(prompt_ids) + rc.tokens
-    replan: Callable[[engine.Placement, int], engine.Placement] | None = None
-    # hs-place's module, imported before the clock starts: planning_ns times the planning alone.
-    # An explicit placement runs without it, but re-places with it when it is installed.
-    hp: Any = None
-    try:
-        hp = importlib.import_module("headsplit.placement")
-    except ImportError:
-        if rc.placement is None:
-            raise
+        if step_s is not None:
+            ns = (round(s * 1e9) for s in step_s)
+            workers_doc[-1]["unit_step_ns"] = dict(zip(("heads", "proj", "ffn"), ns, strict=True))
     t0 = time.perf_counter_ns()
     specs = []
     if hp is not None:
@@ -547,11 +567,10 @@ def run(rc: RunConfig) -> dict[str, Any]:
                 limits[d["name"]],
                 d["flops_per_s"],
                 int(statistics.median(d["rtt_ns"])),
-                None if rc.placement_costs is None else tuple(d["placement_flops_per_s"].values()),
+                tuple(d["placement_flops_per_s"].values()),
             )
             for d in workers_doc
         ]
-    planned = rc.plan_tokens or context  # smaller: the KV growth is left to re-placement
     if rc.placement is not None:
         placement = {Unit.parse(k): v for k, v in rc.placement.items()}
     else:

@@ -312,6 +312,44 @@ def load_share(
     return share_from(cfg, model.CheckpointSource(cfg, path), units)
 
 
+#: Seconds :func:`time_unit_steps` spends at least: five periods of a CFS quota (100 ms), so that a
+#: worker under a CPU share is timed at the rate it sustains, stalls included.
+UNIT_STEPS_S = 0.5
+UNIT_STEPS_MIN_ROUNDS = 4  # the first warms up: at least 3 timed
+
+
+def time_unit_steps(
+    cfg: ModelConfig, context_tokens: int, seconds: float = UNIT_STEPS_S
+) -> tuple[float, float, float]:
+    """Seconds this process takes for one decode step of a layer's heads (every query head and KV
+    copy of the layer, as ``heads_compute`` runs them on one worker), of its projection and of its
+    FFN, at ``context_tokens`` tokens of context: the calls a worker makes per token, on the model's
+    own shapes, so per-call dispatch is in the time as it is in a run (a 64-wide head's decode step is
+    a dozen small kernels: timed by one large matmul's rate, it looks 20-60 times cheaper than it is).
+
+    The three run in turn, round after round, for at least ``seconds``: under a CPU quota a stall
+    lands on each kind in proportion to its time, not all on whichever ran last."""
+    layer = [u for u in all_units(cfg) if u.layer == 0]
+    st = WorkerState("bench", cfg)
+    st.load(*share_from(cfg, model.FilledSource(cfg), layer))
+    past = max(context_tokens - 1, 0)
+    cache = torch.full((past, cfg.head_dim), model.INIT_STD)
+    heads = list(range(cfg.n_heads))
+    x = torch.randn((1, cfg.hidden), generator=torch.Generator().manual_seed(cfg.seed))
+    spent = [0, 0, 0]
+    rounds, t0 = 0, time.perf_counter()
+    while rounds < UNIT_STEPS_MIN_ROUNDS or time.perf_counter() - t0 < seconds:
+        for slot in st.slots.values():  # the caches as the step before left them (heads appends one)
+            slot.k, slot.v = cache, cache
+        out, heads_ns = st.heads_compute(0, heads, x, past)
+        z, proj_ns = st.proj_compute(0, [(out, heads)], x)
+        _, _, ffn_ns = st.ffn_compute(0, z)
+        if rounds:  # the first round warms the kernels and the allocator up
+            spent = [spent[0] + heads_ns, spent[1] + proj_ns, spent[2] + ffn_ns]
+        rounds += 1
+    return (spent[0] * 1e-9 / (rounds - 1), spent[1] * 1e-9 / (rounds - 1), spent[2] * 1e-9 / (rounds - 1))
+
+
 def units_of(placement: Placement, worker: str) -> list[Unit]:
     return sorted(u for u, w in placement.items() if w == worker)
 

@@ -45,9 +45,10 @@ Strategies (:func:`place`; every one is deterministic, workers ordered by natura
 Cost model of ``greedy`` (seconds per generated token, at context length ``T``)
 -------------------------------------------------------------------------------
 With ``d`` = hidden, ``h`` = head_dim, ``f`` = ffn_hidden, ``F_w(k)`` = :meth:`WorkerSpec.rate` of
-the unit's kind ``k`` (the micro-benchmark's ``flops_per_s`` for every kind, or, from a profile run,
-``unit_flops_per_s``: the head, projection and FFN rates measured on the worker's device, see
-:mod:`headsplit.profile_costs`)::
+the unit's kind ``k`` (``unit_flops_per_s``: by default :func:`step_rates` of the decode steps the
+worker timed at start on the run's own model, ``headsplit.engine.time_unit_steps``; from a profile
+run, the rates measured on the worker's device, :mod:`headsplit.profile_costs`; without either the
+matmul's ``flops_per_s`` for every kind)::
 
     FLOPs(head)  = 2*d*h + 4*T*h            (q projection; scores and weighted sum over T keys)
     FLOPs(kv)    = 4*d*h                    (k and v of the new token, once per KV copy on a worker)
@@ -85,9 +86,10 @@ Assumed constants: the RTT margin 1.15 (the article's "add 15 percent"); the ban
 :data:`DEFAULT_BANDWIDTH_BYTES_PER_S` (12.5 MB/s, about 100 Mbit/s, what 802.11ac gives two boards
 through one access point; the ``bandwidth_bytes_per_s`` argument overrides it); worker-to-worker RTT =
 the mean of the two measured controller RTTs; decode-step message sizes (the prefill is not costed);
-norms, residual adds, softmax and rotary are free. The model is only as good as its rates: measured
-with a head-sized matmul, ``flops_per_s`` includes the per-call overhead that dominates small kernels;
-a profile run's rates are each kind's own, on the device under the profile run's conditions.
+norms, residual adds, softmax and rotary are free in FLOPs, and their time is in the rates: the model
+is only as good as those. A large matmul's ``flops_per_s`` has none of the per-call dispatch that is
+most of a 64-wide head's decode step (it priced TinyLlama's heads 20-60x too cheap, issue 47); the
+timed steps and a profile run's rates are each kind's own, on the worker under the run's conditions.
 
 Re-placement (:func:`replace`) keeps every unit in place except on the workers whose predicted bytes
 at ``tokens_so_far + tokens_ahead`` exceed ``threshold * limit``. From those it moves whole KV groups
@@ -199,6 +201,21 @@ def unit_flops(cfg: ModelConfig, unit: Unit, context_tokens: int) -> float:
 def kv_flops(cfg: ModelConfig) -> float:
     """FLOPs of one KV copy per decode step (k and v of the new token)."""
     return 4.0 * cfg.hidden * cfg.head_dim
+
+
+def step_rates(cfg: ModelConfig, context_tokens: int, step_s: Sequence[float]) -> tuple[float, float, float]:
+    """(head, proj, ffn) FLOP/s (:attr:`WorkerSpec.unit_flops_per_s`) from the seconds one decode step
+    of a layer's heads (every query head and KV copy), of its projection and of its FFN took at
+    ``context_tokens`` (``headsplit.engine.time_unit_steps``): the cost model's FLOPs over the time, so
+    that ``c(u, w)`` gives back the time measured."""
+    if len(step_s) != len(UNIT_KINDS) or not all(s > 0 and math.isfinite(s) for s in step_s):
+        raise ValueError(f"step_s must give the (heads, proj, ffn) seconds, each > 0, got {tuple(step_s)}")
+    heads = cfg.n_heads * unit_flops(cfg, Unit(0, "head", 0), context_tokens) + cfg.n_kv_heads * kv_flops(cfg)
+    proj, ffn = (
+        unit_flops(cfg, Unit(0, "proj"), context_tokens),
+        unit_flops(cfg, Unit(0, "ffn"), context_tokens),
+    )
+    return (heads / step_s[0], proj / step_s[1], ffn / step_s[2])
 
 
 def bytes_by_worker(cfg: ModelConfig, placement: Mapping[Unit, str], tokens: int) -> dict[str, int]:

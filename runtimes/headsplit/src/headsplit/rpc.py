@@ -310,6 +310,12 @@ def remote_flops(seconds: float = 0.2, n: int = 256) -> float:
     return 2.0 * n**3 * iters / (time.perf_counter() - t0)
 
 
+def remote_unit_steps(cfg_doc: dict[str, Any], context_tokens: int) -> tuple[float, float, float]:
+    """Seconds of one decode step of a layer's heads, its projection and its FFN on this worker, on the
+    run's model (``engine.time_unit_steps``): what the placement costs each unit kind at."""
+    return engine.time_unit_steps(ModelConfig.from_json(cfg_doc), context_tokens)
+
+
 def remote_memory() -> int:
     return node_memory_bytes()
 
@@ -462,6 +468,10 @@ class RpcTransport:
 
     def flops_per_s(self, worker: str) -> float:
         return float(self._sync(worker, remote_flops))
+
+    def unit_step_s(self, worker: str, cfg: ModelConfig, context_tokens: int) -> tuple[float, float, float]:
+        heads, proj, ffn = self._sync(worker, remote_unit_steps, cfg.to_json(), context_tokens)
+        return float(heads), float(proj), float(ffn)
 
     def node_memory(self, worker: str) -> int:
         return int(self._sync(worker, remote_memory))
