@@ -9,6 +9,7 @@ The driver names no condition: it builds their variables and calls their hooks (
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,12 +42,14 @@ from dit.run.collect import collected, iperf3_vars, link_targets, report_edge_ch
 from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
-from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
+from dit.run.inventory import LOCAL_INVENTORY, RunInventory, host_contexts, load_inventory, local_inventory
+from dit.run.journal import Journal
 from dit.run.lease_decision import controller_holder
 from dit.run.procs import ProcessFailure
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
-from dit.run.rundir import RunDir, describe_failure, write_json
+from dit.run.rundir import RunDir, describe_failure, write_json, write_text
 from dit.run.stop import StopRequests
+from dit.run.sweep import SweepUnit, condition_plan, keep_records, to_apply
 from dit.run.teardown import teardown
 from dit.runtime_api import registry as runtimes
 from dit.runtime_api.interface import node_facts_of, uses_edge_service
@@ -87,12 +90,17 @@ class RunResult:
 class Driver:
     """Runs one (already swept) scenario in its own run directory."""
 
-    def __init__(self, scenario: Scenario, options: RunOptions) -> None:
+    def __init__(self, scenario: Scenario, options: RunOptions, sweep: SweepUnit | None = None) -> None:
         self.scenario = scenario
         self.options = options
         self.local = options.inventory is None
+        # one variant of a sweep run as one unit on its nodes (dit.run.sweep); None: a run of its own
+        self.sweep = sweep
         # The run directory comes later (execute, dry_run): its stop request is looked up when asked.
-        self.stop = StopRequests(lambda: self.run.stop_requested(), self.reporter_warn)  # noqa: PLW0108
+        self.stop = StopRequests(
+            lambda: self.run.stop_requested() or (sweep is not None and sweep.stop_requested()),
+            self.reporter_warn,
+        )
         self.stage_ns: dict[str, int] = {}
         self.lateness_ns: dict[str, int] = {}
         self.edge_port: int | None = None
@@ -107,6 +115,17 @@ class Driver:
         self.current_stage: str | None = None
 
     @property
+    def node_run_id(self) -> str:
+        """The run id on the nodes (processes, cgroups, node directory, lease): a sweep unit's home's."""
+        node = self.sweep.node if self.sweep is not None else None
+        return node.run_id if node is not None else self.run.run_id
+
+    @property
+    def journal_path(self) -> Path:
+        node = self.sweep.node if self.sweep is not None else None
+        return node.journal if node is not None else self.run.journal
+
+    @property
     def inv(self) -> RunInventory:
         if self.inventory is None:
             raise RuntimeError("the run's inventory is not set up yet")
@@ -115,6 +134,8 @@ class Driver:
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> RunResult:
         self.run = run = RunDir.create(self.options.runs_root, self.scenario.name, self.scenario.hash)
+        if self.sweep is not None:
+            self.sweep.join(run, self.scenario)
         with run.held_open():  # what `dit stop` recognises its driver by
             return self._execute(run)
 
@@ -145,9 +166,7 @@ class Driver:
             finally:
                 self._unfollow()
                 self.stop.in_teardown = True
-                teardown_error, self.stage_ns["teardown"] = teardown(
-                    run, self.inventory, self.reporter, discard_results=run.discard_requested()
-                )
+                teardown_error, self.stage_ns["teardown"] = self._teardown(state)
                 self.stop.in_teardown = False
                 profile.forget_run_key(self.key)  # the nodes' copies went with their run directories
                 if teardown_error:
@@ -171,6 +190,8 @@ class Driver:
         )
         if unwritten:  # the run is over all the same: the console has its end state
             self.reporter.warn(f"the run's end state is not recorded: {unwritten}")
+        if self.sweep is not None:
+            self.sweep.finished(run, state)
         self.reporter.info(f"run {state}: {run.path}" + (f" ({error})" if error else ""))
         self.reporter.close()
         return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
@@ -200,7 +221,64 @@ class Driver:
         self.reporter.close()
         return error
 
+    def _teardown(self, state: str) -> tuple[str | None, int]:
+        """Undo the run; in a sweep unit with a variant after this one, only what that variant changes."""
+        run, unit = self.run, self.sweep
+        if self.inventory is None and unit is not None:
+            self.inventory = unit.inventory  # this variant failed before it had one: the unit's nodes
+        discard = run.discard_requested() or (unit is not None and unit.home is not None
+                                              and unit.home.discard_requested())  # fmt: skip
+        if unit is None or unit.node is None:
+            return teardown(run, self.inventory, self.reporter, discard_results=discard)
+        upcoming = self._upcoming_conditions() if state in ("completed", "degraded") else None
+        if upcoming is not None and not discard:
+            pending = [dict(c.record) for c in Journal(unit.node.journal).pending()]
+            plan = condition_plan(unit.in_force, upcoming, pending)
+            keep = keep_records(plan)
+            error, ns = teardown(run, self.inventory, self.reporter, node=unit.node, keep=keep)
+            if error is None:
+                unit.in_force = {h: {n: unit.in_force[h][n] for n in names} for h, names in plan.keep.items()
+                                 if h in unit.in_force}  # fmt: skip
+                run.try_set_status(sweep_kept={h: sorted(n) for h, n in plan.keep.items() if n})
+                return None, ns
+            # what could not be undone for the next variant: everything goes, the next starts anew
+            final_error, more_ns = teardown(run, self.inventory, self.reporter, node=unit.node)
+            unit.close()
+            return "; ".join(e for e in (error, final_error) if e), ns + more_ns
+        result = teardown(run, self.inventory, self.reporter, discard_results=discard, node=unit.node)
+        unit.close()
+        return result
+
+    def _upcoming_conditions(self) -> dict[str, dict[str, Any]] | None:
+        """The conditions the unit's next variant will build (None: no next variant here)."""
+        unit = self.sweep
+        if unit is None or unit.upcoming is None or unit.nodes is None or self.inventory is None:
+            return None
+        upcoming = unit.upcoming
+        try:
+            built = build_conditions(upcoming, self.contexts)
+            return resolve_conditions(
+                PreflightFacts(upcoming, unit.nodes, built, self.inv.hostvars, self.local)
+            )
+        except Exception as exc:  # its own run says why in its own directory; this one tears down all
+            self.reporter_warn(
+                f"sweep: the next variant's conditions cannot be built ({exc}): tearing down all"
+            )
+            return None
+
     def _inventory(self) -> RunInventory:
+        if self.sweep is not None and self.sweep.inventory is not None:
+            inventory = self.sweep.inventory
+            if inventory.local:  # the nodes are the unit's home's: this run says where they are
+                text = Path(inventory.source).read_text(encoding="utf-8")
+                write_text(self.run.path / LOCAL_INVENTORY, text)
+            return inventory
+        inventory = self._new_inventory()
+        if self.sweep is not None:
+            self.sweep.inventory = inventory
+        return inventory
+
+    def _new_inventory(self) -> RunInventory:
         if self.options.inventory is None:
             return local_inventory(self.run.path, self.scenario.devices)
         return load_inventory(self.options.inventory, self.scenario.devices)
@@ -212,22 +290,27 @@ class Driver:
         self.model = profile.scenario_model(scn, self.local, self.options.allow_stand_in, self.reporter_warn)
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
-        self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
-        self.pyz_sha256 = sha256_file(self.pyz)  # what the nodes check the shipped zipapp against
+        if self.sweep is not None and self.sweep.pyz is not None:
+            self.pyz, self.pyz_sha256 = self.sweep.pyz  # the unit's variants ship the same device code
+        else:
+            self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
+            self.pyz_sha256 = sha256_file(self.pyz)  # what the nodes check the shipped zipapp against
+            if self.sweep is not None:
+                self.sweep.pyz = (self.pyz, self.pyz_sha256)
         self.key = profile.write_run_key(device_dir)
         self.contexts = self._host_contexts()
         self.conditions = build_conditions(scn, self.contexts)
         self.processes = process_settings(scn, self.contexts)
 
     def _host_contexts(self) -> dict[str, HostContext]:
-        return host_contexts(self.inv, self.run.run_id)
+        return host_contexts(self.inv, self.node_run_id)
 
     def _common_vars(self) -> dict[str, Any]:
         return {
-            "dit_run_id": self.run.run_id,
-            "dit_journal_path": str(self.run.journal),
+            "dit_run_id": self.node_run_id,
+            "dit_journal_path": str(self.journal_path),
             # every node's run directory as the journal's undo scope has it: no default spelled twice
-            "dit_node_roots": {h: self.inv.node_root(h, self.run.run_id) for h in self.inv.hosts},
+            "dit_node_roots": {h: self.inv.node_root(h, self.node_run_id) for h in self.inv.hosts},
             "dit_device_pyz_sha256": self.pyz_sha256,
             **process_vars(self.processes),
         }
@@ -287,21 +370,31 @@ class Driver:
     # -- stages ------------------------------------------------------------------------------
     def _preflight(self) -> None:
         env = runtime_envs.expected_env(self.runtime.name)
-        outcome = self._stage(
-            "preflight",
-            {
-                "dit_lease": controller_holder(self.run.run_id, self.run.path).to_json(),
-                "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
-                "dit_break_stale_lease": self.options.break_stale_lease,
-                "dit_runtime_env": env.dirname or "",
-                "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
-                    self.runtime.block_schema(), self.scenario.runtime
-                ),
-                "dit_ping_targets": self._ping_targets(),
-                "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
-            },
-        )
-        nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
+        holder_dir = self.sweep.home.path if self.sweep is not None and self.sweep.home else self.run.path
+        checked = {
+            "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
+            "dit_break_stale_lease": self.options.break_stale_lease,
+            "dit_runtime_env": env.dirname or "",
+            "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
+                self.runtime.block_schema(), self.scenario.runtime
+            ),
+            "dit_ping_targets": self._ping_targets(),
+            "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
+        }
+        # a sweep's later variant reuses the unit's preflight when it would check the same things
+        key = json.dumps(checked, sort_keys=True, default=str)
+        nodes = self.sweep.reused_preflight(key) if self.sweep is not None else None
+        if nodes is None:
+            lease = controller_holder(self.node_run_id, holder_dir).to_json()
+            outcome = self._stage("preflight", {"dit_lease": lease, **checked})
+            nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
+            if self.sweep is not None:
+                self.sweep.record_preflight(key, nodes, self.run)
+        else:
+            assert self.sweep is not None and self.reporter is not None
+            self.sweep.copy_baselines(self.run, self.inv.hosts)
+            self.reporter.stage("preflight", "skipped")
+            self.reporter_info(f"preflight: the sweep's, from {self.sweep.preflight_run}")
         # what depends on the nodes' facts (netem's backend) is settled first: the metadata says so
         self.conditions = resolve_conditions(
             PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
@@ -324,6 +417,12 @@ class Driver:
             processes=self.processes,
             nodes=nodes,
         )
+        if self.sweep is not None and self.sweep.home is not None:
+            metadata["sweep"] = {
+                "home": str(self.sweep.home.path),
+                "node_run_id": self.node_run_id,
+                "preflight_run": str(self.sweep.preflight_run),  # whose facts, clocks and baselines these are
+            }
         write_json(self.run.path / "metadata.json", metadata)
         self._ntp_gate(nodes)
         self._condition_gates(nodes)
@@ -338,7 +437,11 @@ class Driver:
         gates.condition_gates(facts, self.reporter_warn)
 
     def _apply(self) -> None:
-        needed = active(self.conditions)
+        # in a sweep unit what the variant before left in force alike is not applied again
+        applied = (
+            to_apply(self.conditions, self.sweep.in_force) if self.sweep is not None else self.conditions
+        )
+        needed = active(applied)
         edge_root = self.contexts[self.inv.edge_host].node_root
         at_start = applying.edge_profiles_at_start(self.scenario, self.runtime)
         start_at = f"{edge_root}/{EDGE_START_AT_FILE}" if at_start else None
@@ -348,9 +451,9 @@ class Driver:
                 "dit_device_pyz": str(self.pyz),
                 "dit_edge_key": str(self.key),
                 "dit_edge_config": profile.edge_config(
-                    self.scenario, self.run.run_id, profile.model_spec(self.model), start_at, edge_root
+                    self.scenario, self.node_run_id, profile.model_spec(self.model), start_at, edge_root
                 ),
-                "dit_conditions": self.conditions,
+                "dit_conditions": applied,
             },
             {
                 "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
@@ -359,6 +462,8 @@ class Driver:
                 "edge_service": uses_edge_service(self.runtime),
             },
         )
+        if self.sweep is not None:
+            self.sweep.in_force = self.conditions
         if self.options.check:
             return  # a dry run started nothing: no port to read, nothing to settle
         if uses_edge_service(self.runtime):
@@ -372,7 +477,7 @@ class Driver:
     def _follow(self) -> None:
         """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.run.follow`)."""
         if self.reporter is not None:
-            self.follower = LogFollower(targets_for(self.contexts), self.run.run_id, self.reporter.line)
+            self.follower = LogFollower(targets_for(self.contexts), self.node_run_id, self.reporter.line)
             self.follower.start()
 
     def _unfollow(self) -> None:
@@ -391,7 +496,7 @@ class Driver:
     def _launch_context(self, ports: Mapping[str, tuple[int, ...]]) -> LaunchContext:
         return profile.launch_context(
             self.scenario,
-            self.run.run_id,
+            self.node_run_id,
             self.contexts,
             edge_host=self.inv.edge_host,
             local=self.local,
