@@ -156,16 +156,17 @@ def test_three_variants_each_get_their_own_conditions_and_the_sweep_restores_eve
 
 
 def sweep_scenario(directory: Path) -> Path:
-    # Heavy stages, many repetitions: each variant profiles long enough to be killed during it.
+    # Heavy stages: the first variant profiles once, the second long enough to be killed during it;
+    # its cap and memory limit are the first's, kept in force between them (the home's journal).
     return write_scenario(
         directory,
         name="killed",
         model={"name": "fake", "params": {"stages": [{"work": 60, "output_bytes": 4096}] * 4}},
-        repetitions=100,
-        inference={"enabled": True, "partition_points": [0, 2], "repetitions": 200},
+        warmup=0,
+        inference={"enabled": False},
         optimisation={"enabled": False},
-        hardware={"device1": {"memory_limit_mb": 256}},
-        sweep={"path": "hardware.device1.cpu_freq_mhz", "values": [1200, 600]},
+        hardware={"device1": {"cpu_freq_mhz": 1200, "memory_limit_mb": 256}},
+        sweep={"path": "repetitions", "values": [1, 200]},
     )
 
 
@@ -206,6 +207,7 @@ def test_sigkill_mid_sweep_then_cleanup_of_any_variant_leaves_nothing(
     assert Journal(home.journal).pending()
     memory_root = Path(cgroup_memory_root())
     assert (memory_root / f"dit-{home.run_id}-device1").is_dir()
+    assert {"cpufreq", "memory"} <= set(home.status()["sweep_kept"]["device1"])  # in force for the second
     lease = Path(os.environ["DIT_LOCAL_LEASE_DIR"]) / "lease.json"
     assert json.loads(lease.read_text())["run_id"] == home.run_id
 
@@ -229,6 +231,7 @@ def test_sigkill_mid_sweep_then_cleanup_of_any_variant_leaves_nothing(
         assert not (home.path / "nodes" / host / home.run_id).exists()
     # what the second variant's nodes held is in its raw/, fetched by cleanup; both say how they ended
     assert (second.path / "raw" / "device1" / "device1_monitor.csv").is_file()
+    assert (home.path / "raw" / "device1" / "device1_monitor.csv").is_file()  # collected as it completed
     assert second.status()["state"] == "failed"
     assert first.status()["state"] == "completed"
     # cleaning up again, from the other variant this time, is harmless

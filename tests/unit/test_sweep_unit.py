@@ -101,3 +101,26 @@ def test_the_sweep_journal_across_variants(tmp_path: Path) -> None:
         role="cpufreq",
     )
     assert [c.id for c in journal.pending()] == [cap2, node2, group, lease]
+
+
+def test_a_variant_says_its_place_in_the_sweep_and_the_eta(tmp_path: Path) -> None:
+    """What NNPM shows beside a variant of a sweep: read from the home's sweep.json."""
+    from dit.run.rundir import write_json
+    from dit.run.sweep import SWEEP_FILE, progress_of
+
+    home, second, alone = tmp_path / "home", tmp_path / "second", tmp_path / "alone"
+    for d in (home, second, alone):
+        d.mkdir()
+    variants = [{"run_dir": str(home), "state": "completed"}, {"run_dir": str(second), "state": "running"}]
+    write_json(home / SWEEP_FILE, {"home": str(home), "variants": variants, "total": 4, "elapsed_s": 30.0,
+                                   "eta_s": 60.0, "state": "running"})  # fmt: skip
+    write_json(second / SWEEP_FILE, {"home": str(home), "node_run_id": "x"})
+    assert progress_of(second) == {
+        "variant": 2,
+        "total": 4,
+        "elapsed_s": 30.0,
+        "eta_s": 60.0,
+        "state": "running",
+    }
+    assert progress_of(home) is not None and progress_of(home)["variant"] == 1  # type: ignore[index]
+    assert progress_of(alone) is None

@@ -256,6 +256,30 @@ def sweep_record(home: RunDir) -> dict[str, Any]:
     return read_json_object(home.path / SWEEP_FILE)
 
 
+def progress_of(run_dir: Path) -> dict[str, Any] | None:
+    """Where a variant of a sweep unit stands in it, from its home's ``sweep.json`` (NNPM's run list and
+    page): ``{"variant": its place from 1, "total", "elapsed_s", "eta_s", "state"}``; None for a run of its own."""
+    found = sweep_of(run_dir)
+    if found is None and not (run_dir / SWEEP_FILE).is_file():
+        return None
+    record = read_json_object((found[0].path if found else run_dir) / SWEEP_FILE)
+    listed = record.get("variants")
+    if not isinstance(listed, list):
+        return None
+    places = [
+        i
+        for i, v in enumerate(listed, 1)
+        if isinstance(v, dict) and v.get("run_dir") == str(run_dir.resolve())
+    ]
+    return {
+        "variant": places[0] if places else None,
+        "total": record.get("total"),
+        "elapsed_s": record.get("elapsed_s"),
+        "eta_s": record.get("eta_s"),
+        "state": record.get("state"),
+    }
+
+
 # -- resume and progress --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class VariantOutcome:

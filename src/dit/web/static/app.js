@@ -443,6 +443,15 @@ $("bench-form").addEventListener("submit", async (event) => {
   }
 });
 
+// A variant of a sweep run as one unit (docs/sweeps.md): its place in the sweep and, while it goes, the ETA.
+function sweepText(r) {
+  const sw = r.sweep;
+  if (!sw || !sw.variant || !sw.total) return "";
+  const eta = sw.state === "running" && sw.eta_s !== null && sw.eta_s !== undefined
+    ? ` · ETA ${sw.eta_s >= 90 ? `${Math.round(sw.eta_s / 60)} min` : `${Math.round(sw.eta_s)} s`}` : "";
+  return `variant ${sw.variant} of ${sw.total}${eta}`;
+}
+
 // -- the active run --------------------------------------------------------------------------------
 function showActive() {
   const run = state.run;
@@ -534,7 +543,8 @@ async function loadRuns() {
     // whole key (the key is the tooltip); the stage under the state; duration and mode under the version
     el("td", { title: r.key }, r.label, el("div", { class: "small" }, r.key.split("/").pop()),
       r.note ? el("div", { class: "small note", title: r.note }, r.note.split("\n")[0].slice(0, 100)) : null),
-    el("td", {}, el("span", { class: `state ${r.state}` }, r.state), r.stage ? el("div", { class: "small" }, r.stage) : null),
+    el("td", {}, el("span", { class: `state ${r.state}` }, r.state), r.stage ? el("div", { class: "small" }, r.stage) : null,
+      sweepText(r) ? el("div", { class: "small" }, sweepText(r)) : null),
     el("td", {}, versionCell(r), el("div", { class: "small" },
       [r.duration_s !== null ? `${r.duration_s.toFixed(1)} s` : "", r.mode + (r.kind ? ` · ${r.kind}` : "")].filter(Boolean).join(" · "))))));
   compareLink();
@@ -619,7 +629,8 @@ function renderRun(d) {
     $("run-note").value = d.note || "";
     $("run-note-state").textContent = "";
   }
-  $("run-state").textContent = d.stage && d.state === "running" ? `${d.state} · ${d.stage}` : d.state;
+  $("run-state").textContent = [d.stage && d.state === "running" ? `${d.state} · ${d.stage}` : d.state, sweepText(d)]
+    .filter(Boolean).join(" · ");
   $("run-state").className = `state ${d.state}`;
   $("run-stop").hidden = !["running", "starting"].includes(d.state);
   $("open-optimise").hidden = !(d.finished && d.aggregated && d.inference_ran);  // nothing measured: nothing to optimise
