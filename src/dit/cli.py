@@ -384,6 +384,8 @@ def _cleanup_sweep(run: RunDir, home: RunDir, variants: list[RunDir], *, discard
     if isinstance(pid, int) and pid != os.getpid() and pid_alive(pid) and record.get("state") == "running":
         raise _fail(f"the sweep of {run.path} (pid {pid}) is still running: use 'dit stop {home.path}'")
     trusted = [_trusted_run(v.path) for v in variants]
+    # the newest variant that wrote its metadata.json: its conditions are what the undo may touch, and
+    # its raw/ what the nodes' results are compared with and fetched into
     newest = next((v for v in reversed(trusted) if (v.path / "metadata.json").is_file()), home)
     try:
         inventory = inventory_of(home)
@@ -392,7 +394,7 @@ def _cleanup_sweep(run: RunDir, home: RunDir, variants: list[RunDir], *, discard
             f"{home.path}: cannot tell which nodes the sweep used from driver.json, scenario.yaml and "
             f"inventory.yml: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         ) from None
-    node = NodeScope(home.run_id, home.journal)
+    node = NodeScope(home.run_id, home.journal, newest.path / "metadata.json")
     error, _ns = teardown(newest, inventory, None, discard_results=discard_results, node=node)
     if error:
         raise _fail(f"cleanup of {run.path} (the sweep of {home.path}) incomplete: {error}")

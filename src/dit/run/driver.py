@@ -424,6 +424,8 @@ class Driver:
                 "preflight_run": str(self.sweep.preflight_run),  # whose facts, clocks and baselines these are
             }
         write_json(self.run.path / "metadata.json", metadata)
+        if self.sweep is not None:
+            self.sweep.metadata = self.run.path / "metadata.json"
         self._ntp_gate(nodes)
         self._condition_gates(nodes)
         edge, warn = self.inv.edge_host, self.reporter_warn

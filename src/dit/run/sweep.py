@@ -145,12 +145,13 @@ class SweepUnit:
     upcoming: Scenario | None = None  # the variant that runs next in this unit (None: tear down all)
     closed: bool = False  # torn down: the next variant starts a new unit
     variants: list[dict[str, Any]] = field(default_factory=list)
+    metadata: Path | None = None  # the newest variant's metadata.json: the conditions the undo may touch
     started_wall_ns: int = field(default_factory=time.time_ns)
     _held: int | None = None
 
     @property
     def node(self) -> NodeScope | None:
-        return None if self.home is None else NodeScope(self.home.run_id, self.home.journal)
+        return None if self.home is None else NodeScope(self.home.run_id, self.home.journal, self.metadata)
 
     def join(self, run: RunDir, scenario: Scenario) -> None:
         """``run`` is the next variant of the unit (the first one is its home); both say so on disk."""
@@ -336,16 +337,23 @@ def driver_runner(options: RunOptions) -> Runner:
     return run
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 @contextmanager
 def _interrupts_stop() -> Iterator[None]:
-    """Between two variants Ctrl-C ends the sweep (the variant's driver turns it into a stop, with
-    its teardown, while it runs): SIGINT raises KeyboardInterrupt here, as Python's default does."""
-    previous = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """Between two variants Ctrl-C or SIGTERM (`dit stop`) ends the sweep, after tearing down what the
+    last variant left in force (while a variant runs, its driver turns them into a stop with its
+    teardown): here they raise KeyboardInterrupt instead of ending the process on the spot."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in previous:
+        signal.signal(sig, _interrupted)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_sweep(

@@ -75,6 +75,7 @@ class NodeScope:
 
     run_id: str
     journal: Path
+    metadata: Path | None = None  # the conditions in force (metadata.json), when not the run directory's
 
 
 Keep = Callable[[Mapping[str, Any]], bool]
@@ -138,7 +139,9 @@ def teardown(
                     "dit_run_id": node.run_id,
                     "dit_journal_path": str(node.journal),
                     "dit_undo": undo,
-                    "dit_undo_scope": undo_scopes(node.run_id, inventory, run.path / "metadata.json"),
+                    "dit_undo_scope": undo_scopes(
+                        node.run_id, inventory, node.metadata or run.path / "metadata.json"
+                    ),
                     "dit_raw_dir": str(raw),
                     "dit_fetched": fetched_before,
                     "dit_discard_results": discard_results,
