@@ -43,13 +43,12 @@ from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
 from dit.run.inventory import LOCAL_INVENTORY, RunInventory, host_contexts, load_inventory, local_inventory
-from dit.run.journal import Journal
 from dit.run.lease_decision import controller_holder
 from dit.run.procs import ProcessFailure
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
 from dit.run.rundir import RunDir, describe_failure, write_json, write_text
 from dit.run.stop import StopRequests
-from dit.run.sweep import SweepUnit, condition_plan, keep_records, to_apply
+from dit.run.sweep import SweepUnit, to_apply
 from dit.run.teardown import teardown
 from dit.runtime_api import registry as runtimes
 from dit.runtime_api.interface import node_facts_of, uses_edge_service
@@ -224,30 +223,12 @@ class Driver:
     def _teardown(self, state: str) -> tuple[str | None, int]:
         """Undo the run; in a sweep unit with a variant after this one, only what that variant changes."""
         run, unit = self.run, self.sweep
-        if self.inventory is None and unit is not None:
-            self.inventory = unit.inventory  # this variant failed before it had one: the unit's nodes
-        discard = run.discard_requested() or (unit is not None and unit.home is not None
-                                              and unit.home.discard_requested())  # fmt: skip
         if unit is None or unit.node is None:
-            return teardown(run, self.inventory, self.reporter, discard_results=discard)
+            return teardown(run, self.inventory, self.reporter, discard_results=run.discard_requested())
+        if self.inventory is None:
+            self.inventory = unit.inventory  # this variant failed before it had one: the unit's nodes
         upcoming = self._upcoming_conditions() if state in ("completed", "degraded") else None
-        if upcoming is not None and not discard:
-            pending = [dict(c.record) for c in Journal(unit.node.journal).pending()]
-            plan = condition_plan(unit.in_force, upcoming, pending)
-            keep = keep_records(plan)
-            error, ns = teardown(run, self.inventory, self.reporter, node=unit.node, keep=keep)
-            if error is None:
-                unit.in_force = {h: {n: unit.in_force[h][n] for n in names} for h, names in plan.keep.items()
-                                 if h in unit.in_force}  # fmt: skip
-                run.try_set_status(sweep_kept={h: sorted(n) for h, n in plan.keep.items() if n})
-                return None, ns
-            # what could not be undone for the next variant: everything goes, the next starts anew
-            final_error, more_ns = teardown(run, self.inventory, self.reporter, node=unit.node)
-            unit.close()
-            return "; ".join(e for e in (error, final_error) if e), ns + more_ns
-        result = teardown(run, self.inventory, self.reporter, discard_results=discard, node=unit.node)
-        unit.close()
-        return result
+        return unit.teardown_variant(run, self.inventory, self.reporter, upcoming)
 
     def _upcoming_conditions(self) -> dict[str, dict[str, Any]] | None:
         """The conditions the unit's next variant will build (None: no next variant here)."""

@@ -44,12 +44,14 @@ from rich.progress import (
 )
 
 from dit.conditions import EDGE_SERVICE_ORDER, conditions
+from dit.run.journal import Journal
 from dit.run.rundir import RunDir, find_runs, read_json_object, write_json
-from dit.run.teardown import Keep, NodeScope
+from dit.run.teardown import Keep, NodeScope, teardown
 from dit.scenario import Scenario
 from dit.trusted import UntrustedPath
 
 if TYPE_CHECKING:
+    from dit.run.console import Reporter
     from dit.run.driver import RunOptions, RunResult
     from dit.run.inventory import RunInventory
 
@@ -198,6 +200,37 @@ class SweepUnit:
             os.close(self._held)
             self._held = None
 
+    def teardown_variant(
+        self, run: RunDir, inventory: RunInventory | None, reporter: Reporter | None, upcoming: Built | None
+    ) -> tuple[str | None, int]:
+        """Undo what the unit's next variant (its conditions: ``upcoming``) does not keep in force,
+        or everything (``upcoming`` None: no next variant, a failure, a stop), with ``run`` the variant
+        that ends. The error, or None, and the wall time."""
+        node = self.node
+        assert node is not None, "a variant joins its unit before it runs"
+        discard = run.discard_requested() or (self.home is not None and self.home.discard_requested())
+        if upcoming is not None and not discard:
+            pending = [dict(c.record) for c in Journal(node.journal).pending()]
+            plan = condition_plan(self.in_force, upcoming, pending)
+            error, ns = teardown(run, inventory, reporter, node=node, keep=keep_records(plan))
+            if error is None:
+                self.in_force = {
+                    host: {name: self.in_force[host][name] for name in names}
+                    for host, names in plan.keep.items()
+                    if host in self.in_force
+                }
+                run.try_set_status(
+                    sweep_kept={host: sorted(names) for host, names in plan.keep.items() if names}
+                )
+                return None, ns
+            # what could not be undone for the next variant: everything goes, the next starts anew
+            final_error, more_ns = teardown(run, inventory, reporter, node=node)
+            self.close()
+            return "; ".join(e for e in (error, final_error) if e), ns + more_ns
+        result = teardown(run, inventory, reporter, discard_results=discard, node=node)
+        self.close()
+        return result
+
     def finish(self) -> str | None:
         """Tear down what the unit's variants left in force for a variant that will not come (Ctrl-C
         between two variants, a variant whose run directory could not be made); the error, or None."""
@@ -206,8 +239,6 @@ class SweepUnit:
         error = None
         last = RunDir(Path(self.variants[-1]["run_dir"])) if self.variants else None
         if last is not None and self.inventory is not None:
-            from dit.run.teardown import teardown
-
             error, _ns = teardown(last, self.inventory, None, node=self.node)
         self.close()
         return error
