@@ -5,6 +5,8 @@ aggregate and optimise touch no node and run here, in the driver process. Teardo
 (:mod:`dit.run.teardown`) runs whatever happened before it: a failed stage, Ctrl-C, SIGTERM or
 ``dit stop``. It replays the journal backwards and verifies that no process carrying the run id is left.
 The driver names no condition: it builds their variables and calls their hooks (:mod:`dit.conditions`).
+A variant of a sweep run as one unit (:mod:`dit.run.sweep`) uses the unit's run id, journal, inventory
+and preflight, applies what is not in force alike and hands its teardown to the unit.
 """
 
 from __future__ import annotations
