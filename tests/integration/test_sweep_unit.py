@@ -77,8 +77,8 @@ class Reading(Driver):
             {
                 "max_khz": Path(self.inv.hostvars["device1"]["sysfs_root"], MAX_FREQ).read_text().strip(),
                 "memory_bytes": limit,
-                "chain": chain_name(self.node_run_id, "device1") in chains,
-                "node_run_id": self.node_run_id,
+                "chain": chain_name(self.node.run_id, "device1") in chains,
+                "node_run_id": self.node.run_id,
             }
         )
         super()._profile()

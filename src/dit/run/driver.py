@@ -5,13 +5,12 @@ aggregate and optimise touch no node and run here, in the driver process. Teardo
 (:mod:`dit.run.teardown`) runs whatever happened before it: a failed stage, Ctrl-C, SIGTERM or
 ``dit stop``. It replays the journal backwards and verifies that no process carrying the run id is left.
 The driver names no condition: it builds their variables and calls their hooks (:mod:`dit.conditions`).
-A variant of a sweep run as one unit (:mod:`dit.run.sweep`) uses the unit's run id, journal, inventory
-and preflight, applies what is not in force alike and hands its teardown to the unit.
+What a variant of a sweep run as one unit does differently (the unit's run id, journal, inventory and
+preflight, only what is not in force alike applied, its teardown) :mod:`dit.run.sweep_variant` decides.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +32,6 @@ from dit.conditions import (
     resolve_conditions,
 )
 from dit.models.resolve import ResolvedModel
-from dit.models.weights import sha256_file
 from dit.run import analyse, profile
 from dit.run import apply as applying
 from dit.run import launch as runtime_launch
@@ -44,14 +42,13 @@ from dit.run.collect import collected, iperf3_vars, link_targets, report_edge_ch
 from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
-from dit.run.inventory import LOCAL_INVENTORY, RunInventory, host_contexts, load_inventory, local_inventory
-from dit.run.lease_decision import controller_holder
+from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
 from dit.run.procs import ProcessFailure
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
-from dit.run.rundir import RunDir, describe_failure, write_json, write_text
+from dit.run.rundir import RunDir, describe_failure
 from dit.run.stop import StopRequests
-from dit.run.sweep import SweepUnit, to_apply
-from dit.run.teardown import teardown
+from dit.run.sweep import SweepUnit
+from dit.run.sweep_variant import SweepVariant
 from dit.runtime_api import registry as runtimes
 from dit.runtime_api.interface import node_facts_of, uses_edge_service
 from dit.runtimes import LaunchContext, Runtime
@@ -95,13 +92,9 @@ class Driver:
         self.scenario = scenario
         self.options = options
         self.local = options.inventory is None
-        # one variant of a sweep run as one unit on its nodes (dit.run.sweep); None: a run of its own
-        self.sweep = sweep
+        self.variant = SweepVariant(sweep)  # a run of its own, or a variant of a sweep unit
         # The run directory comes later (execute, dry_run): its stop request is looked up when asked.
-        self.stop = StopRequests(
-            lambda: self.run.stop_requested() or (sweep is not None and sweep.stop_requested()),
-            self.reporter_warn,
-        )
+        self.stop = StopRequests(lambda: self.variant.stop_requested(self.run), self.reporter_warn)
         self.stage_ns: dict[str, int] = {}
         self.lateness_ns: dict[str, int] = {}
         self.edge_port: int | None = None
@@ -116,17 +109,6 @@ class Driver:
         self.current_stage: str | None = None
 
     @property
-    def node_run_id(self) -> str:
-        """The run id on the nodes (processes, cgroups, node directory, lease): a sweep unit's home's."""
-        node = self.sweep.node if self.sweep is not None else None
-        return node.run_id if node is not None else self.run.run_id
-
-    @property
-    def journal_path(self) -> Path:
-        node = self.sweep.node if self.sweep is not None else None
-        return node.journal if node is not None else self.run.journal
-
-    @property
     def inv(self) -> RunInventory:
         if self.inventory is None:
             raise RuntimeError("the run's inventory is not set up yet")
@@ -135,8 +117,7 @@ class Driver:
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> RunResult:
         self.run = run = RunDir.create(self.options.runs_root, self.scenario.name, self.scenario.hash)
-        if self.sweep is not None:
-            self.sweep.join(run, self.scenario)
+        self.node = self.variant.join(run, self.scenario)  # the run id and journal on the nodes
         with run.held_open():  # what `dit stop` recognises its driver by
             return self._execute(run)
 
@@ -150,7 +131,7 @@ class Driver:
         optimum: dict[str, Any] | None = None
         with self.stop.signals(), self.reporter.live():
             try:
-                self.inventory = self._inventory()
+                self.inventory = self.variant.inventory(run, self._inventory)
                 self._prepare()
                 self._preflight()
                 self._apply()
@@ -167,7 +148,9 @@ class Driver:
             finally:
                 self._unfollow()
                 self.stop.in_teardown = True
-                teardown_error, self.stage_ns["teardown"] = self._teardown(state)
+                teardown_error, self.stage_ns["teardown"] = self.variant.teardown(
+                    run, self.inventory, self.reporter, state, self.local
+                )
                 self.stop.in_teardown = False
                 profile.forget_run_key(self.key)  # the nodes' copies went with their run directories
                 if teardown_error:
@@ -191,8 +174,7 @@ class Driver:
         )
         if unwritten:  # the run is over all the same: the console has its end state
             self.reporter.warn(f"the run's end state is not recorded: {unwritten}")
-        if self.sweep is not None:
-            self.sweep.finished(run, state)
+        self.variant.finished(run, state)
         self.reporter.info(f"run {state}: {run.path}" + (f" ({error})" if error else ""))
         self.reporter.close()
         return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
@@ -206,6 +188,7 @@ class Driver:
         if not self.options.check:
             raise ValueError("Driver.dry_run needs RunOptions(check=True)")
         self.run = RunDir.create(work_dir, self.scenario.name, self.scenario.hash)
+        self.node = self.variant.node(self.run)
         self.reporter = Reporter(self.run.log, self.options.console, f"{self.scenario.label} (dry run)")
         error: str | None = None
         with self.stop.signals(), self.reporter.live():
@@ -222,78 +205,31 @@ class Driver:
         self.reporter.close()
         return error
 
-    def _teardown(self, state: str) -> tuple[str | None, int]:
-        """Undo the run; in a sweep unit with a variant after this one, only what that variant changes."""
-        run, unit = self.run, self.sweep
-        if unit is None or unit.node is None:
-            return teardown(run, self.inventory, self.reporter, discard_results=run.discard_requested())
-        if self.inventory is None:
-            self.inventory = unit.inventory  # this variant failed before it had one: the unit's nodes
-        upcoming = self._upcoming_conditions() if state in ("completed", "degraded") else None
-        return unit.teardown_variant(run, self.inventory, self.reporter, upcoming)
-
-    def _upcoming_conditions(self) -> dict[str, dict[str, Any]] | None:
-        """The conditions the unit's next variant will build (None: no next variant here)."""
-        unit = self.sweep
-        if unit is None or unit.upcoming is None or unit.nodes is None or self.inventory is None:
-            return None
-        upcoming = unit.upcoming
-        try:
-            built = build_conditions(upcoming, self.contexts)
-            return resolve_conditions(
-                PreflightFacts(upcoming, unit.nodes, built, self.inv.hostvars, self.local)
-            )
-        except Exception as exc:  # its own run says why in its own directory; this one tears down all
-            self.reporter_warn(
-                f"sweep: the next variant's conditions cannot be built ({exc}): tearing down all"
-            )
-            return None
-
     def _inventory(self) -> RunInventory:
-        if self.sweep is not None and self.sweep.inventory is not None:
-            inventory = self.sweep.inventory
-            if inventory.local:  # the nodes are the unit's home's: this run says where they are
-                text = Path(inventory.source).read_text(encoding="utf-8")
-                write_text(self.run.path / LOCAL_INVENTORY, text)
-            return inventory
-        inventory = self._new_inventory()
-        if self.sweep is not None:
-            self.sweep.inventory = inventory
-        return inventory
-
-    def _new_inventory(self) -> RunInventory:
         if self.options.inventory is None:
             return local_inventory(self.run.path, self.scenario.devices)
         return load_inventory(self.options.inventory, self.scenario.devices)
 
     def _prepare(self) -> None:
-        from dit.device.build import build_zipapp
-
         scn = self.scenario
         self.model = profile.scenario_model(scn, self.local, self.options.allow_stand_in, self.reporter_warn)
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
-        if self.sweep is not None and self.sweep.pyz is not None:
-            self.pyz, self.pyz_sha256 = self.sweep.pyz  # the unit's variants ship the same device code
-        else:
-            self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
-            self.pyz_sha256 = sha256_file(self.pyz)  # what the nodes check the shipped zipapp against
-            if self.sweep is not None:
-                self.sweep.pyz = (self.pyz, self.pyz_sha256)
+        self.pyz, self.pyz_sha256 = self.variant.device_code(device_dir)
         self.key = profile.write_run_key(device_dir)
         self.contexts = self._host_contexts()
         self.conditions = build_conditions(scn, self.contexts)
         self.processes = process_settings(scn, self.contexts)
 
     def _host_contexts(self) -> dict[str, HostContext]:
-        return host_contexts(self.inv, self.node_run_id)
+        return host_contexts(self.inv, self.node.run_id)
 
     def _common_vars(self) -> dict[str, Any]:
         return {
-            "dit_run_id": self.node_run_id,
-            "dit_journal_path": str(self.journal_path),
+            "dit_run_id": self.node.run_id,
+            "dit_journal_path": str(self.node.journal),
             # every node's run directory as the journal's undo scope has it: no default spelled twice
-            "dit_node_roots": {h: self.inv.node_root(h, self.node_run_id) for h in self.inv.hosts},
+            "dit_node_roots": {h: self.inv.node_root(h, self.node.run_id) for h in self.inv.hosts},
             "dit_device_pyz_sha256": self.pyz_sha256,
             **process_vars(self.processes),
         }
@@ -353,7 +289,6 @@ class Driver:
     # -- stages ------------------------------------------------------------------------------
     def _preflight(self) -> None:
         env = runtime_envs.expected_env(self.runtime.name)
-        holder_dir = self.sweep.home.path if self.sweep is not None and self.sweep.home else self.run.path
         checked = {
             "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
             "dit_break_stale_lease": self.options.break_stale_lease,
@@ -364,20 +299,7 @@ class Driver:
             "dit_ping_targets": self._ping_targets(),
             "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
         }
-        # a sweep's later variant reuses the unit's preflight when it would check the same things
-        key = json.dumps(checked, sort_keys=True, default=str)
-        nodes = self.sweep.reused_preflight(key) if self.sweep is not None else None
-        if nodes is None:
-            lease = controller_holder(self.node_run_id, holder_dir).to_json()
-            outcome = self._stage("preflight", {"dit_lease": lease, **checked})
-            nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
-            if self.sweep is not None:
-                self.sweep.record_preflight(key, nodes, self.run)
-        else:
-            assert self.sweep is not None and self.reporter is not None
-            self.sweep.copy_baselines(self.run, self.inv.hosts)
-            self.reporter.stage("preflight", "skipped")
-            self.reporter_info(f"preflight: the sweep's, from {self.sweep.preflight_run}")
+        nodes = self.variant.preflight(self.run, checked, self._stage, self.inv.hosts, self.reporter)
         # what depends on the nodes' facts (netem's backend) is settled first: the metadata says so
         self.conditions = resolve_conditions(
             PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
@@ -400,15 +322,7 @@ class Driver:
             processes=self.processes,
             nodes=nodes,
         )
-        if self.sweep is not None and self.sweep.home is not None:
-            metadata["sweep"] = {
-                "home": str(self.sweep.home.path),
-                "node_run_id": self.node_run_id,
-                "preflight_run": str(self.sweep.preflight_run),  # whose facts, clocks and baselines these are
-            }
-        write_json(self.run.path / "metadata.json", metadata)
-        if self.sweep is not None:
-            self.sweep.metadata = self.run.path / "metadata.json"
+        self.variant.write_metadata(self.run, metadata)
         self._ntp_gate(nodes)
         self._condition_gates(nodes)
         edge, warn = self.inv.edge_host, self.reporter_warn
@@ -422,10 +336,7 @@ class Driver:
         gates.condition_gates(facts, self.reporter_warn)
 
     def _apply(self) -> None:
-        # in a sweep unit what the variant before left in force alike is not applied again
-        applied = (
-            to_apply(self.conditions, self.sweep.in_force) if self.sweep is not None else self.conditions
-        )
+        applied = self.variant.to_apply(self.conditions)  # in a sweep unit, not what is in force alike
         needed = active(applied)
         edge_root = self.contexts[self.inv.edge_host].node_root
         at_start = applying.edge_profiles_at_start(self.scenario, self.runtime)
@@ -436,7 +347,7 @@ class Driver:
                 "dit_device_pyz": str(self.pyz),
                 "dit_edge_key": str(self.key),
                 "dit_edge_config": profile.edge_config(
-                    self.scenario, self.node_run_id, profile.model_spec(self.model), start_at, edge_root
+                    self.scenario, self.node.run_id, profile.model_spec(self.model), start_at, edge_root
                 ),
                 "dit_conditions": applied,
             },
@@ -447,8 +358,6 @@ class Driver:
                 "edge_service": uses_edge_service(self.runtime),
             },
         )
-        if self.sweep is not None:
-            self.sweep.in_force = self.conditions
         if self.options.check:
             return  # a dry run started nothing: no port to read, nothing to settle
         if uses_edge_service(self.runtime):
@@ -462,7 +371,7 @@ class Driver:
     def _follow(self) -> None:
         """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.run.follow`)."""
         if self.reporter is not None:
-            self.follower = LogFollower(targets_for(self.contexts), self.node_run_id, self.reporter.line)
+            self.follower = LogFollower(targets_for(self.contexts), self.node.run_id, self.reporter.line)
             self.follower.start()
 
     def _unfollow(self) -> None:
@@ -481,7 +390,7 @@ class Driver:
     def _launch_context(self, ports: Mapping[str, tuple[int, ...]]) -> LaunchContext:
         return profile.launch_context(
             self.scenario,
-            self.node_run_id,
+            self.node.run_id,
             self.contexts,
             edge_host=self.inv.edge_host,
             local=self.local,
