@@ -124,3 +124,9 @@ def test_a_variant_says_its_place_in_the_sweep_and_the_eta(tmp_path: Path) -> No
     }
     assert progress_of(home) is not None and progress_of(home)["variant"] == 1  # type: ignore[index]
     assert progress_of(alone) is None
+    # a sweep.json naming a home outside the runs directory is read as no sweep's (NNPM lists every run)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere" / "x" / "home"
+    elsewhere.mkdir(parents=True)
+    write_json(elsewhere / SWEEP_FILE, {"home": str(elsewhere), "variants": variants, "total": 4})
+    write_json(alone / SWEEP_FILE, {"home": str(elsewhere), "node_run_id": "x"})
+    assert progress_of(alone) is None

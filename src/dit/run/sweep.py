@@ -268,10 +268,11 @@ class SweepUnit:
 
 def sweep_of(run_dir: Path) -> tuple[RunDir, list[RunDir]] | None:
     """The unit a variant directory belongs to: its home and the variants the home lists (oldest
-    first), or None for a run that is no sweep's. The home is trusted only once checked by the caller."""
+    first), or None for a run that is no sweep's. The home is trusted only once checked by the caller;
+    one outside the variant's runs directory is none (a file there names no other directory to read)."""
     record = read_json_object(run_dir / SWEEP_FILE)
     home = record.get("home")
-    if not isinstance(home, str):
+    if not isinstance(home, str) or Path(home).resolve().parent.parent != run_dir.resolve().parent.parent:
         return None
     home_record = read_json_object(Path(home) / SWEEP_FILE)
     listed = home_record.get("variants")
