@@ -56,6 +56,7 @@ SLOW = {name for name, needs in NEEDS.items() if needs.modules} | {
     "bench_ch4_mape.py",
     "bench_rack_scaling.py",
     "bench_stages.py",
+    "bench_sweep.py",
 }
 
 

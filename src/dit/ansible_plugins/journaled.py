@@ -95,4 +95,7 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
         journal = Journal(Path(str(journal_path)))
         pending = {_key(dict(change.record)) for change in journal.pending() if change.host == host}
         fresh = [r for r in records if _key(r) not in pending]
-        return journal.record_changes(host, fresh, source=module) if fresh else []
+        # the role a task came from says which condition made the change (dit.run.sweep keeps a
+        # condition's changes across the variants of a sweep that apply it alike)
+        role = self._task._role.get_name() if getattr(self._task, "_role", None) else None
+        return journal.record_changes(host, fresh, source=module, role=role) if fresh else []

@@ -3,6 +3,7 @@ run stopped, a dead run's journal replayed, a run's note."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import signal
@@ -77,9 +78,19 @@ def run(
             "on another controller host (cannot be checked from here). A live holder is never broken.",
         ),
     ] = False,
+    rerun: Annotated[
+        bool,
+        typer.Option(
+            "--rerun",
+            help="Run every sweep variant again, also one already completed under the same scenario hash.",
+        ),
+    ] = False,
 ) -> None:
     """Run a scenario (every sweep variant, one run directory each). Local mode without -i.
 
+    A sweep runs as one unit on its nodes (docs/sweeps.md): one preflight, each variant's conditions
+    applied as the difference from the previous one, one teardown; a variant already completed under
+    the runs directory with the same scenario hash is not run again (--rerun runs it).
     Preflight leases every node to this run; a node another run holds is refused, naming the holder.
     """
     from dit.run.driver import Driver, RunOptions
@@ -106,16 +117,17 @@ def run(
 
         raise typer.Exit(print_dry_runs(variants, options, as_json, out))
     usable_runs_dir(runs_dir, "--runs-dir")
-    results = []
-    for variant in variants:
-        # RunDirError, UntrustedPath: its run directory could not be made, no node was touched
+    if len(variants) == 1 and not rerun:  # one run: as it always was, no sweep machinery around it
         try:
-            result = Driver(variant, options).execute()
-        except (RunDirError, UntrustedPath) as exc:
+            results = [Driver(variants[0], options).execute()]
+        except (RunDirError, UntrustedPath) as exc:  # its run directory could not be made, no node touched
             raise fail(str(exc)) from None
-        results.append(result)
-        if result.state == "stopped":
-            break
+        outcomes = None
+    else:
+        from dit.run.sweep import driver_runner, run_sweep
+
+        outcomes = run_sweep(variants, runs_dir, err, driver_runner(options), rerun=rerun, what="run")
+        results = [o.result for o in outcomes if o.result is not None]
     table = Table(title="runs")
     for column in ("run", "state", "directory", "wall time", "optimum", "objective"):
         table.add_column(column)
@@ -132,8 +144,17 @@ def run(
             if isinstance(objective, (int, float))
             else "",
         )
+    for outcome in outcomes or []:
+        if outcome.result is None:  # resumed (already finished), not run, or no run directory
+            state = "completed (earlier run)" if outcome.reused else outcome.state
+            table.add_row(
+                escape(outcome.label), state, str(outcome.run_dir or escape(outcome.error or "")), "", "", ""
+            )
     out.print(table)
-    if any(r.state != "completed" for r in results):
+    states = [r.state for r in results] + [
+        o.state for o in outcomes or [] if o.result is None and not o.reused
+    ]
+    if any(state != "completed" for state in states):
         raise typer.Exit(1)
 
 
@@ -239,6 +260,12 @@ def cleanup(
     from dit.run.teardown import teardown
 
     run = trusted_run(run_dir)  # its inventory and journal are run as root on the nodes
+    from dit.run.sweep import sweep_of
+
+    unit = sweep_of(run.path)
+    if unit is not None:  # a variant of a sweep run as one unit: the unit is undone, from its home
+        _cleanup_sweep(run, *unit, discard_results=discard_results)
+        return
     try:
         info = read_json(run_dir / DRIVER)
         pid = int(info.get("pid", 0))
@@ -261,6 +288,49 @@ def cleanup(
         if unwritten:
             err.print(f"[yellow]warning:[/] not recorded: {escape(unwritten)}", highlight=False)
     out.print(f"{run_dir}: journal replayed, no process of run {run.run_id} left")
+
+
+def _cleanup_sweep(run: RunDir, home: RunDir, variants: list[RunDir], *, discard_results: bool) -> None:
+    """``dit cleanup`` of any variant of a sweep unit: its home's journal replayed with the newest
+    variant's results and conditions (what the nodes hold), every variant left running marked failed."""
+    from dit.run.inventory import inventory_of
+    from dit.run.procs import pid_alive
+    from dit.run.sweep import sweep_record
+    from dit.run.teardown import NodeScope, teardown
+
+    home = trusted_run(home.path)  # its inventory and journal are run as root on the nodes
+    record = sweep_record(home)
+    pid = record.get("pid")
+    if isinstance(pid, int) and pid != os.getpid() and pid_alive(pid) and record.get("state") == "running":
+        raise fail(f"the sweep of {run.path} (pid {pid}) is still running: use 'dit stop {home.path}'")
+    trusted = [trusted_run(v.path) for v in variants]
+    # the newest variant that wrote its metadata.json: its conditions are what the undo may touch, and
+    # its raw/ what the nodes' results are compared with and fetched into
+    newest = next((v for v in reversed(trusted) if (v.path / "metadata.json").is_file()), home)
+    try:
+        inventory = inventory_of(home)
+    except Exception as exc:  # any corrupt file behind it: one line, never a traceback
+        raise fail(
+            f"{home.path}: cannot tell which nodes the sweep used from driver.json, scenario.yaml and "
+            f"inventory.yml: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        ) from None
+    node = NodeScope(home.run_id, home.journal, newest.path / "metadata.json")
+    error, _ns = teardown(newest, inventory, None, discard_results=discard_results, node=node)
+    if error:
+        raise fail(f"cleanup of {run.path} (the sweep of {home.path}) incomplete: {error}")
+    for variant in trusted:
+        if _state_of(variant) in ("running", None):
+            unwritten = variant.try_set_status(state="failed", error="driver died; cleaned up by dit cleanup")
+            if unwritten:
+                err.print(f"[yellow]warning:[/] not recorded: {escape(unwritten)}", highlight=False)
+    if record.get("state") == "running":
+        from dit.run.rundir import write_json
+
+        with contextlib.suppress(OSError):
+            write_json(home.path / "sweep.json", {**record, "state": "cleaned up"})
+    out.print(
+        f"{run.path}: the sweep's journal ({home.journal}) replayed, no process of run {home.run_id} left"
+    )
 
 
 def _state_of(run: RunDir) -> str | None:

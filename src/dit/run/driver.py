@@ -5,6 +5,8 @@ aggregate and optimise touch no node and run here, in the driver process. Teardo
 (:mod:`dit.run.teardown`) runs whatever happened before it: a failed stage, Ctrl-C, SIGTERM or
 ``dit stop``. It replays the journal backwards and verifies that no process carrying the run id is left.
 The driver names no condition: it builds their variables and calls their hooks (:mod:`dit.conditions`).
+What a variant of a sweep run as one unit does differently (the unit's run id, journal, inventory and
+preflight, only what is not in force alike applied, its teardown) :mod:`dit.run.sweep_variant` decides.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from dit.conditions import (
     resolve_conditions,
 )
 from dit.models.resolve import ResolvedModel
-from dit.models.weights import sha256_file
 from dit.run import analyse, profile
 from dit.run import apply as applying
 from dit.run import launch as runtime_launch
@@ -42,12 +43,12 @@ from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
 from dit.run.follow import LogFollower, targets_for
 from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
-from dit.run.lease_decision import controller_holder
 from dit.run.procs import ProcessFailure
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
-from dit.run.rundir import RunDir, describe_failure, write_json
+from dit.run.rundir import RunDir, describe_failure
 from dit.run.stop import StopRequests
-from dit.run.teardown import teardown
+from dit.run.sweep import SweepUnit
+from dit.run.sweep_variant import SweepVariant
 from dit.runtime_api import registry as runtimes
 from dit.runtime_api.interface import node_facts_of, uses_edge_service
 from dit.runtimes import LaunchContext, Runtime
@@ -87,12 +88,13 @@ class RunResult:
 class Driver:
     """Runs one (already swept) scenario in its own run directory."""
 
-    def __init__(self, scenario: Scenario, options: RunOptions) -> None:
+    def __init__(self, scenario: Scenario, options: RunOptions, sweep: SweepUnit | None = None) -> None:
         self.scenario = scenario
         self.options = options
         self.local = options.inventory is None
+        self.variant = SweepVariant(sweep)  # a run of its own, or a variant of a sweep unit
         # The run directory comes later (execute, dry_run): its stop request is looked up when asked.
-        self.stop = StopRequests(lambda: self.run.stop_requested(), self.reporter_warn)  # noqa: PLW0108
+        self.stop = StopRequests(lambda: self.variant.stop_requested(self.run), self.reporter_warn)
         self.stage_ns: dict[str, int] = {}
         self.lateness_ns: dict[str, int] = {}
         self.edge_port: int | None = None
@@ -115,6 +117,7 @@ class Driver:
     # -- the run -----------------------------------------------------------------------------
     def execute(self) -> RunResult:
         self.run = run = RunDir.create(self.options.runs_root, self.scenario.name, self.scenario.hash)
+        self.node = self.variant.join(run, self.scenario)  # the run id and journal on the nodes
         with run.held_open():  # what `dit stop` recognises its driver by
             return self._execute(run)
 
@@ -128,7 +131,7 @@ class Driver:
         optimum: dict[str, Any] | None = None
         with self.stop.signals(), self.reporter.live():
             try:
-                self.inventory = self._inventory()
+                self.inventory = self.variant.inventory(run, self._inventory)
                 self._prepare()
                 self._preflight()
                 self._apply()
@@ -145,8 +148,8 @@ class Driver:
             finally:
                 self._unfollow()
                 self.stop.in_teardown = True
-                teardown_error, self.stage_ns["teardown"] = teardown(
-                    run, self.inventory, self.reporter, discard_results=run.discard_requested()
+                teardown_error, self.stage_ns["teardown"] = self.variant.teardown(
+                    run, self.inventory, self.reporter, state, self.local
                 )
                 self.stop.in_teardown = False
                 profile.forget_run_key(self.key)  # the nodes' copies went with their run directories
@@ -171,6 +174,7 @@ class Driver:
         )
         if unwritten:  # the run is over all the same: the console has its end state
             self.reporter.warn(f"the run's end state is not recorded: {unwritten}")
+        self.variant.finished(run, state)
         self.reporter.info(f"run {state}: {run.path}" + (f" ({error})" if error else ""))
         self.reporter.close()
         return RunResult(run.path, scn.label, state, error, self.stage_ns, self.lateness_ns, optimum)
@@ -184,6 +188,7 @@ class Driver:
         if not self.options.check:
             raise ValueError("Driver.dry_run needs RunOptions(check=True)")
         self.run = RunDir.create(work_dir, self.scenario.name, self.scenario.hash)
+        self.node = self.variant.node(self.run)
         self.reporter = Reporter(self.run.log, self.options.console, f"{self.scenario.label} (dry run)")
         error: str | None = None
         with self.stop.signals(), self.reporter.live():
@@ -206,28 +211,25 @@ class Driver:
         return load_inventory(self.options.inventory, self.scenario.devices)
 
     def _prepare(self) -> None:
-        from dit.device.build import build_zipapp
-
         scn = self.scenario
         self.model = profile.scenario_model(scn, self.local, self.options.allow_stand_in, self.reporter_warn)
         device_dir = self.run.path / "device"
         device_dir.mkdir(exist_ok=True)
-        self.pyz = build_zipapp(device_dir / "dit-device.pyz", extra_packages=["dit/models"])
-        self.pyz_sha256 = sha256_file(self.pyz)  # what the nodes check the shipped zipapp against
+        self.pyz, self.pyz_sha256 = self.variant.device_code(device_dir)
         self.key = profile.write_run_key(device_dir)
         self.contexts = self._host_contexts()
         self.conditions = build_conditions(scn, self.contexts)
         self.processes = process_settings(scn, self.contexts)
 
     def _host_contexts(self) -> dict[str, HostContext]:
-        return host_contexts(self.inv, self.run.run_id)
+        return host_contexts(self.inv, self.node.run_id)
 
     def _common_vars(self) -> dict[str, Any]:
         return {
-            "dit_run_id": self.run.run_id,
-            "dit_journal_path": str(self.run.journal),
+            "dit_run_id": self.node.run_id,
+            "dit_journal_path": str(self.node.journal),
             # every node's run directory as the journal's undo scope has it: no default spelled twice
-            "dit_node_roots": {h: self.inv.node_root(h, self.run.run_id) for h in self.inv.hosts},
+            "dit_node_roots": {h: self.inv.node_root(h, self.node.run_id) for h in self.inv.hosts},
             "dit_device_pyz_sha256": self.pyz_sha256,
             **process_vars(self.processes),
         }
@@ -287,21 +289,17 @@ class Driver:
     # -- stages ------------------------------------------------------------------------------
     def _preflight(self) -> None:
         env = runtime_envs.expected_env(self.runtime.name)
-        outcome = self._stage(
-            "preflight",
-            {
-                "dit_lease": controller_holder(self.run.run_id, self.run.path).to_json(),
-                "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
-                "dit_break_stale_lease": self.options.break_stale_lease,
-                "dit_runtime_env": env.dirname or "",
-                "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
-                    self.runtime.block_schema(), self.scenario.runtime
-                ),
-                "dit_ping_targets": self._ping_targets(),
-                "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
-            },
-        )
-        nodes = gates.node_facts(outcome, self.inv.hosts, self.run.path / "raw", self.reporter_warn)
+        checked = {
+            "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
+            "dit_break_stale_lease": self.options.break_stale_lease,
+            "dit_runtime_env": env.dirname or "",
+            "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
+                self.runtime.block_schema(), self.scenario.runtime
+            ),
+            "dit_ping_targets": self._ping_targets(),
+            "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
+        }
+        nodes = self.variant.preflight(self.run, checked, self._stage, self.inv.hosts, self.reporter)
         # what depends on the nodes' facts (netem's backend) is settled first: the metadata says so
         self.conditions = resolve_conditions(
             PreflightFacts(self.scenario, nodes, self.conditions, self.inv.hostvars, self.local)
@@ -324,7 +322,7 @@ class Driver:
             processes=self.processes,
             nodes=nodes,
         )
-        write_json(self.run.path / "metadata.json", metadata)
+        self.variant.write_metadata(self.run, metadata)
         self._ntp_gate(nodes)
         self._condition_gates(nodes)
         edge, warn = self.inv.edge_host, self.reporter_warn
@@ -338,7 +336,8 @@ class Driver:
         gates.condition_gates(facts, self.reporter_warn)
 
     def _apply(self) -> None:
-        needed = active(self.conditions)
+        applied = self.variant.to_apply(self.conditions)  # in a sweep unit, not what is in force alike
+        needed = active(applied)
         edge_root = self.contexts[self.inv.edge_host].node_root
         at_start = applying.edge_profiles_at_start(self.scenario, self.runtime)
         start_at = f"{edge_root}/{EDGE_START_AT_FILE}" if at_start else None
@@ -348,9 +347,9 @@ class Driver:
                 "dit_device_pyz": str(self.pyz),
                 "dit_edge_key": str(self.key),
                 "dit_edge_config": profile.edge_config(
-                    self.scenario, self.run.run_id, profile.model_spec(self.model), start_at, edge_root
+                    self.scenario, self.node.run_id, profile.model_spec(self.model), start_at, edge_root
                 ),
-                "dit_conditions": self.conditions,
+                "dit_conditions": applied,
             },
             {
                 "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
@@ -372,7 +371,7 @@ class Driver:
     def _follow(self) -> None:
         """Device stdout/stderr into run.log, live, until teardown (see :mod:`dit.run.follow`)."""
         if self.reporter is not None:
-            self.follower = LogFollower(targets_for(self.contexts), self.run.run_id, self.reporter.line)
+            self.follower = LogFollower(targets_for(self.contexts), self.node.run_id, self.reporter.line)
             self.follower.start()
 
     def _unfollow(self) -> None:
@@ -391,7 +390,7 @@ class Driver:
     def _launch_context(self, ports: Mapping[str, tuple[int, ...]]) -> LaunchContext:
         return profile.launch_context(
             self.scenario,
-            self.run.run_id,
+            self.node.run_id,
             self.contexts,
             edge_host=self.inv.edge_host,
             local=self.local,

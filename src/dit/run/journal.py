@@ -89,8 +89,11 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def record_changes(self, host: str, records: Iterable[Mapping[str, Any]], source: str) -> list[str]:
-        """Append change records for ``host`` and return their ids (assigned here)."""
+    def record_changes(
+        self, host: str, records: Iterable[Mapping[str, Any]], source: str, role: str | None = None
+    ) -> list[str]:
+        """Append change records for ``host`` and return their ids (assigned here). ``role``: the
+        condition role whose task made them, so that a sweep can keep what the next variant keeps."""
         ids: list[str] = []
         lines: list[str] = []
         for record in records:
@@ -103,6 +106,7 @@ class Journal:
                 "t_wall_ns": time.time_ns(),
                 "host": host,
                 "source": source,
+                **({"role": role} if role else {}),
                 **dict(record),
             }
             lines.append(json.dumps(full, sort_keys=True, separators=(",", ":")))

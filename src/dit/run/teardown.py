@@ -68,8 +68,27 @@ class _TeardownSeen:
         return event.action in FETCH_ACTIONS and event.status == "failed"
 
 
+@dataclass(frozen=True)
+class NodeScope:
+    """Whose changes a teardown undoes when they are not the run directory's own: a sweep's
+    variants share one run id on the nodes and one journal (:mod:`dit.run.sweep`)."""
+
+    run_id: str
+    journal: Path
+    metadata: Path | None = None  # the conditions in force (metadata.json), when not the run directory's
+
+
+Keep = Callable[[Mapping[str, Any]], bool]
+
+
 def teardown(
-    run: RunDir, inventory: RunInventory | None, reporter: Reporter | None, discard_results: bool = False
+    run: RunDir,
+    inventory: RunInventory | None,
+    reporter: Reporter | None,
+    discard_results: bool = False,
+    *,
+    node: NodeScope | None = None,
+    keep: Keep | None = None,
 ) -> tuple[str | None, int]:
     """Replay ``run``'s pending journal backwards on every node; verify no process survives.
 
@@ -79,14 +98,19 @@ def teardown(
     directory: status, log and journal writes are best effort, said on stderr when they fail (a
     full disk), and the undo runs all the same.
 
+    ``node``: the run id and journal of the nodes when they are a sweep's (``run`` is then the variant
+    whose ``raw/``, ``metadata.json`` and status count); ``keep``: the pending records to leave in
+    force (a sweep's next variant applies them alike), undone by a later teardown.
+
     Returns the error (None when everything was undone and nothing survives) and the wall time.
     """
-    journal = Journal(run.journal)
+    node = node or NodeScope(run.run_id, run.journal)
+    journal = Journal(node.journal)
     errors: list[str] = []
     infos: list[str] = []
     notes: list[str] = []  # what could not be written into the run directory: said, not failures
     try:
-        pending, warnings = journal.pending_by_host(), journal.problems()
+        pending, warnings = _kept_out(journal.pending_by_host(), keep), journal.problems()
     except JournalError as exc:  # unreadable: still reap the run's processes below
         pending, warnings = {}, []
         errors.append(str(exc))
@@ -112,10 +136,12 @@ def teardown(
                 run,
                 inventory,
                 {
-                    "dit_run_id": run.run_id,
-                    "dit_journal_path": str(run.journal),
+                    "dit_run_id": node.run_id,
+                    "dit_journal_path": str(node.journal),
                     "dit_undo": undo,
-                    "dit_undo_scope": undo_scopes(run.run_id, inventory, run.path / "metadata.json"),
+                    "dit_undo_scope": undo_scopes(
+                        node.run_id, inventory, node.metadata or run.path / "metadata.json"
+                    ),
                     "dit_raw_dir": str(raw),
                     "dit_fetched": fetched_before,
                     "dit_discard_results": discard_results,
@@ -125,7 +151,7 @@ def teardown(
             )
             # A change journaled after the journal was read above (a stage's task that was still
             # running as a stop arrived: its journal record lands first, by design) gets a second pass.
-            undo = _late_records(journal, sent)
+            undo = _kept_out(_late_records(journal, sent), keep)
             if not undo:
                 break
         warnings.extend(seen.refused)
@@ -163,13 +189,17 @@ def teardown(
             errors.append(f"teardown playbook {outcome.status}")
         try:
             undone = set(seen.undone)
-            left = {c.host for c in journal.pending() if c.id not in kept_ids and c.id not in undone}
+            left = {
+                c.host
+                for c in journal.pending()
+                if c.id not in kept_ids and c.id not in undone and not (keep and keep(c.record))
+            }
         except JournalError:
             left = set()  # unreadable: already reported above
         if left:
             errors.append(f"journal changes not undone on {', '.join(sorted(left))}")
         if inventory.local:
-            survivors = run_processes(run.run_id)
+            survivors = run_processes(node.run_id)
             if survivors:
                 errors.append(
                     "processes of the run survive teardown: " + ", ".join(str(p.pid) for p in survivors)
@@ -194,6 +224,13 @@ def teardown(
         for error in errors:
             reporter.error(f"teardown: {error}")
     return ("; ".join(errors) if errors else None), ns
+
+
+def _kept_out(pending: dict[str, list[dict[str, Any]]], keep: Keep | None) -> dict[str, list[dict[str, Any]]]:
+    if keep is None:
+        return pending
+    left = {host: [r for r in records if not keep(r)] for host, records in pending.items()}
+    return {host: records for host, records in left.items() if records}
 
 
 def _note(notes: list[str], error: str | None) -> None:

@@ -40,6 +40,7 @@ from dit.run.rundir import (
     write_json,
     write_text,
 )
+from dit.run.sweep import progress_of
 from dit.trusted import UntrustedPath, trusted_dir
 from dit.web.services import runpage
 from dit.web.services.store import Store, Version
@@ -121,6 +122,7 @@ def run_summary(run: RunDir, runs_root: Path, store: Store) -> dict[str, Any]:
         "driver_pid": pid or None,
         "driver_alive": alive,
         "note": run.note(),  # the researcher's note (note.md), shown in the list and on the run page
+        "sweep": progress_of(run.path),  # a variant of a sweep run as one unit: its place and the ETA
     }
 
 

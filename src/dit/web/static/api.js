@@ -85,3 +85,12 @@ export function fmtQuantity(value, unit = "") {
   if (unit === "%") return `${fmtNumber(value)} %`;
   return unit ? `${fmtNumber(value)} ${unit}` : fmtNumber(value);
 }
+
+// A variant of a sweep run as one unit (docs/sweeps.md): its place in the sweep and, while it goes, the ETA.
+export function sweepText(r) {
+  const sw = r.sweep;
+  if (!sw || !sw.variant || !sw.total) return "";
+  const eta = sw.state === "running" && sw.eta_s !== null && sw.eta_s !== undefined
+    ? ` · ETA ${sw.eta_s >= 90 ? `${Math.round(sw.eta_s / 60)} min` : `${Math.round(sw.eta_s)} s`}` : "";
+  return `variant ${sw.variant} of ${sw.total}${eta}`;
+}

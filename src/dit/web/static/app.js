@@ -1,6 +1,6 @@
 // NNPM page: the views (map, scenarios, runs; the run page is runpage.js, the Runtimes view runtimes.js), the
 // terminal, and the active run with its Stop button.
-import { api, el, short } from "./api.js";
+import { api, el, short, sweepText } from "./api.js";
 import { SchemaForm } from "./form.js";
 import { LinkPanel, linkKey } from "./link.js";
 import { NodeMap } from "./map.js";
@@ -539,7 +539,8 @@ async function loadRuns() {
     // whole key (the key is the tooltip); the stage under the state; duration and mode under the version
     el("td", { title: r.key }, r.label, el("div", { class: "small" }, r.key.split("/").pop()),
       r.note ? el("div", { class: "small note", title: r.note }, r.note.split("\n")[0].slice(0, 100)) : null),
-    el("td", {}, el("span", { class: `state ${r.state}` }, r.state), r.stage ? el("div", { class: "small" }, r.stage) : null),
+    el("td", {}, el("span", { class: `state ${r.state}` }, r.state), r.stage ? el("div", { class: "small" }, r.stage) : null,
+      sweepText(r) ? el("div", { class: "small" }, sweepText(r)) : null),
     el("td", {}, versionCell(r), el("div", { class: "small" },
       [r.duration_s !== null ? `${r.duration_s.toFixed(1)} s` : "", r.mode + (r.kind ? ` · ${r.kind}` : "")].filter(Boolean).join(" · "))))));
   compareLink();

@@ -1,7 +1,7 @@
 // NNPM's run page: a run's state, metadata, stages, summary, phases and plots, a stopped run's kept
 // files, and its optimiser results with the dialog that optimises it again. It reads and writes the page's
 // shared state: the run on the page (page), its detail, the run whose note is in the box (noteKey), config.
-import { api, el, fmtQuantity, short } from "./api.js";
+import { api, el, fmtQuantity, short, sweepText } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -43,7 +43,8 @@ export function runPage(state) {
       $("run-note").value = d.note || "";
       $("run-note-state").textContent = "";
     }
-    $("run-state").textContent = d.stage && d.state === "running" ? `${d.state} · ${d.stage}` : d.state;
+    $("run-state").textContent = [d.stage && d.state === "running" ? `${d.state} · ${d.stage}` : d.state, sweepText(d)]
+      .filter(Boolean).join(" · ");
     $("run-state").className = `state ${d.state}`;
     $("run-stop").hidden = !["running", "starting"].includes(d.state);
     $("open-optimise").hidden = !(d.finished && d.aggregated && d.inference_ran);  // nothing measured: nothing to optimise

@@ -1,0 +1,115 @@
+"""Per-variant overhead of a sweep in local mode: what each variant after the first costs beyond its own
+profile, with the sweep run as one unit on its nodes and with every variant a whole run of its own.
+
+The sweep's variants differ only in a model parameter (the seed of the fake model's weights), so no
+condition changes between them: the overhead is orchestration. For N variants and for 1,
+
+    overhead per variant = ((T(N) - T(1)) - (P(N) - P(1))) / (N - 1)
+
+where T is the wall time of running them and P the sum of their profile stages (status.json). ``unit``
+runs them as `dit run` of a sweep does (dit.run.sweep: one preflight, the difference applied, one
+teardown); ``separate`` runs each variant through its own Driver, as `dit run` did before issue 48.
+Each figure is printed with the load average (``/proc/loadavg``) as it was measured: on a shared
+machine a figure means little without it. Issue 48's target, on the emulated rack: <= 6 s per variant.
+
+    .venv/bin/python benchmarks/bench_sweep.py [--variants 5] [--devices 2] [--modes unit,separate]
+    .venv/bin/python benchmarks/bench_sweep.py --smoke     # 2 variants, 1 device, unit only: the same path
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from dit.run.driver import Driver, RunOptions
+from dit.run.rundir import RunDir
+from dit.run.sweep import driver_runner, run_sweep
+from dit.scenario import Scenario, load
+
+
+def variants(directory: Path, count: int, devices: int) -> list[Scenario]:
+    doc = {
+        "name": "bench_sweep",
+        "model": {"name": "fake", "params": {"profile": "tiny"}},
+        "devices": [f"device{i}" for i in range(1, devices + 1)],
+        "repetitions": 1,
+        "warmup": 0,
+        "inference": {"enabled": True, "partition_points": [0], "repetitions": 1},
+        "optimisation": {"enabled": False},
+        "edge_server": {"profile_min_s": 0.2},
+        "timing": {"start_lead_s": 1.0},
+        "sweep": {"path": "seed", "values": list(range(1, count + 1))},
+    }
+    path = directory / f"bench_sweep_{count}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return load(path)
+
+
+def loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
+
+
+def timed(mode: str, scenarios: list[Scenario], runs_root: Path) -> tuple[float, float]:
+    """(wall time, sum of the variants' profile stages) in seconds, running ``scenarios`` in ``mode``."""
+    options = RunOptions(runs_root=runs_root, console=Console(file=io.StringIO()))
+    start = time.monotonic()
+    if mode == "unit":
+        outcomes = run_sweep(
+            scenarios, runs_root, Console(file=io.StringIO()), driver_runner(options), rerun=True
+        )
+        dirs = [o.run_dir for o in outcomes]
+        states = [o.state for o in outcomes]
+    else:
+        results = [Driver(s, options).execute() for s in scenarios]
+        dirs = [r.run_dir for r in results]
+        states = [r.state for r in results]
+    wall = time.monotonic() - start
+    if any(state != "completed" for state in states):
+        raise SystemExit(f"bench_sweep: {mode}: variants ended {states}: {dirs}")
+    profile = sum(RunDir(d).status()["stage_ns"]["profile"] / 1e9 for d in dirs if d is not None)
+    return wall, profile
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--variants", type=int, default=5)
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--modes", default="unit,separate", help="unit, separate or both (comma-separated)")
+    parser.add_argument("--smoke", action="store_true", help="2 variants, 1 device, unit only (CI)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.variants, args.devices, args.modes = 2, 1, "unit"
+    if args.variants < 2:
+        parser.error("--variants: at least 2 (the overhead is per variant after the first)")
+    os.environ.setdefault("DIT_LOCAL_LEASE_DIR", tempfile.mkdtemp(prefix="dit-bench-lease-"))
+    for mode in args.modes.split(","):
+        with tempfile.TemporaryDirectory(prefix="dit-bench-sweep-") as tmp:
+            one, many = variants(Path(tmp), 1, args.devices), variants(Path(tmp), args.variants, args.devices)
+            load_one = loadavg()
+            wall_1, profile_1 = timed(mode, one, Path(tmp) / "runs1")
+            load_many = loadavg()
+            wall_n, profile_n = timed(mode, many, Path(tmp) / "runsN")
+            load_end = loadavg()
+        n = args.variants
+        overhead = ((wall_n - wall_1) - (profile_n - profile_1)) / (n - 1)
+        print(f"{mode}: T(1) {wall_1:.1f} s (profile {profile_1:.1f} s; load average {load_one})")
+        print(
+            f"{mode}: T({n}) {wall_n:.1f} s (profile {profile_n:.1f} s; load average {load_many} -> {load_end})"
+        )
+        print(
+            f"{mode}: per-variant overhead {overhead:.1f} s with {args.devices} device(s) + edge "
+            f"(target on the emulated rack: <= 6 s)"
+        )
+
+
+if __name__ == "__main__":
+    main()
