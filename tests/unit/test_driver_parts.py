@@ -311,6 +311,7 @@ def test_the_runtimes_processes_use_the_nodes_interpreter_in_local_mode(tmp_path
 
     driver = _driver(tmp_path, "name: n\nmodel: fake\ndevices: [device1]\ninference: {enabled: false}\n")
     driver.run = RunDir.create(tmp_path / "runs", "n", "0" * 64)
+    driver.node = driver.variant.node(driver.run)  # the run id and journal on the nodes (not a sweep's)
     driver.inventory = local_inventory(driver.run.path, ("device1",))
     driver.contexts = driver._host_contexts()
     driver.model = resolve_model("fake", {"profile": "tiny"}, {"kind": "synthetic", "seed": 1}, 1, True, True)
