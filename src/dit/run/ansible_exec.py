@@ -1,4 +1,4 @@
-"""Run one stage playbook with ansible-runner and stream its per-host events.
+"""Run stage playbooks with ansible-runner and stream their per-host events.
 
 A stage playbook is rendered from ``playbooks/<stage>.yml.j2`` into the run directory (kept as
 provenance) with the driver's own Jinja delimiters (``[% %]``, ``[[ ]]``), so that Ansible's
@@ -6,13 +6,20 @@ provenance) with the driver's own Jinja delimiters (``[% %]``, ``[[ ]]``), so th
 they travel as extra variables, and every string among them (keys too, at any depth) is written
 ``!unsafe`` into the extra-vars file, so that Ansible takes it as data and never renders it as a
 template (:func:`write_extravars`).
+
+Consecutive stages run as one ``ansible-playbook`` start (:func:`run_chain`): a start costs about
+1.3 CPU-s and a second or more of wall time before its first task, and a run has up to five stages.
+Between two stages a ``dit_handoff`` play waits for the driver, which reads the stage that ended
+and writes the next one's variables (:mod:`dit.ansible_plugins.handoff`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +27,10 @@ from typing import Any
 
 import ansible_runner
 import jinja2
+import yaml
 
 from dit.ansible_data import unsafe_yaml
+from dit.ansible_plugins.handoff import STOP_KEY
 from dit.paths import content_root
 from dit.run.rundir import write_text
 
@@ -152,27 +161,34 @@ def ansible_env() -> dict[str, str]:
     }
 
 
+def _host_event(event: Mapping[str, Any]) -> HostEvent | None:
+    """The task result an ansible-runner event carries, or None for any other event."""
+    kind = event.get("event", "")
+    data = event.get("event_data", {})
+    if kind not in RESULT_EVENTS or not data.get("host"):
+        return None
+    res = data.get("res", {}) or {}
+    status = RESULT_EVENTS[kind]
+    if status == "ok" and res.get("changed"):
+        status = "changed"
+    return HostEvent(
+        host=str(data["host"]),
+        stream="ansible",
+        status=status,
+        task=str(data.get("task", "")),
+        action=str(data.get("task_action", "")),
+        result=res,
+    )
+
+
 def _collector(
     outcome: StageOutcome, on_event: Callable[[HostEvent], None]
 ) -> Callable[[dict[str, Any]], bool]:
     """An ansible-runner event handler: every task result into ``outcome`` and to ``on_event``."""
 
     def handle(event: dict[str, Any]) -> bool:
-        kind = event.get("event", "")
-        data = event.get("event_data", {})
-        if kind in RESULT_EVENTS and data.get("host"):
-            res = data.get("res", {}) or {}
-            status = RESULT_EVENTS[kind]
-            if status == "ok" and res.get("changed"):
-                status = "changed"
-            host_event = HostEvent(
-                host=str(data["host"]),
-                stream="ansible",
-                status=status,
-                task=str(data.get("task", "")),
-                action=str(data.get("task_action", "")),
-                result=res,
-            )
+        host_event = _host_event(event)
+        if host_event is not None:
             outcome.results.setdefault(host_event.host, []).append(host_event)
             on_event(host_event)
         return True
@@ -214,6 +230,203 @@ def run_playbook(
     outcome.status = str(runner.status)
     outcome.rc = int(runner.rc if runner.rc is not None else -1)
     return outcome
+
+
+@dataclass(frozen=True)
+class ChainedStage:
+    """A stage a :class:`StageSession` expects, with the context its playbook is rendered with."""
+
+    stage: str
+    render_context: Mapping[str, Any] = field(default_factory=dict)
+
+
+HANDOFF_TASK = "Hand over to the controller"  # + ": <the next stage>"
+
+
+def chain_playbook(stages: Sequence[str]) -> str:
+    """The playbook that imports each stage's playbook (``ansible/<stage>/project/<stage>.yml``,
+    relative: the runs directory is the user's text, never a template) with a hand-over between two."""
+    plays: list[dict[str, Any]] = []
+    for index, stage in enumerate(stages):
+        if index:
+            task = {
+                "name": f"{HANDOFF_TASK}: {stage}",
+                "dit_handoff": {
+                    "path": "{{ dit_handoff_files['%s'] }}" % stage,  # noqa: UP031 - a stage name, not user text
+                    "driver_pid": "{{ dit_driver_pid }}",
+                },
+                "run_once": True,
+                "any_errors_fatal": True,
+            }
+            plays.append(
+                {"name": f"Hand over to {stage}", "hosts": "all", "gather_facts": False, "tasks": [task]}
+            )
+        own = f"{stage}.yml" if index == 0 else f"../../{stage}/project/{stage}.yml"
+        plays.append({"ansible.builtin.import_playbook": own})
+    head = (
+        f"# {', '.join(stages)} in one ansible-playbook start; between two stages the driver reads the one\n"
+        "# that ended and hands the next its variables (dit_handoff, dit.run.ansible_exec.StageSession).\n"
+    )
+    return "---\n" + head + yaml.safe_dump(plays, sort_keys=False, width=120)
+
+
+class StageSession:
+    """The node stages of one run in one ``ansible-playbook`` start, each run when the driver asks for it.
+
+    The playbook (:func:`chain_playbook`) holds the stages of ``plan``, rendered before it starts; it
+    runs in a thread, and stops at each hand-over until :meth:`run` gives the next stage its
+    variables. A stage asked for out of the plan's order, with another render context, or with a
+    variable the playbook's extra vars already hold with another value (host facts rank below extra
+    vars) ends the session (:meth:`close`) and runs on its own, as :func:`run_stage` does.
+    """
+
+    def __init__(
+        self,
+        plan: Sequence[ChainedStage],
+        ansible_dir: Path,
+        inventory: str,
+        limit: str,
+        on_event: Callable[[HostEvent], None],
+        should_cancel: Callable[[], bool],
+        forks: int,
+        check: bool = False,
+    ) -> None:
+        self.plan = list(plan)
+        self.ansible_dir = ansible_dir
+        self.inventory, self.limit, self.forks, self.check = inventory, limit, forks, check
+        self.on_event = on_event
+        self.should_cancel = should_cancel
+        self.files = {c.stage: ansible_dir / c.stage / "env" / "extravars" for c in self.plan[1:]}
+        self.extravars: dict[str, Any] = {}
+        self.next = 0  # the index in plan of the stage the playbook runs next (or waits for)
+        self.thread: threading.Thread | None = None
+        self.ended: queue.Queue[StageOutcome] = queue.Queue()
+        self.closed = False
+        self.cancelled = False  # set when the hand-over cannot be told to stop: ansible-runner kills it
+        self.starts = 0  # ansible-playbook starts, this session's and the stages run on their own
+
+    def run(
+        self, stage: str, extravars: Mapping[str, Any], render_context: Mapping[str, Any]
+    ) -> StageOutcome:
+        """Run ``stage`` (in the session when it is the one the playbook expects) and return its outcome."""
+        expected = self.plan[self.next] if not self.closed and self.next < len(self.plan) else None
+        if (
+            expected is not None
+            and expected.stage == stage
+            and dict(expected.render_context) == dict(render_context)
+        ):
+            if self.thread is None:
+                self._start(extravars)
+                return self._wait()
+            given = {k: v for k, v in extravars.items() if k not in self.extravars or self.extravars[k] != v}
+            if self.thread.is_alive() and not any(k in self.extravars for k in given):
+                self.next += 1
+                write_text(self.files[stage], unsafe_yaml(given), mode=0o600)
+                return self._wait()
+        self.close()
+        self.starts += 1
+        return run_stage(
+            stage,
+            self.ansible_dir / stage,
+            self.inventory,
+            self.limit,
+            extravars,
+            self.on_event,
+            self.should_cancel,
+            self.forks,
+            render_context=render_context,
+            check=self.check,
+        )
+
+    def close(self) -> None:
+        """End the session's playbook: at a hand-over it is told to stop; then it is waited for."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.thread is None:
+            return
+        if self.thread.is_alive() and self.next < len(self.plan):
+            stage = self.plan[self.next].stage
+            try:
+                stop = {STOP_KEY: f"the driver asked for no {stage} stage"}
+                write_text(self.files[stage], unsafe_yaml(stop), mode=0o600)
+            except OSError:  # a full or read-only run directory: the playbook is killed instead
+                self.cancelled = True
+        self.thread.join()
+
+    def _start(self, extravars: Mapping[str, Any]) -> None:
+        first = self.plan[0].stage
+        private = self.ansible_dir / first
+        for index, chained in enumerate(self.plan):
+            render_playbook(
+                chained.stage, self.ansible_dir / chained.stage / "project", chained.render_context
+            )
+            if index:
+                self.files[chained.stage].parent.mkdir(parents=True, exist_ok=True)
+                self.files[chained.stage].unlink(missing_ok=True)  # the hand-over waits for it to appear
+        self.extravars = dict(extravars)
+        playbook = f"{first}.yml"
+        if len(self.plan) > 1:
+            playbook = "chain.yml"
+            write_text(private / "project" / playbook, chain_playbook([c.stage for c in self.plan]))
+            files = {stage: str(path) for stage, path in self.files.items()}
+            self.extravars |= {"dit_handoff_files": files, "dit_driver_pid": os.getpid()}
+        write_extravars(private, self.extravars)
+        self.next = 1
+        self.starts += 1
+        self.thread = threading.Thread(
+            target=self._play, args=(private, playbook), name="dit-stages", daemon=True
+        )
+        self.thread.start()
+
+    def _play(self, private: Path, playbook: str) -> None:
+        current = StageOutcome(self.plan[0].stage, "running", -1)
+
+        def handle(event: dict[str, Any]) -> bool:
+            nonlocal current
+            task = str(event.get("event_data", {}).get("task", ""))
+            if task.startswith(HANDOFF_TASK):  # the stage before it has ended on every host
+                if event.get("event") == "playbook_on_task_start":
+                    current.status, current.rc = "successful", 0
+                    self.ended.put(current)
+                    current = StageOutcome(task.removeprefix(f"{HANDOFF_TASK}: "), "running", -1)
+                return True
+            host_event = _host_event(event)
+            if host_event is not None:
+                current.results.setdefault(host_event.host, []).append(host_event)
+                self.on_event(host_event)
+            return True
+
+        try:
+            runner = ansible_runner.run(
+                private_data_dir=str(private),
+                project_dir=str(private / "project"),
+                playbook=playbook,
+                inventory=self.inventory,
+                limit=self.limit,
+                envvars=ansible_env(),
+                event_handler=handle,
+                cancel_callback=lambda: self.cancelled or self.should_cancel(),
+                quiet=True,
+                rotate_artifacts=3,
+                forks=self.forks,
+                cmdline="--check --diff" if self.check else None,
+                timeout=None,
+            )
+            current.status = str(runner.status)
+            current.rc = int(runner.rc if runner.rc is not None else -1)
+        except Exception as exc:  # said as the stage's failure, in the driver's thread
+            current.status, current.rc = f"failed ({type(exc).__name__}: {exc})", -1
+        finally:
+            self.closed = True  # nothing more can be handed over
+            self.ended.put(current)
+
+    def _wait(self) -> StageOutcome:
+        while True:
+            try:
+                return self.ended.get(timeout=0.2)  # a timeout: signal handlers run in this thread
+            except queue.Empty:
+                continue
 
 
 def run_stage(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
-from dit.conditions import after_apply
+from dit.conditions import EDGE_SERVICE_ORDER, active, after_apply
 from dit.run.ansible_exec import StageOutcome
 from dit.run.errors import StageFailed
 from dit.run.rundir import RunDir
@@ -16,6 +16,18 @@ from dit.runtime_api.interface import Runtime, uses_edge_service
 from dit.scenario import Scenario
 
 EDGE_SERVICE_TASK: Final = "Start the edge inference service"  # its name in playbooks/apply.yml.j2
+
+
+def render_context(conditions: dict[str, dict[str, Any]], runtime: Runtime) -> dict[str, Any]:
+    """What ``playbooks/apply.yml.j2`` is rendered with: the condition roles some host needs, before and
+    after the edge service, and whether the service starts (a runtime that brings its own inference gets
+    none profiling the edge's CPU). Known before preflight: resolving a condition changes its variables."""
+    needed = active(conditions)
+    return {
+        "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
+        "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
+        "edge_service": uses_edge_service(runtime),
+    }
 
 
 def edge_port(outcome: StageOutcome, edge_host: str) -> int:

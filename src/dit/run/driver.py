@@ -22,10 +22,8 @@ from rich.console import Console
 
 from dit.analysis.run import LoadedRun
 from dit.conditions import (
-    EDGE_SERVICE_ORDER,
     HostContext,
     PreflightFacts,
-    active,
     build_conditions,
     process_settings,
     process_vars,
@@ -36,7 +34,7 @@ from dit.run import analyse, profile
 from dit.run import apply as applying
 from dit.run import launch as runtime_launch
 from dit.run import preflight as gates
-from dit.run.ansible_exec import StageOutcome, run_stage
+from dit.run.ansible_exec import ChainedStage, StageOutcome, StageSession
 from dit.run.apply import EDGE_SERVICE_TASK
 from dit.run.collect import collected, iperf3_vars, link_targets, report_edge_channel
 from dit.run.console import Reporter
@@ -85,6 +83,19 @@ class RunResult:
     optimum: dict[str, Any] | None = None
 
 
+def node_session(
+    run: RunDir, inv: RunInventory, reporter: Reporter, stop: StopRequests, apply: dict[str, Any], check: bool
+) -> StageSession:
+    """The node stages as one ansible-playbook start: preflight and apply, then profile and collect
+    unless a dry run (whose apply runs in check mode and starts nothing to profile)."""
+    plan = [ChainedStage("preflight"), ChainedStage("apply", apply)]
+    plan += [] if check else [ChainedStage("profile"), ChainedStage("collect")]
+    forks = max(5, len(inv.hosts))
+    return StageSession(
+        plan, run.path / "ansible", inv.source, inv.limit, reporter.event, stop.should_cancel, forks, check
+    )
+
+
 class Driver:
     """Runs one (already swept) scenario in its own run directory."""
 
@@ -107,6 +118,7 @@ class Driver:
         self.outcomes: dict[str, StageOutcome] = {}
         self.process_failures: list[ProcessFailure] = []
         self.current_stage: str | None = None
+        self.session: StageSession | None = None  # preflight to collect: one ansible-playbook start
 
     @property
     def inv(self) -> RunInventory:
@@ -147,6 +159,7 @@ class Driver:
                 self.reporter.error(error)
             finally:
                 self._unfollow()
+                self._close_session()  # before teardown: no stage playbook may run beside it
                 self.stop.in_teardown = True
                 teardown_error, self.stage_ns["teardown"] = self.variant.teardown(
                     run, self.inventory, self.reporter, state, self.local
@@ -202,6 +215,8 @@ class Driver:
             except Exception as exc:
                 error = str(exc)
                 self.reporter.error(error)
+            finally:
+                self._close_session()
         self.reporter.close()
         return error
 
@@ -254,18 +269,12 @@ class Driver:
     ) -> StageOutcome:
         assert self.reporter is not None
         start = self._begin(stage)
-        self.outcomes[stage] = outcome = run_stage(
-            stage,
-            self.run.path / "ansible" / stage,
-            self.inv.source,
-            self.inv.limit,
-            {**self._common_vars(), **extravars},
-            self.reporter.event,
-            self.stop.should_cancel,
-            forks=max(5, len(self.inv.hosts)),
-            render_context=render_context,
-            check=self.options.check,
-        )
+        if self.session is None:  # preflight to collect in one ansible-playbook start
+            self.session = node_session(
+                self.run, self.inv, self.reporter, self.stop, self._apply_context(), self.options.check
+            )
+        extravars = {**self._common_vars(), **extravars}
+        self.outcomes[stage] = outcome = self.session.run(stage, extravars, render_context or {})
         if outcome.status == "canceled" or (self.stop.reason and stage != "teardown"):
             self._end(stage, start, "stopped")  # not "failed": the console says what happened
             raise Stopped(self.stop.reason or "cancel")
@@ -275,6 +284,13 @@ class Driver:
             raise StageFailed(f"{stage} failed: {failures or outcome.status}")
         self._end(stage, start, "done")
         return outcome
+
+    def _apply_context(self) -> dict[str, Any]:
+        return applying.render_context(self.conditions, self.runtime)
+
+    def _close_session(self) -> None:
+        if self.session is not None:
+            self.session.close()
 
     def _timed(self, stage: str, work: Callable[[], Any]) -> Any:
         start = self._begin(stage)
@@ -337,7 +353,6 @@ class Driver:
 
     def _apply(self) -> None:
         applied = self.variant.to_apply(self.conditions)  # in a sweep unit, not what is in force alike
-        needed = active(applied)
         edge_root = self.contexts[self.inv.edge_host].node_root
         at_start = applying.edge_profiles_at_start(self.scenario, self.runtime)
         start_at = f"{edge_root}/{EDGE_START_AT_FILE}" if at_start else None
@@ -351,12 +366,7 @@ class Driver:
                 ),
                 "dit_conditions": applied,
             },
-            {
-                "conditions_before": [c for c in needed if c.order < EDGE_SERVICE_ORDER],
-                "conditions_after": [c for c in needed if c.order >= EDGE_SERVICE_ORDER],
-                # a runtime that brings its own inference gets no edge service profiling the edge's CPU
-                "edge_service": uses_edge_service(self.runtime),
-            },
+            applying.render_context(applied, self.runtime),
         )
         if self.options.check:
             return  # a dry run started nothing: no port to read, nothing to settle
