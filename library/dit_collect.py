@@ -62,6 +62,12 @@ options:
     description: Seconds a stopped process has to exit after SIGTERM before SIGKILL.
     type: float
     default: 30.0
+  fetch_to:
+    description:
+      - A path on the controller the action plugin fetches the archive to in the same task, checked by its SHA-1
+        (no separate fetch task, whose remote stat is one more module run per node). Not with become, whose
+        read of a root-only file needs Ansible's own fetch.
+    type: path
 extends_documentation_fragment:
   - dit.node
   - dit.linux
@@ -91,6 +97,10 @@ archive:
   description: The archive to fetch.
   returned: always
   type: str
+archive_sha1:
+  description: The SHA-1 of the archive, as Ansible's fetch checksums a transfer (the action plugin's O(fetch_to) checks it).
+  returned: when the archive was written
+  type: str
 ping:
   description: The link record (target, method, sent, received, rtt_ns), a list of them with ping_targets.
   returned: when ping_target or ping_targets is set
@@ -107,6 +117,7 @@ processes:
   elements: dict
 """
 
+import hashlib
 import json
 import os
 import tarfile
@@ -162,6 +173,7 @@ def main() -> None:
             "run_id": {"type": "str"},
             "stop_tags": {"type": "list", "elements": "str", "default": []},
             "stop_grace_s": {"type": "float", "default": 30.0},
+            "fetch_to": {"type": "path"},  # the action plugin's (action_plugins/dit_collect.py)
         },
         supports_check_mode=True,
     )
@@ -202,6 +214,8 @@ def main() -> None:
                 if os.path.isfile(path):
                     tar.add(path, arcname="{}/{}_{}".format(sub, p["host"], name))
     os.replace(tmp, p["archive"])
+    with open(p["archive"], "rb") as packed:
+        out["archive_sha1"] = hashlib.sha1(packed.read()).hexdigest()  # noqa: S324 - a transfer check, as fetch's
     module.exit_json(changed=True, **out)
 
 
