@@ -81,7 +81,7 @@ def test_a_gate_refusing_at_the_hand_over_stops_the_playbook_before_apply(
     assert launches == ["chain.yml", "teardown.yml"], launches
     run = RunDir(result.run_dir)
     # apply never ran: no node run directory was made, only the lease was taken (and released)
-    assert [r["op"] for r in Journal(run.journal).records()] == ["lease"] * 3
+    assert [r["op"] for r in Journal(run.journal).records() if "op" in r] == ["lease"] * 3
     for host in ("edge", "device1", "device2"):
         assert not (run.path / "nodes" / host / run.run_id).exists(), host
     assert Journal(run.journal).pending() == []
