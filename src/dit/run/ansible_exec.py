@@ -296,7 +296,7 @@ class StageSession:
         self.inventory, self.limit, self.forks, self.check = inventory, limit, forks, check
         self.on_event = on_event
         self.should_cancel = should_cancel
-        self.files = {c.stage: ansible_dir / c.stage / "env" / "extravars" for c in self.plan[1:]}
+        self.files = self._handoff_files()
         self.extravars: dict[str, Any] = {}
         self.next = 0  # the index in plan of the stage the playbook runs next (or waits for)
         self.thread: threading.Thread | None = None
@@ -309,6 +309,8 @@ class StageSession:
         self, stage: str, extravars: Mapping[str, Any], render_context: Mapping[str, Any]
     ) -> StageOutcome:
         """Run ``stage`` (in the session when it is the one the playbook expects) and return its outcome."""
+        if self.thread is None and not self.closed:
+            self._begin_at(stage, render_context)
         expected = self.plan[self.next] if not self.closed and self.next < len(self.plan) else None
         if (
             expected is not None
@@ -337,6 +339,20 @@ class StageSession:
             render_context=render_context,
             check=self.check,
         )
+
+    def _begin_at(self, stage: str, render_context: Mapping[str, Any]) -> None:
+        """Drop the planned stages before ``stage``, the first asked for, and render it with the context
+        asked for (nothing is rendered yet): a sweep's variant that reuses the sweep's preflight starts
+        at apply, whose conditions are only those not in force alike, and its later stages still share
+        one start."""
+        stages = [c.stage for c in self.plan]
+        if stage in stages:
+            self.plan = [ChainedStage(stage, render_context), *self.plan[stages.index(stage) + 1 :]]
+            self.files = self._handoff_files()
+
+    def _handoff_files(self) -> dict[str, Path]:
+        """Where the driver writes each stage's variables, read at the hand-over before it."""
+        return {c.stage: self.ansible_dir / c.stage / "env" / "extravars" for c in self.plan[1:]}
 
     def close(self) -> None:
         """End the session's playbook: at a hand-over it is told to stop; then it is waited for."""
