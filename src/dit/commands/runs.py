@@ -38,7 +38,7 @@ from dit.run.rundir import (
 from dit.trusted import UntrustedPath
 
 if TYPE_CHECKING:
-    pass
+    from dit.run.inventory import RunInventory
 
 
 def validate(scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
@@ -255,7 +255,6 @@ def cleanup(
     Results the nodes still hold are fetched into RUN_DIR/raw/ first; a node's run directory holding
     a file that cannot be fetched is kept, unless --discard-results.
     """
-    from dit.run.inventory import inventory_of
     from dit.run.procs import pid_alive
     from dit.run.teardown import teardown
 
@@ -273,27 +272,16 @@ def cleanup(
         raise fail(f"{run_dir / DRIVER}: unreadable ({exc}); it names the run's driver") from None
     if pid and pid != os.getpid() and pid_alive(pid) and _state_of(run) == "running":
         raise fail(f"the driver of {run_dir} (pid {pid}) is still running: use 'dit stop {run_dir}'")
-    try:
-        inventory = inventory_of(run)
-    except Exception as exc:  # any corrupt file behind it: one line, never a traceback
-        raise fail(
-            f"{run_dir}: cannot tell which nodes the run used from driver.json, scenario.yaml and "
-            f"inventory.yml: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        ) from None
-    error, _ns = teardown(run, inventory, None, discard_results=discard_results)
+    error, _ns = teardown(run, _nodes_of(run, "run"), None, discard_results=discard_results)
     if error:
         raise fail(f"cleanup of {run_dir} incomplete: {error}")
-    if _state_of(run) in ("running", None):
-        unwritten = run.try_set_status(state="failed", error="driver died; cleaned up by dit cleanup")
-        if unwritten:
-            err.print(f"[yellow]warning:[/] not recorded: {escape(unwritten)}", highlight=False)
+    _mark_cleaned_up(run)
     out.print(f"{run_dir}: journal replayed, no process of run {run.run_id} left")
 
 
 def _cleanup_sweep(run: RunDir, home: RunDir, variants: list[RunDir], *, discard_results: bool) -> None:
     """``dit cleanup`` of any variant of a sweep unit: its home's journal replayed with the newest
     variant's results and conditions (what the nodes hold), every variant left running marked failed."""
-    from dit.run.inventory import inventory_of
     from dit.run.procs import pid_alive
     from dit.run.sweep import sweep_record
     from dit.run.teardown import NodeScope, teardown
@@ -307,22 +295,12 @@ def _cleanup_sweep(run: RunDir, home: RunDir, variants: list[RunDir], *, discard
     # the newest variant that wrote its metadata.json: its conditions are what the undo may touch, and
     # its raw/ what the nodes' results are compared with and fetched into
     newest = next((v for v in reversed(trusted) if (v.path / "metadata.json").is_file()), home)
-    try:
-        inventory = inventory_of(home)
-    except Exception as exc:  # any corrupt file behind it: one line, never a traceback
-        raise fail(
-            f"{home.path}: cannot tell which nodes the sweep used from driver.json, scenario.yaml and "
-            f"inventory.yml: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        ) from None
     node = NodeScope(home.run_id, home.journal, newest.path / "metadata.json")
-    error, _ns = teardown(newest, inventory, None, discard_results=discard_results, node=node)
+    error, _ns = teardown(newest, _nodes_of(home, "sweep"), None, discard_results=discard_results, node=node)
     if error:
         raise fail(f"cleanup of {run.path} (the sweep of {home.path}) incomplete: {error}")
     for variant in trusted:
-        if _state_of(variant) in ("running", None):
-            unwritten = variant.try_set_status(state="failed", error="driver died; cleaned up by dit cleanup")
-            if unwritten:
-                err.print(f"[yellow]warning:[/] not recorded: {escape(unwritten)}", highlight=False)
+        _mark_cleaned_up(variant)
     if record.get("state") == "running":
         from dit.run.rundir import write_json
 
@@ -331,6 +309,27 @@ def _cleanup_sweep(run: RunDir, home: RunDir, variants: list[RunDir], *, discard
     out.print(
         f"{run.path}: the sweep's journal ({home.journal}) replayed, no process of run {home.run_id} left"
     )
+
+
+def _nodes_of(run: RunDir, what: str) -> RunInventory:
+    """The inventory the run (or the sweep whose home it is) used, or a one-line failure naming its files."""
+    from dit.run.inventory import inventory_of
+
+    try:
+        return inventory_of(run)
+    except Exception as exc:  # any corrupt file behind it: one line, never a traceback
+        raise fail(
+            f"{run.path}: cannot tell which nodes the {what} used from driver.json, scenario.yaml and "
+            f"inventory.yml: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        ) from None
+
+
+def _mark_cleaned_up(run: RunDir) -> None:
+    """A run its driver left running (or whose status is unreadable) is recorded failed, cleaned up."""
+    if _state_of(run) in ("running", None):
+        unwritten = run.try_set_status(state="failed", error="driver died; cleaned up by dit cleanup")
+        if unwritten:
+            err.print(f"[yellow]warning:[/] not recorded: {escape(unwritten)}", highlight=False)
 
 
 def _state_of(run: RunDir) -> str | None:
