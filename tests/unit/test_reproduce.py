@@ -218,6 +218,36 @@ def test_the_load_said_is_the_runs_own_even_when_they_are_reused(tmp_path: Path)
     assert [v["load"] for v in record["variants"]] == [[3.0, 4.0], [5.0, 6.0]]  # kept for the next invocation
 
 
+def test_reproduce_json_records_each_variant_not_the_driver_result_the_sweep_hands_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the real driver the variants run as one sweep unit (issue 48), whose outcomes carry the
+    driver's RunResult (its paths and stage times): reproduce.json keeps the outcome's own fields, as
+    JSON, and the run directory as a string. It was a TypeError (a PosixPath is not JSON serialisable)
+    once the whole report had been written."""
+    from dit.reproduce import report as report_module
+    from dit.run.driver import RunResult
+    from dit.run.sweep import VariantOutcome
+
+    rr, sjf = plan("ch4", "quick").variants
+    out = tmp_path / "ch4"
+    runs = [_fake_run(out / "runs", f"20261206T00000{i}Z-a", s, "completed") for i, s in enumerate((rr, sjf))]
+
+    def swept(*_args: object, **_kwargs: object) -> list[VariantOutcome]:
+        return [
+            VariantOutcome(s.label, s.hash, run, "completed", False, None, (1.0, 2.0),
+                           RunResult(run, s.label, "completed", None, {"profile": 5}, {}))
+            for s, run in zip((rr, sjf), runs, strict=True)
+        ]  # fmt: skip
+
+    monkeypatch.setattr(report_module, "run_variants", swept)
+    reproduce("ch4", "quick", out, None, "local mode", QUIET)
+    record = json.loads((out / "reproduce.json").read_text())
+    assert [v["run_dir"] for v in record["variants"]] == [str(r) for r in runs]
+    assert [v["load"] for v in record["variants"]] == [[1.0, 2.0], [1.0, 2.0]]
+    assert all("result" not in v for v in record["variants"])
+
+
 def _headsplit_run(
     root: Path,
     strategy: str,

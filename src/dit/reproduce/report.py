@@ -113,8 +113,14 @@ def reproduce(
         "cores": ctx.cores,
         "load_before": ctx.load_before,
         "load_after": ctx.load_after,
+        # the outcome's own fields, not the driver's RunResult a sweep hands back with it (paths, stage
+        # times: the variant's run directory holds them)
         "variants": [
-            {**asdict(o), "run_dir": None if o.run_dir is None else str(o.run_dir)} for o in outcomes
+            {
+                **{k: v for k, v in asdict(o).items() if k != "result"},
+                "run_dir": None if o.run_dir is None else str(o.run_dir),
+            }
+            for o in outcomes
         ],
         "not_run": list(chosen.not_run),
     }
