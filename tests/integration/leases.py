@@ -18,9 +18,9 @@ def lease_file() -> Path:
     return Path(os.environ["DIT_LOCAL_LEASE_DIR"]) / "lease.json"
 
 
-def dit(*args: str) -> subprocess.CompletedProcess[str]:
+def dit(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*DIT, *args], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=600, check=False
+        [*DIT, *args], cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -29,18 +29,18 @@ def only_run(runs_dir: Path) -> RunDir:
     return RunDir(status.parent)
 
 
-def tiny_scenario(directory: Path) -> Path:
+def tiny_scenario(directory: Path, **overrides: object) -> Path:
     """The smallest complete local run (one device, one profiling pass, no inference, no optimisation):
     the tests below need a run that takes and releases the lease, not its measurements."""
-    return write_scenario(
-        directory,
-        name="tiny",
-        devices=["device1"],
-        repetitions=1,
-        warmup=0,
-        inference={"enabled": False},
-        optimisation={"enabled": False},
-    )
+    fields: dict[str, object] = {
+        "name": "tiny",
+        "devices": ["device1"],
+        "repetitions": 1,
+        "warmup": 0,
+        "inference": {"enabled": False},
+        "optimisation": {"enabled": False},
+    }
+    return write_scenario(directory, **{**fields, **overrides})
 
 
 def assert_refused_and_untouched(run: RunDir, before: bytes) -> None:

@@ -29,6 +29,7 @@ from dit.run.rundir import RunDir
 from dit.run.sweep import SWEEP_FILE, SweepUnit, run_sweep
 from dit.scenario import Scenario, load
 from tests.conftest import DIT, REPO, dit_env, process_tag, write_scenario
+from tests.integration.leases import dit, lease_file, tiny_scenario
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("iptables") is None or not Path("/proc/net/netfilter").is_dir(),
@@ -211,18 +212,11 @@ def test_sigkill_mid_sweep_then_cleanup_of_any_variant_leaves_nothing(
     memory_root = Path(cgroup_memory_root())
     assert (memory_root / f"dit-{home.run_id}-device1").is_dir()
     assert {"cpufreq", "memory"} <= set(home.status()["sweep_kept"]["device1"])  # in force for the second
-    lease = Path(os.environ["DIT_LOCAL_LEASE_DIR"]) / "lease.json"
+    lease = lease_file()
     assert json.loads(lease.read_text())["run_id"] == home.run_id
 
     # dit cleanup of the second variant's directory (not the home) undoes the whole unit
-    cleanup = subprocess.run(
-        [*DIT, "cleanup", str(second.path)],
-        cwd=REPO,
-        env=dit_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cleanup = dit("cleanup", str(second.path), timeout=300)
     assert cleanup.returncode == 0, cleanup.stderr + cleanup.stdout
     assert run_processes(home.run_id) == []
     assert Journal(home.journal).pending() == []
@@ -238,34 +232,18 @@ def test_sigkill_mid_sweep_then_cleanup_of_any_variant_leaves_nothing(
     assert second.status()["state"] == "failed"
     assert first.status()["state"] == "completed"
     # cleaning up again, from the other variant this time, is harmless
-    again = subprocess.run(
-        [*DIT, "cleanup", str(first.path)],
-        cwd=REPO,
-        env=dit_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    again = dit("cleanup", str(first.path), timeout=300)
     assert again.returncode == 0, again.stderr + again.stdout
 
 
 def test_a_sweep_run_again_skips_its_completed_variants(scenario_dir: Path, runs_dir: Path) -> None:
-    path = write_scenario(
-        scenario_dir,
-        name="resumed",
-        devices=["device1"],
-        repetitions=1,
-        warmup=0,
-        inference={"enabled": False},
-        optimisation={"enabled": False},
-        sweep={"path": "seed", "values": [1, 2]},
-    )
-    argv = [*DIT, "run", str(path), "--runs-dir", str(runs_dir)]
-    first = subprocess.run(argv, cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=600)
+    path = tiny_scenario(scenario_dir, name="resumed", sweep={"path": "seed", "values": [1, 2]})
+    argv = ("run", str(path), "--runs-dir", str(runs_dir))
+    first = dit(*argv)
     assert first.returncode == 0, first.stderr + first.stdout
     made = sorted(runs_dir.glob("resumed/*/status.json"))
     assert len(made) == 2
-    again = subprocess.run(argv, cwd=REPO, env=dit_env(), capture_output=True, text=True, timeout=600)
+    again = dit(*argv)
     assert again.returncode == 0, again.stderr + again.stdout
     assert sorted(runs_dir.glob("resumed/*/status.json")) == made  # nothing ran
     assert again.stderr.count("already finished in") == 2, again.stderr
