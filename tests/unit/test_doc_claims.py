@@ -117,3 +117,18 @@ def test_no_stale_path_of_the_old_layout_is_left() -> None:
         for m in old.finditer(path.read_text(encoding="utf-8"))
     ]
     assert not hits, hits
+
+
+def test_every_page_of_docs_is_in_the_site_s_nav() -> None:
+    """./dev docs builds strictly: a page left out of mkdocs.yml's nav fails CI's last phase (sweeps.md did)."""
+    site = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+
+    def pages(entries: list[object]) -> set[str]:
+        found: set[str] = set()
+        for entry in entries:
+            value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+            found |= pages(value) if isinstance(value, list) else {str(value)}
+        return found
+
+    missing = sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name not in pages(site["nav"]))
+    assert not missing, f"docs pages not in mkdocs.yml's nav: {missing}"

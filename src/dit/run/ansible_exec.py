@@ -74,6 +74,9 @@ class StageOutcome:
     status: str  # successful | failed | canceled | timeout
     rc: int
     results: dict[str, list[HostEvent]] = field(default_factory=dict)  # per host, in order
+    # What ansible-runner raised in the session's thread (a full disk under the artifacts): the driver's
+    # thread raises it again, as a stage run on its own would have, so the run says why in words.
+    error: Exception | None = None
 
     @property
     def ok(self) -> bool:
@@ -431,8 +434,8 @@ class StageSession:
             )
             current.status = str(runner.status)
             current.rc = int(runner.rc if runner.rc is not None else -1)
-        except Exception as exc:  # said as the stage's failure, in the driver's thread
-            current.status, current.rc = f"failed ({type(exc).__name__}: {exc})", -1
+        except Exception as exc:  # raised again in the driver's thread (_wait)
+            current.status, current.rc, current.error = f"failed ({type(exc).__name__}: {exc})", -1, exc
         finally:
             self.closed = True  # nothing more can be handed over
             self.ended.put(current)
@@ -440,9 +443,12 @@ class StageSession:
     def _wait(self) -> StageOutcome:
         while True:
             try:
-                return self.ended.get(timeout=0.2)  # a timeout: signal handlers run in this thread
+                outcome = self.ended.get(timeout=0.2)  # a timeout: signal handlers run in this thread
             except queue.Empty:
                 continue
+            if outcome.error is not None:
+                raise outcome.error
+            return outcome
 
 
 def run_stage(
