@@ -78,16 +78,10 @@ def listing(ctx: typer.Context) -> None:
 def _scenario_doc(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
-    from dit.scenario import ScenarioError, load
+    # the errors of a scenario read the same as under dit validate and dit run
+    from dit.commands.common import load_scenarios
 
-    try:
-        return load(path)[0].to_dict()
-    except ScenarioError as exc:
-        for error in exc.errors:
-            err.print(f"[red]{escape(str(path))}:[/] {escape(str(error))}", highlight=False)
-        raise typer.Exit(2) from None
-    except OSError as exc:
-        raise _fail(f"{path}: {exc.strerror or exc}", 2) from None
+    return load_scenarios(path)[0].to_dict()
 
 
 def checks_cell(checks: Sequence[CheckResult]) -> str:
