@@ -79,6 +79,13 @@ def echo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     registry.reset()
 
 
+# A run held in its profile stage at no CPU cost, for the tests that stop, kill or queue behind a run
+# that is going: its device agents prepare, then sleep until a start instant ten minutes ahead (the
+# schema's maximum lead). Heavy fake stages did the holding before, and their agents kept both cores
+# busy for every second a test held them, beside the suite's other workers (and uncounted: orphans).
+HELD: dict[str, object] = {"start_lead_s": 600}
+
+
 def write_scenario(directory: Path, **overrides: object) -> Path:
     """A small local scenario (the 4-stage fake model, two devices) with ``overrides`` applied."""
     doc: dict[str, object] = {

@@ -13,6 +13,7 @@ import pytest
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
 from dit.web.services.topology import haversine_km, link_latency_ms
+from tests.conftest import HELD
 from tests.e2e.conftest import ARTIFACTS, Server, shot
 
 pytestmark = pytest.mark.e2e
@@ -273,11 +274,8 @@ def test_run_local_terminal_filter_and_optimise(page: Any, server: Server) -> No
 
 def test_stop_during_a_run_tears_down(page: Any, server: Server) -> None:
     page.click("#tab-scenarios")
-    slow = {"stages": [{"work": 60, "output_bytes": 4096}] * 4}
     fill(page, "name", "e2e_slow")
-    fill(page, "model.params", json.dumps(slow))
-    fill(page, "repetitions", "100")
-    fill(page, "inference.repetitions", "200")
+    fill(page, "timing.start_lead_s", str(HELD["start_lead_s"]))  # held in its profile stage, idle
     previous = page.locator("#version-hash").inner_text()
     page.click("#save-button")
     page.wait_for_function(f"() => document.getElementById('version-hash').textContent !== '{previous}'")
@@ -377,7 +375,8 @@ def test_two_runs_compare_side_by_side(page: Any, server: Server) -> None:
     assert '<section id="side-by-side">' in html and "e2e_quick vs e2e_slow" in html
     assert "completed" in html and "stopped" in html
     differences = html[html.index('<section id="scenario-differences">') :]
-    assert "repetitions" in differences and "model.params" in differences
+    assert "<td>timing.start_lead_s</td><td>1</td><td>600</td>" in differences  # the slow run's held lead
+    assert "model.params" not in differences  # what both runs share is not a difference
     shot(page, "10b-runs-ticked-for-comparison")
     # from a version's history, every run made from it (and only those)
     quick = next(r for r in api(page, "/api/runs")["runs"] if r["key"].startswith("e2e_quick/"))

@@ -18,19 +18,12 @@ from dit.run.console import STAGES
 from dit.run.journal import Journal, collected_name
 from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
-from tests.conftest import DIT, REPO, dit_env, process_tag, write_scenario
+from tests.conftest import DIT, HELD, REPO, dit_env, process_tag, write_scenario
 from tests.integration.leases import assert_refused_and_untouched, dit, lease_file, only_run, tiny_scenario
 
 
 def slow_scenario(directory: Path) -> Path:
-    # Heavy stages and many repetitions: the profile stage lasts long enough to interrupt it.
-    return write_scenario(
-        directory,
-        name="slow",
-        model={"name": "fake", "params": {"stages": [{"work": 60, "output_bytes": 4096}] * 4}},
-        repetitions=100,
-        inference={"enabled": True, "partition_points": [0, 2], "repetitions": 200},
-    )
+    return write_scenario(directory, name="slow", timing=HELD)
 
 
 def start_run(scenario: Path, runs_dir: Path) -> tuple[subprocess.Popen[bytes], RunDir]:

@@ -28,7 +28,7 @@ from dit.run.procs import run_processes
 from dit.run.rundir import RunDir
 from dit.run.sweep import SWEEP_FILE, SweepUnit, run_sweep
 from dit.scenario import Scenario, load
-from tests.conftest import DIT, REPO, dit_env, process_tag, write_scenario
+from tests.conftest import DIT, HELD, REPO, dit_env, process_tag, write_scenario
 from tests.integration.leases import dit, lease_file, tiny_scenario
 
 pytestmark = pytest.mark.skipif(
@@ -160,17 +160,18 @@ def test_three_variants_each_get_their_own_conditions_and_the_sweep_restores_eve
 
 
 def sweep_scenario(directory: Path) -> Path:
-    # Heavy stages: the first variant profiles once, the second long enough to be killed during it;
-    # its cap and memory limit are the first's, kept in force between them (the home's journal).
+    # The first variant profiles at once, the second is held in its profile stage to be killed during it
+    # (HELD: its agents sleep till a start instant ten minutes ahead); its cap and memory limit are the
+    # first's, kept in force between them (the home's journal).
     return write_scenario(
         directory,
         name="killed",
-        model={"name": "fake", "params": {"stages": [{"work": 60, "output_bytes": 4096}] * 4}},
         warmup=0,
+        repetitions=1,
         inference={"enabled": False},
         optimisation={"enabled": False},
         hardware={"device1": {"cpu_freq_mhz": 1200, "memory_limit_mb": 256}},
-        sweep={"path": "repetitions", "values": [1, 200]},
+        sweep={"path": "timing.start_lead_s", "values": [1, HELD["start_lead_s"]]},
     )
 
 

@@ -18,7 +18,7 @@ from starlette.websockets import WebSocketDisconnect
 from dit.run.procs import run_processes
 from dit.run.rundir import FINISHED_STATES, RunDir, write_json
 from dit.web.app import WebConfig
-from tests.conftest import REPO
+from tests.conftest import HELD, REPO
 from tests.integration.conftest import StartNnpm
 from tests.measured_run import write_measured_run
 
@@ -278,14 +278,7 @@ def test_run_launch_tag_and_stop(env: Any) -> None:
         ]
         == "kind"
     )
-    stages = [{"work": 60, "output_bytes": 4096}] * 4
-    slow = {
-        **DOC,
-        "name": "api_slow",
-        "model": {"name": "fake", "params": {"stages": stages}},
-        "repetitions": 100,
-        "inference": {"enabled": True, "partition_points": [0, 2], "repetitions": 200},
-    }
+    slow = {**DOC, "name": "api_slow", "timing": HELD}
     version = client.post("/api/scenarios", json={"document": slow}).json()["version"]["hash"]
     started = client.post("/api/runs", json={"version": version, "kind": "run", "mode": "local"})
     assert started.status_code == 202, started.text
