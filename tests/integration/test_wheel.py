@@ -89,7 +89,15 @@ def test_installed_wheel_runs_a_scenario_from_anywhere(wheel: Path, tmp_path: Pa
         check=True,
     )
     assert Path(probe.stdout.strip()) == target / "dit" / "_content"
-    scenario = write_scenario(work, optimisation={"enabled": False})
+    # one device profiled once: what is asserted is that the installed content renders and runs
+    scenario = write_scenario(
+        work,
+        devices=["device1"],
+        repetitions=1,
+        warmup=0,
+        inference={"enabled": False},
+        optimisation={"enabled": False},
+    )
     run = subprocess.run(
         [sys.executable, "-m", "dit", "run", str(scenario), "--runs-dir", str(work / "runs")],
         cwd=work,
