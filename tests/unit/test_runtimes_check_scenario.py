@@ -31,14 +31,17 @@ def test_runtimes_check_loads_through_the_commands_loader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import dit.commands.common
+    import dit.runtime_ops.cli
 
+    # the name dit runtimes calls is the commands' loader itself, not a copy of it
+    assert dit.runtime_ops.cli.load_scenarios is dit.commands.common.load_scenarios
     asked: list[Path] = []
 
     def load_scenarios(path: Path) -> list[object]:
         asked.append(path)
         raise typer.Exit(2)
 
-    monkeypatch.setattr(dit.commands.common, "load_scenarios", load_scenarios)
+    monkeypatch.setattr(dit.runtime_ops.cli, "load_scenarios", load_scenarios)
     path = tmp_path / "any.yaml"
     result = CliRunner().invoke(app, ["runtimes", "check", "--scenario", str(path)])
     assert (result.exit_code, asked) == (2, [path])

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dit.commands.common import err, load_scenarios, out
+from dit.commands.common import fail as _fail
 from dit.run.ansible_exec import HostEvent
 from dit.runtime_api.interface import CheckResult
 
@@ -20,17 +20,9 @@ app = typer.Typer(
     invoke_without_command=True,
     help="Inference runtimes: list them, check the nodes' readiness, run maintenance actions.",
 )
-out = Console(width=None if sys.stdout.isatty() else 200)
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-
 Inventory = Annotated[
     str | None, typer.Option("-i", "--inventory", help="Act on real hosts; without it, local mode.")
 ]
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    err.print(f"[red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
 
 
 def _runtime(name: str) -> Any:
@@ -78,10 +70,7 @@ def listing(ctx: typer.Context) -> None:
 def _scenario_doc(path: Path | None) -> dict[str, Any] | None:
     if path is None:
         return None
-    # the errors of a scenario read the same as under dit validate and dit run
-    from dit.commands.common import load_scenarios
-
-    return load_scenarios(path)[0].to_dict()
+    return load_scenarios(path)[0].to_dict()  # its errors read as under dit validate and dit run
 
 
 def checks_cell(checks: Sequence[CheckResult]) -> str:
