@@ -131,7 +131,11 @@ def test_build_scenario_in_dialog_and_save(page: Any, server: Server) -> None:
     fill(page, "repetitions", "0")
     page.click("#save-button")
     page.wait_for_selector(".field.invalid[data-path='repetitions']")
-    assert "less than 1" in page.locator(".field[data-path='repetitions'] .field-error").inner_text()
+    # the map redraws the delays in force every 2 s from the form: that reading must leave the errors shown
+    # (it wiped them within 2 s, and CI's loaded run read an emptied field error)
+    page.evaluate("() => window.nnpm.state.map.refresh()")
+    assert "less than 1" in page.locator(".field.invalid[data-path='repetitions'] .field-error").inner_text()
+    assert "repetitions" in page.locator("#error-list").inner_text()
     assert api(page, "/api/scenarios")["stored"] == []
     shot(page, "04-scenario-field-error")
 

@@ -101,6 +101,7 @@ export function versionDialogs(state, terminal, { started, loadHistory }) {
 
   // every option the dialog offers, as a nested object; an emptied field is null (back to the default)
   function benchProfiling() {
+    state.benchForm.clearErrors();  // a submission: its errors replace the last one's
     const { value, errors } = state.benchForm.read();
     if (errors.length) throw { errors, message: "fix these fields first" };  // never send a dropped field as its default
     const out = {};

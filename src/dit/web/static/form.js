@@ -63,8 +63,10 @@ export class SchemaForm {
     this.readTop = top.read;
   }
 
+  // The form's value and the errors of what cannot be read (e.g. letters in a number list). It only reads:
+  // the errors shown stay until showErrors or clearErrors changes them, so a reader that is not a submission
+  // (the map's 2-second redraw of the delays in force, the link panel) never wipes a submission's errors.
   read() {
-    this.clearErrors();
     this.inputErrors = [];
     const value = this.readTop();
     return { value: value || {}, errors: this.inputErrors };

@@ -118,6 +118,7 @@ export function runtimesView(terminal) {
     const { runtime, name } = chosenAction();
     let inputs = {};
     if (view.actionForm) {
+      view.actionForm.clearErrors();  // a submission: its errors replace the last one's
       const read = view.actionForm.read();
       if (read.errors.length) { view.actionForm.showErrors(read.errors); return; }
       inputs = read.value;
