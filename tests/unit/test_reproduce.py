@@ -3,6 +3,7 @@ is said in its row, never left out) and the command's errors."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -673,6 +674,10 @@ def test_ch6_runs_tinyllama_s_own_geometry_in_both_sizes_within_two_gb_a_worker(
     speculating = [b for b in blocks if b["speculation"]]
     assert len(strategies) == (3 * 2 if size == "quick" else 4 * 5)
     assert len(speculating) == (0 if size == "quick" else 5)
+    # RTT column by column: the strategies at one added RTT run back to back, the links change once a column
+    columns = [json.dumps(thaw(v.data["network"]), sort_keys=True) for v in strategies]
+    changes = sum(a != b for a, b in itertools.pairwise(columns))
+    assert changes == len(set(columns)) - 1 == (1 if size == "quick" else 4), columns
     assert any("TinyLlama's geometry with seeded weights" in r for r in quick.reductions)
     if size == "quick":
         assert any("greedy + speculation is timed by the tolerance sweep" in r for r in quick.reductions)
