@@ -168,8 +168,8 @@ def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ..
     network_axis = sweep[1]
     doc["hardware"] = {d: {"memory_limit_mb": CH6_WORKER_MEMORY_MB} for d in doc["devices"]}
     # RTT column by column (the first axis is the outermost): the strategies compared at one added RTT
-    # run back to back, and the link conditions change once per column, not at every variant (changing
-    # them cost about 10 s of apply per variant on the emulated rack)
+    # run back to back. (The link emulator is still started anew by every variant with a delay: a
+    # condition with a process is never kept between a sweep's variants, dit.run.sweep.condition_plan.)
     doc["sweep"] = [network_axis, runtime_axis]
     reductions = [
         "TinyLlama's geometry with seeded weights (the article's trained TinyLlama is not carried by the "
