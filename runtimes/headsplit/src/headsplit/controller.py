@@ -504,8 +504,7 @@ def set_up_workers(
         max_workers=max(len(shares), 1), thread_name_prefix="hs-setup"
     ) as pool:
         futures = {n: pool.submit(tr.setup, n, cfg, ckpt, units) for n, (ckpt, units) in shares.items()}
-        concurrent.futures.wait(futures.values())
-    for future in futures.values():
+    for future in futures.values():  # leaving the pool waited for every call
         future.result()
 
 
