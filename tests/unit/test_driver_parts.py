@@ -209,8 +209,35 @@ def test_the_driver_finds_the_edge_service_task_by_its_name(tmp_path: Path) -> N
     from dit.run.driver import EDGE_SERVICE_TASK
 
     plays = yaml.safe_load(render_playbook("apply", tmp_path, {}).read_text())
-    tasks = [t for play in plays if play["hosts"] == "edge" for t in play["tasks"]]
-    assert [t["name"] for t in tasks if "dit_proc" in t] == [EDGE_SERVICE_TASK]
+    tasks = [t for play in plays for t in play["tasks"] if "dit_proc" in t]
+    assert [t["name"] for t in tasks] == [EDGE_SERVICE_TASK]
+    assert tasks[0]["when"] == "inventory_hostname in groups['edge']"
+
+
+def test_apply_lets_each_node_go_its_own_way_up_to_the_edge_service(tmp_path: Path) -> None:
+    """A node's run directory, its conditions before the edge service and the service itself are one
+    play in the free strategy: the edge starts its service (seconds of capacity profile) while a device
+    still waits for its load generator to settle, rather than every node waiting for the slowest at
+    every task. The conditions after the service (background traffic towards it) wait for it."""
+    from dit.conditions import EDGE_SERVICE_ORDER, conditions
+    from dit.run.driver import EDGE_SERVICE_TASK
+
+    roles = [c for c in conditions() if c.role is not None]
+    context = {
+        "conditions_before": [c for c in roles if c.order < EDGE_SERVICE_ORDER],
+        "conditions_after": [c for c in roles if c.order >= EDGE_SERVICE_ORDER],
+    }
+    plays = yaml.safe_load(render_playbook("apply", tmp_path, context).read_text())
+    first, after = plays
+    assert first["hosts"] == "all" and first["strategy"] == "ansible.builtin.free"
+    names = [t["name"] for t in first["tasks"]]
+    assert names[0].startswith("Create the node run directory")
+    assert names[1:-1] == [f"Apply condition: {c.name}" for c in context["conditions_before"]]
+    assert names[-1] == EDGE_SERVICE_TASK
+    assert "strategy" not in after  # linear: every node's service is up before any traffic is sent
+    assert [t["name"] for t in after["tasks"]] == [
+        f"Apply condition: {c.name}" for c in context["conditions_after"]
+    ]
 
 
 # -- condition hooks: the driver calls every condition package's preflight and aggregate ----------

@@ -564,12 +564,13 @@ def test_passing_readiness_checks_show_their_detail_as_failing_ones_do() -> None
 def test_the_edge_service_starts_only_for_a_runtime_that_uses_it(tmp_path: Path) -> None:
     from dit.run.ansible_exec import render_playbook
 
-    def plays(edge_service: bool) -> list[str]:
+    def tasks(edge_service: bool) -> list[str]:
         path = render_playbook("apply", tmp_path / str(edge_service), {"edge_service": edge_service})
-        return [play["name"] for play in yaml.safe_load(path.read_text(encoding="utf-8"))]
+        plays = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return [task["name"] for play in plays for task in play["tasks"]]
 
-    assert "Apply - start the edge inference service" in plays(True)
-    assert "Apply - start the edge inference service" not in plays(False)
+    assert "Start the edge inference service" in tasks(True)
+    assert "Start the edge inference service" not in tasks(False)
 
 
 def test_model_is_required_only_by_a_runtime_that_runs_the_testbeds_model(echo: Any) -> None:
