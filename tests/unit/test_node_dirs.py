@@ -4,7 +4,9 @@ zipapp dit runs (dit_procs.spawn with ``verify``). As root, with trees that ``no
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import os
 import sys
 import time
@@ -70,9 +72,8 @@ def test_a_world_writable_parent_without_the_sticky_bit_is_refused(base: Path) -
 def test_a_run_directory_is_made_root_s_and_a_shipped_file_never_written_through_a_link(base: Path) -> None:
     path = base / "lib" / "dit" / "run-1"
     payload = b"print('shipped')\n"
-    transferred = base / "transferred"
-    transferred.write_bytes(payload)
-    files = [{"name": PYZ, "tmp": str(transferred), "sha256": hashlib.sha256(payload).hexdigest()}]
+    content = base64.b64encode(payload).decode()
+    files = [{"name": PYZ, "content": content, "sha256": hashlib.sha256(payload).hexdigest()}]
     args = {"path": str(path), "run_id": "run-1", "files": files}
 
     made = run_in_process(library_module("dit_node"), args)
@@ -94,6 +95,31 @@ def test_a_run_directory_is_made_root_s_and_a_shipped_file_never_written_through
     assert again["shipped"] == [PYZ], again
     assert victim.read_text() == "root's own file"
     assert not (path / PYZ).is_symlink() and (path / PYZ).read_bytes() == payload
+
+
+def test_shipped_content_travels_in_the_arguments_checked_and_never_logged(base: Path) -> None:
+    """The action plugin puts what it ships into the module's arguments (one round trip to the node):
+    the module checks each file's SHA-256 before writing it, and the run's key never shows in the
+    task's result (its invocation is what ansible-runner's events and run.log keep)."""
+    path = base / "lib" / "dit" / "run-1"
+    key = b"the run's signing key 0123456789abcdef"
+    content = base64.b64encode(key).decode()
+    wrong = [{"name": "edge.key", "content": content, "sha256": hashlib.sha256(b"other").hexdigest()}]
+    refused = run_in_process(
+        library_module("dit_node"), {"path": str(path), "run_id": "run-1", "files": wrong}
+    )
+    assert (
+        refused.get("failed")
+        and "edge.key: the shipped content does not have the expected SHA-256" in refused["msg"]
+    )
+    assert not (path / "edge.key").exists()
+
+    right = [{"name": "edge.key", "content": content, "sha256": hashlib.sha256(key).hexdigest()}]
+    made = run_in_process(library_module("dit_node"), {"path": str(path), "run_id": "run-1", "files": right})
+    assert made["shipped"] == ["edge.key"] and (path / "edge.key").read_bytes() == key
+    assert (path / "edge.key").stat().st_mode & 0o777 == 0o600
+    assert made["invocation"]["module_args"]["files"][0]["content"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+    assert content not in json.dumps(made)
 
 
 def test_a_runtime_s_node_directory_is_refused_below_another_user_s_and_made_root_s_otherwise(

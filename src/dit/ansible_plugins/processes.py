@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import posixpath
@@ -101,20 +102,26 @@ class NodeAction(JournaledAction):
         return [{"op": "mkdir", "undo": {"path": args["path"], "run_id": args["run_id"]}}]
 
     def prepare(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
+        """``ship``'s files into the module's own arguments (``files``, base64): the module runs in the
+        same round trip, where a transfer would take a temporary directory, one copy per file and a
+        permission fix-up, each a process on the node (about 4 s a task on the emulated rack's 25 %
+        share of a CPU against 1.5 s for the module alone). What dit ships is small (the device
+        zipapp, about 140 KB, and the run's key)."""
         ship = args.pop("ship", None) or {}
         if not ship:
             return args
-        if not self._connection._shell.tmpdir:
-            self._make_tmp_path()
         files = []
         for name, value in sorted(ship.items()):
             source = str(value)
             if not os.path.isfile(source):
                 raise AnsibleActionFail(f"dit_node: ship.{name}: {source} is not a file on the controller")
             with open(source, "rb") as handle:
-                digest = hashlib.sha256(handle.read()).hexdigest()
-            remote = self._connection._shell.join_path(self._connection._shell.tmpdir, f"ship-{digest[:16]}")
-            self._transfer_file(source, remote)
-            files.append({"name": name, "tmp": remote, "sha256": digest})
-        self._fixup_perms2([self._connection._shell.tmpdir, *(f["tmp"] for f in files)])
+                data = handle.read()
+            files.append(
+                {
+                    "name": name,
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                    "content": base64.b64encode(data).decode("ascii"),
+                }
+            )
         return {**args, "files": files}
