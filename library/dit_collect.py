@@ -66,8 +66,17 @@ options:
     description:
       - A path on the controller the action plugin fetches the archive to in the same task, checked by its SHA-1
         (no separate fetch task, whose remote stat is one more module run per node). Not with become, whose
-        read of a root-only file needs Ansible's own fetch.
+        read of a root-only file needs Ansible's own fetch, unless the archive came back inline.
     type: path
+  inline_max_bytes:
+    description:
+      - An archive no larger than this comes back inside the module's result (C(archive_b64)), which the
+        action plugin takes out, checks by its SHA-1 and writes to O(fetch_to); a larger one is fetched
+        by a transfer. Set by the action plugin; 0 returns none inline.
+      - A transfer starts processes of its own on the node (C(sftp-server), a shell): seconds on a Pi 4's
+        share of a CPU, for archives of tens of kilobytes.
+    type: int
+    default: 0
 extends_documentation_fragment:
   - dit.node
   - dit.linux
@@ -101,6 +110,10 @@ archive_sha1:
   description: The SHA-1 of the archive, as Ansible's fetch checksums a transfer (the action plugin's O(fetch_to) checks it).
   returned: when the archive was written
   type: str
+archive_b64:
+  description: The archive itself, base64, when it is no larger than O(inline_max_bytes); the action plugin removes it from the task's result.
+  returned: when the archive is small enough
+  type: str
 ping:
   description: The link record (target, method, sent, received, rtt_ns), a list of them with ping_targets.
   returned: when ping_target or ping_targets is set
@@ -117,6 +130,7 @@ processes:
   elements: dict
 """
 
+import base64
 import hashlib
 import json
 import os
@@ -174,6 +188,7 @@ def main() -> None:
             "stop_tags": {"type": "list", "elements": "str", "default": []},
             "stop_grace_s": {"type": "float", "default": 30.0},
             "fetch_to": {"type": "path"},  # the action plugin's (action_plugins/dit_collect.py)
+            "inline_max_bytes": {"type": "int", "default": 0},
         },
         supports_check_mode=True,
     )
@@ -215,7 +230,10 @@ def main() -> None:
                     tar.add(path, arcname="{}/{}_{}".format(sub, p["host"], name))
     os.replace(tmp, p["archive"])
     with open(p["archive"], "rb") as packed:
-        out["archive_sha1"] = hashlib.sha1(packed.read()).hexdigest()  # noqa: S324 - a transfer check, as fetch's
+        data = packed.read()
+    out["archive_sha1"] = hashlib.sha1(data).hexdigest()  # noqa: S324 - a transfer check, as fetch's
+    if len(data) <= p["inline_max_bytes"]:
+        out["archive_b64"] = base64.b64encode(data).decode("ascii")
     module.exit_json(changed=True, **out)
 
 
