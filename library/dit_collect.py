@@ -73,7 +73,7 @@ options:
       - An archive no larger than this comes back inside the module's result (C(archive_b64)), which the
         action plugin takes out, checks by its SHA-1 and writes to O(fetch_to); a larger one is fetched
         by a transfer. Set by the action plugin; 0 returns none inline.
-      - A transfer starts processes of its own on the node (C(sftp-server), a shell): seconds on a Pi 4's
+      - A transfer starts processes of its own on the node (C(sftp-server), a shell), which take seconds on a Pi 4's
         share of a CPU, for archives of tens of kilobytes.
     type: int
     default: 0

@@ -7,6 +7,7 @@ own user, so none of them is readable by anyone else.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -37,15 +38,13 @@ def usual_umask() -> Iterator[None]:
 
 def test_dit_node_ships_the_device_code_0600(tmp_path: Path) -> None:
     payload = b"PK device code"
-    transferred = tmp_path / "ship-0123"
-    transferred.write_bytes(payload)
-    transferred.chmod(0o644)
+    content = base64.b64encode(payload).decode()
     root = tmp_path / "node" / "run1"
     args = {
         "path": str(root),
         "run_id": "run1",
         "files": [
-            {"name": "dit-device.pyz", "tmp": str(transferred), "sha256": hashlib.sha256(payload).hexdigest()}
+            {"name": "dit-device.pyz", "content": content, "sha256": hashlib.sha256(payload).hexdigest()}
         ],
     }
     res = run_in_process(library_module("dit_node"), args)
