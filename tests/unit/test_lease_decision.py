@@ -186,7 +186,6 @@ def test_the_loser_of_a_race_for_a_free_node_gets_the_full_refusal(tmp_path: Pat
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))
     action = LeaseAction(task, connection, SimpleNamespace(check_mode=False), None, None)
     action._execute_module = execute_module
-    action._remove_tmp_path = lambda _path: None
     task_vars = {"inventory_hostname": "device1", "dit_journal_path": str(tmp_path / "journal.jsonl")}
 
     result = action.run(task_vars=task_vars)

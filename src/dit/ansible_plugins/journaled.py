@@ -15,8 +15,9 @@ Two ways to learn what a task will change, both recorded in the controller's ``j
   for the same host is not written twice.
 
 :meth:`review` sees the plan before anything is journaled and may refuse the task (``dit_lease``
-refuses a node another live run holds). :meth:`prepare` may transfer files to the node first
-(``dit_node`` ships the device code this way, in the same task, saving a ``copy`` task per host).
+refuses a node another live run holds). :meth:`prepare` may add to the module's arguments after the
+journal is written (``dit_node`` puts the files it ships there: the device code travels in the same
+task and the same round trip, with no ``copy`` task per host).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
         return args
 
     def prepare(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
-        """The module's arguments for the real run (may transfer files first)."""
+        """The module's arguments for the real run."""
         return args
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -74,13 +75,10 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
             result.update(self._execute_module(module_name=module, module_args=args, task_vars=task_vars))
             return result
         ids = self._journal(module, records, task_vars)
-        try:
-            module_args = self.prepare(args, task_vars)
-            applied: dict[str, Any] = self._execute_module(
-                module_name=module, module_args=module_args, task_vars=task_vars
-            )
-        finally:
-            self._remove_tmp_path(self._connection._shell.tmpdir)
+        module_args = self.prepare(args, task_vars)
+        applied: dict[str, Any] = self._execute_module(
+            module_name=module, module_args=module_args, task_vars=task_vars
+        )
         result.update(applied)
         result["journal_ids"] = ids
         return result
