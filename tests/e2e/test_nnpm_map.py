@@ -262,7 +262,9 @@ def assert_link_delay(page: Any, link: str, text: str) -> None:
     cell = page.locator(f"#link-table tr[data-link='{link}'] td.latency")
     label = page.locator(f".leaflet-tooltip.link-label[data-link='{link}']")
     for _ in range(100):  # the map redraws on its refresh: a label fades out for 200 ms once replaced
-        if cell.inner_text() == text and label.count() == 1 and label.inner_text() == text:
+        # one read of every label (a count, then a read, let a redraw in between: two labels, and the
+        # read refused them as ambiguous)
+        if cell.inner_text() == text and label.all_inner_texts() == [text]:
             return
         page.wait_for_timeout(100)
     assert (cell.inner_text(), label.all_inner_texts()) == (text, [text])
