@@ -47,6 +47,7 @@ class Token:
     parts_ms: Mapping[str, float]  # PARTS' names -> median ms
     messages: float | None  # median messages on the token's critical path (dataflow only)
     geometry: str  # "tinyllama: 22 layers, 32 heads (4 KV) of 64, hidden 2048, FFN 5632"
+    repeat: int = 1  # which timing of its configuration (the block's ``repeat``)
 
     @property
     def name(self) -> str:
@@ -142,6 +143,7 @@ def token(run: Path) -> Token:
         parts_ms={name: _median(rows, field) for field, name in PARTS},
         messages=_messages(doc),
         geometry=_geometry(doc),
+        repeat=variant.repeat,
     )
 
 
@@ -188,8 +190,9 @@ def render(tokens: Sequence[Token]) -> str:
     out = ["decode token (median, prefill left out), ms and share of the token:"]
     head = ["strategy", "control", "+RTT ms", "token ms", *(n for _, n in PARTS), "messages"]
     out.append(" | ".join(head))
-    for t in sorted(tokens, key=lambda t: (t.name, t.control, t.one_way_ms)):
-        cells = [t.name, t.control, f"{2 * t.one_way_ms:g}", f"{t.total_ms:.1f}"]
+    for t in sorted(tokens, key=lambda t: (t.name, t.control, t.one_way_ms, t.repeat)):
+        name = t.name + (f" (repeat {t.repeat})" if t.repeat > 1 else "")
+        cells = [name, t.control, f"{2 * t.one_way_ms:g}", f"{t.total_ms:.1f}"]
         cells += [f"{t.parts_ms[n]:.1f} ({100 * t.share(n):.0f} %)" for _, n in PARTS]
         cells.append("—" if t.messages is None else f"{t.messages:g}")
         out.append(" | ".join(cells))

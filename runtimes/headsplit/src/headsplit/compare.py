@@ -4,8 +4,9 @@ dit runs each sweep variant into its own run directory and its results parser se
 (no hook across variants), so the comparison reads the finished runs: ``metadata.json`` (the sweep
 point and the runtime block) and ``aggregate/summary.json`` (``tokens_per_s``). Variants are grouped
 by their sweep point without the strategy and speculation (a swept whole ``runtime`` block counts
-with those two fields left out); in each group the ``layerwise`` run without speculation is the
-baseline and every run's speedup is its tokens/s over the baseline's. The ``network`` column says
+with those two fields left out, and a block's ``repeat`` kept: a second timing of a configuration is
+compared with the layer-wise run of the same repeat); in each group the ``layerwise`` run without
+speculation is the baseline and every run's speedup is its tokens/s over the baseline's. The ``network`` column says
 what applied each run's added RTT (``metadata.json`` → ``conditions.<device>.netem``): ``netem``,
 ``userspace`` (the link emulator, where the kernel has no ``sch_netem``), ``recorded`` (logged, not
 applied: its RTT column measures no added delay) or ``none``.
@@ -53,6 +54,7 @@ class Variant:
     first_difference: int | None = None
     perplexity: float | None = None  # of the held-out paragraph (hs_quality.json), None: not measured
     control: str = "rpc"  # how the run drove its tokens (a run of before the field: rpc)
+    repeat: int = 1  # which timing of its configuration (the block's ``repeat``: part of ``others``)
 
 
 class CompareError(ValueError):
@@ -75,10 +77,11 @@ def _others(point: Iterable[Any]) -> str:
     kept: list[list[Any]] = []
     for entry in point:
         path, value = entry
-        if path in {f"runtime.{c}" for c in _CHOICE}:
+        if path in {f"runtime.{c}" for c in _CHOICE} or (path == "runtime.repeat" and value == 1):
             continue
         if path == "runtime" and isinstance(value, Mapping):
-            value = {k: v for k, v in value.items() if k not in _CHOICE}
+            # a first repeat is the run without one: layer-wise's repeat 1 is every strategy's baseline
+            value = {k: v for k, v in value.items() if k not in _CHOICE and not (k == "repeat" and v == 1)}
         kept.append([path, value])
     return json.dumps(kept, sort_keys=True)
 
@@ -147,7 +150,12 @@ def load_variant(run: Path) -> Variant:
         fidelity_key=key,
         perplexity=perplexity,
         control=str(values.get("control") or block.get("control") or "rpc"),
+        repeat=_repeat(block.get("repeat", 1)),
     )
+
+
+def _repeat(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
 def run_dirs(paths: Sequence[Path]) -> list[Path]:

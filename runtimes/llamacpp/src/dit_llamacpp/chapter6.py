@@ -36,7 +36,12 @@ def chapter_plan(request: ChapterRequest) -> ChapterPlan | None:
     if why_not is not None:
         return ChapterPlan(not_run=(why_not,))
     sweeps = [axis for doc in request.planned for axis in doc.get("sweep") or () if isinstance(axis, Mapping)]
-    network = next((axis for axis in sweeps if axis.get("path") == "network"), None)
+    # every added RTT planned before, once each in their order (HeadSplit's columns span documents)
+    columns: list[Any] = []
+    for axis in sweeps:
+        if axis.get("path") == "network":
+            columns += [v for v in axis.get("values") or () if v not in columns]
+    network = {"path": "network", "values": columns} if columns else None
     reduction = f"llama.cpp RPC on {LLAMACPP_MODEL} (the runtime has no GGUF of tinyllama-half)"
     return ChapterPlan((ch6_llamacpp_document(request.size, network),), ((RANK, reduction),))
 

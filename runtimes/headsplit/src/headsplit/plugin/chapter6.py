@@ -12,14 +12,15 @@ from __future__ import annotations
 import copy
 import csv
 import json
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from dit import units
 from dit.report.section import Section
-from dit.reproduce.article import ARTICLE_TAU, FIGURES
+from dit.reproduce.article import ARTICLE_TAU, FIGURES, Figure
 from dit.reproduce.ch6 import (
     RACK_FILE,
     added_rtt_ms,
@@ -34,7 +35,7 @@ from dit.reproduce.context import verdict_table
 from dit.runtime_api.chapters import ChapterPlan, ChapterRequest, ChapterRuns, ChapterSections
 from dit.units import MISSING
 from headsplit.breakdown import Token
-from headsplit.compare import CompareError, compare, load_variant, network_backends
+from headsplit.compare import CompareError, Variant, compare, load_variant, network_backends
 from headsplit.config import DEFAULT_TAU
 from headsplit.plugin.chapter6_tokens import breakdown_section, delay_section, tokens, why
 
@@ -50,13 +51,13 @@ def chapter_plan(request: ChapterRequest) -> ChapterPlan | None:
     if request.chapter != "ch6":
         return None
     size: Size = "full" if request.size == "full" else "quick"
-    doc, reductions = ch6_document(size, request.local)
+    documents, reductions = ch6_documents(size, request.local)
     tolerance, tau_reductions = ch6_tolerance_document(size)
     memory, memory_reductions = ch6_memory_document(size)
     ranked = [(RANKS["measured"], text) for text in reductions]
     ranked += [(RANKS["tolerance"], text) for text in tau_reductions]
     ranked += [(RANKS["memory"], text) for text in memory_reductions]
-    return ChapterPlan((doc, tolerance, memory), tuple(ranked))
+    return ChapterPlan((*documents, tolerance, memory), tuple(ranked))
 
 
 def chapter_sections(runs: ChapterRuns) -> ChapterSections | None:
@@ -155,9 +156,10 @@ CH6_TOKENS: Final = {"quick": 8, "full": 256}
 CH6_WORKER_MEMORY_MB: Final = 2048
 
 
-def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """Chapter 6's sweep at ``size``: every strategy on TinyLlama's geometry; the added RTT where it can be
-    applied."""
+def ch6_documents(size: Size, local: bool) -> tuple[tuple[dict[str, Any], ...], tuple[str, ...]]:
+    """Chapter 6's strategies at ``size``, every one on TinyLlama's geometry, as the documents to run in
+    order: the added RTT where it can be applied, one column at a time, the first (+0 ms) timing
+    layer-wise and greedy twice, interleaved."""
     doc = copy.deepcopy(shipped_document("ch6_headsplit"))
     sweep = list(doc["sweep"])
     tokens = CH6_TOKENS[size]
@@ -167,18 +169,13 @@ def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ..
     }
     network_axis = sweep[1]
     doc["hardware"] = {d: {"memory_limit_mb": CH6_WORKER_MEMORY_MB} for d in doc["devices"]}
-    # RTT column by column (the first axis is the outermost): the strategies compared at one added RTT
-    # run back to back. (The link emulator is still started anew by every variant with a delay: a
-    # condition with a process is never kept between a sweep's variants, dit.run.sweep.condition_plan.)
-    doc["sweep"] = [network_axis, runtime_axis]
     reductions = [
         "TinyLlama's geometry with seeded weights (the article's trained TinyLlama is not carried by the "
         "mirror): the timing is the model's, the tokens are not"
     ]
-    if size == "full":
-        return doc, tuple(reductions)
-    reductions[0] += f"; {tokens} tokens instead of the article's 256"
-    if local:
+    if size == "quick":
+        reductions[0] += f"; {tokens} tokens instead of the article's 256"
+    if local and size == "quick":
         # In local mode every worker shares this machine's cores (no quota per device): the RTT
         # columns and the strategies' capacities belong on a rack whose quotas fit
         doc["sweep"] = [runtime_axis]
@@ -186,22 +183,46 @@ def ch6_document(size: Size, local: bool) -> tuple[dict[str, Any], tuple[str, ..
             "no added RTT in local mode: the workers share this machine's cores without a quota each, so "
             "the columns would measure the machine, not the boards (run with --where rack for them)"
         )
-    else:
+        return (doc,), tuple(reductions)
+    columns = list(network_axis["values"])
+    if size == "quick":
         # Both RTT columns for every strategy doubled the sweep: 12 variants took 21 min 46 s on the
         # emulated rack (docs/reproduce.md). Greedy + speculation is timed by the tolerance sweep (tau 0
         # and 0.10, +0 ms) in the quick size, so its two variants here are left to the full size.
         runtime_axis["values"] = [v for v in runtime_axis["values"] if not v.get("speculation")]
-        doc["sweep"] = [
-            {**network_axis, "values": [network_axis["values"][0], network_axis["values"][2]]},
-            runtime_axis,
-        ]
+        columns = [columns[0], columns[2]]
         reductions += [
             "added RTT 0 and 15 ms instead of 0, 5, 15, 25 and 50 ms (per-token time is linear in the added "
             "delay: the overtaking RTT is where the strategies' lines through the two columns cross)",
             "layer-wise, round-robin and greedy in the strategies' sweep; greedy + speculation is timed by "
             "the tolerance sweep (tau 0 and 0.10, no added RTT)",
         ]
-    return doc, tuple(reductions)
+    # RTT column by column: the strategies compared at one added RTT run back to back. (The link emulator
+    # is still started anew by every variant with a delay: a condition with a process is never kept
+    # between a sweep's variants, dit.run.sweep.condition_plan.) The first column times layer-wise and
+    # greedy a second time in reverse order (layer-wise, greedy, ..., greedy, layer-wise): on the emulated
+    # rack the machine's own speed drifts by up to half between variants minutes apart (docs/reproduce.md),
+    # and each repeat's pair, timed side by side, is compared on its own.
+    first = {**doc, "sweep": [{**network_axis, "values": columns[:1]}, _interleaved(runtime_axis)]}
+    rest = {**doc, "sweep": [{**network_axis, "values": columns[1:]}, runtime_axis]}
+    reductions.append(
+        "layer-wise and greedy timed twice at +0 ms (layer-wise, greedy, the others, greedy, layer-wise), "
+        "each repeat's speedup against its own layer-wise run; their geometric mean is held to the article"
+    )
+    return (first, rest), tuple(reductions)
+
+
+def _interleaved(runtime_axis: Mapping[str, Any]) -> dict[str, Any]:
+    """The runtime axis with layer-wise and greedy (no speculation) first, the others, then greedy and
+    layer-wise again as ``repeat: 2``."""
+    values = list(runtime_axis["values"])
+    pair = [
+        next(v for v in values if v["strategy"] == strategy and not v.get("speculation"))
+        for strategy in ("layerwise", "greedy")
+    ]
+    others = [v for v in values if not any(v is p for p in pair)]
+    again = [{**v, "repeat": 2} for v in reversed(pair)]
+    return {**runtime_axis, "values": [*pair, *others, *again]}
 
 
 def measured_section(
@@ -218,7 +239,7 @@ def measured_section(
     (local mode; None on boards or a rack whose quotas fit)."""
     doc = rack_document() if doc is None else doc
     found = found or {}
-    baselines = {(t.control, t.one_way_ms): t for t in found.values() if t.name == "layerwise"}
+    baselines = {(t.control, t.one_way_ms, t.repeat): t for t in found.values() if t.name == "layerwise"}
     section = Section("Strategies measured here", "measured")
     variants = []
     problems: list[str] = []
@@ -229,9 +250,14 @@ def measured_section(
             problems.append(str(exc))
     rows: list[list[str]] = []
     simulated: dict[tuple[str, float], float] = {}
-    for v in compare(variants):
+    compared = compare(variants)
+    repeats = _repeats(compared)
+    for v in compared:
         added = added_rtt_ms(v.others)
         name = v.strategy + (" + speculation" if v.speculation else "")
+        timed = repeats.get(_configuration(v), [])
+        if len(timed) > 1:
+            name += f", repeat {v.repeat}"
         key = (v.strategy, added)
         if key not in simulated:
             simulated[key] = simulate_seconds(doc, "layerwise", added) / simulate_seconds(
@@ -266,12 +292,14 @@ def measured_section(
                 else ""
             )
             mine = found.get(v.path)
-            base = None if mine is None else baselines.get((mine.control, mine.one_way_ms))
+            base = None if mine is None else baselines.get((mine.control, mine.one_way_ms, mine.repeat))
             if mine is not None and base is not None:
                 verdict += "; " + why(base, mine)
         rows.append(
             [f"{name}, +{added:g} ms ({v.network}), control {v.control}", measured, sim, article, verdict]
         )
+        if len(timed) > 1 and v is timed[-1] and v.strategy != "layerwise":
+            rows.append(_pooled_row(timed, added, sim, FIGURES[figure]))
     verdict_table(section, rows)
     geometry = "; ".join(sorted({t.geometry for t in found.values()}))
     section.note = (
@@ -282,6 +310,53 @@ def measured_section(
         + (" Not compared: " + "; ".join(problems) if problems else "")
     )
     return section
+
+
+def _configuration(v: Variant) -> tuple[str, bool, str, str]:
+    """A variant's configuration without its repeat: strategy, speculation, control, the rest of its
+    sweep point."""
+    kept = [
+        [
+            path,
+            {k: x for k, x in value.items() if k != "repeat"}
+            if path == "runtime" and isinstance(value, dict)
+            else value,
+        ]
+        for path, value in json.loads(v.others)
+        if path != "runtime.repeat"
+    ]
+    return v.strategy, v.speculation, v.control, json.dumps(kept, sort_keys=True)
+
+
+def _repeats(variants: Iterable[Variant]) -> dict[tuple[str, bool, str, str], list[Variant]]:
+    """The variants of each configuration, in their repeats' order."""
+    out: dict[tuple[str, bool, str, str], list[Variant]] = {}
+    for v in variants:
+        out.setdefault(_configuration(v), []).append(v)
+    return {k: sorted(vs, key=lambda v: v.repeat) for k, vs in out.items()}
+
+
+def _pooled_row(timed: Sequence[Variant], added: float, sim: str, figure: Figure) -> list[str]:
+    """A configuration timed more than once: the geometric mean of its repeats' speedups (each over the
+    layer-wise run of its own repeat, timed next to it), held to the article's figure."""
+    v = timed[-1]
+    name = v.strategy + (" + speculation" if v.speculation else "")
+    label = f"{name}, +{added:g} ms ({v.network}), control {v.control}, {len(timed)} repeats"
+    each = [t.speedup for t in timed]
+    if any(s is None for s in each):
+        return [
+            label,
+            "not every repeat has a speedup",
+            sim,
+            figure.text,
+            "cannot say: a repeat has no speedup",
+        ]
+    speedups = [s for s in each if s is not None]
+    mean = statistics.geometric_mean(speedups)
+    spread = " and ".join(f"{s:.2f}x" for s in speedups)
+    measured = f"{mean:.2f}x over layer-wise (geometric mean of {spread}, each against its own repeat)"
+    verdict = "reproduces" if figure.holds(mean) else f"does not reproduce: {mean:.2f}x"
+    return [label, measured, sim, figure.text, verdict]
 
 
 def tolerance_section(run_dirs: list[Path]) -> Section:

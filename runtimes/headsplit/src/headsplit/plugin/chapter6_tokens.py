@@ -7,6 +7,7 @@ token of ``aggregate/hs_tokens.csv``, the prefill left out).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -60,9 +61,10 @@ def breakdown_section(found: Mapping[Path, Token], where: str, problems: Sequenc
     """Per run, the median decode token's parts and shares, beside the article's shares."""
     section = Section("Where a token's time goes", "breakdown")
     rows = []
-    for t in sorted(found.values(), key=lambda t: (t.one_way_ms, t.control, t.name)):
+    for t in sorted(found.values(), key=lambda t: (t.one_way_ms, t.control, t.name, t.repeat)):
         figure = None if t.speculation else _SHARE_FIGURES.get(t.strategy)
-        cells = [f"{t.name}, +{2 * t.one_way_ms:g} ms, control {t.control}", f"{t.total_ms:.1f} ms"]
+        again = f", repeat {t.repeat}" if t.repeat > 1 else ""
+        cells = [f"{t.name}{again}, +{2 * t.one_way_ms:g} ms, control {t.control}", f"{t.total_ms:.1f} ms"]
         cells += [f"{t.parts_ms[n]:.1f} ms ({100 * t.share(n):.0f} %)" for _, n in PARTS]
         cells.append(MISSING if t.messages is None else f"{t.messages:g}")
         cells.append(FIGURES[figure].text if figure else "no figure in the article")
@@ -87,7 +89,7 @@ def delay_section(found: Mapping[Path, Token], where: str) -> Section:
     columns = sorted({x for line in fitted for x, _ in line.points})
     rows = []
     for line in fitted:
-        at = dict(line.points)
+        at = {x: statistics.fmean(y for px, y in line.points if px == x) for x, _ in line.points}
         cells = [f"{line.name}, control {line.control}"]
         cells += [f"{at[x]:.1f} ms" if x in at else MISSING for x in columns]
         cells.append(MISSING if line.slope is None else f"{line.slope:.2f}")
@@ -108,7 +110,8 @@ def delay_section(found: Mapping[Path, Token], where: str) -> Section:
     )
     section.note = (
         f"Measured on {where}. The median decode token at each added RTT (half of it on every worker's "
-        "egress); the slope is a least-squares line's through the columns: the delayed messages on a "
+        "egress; a strategy timed more than once there: the mean of its repeats); the slope is a "
+        "least-squares line's through the columns: the delayed messages on a "
         "token's path (dataflow: layer-wise over 4 workers crosses 4 delayed links and the controller's "
         "start is not delayed; rpc: every call's round trip). Layer-wise overtakes where the lines cross."
     )

@@ -141,6 +141,17 @@ def block_schema() -> dict[str, Any]:
                 "minLength": 1,
                 "x-readable": ["."],
             },
+            "repeat": {
+                "title": "Repeat",
+                "description": "Which timing of this configuration the run is (1, 2, ...; none: 1): a label that "
+                "changes nothing in the run, so that a sweep can time the same configuration again, "
+                "interleaved with others. `python -m headsplit.compare` sets a repeat beside the layer-wise "
+                "run of the same repeat; `dit reproduce ch6` times layer-wise and greedy twice at +0 ms, "
+                "the second time in reverse order, so that a drift of the machine's speed hits both alike.",
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 100,
+            },
             "tokens": {
                 "title": "Tokens",
                 "description": "Tokens to generate after the prompt.",
