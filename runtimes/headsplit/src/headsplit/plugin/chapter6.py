@@ -148,7 +148,8 @@ def ch6_memory_document(size: Size) -> tuple[dict[str, Any], tuple[str, ...]]:
 #: 4 KV heads, hidden 2048, FFN 5632), seeded weights: the timing is the model's, the tokens are not
 #: TinyLlama's. The quick size generates 8 tokens (its per-token figures are medians of the 7 decode
 #: tokens; on the emulated rack greedy over layer-wise at +0 ms was 1.07x, 1.35x and 1.00x in three quick
-#: runs, layer-wise's token the part that spreads: docs/reproduce.md); full the article's 256.
+#: runs, layer-wise's token the part that spreads, hence the interleaved repeat of ch6_documents:
+#: docs/reproduce.md); full the article's 256.
 CH6_MODEL: Final = "tinyllama"
 CH6_TOKENS: Final = {"quick": 8, "full": 256}
 #: Each worker's memory limit: the article's boards had 4 GB; 2 GB holds the layer-wise and greedy
