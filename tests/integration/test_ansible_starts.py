@@ -1,7 +1,8 @@
-"""A run's node stages share one ansible-playbook start (issue 48): preflight, apply, profile and collect
-play in one, handed over by the driver between them, and teardown in a second. A gate that refuses at a
-hand-over stops the playbook before apply touches a node, and a driver killed while its playbook waits at
-a hand-over leaves no ansible-playbook behind."""
+"""A run's node stages share one ansible-playbook start (issue 48): preflight, apply, profile, collect and,
+after a completed run, teardown play in one, handed over by the driver between them; a failed or stopped
+run's teardown has a start of its own. A gate that refuses at a hand-over stops the playbook before apply
+touches a node, and a driver killed while its playbook waits at a hand-over leaves no ansible-playbook
+behind."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from dit.run.rundir import RunDir
 from dit.scenario import load
 from tests.conftest import DIT, REPO, dit_env, write_scenario
 
-NODE_STAGES = ("preflight", "apply", "profile", "collect")
+NODE_STAGES = ("preflight", "apply", "profile", "collect", "teardown")
 
 
 @pytest.fixture
@@ -45,7 +46,7 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def test_a_run_starts_ansible_twice_and_every_stage_keeps_its_playbook_and_variables(
+def test_a_completed_run_starts_ansible_once_and_every_stage_keeps_its_playbook_and_variables(
     scenario_dir: Path, runs_dir: Path, launches: list[str]
 ) -> None:
     scenario_path = write_scenario(scenario_dir, load={"device2": {"mode": "light"}})
@@ -53,10 +54,17 @@ def test_a_run_starts_ansible_twice_and_every_stage_keeps_its_playbook_and_varia
     driver = Driver(scenario, RunOptions(runs_root=runs_dir, console=Console(file=io.StringIO())))
     result = driver.execute()
     assert result.state == "completed", result.error
-    # before issue 48: one launch per stage, preflight.yml ... teardown.yml (five)
-    assert launches == ["chain.yml", "teardown.yml"], launches
+    # before issue 48: one launch per stage, preflight.yml ... teardown.yml (five); then two (chain.yml and
+    # teardown.yml); now teardown is handed over in the same playbook after aggregate and optimise
+    assert launches == ["chain.yml"], launches
     assert set(NODE_STAGES) <= set(result.stage_ns), result.stage_ns
-    assert all(driver.outcomes[stage].ok for stage in NODE_STAGES)
+    assert all(driver.outcomes[stage].ok for stage in NODE_STAGES[:-1])
+    run = RunDir(result.run_dir)
+    # teardown undid every change and reaped every process from within the session
+    assert run.status()["teardown"]["ok"] is True and Journal(run.journal).pending() == []
+    assert not any(
+        (run.path / "nodes" / host / run.run_id).exists() for host in ("edge", "device1", "device2")
+    )
     for stage in NODE_STAGES:  # what each stage ran and was handed, kept as before
         assert (result.run_dir / "ansible" / stage / "project" / f"{stage}.yml").is_file(), stage
         assert (result.run_dir / "ansible" / stage / "env" / "extravars").is_file(), stage

@@ -323,11 +323,9 @@ class StageSession:
             if self.thread is None:
                 self._start(extravars)
                 return self._wait()
-            given = {k: v for k, v in extravars.items() if k not in self.extravars or self.extravars[k] != v}
-            if self.thread.is_alive() and not any(k in self.extravars for k in given):
-                self.next += 1
-                write_text(self.files[stage], unsafe_yaml(given), mode=0o600)
-                return self._wait()
+            outcome = self.hand_over(stage, extravars)
+            if outcome is not None:
+                return outcome
         self.close()
         self.starts += 1
         return run_stage(
@@ -342,6 +340,27 @@ class StageSession:
             render_context=render_context,
             check=self.check,
         )
+
+    def hand_over(
+        self, stage: str, extravars: Mapping[str, Any], on_event: Callable[[HostEvent], None] | None = None
+    ) -> StageOutcome | None:
+        """Run ``stage`` in the session's playbook, which waits for it at its hand-over, and return its
+        outcome; None, with nothing run, when the playbook does not wait for it there (not started, ended,
+        closed, another stage next) or a variable its extra vars hold would take another value.
+        ``on_event``: the handler of this stage's events and of those after it (else the session's)."""
+        thread = self.thread
+        if thread is None or self.closed or not thread.is_alive() or self.next >= len(self.plan):
+            return None
+        if self.plan[self.next].stage != stage:
+            return None
+        given = {k: v for k, v in extravars.items() if k not in self.extravars or self.extravars[k] != v}
+        if any(k in self.extravars for k in given):
+            return None
+        if on_event is not None:
+            self.on_event = on_event  # read per event by the playbook's thread: set before the hand-over
+        self.next += 1
+        write_text(self.files[stage], unsafe_yaml(given), mode=0o600)
+        return self._wait()
 
     def _begin_at(self, stage: str, render_context: Mapping[str, Any]) -> None:
         """Drop the planned stages before ``stage``, the first asked for, and render it with the context

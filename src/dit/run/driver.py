@@ -34,7 +34,7 @@ from dit.run import analyse, profile
 from dit.run import apply as applying
 from dit.run import launch as runtime_launch
 from dit.run import preflight as gates
-from dit.run.ansible_exec import ChainedStage, StageOutcome, StageSession
+from dit.run.ansible_exec import ChainedStage, HostEvent, StageOutcome, StageSession
 from dit.run.apply import EDGE_SERVICE_TASK
 from dit.run.collect import collected, iperf3_vars, link_targets, report_edge_channel
 from dit.run.console import Reporter
@@ -47,6 +47,7 @@ from dit.run.rundir import RunDir, describe_failure
 from dit.run.stop import StopRequests
 from dit.run.sweep import SweepUnit
 from dit.run.sweep_variant import SweepVariant
+from dit.run.teardown import InSession
 from dit.runtime_api import registry as runtimes
 from dit.runtime_api.interface import node_facts_of, uses_edge_service
 from dit.runtimes import LaunchContext, Runtime
@@ -86,10 +87,11 @@ class RunResult:
 def node_session(
     run: RunDir, inv: RunInventory, reporter: Reporter, stop: StopRequests, apply: dict[str, Any], check: bool
 ) -> StageSession:
-    """The node stages as one ansible-playbook start: preflight and apply, then profile and collect
-    unless a dry run (whose apply runs in check mode and starts nothing to profile)."""
+    """The node stages as one ansible-playbook start: preflight and apply, then profile, collect and
+    teardown unless a dry run (whose apply runs in check mode and starts nothing to profile). Teardown
+    runs there only after a completed run (:meth:`Driver._teardown_in_session`)."""
     plan = [ChainedStage("preflight"), ChainedStage("apply", apply)]
-    plan += [] if check else [ChainedStage("profile"), ChainedStage("collect")]
+    plan += [] if check else [ChainedStage("profile"), ChainedStage("collect"), ChainedStage("teardown")]
     forks = max(5, len(inv.hosts))
     return StageSession(
         plan, run.path / "ansible", inv.source, inv.limit, reporter.event, stop.should_cancel, forks, check
@@ -118,7 +120,7 @@ class Driver:
         self.outcomes: dict[str, StageOutcome] = {}
         self.process_failures: list[ProcessFailure] = []
         self.current_stage: str | None = None
-        self.session: StageSession | None = None  # preflight to collect: one ansible-playbook start
+        self.session: StageSession | None = None  # preflight to teardown: one ansible-playbook start
 
     @property
     def inv(self) -> RunInventory:
@@ -159,12 +161,15 @@ class Driver:
                 self.reporter.error(error)
             finally:
                 self._unfollow()
-                self._close_session()  # before teardown: no stage playbook may run beside it
+                in_session = self._teardown_in_session(state)
+                if in_session is None:
+                    self._close_session()  # before teardown: no stage playbook may run beside it
                 self.stop.in_teardown = True
                 teardown_error, self.stage_ns["teardown"] = self.variant.teardown(
-                    run, self.inventory, self.reporter, state, self.local
+                    run, self.inventory, self.reporter, state, self.local, in_session
                 )
                 self.stop.in_teardown = False
+                self._close_session()
                 profile.forget_run_key(self.key)  # the nodes' copies went with their run directories
                 if teardown_error:
                     state = "failed"
@@ -269,7 +274,7 @@ class Driver:
     ) -> StageOutcome:
         assert self.reporter is not None
         start = self._begin(stage)
-        if self.session is None:  # preflight to collect in one ansible-playbook start
+        if self.session is None:  # preflight to teardown in one ansible-playbook start
             self.session = node_session(
                 self.run, self.inv, self.reporter, self.stop, self._apply_context(), self.options.check
             )
@@ -287,6 +292,21 @@ class Driver:
 
     def _apply_context(self) -> dict[str, Any]:
         return applying.render_context(self.conditions, self.runtime)
+
+    def _teardown_in_session(self, state: str) -> InSession | None:
+        """Where a completed run's teardown runs without an ansible-playbook start of its own: the stage
+        session's playbook, which waits for it after collect with every host still in its plays. After a
+        failure or a stop (a host may have left the plays, the playbook may be gone) teardown has its own."""
+        session = self.session
+        if state != "completed" or session is None:
+            return None
+
+        def in_session(
+            extravars: dict[str, Any], on_event: Callable[[HostEvent], None]
+        ) -> StageOutcome | None:
+            return session.hand_over("teardown", extravars, on_event)
+
+        return in_session
 
     def _close_session(self) -> None:
         if self.session is not None:

@@ -46,7 +46,7 @@ from rich.progress import (
 from dit.conditions import EDGE_SERVICE_ORDER, conditions
 from dit.run.journal import Journal
 from dit.run.rundir import RunDir, find_runs, read_json_object, write_json
-from dit.run.teardown import Keep, NodeScope, teardown
+from dit.run.teardown import InSession, Keep, NodeScope, teardown
 from dit.scenario import Scenario
 from dit.trusted import UntrustedPath
 
@@ -201,18 +201,26 @@ class SweepUnit:
             self._held = None
 
     def teardown_variant(
-        self, run: RunDir, inventory: RunInventory | None, reporter: Reporter | None, upcoming: Built | None
+        self,
+        run: RunDir,
+        inventory: RunInventory | None,
+        reporter: Reporter | None,
+        upcoming: Built | None,
+        in_session: InSession | None = None,
     ) -> tuple[str | None, int]:
         """Undo what the unit's next variant (its conditions: ``upcoming``) does not keep in force,
         or everything (``upcoming`` None: no next variant, a failure, a stop), with ``run`` the variant
-        that ends. The error, or None, and the wall time."""
+        that ends (``in_session``: where the first teardown pass may run). The error, or None, and the
+        wall time."""
         node = self.node
         assert node is not None, "a variant joins its unit before it runs"
         discard = run.discard_requested() or (self.home is not None and self.home.discard_requested())
         if upcoming is not None and not discard:
             pending = [dict(c.record) for c in Journal(node.journal).pending()]
             plan = condition_plan(self.in_force, upcoming, pending)
-            error, ns = teardown(run, inventory, reporter, node=node, keep=keep_records(plan))
+            error, ns = teardown(
+                run, inventory, reporter, node=node, keep=keep_records(plan), in_session=in_session
+            )
             if error is None:
                 self.in_force = {
                     host: {name: self.in_force[host][name] for name in names}
@@ -227,7 +235,7 @@ class SweepUnit:
             final_error, more_ns = teardown(run, inventory, reporter, node=node)
             self.close()
             return "; ".join(e for e in (error, final_error) if e), ns + more_ns
-        result = teardown(run, inventory, reporter, discard_results=discard, node=node)
+        result = teardown(run, inventory, reporter, discard_results=discard, node=node, in_session=in_session)
         self.close()
         return result
 

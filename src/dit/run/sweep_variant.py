@@ -28,7 +28,7 @@ from dit.run.inventory import LOCAL_INVENTORY, RunInventory, host_contexts
 from dit.run.lease_decision import controller_holder
 from dit.run.rundir import RunDir, write_json, write_text
 from dit.run.sweep import DONE_STATES, Built, SweepUnit, to_apply
-from dit.run.teardown import NodeScope, teardown
+from dit.run.teardown import InSession, NodeScope, teardown
 from dit.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -148,16 +148,19 @@ class SweepVariant:
         reporter: Reporter | None,
         state: str,
         local: bool,
+        in_session: InSession | None = None,
     ) -> tuple[str | None, int]:
-        """Undo the run (:func:`dit.run.teardown.teardown`); in a unit whose next variant follows this
-        completed one, only what that variant changes. The error, or None, and the wall time."""
+        """Undo the run (:func:`dit.run.teardown.teardown`; ``in_session``: where its first pass may run);
+        in a unit whose next variant follows this completed one, only what that variant changes. The
+        error, or None, and the wall time."""
         unit = self.unit
         if unit is None or unit.node is None:
-            return teardown(run, inventory, reporter, discard_results=run.discard_requested())
+            discard = run.discard_requested()
+            return teardown(run, inventory, reporter, discard_results=discard, in_session=in_session)
         inventory = inventory or unit.inventory  # failed before it had one: the unit's nodes
         completed = state in DONE_STATES
         upcoming = self._upcoming(inventory, local, reporter) if completed and inventory is not None else None
-        return unit.teardown_variant(run, inventory, reporter, upcoming)
+        return unit.teardown_variant(run, inventory, reporter, upcoming, in_session)
 
     def _upcoming(self, inventory: RunInventory, local: bool, reporter: Reporter | None) -> Built | None:
         """The conditions the unit's next variant will build on its nodes (None: no next variant here)."""

@@ -79,6 +79,9 @@ class NodeScope:
 
 
 Keep = Callable[[Mapping[str, Any]], bool]
+#: The teardown play run where it already waits (the run's stage session: no ansible-playbook start of its
+#: own): its outcome, or None when it cannot be run there (then it runs on its own).
+InSession = Callable[[dict[str, Any], Callable[[HostEvent], None]], StageOutcome | None]
 
 
 def teardown(
@@ -89,6 +92,7 @@ def teardown(
     *,
     node: NodeScope | None = None,
     keep: Keep | None = None,
+    in_session: InSession | None = None,
 ) -> tuple[str | None, int]:
     """Replay ``run``'s pending journal backwards on every node; verify no process survives.
 
@@ -100,7 +104,11 @@ def teardown(
 
     ``node``: the run id and journal of the nodes when they are a sweep's (``run`` is then the variant
     whose ``raw/``, ``metadata.json`` and status count); ``keep``: the pending records to leave in
-    force (a sweep's next variant applies them alike), undone by a later teardown.
+    force (a sweep's next variant applies them alike), undone by a later teardown; ``in_session``: where
+    the first pass may run without a playbook start of its own (a completed run's stage session, which
+    waits for teardown after collect); a session that cannot run it, or whose playbook ends otherwise than
+    successful or failed (cancelled, or ansible-runner's own error), leaves the pass to a playbook of its
+    own.
 
     Returns the error (None when everything was undone and nothing survives) and the wall time.
     """
@@ -132,22 +140,24 @@ def teardown(
         undo, sent = pending, set[str]()
         for _ in range(2):
             sent |= {str(record.get("id")) for records in undo.values() for record in records}
-            outcome = _teardown_playbook(
-                run,
-                inventory,
-                {
-                    "dit_run_id": node.run_id,
-                    "dit_journal_path": str(node.journal),
-                    "dit_undo": undo,
-                    "dit_undo_scope": undo_scopes(
-                        node.run_id, inventory, node.metadata or run.path / "metadata.json"
-                    ),
-                    "dit_raw_dir": str(raw),
-                    "dit_fetched": fetched_before,
-                    "dit_discard_results": discard_results,
-                },
-                on_event,
-                notes,
+            extravars = {
+                "dit_run_id": node.run_id,
+                "dit_journal_path": str(node.journal),
+                "dit_undo": undo,
+                "dit_undo_scope": undo_scopes(
+                    node.run_id, inventory, node.metadata or run.path / "metadata.json"
+                ),
+                "dit_raw_dir": str(raw),
+                "dit_fetched": fetched_before,
+                "dit_discard_results": discard_results,
+            }
+            played = None if in_session is None else in_session(extravars, on_event)
+            in_session = None  # a second pass (late records) has its own playbook
+            # (what the session's play undid, if it ran, stays seen: undoing a record again is harmless)
+            outcome = (
+                played
+                if played is not None and played.status in ("successful", "failed")
+                else _teardown_playbook(run, inventory, extravars, on_event, notes)
             )
             # A change journaled after the journal was read above (a stage's task that was still
             # running as a stop arrived: its journal record lands first, by design) gets a second pass.
