@@ -34,7 +34,7 @@ from dit.run import analyse, profile
 from dit.run import apply as applying
 from dit.run import launch as runtime_launch
 from dit.run import preflight as gates
-from dit.run.ansible_exec import ChainedStage, HostEvent, StageOutcome, StageSession
+from dit.run.ansible_exec import ChainedStage, StageOutcome, StageSession
 from dit.run.apply import EDGE_SERVICE_TASK
 from dit.run.collect import collected, iperf3_vars, link_targets, report_edge_channel
 from dit.run.console import Reporter
@@ -47,7 +47,7 @@ from dit.run.rundir import RunDir, describe_failure
 from dit.run.stop import StopRequests
 from dit.run.sweep import SweepUnit
 from dit.run.sweep_variant import SweepVariant
-from dit.run.teardown import InSession
+from dit.run.teardown import teardown_in_session
 from dit.runtime_api import registry as runtimes
 from dit.runtime_api.interface import node_facts_of, uses_edge_service
 from dit.runtimes import LaunchContext, Runtime
@@ -161,7 +161,7 @@ class Driver:
                 self.reporter.error(error)
             finally:
                 self._unfollow()
-                in_session = self._teardown_in_session(state)
+                in_session = teardown_in_session(self.session, state)  # a completed run's, in its session
                 if in_session is None:
                     self._close_session()  # before teardown: no stage playbook may run beside it
                 self.stop.in_teardown = True
@@ -292,21 +292,6 @@ class Driver:
 
     def _apply_context(self) -> dict[str, Any]:
         return applying.render_context(self.conditions, self.runtime)
-
-    def _teardown_in_session(self, state: str) -> InSession | None:
-        """Where a completed run's teardown runs without an ansible-playbook start of its own: the stage
-        session's playbook, which waits for it after collect with every host still in its plays. After a
-        failure or a stop (a host may have left the plays, the playbook may be gone) teardown has its own."""
-        session = self.session
-        if state != "completed" or session is None:
-            return None
-
-        def in_session(
-            extravars: dict[str, Any], on_event: Callable[[HostEvent], None]
-        ) -> StageOutcome | None:
-            return session.hand_over("teardown", extravars, on_event)
-
-        return in_session
 
     def _close_session(self) -> None:
         if self.session is not None:

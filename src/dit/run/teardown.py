@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from dit.run.ansible_exec import HostEvent, StageOutcome, run_stage
+from dit.run.ansible_exec import HostEvent, StageOutcome, StageSession, run_stage
 from dit.run.console import Reporter
 from dit.run.inventory import RunInventory
 from dit.run.journal import (
@@ -234,6 +234,20 @@ def teardown(
         for error in errors:
             reporter.error(f"teardown: {error}")
     return ("; ".join(errors) if errors else None), ns
+
+
+def teardown_in_session(session: StageSession | None, state: str) -> InSession | None:
+    """Where a run ending in ``state`` has its teardown without an ansible-playbook start of its own: a
+    completed run's stage session, whose playbook waits for it after collect with every host still in its
+    plays. After a failure or a stop (a host may have left the plays, the playbook may be gone) teardown
+    has its own start."""
+    if state != "completed" or session is None:
+        return None
+
+    def in_session(extravars: dict[str, Any], on_event: Callable[[HostEvent], None]) -> StageOutcome | None:
+        return session.hand_over("teardown", extravars, on_event)
+
+    return in_session
 
 
 def _kept_out(pending: dict[str, list[dict[str, Any]]], keep: Keep | None) -> dict[str, list[dict[str, Any]]]:
