@@ -226,6 +226,7 @@ def run_playbook(
         event_handler=_collector(outcome, on_event),
         quiet=True,
         rotate_artifacts=3,
+        fact_cache_type=FACT_CACHE,
         forks=forks,
         tags=",".join(tags) if tags else None,
         timeout=None,
@@ -242,6 +243,12 @@ class ChainedStage:
     stage: str
     render_context: Mapping[str, Any] = field(default_factory=dict)
 
+
+#: Facts (and the variables a hand-over sets as facts) stay in the playbook's memory. ansible-runner's
+#: default, a jsonfile cache in the artifacts, is read back and decoded with every variable's origin
+#: tags at every task of every host: half the playbook process's CPU in a quickstart run (py-spy), and
+#: a task's dispatch per host grew from 2 ms to 100-200 ms along one run's stages (issue 48).
+FACT_CACHE = "memory"
 
 HANDOFF_TASK = "Hand over to the controller"  # + ": <the next stage>"
 
@@ -447,6 +454,7 @@ class StageSession:
                 cancel_callback=lambda: self.cancelled or self.should_cancel(),
                 quiet=True,
                 rotate_artifacts=3,
+                fact_cache_type=FACT_CACHE,
                 forks=self.forks,
                 cmdline="--check --diff" if self.check else None,
                 timeout=None,
@@ -500,6 +508,7 @@ def run_stage(
         cancel_callback=should_cancel,
         quiet=True,
         rotate_artifacts=3,
+        fact_cache_type=FACT_CACHE,
         forks=forks,
         cmdline=cmdline,
         timeout=None,
