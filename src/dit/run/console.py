@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -24,8 +24,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from dit.device.printable import printable, printable_lines
-from dit.run.ansible_exec import HostEvent
 from dit.trusted import open_private_append
+
+if TYPE_CHECKING:  # ansible-runner and Ansible's action plugins: not for `dit show`, `ls` or `validate`
+    from dit.run.ansible_exec import HostEvent
 
 STAGES = ("preflight", "apply", "profile", "collect", "aggregate", "optimise", "teardown")
 STYLE = {"ok": "green", "changed": "yellow", "failed": "red", "unreachable": "red", "skipped": "dim"}
