@@ -89,7 +89,7 @@ def node_session(
 ) -> StageSession:
     """The node stages as one ansible-playbook start: preflight and apply, then profile, collect and
     teardown unless a dry run (whose apply runs in check mode and starts nothing to profile). Teardown
-    runs there only after a completed run (:meth:`Driver._teardown_in_session`)."""
+    runs there only after a completed run (:func:`dit.run.teardown.teardown_in_session`)."""
     plan = [ChainedStage("preflight"), ChainedStage("apply", apply)]
     plan += [] if check else [ChainedStage("profile"), ChainedStage("collect"), ChainedStage("teardown")]
     forks = max(5, len(inv.hosts))
