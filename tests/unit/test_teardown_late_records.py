@@ -91,3 +91,24 @@ def test_a_completed_runs_teardown_plays_in_its_session_unless_the_session_canno
     assert played == (["session", "own"] if own_playbook else ["session"])
     assert journal.pending() == []
     assert (error is None) == (status != "failed"), error  # a failed play is said, not played again
+
+
+def test_a_session_that_cannot_run_teardown_is_closed_before_teardown_runs_on_its_own() -> None:
+    """Only a completed run's teardown is handed to its session; one the session declines (it waits for
+    another stage, or a variable would change) closes it first: no stage playbook waits beside teardown's."""
+    calls: list[str] = []
+
+    class Session:
+        def hand_over(self, stage: str, extravars: dict[str, Any], on_event: Any) -> None:
+            calls.append(f"hand_over {stage}")
+
+        def close(self) -> None:
+            calls.append("close")
+
+    session: Any = Session()
+    assert stages_teardown.teardown_in_session(session, "failed") is None
+    assert stages_teardown.teardown_in_session(None, "completed") is None
+    in_session = stages_teardown.teardown_in_session(session, "completed")
+    assert in_session is not None and calls == []
+    assert in_session({}, lambda event: None) is None
+    assert calls == ["hand_over teardown", "close"]

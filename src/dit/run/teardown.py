@@ -245,7 +245,10 @@ def teardown_in_session(session: StageSession | None, state: str) -> InSession |
         return None
 
     def in_session(extravars: dict[str, Any], on_event: Callable[[HostEvent], None]) -> StageOutcome | None:
-        return session.hand_over("teardown", extravars, on_event)
+        outcome = session.hand_over("teardown", extravars, on_event)
+        if outcome is None:
+            session.close()  # teardown runs on its own then: no stage playbook may wait beside it
+        return outcome
 
     return in_session
 

@@ -55,6 +55,7 @@ class Variant:
     perplexity: float | None = None  # of the held-out paragraph (hs_quality.json), None: not measured
     control: str = "rpc"  # how the run drove its tokens (a run of before the field: rpc)
     repeat: int = 1  # which timing of its configuration (the block's ``repeat``: part of ``others``)
+    configuration: str = ""  # ``others`` without any repeat: what a configuration's repeats share
 
 
 class CompareError(ValueError):
@@ -73,15 +74,21 @@ def _read(path: Path) -> Mapping[str, Any]:
     return doc
 
 
-def _others(point: Iterable[Any]) -> str:
+def _others(point: Iterable[Any], any_repeat: bool = False) -> str:
+    """The sweep point without strategy and speculation, as canonical JSON: a first repeat is the run
+    without one (layer-wise's repeat 1 is every strategy's baseline); ``any_repeat``: every repeat left
+    out (the configuration its repeats share)."""
+
+    def dropped(field: str, value: Any) -> bool:
+        return field in _CHOICE or (field == "repeat" and (any_repeat or value == 1))
+
     kept: list[list[Any]] = []
     for entry in point:
         path, value = entry
-        if path in {f"runtime.{c}" for c in _CHOICE} or (path == "runtime.repeat" and value == 1):
+        if path.startswith("runtime.") and dropped(path.removeprefix("runtime."), value):
             continue
         if path == "runtime" and isinstance(value, Mapping):
-            # a first repeat is the run without one: layer-wise's repeat 1 is every strategy's baseline
-            value = {k: v for k, v in value.items() if k not in _CHOICE and not (k == "repeat" and v == 1)}
+            value = {k: v for k, v in value.items() if not dropped(k, v)}
         kept.append([path, value])
     return json.dumps(kept, sort_keys=True)
 
@@ -142,6 +149,7 @@ def load_variant(run: Path) -> Variant:
         strategy=str(block.get("strategy", "greedy")),
         speculation=speculation,
         others=_others(point),
+        configuration=_others(point, any_repeat=True),
         tokens_per_s=float(rate) if isinstance(rate, int | float) and not isinstance(rate, bool) else None,
         oom_token=int(oom) if isinstance(oom, int) and not isinstance(oom, bool) else None,
         network=network_backends(meta),

@@ -317,17 +317,7 @@ def measured_section(
 def _configuration(v: Variant) -> tuple[str, bool, str, str]:
     """A variant's configuration without its repeat: strategy, speculation, control, the rest of its
     sweep point."""
-    kept = [
-        [
-            path,
-            {k: x for k, x in value.items() if k != "repeat"}
-            if path == "runtime" and isinstance(value, dict)
-            else value,
-        ]
-        for path, value in json.loads(v.others)
-        if path != "runtime.repeat"
-    ]
-    return v.strategy, v.speculation, v.control, json.dumps(kept, sort_keys=True)
+    return v.strategy, v.speculation, v.control, v.configuration
 
 
 def _repeats(variants: Iterable[Variant]) -> dict[tuple[str, bool, str, str], list[Variant]]:
