@@ -13,7 +13,6 @@ from rich.table import Table
 from dit import units
 from dit.commands.common import RunsRoot, err, fail, out, read_run_json
 from dit.device.printable import printable, printable_lines
-from dit.report import labels
 from dit.run.console import STAGES as STAGE_ORDER
 from dit.run.rundir import (
     DRIVER,
@@ -140,6 +139,8 @@ def show(
 ) -> None:
     """Summarise one run (status, stage times, start lateness, phase means, optimum), or several:
     the start lateness of every device over them."""
+    from dit.report import labels  # numpy, through the delay model: for this command, not every one
+
     found = _show_dirs(run_dirs)
     if len(found) > 1:
         _show_sweep(found)
@@ -256,6 +257,8 @@ def _show_runtime_summary(path: Path) -> bool:
     values = [v for v in doc.get("values") or [] if isinstance(v, dict) and "name" in v]
     if not values:
         return False
+    from dit.report import labels
+
     fake = labels.fake_power_nodes(path.parent)
     table = Table(title=f"runtime {escape(str(doc.get('runtime', '?')))}")
     table.add_column("name")

@@ -14,3 +14,8 @@ from pathlib import Path
 #: Where the rack keeps its journal, keys, node trees and inventory unless told otherwise: the rack
 #: is machine-wide (namespaces, a bridge, cgroups), so it lives beside the machine, not a runs dir.
 DEFAULT_STATE_DIR = Path("/var/lib/dit/rack")
+
+#: The rack's inference network, its /24's first three octets: private test addresses on a bridge
+#: inside this machine (here, not in :mod:`.plan`: ``dit rack``'s options name it, and the plan's
+#: imports, Ansible's among them, are not for every ``dit`` command to pay).
+DEFAULT_SUBNET = "10.213.0"

@@ -11,8 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dit.rack import DEFAULT_STATE_DIR
-from dit.rack.plan import DEFAULT_SUBNET
+from dit.rack import DEFAULT_STATE_DIR, DEFAULT_SUBNET
 
 rack_app = typer.Typer(
     no_args_is_help=True,

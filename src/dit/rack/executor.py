@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dit.rack import DEFAULT_SUBNET
 from dit.rack.plan import (
-    DEFAULT_SUBNET,
     SSHD,
     CgroupLayout,
     HostNetwork,

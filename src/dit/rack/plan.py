@@ -19,10 +19,8 @@ from typing import Any
 
 from dit.ansible_data import unsafe_yaml
 from dit.conditions.cpu_share import period_us, quota_us
-from dit.rack import DEFAULT_STATE_DIR
+from dit.rack import DEFAULT_STATE_DIR, DEFAULT_SUBNET
 
-#: The rack's inference network: private test addresses on a bridge inside this machine.
-DEFAULT_SUBNET = "10.213.0"
 CFS_PERIOD_US = 100_000  # the kernel's default, kept for a node without a quota
 CPU_SHARES_MAX_V1 = 262_144
 CPU_WEIGHT_MAX_V2 = 10_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -12,8 +12,11 @@ from rich.table import Table
 
 from dit.commands.common import err, load_scenarios, out
 from dit.commands.common import fail as _fail
-from dit.run.ansible_exec import HostEvent
 from dit.runtime_api.interface import CheckResult
+
+if TYPE_CHECKING:  # only for typing: ansible_exec imports ansible-runner and Ansible's plug-in API, which
+    # every `dit` command would pay for on start (dit --help, show, validate), not only those that run plays
+    from dit.run.ansible_exec import HostEvent
 
 app = typer.Typer(
     no_args_is_help=False,
