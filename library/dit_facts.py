@@ -72,6 +72,13 @@ options:
     description: Echo requests per target of O(ping_targets).
     type: int
     default: 10
+  lease_path:
+    description:
+      - The node's lease file (C(<dit directory>/lease.json)), read as C(dit_lease)'s plan mode reads it
+        and returned as RV(lease), so that the C(dit_lease) task after this one decides on it without a
+        module call of its own (C(dit_lease)'s C(seen)). Its directory, and every directory above it, must be
+        root's and writable by no one else (the task fails, naming the directory, otherwise).
+    type: path
 extends_documentation_fragment:
   - dit.linux
   - ansible.builtin.action_common_attributes
@@ -108,6 +115,10 @@ dit_facts:
     nfqueue {available, source or reason, iptables} for the network condition's userspace backend.
   returned: always
   type: dict
+lease:
+  description: The content of O(lease_path) when this module read it (null when there is no lease).
+  returned: when O(lease_path) is set
+  type: str
 pings:
   description: One link record per target of O(ping_targets) (target, address, method, sent, received, rtt_ns).
   returned: when O(ping_targets) is not empty
@@ -127,7 +138,9 @@ import threading
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.dit_lease_file import check_directory, read_text
 from ansible.module_utils.dit_ping import ping_all
+from ansible.module_utils.dit_trusted import UntrustedPath
 
 
 def _read(path: str, default: str = "") -> str:
@@ -409,6 +422,7 @@ def main() -> None:
             "runtime_facts": {"type": "dict", "default": {}},
             "ping_targets": {"type": "list", "elements": "dict", "default": []},
             "ping_count": {"type": "int", "default": 10},
+            "lease_path": {"type": "path", "default": None},
         },
         supports_check_mode=True,
     )
@@ -418,6 +432,13 @@ def main() -> None:
             module.fail_json(msg=f"ping_targets[{index}]: no address")
     if targets and not 1 <= module.params["ping_count"] <= 1000:
         module.fail_json(msg="ping_count: {} is outside 1..1000".format(module.params["ping_count"]))
+    extra: dict[str, Any] = {}
+    if module.params["lease_path"]:
+        try:  # before the lease is read, as dit_lease checks it: a lease another user put there decides nothing
+            check_directory(module.params["lease_path"])
+        except UntrustedPath as exc:
+            module.fail_json(msg=str(exc))
+        extra["lease"] = read_text(module.params["lease_path"])
     # The pings take count x 0.2 s of waiting: they run while the facts are read.
     pinged: list[list[dict[str, Any]]] = []
     pinger = threading.Thread(target=lambda: pinged.append(ping_all(targets, module.params["ping_count"])))
@@ -469,9 +490,9 @@ def main() -> None:
             for name, path in sorted(module.params["runtime_facts"].items())
         }
     if not targets:
-        module.exit_json(changed=False, dit_facts=facts)
+        module.exit_json(changed=False, dit_facts=facts, **extra)
     pinger.join()
-    module.exit_json(changed=False, dit_facts=facts, pings=pinged[0] if pinged else [])
+    module.exit_json(changed=False, dit_facts=facts, pings=pinged[0] if pinged else [], **extra)
 
 
 if __name__ == "__main__":

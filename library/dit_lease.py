@@ -48,6 +48,14 @@ options:
   replaces:
     description: Set by the action plugin, the exact content of the lease it decided to break.
     type: str
+  seen:
+    description:
+      - The lease as an earlier task of the play read it, a dict whose key C(lease) holds the lease
+        file's content or null (the C(lease) that C(dit_facts) returns, read after the same directory
+        check). The action plugin decides on it instead of calling this module's plan mode, and takes
+        it out of the module's arguments. The take stays a compare-and-swap, so a lease that changed
+        since is refused as in plan mode (RV(held)).
+    type: dict
   _dit_plan:
     description:
       - Set by the C(dit_lease) action plugin, never by a playbook. The module reads the node's current
@@ -119,6 +127,7 @@ def main() -> None:
             "holder": {"type": "dict", "required": True},
             "break_stale": {"type": "bool", "default": False},
             "replaces": {"type": "str"},
+            "seen": {"type": "dict"},  # the action plugin's, never passed on
             "_dit_plan": {"type": "bool", "default": False},
         },
         supports_check_mode=True,

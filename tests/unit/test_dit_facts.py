@@ -148,3 +148,22 @@ def test_nfqueue_needs_the_kernel_queue_and_iptables(tmp_path: Path, monkeypatch
     monkeypatch.setattr(facts.os, "access", lambda path, mode: False)
     no_tool = facts._nfqueue("0-test", str(proc), str(tmp_path))
     assert no_tool["available"] is False and "iptables is not installed" in no_tool["reason"]
+
+
+def test_the_lease_is_read_with_the_facts_after_the_same_directory_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Preflight reads the lease in the facts call, so dit_lease needs no plan call of its own; a lease
+    directory another user could write is refused before the lease is read, as dit_lease refuses it."""
+    leases = tmp_path / "dit"
+    leases.mkdir(mode=0o755)
+    path = leases / "lease.json"
+    none = _main({"local_mode": True, "sysfs_root": str(tmp_path), "lease_path": str(path)}, capsys)
+    assert "failed" not in none and none["lease"] is None, none
+    path.write_text('{"run_id": "other"}')
+    held = _main({"local_mode": True, "sysfs_root": str(tmp_path), "lease_path": str(path)}, capsys)
+    assert held["lease"] == '{"run_id": "other"}' and held["changed"] is False
+    assert "lease" not in _main({"local_mode": True, "sysfs_root": str(tmp_path)}, capsys)
+    leases.chmod(0o777)
+    refused = _main({"local_mode": True, "sysfs_root": str(tmp_path), "lease_path": str(path)}, capsys)
+    assert refused["failed"] is True and str(leases) in refused["msg"] and "lease" not in refused

@@ -10,6 +10,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from ansible.errors import AnsibleActionFail
 
 from dit.ansible_plugins.lease_action import LeaseAction
 from dit.run.lease_decision import (
@@ -205,3 +206,88 @@ def test_the_loser_of_a_race_for_a_free_node_gets_the_full_refusal(tmp_path: Pat
     ):
         assert part in message, part
     assert json.loads(path.read_text())["run_id"] == winner.run_id  # never broken: it was not reviewed
+
+
+# -- the lease preflight's facts task read: the decision without a plan call -------------------
+def _lease_action(
+    tmp_path: Path, args: dict[str, Any], on_take: Any = None
+) -> tuple[LeaseAction, list[bool], dict[str, Any]]:
+    calls: list[bool] = []
+
+    def execute_module(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> Any:
+        assert module_name == "dit_lease" and "seen" not in module_args  # the plugin's, never the node's
+        calls.append(bool(module_args.get("_dit_plan")))
+        if on_take is not None and not module_args.get("_dit_plan"):
+            on_take()
+        return run_lease_module(module_args)
+
+    task = SimpleNamespace(args=args, action="dit_lease", async_val=0, check_mode=False)
+    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))
+    action = LeaseAction(task, connection, SimpleNamespace(check_mode=False), None, None)
+    action._execute_module = execute_module
+    task_vars = {"inventory_hostname": "device1", "dit_journal_path": str(tmp_path / "journal.jsonl")}
+    return action, calls, task_vars
+
+
+def test_a_lease_the_facts_read_is_decided_on_and_taken_in_one_module_call(tmp_path: Path) -> None:
+    from dit.run.journal import Journal
+
+    path = tmp_path / "dit" / "lease.json"
+    me = controller_holder(ME, tmp_path / "runs" / "me")
+    args = {"path": str(path), "run_id": ME, "holder": me.to_json(), "seen": {"lease": None}}
+    action, calls, task_vars = _lease_action(tmp_path, args)
+
+    result = action.run(task_vars=task_vars)
+
+    assert calls == [False] and not result.get("failed"), result  # no plan call: the take alone
+    assert json.loads(path.read_text())["run_id"] == ME
+    (record,) = Journal(tmp_path / "journal.jsonl").records()  # journaled before the take, as planned
+    assert record["op"] == "lease" and record["undo"] == {"path": str(path), "run_id": ME}
+    again, calls, task_vars = _lease_action(tmp_path, {**args, "seen": {"lease": path.read_text()}})
+    held = again.run(task_vars=task_vars)
+    assert calls == [] and held["changed"] is False and not held.get("failed")  # ours already: no call
+    assert len(Journal(tmp_path / "journal.jsonl").records()) == 1  # and nothing more to undo
+
+
+def test_a_live_holder_the_facts_saw_is_refused_with_no_module_call_and_nothing_journaled(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "dit" / "lease.json"
+    winner = controller_holder("quickstart-20261201T060000Z-abababab-0badf00d", tmp_path / "runs" / "winner")
+    seen = json.dumps(winner.to_json())
+    me = controller_holder(ME, tmp_path / "runs" / "me")
+    args = {
+        "path": str(path),
+        "run_id": ME,
+        "holder": me.to_json(),
+        "seen": {"lease": seen},
+        "break_stale": True,
+    }
+    action, calls, task_vars = _lease_action(tmp_path, args)
+
+    with pytest.raises(AnsibleActionFail) as refused:
+        action.run(task_vars=task_vars)
+
+    assert (
+        calls == [] and str(refused.value) == decide(State.LIVE, winner, "device1", str(path), False).message
+    )
+    assert not (tmp_path / "journal.jsonl").exists() and not path.exists()
+
+
+def test_a_run_that_took_the_node_after_the_facts_read_it_is_refused_at_the_take(tmp_path: Path) -> None:
+    path = tmp_path / "dit" / "lease.json"
+    winner = controller_holder("quickstart-20261201T060000Z-abababab-0badf00d", tmp_path / "runs" / "winner")
+    me = controller_holder(ME, tmp_path / "runs" / "me")
+
+    def winner_takes() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(winner.to_json()))
+
+    args = {"path": str(path), "run_id": ME, "holder": me.to_json(), "seen": {"lease": None}}
+    action, calls, task_vars = _lease_action(tmp_path, args, on_take=winner_takes)
+
+    result = action.run(task_vars=task_vars)
+
+    assert calls == [False] and result["failed"] and result["lease_state"] == "live"
+    assert result["msg"] == decide(State.LIVE, winner, "device1", str(path), False).message
+    assert json.loads(path.read_text())["run_id"] == winner.run_id

@@ -14,7 +14,9 @@ Two ways to learn what a task will change, both recorded in the controller's ``j
   an intent that turns out to change nothing is harmless; a record identical to one still pending
   for the same host is not written twice.
 
-:meth:`review` sees the plan before anything is journaled and may refuse the task (``dit_lease``
+:meth:`known_plan` may answer for the plan mode when an earlier task already read the node's state
+(``dit_lease``: the lease ``dit_facts`` read in the same preflight play), which saves the plan's module
+call. :meth:`review` sees the plan before anything is journaled and may refuse the task (``dit_lease``
 refuses a node another live run holds). :meth:`prepare` may add to the module's arguments after the
 journal is written (``dit_node`` puts the files it ships there: the device code travels in the same
 task and the same round trip, with no ``copy`` task per host).
@@ -44,6 +46,12 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
         """The change records implied by ``args``, or None to ask the module (plan mode)."""
         return None
 
+    def known_plan(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any] | None:
+        """The plan, when an earlier task of the play already read what the module's plan mode would
+        (one module call fewer on the node); None to ask the module. May take its own keys out of
+        ``args``, which the module then does not get."""
+        return None
+
     def review(self, plan: dict[str, Any], args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         """The module's arguments once its plan is known; raise AnsibleActionFail to refuse the task."""
         return args
@@ -59,8 +67,13 @@ class JournaledAction(ActionBase):  # type: ignore[misc]
         args = dict(self._task.args)
         records = self.intent(args, task_vars)
         if records is None:
-            plan: dict[str, Any] = self._execute_module(
-                module_name=module, module_args={**args, "_dit_plan": True}, task_vars=task_vars
+            known = self.known_plan(args, task_vars)
+            plan: dict[str, Any] = (
+                known
+                if known is not None
+                else self._execute_module(
+                    module_name=module, module_args={**args, "_dit_plan": True}, task_vars=task_vars
+                )
             )
             if plan.get("failed"):
                 result.update(plan)

@@ -30,6 +30,24 @@ class LeaseAction(JournaledAction):
         node = str(task_vars.get("inventory_hostname"))
         return state, decide(state, found, node, str(args["path"]), break_stale)
 
+    def known_plan(self, args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any] | None:
+        """The plan from the lease ``dit_facts`` read (``seen: {lease: <content or null>}``), as the
+        module's plan mode would return it: the release of this run's lease to journal unless the lease
+        already names this run. The take itself stays a compare-and-swap on the node, so a run that took
+        the node since it was read is refused there (``held``), as in plan mode."""
+        seen = args.pop("seen", None)
+        if not isinstance(seen, dict) or "lease" not in seen:
+            return None
+        current = seen["lease"]
+        if current is not None and not isinstance(current, str):
+            raise AnsibleActionFail(
+                f"seen.lease must be the lease file's text or null, not {type(current).__name__}"
+            )
+        run_id, path = str(args["run_id"]), str(args["path"])
+        ours = current is not None and classify(current, run_id, "")[0] is State.OURS
+        journal = [] if ours else [{"op": "lease", "undo": {"path": path, "run_id": run_id}}]
+        return {"changed": bool(journal), "current": current, "journal": journal}
+
     def review(self, plan: dict[str, Any], args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         current = plan.get("current")
         state, decision = self._decide(
