@@ -166,49 +166,6 @@ def run_lease_module(args: dict[str, Any]) -> dict[str, Any]:
     return run_in_process(library_module("dit_lease"), args)
 
 
-def test_the_loser_of_a_race_for_a_free_node_gets_the_full_refusal(tmp_path: Path) -> None:
-    path = tmp_path / "dit" / "lease.json"
-    # The winner: a live driver on this controller host (this process, under another run id).
-    winner = controller_holder("quickstart-20261201T060000Z-abababab-0badf00d", tmp_path / "runs" / "winner")
-    loser = controller_holder(ME, tmp_path / "runs" / "loser")
-    args = {"path": str(path), "run_id": ME, "holder": loser.to_json(), "break_stale": True}
-    calls: list[bool] = []
-
-    def execute_module(module_name: str, module_args: dict[str, Any], task_vars: dict[str, Any]) -> Any:
-        assert module_name == "dit_lease"
-        planning = bool(module_args.get("_dit_plan"))
-        calls.append(planning)
-        if not planning:  # the winner's take lands between this run's look and its own take
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(winner.to_json()))
-        return run_lease_module(module_args)
-
-    task = SimpleNamespace(args=args, action="dit_lease", async_val=0, check_mode=False)
-    connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))
-    action = LeaseAction(task, connection, SimpleNamespace(check_mode=False), None, None)
-    action._execute_module = execute_module
-    task_vars = {"inventory_hostname": "device1", "dit_journal_path": str(tmp_path / "journal.jsonl")}
-
-    result = action.run(task_vars=task_vars)
-
-    assert calls == [True, False]  # the plan found the node free; the take met the winner's lease
-    assert result["failed"] and result["lease_state"] == "live"
-    message = result["msg"]
-    refusal = decide(State.LIVE, winner, "device1", str(path), False).message
-    assert message == refusal  # the very message of a run that found the winner's lease first
-    for part in (
-        f"node device1 is leased by run {winner.run_id}",
-        f"controller {winner.controller_host}",
-        f"pid {os.getpid()}",
-        f"since {winner.to_json()['since']}",
-        f"run directory {winner.run_dir}",
-        f"wait for it or 'dit stop {winner.run_dir}'",
-    ):
-        assert part in message, part
-    assert json.loads(path.read_text())["run_id"] == winner.run_id  # never broken: it was not reviewed
-
-
-# -- the lease preflight's facts task read: the decision without a plan call -------------------
 def _lease_action(
     tmp_path: Path, args: dict[str, Any], on_take: Any = None
 ) -> tuple[LeaseAction, list[bool], dict[str, Any]]:
@@ -229,6 +186,50 @@ def _lease_action(
     return action, calls, task_vars
 
 
+@pytest.mark.parametrize(
+    ("seen", "want_calls"),
+    [(None, [True, False]), ({"lease": None}, [False])],
+    ids=["read-by-its-plan", "read-by-the-facts"],
+)
+def test_the_loser_of_a_race_for_a_free_node_gets_the_full_refusal(
+    tmp_path: Path, seen: dict[str, Any] | None, want_calls: list[bool]
+) -> None:
+    """Whether its own plan call or preflight's facts call found the node free, the take meets the
+    winner's lease (the compare-and-swap) and the run gets the refusal it would have got first."""
+    path = tmp_path / "dit" / "lease.json"
+    # The winner: a live driver on this controller host (this process, under another run id).
+    winner = controller_holder("quickstart-20261201T060000Z-abababab-0badf00d", tmp_path / "runs" / "winner")
+    loser = controller_holder(ME, tmp_path / "runs" / "loser")
+    args = {"path": str(path), "run_id": ME, "holder": loser.to_json(), "break_stale": True}
+    if seen is not None:
+        args["seen"] = seen
+
+    def winner_takes() -> None:  # the winner's take lands between this run's look and its own take
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(winner.to_json()))
+
+    action, calls, task_vars = _lease_action(tmp_path, args, on_take=winner_takes)
+
+    result = action.run(task_vars=task_vars)
+
+    assert calls == want_calls  # the node was found free; the take met the winner's lease
+    assert result["failed"] and result["lease_state"] == "live"
+    message = result["msg"]
+    refusal = decide(State.LIVE, winner, "device1", str(path), False).message
+    assert message == refusal  # the very message of a run that found the winner's lease first
+    for part in (
+        f"node device1 is leased by run {winner.run_id}",
+        f"controller {winner.controller_host}",
+        f"pid {os.getpid()}",
+        f"since {winner.to_json()['since']}",
+        f"run directory {winner.run_dir}",
+        f"wait for it or 'dit stop {winner.run_dir}'",
+    ):
+        assert part in message, part
+    assert json.loads(path.read_text())["run_id"] == winner.run_id  # never broken: it was not reviewed
+
+
+# -- the lease preflight's facts task read: the decision without a plan call -------------------
 def test_a_lease_the_facts_read_is_decided_on_and_taken_in_one_module_call(tmp_path: Path) -> None:
     from dit.run.journal import Journal
 
@@ -272,22 +273,3 @@ def test_a_live_holder_the_facts_saw_is_refused_with_no_module_call_and_nothing_
         calls == [] and str(refused.value) == decide(State.LIVE, winner, "device1", str(path), False).message
     )
     assert not (tmp_path / "journal.jsonl").exists() and not path.exists()
-
-
-def test_a_run_that_took_the_node_after_the_facts_read_it_is_refused_at_the_take(tmp_path: Path) -> None:
-    path = tmp_path / "dit" / "lease.json"
-    winner = controller_holder("quickstart-20261201T060000Z-abababab-0badf00d", tmp_path / "runs" / "winner")
-    me = controller_holder(ME, tmp_path / "runs" / "me")
-
-    def winner_takes() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(winner.to_json()))
-
-    args = {"path": str(path), "run_id": ME, "holder": me.to_json(), "seen": {"lease": None}}
-    action, calls, task_vars = _lease_action(tmp_path, args, on_take=winner_takes)
-
-    result = action.run(task_vars=task_vars)
-
-    assert calls == [False] and result["failed"] and result["lease_state"] == "live"
-    assert result["msg"] == decide(State.LIVE, winner, "device1", str(path), False).message
-    assert json.loads(path.read_text())["run_id"] == winner.run_id
