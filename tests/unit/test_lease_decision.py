@@ -167,7 +167,7 @@ def run_lease_module(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _lease_action(
-    tmp_path: Path, args: dict[str, Any], on_take: Any = None
+    tmp_path: Path, args: dict[str, Any], on_take: Any = None, check_mode: bool = False
 ) -> tuple[LeaseAction, list[bool], dict[str, Any]]:
     calls: list[bool] = []
 
@@ -180,7 +180,7 @@ def _lease_action(
 
     task = SimpleNamespace(args=args, action="dit_lease", async_val=0, check_mode=False)
     connection = SimpleNamespace(_shell=SimpleNamespace(tmpdir="/nonexistent"))
-    action = LeaseAction(task, connection, SimpleNamespace(check_mode=False), None, None)
+    action = LeaseAction(task, connection, SimpleNamespace(check_mode=check_mode), None, None)
     action._execute_module = execute_module
     task_vars = {"inventory_hostname": "device1", "dit_journal_path": str(tmp_path / "journal.jsonl")}
     return action, calls, task_vars
@@ -236,6 +236,11 @@ def test_a_lease_the_facts_read_is_decided_on_and_taken_in_one_module_call(tmp_p
     path = tmp_path / "dit" / "lease.json"
     me = controller_holder(ME, tmp_path / "runs" / "me")
     args = {"path": str(path), "run_id": ME, "holder": me.to_json(), "seen": {"lease": None}}
+    planned = run_lease_module({**{k: v for k, v in args.items() if k != "seen"}, "_dit_plan": True})
+    dry, calls, task_vars = _lease_action(tmp_path, args, check_mode=True)
+    looked = dry.run(task_vars=task_vars)  # a dry run: what it would change, from what the facts read
+    assert calls == [] and looked["changed"] is True and looked["diff"] == planned["diff"]
+    assert not path.exists() and not (tmp_path / "journal.jsonl").exists()
     action, calls, task_vars = _lease_action(tmp_path, args)
 
     result = action.run(task_vars=task_vars)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -46,7 +47,9 @@ class LeaseAction(JournaledAction):
         run_id, path = str(args["run_id"]), str(args["path"])
         ours = current is not None and classify(current, run_id, "")[0] is State.OURS
         journal = [] if ours else [{"op": "lease", "undo": {"path": path, "run_id": run_id}}]
-        return {"changed": bool(journal), "current": current, "journal": journal}
+        after = current if ours else json.dumps(args["holder"], sort_keys=True) + "\n"
+        diff = {"before": current or "", "after": after}  # as the module's plan reports it (a dry run's)
+        return {"changed": bool(journal), "current": current, "journal": journal, "diff": diff}
 
     def review(self, plan: dict[str, Any], args: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         current = plan.get("current")
