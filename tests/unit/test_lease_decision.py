@@ -278,3 +278,36 @@ def test_a_live_holder_the_facts_saw_is_refused_with_no_module_call_and_nothing_
         calls == [] and str(refused.value) == decide(State.LIVE, winner, "device1", str(path), False).message
     )
     assert not (tmp_path / "journal.jsonl").exists() and not path.exists()
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        None,
+        "ours",  # this run's complete lease
+        json.dumps({"run_id": ME}),  # this run's id, not a complete holder
+        "theirs",
+        '{"run_id": ""}',
+        "not json",
+        "[1, 2]",
+    ],
+)
+def test_the_plan_from_the_facts_read_is_the_module_s_own_plan(tmp_path: Path, found: str | None) -> None:
+    """The action's plan from the lease the facts read and the module's plan mode over the same file
+    agree on every content: what is journaled, whether it changes, the diff a dry run shows (the node
+    side's run_id_of and the controller's named_run_id read a lease's run id alike)."""
+    path = tmp_path / "dit" / "lease.json"
+    me = controller_holder(ME, tmp_path / "runs" / "me")
+    other = controller_holder("quickstart-20261201T060000Z-abababab-0badf00d", tmp_path / "runs" / "other")
+    content = {"ours": json.dumps(me.to_json()), "theirs": json.dumps(other.to_json())}.get(str(found), found)
+    if content is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    args = {"path": str(path), "run_id": ME, "holder": me.to_json()}
+    planned = run_lease_module({**args, "_dit_plan": True})
+    action, calls, _ = _lease_action(tmp_path, {**args, "seen": {"lease": content}})
+    known = action.known_plan(dict(action._task.args), {})
+    assert known is not None and calls == []
+    assert {k: known[k] for k in ("changed", "current", "journal", "diff")} == {
+        k: planned[k] for k in ("changed", "current", "journal", "diff")
+    }

@@ -9,7 +9,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.parsing.convert_bool import boolean
 
 from dit.ansible_plugins.journaled import JournaledAction
-from dit.run.lease_decision import Decision, State, classify, decide
+from dit.run.lease_decision import Decision, State, classify, decide, named_run_id
 
 
 class LeaseAction(JournaledAction):
@@ -45,7 +45,7 @@ class LeaseAction(JournaledAction):
                 f"seen.lease must be the lease file's text or null, not {type(current).__name__}"
             )
         run_id, path = str(args["run_id"]), str(args["path"])
-        ours = current is not None and classify(current, run_id, "")[0] is State.OURS
+        ours = current is not None and named_run_id(current) == run_id  # as the module's plan decides it
         journal = [] if ours else [{"op": "lease", "undo": {"path": path, "run_id": run_id}}]
         after = current if ours else json.dumps(args["holder"], sort_keys=True) + "\n"
         diff = {"before": current or "", "after": after}  # as the module's plan reports it (a dry run's)

@@ -86,6 +86,18 @@ def _utc(wall_ns: int) -> str:
     return datetime.fromtimestamp(wall_ns / 1e9, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def named_run_id(text: str) -> str | None:
+    """The run id a lease file's content names (its ``run_id``), or None: what the node's
+    ``dit_lease`` calls this run's own lease, which it keeps and journals nothing for. The node side
+    cannot import dit, so ``module_utils/dit_lease_file.py`` spells the same reading (``run_id_of``);
+    a test holds the two to the same answers."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return str(data.get("run_id")) if isinstance(data, dict) and data.get("run_id") else None
+
+
 def parse_holder(data: Any) -> Holder | None:
     """The holder in a lease file's JSON, or None when it is not a complete lease."""
     if not isinstance(data, Mapping):
