@@ -19,14 +19,13 @@ import shutil
 import tempfile
 from typing import Any
 
-from ansible.plugins.action import ActionBase
-
+from dit.ansible_plugins.node_module import NodeModuleAction
 from dit.trusted import write_file_nofollow
 
 INLINE_MAX_BYTES = 8 * 1024 * 1024
 
 
-class CollectAction(ActionBase):  # type: ignore[misc]
+class CollectAction(NodeModuleAction):
     # No remote temporary directory made before the module runs (and removed after it): two more
     # processes on the node for nothing, as the transfer back needs none.
     TRANSFERS_FILES = False

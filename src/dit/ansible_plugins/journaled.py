@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
 
+from dit.ansible_plugins.node_module import NodeModuleAction
 from dit.run.journal import Journal
 
 
@@ -38,7 +38,7 @@ def _key(record: dict[str, Any]) -> str:
     return json.dumps({"op": record.get("op"), "undo": record.get("undo")}, sort_keys=True)
 
 
-class JournaledAction(ActionBase):  # type: ignore[misc]
+class JournaledAction(NodeModuleAction):
     TRANSFERS_FILES = False
     _requires_connection = True
 

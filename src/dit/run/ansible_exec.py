@@ -32,6 +32,7 @@ import yaml
 from dit.ansible_data import unsafe_yaml
 from dit.ansible_plugins.handoff import STOP_KEY
 from dit.paths import content_root
+from dit.run.node_modules import built_library
 from dit.run.rundir import write_text
 
 RESULT_EVENTS = {
@@ -147,11 +148,13 @@ def write_extravars(private_dir: Path, extravars: Mapping[str, Any]) -> Path:
 
 
 def ansible_env() -> dict[str, str]:
+    """The environment of every Ansible run: dit's content, its modules as a node runs them
+    (:mod:`dit.run.node_modules`)."""
     root = content_root()
     bindir = str(Path(sys.executable).parent)
     return {
         "ANSIBLE_CONFIG": str(root / "ansible.cfg"),
-        "ANSIBLE_LIBRARY": str(root / "library"),
+        "ANSIBLE_LIBRARY": str(built_library(root)),
         "ANSIBLE_MODULE_UTILS": str(root / "module_utils"),
         "ANSIBLE_ACTION_PLUGINS": str(root / "action_plugins"),
         "ANSIBLE_FILTER_PLUGINS": str(root / "filter_plugins"),
