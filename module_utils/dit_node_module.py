@@ -10,19 +10,22 @@ the interpreter's start.
 
 What it relies on: Ansible's argument validation has already run on the controller
 (``dit.ansible_plugins.node_module``: the same ``ModuleArgumentSpecValidator`` ``AnsibleModule`` runs),
-so the arguments arrive checked, converted and with every default, in the JSON file whose path
-Ansible passes as the first argument (its ``WANT_JSON`` convention); values the spec marks ``no_log``
-are masked in the result on the controller too. A script given arguments that did not go through
-that validation refuses to run. Not kept: the file attributes ``AnsibleModule`` adds to a result that
-names a ``path`` (its owner, mode, size: ``add_path_info``), which no dit module documents or reads.
+so the arguments arrive checked, converted and with every default. Ansible substitutes them into the
+script as a bytes literal (``_DIT_ANSIBLE_ARGS`` of ``__main__``): its own keys (check mode, diff,
+no_log ...) beside the module's arguments, JSON encoded in base64 under ``_dit_args_b64``. Values the
+spec marks ``no_log`` are shown masked in the invocation, and masked on the controller too. A script
+whose arguments did not go through that validation refuses to run. Not kept: the file attributes
+``AnsibleModule`` adds to a result that names a ``path`` (its owner, mode, size: ``add_path_info``),
+which no dit module documents or reads.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 
-INTERNAL_PREFIX = "_ansible_"
+ARGS_KEY = "_dit_args_b64"
 #: What ``AnsibleModule`` shows in place of an option marked ``no_log``.
 MASKED = "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
 
@@ -31,15 +34,16 @@ def masked(params, spec):
     """``params`` with every option ``spec`` marks ``no_log`` (suboptions included) shown as ``MASKED``,
     as ``AnsibleModule`` reports its invocation (a file's content is not sent back)."""
     out = {}
-    for name, value in params.items():
+    for name, given in params.items():
         option = spec.get(name) or {}
-        if option.get("no_log") and value is not None:
-            value = MASKED
-        elif option.get("options") and isinstance(value, dict):
-            value = masked(value, option["options"])
-        elif option.get("options") and isinstance(value, list):
-            value = [masked(item, option["options"]) if isinstance(item, dict) else item for item in value]
-        out[name] = value
+        shown = given
+        if option.get("no_log") and given is not None:
+            shown = MASKED
+        elif option.get("options") and isinstance(given, dict):
+            shown = masked(given, option["options"])
+        elif option.get("options") and isinstance(given, list):
+            shown = [masked(item, option["options"]) if isinstance(item, dict) else item for item in given]
+        out[name] = shown
     return out
 
 
@@ -48,9 +52,9 @@ class AnsibleModule:
 
     def __init__(self, argument_spec=None, supports_check_mode=False, **constraints):
         # ``constraints`` (required_one_of, required_together, ...) were checked on the controller.
-        with open(sys.argv[1], encoding="utf-8") as handle:
-            args = json.load(handle)
-        self.params = dict((k, v) for k, v in args.items() if not k.startswith(INTERNAL_PREFIX))
+        args = json.loads(sys.modules["__main__"]._DIT_ANSIBLE_ARGS)
+        encoded = args.get(ARGS_KEY)
+        self.params = json.loads(base64.b64decode(encoded).decode("utf-8")) if encoded else {}
         self.check_mode = bool(args.get("_ansible_check_mode"))
         self.no_log = bool(args.get("_ansible_no_log"))
         self._diff = bool(args.get("_ansible_diff"))

@@ -4,22 +4,26 @@ The module a node runs (:mod:`dit.run.node_modules`) imports nothing of Ansible,
 ``AnsibleModule`` would do on the node (types and conversions, defaults, choices, suboptions,
 required and mutually dependent options, unknown names refused) runs here, with the same
 ``ModuleArgumentSpecValidator`` and the keyword arguments the module passes to ``AnsibleModule``; the
-node gets the validated arguments, every default included. Values an option marks ``no_log`` are
+node gets the validated arguments, every default included, as one base64-encoded JSON argument (no
+text of theirs is in what Ansible substitutes into the script). Values an option marks ``no_log`` are
 masked in what comes back, as ``AnsibleModule`` masks them. A module not built by dit (a checkout's
 ``library/`` run by hand, or by molecule) is left to Ansible and its own ``AnsibleModule``.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 from ansible.module_utils.common.arg_spec import ModuleArgumentSpecValidator
+from ansible.module_utils.common.json import Direction, get_module_encoder
 from ansible.module_utils.common.parameters import remove_values
 from ansible.module_utils.errors import UnsupportedError
 from ansible.plugins.action import ActionBase
 from ansible.plugins.action.normal import ActionModule as NormalAction
 
-from dit.run.node_modules import recorded_kwargs
+from dit.run.node_modules import ARGS_KEY, recorded_kwargs
 
 _CONSTRAINTS = ("mutually_exclusive", "required_together", "required_one_of", "required_if", "required_by")
 
@@ -62,7 +66,9 @@ class NodeModuleAction(ActionBase):  # type: ignore[misc]
         params, no_log, msg = validate(short, recorded, given)
         if msg:
             return {"failed": True, "msg": msg}
-        result: dict[str, Any] = super()._execute_module(name, params, *args, **kwargs)
+        encoder = get_module_encoder("legacy", Direction.CONTROLLER_TO_MODULE)
+        wrapped = {ARGS_KEY: base64.b64encode(json.dumps(params, cls=encoder).encode()).decode("ascii")}
+        result: dict[str, Any] = super()._execute_module(name, wrapped, *args, **kwargs)
         return remove_values(result, no_log) if no_log else result
 
 
