@@ -13,6 +13,8 @@ Each figure is printed with the load average (``/proc/loadavg``) as it was measu
 machine a figure means little without it. Issue 48's target, on the emulated rack: <= 6 s per variant.
 
     .venv/bin/python benchmarks/bench_sweep.py [--variants 5] [--devices 2] [--modes unit,separate]
+    .venv/bin/python benchmarks/bench_sweep.py --inventory /var/lib/dit/rack/inventory.yml \
+        --devices 4 --delay-ms 5 --modes unit       # on the emulated rack (`dit rack up`), issue 48's target
     .venv/bin/python benchmarks/bench_sweep.py --smoke     # 2 variants, 1 device, unit only: the same path
 """
 
@@ -34,8 +36,8 @@ from dit.run.sweep import driver_runner, run_sweep
 from dit.scenario import Scenario, load
 
 
-def variants(directory: Path, count: int, devices: int) -> list[Scenario]:
-    doc = {
+def variants(directory: Path, count: int, devices: int, delay_ms: float = 0.0) -> list[Scenario]:
+    doc: dict[str, object] = {
         "name": "bench_sweep",
         "model": {"name": "fake", "params": {"profile": "tiny"}},
         "devices": [f"device{i}" for i in range(1, devices + 1)],
@@ -47,6 +49,8 @@ def variants(directory: Path, count: int, devices: int) -> list[Scenario]:
         "timing": {"start_lead_s": 1.0},
         "sweep": {"path": "seed", "values": list(range(1, count + 1))},
     }
+    if delay_ms:
+        doc["network"] = {"device1": {"delay_ms": delay_ms}}
     path = directory / f"bench_sweep_{count}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return load(path)
@@ -56,9 +60,12 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text(encoding="ascii").split()[:3])
 
 
-def timed(mode: str, scenarios: list[Scenario], runs_root: Path) -> tuple[float, float]:
-    """(wall time, sum of the variants' profile stages) in seconds, running ``scenarios`` in ``mode``."""
-    options = RunOptions(runs_root=runs_root, console=Console(file=io.StringIO()))
+def timed(
+    mode: str, scenarios: list[Scenario], runs_root: Path, inventory: str | None = None
+) -> tuple[float, float]:
+    """(wall time, sum of the variants' profile stages) in seconds, running ``scenarios`` in ``mode``
+    (on ``inventory``'s nodes, or in local mode)."""
+    options = RunOptions(runs_root=runs_root, inventory=inventory, console=Console(file=io.StringIO()))
     start = time.monotonic()
     if mode == "unit":
         outcomes = run_sweep(
@@ -84,6 +91,8 @@ def main() -> None:
     parser.add_argument("--variants", type=int, default=5)
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--modes", default="unit,separate", help="unit, separate or both (comma-separated)")
+    parser.add_argument("--inventory", help="run on these nodes (e.g. the emulated rack's inventory.yml)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="added delay on device1's link")
     parser.add_argument("--smoke", action="store_true", help="2 variants, 1 device, unit only (CI)")
     args = parser.parse_args()
     if args.smoke:
@@ -93,11 +102,12 @@ def main() -> None:
     os.environ.setdefault("DIT_LOCAL_LEASE_DIR", tempfile.mkdtemp(prefix="dit-bench-lease-"))
     for mode in args.modes.split(","):
         with tempfile.TemporaryDirectory(prefix="dit-bench-sweep-") as tmp:
-            one, many = variants(Path(tmp), 1, args.devices), variants(Path(tmp), args.variants, args.devices)
+            one = variants(Path(tmp), 1, args.devices, args.delay_ms)
+            many = variants(Path(tmp), args.variants, args.devices, args.delay_ms)
             load_one = loadavg()
-            wall_1, profile_1 = timed(mode, one, Path(tmp) / "runs1")
+            wall_1, profile_1 = timed(mode, one, Path(tmp) / "runs1", args.inventory)
             load_many = loadavg()
-            wall_n, profile_n = timed(mode, many, Path(tmp) / "runsN")
+            wall_n, profile_n = timed(mode, many, Path(tmp) / "runsN", args.inventory)
             load_end = loadavg()
         n = args.variants
         overhead = ((wall_n - wall_1) - (profile_n - profile_1)) / (n - 1)
@@ -107,6 +117,7 @@ def main() -> None:
         )
         print(
             f"{mode}: per-variant overhead {overhead:.1f} s with {args.devices} device(s) + edge "
+            f"{'on ' + args.inventory if args.inventory else 'in local mode'} "
             f"(target on the emulated rack: <= 6 s)"
         )
 
