@@ -7,6 +7,7 @@ every step go to ``tests/e2e/artifacts/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -153,10 +154,15 @@ class HeldRequests:
     """Requests matching ``pattern`` held back (as a slow server would answer them) until
     :meth:`release`: a test acts on the page meanwhile, then lets the late answers land."""
 
+    #: Holds a test left in place when it failed before releasing them: let go after that test
+    #: (:func:`_let_go_of_held_requests`), or every later test on the module's one page would wait on them.
+    left: ClassVar[list[HeldRequests]] = []
+
     def __init__(self, page: Any, pattern: str) -> None:
         self.page, self.pattern = page, pattern
         self.routes: list[Any] = []
         page.route(pattern, self._hold)
+        HeldRequests.left.append(self)
 
     def _hold(self, route: Any) -> None:
         self.routes.append(route)
@@ -173,3 +179,19 @@ class HeldRequests:
             for route in self.routes:
                 route.continue_()
         self.page.unroute(self.pattern)
+        HeldRequests.left.remove(self)
+
+    def let_go(self) -> None:
+        """Release what is held without waiting for it (after a failed test)."""
+        for route in self.routes:
+            with contextlib.suppress(Exception):
+                route.continue_()
+        with contextlib.suppress(Exception):
+            self.page.unroute(self.pattern)
+
+
+@pytest.fixture(autouse=True)
+def _let_go_of_held_requests() -> Iterator[None]:
+    yield
+    while HeldRequests.left:
+        HeldRequests.left.pop().let_go()

@@ -243,7 +243,10 @@ def test_form_errors_are_red_current_and_linked_and_the_diff_reads_old_to_new(pa
     page.wait_for_function(f"() => document.getElementById('version-hash').textContent !== '{first}'")
 
     # the history the Save listed is ticked while opening the scenario refreshes it (held here until the
-    # boxes are ticked, as a slow server does): the refresh keeps the ticks (CI once found Diff disabled)
+    # boxes are ticked, as a slow server does): the refresh keeps the ticks (CI once found Diff disabled).
+    # The Save's own refresh asks the same URL: it must have landed before the hold, or it is held too
+    # (a loaded CI run found the list still at the first Save's one version).
+    page.wait_for_function("() => document.querySelectorAll('#history-list input').length === 2")
     held = HeldRequests(page, "**/api/scenarios/pages_form/versions")
     page.click("#stored-list li[data-name=pages_form]")
     page.wait_for_function("() => document.querySelectorAll('#history-list input').length === 2")
