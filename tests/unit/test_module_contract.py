@@ -13,30 +13,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.ansible_modules import library_module, library_names, with_dit_fragments
+from dit.run.node_modules import recorded_from_source
+from tests.ansible_modules import REPO, library_module, library_names, with_dit_fragments
 
 MODULES = library_names()
 SUPPORT = {"full", "partial", "none", "N/A"}
 
 
-class _Constructed(Exception):
-    def __init__(self, kwargs: dict[str, Any]) -> None:
-        super().__init__("AnsibleModule constructed")
-        self.kwargs = kwargs
-
-
-class _Recorder:
-    def __init__(self, **kwargs: Any) -> None:
-        raise _Constructed(kwargs)
-
-
 def module_kwargs(name: str) -> dict[str, Any]:
-    """The keyword arguments ``library/<name>.py`` passes to ``AnsibleModule``."""
-    module = library_module(name, as_name=f"contract_{name}")
-    module.AnsibleModule = _Recorder
-    with pytest.raises(_Constructed) as constructed:
-        module.main()
-    return constructed.value.kwargs
+    """The keyword arguments ``library/<name>.py`` passes to ``AnsibleModule`` (recorded as dit's module
+    build records them)."""
+    return recorded_from_source(REPO, [name])[name]
 
 
 def docs(name: str) -> tuple[dict[str, Any], Any, Any]:
