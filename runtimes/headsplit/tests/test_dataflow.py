@@ -177,6 +177,42 @@ def test_a_rejected_speculation_reruns_the_heads() -> None:
     assert torch.equal(torch.stack(res.logits), ref.logits)
 
 
+class SendOrder(engine.InProcessTransport):
+    """Records, for every X a worker sends to another worker, whether the sender had already run its
+    own heads of that layer when it sent it."""
+
+    def __init__(self, states: dict[str, engine.WorkerState]) -> None:
+        super().__init__(states)
+        self.x_sent: list[tuple[str, str, int, bool]] = []
+
+    def send(self, msg: dataflow.Msg) -> None:
+        if msg.kind == "x" and msg.src in self.states and msg.dst in self.states:
+            node = self.states[msg.src].node
+            assert node is not None
+            self.x_sent.append((msg.src, msg.dst, msg.layer, ("heads", msg.layer) in node.cur.done))
+        super().send(msg)
+
+
+def test_the_ffn_worker_pushes_x_before_it_runs_its_own_heads() -> None:
+    """The FFN's worker of layer l also holds heads of layer l + 1 (``spread``): its X must reach the
+    other head workers before it computes its own share, or the layer's heads run one after another
+    (the FFN worker's first, then everyone else's) instead of at once. It used to return its messages
+    only after its whole cascade of local stages had run."""
+    cfg = preset("gpt2-tiny")
+    w = model.seeded_weights(cfg)
+    placement = spread(cfg, WORKERS)
+    tr, res = run(cfg, w, placement, WORKERS, 2, SendOrder)
+    assert isinstance(tr, SendOrder)
+    assert len(res.generated) == 2
+    crossing = [s for s in tr.x_sent if s[2] < cfg.n_layers]
+    own_heads = {(placement[Unit(layer - 1, "ffn")], layer) for layer in range(1, cfg.n_layers)
+                 if any(placement[Unit(layer, "head", h)] == placement[Unit(layer - 1, "ffn")]
+                        for h in range(cfg.n_heads))}  # fmt: skip
+    assert own_heads, "the placement must give an FFN worker heads of the next layer"
+    assert {(src, layer) for src, _, layer, _ in crossing} >= own_heads
+    assert [s for s in crossing if s[3]] == []  # no X sent after its sender's own heads of that layer
+
+
 class Shuffled(engine.InProcessTransport):
     """Delivers the pending messages in a random (seeded) order: a speculative Z may arrive after the
     rejection, a head worker's outputs before the projection's X."""

@@ -163,16 +163,26 @@ class Node:
     def name(self) -> str:
         return self.state.name
 
-    def deliver(self, msg: Msg) -> list[Msg]:
+    def deliver(self, msg: Msg, push: Callable[[Msg], None] | None = None) -> list[Msg]:
+        """Run every stage ``msg`` completes, and the stages of this worker those complete in turn.
+        With ``push``, a message to another process is pushed the moment its stage has produced it,
+        before this worker runs its own next stages: the FFN's worker sends the next layer's X to the
+        other head workers before it computes its own share of those heads, so the heads run at once
+        (returning them all at the end serialised the FFN worker's heads before everyone else's).
+        Without ``push`` they are returned, in the order they were produced."""
         if msg.key < self.cur.key:
             return []  # a retried step's leftovers
         if msg.key > self.cur.key:
             self.cur = _StepState(msg.key, msg.start)
         out: list[Msg] = []
+        send = out.append if push is None else push
         work = deque([msg])
         while work:
             for m in self._on(work.popleft()):
-                (work if m.dst == self.name else out).append(m)
+                if m.dst == self.name:
+                    work.append(m)
+                else:
+                    send(m)
         return out
 
     def records(self, step: int) -> list[dict[str, Any]]:

@@ -246,11 +246,14 @@ class WorkerState:
             self.node.plan = plan
         return None, time.perf_counter_ns() - t0
 
-    def deliver(self, msg: dataflow.Msg) -> list[dataflow.Msg]:
-        """One pushed message in; the messages this worker pushes on (to other processes) out."""
+    def deliver(
+        self, msg: dataflow.Msg, push: Callable[[dataflow.Msg], None] | None = None
+    ) -> list[dataflow.Msg]:
+        """One pushed message in; the messages this worker pushes on (to other processes) pushed
+        with ``push`` as each is produced, else returned (``dataflow.Node.deliver``)."""
         if self.node is None:
             raise RuntimeError(f"{self.name}: a dataflow message before configure")
-        return self.node.deliver(msg)
+        return self.node.deliver(msg, push)
 
     def report(self, step: int) -> tuple[tuple[int, list[dict[str, Any]]], int]:
         """Between tokens: the bytes held (as ``nbytes``) and this worker's stage records of ``step``."""
@@ -439,8 +442,7 @@ class InProcessTransport:
             if m.dst == CONTROLLER:
                 last = m
                 continue
-            for out in self.states[m.dst].deliver(m):
-                self.send(out)
+            self.states[m.dst].deliver(m, self.send)
         if last is None:
             raise RuntimeError("dataflow: the step ended without its last X reaching the controller")
         return last

@@ -286,13 +286,11 @@ def remote_deliver(msg: dataflow.Msg) -> None:
         with _W.lock:
             if _W.state is None:
                 raise RuntimeError("worker not set up: call setup first")
-            out = _W.state.deliver(msg)
+            _W.state.deliver(msg, _push)  # each output pushed the moment it exists
     except Exception as exc:  # the controller's step fails with it instead of timing out
         text = f"{msg.dst}: {type(exc).__name__}: {exc}"
-        out = [dataflow.Msg("error", msg.step, msg.attempt, msg.start, msg.layer, msg.dst,
-                            CONTROLLER_NAME, None, text=text)]  # fmt: skip
-    for m in out:
-        _push(m)
+        _push(dataflow.Msg("error", msg.step, msg.attempt, msg.start, msg.layer, msg.dst,
+                           CONTROLLER_NAME, None, text=text))  # fmt: skip
 
 
 def remote_ping() -> int:
