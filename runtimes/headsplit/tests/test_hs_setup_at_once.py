@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from headsplit.config import preset
-from headsplit.controller import set_up_workers
+from headsplit.controller import set_up_workers, time_unit_steps
 from headsplit.rpc import RpcCallFailed
 from headsplit.units import Unit, all_units
 
@@ -51,3 +51,23 @@ def test_a_failed_set_up_is_raised_after_the_others_ended() -> None:
     with pytest.raises(RpcCallFailed, match=r"^worker2\.remote_setup: failed 4 times"):
         set_up_workers(tr, CFG, _shares(3))
     assert sorted(tr.done) == ["worker1", "worker3"]  # their calls ended; nothing is left running
+
+
+class MeetingTimer:
+    """Each worker's timing of its unit steps waits for every other's to have started: timings made one
+    after another never meet, and the barrier breaks instead of hanging."""
+
+    def __init__(self, workers: int) -> None:
+        self.barrier = threading.Barrier(workers, timeout=10)
+
+    def unit_step_s(self, worker: str, cfg: Any, context_tokens: int) -> tuple[float, float, float]:
+        self.barrier.wait()
+        n = int(worker.removeprefix("worker"))
+        return 0.01 * n, 0.001 * n, 0.02 * n + context_tokens * 1e-6
+
+
+def test_every_worker_times_its_unit_steps_at_the_same_time() -> None:
+    """A drift of the machine's speed while the costs are timed falls on every worker alike; each
+    worker's own figures come back under its name."""
+    got = time_unit_steps(MeetingTimer(4), CFG, ["worker1", "worker2", "worker3", "worker4"], 10)
+    assert got == {f"worker{n}": (0.01 * n, 0.001 * n, 0.02 * n + 10e-6) for n in range(1, 5)}

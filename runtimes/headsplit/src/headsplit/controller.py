@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import importlib
 import json
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -33,6 +34,8 @@ from headsplit import engine, model
 from headsplit.config import CONTROLS, DEFAULT_TAU, ModelConfig, preset
 from headsplit.profile_costs import RULE, ProfileCosts, costs_from_document
 from headsplit.units import Unit
+
+_T = TypeVar("_T")
 
 STRATEGIES = ("layerwise", "roundrobin", "greedy")
 
@@ -404,7 +407,8 @@ def perplexity_pass(rc: RunConfig, eng: engine.Engine) -> dict[str, Any]:
 
 UNIT_STEPS_RULE = (
     "per worker at start, one decode step of a layer's heads (with their KV copies), of its projection and "
-    "of its FFN on the run's model at the planned context, timed in turn (workers[].unit_step_ns); a unit "
+    "of its FFN on the run's model at the planned context, the three in turn, every worker at once "
+    "(workers[].unit_step_ns); a unit "
     "kind's rate is the cost model's FLOPs of that step over its time"
 )
 
@@ -492,20 +496,48 @@ class SetupTransport(Protocol):
     ) -> int: ...
 
 
+class StepTimingTransport(Protocol):
+    def unit_step_s(
+        self, worker: str, cfg: ModelConfig, context_tokens: int
+    ) -> tuple[float, float, float]: ...
+
+
+def _at_once(calls: dict[str, Callable[[], _T]], prefix: str) -> dict[str, _T]:
+    """Every call at the same time, one thread each; every call ends before this returns; the first
+    failure, in the order of ``calls``, is raised."""
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(len(calls), 1), thread_name_prefix=prefix
+    ) as pool:
+        futures = {name: pool.submit(call) for name, call in calls.items()}
+    return {name: future.result() for name, future in futures.items()}  # leaving the pool waited
+
+
 def set_up_workers(
     tr: SetupTransport, cfg: ModelConfig, shares: dict[str, tuple[dict[str, str] | None, list[Unit]]]
 ) -> None:
     """Every worker builds its share at once, each on its own board (or CPU quota): the set-up lasts as
     long as the slowest worker's, not the sum of them (one after another, four TinyLlama workers at 25 %
-    of a CPU each took 26.6 s of every Chapter 6 variant on the emulated rack). Set-up is no measurement:
-    the workers' costs were timed before, one at a time. Every call ends before this returns; the first
-    failure, in worker order, is raised."""
-    with concurrent.futures.ThreadPoolExecutor(
-        max_workers=max(len(shares), 1), thread_name_prefix="hs-setup"
-    ) as pool:
-        futures = {n: pool.submit(tr.setup, n, cfg, ckpt, units) for n, (ckpt, units) in shares.items()}
-    for future in futures.values():  # leaving the pool waited for every call
-        future.result()
+    of a CPU each took 26.6 s of every Chapter 6 variant on the emulated rack). Set-up is no
+    measurement. Every call ends before this returns; the first failure, in worker order, is raised."""
+    _at_once(
+        {n: functools.partial(tr.setup, n, cfg, ckpt, units) for n, (ckpt, units) in shares.items()},
+        "hs-setup",
+    )
+
+
+def time_unit_steps(
+    tr: StepTimingTransport, cfg: ModelConfig, workers: list[str], context_tokens: int
+) -> dict[str, tuple[float, float, float]]:
+    """Every worker times its decode steps of a layer's heads, projection and FFN (``engine.
+    time_unit_steps``) at the same time, each on its own board (or CPU quota), so that a change in the
+    machine's speed while they are timed falls on all of them alike. One after another, four workers
+    with the same 25 % quota of one CPU on the emulated rack timed their heads' step 21-44 ms (a
+    2x spread between identical boards, from the VM's speed drifting over the two seconds), and
+    greedy dealt one of them 15 of a layer's 32 heads and another 3. The placement prices each unit
+    kind on each worker from these."""
+    return _at_once(
+        {w: functools.partial(tr.unit_step_s, w, cfg, context_tokens) for w in workers}, "hs-steps"
+    )
 
 
 def why_lost(rc: RunConfig, message: str, needs: dict[str, Any], node_limits: dict[str, int]) -> str:
@@ -551,18 +583,22 @@ def run(rc: RunConfig) -> dict[str, Any]:
     except ImportError:
         if rc.placement is None:
             raise
+    # the placement prices unit kinds from the profile run's costs, else from every worker's decode
+    # steps of the run's units timed now, at once (the matmul's flops_per_s is no unit's rate)
+    timed = (
+        time_unit_steps(tr, cfg, [w.name for w in rc.workers], planned)
+        if rc.placement_costs is None and hp is not None
+        else {}
+    )
     for w in rc.workers:
         rtt = tr.rtt_ns(w.name)
         flops = tr.flops_per_s(w.name)
         node_limits[w.name] = tr.node_memory(w.name)
         limits[w.name] = w.memory_limit_bytes or node_limits[w.name]
-        # what the placement costs each unit kind at: the profile run's, else the worker's own decode
-        # steps of the run's units timed now (the matmul's flops_per_s is no unit's rate)
-        step_s: tuple[float, float, float] | None = None
+        step_s = timed.get(w.name)
         if rc.placement_costs is not None:
             rates = rc.placement_costs.rates(w.host)
-        elif hp is not None:
-            step_s = tr.unit_step_s(w.name, cfg, planned)
+        elif step_s is not None:
             rates = hp.step_rates(cfg, planned, step_s)
         else:
             rates = (flops,) * 3
