@@ -142,6 +142,8 @@ class _Worker:
     stall_pending: str | None = None
     net: pushnet.PushNet | None = None  # dataflow control's connections (headsplit.pushnet)
     push_errors: list[str] = field(default_factory=list)
+    # the pushed messages, in order of arrival, for the one thread that delivers them (_deliver_loop)
+    inbox: queue.SimpleQueue[dataflow.Msg | None] | None = None
 
 
 _W = _Worker(stall_pending=os.environ.get("HEADSPLIT_STALL_ONCE") or None)
@@ -240,11 +242,25 @@ def _push(msg: dataflow.Msg) -> None:
 
 
 def remote_push_open() -> tuple[str, int]:
-    """Open this worker's dataflow listener on its own address; where it listens."""
+    """Open this worker's dataflow listener on its own address, and start the thread that delivers
+    what arrives on it; where it listens."""
     with _W.lock:
         if _W.net is None:
-            _W.net = pushnet.PushNet(trpc.get_worker_info().name, OWN["address"], remote_deliver)
+            inbox: queue.SimpleQueue[dataflow.Msg | None] = queue.SimpleQueue()
+            threading.Thread(target=_deliver_loop, args=(inbox,), name="hs-deliver", daemon=True).start()
+            _W.inbox = inbox
+            _W.net = pushnet.PushNet(trpc.get_worker_info().name, OWN["address"], inbox.put)
         return _W.net.address
+
+
+def _deliver_loop(inbox: queue.SimpleQueue[dataflow.Msg | None]) -> None:
+    """A worker's pushed messages, delivered one at a time in order of arrival (until ``None``). The
+    connections' reader threads only read whole frames and queue them here, so a reader never waits for
+    the worker's lock: a push this worker makes while it holds the lock (``remote_deliver``) always
+    finds its receiver reading, and two workers pushing large frames to each other cannot each wait
+    for the other to read."""
+    while (msg := inbox.get()) is not None:
+        remote_deliver(msg)
 
 
 def push_listener() -> list[str]:
@@ -260,6 +276,9 @@ def close_push() -> None:
     if _W.net is not None:
         _W.net.close()
         _W.net = None
+    if _W.inbox is not None:
+        _W.inbox.put(None)
+        _W.inbox = None
 
 
 def remote_push_connect(table: dict[str, tuple[str, int]]) -> None:
@@ -270,8 +289,9 @@ def remote_push_connect(table: dict[str, tuple[str, int]]) -> None:
 
 
 def remote_deliver(msg: dataflow.Msg) -> None:
-    """A pushed message arrives: the controller's last X into its inbox; a worker's into its scheduler,
-    whose outputs are pushed on at once. Test hook: ``HEADSPLIT_STALL_ONCE=heads`` drops the first X
+    """A pushed message arrives: the controller's last X into its inbox; a worker's into its scheduler
+    (on the worker's delivering thread, ``_deliver_loop``), whose outputs are pushed on the moment each
+    exists, under the worker's lock. Test hook: ``HEADSPLIT_STALL_ONCE=heads`` drops the first X
     this worker receives after stalling (the heads' input never arrives)."""
     if msg.dst == CONTROLLER_NAME:
         INBOX.put(msg)
