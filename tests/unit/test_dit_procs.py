@@ -101,3 +101,25 @@ def test_process_states_tell_running_exited_and_vanished_processes_apart(tmp_pat
     assert vary["failed"] and vary["exit_code"] == 3
     assert vary["stderr_tail"] == [f"line {i}" for i in range(20, 30)]
     assert procs.process_states(str(tmp_path / "missing"), run_id) == []
+
+
+def test_a_spawned_process_can_be_found_by_its_tags_as_soon_as_spawn_returns(tmp_path: Path) -> None:
+    """Linux closes the exec status pipe Popen waits on before it lays out the new image's
+    environment: for a moment /proc/<pid>/environ reads empty, and a reap or a state check then misses
+    the process (1-2 % of spawns here; CI's parallel pass met it in
+    test_process_states_tell_running_exited_and_vanished_processes_apart). spawn returns only once
+    the tags can be read."""
+    procs = load()
+    run_id = f"test-{uuid.uuid4().hex}"
+    env = procs.tagged_env(os.environ, run_id, "device1", "sleeper")
+    missed = 0
+    for i in range(300):
+        child = procs.spawn(
+            ["sleep", "30"], env, str(tmp_path), str(tmp_path / f"{i}.out"), str(tmp_path / f"{i}.err")
+        )
+        try:
+            missed += not procs.alive_as(child.pid, run_id, "sleeper")
+        finally:
+            child.kill()
+            child.wait()
+    assert missed == 0
