@@ -373,3 +373,42 @@ def test_per_worker_shards_of_a_hf_directory_over_rpc_stay_exact(tmp_path: Path)
     ref_ids, _ = model.generate(cfg, model.load_checkpoint(cfg, d, pin), model.tokenize("The heads", cfg), 8)
     assert result["generated"] == ref_ids
     assert result["placement"]["units"] == doc["placement"]
+
+
+class _SlowState:
+    """A worker state whose delivery is a torch kernel that takes a while (as a speculative heads call
+    the step's last X did not wait for)."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+
+    def deliver(self, msg: Any, push: Any) -> list[Any]:
+        a = torch.randn(600, 600)
+        for _ in range(40):
+            a = torch.tanh(a @ a)
+        self.delivered += 1
+        return []
+
+
+def test_close_push_returns_only_after_the_delivering_thread_has_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon thread still inside one of torch's kernels when the interpreter finalises aborts the
+    process ("terminate called without an active exception", signal 6: CI met it once in the stalled
+    call test below, after the worker had written its report). close_push lets the delivering thread
+    finish what it was given and end before the worker's main returns."""
+    import queue
+    import threading
+
+    from headsplit import dataflow, rpc
+
+    state = _SlowState()
+    inbox: queue.SimpleQueue[dataflow.Msg | None] = queue.SimpleQueue()
+    thread = threading.Thread(target=rpc._deliver_loop, args=(inbox,), daemon=True)
+    monkeypatch.setattr(rpc, "_W", rpc._Worker(state=state, inbox=inbox, delivering=thread))  # type: ignore[arg-type]
+    thread.start()
+    for step in range(2):
+        inbox.put(dataflow.Msg("x", step, 0, 0, 1, "worker1", "worker2", None))
+    rpc.close_push()
+    assert not thread.is_alive()
+    assert state.delivered == 2

@@ -144,9 +144,11 @@ class _Worker:
     push_errors: list[str] = field(default_factory=list)
     # the pushed messages, in order of arrival, for the one thread that delivers them (_deliver_loop)
     inbox: queue.SimpleQueue[dataflow.Msg | None] | None = None
+    delivering: threading.Thread | None = None
 
 
 _W = _Worker(stall_pending=os.environ.get("HEADSPLIT_STALL_ONCE") or None)
+DELIVER_JOIN_S = 30.0  # close_push's wait for the delivering thread to finish its last message
 # this process's activations (a worker's outputs, or the controller's embedding), pulled by their
 # consumers with remote_get: the data goes producer -> consumer, never through the controller
 STORE: dict[str, torch.Tensor] = {}
@@ -247,7 +249,10 @@ def remote_push_open() -> tuple[str, int]:
     with _W.lock:
         if _W.net is None:
             inbox: queue.SimpleQueue[dataflow.Msg | None] = queue.SimpleQueue()
-            threading.Thread(target=_deliver_loop, args=(inbox,), name="hs-deliver", daemon=True).start()
+            _W.delivering = threading.Thread(
+                target=_deliver_loop, args=(inbox,), name="hs-deliver", daemon=True
+            )
+            _W.delivering.start()
             _W.inbox = inbox
             _W.net = pushnet.PushNet(trpc.get_worker_info().name, OWN["address"], inbox.put)
         return _W.net.address
@@ -272,13 +277,20 @@ def push_listener() -> list[str]:
 
 
 def close_push() -> None:
-    """Close this process's dataflow connections (after the RPC group is shut down)."""
-    if _W.net is not None:
-        _W.net.close()
-        _W.net = None
+    """Close this process's dataflow connections (after the RPC group is shut down). A worker's
+    delivering thread first finishes what it was given (a speculative heads call the step's last X
+    did not wait for may still be running) and ends: a thread still inside one of torch's kernels when
+    the interpreter finalises aborts the process as it takes the GIL back ("terminate called without an
+    active exception", signal 6; CI met it once in test_rpc.py's stalled-call test)."""
     if _W.inbox is not None:
         _W.inbox.put(None)
         _W.inbox = None
+    if _W.delivering is not None:
+        _W.delivering.join(DELIVER_JOIN_S)
+        _W.delivering = None
+    if _W.net is not None:
+        _W.net.close()
+        _W.net = None
 
 
 def remote_push_connect(table: dict[str, tuple[str, int]]) -> None:
