@@ -17,6 +17,14 @@ description:
     it is kept while a file of its C(results/) or C(logs/) is not in O(fetched); the record is then
     not undone but returned in RV(kept_records), and those files in RV(unfetched), so the play can
     fetch them and call the module again with the kept records.
+  - C(mkdir) with C(reset=true) on the record (a sweep's next variant keeps the directory and the
+    processes in O(spare)) empties the directory instead. It stays and its record stays pending.
+    Every file of its C(results/) and C(logs/) is removed (on the same condition of O(fetched))
+    except the logs of the spared processes (C(logs/<tag>.out), C(.err), C(.status.json)), which
+    keep writing there, and so is everything else in it but the marker, C(dit-device.pyz) and the
+    spared processes' own files (C(<tag>.json), C(<tag>-config.json), C(<tag>.ready),
+    C(<tag>.sock)). The spared processes then get SIGHUP, and each starts its own results anew for
+    the next variant.
   - C(file) C({path, prior}) writes the prior content back (C(prior=null) removes a file the run created).
   - C(rmdir) C({path}) removes an (empty) directory the run created, such as a cgroup.
   - C(cgroup) C({path}) removes a cgroup the run created. Any process still in it is moved to the
@@ -26,7 +34,8 @@ description:
   - C(command) C({argv, dry_run, log}) runs an undo command (an argv list); with C(dry_run) it is
     only appended to C(log) as JSON, as local mode does for privileged network commands.
   - Then every process of the run on this node is killed by process group (SIGTERM, then SIGKILL),
-    and the module fails loudly if any process carrying the run id survives.
+    but those tagged one of O(spare), and the module fails loudly if any other process carrying the
+    run id survives.
 options:
   records:
     description: Pending journal records of this node, newest first.
@@ -64,6 +73,14 @@ options:
     description:
       - The files of the run directory, relative to it (C(results/<name>), C(logs/<name>)), that the
         controller already holds in C(raw/).
+    type: list
+    elements: str
+    default: []
+  spare:
+    description:
+      - Tags of the run's processes left running (a sweep's next variant keeps their condition in
+        force); they are neither reaped nor survivors. The C(process) records naming them must not be
+        in O(records).
     type: list
     elements: str
     default: []
@@ -131,12 +148,22 @@ kept_records:
   description: The C(mkdir) records not undone because their directory was kept.
   returned: always
   type: list
+reset:
+  description: The run directories emptied for a sweep's next variant (C(mkdir) records with C(reset)).
+  returned: always
+  type: list
+handed_over:
+  description: The spared processes sent SIGHUP after their directory was emptied, each {pid, pgid, tag, host}.
+  returned: always
+  type: list
 """
 
+import contextlib
 import errno
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -151,6 +178,11 @@ from ansible.module_utils.dit_undo_scope import Refused, Scope
 
 MARKER = ".dit-run"
 RESULT_DIRS = ("results", "logs")  # what the collect stage fetches from a run directory
+SPARED_LOG_SUFFIXES = (".out", ".err", ".status.json")  # a process's own files in logs/ (dit_proc)
+# a process's own files in the run directory (the roles name them after its tag) and what every
+# variant of a sweep shares (the device code, which a spared process runs from)
+SPARED_FILE_SUFFIXES = (".json", "-config.json", ".ready", ".sock")
+KEPT_FILES = ("dit-device.pyz",)
 # Kernel attribute files (sysfs, cgroupfs, procfs) cannot be replaced by a rename: they are
 # written in place, which the kernel applies as one store.
 KERNEL_FS = ("/sys/", "/proc/")
@@ -190,14 +222,7 @@ def _undo_mkdir(
     path = undo["path"]
     if not os.path.exists(path):
         return False
-    marker = os.path.join(path, MARKER)
-    try:
-        with open(marker, encoding="utf-8") as handle:
-            owner = handle.read().strip()
-    except OSError as exc:
-        raise ValueError(f"{path} has no {MARKER} marker; not removing it") from exc
-    if owner != undo["run_id"]:
-        raise ValueError("{} belongs to run {}, not {}; not removing it".format(path, owner, undo["run_id"]))
+    _check_marker(path, undo["run_id"])
     results = _results_in(path)
     if keep_unless_in is not None:
         unfetched = [
@@ -210,6 +235,59 @@ def _undo_mkdir(
             removed.extend(results)
         shutil.rmtree(path)
     return True
+
+
+def _reset_mkdir(
+    undo: dict[str, Any],
+    check: bool,
+    removed: list[dict[str, Any]],
+    keep_unless_in: set[str] | None,
+    spare: set[str],
+) -> bool:
+    """Empty run directory ``undo['path']`` for a sweep's next variant, leaving the logs of the
+    processes tagged one of ``spare`` (which go on running there); :class:`Kept` while a file to remove
+    is not fetched yet."""
+    path = undo["path"]
+    _check_marker(path, undo["run_id"])
+    spared_logs = {f"logs/{tag}{suffix}" for tag in spare for suffix in SPARED_LOG_SUFFIXES}
+    results = [r for r in _results_in(path) if r["path"] not in spared_logs]
+    if keep_unless_in is not None:
+        unfetched = [
+            dict(r, src=os.path.join(path, r["path"])) for r in results if r["path"] not in keep_unless_in
+        ]
+        if unfetched:
+            raise Kept(path, unfetched)
+    # the variant's own files beside them (configs, ready files, start instants) go too: the next
+    # variant's tasks must find nothing of this one's
+    spared_files = {MARKER, *KEPT_FILES} | {
+        f"{tag}{suffix}" for tag in spare for suffix in SPARED_FILE_SUFFIXES
+    }
+    others = sorted(set(os.listdir(path)) - spared_files - set(RESULT_DIRS))
+    if check:
+        return bool(results or others)
+    for result in results:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, result["path"]))
+    for name in others:
+        full = os.path.join(path, name)
+        if os.path.isdir(full) and not os.path.islink(full):
+            shutil.rmtree(full)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(full)
+    removed.extend(results)
+    return bool(results or others)
+
+
+def _check_marker(path: str, run_id: str) -> None:
+    marker = os.path.join(path, MARKER)
+    try:
+        with open(marker, encoding="utf-8") as handle:
+            owner = handle.read().strip()
+    except OSError as exc:
+        raise ValueError(f"{path} has no {MARKER} marker; not removing it") from exc
+    if owner != run_id:
+        raise ValueError(f"{path} belongs to run {owner}, not {run_id}; not removing it")
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -341,6 +419,7 @@ def main() -> None:
             "lease_dir": {"type": "path"},
             "fetched": {"type": "list", "elements": "str", "default": []},
             "keep_results": {"type": "bool", "default": True},
+            "spare": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -364,6 +443,8 @@ def main() -> None:
     kept: list[str] = []
     kept_records: list[dict[str, Any]] = []
     keep_unless_in = set(p["fetched"]) if p["keep_results"] else None
+    spare = set(p["spare"])
+    resets: list[str] = []
     changed = False
     for record in p["records"]:
         op, undo = record.get("op"), record.get("undo") or {}
@@ -385,6 +466,16 @@ def main() -> None:
                         raise ValueError(f"processes survived SIGKILL: {left}")
                 reaped.extend(found)
                 changed = changed or bool(found)
+            elif op == "mkdir" and record.get("reset"):
+                try:
+                    changed = _reset_mkdir(undo, check, removed, keep_unless_in, spare) or changed
+                except Kept as exc:
+                    kept.append(exc.path)
+                    unfetched.extend(exc.unfetched)
+                    kept_records.append(record)
+                    continue
+                resets.append(undo["path"])
+                continue  # the directory stays with the spared processes: its record stays pending
             elif op == "mkdir":
                 try:
                     changed = _undo_mkdir(undo, check, removed, keep_unless_in) or changed
@@ -401,11 +492,21 @@ def main() -> None:
         except (OSError, ValueError, KeyError) as exc:
             errors.append("{} {}: {}".format(op, record.get("id"), exc))
     if check:
-        survivors = find_tagged(p["run_id"], p["host"])
+        survivors = find_tagged(p["run_id"], p["host"], None, spare)
     else:
-        found, survivors = reap(p["run_id"], p["host"], None, p["grace_s"])
+        found, survivors = reap(p["run_id"], p["host"], None, p["grace_s"], spare)
         reaped.extend(found)
         changed = changed or bool(found)
+    handed_over: list[dict[str, Any]] = []
+    if resets and not check:  # the spared processes start their results anew, in the emptied directory
+        for tag in sorted(spare):
+            procs = find_tagged(p["run_id"], p["host"], tag)
+            if not procs:  # its condition is not in force any more: the next variant must not run on it
+                errors.append(f"the spared process {tag!r} of run {p['run_id']} is not running")
+            for proc in procs:
+                with contextlib.suppress(OSError):
+                    os.kill(proc["pid"], signal.SIGHUP)
+                    handed_over.append(proc)
     result = {
         "changed": changed,
         "undone": [] if check else undone,
@@ -416,6 +517,8 @@ def main() -> None:
         "unfetched": unfetched,
         "kept": kept,
         "kept_records": kept_records,
+        "reset": resets,
+        "handed_over": handed_over,
     }
     if refused:
         errors.append(

@@ -29,7 +29,7 @@ from ansible.module_utils.dit_trusted import (
 
 if TYPE_CHECKING:  # annotations only: the lazy import below keeps a module's start-up small
     import subprocess
-    from collections.abc import Mapping
+    from collections.abc import Collection, Mapping
 
 RUN_ENV = "DIT_RUN_ID"
 HOST_ENV = "DIT_HOST"
@@ -70,8 +70,11 @@ def _is_zombie(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X")
 
 
-def find_tagged(run_id: str, host: str | None = None, tag: str | None = None) -> list[dict[str, Any]]:
-    """Live processes of ``run_id`` (optionally of one host / one tag): list of dicts."""
+def find_tagged(
+    run_id: str, host: str | None = None, tag: str | None = None, spare: Collection[str] = ()
+) -> list[dict[str, Any]]:
+    """Live processes of ``run_id`` (optionally of one host / one tag; none tagged one of ``spare``):
+    list of dicts."""
     found: list[dict[str, Any]] = []
     me = os.getpid()
     for name in os.listdir("/proc"):
@@ -87,6 +90,8 @@ def find_tagged(run_id: str, host: str | None = None, tag: str | None = None) ->
             continue
         if tag is not None and env.get(TAG_ENV) != tag:
             continue
+        if env.get(TAG_ENV) in spare:
+            continue
         if _is_zombie(pid):
             continue
         try:
@@ -98,13 +103,18 @@ def find_tagged(run_id: str, host: str | None = None, tag: str | None = None) ->
 
 
 def reap(
-    run_id: str, host: str | None = None, tag: str | None = None, grace_s: float = 5.0
+    run_id: str,
+    host: str | None = None,
+    tag: str | None = None,
+    grace_s: float = 5.0,
+    spare: Collection[str] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """SIGTERM every process group of the run, wait ``grace_s``, SIGKILL what is left.
+    """SIGTERM every process group of the run (but those of the processes tagged one of ``spare``), wait
+    ``grace_s``, SIGKILL what is left.
 
     Returns ``(killed, survivors)``: the processes found at first, and those still alive at the end.
     """
-    procs = find_tagged(run_id, host, tag)
+    procs = find_tagged(run_id, host, tag, spare)
     groups = sorted({p["pgid"] for p in procs})
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
@@ -112,14 +122,14 @@ def reap(
                 os.killpg(pgid, sig)
         deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 2.0)
         while time.monotonic() < deadline:
-            if not find_tagged(run_id, host, tag):
+            if not find_tagged(run_id, host, tag, spare):
                 break
             time.sleep(0.05)
-        remaining = find_tagged(run_id, host, tag)
+        remaining = find_tagged(run_id, host, tag, spare)
         if not remaining:
             return procs, []
         groups = sorted({p["pgid"] for p in remaining})
-    return procs, find_tagged(run_id, host, tag)
+    return procs, find_tagged(run_id, host, tag, spare)
 
 
 def cgroup_dirs(value: object) -> list[str]:

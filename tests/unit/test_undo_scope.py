@@ -31,9 +31,9 @@ RUN = "scn-20261201T000000Z-abcdef12-0123"
 
 def _restore_module() -> ModuleType:
     """library/dit_restore.py, its ansible.module_utils imports served from this checkout."""
-    sys.modules.setdefault(
-        "ansible.module_utils.dit_procs", _load("dit_procs", REPO / "module_utils" / "dit_procs.py")
-    )
+    for name in ("dit_trusted", "dit_procs"):  # dit_procs imports dit_trusted
+        if f"ansible.module_utils.{name}" not in sys.modules:
+            sys.modules[f"ansible.module_utils.{name}"] = _load(name, REPO / "module_utils" / f"{name}.py")
     sys.modules.setdefault("ansible.module_utils.dit_undo_scope", scope_utils)
     sys.modules.setdefault(
         "ansible.module_utils.dit_lease_file",
@@ -254,3 +254,40 @@ def test_iptables_undo_only_for_the_chain_the_run_installed(tmp_path: Path) -> N
     assert "not the chain this run installed (none)" in _refused(
         plain, "command", {"argv": [*pre, "-X", CHAIN]}
     )
+
+
+def test_a_reset_empties_a_sweep_variant_s_directory_but_what_the_spared_processes_run_from(
+    tmp_path: Path,
+) -> None:
+    """Between two variants of a sweep the run directory stays with the processes that run on (the
+    link emulator here): what collect fetched goes, and so does everything else of the variant (its
+    configs, ready files, start instant), never a file collect has not fetched."""
+    restore = _restore_module()
+    node = tmp_path / RUN
+    (node / "results").mkdir(parents=True)
+    (node / "logs").mkdir()
+    (node / ".dit-run").write_text(RUN)
+    keep = ["dit-device.pyz", "link-emulator.json", "link-emulator.ready", "link-emulator.sock",
+            "logs/link-emulator.out", "logs/link-emulator.err"]  # fmt: skip
+    fetched = ["results/link_emulator.json", "results/edge_requests.csv", "logs/edge.out"]
+    gone = ["edge.json", "edge.ready", "start_at.json", *fetched]
+    for name in keep + gone:
+        (node / name).write_text(name)
+    (node / "agent-work").mkdir()
+    undo = {"path": str(node), "run_id": RUN}
+    removed: list[dict[str, Any]] = []
+
+    # a result collect has not fetched keeps everything in place, and is named
+    with pytest.raises(restore.Kept) as kept:
+        restore._reset_mkdir(undo, False, removed, set(fetched[:-1]), {"link-emulator"})
+    assert [u["path"] for u in kept.value.unfetched] == ["logs/edge.out"]
+    assert all((node / name).exists() for name in keep + gone)
+
+    assert restore._reset_mkdir(undo, False, removed, set(fetched), {"link-emulator"})
+    left = sorted(str(p.relative_to(node)) for p in node.rglob("*") if p.is_file())
+    assert left == sorted([".dit-run", *keep])
+    assert not (node / "agent-work").exists()
+    assert sorted(r["path"] for r in removed) == sorted(fetched)
+    # another run's directory is never touched
+    with pytest.raises(ValueError, match="belongs to run"):
+        restore._reset_mkdir({"path": str(node), "run_id": "other"}, False, [], None, set())

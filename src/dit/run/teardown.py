@@ -11,13 +11,15 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rich.console import Console
 
+from dit.device.tags import HOST_ENV, TAG_ENV
 from dit.run.ansible_exec import HostEvent, StageOutcome, StageSession, run_stage
 from dit.run.console import Reporter
 from dit.run.inventory import RunInventory
@@ -92,6 +94,7 @@ def teardown(
     *,
     node: NodeScope | None = None,
     keep: Keep | None = None,
+    spare: Mapping[str, Collection[str]] | None = None,
     in_session: InSession | None = None,
 ) -> tuple[str | None, int]:
     """Replay ``run``'s pending journal backwards on every node; verify no process survives.
@@ -104,7 +107,10 @@ def teardown(
 
     ``node``: the run id and journal of the nodes when they are a sweep's (``run`` is then the variant
     whose ``raw/``, ``metadata.json`` and status count); ``keep``: the pending records to leave in
-    force (a sweep's next variant applies them alike), undone by a later teardown; ``in_session``: where
+    force (a sweep's next variant applies them alike), undone by a later teardown; ``spare``: per host, the
+    tags of the processes ``keep`` leaves running (their records are kept): on such a host the run
+    directory stays, emptied of what collect fetched but their logs, and they are told to start their
+    results anew (dit_restore's ``reset``); ``in_session``: where
     the first pass may run without a playbook start of its own (a completed run's stage session, which
     waits for teardown after collect); a session that cannot run it, or whose playbook ends otherwise than
     successful or failed (cancelled, or ansible-runner's own error), leaves the pass to a playbook of its
@@ -117,8 +123,10 @@ def teardown(
     errors: list[str] = []
     infos: list[str] = []
     notes: list[str] = []  # what could not be written into the run directory: said, not failures
+    spare = {host: sorted(tags) for host, tags in (spare or {}).items() if tags}
     try:
-        pending, warnings = _kept_out(journal.pending_by_host(), keep), journal.problems()
+        by_host = journal.pending_by_host()
+        pending, warnings = _with_resets(_kept_out(by_host, keep), by_host, spare), journal.problems()
     except JournalError as exc:  # unreadable: still reap the run's processes below
         pending, warnings = {}, []
         errors.append(str(exc))
@@ -150,6 +158,7 @@ def teardown(
                 "dit_raw_dir": str(raw),
                 "dit_fetched": fetched_before,
                 "dit_discard_results": discard_results,
+                "dit_spare": spare,
             }
             played = None if in_session is None else in_session(extravars, on_event)
             in_session = None  # a second pass (late records) has its own playbook
@@ -209,7 +218,7 @@ def teardown(
         if left:
             errors.append(f"journal changes not undone on {', '.join(sorted(left))}")
         if inventory.local:
-            survivors = run_processes(node.run_id)
+            survivors = [p for p in run_processes(node.run_id) if not _spared(p, spare)]
             if survivors:
                 errors.append(
                     "processes of the run survive teardown: " + ", ".join(str(p.pid) for p in survivors)
@@ -251,6 +260,34 @@ def teardown_in_session(session: StageSession | None, state: str) -> InSession |
         return outcome
 
     return in_session
+
+
+def _with_resets(
+    pending: dict[str, list[dict[str, Any]]],
+    every: Mapping[str, list[dict[str, Any]]],
+    spare: Mapping[str, Collection[str]],
+) -> dict[str, list[dict[str, Any]]]:
+    """``pending`` plus, on each host with spared processes, its run directory's record (dit_node's
+    ``mkdir``, kept) marked ``reset``: the directory is emptied for the next variant, not removed."""
+    out = {host: list(records) for host, records in pending.items()}
+    for host, tags in spare.items():
+        resets = [
+            {**record, "reset": True}
+            for record in every.get(host, [])
+            if record.get("op") == "mkdir" and record.get("source") == "dit_node"
+        ]
+        if tags and resets:
+            out.setdefault(host, []).extend(resets)
+    return out
+
+
+def _spared(proc: psutil.Process, spare: Mapping[str, Collection[str]]) -> bool:
+    """Whether a local process of the run is one ``spare`` leaves running."""
+    try:
+        env = proc.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return True  # gone: not a survivor
+    return env.get(TAG_ENV, "") in spare.get(env.get(HOST_ENV, ""), ())
 
 
 def _kept_out(pending: dict[str, list[dict[str, Any]]], keep: Keep | None) -> dict[str, list[dict[str, Any]]]:
