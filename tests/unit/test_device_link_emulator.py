@@ -239,3 +239,33 @@ def test_a_control_socket_deeper_than_an_af_unix_address_still_binds_and_takes_c
         assert main.delay_ns == 12_500_000 and [d for _, d in changes] == [12.5]
     finally:
         ctl.close()
+
+
+def test_a_hand_over_counts_afresh_and_draws_as_a_new_emulator_would() -> None:
+    """A sweep's next variant keeps the emulator running: from its hand-over the counters start at zero
+    and the loss draws repeat those of a new emulator seeded alike; the kernel's drops count from then."""
+    fresh = le.Profile(
+        "main", 0, 5_000_000, 0, 0.3, le.profile_rng(7, "device1", "main"), loss_correlation=0.2
+    )
+    expected = [fresh.lost() for _ in range(200)]
+    running = le.Profile(
+        "main", 0, 5_000_000, 0, 0.3, le.profile_rng(7, "device1", "main"), loss_correlation=0.2
+    )
+    for _ in range(77):  # the variant before
+        running.packets += 1
+        running.lost()
+    running.record(5_000_000, 5_000_000, 5_100_000)
+    running.begin_segment(le.profile_rng(7, "device1", "main"))
+    summary = running.summary()
+    assert (summary["packets"], summary["dropped_loss"], summary["released"], summary["max_error_us"]) == (
+        0,
+        0,
+        0,
+        None,
+    )
+    assert sum(row["packets"] for row in summary["error_histogram"]) == 0
+    assert [running.lost() for _ in range(200)] == expected
+    kernel = {"0": {"waiting": 3, "queue_dropped": 10, "user_dropped": 4}}
+    base = {"0": {"waiting": 9, "queue_dropped": 7, "user_dropped": 4}}
+    assert le.since(kernel, base) == {"0": {"waiting": 3, "queue_dropped": 3, "user_dropped": 0}}
+    assert le.since({"error": "no file"}, {}) == {"error": "no file"}

@@ -138,3 +138,50 @@ def test_the_command_samples_until_sigterm_and_writes_whole_rows(tmp_path: Path)
     assert times == sorted(times) and times[0] > header["origin_mono_ns"]
     assert header["sources"]["throttle_source"] == "sysfs"
     assert {r[-1] for r in table[1:]} == {"0"}
+
+
+def test_sighup_hands_the_monitor_over_to_a_sweep_s_next_variant(tmp_path: Path) -> None:
+    """A sweep's next variant keeps the monitor running and empties its results directory: on SIGHUP
+    it writes monitor.json and a monitor.csv of its own again, with only samples taken after it."""
+    sysfs = make_fake_sysfs(tmp_path / "sys", "device")
+    results = tmp_path / "results"
+    ready = tmp_path / "monitor.ready"
+    config = {
+        "host": "device1",
+        "run_id": "t",
+        "results_dir": str(results),
+        "sysfs_root": str(sysfs),
+        "interval_s": 0.05,
+        "ready_file": str(ready),
+        "vcgencmd_argv": ["no-such-vcgencmd-here"],
+    }
+    path = tmp_path / "monitor-config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dit.device", "monitor", "--config", str(path)], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)
+        (results / "monitor.csv").unlink()  # what the reset between two variants does
+        (results / "monitor.json").unlink()
+        handed = time.monotonic_ns()
+        os.kill(proc.pid, signal.SIGHUP)
+        while (
+            not (results / "monitor.csv").exists()
+            or len((results / "monitor.csv").read_text().splitlines()) < 3
+        ):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+        assert proc.poll() is None  # still running: SIGHUP is no stop
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    header = json.loads((results / "monitor.json").read_text())
+    with open(results / "monitor.csv", encoding="utf-8") as fh:
+        table = list(csv.reader(fh))
+    assert table[0] == header["columns"]
+    assert all(int(r[0]) > handed for r in table[1:])

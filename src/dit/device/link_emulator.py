@@ -48,7 +48,9 @@ histogram of ``actual - scheduled`` hold time (no per-packet log on the hot path
 about every second (``state: running``: the collect stage fetches it while the emulator still
 shapes the self-check's pings) and at exit (SIGTERM: every held packet is released at once,
 ``state: stopped``). A process killed outright stops writing; the collect stage's process check
-reports it failed, and the network self-check names its link as degraded.
+reports it failed, and the network self-check names its link as degraded. SIGHUP hands it over to a
+sweep's next variant (the same link in force, the variant's directory emptied): it counts afresh, from
+generators seeded as at its start, and writes the file at once, as a new emulator would.
 """
 
 from __future__ import annotations
@@ -253,6 +255,15 @@ class Profile:
         self.max_error_ns = max(self.max_error_ns, error)
         self.errors[bucket(error)] += 1
 
+    def begin_segment(self, rng: random.Random) -> None:
+        """Count afresh, drawing from ``rng`` (a new generator seeded as at the start): a sweep's next
+        variant gets the figures and the draws a new emulator would have given it."""
+        self.rng, self._loss_run, self._loss_draw = rng, 0, None
+        self.packets = self.dropped_loss = self.loss_bursts = self.longest_loss_burst = 0
+        self.released = self.held_for_order = 0
+        self.sum_intended_ns = self.sum_actual_ns = self.max_error_ns = 0
+        self.errors = [0] * (len(ERROR_BOUNDS_US) + 1)
+
     def summary(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -418,6 +429,27 @@ def verdicts(released: Iterable[tuple[int, int]], pending: Mapping[int, dict[int
     return bytes(out)
 
 
+def profile_rng(seed: object, device: object, name: object) -> random.Random:
+    """One generator per profile, seeded like netem-vary's: the same draws on every run."""
+    return random.Random(f"{seed}:{device}:{name}")
+
+
+def since(counters: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The kernel's queue counters ``counters`` counted from ``base`` (an earlier read) on: the drops
+    since then (``waiting`` is a level, not a count)."""
+    out: dict[str, Any] = {}
+    for queue, values in counters.items():
+        before = base.get(queue)
+        if not isinstance(values, Mapping) or not isinstance(before, Mapping):
+            out[queue] = values
+            continue
+        out[queue] = {
+            key: value - before.get(key, 0) if key != "waiting" and isinstance(value, int) else value
+            for key, value in values.items()
+        }
+    return out
+
+
 def kernel_queue_counters(
     queues: Iterable[int], path: str = "/proc/net/netfilter/nfnetlink_queue"
 ) -> dict[str, Any]:
@@ -494,8 +526,7 @@ def _profiles(cfg: Mapping[str, Any]) -> list[Profile]:
         if not 0 <= correlation <= 100:
             raise ConfigError(f"queues[{index}].loss_correlation_pct: {correlation:g} is outside 0..100")
         name = str(item.get("name", queue))
-        # One generator per profile, seeded like netem-vary's: the same draws on every run.
-        rng = random.Random(f"{seed}:{device}:{name}")
+        rng = profile_rng(seed, device, name)
         out.append(
             Profile(
                 name, queue, round(delay * 1e6), round(jitter * 1e6), loss / 100, rng,
@@ -672,14 +703,17 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
     wake_r.setblocking(False)
     wake_w.setblocking(False)
     stop: list[int] = []
+    handover: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
-        stop.append(signum)
+        (handover if signum == signal.SIGHUP else stop).append(signum)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, on_signal) for sig in signals}
     old_fd = signal.set_wakeup_fd(wake_w.fileno())
     changes: list[tuple[int, float]] = []
     started = time.monotonic_ns()
+    kernel_base: Mapping[str, Any] = {}  # the kernel's counters at the last hand-over
 
     def stats(state: str, counters: Mapping[str, Any]) -> dict[str, Any]:
         return {
@@ -694,7 +728,7 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
             "spin_us": spin_ns / 1e3,
             "maxlen": maxlen,
             "socket_overflows": emulator.enobufs,
-            "kernel": counters,
+            "kernel": since(counters, kernel_base),
             "delay_changes": [{"t_mono_ns": t, "delay_ms": d} for t, d in changes],
             "profiles": [p.summary() for p in emulator.profiles.values()],
         }
@@ -706,6 +740,15 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
     main = profiles[0]
     try:
         while not stop:
+            if handover:  # a sweep's next variant: its figures and draws from here on, as a new emulator's
+                handover.clear()
+                started, kernel_base = time.monotonic_ns(), kernel_queue_counters(emulator.profiles)
+                device = str(cfg.get("device", cfg.get("host", "")))
+                for profile in emulator.profiles.values():
+                    profile.begin_segment(profile_rng(cfg.get("seed", 0), device, profile.name))
+                emulator.enobufs = 0
+                changes.clear()
+                next_snapshot = started
             now = time.monotonic_ns()
             emulator.send(emulator.receive(now))
             emulator.release(emulator.schedule.pop_due(now), now)

@@ -17,6 +17,8 @@ It writes ``monitor.csv`` (``results_dir``): one row per sample, flushed, first 
 zones), and ``monitor.json`` with the monitor's own origin pair (``origin_wall_ns``, ``origin_mono_ns``)
 and the column sources, so aggregate aligns the trace on the device's origin by arithmetic. Samples are on
 an absolute schedule (origin + k·interval; a missed tick is skipped, not bunched). SIGTERM stops it.
+SIGHUP hands it over to a sweep's next variant (its condition stays in force, and the variant's
+directory is emptied): it writes ``monitor.json`` and a new ``monitor.csv`` before its next sample.
 Cost: a handful of small file reads per sample (``benchmarks/bench_monitor_overhead.py``).
 """
 
@@ -31,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
 from dit.device.common import ConfigError, Origin, require, write_json
 from dit.device.sampling import StopSignal, deadline_ns, every
@@ -309,13 +311,37 @@ def run_monitor(raw: Mapping[str, Any]) -> int:
     cfg = parse_config(raw)
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault(RUN_ENV, cfg.run_id)
-    with StopSignal() as stop:
+    with StopSignal(handover=True) as stop:
         return _monitor(cfg, stop)
 
 
 def _monitor(cfg: MonitorConfig, stop: StopSignal) -> int:
     sampler = Sampler(cfg.sysfs_root, cfg.proc_root, cfg.throttle_source, cfg.vcgencmd_argv)
     origin = Origin.now()
+    interval_ns = round(cfg.interval_s * 1e9)
+    end = deadline_ns(origin.mono_ns, cfg.duration_s)
+    fh, writer = _begin(cfg, sampler, origin)
+    if cfg.ready_file is not None:
+        write_json(cfg.ready_file, {"host": cfg.host, "pid": os.getpid(), "columns": sampler.columns})
+
+    def sample() -> None:
+        nonlocal fh, writer
+        if stop.take_handover():  # a sweep's next variant: its own monitor.csv from here on
+            fh.close()
+            fh, writer = _begin(cfg, sampler, origin)
+        writer.writerow(sampler.sample())
+        fh.flush()
+
+    try:
+        every(stop, origin.mono_ns, interval_ns, end, sample)
+    finally:
+        fh.close()
+    return 0
+
+
+def _begin(cfg: MonitorConfig, sampler: Sampler, origin: Origin) -> tuple[TextIO, Any]:
+    """``monitor.json`` and a new ``monitor.csv`` with its header (at the start, and at each hand-over
+    to a sweep's next variant, whose collect takes the files this writes anew)."""
     write_json(
         cfg.results_dir / "monitor.json",
         {
@@ -330,18 +356,8 @@ def _monitor(cfg: MonitorConfig, stop: StopSignal) -> int:
             "throttle_bits": dict(THROTTLE_BITS),
         },
     )
-    interval_ns = round(cfg.interval_s * 1e9)
-    end = deadline_ns(origin.mono_ns, cfg.duration_s)
-    with open(cfg.results_dir / "monitor.csv", "w", encoding="utf-8", newline="") as fh:
-        writer = csv.writer(fh, lineterminator="\n")
-        writer.writerow(sampler.columns)
-        fh.flush()
-        if cfg.ready_file is not None:
-            write_json(cfg.ready_file, {"host": cfg.host, "pid": os.getpid(), "columns": sampler.columns})
-
-        def sample() -> None:
-            writer.writerow(sampler.sample())
-            fh.flush()
-
-        every(stop, origin.mono_ns, interval_ns, end, sample)
-    return 0
+    fh = open(cfg.results_dir / "monitor.csv", "w", encoding="utf-8", newline="")  # noqa: SIM115
+    writer = csv.writer(fh, lineterminator="\n")
+    writer.writerow(sampler.columns)
+    fh.flush()
+    return fh, writer

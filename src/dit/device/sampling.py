@@ -30,30 +30,50 @@ class StopSignal:
     """
 
     SIGNALS: Final = (signal.SIGTERM, signal.SIGINT)
+    HANDOVER: Final = signal.SIGHUP
 
-    def __init__(self) -> None:
+    def __init__(self, handover: bool = False) -> None:
+        """``handover``: SIGHUP too, as a hand-over request (:meth:`take_handover`), not a stop: a sweep's
+        next variant keeps this process running and asks it to start its results anew."""
         self.requested = False
+        self._handover = False
+        self._waited = set(self.SIGNALS) | ({self.HANDOVER} if handover else set())
         self._blocking = hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
         self._previous: set[int] | None = None
         if self._blocking:
-            self._previous = {int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, set(self.SIGNALS))}
+            self._previous = {int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, self._waited)}
         else:  # pragma: no cover - not Linux
-            for sig in self.SIGNALS:
+            for sig in self._waited:
                 signal.signal(sig, self._flag)
 
     def _flag(self, signum: int, frame: FrameType | None) -> None:  # pragma: no cover - not Linux
-        self.requested = True
+        if signum == self.HANDOVER:
+            self._handover = True
+        else:
+            self.requested = True
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; True when a stop was requested (before or during the wait)."""
+        """Sleep up to ``seconds``; True when a stop was requested (before or during the wait). A
+        hand-over request ends the wait too (False), and is kept for :meth:`take_handover`."""
         if self.requested:
             return True
         if self._blocking:
-            if signal.sigtimedwait(set(self.SIGNALS), max(0.0, seconds)) is not None:
+            info = signal.sigtimedwait(self._waited, max(0.0, seconds))
+            if info is not None and info.si_signo == self.HANDOVER:
+                self._handover = True
+            elif info is not None:
                 self.requested = True
         elif seconds > 0:  # pragma: no cover - not Linux
             time.sleep(seconds)
         return self.requested
+
+    def take_handover(self) -> bool:
+        """Whether a hand-over was requested since the last call (SIGHUP, with ``handover``)."""
+        if self._blocking and self.HANDOVER in self._waited and signal.sigpending() & {self.HANDOVER}:
+            signal.sigtimedwait({self.HANDOVER}, 0)  # arrived while no wait ran
+            self._handover = True
+        asked, self._handover = self._handover, False
+        return asked
 
     def poll(self) -> bool:
         """True when a stop was requested; never sleeps (for loops that are busy on purpose)."""
@@ -62,10 +82,10 @@ class StopSignal:
     @classmethod
     def release(cls) -> None:
         """In a forked child: take the signals back to their default action, unblocked."""
-        for sig in cls.SIGNALS:
+        for sig in (*cls.SIGNALS, cls.HANDOVER):
             signal.signal(sig, signal.SIG_DFL)
         if hasattr(signal, "pthread_sigmask"):
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, set(cls.SIGNALS))
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {*cls.SIGNALS, cls.HANDOVER})
 
     def close(self) -> None:
         if self._blocking and self._previous is not None:
@@ -74,6 +94,8 @@ class StopSignal:
                 # a signal that arrived after the last wait: consume it, it was a stop request
                 signal.sigtimedwait(pending, 0)
                 self.requested = True
+            if signal.sigpending() & (self._waited - set(self.SIGNALS)) - self._previous:
+                signal.sigtimedwait({self.HANDOVER}, 0)  # a hand-over nobody takes any more
             signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)
             self._previous = None
 
