@@ -44,17 +44,15 @@ def variant(directory: Path, index: int, **overrides: Any) -> Scenario:
     delay, cap and limit change together, which a sweep's cartesian product cannot express)."""
     sub = directory / str(index)
     sub.mkdir()
-    path = write_scenario(
-        sub,
-        name="sweep3",
-        devices=["device1"],
-        repetitions=1,
-        warmup=0,
-        inference={"enabled": True, "partition_points": [0], "repetitions": 1},
-        optimisation={"enabled": False},
-        edge_server={"policy": "SJF", "profile_capacity": False},
-        **overrides,
-    )
+    fields: dict[str, Any] = {
+        "devices": ["device1"],
+        "repetitions": 1,
+        "warmup": 0,
+        "inference": {"enabled": True, "partition_points": [0], "repetitions": 1},
+        "optimisation": {"enabled": False},
+        "edge_server": {"policy": "SJF", "profile_capacity": False},
+    }
+    path = write_scenario(sub, name="sweep3", **(fields | overrides))
     (scenario,) = load(path)
     return scenario
 
@@ -137,8 +135,9 @@ def test_three_variants_each_get_their_own_conditions_and_the_sweep_restores_eve
         ("600000", 128 * mb, False),
     ]
     # ... what stayed was kept, not undone and applied again
-    assert runs[0].status()["sweep_kept"] == {"device1": ["memory"]}
-    assert runs[1].status()["sweep_kept"] == {"device1": ["cpufreq"]}
+    # (the monitors too: they run on, handing each variant over to the next)
+    assert runs[0].status()["sweep_kept"] == {"device1": ["memory", "monitors"], "edge": ["monitors"]}
+    assert runs[1].status()["sweep_kept"] == {"device1": ["cpufreq", "monitors"], "edge": ["monitors"]}
     # ... and the network self-check of every variant with a delay measured its own delay
     for run, delay_ms in zip(runs[:2], (20, 5), strict=True):
         check = pd.read_csv(run.path / "aggregate" / "netem_check.csv")
@@ -158,6 +157,84 @@ def test_three_variants_each_get_their_own_conditions_and_the_sweep_restores_eve
         assert (run.path / "raw" / "device1" / "device1_inference.csv").is_file(), sorted(
             (run.path / "raw").rglob("*")
         )
+
+
+class Tagged(Driver):
+    """The real driver; as a variant starts profiling, the pids of the run's processes by host and tag."""
+
+    seen: ClassVar[list[dict[tuple[str, str], int]]] = []
+
+    def _profile(self) -> None:
+        found = {}
+        for proc in run_processes(self.node.run_id):
+            env = proc.environ()
+            found[(env.get("DIT_HOST", ""), env.get("DIT_TAG", ""))] = proc.pid
+        self.seen.append(found)
+        super()._profile()
+
+
+def test_the_link_emulator_and_the_monitors_run_on_and_give_each_variant_its_own_figures(
+    scenario_dir: Path, runs_dir: Path
+) -> None:
+    """Variants that differ in a runtime parameter keep the delay (the userspace link emulator and its
+    rules) and the monitors in force: the same processes serve all three, and each variant's collect
+    has figures counted from its own hand-over, not the sweep's start."""
+    delay = {"device1": {"destinations": {"edge": {"delay_ms": 20}}}}
+    # (not the seed: the emulator's loss draws are seeded from it, so a new seed is a new link)
+    variants = [
+        variant(
+            scenario_dir,
+            i,
+            network=delay,
+            inference={"enabled": True, "partition_points": [0], "repetitions": i + 1},
+        )
+        for i in range(3)
+    ]
+    options = RunOptions(runs_root=runs_dir, console=Console(file=io.StringIO()))
+    Tagged.seen = []
+
+    def runner(scenario: Scenario, unit: SweepUnit | None) -> tuple[Path | None, str, str | None, RunResult]:
+        result = Tagged(scenario, options, sweep=unit).execute()
+        return result.run_dir, result.state, result.error, result
+
+    outcomes = run_sweep(variants, runs_dir, Console(file=io.StringIO()), runner)
+    assert [o.state for o in outcomes] == ["completed"] * 3, [o.error for o in outcomes]
+    runs = [RunDir(o.run_dir) for o in outcomes if o.run_dir is not None]
+    home = runs[0]
+
+    # The same emulator and monitors in every variant; the variant's own processes are new each time.
+    kept = [("device1", "link-emulator"), ("device1", "monitor"), ("edge", "monitor")]
+    for key in kept:
+        assert len({seen[key] for seen in Tagged.seen}) == 1, (key, Tagged.seen)
+    assert len({seen[("edge", "edge")] for seen in Tagged.seen}) == 3
+    for run in runs[:2]:
+        assert run.status()["sweep_kept"] == {"device1": ["monitors", "netem"], "edge": ["monitors"]}
+        # nothing of them applied again: only the directory and the variant's own processes
+        assert "Start the link emulator" not in (runs[runs.index(run) + 1].path / "run.log").read_text()
+
+    # Each variant's figures are its own: the emulator counted afresh from its hand-over, the monitor's
+    # rows began anew, and the self-check measured the delay in every variant.
+    previous_end = 0
+    last_row = 0
+    for run in runs:
+        raw = run.path / "raw"
+        stats = json.loads((raw / "device1" / "device1_link_emulator.json").read_text())
+        assert stats["started_mono_ns"] > previous_end and stats["state"] == "running"
+        assert 0 < sum(p["packets"] for p in stats["profiles"]) < 200
+        previous_end = stats["written_mono_ns"]
+        rows = pd.read_csv(raw / "device1" / "device1_monitor.csv")
+        assert len(rows) > 0 and int(rows["t_mono_ns"].iloc[0]) > last_row
+        last_row = int(rows["t_mono_ns"].iloc[-1])
+        check = pd.read_csv(run.path / "aggregate" / "netem_check.csv")
+        row = check[(check["device"] == "device1") & (check["target"] == "edge")].iloc[0]
+        assert (row["shaping"], row["intended_delay_ms"], bool(row["pass"])) == ("applied", 20, True)
+
+    # The last teardown stopped them and undid everything.
+    listed = subprocess.run(["iptables", "-w", "-t", "mangle", "-S"], capture_output=True, text=True).stdout
+    assert chain_name(home.run_id, "device1") not in listed
+    assert Journal(home.journal).pending() == []
+    assert run_processes(home.run_id) == []
+    assert not (home.path / "nodes" / "device1" / home.run_id).exists()
 
 
 def sweep_scenario(directory: Path) -> Path:

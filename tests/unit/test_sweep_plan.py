@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dit.run.journal import Journal
-from dit.run.sweep import condition_plan, keep_records, to_apply
+from dit.run.sweep import condition_plan, keep_records, spared, to_apply
 
 
 def cpufreq(khz: int) -> dict[str, Any]:
@@ -53,13 +53,46 @@ def test_the_plan_keeps_what_both_variants_apply_alike_and_undoes_and_applies_th
     }
 
 
-def test_a_condition_with_a_process_is_never_kept() -> None:
-    # the userspace link emulator is a process of the run: it goes with the variant, so its rules go too
+def test_a_condition_whose_process_varies_over_time_is_undone_with_the_variant() -> None:
+    # netem-vary plays its delay timeline from its start: the next variant needs its own from the start
     same = {"device1": {"netem": {"delay": 5}, "monitors": {"period": 1}}}
-    pending = [{"host": "device1", "op": "process", "role": "netem", "undo": {}}]
+    pending = [
+        {"host": "device1", "op": "process", "role": "netem", "undo": {"tag": "link-emulator"}},
+        {"host": "device1", "op": "process", "role": "netem", "undo": {"tag": "netem-vary"}},
+    ]
     plan = condition_plan(same, same, pending)
     assert plan.keep["device1"] == frozenset({"monitors"})  # monitors: none of its processes pending here
     assert plan.apply["device1"] == frozenset({"netem"})
+    assert spared(plan, pending) == {}
+
+
+def test_the_link_emulator_and_the_monitors_stay_running_with_their_node_directory() -> None:
+    """Processes that hand a variant over (the link emulator, the monitor) keep their condition in
+    force: their records, the NFQUEUE rules and the run directory they run in stay; on a host without
+    one the run directory goes as before."""
+    same = {
+        "device1": {"netem": {"delay": 5}, "monitors": {"period": 1}},
+        "device2": {"memory": memory(256)},
+    }
+    rules = {"host": "device1", "op": "command", "role": "netem", "undo": {"argv": ["iptables", "-X", "DIT"]}}
+    emulator = {"host": "device1", "op": "process", "role": "netem", "undo": {"tag": "link-emulator"}}
+    monitor = {"host": "device1", "op": "process", "role": "monitors", "undo": {"tag": "monitor"}}
+    edge = {"host": "device1", "op": "process", "undo": {"tag": "edge"}}  # a variant's own process
+    node1 = {"host": "device1", "op": "mkdir", "source": "dit_node", "undo": {"path": "/n/r"}}
+    node2 = {"host": "device2", "op": "mkdir", "source": "dit_node", "undo": {"path": "/n/r"}}
+    pending = [rules, emulator, monitor, edge, node1, node2]
+    plan = condition_plan(same, same, pending)
+    assert plan.keep == {"device1": frozenset({"netem", "monitors"}), "device2": frozenset({"memory"})}
+    spare = spared(plan, pending)
+    assert spare == {"device1": frozenset({"link-emulator", "monitor"})}
+    keep = keep_records(plan, spare)
+    assert [r for r in pending if not keep(r)] == [edge, node2]
+    # a delay that changes: the emulator, its rules and (no process left to keep it) the directory go
+    changed = {**same, "device1": {"netem": {"delay": 7}, "monitors": {"period": 1}}}
+    plan = condition_plan(same, changed, pending)
+    spare = spared(plan, pending)
+    assert spare == {"device1": frozenset({"monitor"})}
+    assert [r for r in pending if not keep_records(plan, spare)(r)] == [rules, emulator, edge, node2]
 
 
 def test_the_sweep_journal_across_variants(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +56,9 @@ if TYPE_CHECKING:
     from dit.run.inventory import RunInventory
 
 SWEEP_FILE: Final = "sweep.json"
+#: The tags of the processes that hand a sweep's variant over to the next one: they keep running, and
+#: on SIGHUP start their results anew (the system monitor, the userspace link emulator).
+HANDOVER_TAGS: Final = frozenset({"monitor", "link-emulator"})
 DONE_STATES: Final = frozenset({"completed", "degraded"})
 
 
@@ -77,15 +80,17 @@ def condition_plan(before: Built, after: Built, pending: Sequence[Mapping[str, A
 
     A condition stays in force on a host when both variants build it with equal variables, it is
     applied before the edge service starts (those after it start processes or act on the service,
-    which every variant starts anew) and none of its ``pending`` journal records on that host is a
-    process (undone with the variant: a condition whose emulator process is gone is not in force).
-    Everything else ``before`` has is undone, everything else ``after`` has is applied.
+    which every variant starts anew) and each of its ``pending`` journal records on that host that is a
+    process is one that hands a variant over (:data:`HANDOVER_TAGS`: it keeps running and starts its
+    results anew for the next variant); a condition with any other process (a delay that varies over
+    time from its start) is undone with the variant. Everything else ``before`` has is undone,
+    everything else ``after`` has is applied.
     """
     by_name = {c.name: c for c in conditions()}
     with_process = {
         (str(r.get("host")), str(r.get("role")))
         for r in pending
-        if r.get("op") == "process" and r.get("role")
+        if r.get("op") == "process" and r.get("role") and _tag(r) not in HANDOVER_TAGS
     }
     keep: dict[str, frozenset[str]] = {}
     undo: dict[str, frozenset[str]] = {}
@@ -105,18 +110,46 @@ def condition_plan(before: Built, after: Built, pending: Sequence[Mapping[str, A
     return ConditionPlan(keep, undo, apply)
 
 
-def keep_records(plan: ConditionPlan) -> Keep:
-    """Which pending journal records stay in force between two variants: the lease, and what the
-    roles of the conditions ``plan`` keeps changed on their host (never a process)."""
+def _tag(record: Mapping[str, Any]) -> str | None:
+    undo = record.get("undo")
+    return str(undo.get("tag")) if isinstance(undo, Mapping) and undo.get("tag") is not None else None
+
+
+def spared(plan: ConditionPlan, pending: Sequence[Mapping[str, Any]]) -> dict[str, frozenset[str]]:
+    """Per host, the tags of the processes that stay running between two variants: those of the
+    conditions ``plan`` keeps (each one of :data:`HANDOVER_TAGS`)."""
+    roles = _kept_roles(plan)
+    out: dict[str, set[str]] = {}
+    for record in pending:
+        host, tag = str(record.get("host")), _tag(record)
+        if record.get("op") == "process" and tag and record.get("role") in roles.get(host, set()):
+            out.setdefault(host, set()).add(tag)
+    return {host: frozenset(tags) for host, tags in out.items()}
+
+
+def _kept_roles(plan: ConditionPlan) -> dict[str, set[str | None]]:
     by_name = {c.name: c.role for c in conditions()}
-    roles = {host: {by_name.get(name) for name in names} for host, names in plan.keep.items()}
+    return {host: {by_name.get(name) for name in names} for host, names in plan.keep.items()}
+
+
+def keep_records(plan: ConditionPlan, spare: Mapping[str, Collection[str]] | None = None) -> Keep:
+    """Which pending journal records stay in force between two variants: the lease, what the roles of
+    the conditions ``plan`` keeps changed on their host (their processes among them: ``spare``), and on
+    a host with such a process the run directory it runs in (dit_node's, emptied for the next variant)."""
+    roles = _kept_roles(plan)
+    spare = spare or {}
 
     def keep(record: Mapping[str, Any]) -> bool:
+        host = str(record.get("host"))
         if record.get("op") == "lease":
             return True
-        if record.get("op") == "process" or not record.get("role"):
+        if record.get("op") == "mkdir" and record.get("source") == "dit_node":
+            return bool(spare.get(host))
+        if not record.get("role"):
             return False
-        return record.get("role") in roles.get(str(record.get("host")), set())
+        if record.get("op") == "process" and _tag(record) not in spare.get(host, ()):
+            return False
+        return record.get("role") in roles.get(host, set())
 
     return keep
 
@@ -218,8 +251,15 @@ class SweepUnit:
         if upcoming is not None and not discard:
             pending = [dict(c.record) for c in Journal(node.journal).pending()]
             plan = condition_plan(self.in_force, upcoming, pending)
+            spare = spared(plan, pending)
             error, ns = teardown(
-                run, inventory, reporter, node=node, keep=keep_records(plan), in_session=in_session
+                run,
+                inventory,
+                reporter,
+                node=node,
+                keep=keep_records(plan, spare),
+                spare=spare,
+                in_session=in_session,
             )
             if error is None:
                 self.in_force = {
