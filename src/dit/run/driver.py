@@ -11,6 +11,7 @@ preflight, only what is not in force alike applied, its teardown) :mod:`dit.run.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -160,7 +161,9 @@ class Driver:
                 state, error = "failed", describe_failure(exc, self.current_stage, run.path)
                 self.reporter.error(error)
             finally:
-                self._unfollow()
+                # the followers' last lines come in beside the teardown (a remote one waits for them)
+                unfollowing = threading.Thread(target=self._unfollow, name="dit-unfollow", daemon=True)
+                unfollowing.start()
                 in_session = teardown_in_session(self.session, state)  # a completed run's, in its session
                 if in_session is None:
                     self._close_session()  # before teardown: no stage playbook may run beside it
@@ -169,6 +172,7 @@ class Driver:
                     run, self.inventory, self.reporter, state, self.local, in_session
                 )
                 self.stop.in_teardown = False
+                unfollowing.join()
                 self._close_session()
                 profile.forget_run_key(self.key)  # the nodes' copies went with their run directories
                 if teardown_error:
