@@ -1,8 +1,10 @@
 """Per-variant overhead of a sweep in local mode: what each variant after the first costs beyond its own
 profile, with the sweep run as one unit on its nodes and with every variant a whole run of its own.
 
-The sweep's variants differ only in a model parameter (the seed of the fake model's weights), so no
-condition changes between them: the overhead is orchestration. For N variants and for 1,
+The sweep's variants differ only in a runtime parameter (``--vary repetitions``, the default: the
+inference repetitions, 1 to N) or in the scenario's seed (``--vary seed``: the fake model's weights, and
+the link emulator's loss draws, so with ``--delay-ms`` its link changes with every variant); with
+``repetitions`` no condition changes between them: the overhead is orchestration. For N variants and for 1,
 
     overhead per variant = ((T(N) - T(1)) - (P(N) - P(1))) / (N - 1)
 
@@ -21,6 +23,7 @@ machine a figure means little without it. Issue 48's target, on the emulated rac
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import tempfile
@@ -35,8 +38,12 @@ from dit.run.rundir import RunDir
 from dit.run.sweep import driver_runner, run_sweep
 from dit.scenario import Scenario, load
 
+SWEPT = {"repetitions": "inference.repetitions", "seed": "seed"}
 
-def variants(directory: Path, count: int, devices: int, delay_ms: float = 0.0) -> list[Scenario]:
+
+def variants(
+    directory: Path, count: int, devices: int, delay_ms: float = 0.0, vary: str = "repetitions"
+) -> list[Scenario]:
     doc: dict[str, object] = {
         "name": "bench_sweep",
         "model": {"name": "fake", "params": {"profile": "tiny"}},
@@ -47,7 +54,7 @@ def variants(directory: Path, count: int, devices: int, delay_ms: float = 0.0) -
         "optimisation": {"enabled": False},
         "edge_server": {"profile_min_s": 0.2},
         "timing": {"start_lead_s": 1.0},
-        "sweep": {"path": "seed", "values": list(range(1, count + 1))},
+        "sweep": {"path": SWEPT[vary], "values": list(range(1, count + 1))},
     }
     if delay_ms:
         doc["network"] = {"device1": {"delay_ms": delay_ms}}
@@ -94,6 +101,10 @@ def main() -> None:
     parser.add_argument("--inventory", help="run on these nodes (e.g. the emulated rack's inventory.yml)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="added delay on device1's link")
     parser.add_argument("--smoke", action="store_true", help="2 variants, 1 device, unit only (CI)")
+    parser.add_argument(
+        "--vary", choices=sorted(SWEPT), default="repetitions", help="what the variants differ in"
+    )
+    parser.add_argument("--keep", type=Path, help="keep the run directories under this directory")
     args = parser.parse_args()
     if args.smoke:
         args.variants, args.devices, args.modes = 2, 1, "unit"
@@ -101,9 +112,17 @@ def main() -> None:
         parser.error("--variants: at least 2 (the overhead is per variant after the first)")
     os.environ.setdefault("DIT_LOCAL_LEASE_DIR", tempfile.mkdtemp(prefix="dit-bench-lease-"))
     for mode in args.modes.split(","):
-        with tempfile.TemporaryDirectory(prefix="dit-bench-sweep-") as tmp:
-            one = variants(Path(tmp), 1, args.devices, args.delay_ms)
-            many = variants(Path(tmp), args.variants, args.devices, args.delay_ms)
+        kept = args.keep / mode if args.keep is not None else None
+        if kept is not None:
+            kept.mkdir(parents=True, mode=0o700)
+        place = (
+            contextlib.nullcontext(str(kept))
+            if kept
+            else tempfile.TemporaryDirectory(prefix="dit-bench-sweep-")
+        )
+        with place as tmp:
+            one = variants(Path(tmp), 1, args.devices, args.delay_ms, args.vary)
+            many = variants(Path(tmp), args.variants, args.devices, args.delay_ms, args.vary)
             load_one = loadavg()
             wall_1, profile_1 = timed(mode, one, Path(tmp) / "runs1", args.inventory)
             load_many = loadavg()
