@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import shlex
 import stat
+import threading
 import time
 from pathlib import Path
 
-from dit.run.follow import FollowTarget, LogFollower, parse_remote_line, remote_command, split_line, ssh_argv
+from dit.run.follow import (
+    FollowTarget,
+    LogFollower,
+    parse_remote_line,
+    remote_command,
+    split_line,
+    ssh_argv,
+    stop_beside,
+)
 
 
 def wait_for(predicate: object, timeout: float = 10.0) -> None:
@@ -81,6 +90,28 @@ def test_local_files_followed_in_order_until_stop(tmp_path: Path) -> None:
     )
     per_file = [t for _, s, t in got if s == "stdout" and "profile" in t]
     assert per_file == ["[profile] repetition 1/2", "[profile] repetition 2/2"]
+
+
+def test_a_follower_stopped_beside_the_teardown_still_delivers_its_last_lines(tmp_path: Path) -> None:
+    """The driver stops the followers in a thread while the teardown runs: what a node wrote before is
+    delivered once the thread is joined, and the caller went on at once (the stop runs elsewhere)."""
+    logs = tmp_path / "device1" / "logs"
+    logs.mkdir(parents=True)
+    got: list[tuple[str, str, str]] = []
+    follower = LogFollower(
+        [FollowTarget("device1", str(tmp_path / "device1"), local=True)],
+        "r",
+        lambda *a: got.append(a),
+        poll_s=60,
+    )
+    follower.start()
+    (logs / "edge.out").write_text("edge: stopped\n", "utf-8")  # never polled: the poll is a minute away
+    thread = stop_beside(follower)
+    assert thread is not threading.current_thread()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert got == [("device1", "stdout", "[edge] edge: stopped")]
+    stop_beside(None).join(10)  # a run that never followed: nothing to stop
 
 
 def test_remote_follower_through_ssh(tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ preflight, only what is not in force alike applied, its teardown) :mod:`dit.run.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from dit.run.apply import EDGE_SERVICE_TASK
 from dit.run.collect import collected, iperf3_vars, link_targets, report_edge_channel
 from dit.run.console import Reporter
 from dit.run.errors import StageFailed, Stopped
-from dit.run.follow import LogFollower, targets_for
+from dit.run.follow import LogFollower, stop_beside, targets_for
 from dit.run.inventory import RunInventory, host_contexts, load_inventory, local_inventory
 from dit.run.procs import ProcessFailure
 from dit.run.provenance import add_metadata, run_metadata, write_run_files
@@ -161,9 +160,7 @@ class Driver:
                 state, error = "failed", describe_failure(exc, self.current_stage, run.path)
                 self.reporter.error(error)
             finally:
-                # the followers' last lines come in beside the teardown (a remote one waits for them)
-                unfollowing = threading.Thread(target=self._unfollow, name="dit-unfollow", daemon=True)
-                unfollowing.start()
+                unfollowing, self.follower = stop_beside(self.follower), None  # beside the teardown
                 in_session = teardown_in_session(self.session, state)  # a completed run's, in its session
                 if in_session is None:
                     self._close_session()  # before teardown: no stage playbook may run beside it
@@ -392,11 +389,6 @@ class Driver:
         if self.reporter is not None:
             self.follower = LogFollower(targets_for(self.contexts), self.node.run_id, self.reporter.line)
             self.follower.start()
-
-    def _unfollow(self) -> None:
-        if self.follower is not None:
-            self.follower.stop()
-            self.follower = None
 
     def reporter_info(self, text: str) -> None:
         if self.reporter is not None:

@@ -278,6 +278,17 @@ class LogFollower:
         self.stop()
 
 
+def stop_beside(follower: LogFollower | None) -> threading.Thread:
+    """:meth:`LogFollower.stop` ``follower`` in a thread of its own, started (join it): a remote
+    follower waits :data:`REMOTE_GRACE_S` for the lines in flight, which a run's teardown need not wait
+    for (the lines it makes its processes write come in meanwhile)."""
+    thread = threading.Thread(
+        target=follower.stop if follower is not None else lambda: None, name="dit-unfollow", daemon=True
+    )
+    thread.start()
+    return thread
+
+
 def targets_for(contexts: Mapping[str, Any]) -> list[FollowTarget]:
     """Follow targets from the driver's host contexts (:class:`dit.conditions.HostContext`)."""
     return [
