@@ -83,6 +83,19 @@ class Reading(Driver):
         super()._profile()
 
 
+def run_completed(variants: list[Scenario], runs_dir: Path, driver: type[Driver]) -> list[RunDir]:
+    """Run ``variants`` as `dit run` of a sweep does, each through ``driver``; every one completed."""
+    options = RunOptions(runs_root=runs_dir, console=Console(file=io.StringIO()))
+
+    def runner(scenario: Scenario, unit: SweepUnit | None) -> tuple[Path | None, str, str | None, RunResult]:
+        result = driver(scenario, options, sweep=unit).execute()
+        return result.run_dir, result.state, result.error, result
+
+    outcomes = run_sweep(variants, runs_dir, Console(file=io.StringIO()), runner)
+    assert [o.state for o in outcomes] == ["completed"] * len(variants), [o.error for o in outcomes]
+    return [RunDir(o.run_dir) for o in outcomes if o.run_dir is not None]
+
+
 def test_three_variants_each_get_their_own_conditions_and_the_sweep_restores_everything(
     scenario_dir: Path, runs_dir: Path
 ) -> None:
@@ -96,17 +109,10 @@ def test_three_variants_each_get_their_own_conditions_and_the_sweep_restores_eve
         # cap stays; memory changes, no delay at all
         variant(scenario_dir, 2, hardware={"device1": {"cpu_freq_mhz": 600, "memory_limit_mb": 128}}),
     ]  # fmt: skip
-    options = RunOptions(runs_root=runs_dir, console=Console(file=io.StringIO()))
     Reading.seen = []
     before_cgroups = sorted(p.name for p in memory_root.iterdir() if p.name.startswith("dit-sweep3"))
 
-    def runner(scenario: Scenario, unit: SweepUnit | None) -> tuple[Path | None, str, str | None, RunResult]:
-        result = Reading(scenario, options, sweep=unit).execute()
-        return result.run_dir, result.state, result.error, result
-
-    outcomes = run_sweep(variants, runs_dir, Console(file=io.StringIO()), runner)
-    assert [o.state for o in outcomes] == ["completed"] * 3, [o.error for o in outcomes]
-    runs = [RunDir(o.run_dir) for o in outcomes if o.run_dir is not None]
+    runs = run_completed(variants, runs_dir, Reading)
     home = runs[0]
 
     # One unit on the nodes: one run id, one preflight (the others reuse it, and say whose it is).
@@ -190,16 +196,9 @@ def test_the_link_emulator_and_the_monitors_run_on_and_give_each_variant_its_own
         )
         for i in range(3)
     ]
-    options = RunOptions(runs_root=runs_dir, console=Console(file=io.StringIO()))
     Tagged.seen = []
 
-    def runner(scenario: Scenario, unit: SweepUnit | None) -> tuple[Path | None, str, str | None, RunResult]:
-        result = Tagged(scenario, options, sweep=unit).execute()
-        return result.run_dir, result.state, result.error, result
-
-    outcomes = run_sweep(variants, runs_dir, Console(file=io.StringIO()), runner)
-    assert [o.state for o in outcomes] == ["completed"] * 3, [o.error for o in outcomes]
-    runs = [RunDir(o.run_dir) for o in outcomes if o.run_dir is not None]
+    runs = run_completed(variants, runs_dir, Tagged)
     home = runs[0]
 
     # The same emulator and monitors in every variant; the variant's own processes are new each time.

@@ -101,7 +101,9 @@ def test_vcgencmd_is_used_where_it_exists(tmp_path: Path) -> None:
     )
 
 
-def test_the_command_samples_until_sigterm_and_writes_whole_rows(tmp_path: Path) -> None:
+def start_monitor(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """The ``monitor`` command on a fake Pi's sysfs, sampling every 50 ms: its process, its results
+    directory and its ready file (not waited for)."""
     sysfs = make_fake_sysfs(tmp_path / "sys", "device")
     results = tmp_path / "results"
     ready = tmp_path / "monitor.ready"
@@ -119,6 +121,11 @@ def test_the_command_samples_until_sigterm_and_writes_whole_rows(tmp_path: Path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "dit.device", "monitor", "--config", str(path)], start_new_session=True
     )
+    return proc, results, ready
+
+
+def test_the_command_samples_until_sigterm_and_writes_whole_rows(tmp_path: Path) -> None:
+    proc, results, ready = start_monitor(tmp_path)
     deadline = time.monotonic() + 30
     while not ready.exists():
         assert time.monotonic() < deadline
@@ -143,23 +150,7 @@ def test_the_command_samples_until_sigterm_and_writes_whole_rows(tmp_path: Path)
 def test_sighup_hands_the_monitor_over_to_a_sweep_s_next_variant(tmp_path: Path) -> None:
     """A sweep's next variant keeps the monitor running and empties its results directory: on SIGHUP
     it writes monitor.json and a monitor.csv of its own again, with only samples taken after it."""
-    sysfs = make_fake_sysfs(tmp_path / "sys", "device")
-    results = tmp_path / "results"
-    ready = tmp_path / "monitor.ready"
-    config = {
-        "host": "device1",
-        "run_id": "t",
-        "results_dir": str(results),
-        "sysfs_root": str(sysfs),
-        "interval_s": 0.05,
-        "ready_file": str(ready),
-        "vcgencmd_argv": ["no-such-vcgencmd-here"],
-    }
-    path = tmp_path / "monitor-config.json"
-    path.write_text(json.dumps(config), encoding="utf-8")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dit.device", "monitor", "--config", str(path)], start_new_session=True
-    )
+    proc, results, ready = start_monitor(tmp_path)
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():

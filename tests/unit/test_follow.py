@@ -58,16 +58,17 @@ def test_ssh_argv_from_ansible_connection_variables() -> None:
     assert FollowTarget("edge", "/x", {"ansible_connection": "local"}).is_local
 
 
-def test_local_files_followed_in_order_until_stop(tmp_path: Path) -> None:
+def local_follower(tmp_path: Path, poll_s: float) -> tuple[Path, list[tuple[str, str, str]], LogFollower]:
+    """A follower of one local node under ``tmp_path``: its logs directory, what it delivered, itself."""
     logs = tmp_path / "device1" / "logs"
     logs.mkdir(parents=True)
     got: list[tuple[str, str, str]] = []
-    follower = LogFollower(
-        [FollowTarget("device1", str(tmp_path / "device1"), local=True)],
-        "r",
-        lambda *a: got.append(a),
-        poll_s=0.05,
-    )
+    target = FollowTarget("device1", str(tmp_path / "device1"), local=True)
+    return logs, got, LogFollower([target], "r", lambda *a: got.append(a), poll_s=poll_s)
+
+
+def test_local_files_followed_in_order_until_stop(tmp_path: Path) -> None:
+    logs, got, follower = local_follower(tmp_path, poll_s=0.05)
     (logs / "edge.out").write_text("before start\n", "utf-8")
     follower.start()
     wait_for(lambda: len(got) == 1)
@@ -95,15 +96,7 @@ def test_local_files_followed_in_order_until_stop(tmp_path: Path) -> None:
 def test_a_follower_stopped_beside_the_teardown_still_delivers_its_last_lines(tmp_path: Path) -> None:
     """The driver stops the followers in a thread while the teardown runs: what a node wrote before is
     delivered once the thread is joined, and the caller went on at once (the stop runs elsewhere)."""
-    logs = tmp_path / "device1" / "logs"
-    logs.mkdir(parents=True)
-    got: list[tuple[str, str, str]] = []
-    follower = LogFollower(
-        [FollowTarget("device1", str(tmp_path / "device1"), local=True)],
-        "r",
-        lambda *a: got.append(a),
-        poll_s=60,
-    )
+    logs, got, follower = local_follower(tmp_path, poll_s=60)
     follower.start()
     (logs / "edge.out").write_text("edge: stopped\n", "utf-8")  # never polled: the poll is a minute away
     thread = stop_beside(follower)
