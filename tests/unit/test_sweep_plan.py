@@ -3,11 +3,15 @@ sweep's journal across variants (what stays in force between them, what the last
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from dit.run.journal import Journal
-from dit.run.sweep import condition_plan, keep_records, spared, to_apply
+from dit.run.sweep import condition_plan, keep_records, spared, to_apply, unshaped
+from dit.run.sweep_variant import preflights_again, runtime_checks
+from dit.scenario import load
+from tests.conftest import REPO, write_scenario
 
 
 def cpufreq(khz: int) -> dict[str, Any]:
@@ -163,3 +167,28 @@ def test_a_variant_says_its_place_in_the_sweep_and_the_eta(tmp_path: Path) -> No
     write_json(elsewhere / SWEEP_FILE, {"home": str(elsewhere), "variants": variants, "total": 4})
     write_json(alone / SWEEP_FILE, {"home": str(elsewhere), "node_run_id": "x"})
     assert progress_of(alone) is None
+
+
+def test_a_variant_that_runs_the_preflight_again_has_the_delay_undone_before_it(tmp_path: Path) -> None:
+    """The preflight pings every link unshaped (its baselines): a variant whose runtime makes the preflight
+    run again must not find the delay the variant before left in force, which the plan then undoes and
+    its apply applies again; a variant reusing the unit's preflight keeps it."""
+    (layers,) = load(write_scenario(tmp_path, name="a"))
+    (other_seed,) = load(write_scenario(tmp_path, name="b", seed=8))
+    headsplit = load(REPO / "scenarios" / "ch6_headsplit.yaml")[0]
+    checked = {
+        "dit_lease_dirs": {"device1": "/var/lib/dit"},
+        "dit_ping_targets": {},
+        **runtime_checks(layers),
+    }
+    recorded = json.dumps(checked, sort_keys=True, default=str)
+    assert not preflights_again(recorded, other_seed)
+    assert preflights_again(recorded, headsplit)
+    assert preflights_again(None, layers)
+
+    in_force = {"device1": {"netem": {"delay": 5}, "memory": memory(256)}}
+    for again, kept in ((False, {"netem", "memory"}), (True, {"memory"})):
+        plan = condition_plan(in_force, unshaped(in_force, again))
+        assert plan.keep["device1"] == frozenset(kept)
+        assert plan.apply["device1"] == frozenset()  # what the plan sees; the variant's apply applies netem
+    assert to_apply(in_force, unshaped(in_force, True)) == {"device1": {"netem": {"delay": 5}}}

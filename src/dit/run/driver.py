@@ -46,7 +46,7 @@ from dit.run.provenance import add_metadata, run_metadata, write_run_files
 from dit.run.rundir import RunDir, describe_failure
 from dit.run.stop import StopRequests
 from dit.run.sweep import SweepUnit
-from dit.run.sweep_variant import SweepVariant
+from dit.run.sweep_variant import SweepVariant, runtime_checks
 from dit.run.teardown import teardown_in_session
 from dit.runtime_api import registry as runtimes
 from dit.runtime_api.interface import node_facts_of, uses_edge_service
@@ -314,12 +314,8 @@ class Driver:
         checked = {
             "dit_lease_dirs": {h: self.inv.lease_dir(h) for h in self.inv.hosts},
             "dit_break_stale_lease": self.options.break_stale_lease,
-            "dit_runtime_env": env.dirname or "",
-            "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(
-                self.runtime.block_schema(), self.scenario.runtime
-            ),
             "dit_ping_targets": self._ping_targets(),
-            "dit_runtime_facts": node_facts_of(self.runtime, self.scenario.runtime),
+            **runtime_checks(self.scenario),
         }
         nodes = self.variant.preflight(self.run, checked, self._stage, self.inv.hosts, self.reporter)
         # what depends on the nodes' facts (netem's backend) is settled first: the metadata says so

@@ -154,6 +154,24 @@ def keep_records(plan: ConditionPlan, spare: Mapping[str, Collection[str]] | Non
     return keep
 
 
+#: Conditions that change what a preflight measures (its unshaped ping baselines of the links).
+SHAPES_PREFLIGHT: Final = frozenset({"netem"})
+
+
+def unshaped(built: Built, preflight_again: bool) -> dict[str, dict[str, Any]]:
+    """The next variant's conditions as the plan between two variants must see them: without those
+    that shape what a preflight measures when that variant runs its preflight again (they are then
+    undone before it and applied after it, as for a unit's first variant)."""
+    return {
+        host: {
+            name: values
+            for name, values in per_host.items()
+            if not (preflight_again and name in SHAPES_PREFLIGHT)
+        }
+        for host, per_host in built.items()
+    }
+
+
 def to_apply(built: Built, in_force: Built) -> dict[str, dict[str, Any]]:
     """The conditions of ``built`` that are not in force alike already: what a variant's apply applies."""
     return {

@@ -27,8 +27,11 @@ from dit.run.ansible_exec import StageOutcome
 from dit.run.inventory import LOCAL_INVENTORY, RunInventory, host_contexts
 from dit.run.lease_decision import controller_holder
 from dit.run.rundir import RunDir, write_json, write_text
-from dit.run.sweep import DONE_STATES, Built, SweepUnit, to_apply
+from dit.run.sweep import DONE_STATES, Built, SweepUnit, to_apply, unshaped
 from dit.run.teardown import InSession, NodeScope, teardown
+from dit.runtime_api import registry as runtimes
+from dit.runtime_api.interface import node_facts_of
+from dit.runtimes import envs as runtime_envs
 from dit.scenario import Scenario
 
 if TYPE_CHECKING:
@@ -171,10 +174,33 @@ class SweepVariant:
         try:
             built = build_conditions(scenario, host_contexts(inventory, unit.node.run_id))
             facts = PreflightFacts(scenario, unit.nodes, built, inventory.hostvars, local)
-            return resolve_conditions(facts)
+            # a variant that runs the preflight again pings its links unshaped: its delay goes first
+            return unshaped(resolve_conditions(facts), preflights_again(unit.preflight_key, scenario))
         except Exception as exc:  # its own run says why in its own directory; this one tears down all
             if reporter is not None:
                 reporter.warn(
                     f"sweep: the next variant's conditions cannot be built ({exc}): tearing down all"
                 )
             return None
+
+
+def runtime_checks(scenario: Scenario) -> dict[str, Any]:
+    """What the preflight playbook checks of ``scenario``'s runtime (its environment, checkpoints and
+    the node facts it asks for): with the lease, the links and the nodes, what tells whether a sweep's
+    variant can reuse the unit's preflight."""
+    runtime = runtimes.get(str(scenario.runtime["name"]))
+    return {
+        "dit_runtime_env": runtime_envs.expected_env(runtime.name).dirname or "",
+        "dit_runtime_checkpoints": runtime_envs.checkpoint_paths(runtime.block_schema(), scenario.runtime),
+        "dit_runtime_facts": node_facts_of(runtime, scenario.runtime),
+    }
+
+
+def preflights_again(recorded: str | None, scenario: Scenario) -> bool:
+    """Whether ``scenario``, the next variant of a unit whose preflight checked ``recorded`` (its key),
+    runs the preflight playbook again (the links and nodes are the unit's: its runtime decides)."""
+    if recorded is None:
+        return True
+    checked = json.loads(recorded)
+    wanted = json.loads(json.dumps(runtime_checks(scenario), sort_keys=True, default=str))
+    return any(checked.get(key) != value for key, value in wanted.items())
