@@ -133,13 +133,32 @@ def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         context.close()
 
 
+#: How long the page may take to be ready (its first four API answers): at the start of a parallel
+#: pass, with three test workers and their servers starting, they took over 30 s twice in CI.
+READY_TIMEOUT_MS = 90_000
+
+
 @pytest.fixture(scope="module")
 def page(browser_context: Any, server: Server) -> Iterator[Any]:
     page = browser_context.new_page()
     errors: list[str] = []
+    outstanding: dict[str, float] = {}  # request URL -> when it was sent (monotonic)
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("request", lambda request: outstanding.__setitem__(request.url, time.monotonic()))
+    page.on("requestfinished", lambda request: outstanding.pop(request.url, None))
+    failed: list[str] = []  # (the map's tiles fail by design: a diagnosis, not an error)
+    page.on("requestfailed", lambda request: failed.append(f"{request.url}: {request.failure}"))
     page.goto(server.open_url)
-    page.wait_for_selector("body[data-ready='1']")
+    try:
+        page.wait_for_selector("body[data-ready='1']", timeout=READY_TIMEOUT_MS)
+    except Exception as exc:
+        now = time.monotonic()
+        waiting = {url: round(now - sent, 1) for url, sent in outstanding.items()}
+        log = (server.root / "server.log").read_text(errors="replace")[-3000:]
+        raise AssertionError(
+            f"the page was not ready in {READY_TIMEOUT_MS / 1000:.0f} s ({exc}); requests still waiting "
+            f"(seconds): {waiting}; failed: {failed}; page errors: {errors}; the server's log ends:\n{log}"
+        ) from exc
     yield page
     assert errors == [], errors
 
