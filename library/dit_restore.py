@@ -224,12 +224,7 @@ def _undo_mkdir(
         return False
     _check_marker(path, undo["run_id"])
     results = _results_in(path)
-    if keep_unless_in is not None:
-        unfetched = [
-            dict(r, src=os.path.join(path, r["path"])) for r in results if r["path"] not in keep_unless_in
-        ]
-        if unfetched:
-            raise Kept(path, unfetched)
+    _keep_unfetched(path, results, keep_unless_in)
     if not check:
         if removed is not None:
             removed.extend(results)
@@ -251,12 +246,7 @@ def _reset_mkdir(
     _check_marker(path, undo["run_id"])
     spared_logs = {f"logs/{tag}{suffix}" for tag in spare for suffix in SPARED_LOG_SUFFIXES}
     results = [r for r in _results_in(path) if r["path"] not in spared_logs]
-    if keep_unless_in is not None:
-        unfetched = [
-            dict(r, src=os.path.join(path, r["path"])) for r in results if r["path"] not in keep_unless_in
-        ]
-        if unfetched:
-            raise Kept(path, unfetched)
+    _keep_unfetched(path, results, keep_unless_in)
     # the variant's own files beside them (configs, ready files, start instants) go too: the next
     # variant's tasks must find nothing of this one's
     spared_files = {MARKER, *KEPT_FILES} | {
@@ -277,6 +267,18 @@ def _reset_mkdir(
                 os.unlink(full)
     removed.extend(results)
     return bool(results or others)
+
+
+def _keep_unfetched(path: str, results: list[dict[str, Any]], keep_unless_in: set[str] | None) -> None:
+    """:class:`Kept` when one of ``results`` (files of run directory ``path``) is not in
+    ``keep_unless_in`` (what the controller holds; None: remove them all the same)."""
+    if keep_unless_in is None:
+        return
+    unfetched = [
+        dict(r, src=os.path.join(path, r["path"])) for r in results if r["path"] not in keep_unless_in
+    ]
+    if unfetched:
+        raise Kept(path, unfetched)
 
 
 def _check_marker(path: str, run_id: str) -> None:
@@ -466,24 +468,20 @@ def main() -> None:
                         raise ValueError(f"processes survived SIGKILL: {left}")
                 reaped.extend(found)
                 changed = changed or bool(found)
-            elif op == "mkdir" and record.get("reset"):
-                try:
-                    changed = _reset_mkdir(undo, check, removed, keep_unless_in, spare) or changed
-                except Kept as exc:
-                    kept.append(exc.path)
-                    unfetched.extend(exc.unfetched)
-                    kept_records.append(record)
-                    continue
-                resets.append(undo["path"])
-                continue  # the directory stays with the spared processes: its record stays pending
             elif op == "mkdir":
                 try:
-                    changed = _undo_mkdir(undo, check, removed, keep_unless_in) or changed
+                    if record.get("reset"):
+                        changed = _reset_mkdir(undo, check, removed, keep_unless_in, spare) or changed
+                    else:
+                        changed = _undo_mkdir(undo, check, removed, keep_unless_in) or changed
                 except Kept as exc:  # not undone: it stays pending until its results are fetched
                     kept.append(exc.path)
                     unfetched.extend(exc.unfetched)
                     kept_records.append(record)
                     continue
+                if record.get("reset"):
+                    resets.append(undo["path"])
+                    continue  # the directory stays with the spared processes: its record stays pending
             elif op in UNDO:
                 changed = UNDO[op](undo, check) or changed
             else:

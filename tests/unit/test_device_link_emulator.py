@@ -241,21 +241,20 @@ def test_a_control_socket_deeper_than_an_af_unix_address_still_binds_and_takes_c
         ctl.close()
 
 
+CFG = {"seed": 7, "device": "device1"}
+
+
 def test_a_hand_over_counts_afresh_and_draws_as_a_new_emulator_would() -> None:
     """A sweep's next variant keeps the emulator running: from its hand-over the counters start at zero
     and the loss draws repeat those of a new emulator seeded alike; the kernel's drops count from then."""
-    fresh = le.Profile(
-        "main", 0, 5_000_000, 0, 0.3, le.profile_rng(7, "device1", "main"), loss_correlation=0.2
-    )
+    fresh = le.Profile("main", 0, 5_000_000, 0, 0.3, le.profile_rng(CFG, "main"), loss_correlation=0.2)
     expected = [fresh.lost() for _ in range(200)]
-    running = le.Profile(
-        "main", 0, 5_000_000, 0, 0.3, le.profile_rng(7, "device1", "main"), loss_correlation=0.2
-    )
+    running = le.Profile("main", 0, 5_000_000, 0, 0.3, le.profile_rng(CFG, "main"), loss_correlation=0.2)
     for _ in range(77):  # the variant before
         running.packets += 1
         running.lost()
     running.record(5_000_000, 5_000_000, 5_100_000)
-    running.begin_segment(le.profile_rng(7, "device1", "main"))
+    running.begin_segment(le.profile_rng(CFG, "main"))
     summary = running.summary()
     assert (summary["packets"], summary["dropped_loss"], summary["released"], summary["max_error_us"]) == (
         0,

@@ -429,9 +429,11 @@ def verdicts(released: Iterable[tuple[int, int]], pending: Mapping[int, dict[int
     return bytes(out)
 
 
-def profile_rng(seed: object, device: object, name: object) -> random.Random:
-    """One generator per profile, seeded like netem-vary's: the same draws on every run."""
-    return random.Random(f"{seed}:{device}:{name}")
+def profile_rng(cfg: Mapping[str, Any], name: str) -> random.Random:
+    """The generator of profile ``name`` of the emulator configured by ``cfg``, seeded like netem-vary's
+    (the run's seed and the device): the same draws on every run."""
+    device = cfg.get("device", cfg.get("host", ""))
+    return random.Random(f"{cfg.get('seed', 0)}:{device}:{name}")
 
 
 def since(counters: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
@@ -508,8 +510,6 @@ def own_cgroups(path: str = "/proc/self/cgroup") -> list[str]:
 
 
 def _profiles(cfg: Mapping[str, Any]) -> list[Profile]:
-    seed = cfg.get("seed", 0)
-    device = str(cfg.get("device", cfg.get("host", "")))
     out = []
     for index, item in enumerate(require(cfg, "queues", list)):
         if not isinstance(item, Mapping):
@@ -526,7 +526,7 @@ def _profiles(cfg: Mapping[str, Any]) -> list[Profile]:
         if not 0 <= correlation <= 100:
             raise ConfigError(f"queues[{index}].loss_correlation_pct: {correlation:g} is outside 0..100")
         name = str(item.get("name", queue))
-        rng = profile_rng(seed, device, name)
+        rng = profile_rng(cfg, name)
         out.append(
             Profile(
                 name, queue, round(delay * 1e6), round(jitter * 1e6), loss / 100, rng,
@@ -743,9 +743,8 @@ def run_link_emulator(cfg: Mapping[str, Any]) -> int:
             if handover:  # a sweep's next variant: its figures and draws from here on, as a new emulator's
                 handover.clear()
                 started, kernel_base = time.monotonic_ns(), kernel_queue_counters(emulator.profiles)
-                device = str(cfg.get("device", cfg.get("host", "")))
                 for profile in emulator.profiles.values():
-                    profile.begin_segment(profile_rng(cfg.get("seed", 0), device, profile.name))
+                    profile.begin_segment(profile_rng(cfg, profile.name))
                 emulator.enobufs = 0
                 changes.clear()
                 next_snapshot = started

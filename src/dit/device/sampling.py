@@ -69,11 +69,16 @@ class StopSignal:
 
     def take_handover(self) -> bool:
         """Whether a hand-over was requested since the last call (SIGHUP, with ``handover``)."""
-        if self._blocking and self.HANDOVER in self._waited and signal.sigpending() & {self.HANDOVER}:
-            signal.sigtimedwait({self.HANDOVER}, 0)  # arrived while no wait ran
+        if self._consume_pending_handover():  # arrived while no wait ran
             self._handover = True
         asked, self._handover = self._handover, False
         return asked
+
+    def _consume_pending_handover(self) -> bool:
+        if self._blocking and self.HANDOVER in self._waited and self.HANDOVER in signal.sigpending():
+            signal.sigtimedwait({self.HANDOVER}, 0)
+            return True
+        return False
 
     def poll(self) -> bool:
         """True when a stop was requested; never sleeps (for loops that are busy on purpose)."""
@@ -94,8 +99,8 @@ class StopSignal:
                 # a signal that arrived after the last wait: consume it, it was a stop request
                 signal.sigtimedwait(pending, 0)
                 self.requested = True
-            if signal.sigpending() & (self._waited - set(self.SIGNALS)) - self._previous:
-                signal.sigtimedwait({self.HANDOVER}, 0)  # a hand-over nobody takes any more
+            if self.HANDOVER not in self._previous:
+                self._consume_pending_handover()  # a hand-over nobody takes any more
             signal.pthread_sigmask(signal.SIG_SETMASK, self._previous)
             self._previous = None
 

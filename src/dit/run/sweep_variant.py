@@ -105,7 +105,7 @@ class SweepVariant:
         """Every node's facts: from the preflight ``stage`` run with ``checked`` and the lease to take (in
         a unit its home's), or from the unit's preflight when it checked the same things."""
         unit = self.unit
-        key = json.dumps(checked, sort_keys=True, default=str)
+        key = preflight_key(checked)
         nodes = unit.reused_preflight(key) if unit is not None else None
         if unit is not None and nodes is not None:
             unit.copy_baselines(run, hosts)  # its links.csv needs the unshaped ping baselines
@@ -202,5 +202,10 @@ def preflights_again(recorded: str | None, scenario: Scenario) -> bool:
     if recorded is None:
         return True
     checked = json.loads(recorded)
-    wanted = json.loads(json.dumps(runtime_checks(scenario), sort_keys=True, default=str))
+    wanted = json.loads(preflight_key(runtime_checks(scenario)))
     return any(checked.get(key) != value for key, value in wanted.items())
+
+
+def preflight_key(checked: Mapping[str, Any]) -> str:
+    """What a preflight checks (its playbook's variables) as the key a unit compares its variants by."""
+    return json.dumps(checked, sort_keys=True, default=str)
