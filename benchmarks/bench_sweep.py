@@ -80,13 +80,15 @@ def timed(
         )
         dirs = [o.run_dir for o in outcomes]
         states = [o.state for o in outcomes]
+        errors = [o.error for o in outcomes]
     else:
         results = [Driver(s, options).execute() for s in scenarios]
         dirs = [r.run_dir for r in results]
         states = [r.state for r in results]
+        errors = [r.error for r in results]
     wall = time.monotonic() - start
     if any(state != "completed" for state in states):
-        raise SystemExit(f"bench_sweep: {mode}: variants ended {states}: {dirs}")
+        raise SystemExit(f"bench_sweep: {mode}: variants ended {states}: {dirs}: {errors}")
     profile = sum(RunDir(d).status()["stage_ns"]["profile"] / 1e9 for d in dirs if d is not None)
     return wall, profile
 
